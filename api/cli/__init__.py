@@ -1,0 +1,64 @@
+"""The `fractal` command line: one typer app, one module per verb group.
+
+Each verb group lives in its own module (``compile.py``, ``node.py``, ``fleet.py``,
+``bench.py``, ...) and registers itself on :data:`app` at import time. :func:`main` turns
+every project error into one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from api.cli.errors import format_error, is_user_error
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="fractal",
+    help="fractal-edge: compile ONNX models with TVM for edge boards, train them as a swarm, serve them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Verb modules, imported for their side effect of registering commands on `app`.
+_VERB_MODULES = ("compile", "node", "fleet", "image", "bench")
+
+
+def _register() -> None:
+    for name in _VERB_MODULES:
+        try:
+            importlib.import_module(f"api.cli.{name}")
+        except ModuleNotFoundError as exc:  # a verb group not written yet
+            if exc.name != f"api.cli.{name}":
+                raise
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `fractal` console script."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except SystemExit as exc:
+        raise
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line, non-zero exit
+        import click
+
+        if isinstance(exc, click.exceptions.Exit):
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        if is_user_error(exc):
+            print(format_error(exc), file=sys.stderr)
+            sys.exit(1)
+        raise

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Debian packages fractal-edge needs: the broker, qemu-user for foreign-arch artifacts, the
+# aarch64/riscv64 cross toolchains that link them, and Chromium for the dashboard tests.
+set -euo pipefail
+PKGS=(mosquitto mosquitto-clients qemu-user
+      gcc-aarch64-linux-gnu g++-aarch64-linux-gnu gcc-riscv64-linux-gnu g++-riscv64-linux-gnu
+      chromium file python3-venv make)
+missing=()
+for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# The packaged broker would otherwise hold port 1883; tests start their own on free ports.
+if command -v systemctl >/dev/null 2>&1; then systemctl disable --now mosquitto >/dev/null 2>&1 || true; fi

@@ -1,0 +1,38 @@
+"""The federation's error tree.
+
+    FederationError
+    ├── TransportError      broker unreachable, connection lost, payload too large
+    ├── FrameError          bad version, checksum mismatch, malformed frame (message rejected)
+    ├── RoundAborted        deadline passed, member died, update rejected (reason names the member)
+    └── UpdateRejected      NaN/Inf or over-norm update (a RoundAborted)
+"""
+
+from __future__ import annotations
+
+__all__ = ["FederationError", "TransportError", "FrameError", "RoundAborted", "UpdateRejected"]
+
+
+class FederationError(Exception):
+    """Base of every error the federation raises on purpose."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class TransportError(FederationError):
+    pass
+
+
+class FrameError(FederationError):
+    pass
+
+
+class RoundAborted(FederationError):
+    def __init__(self, message: str, *, member: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.member = member
+
+
+class UpdateRejected(RoundAborted):
+    pass
