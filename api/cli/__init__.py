@@ -43,21 +43,10 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `fractal` console script."""
     try:
-        app(args=argv, standalone_mode=False)
-    except SystemExit as exc:
-        raise
+        app(args=argv)  # standalone: click handles usage errors (exit 2) and --help itself
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line, non-zero exit
-        import click
-
-        if isinstance(exc, click.exceptions.Exit):
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
+    except Exception as exc:  # the CLI boundary: a user error is one line and exit 1
         if is_user_error(exc):
             print(format_error(exc), file=sys.stderr)
             sys.exit(1)
