@@ -1,0 +1,97 @@
+"""The edge node's bottom layer: its error tree and two small helpers. No internal imports.
+
+    NodeError               base: a message and a ``hint`` (how to fix it); the CLI prints one line
+    ├── ConfigError         NODE.toml missing, unreadable, a bad or unknown key
+    ├── InvalidInput        an inference or sample request with wrong names, shapes, dtypes or labels
+    ├── StoreError          the sample store is full (retention "reject") or unusable
+    ├── NodeBusy            a round command arrived while another round runs
+    └── RoundFailed         a training round could not finish (nothing of it was applied)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "NodeError",
+    "ConfigError",
+    "InvalidInput",
+    "StoreError",
+    "NodeBusy",
+    "RoundFailed",
+    "get_logger",
+    "params_sha256",
+    "atomic_write_bytes",
+]
+
+
+class NodeError(Exception):
+    """Base of every error the edge node raises on purpose (a user can act on it)."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class ConfigError(NodeError):
+    pass
+
+
+class InvalidInput(NodeError):
+    """Bad request data; the HTTP layer answers 400 (or 404 for an unknown model)."""
+
+
+class StoreError(NodeError):
+    pass
+
+
+class NodeBusy(NodeError):
+    pass
+
+
+class RoundFailed(NodeError):
+    def __init__(self, message: str, *, member: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.member = member
+
+
+def get_logger(name: str) -> logging.Logger:
+    """A logger under the ``fractal.node`` tree (the CLI configures handlers, not library code)."""
+    return logging.getLogger(f"fractal.node.{name}")
+
+
+def params_sha256(params: Iterable[np.ndarray]) -> str:
+    """sha256 over the concatenated float32 bytes of ``params`` in parameter order.
+
+    Every node computes this the same way, so equal hashes mean bit-identical parameters.
+    """
+    h = hashlib.sha256()
+    for p in params:
+        h.update(np.ascontiguousarray(p, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a crash leaves either the old or the new file, never a torn one.
+
+    temp file in the same directory -> fsync -> rename over the target -> fsync the directory
+    (the rename itself is only durable once the directory entry is on disk).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

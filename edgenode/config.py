@@ -1,0 +1,164 @@
+"""``NODE.toml``: the one typed settings object of an edge node.
+
+Example::
+
+    node_id = "node-1"
+    artifact = "artifacts/digits-mlp"     # relative paths are resolved against NODE.toml's folder
+    port = 8081
+    data_dir = "data/node-1"
+    broker = "mqtt://127.0.0.1:1883"      # absent = no swarm (inference + samples only)
+    swarm = "default"
+    auth_token = "s3cret"                 # optional: every route but health needs Bearer
+    max_body_bytes = 8388608
+    host = "127.0.0.1"
+
+    [training]                            # defaults; a RoundCommand may override lr/sync/local_steps
+    lr = 0.05                             # absent = the artifact's compiled learning rate
+    batch = 32                            # must equal the training module's compiled batch if set
+    sync = "gradient"                     # or "local-sgd"
+    local_steps = 4
+    step_timeout_s = 30.0
+    compression = "none"                  # none | fp16 | int8 | topk
+
+    [store]
+    max_samples = 100000
+    retention = "drop-oldest"             # or "reject"
+
+Any problem becomes one :class:`ConfigError` naming the key and how to fix it.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from edgenode.common import ConfigError
+from federation.messages import Compression, SyncMode
+from federation.topics import validate_id
+
+__all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "load_config"]
+
+
+class Retention(enum.StrEnum):
+    DROP_OLDEST = "drop-oldest"  # keep the newest max_samples: sensors drift, recent data matters most
+    REJECT = "reject"  # refuse new samples once full (the API answers 507-ish 4xx)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainingConfig(_Section):
+    lr: float | None = Field(default=None, gt=0)
+    batch: int | None = Field(default=None, ge=1)
+    sync: SyncMode = SyncMode.GRADIENT
+    local_steps: int = Field(default=1, ge=1, le=10_000)
+    step_timeout_s: float = Field(default=30.0, gt=0)
+    compression: Compression = Compression.NONE
+    seed: int = 0  # per-node sampling seed is seed + a hash of node_id
+
+
+class StoreConfig(_Section):
+    max_samples: int = Field(default=100_000, ge=1)
+    retention: Retention = Retention.DROP_OLDEST
+
+
+class NodeConfig(_Section):
+    node_id: str
+    artifact: Path
+    port: int = Field(default=8080, ge=0, le=65535)
+    data_dir: Path
+    broker: str | None = None
+    swarm: str = "default"
+    auth_token: str | None = None
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    host: str = "127.0.0.1"
+    board: str = ""  # target preset name the image was built for; default: the artifact's preset
+    api_url: str = ""  # advertised in NodeStatus; default http://{host}:{port}
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    keepalive_s: int = Field(default=10, ge=1)
+    training: TrainingConfig = TrainingConfig()
+    store: StoreConfig = StoreConfig()
+
+    @field_validator("node_id", "swarm")
+    @classmethod
+    def _topic_safe(cls, v: str) -> str:
+        return validate_id(v, "id")
+
+    @field_validator("broker")
+    @classmethod
+    def _broker_url(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith("mqtt://") or v.startswith("mqtts://")):
+            raise ValueError("must look like mqtt://host:port or mqtts://host:port")
+        return v
+
+    @property
+    def advertised_url(self) -> str:
+        return self.api_url or f"http://{self.host}:{self.port}"
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> NodeConfig:
+        """Read and validate ``path``; relative ``artifact``/``data_dir`` are relative to its folder."""
+        return load_config(path)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, base: Path | None = None,
+                  source: str = "config") -> NodeConfig:
+        """Validate a parsed config (``base`` resolves relative paths); errors become ConfigError."""
+        try:
+            cfg = cls.model_validate(data)
+        except ValidationError as exc:
+            raise _config_error(exc, source) from None
+        if base is not None:
+            cfg = cfg.model_copy(update={
+                "artifact": (base / cfg.artifact) if not cfg.artifact.is_absolute() else cfg.artifact,
+                "data_dir": (base / cfg.data_dir) if not cfg.data_dir.is_absolute() else cfg.data_dir,
+            })
+        if not cfg.artifact.is_dir():
+            raise ConfigError(f"{source}: artifact: {cfg.artifact} is not a directory",
+                              hint="point `artifact` at a folder written by `fractal compile`")
+        return cfg
+
+
+def _config_error(exc: ValidationError, source: str) -> ConfigError:
+    """Turn pydantic's first error into one line: which key, what is wrong, how to fix it."""
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    kind = err["type"]
+    if kind == "missing":
+        return ConfigError(f"{source}: missing required key `{key}`",
+                           hint=f"add `{key} = ...` to the config (see edgenode/config.py for an example)")
+    if kind == "extra_forbidden":
+        return ConfigError(f"{source}: unknown key `{key}`",
+                           hint="remove it or fix its spelling (keys: node_id, artifact, port, data_dir, "
+                                "broker, swarm, auth_token, max_body_bytes, host, [training], [store])")
+    if kind == "enum":
+        allowed = err.get("ctx", {}).get("expected", "")
+        return ConfigError(f"{source}: `{key}` = {err.get('input')!r} is not allowed",
+                           hint=f"use one of {allowed}")
+    msg = err["msg"].removeprefix("Value error, ")
+    return ConfigError(f"{source}: `{key}` = {err.get('input')!r}: {msg}",
+                       hint=f"fix the value of `{key}`")
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    """Load ``NODE.toml``; every failure is a :class:`ConfigError` with a hint."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} not found",
+                          hint="pass --config PATH to an existing NODE.toml") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror}",
+                          hint="check the path and permissions") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}",
+                          hint="fix the syntax (strings need quotes)") from None
+    return NodeConfig.from_dict(data, base=p.resolve().parent, source=str(p))

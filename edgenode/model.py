@@ -1,0 +1,154 @@
+"""The node's model: the loaded artifact plus the CURRENT parameters, swapped atomically.
+
+The parameters live in one immutable :class:`ParamsSnapshot` (a tuple of read-only arrays, a
+version and their sha256). Readers grab the reference once and use only that object, so an
+inference never sees half of round N and half of round N+1; writers build a whole new snapshot
+and replace the reference under a lock. Committed parameters are persisted atomically
+(temp + fsync + rename) in ``data_dir/params.npz`` and restored on restart.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, get_logger, params_sha256
+
+__all__ = ["ParamsSnapshot", "ModelHolder", "flatten", "unflatten"]
+
+log = get_logger("model")
+_PARAMS_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ParamsSnapshot:
+    """One committed parameter set. ``params`` arrays are read-only; never mutate them."""
+
+    params: tuple[np.ndarray, ...]
+    version: int
+    sha256: str
+
+    @classmethod
+    def make(cls, params: list[np.ndarray] | tuple[np.ndarray, ...], version: int) -> ParamsSnapshot:
+        frozen = []
+        for p in params:
+            a = np.array(p, dtype=np.float32, copy=True, order="C")
+            a.setflags(write=False)
+            frozen.append(a)
+        return cls(tuple(frozen), int(version), params_sha256(frozen))
+
+
+def flatten(arrays: list[np.ndarray] | tuple[np.ndarray, ...]) -> np.ndarray:
+    """Concatenate arrays into one float32 vector (parameter order)."""
+    return np.concatenate([np.asarray(a, dtype=np.float32).ravel() for a in arrays]) if arrays else \
+        np.zeros(0, np.float32)
+
+
+def unflatten(vec: np.ndarray, like: list[np.ndarray] | tuple[np.ndarray, ...]) -> list[np.ndarray]:
+    """Split a flat float32 vector back into arrays shaped like ``like``."""
+    out, off = [], 0
+    for a in like:
+        n = int(np.prod(a.shape, dtype=np.int64))
+        out.append(np.asarray(vec[off:off + n], dtype=np.float32).reshape(a.shape).copy())
+        off += n
+    if off != vec.size:
+        raise ValueError(f"vector has {vec.size} values, parameters need {off}")
+    return out
+
+
+class ModelHolder:
+    """Holds ``artifact`` and its current parameters; see the module docstring for the contract."""
+
+    def __init__(self, artifact: Any, data_dir: str | Path) -> None:
+        self.artifact = artifact
+        self.path = Path(data_dir) / "params.npz"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._shapes = [tuple(np.shape(p)) for p in artifact.params]
+        self._snap = self._restore() or ParamsSnapshot.make(list(artifact.params), 0)
+
+    # -- reading -------------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> ParamsSnapshot:
+        """The current committed parameters (one atomic reference read)."""
+        return self._snap
+
+    @property
+    def version(self) -> int:
+        return self._snap.version
+
+    @property
+    def sha256(self) -> str:
+        return self._snap.sha256
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the artifact on one consistent parameter snapshot."""
+        snap = self._snap  # read once: a concurrent commit replaces the reference, not our tuple
+        try:
+            return self.artifact.infer(inputs, params=list(snap.params))
+        except NodeError:
+            raise
+        except Exception as exc:  # the compiler's InputError: same meaning at the node boundary
+            if type(exc).__name__ == "InputError":
+                raise InvalidInput(str(exc), hint=getattr(exc, "hint", None)) from exc
+            raise
+
+    # -- writing -------------------------------------------------------------------------------
+    def commit(self, params: list[np.ndarray], version: int) -> ParamsSnapshot:
+        """Persist then publish ``params`` as ``version``; returns the new snapshot.
+
+        Persist first: if the node dies between the two, the restart shows the new parameters,
+        which is what the round already reported as DONE.
+        """
+        shapes = [tuple(np.shape(p)) for p in params]
+        if shapes != self._shapes:
+            raise NodeError(f"parameter shapes {shapes} do not match the artifact's {self._shapes}")
+        snap = ParamsSnapshot.make(params, version)
+        with self._lock:
+            self._persist(snap)
+            self._snap = snap
+        log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
+        return snap
+
+    def reset(self) -> ParamsSnapshot:
+        """Back to the artifact's shipped parameters (version 0), persisted."""
+        return self.commit(list(self.artifact.params), 0)
+
+    def _persist(self, snap: ParamsSnapshot) -> None:
+        meta = {"format": _PARAMS_FORMAT, "model": str(getattr(self.artifact, "name", "")),
+                "version": snap.version, "sha256": snap.sha256,
+                "names": list(getattr(self.artifact, "param_names", [])),
+                "shapes": [list(s) for s in self._shapes]}
+        buf = io.BytesIO()
+        arrays = {f"p{i}": p for i, p in enumerate(snap.params)}
+        np.savez(buf, __meta__=np.array(json.dumps(meta)), **arrays)
+        atomic_write_bytes(self.path, buf.getvalue())
+
+    def _restore(self) -> ParamsSnapshot | None:
+        if not self.path.exists():
+            return None
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                meta = json.loads(str(z["__meta__"]))
+                params = [z[f"p{i}"] for i in range(len(meta["shapes"]))]
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: fall back, loudly
+            log.warning("ignoring unreadable %s (%s); starting from the artifact's parameters",
+                        self.path, exc)
+            return None
+        if meta.get("format") != _PARAMS_FORMAT or [tuple(s) for s in meta["shapes"]] != self._shapes \
+                or meta.get("names") != list(getattr(self.artifact, "param_names", meta.get("names"))):
+            log.warning("%s belongs to another model layout; starting from the artifact's parameters",
+                        self.path)
+            return None
+        snap = ParamsSnapshot.make(params, meta["version"])
+        if snap.sha256 != meta["sha256"]:
+            log.warning("%s: sha256 mismatch; starting from the artifact's parameters", self.path)
+            return None
+        log.info("restored params version %d sha256 %s", snap.version, snap.sha256[:12])
+        return snap

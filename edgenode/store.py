@@ -1,0 +1,234 @@
+"""Durable, bounded sample store on SQLite (WAL).
+
+Durability: ``journal_mode=WAL`` + ``synchronous=FULL``. With WAL, NORMAL already survives a
+process crash (kill -9): a committed transaction is in the WAL file, which the OS keeps. It
+does NOT survive a power cut, because NORMAL skips the fsync of the WAL at commit. Boards lose
+power far more often than servers, and the API promises "stored before 2xx", so we pay one
+fsync per insert *batch* (one transaction per request, not per sample).
+
+Retention (bound = ``max_samples``):
+- ``drop-oldest`` (default): each insert deletes the oldest rows beyond the bound in the same
+  transaction; the newest data wins because sensor data drifts.
+- ``reject``: an insert that would exceed the bound raises :class:`StoreError` and stores nothing.
+
+Each row holds one sample: the raw bytes of every model input (in spec order, fixed shapes and
+dtypes recorded in a ``meta`` table so a store is never read with the wrong layout) and its label.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgenode.common import InvalidInput, StoreError
+
+__all__ = ["SampleSpec", "SampleStore", "Samples"]
+
+_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """Layout of one sample: per-input shapes (without batch dim) and dtypes, and the label's."""
+
+    inputs: tuple[tuple[str, tuple[int, ...], str], ...]
+    label_shape: tuple[int, ...]  # () for a class id
+    label_dtype: str  # "int64" (class ids) or "float32" (regression targets)
+
+    def to_json(self) -> str:
+        return json.dumps({"inputs": [[n, list(s), d] for n, s, d in self.inputs],
+                           "label_shape": list(self.label_shape), "label_dtype": self.label_dtype})
+
+    @classmethod
+    def from_json(cls, text: str) -> SampleSpec:
+        d = json.loads(text)
+        return cls(tuple((n, tuple(s), dt) for n, s, dt in d["inputs"]), tuple(d["label_shape"]),
+                   d["label_dtype"])
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A consistent in-memory copy of stored samples: inputs by name (N, ...) and labels (N, ...)."""
+
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+class SampleStore:
+    """Thread-safe SQLite store; :meth:`add` is durable when it returns."""
+
+    def __init__(self, path: str | Path, spec: SampleSpec, *, max_samples: int = 100_000,
+                 retention: str = "drop-oldest", num_classes: int | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.spec = spec
+        self.max_samples = int(max_samples)
+        self.num_classes = num_classes  # class-id labels are checked against it
+        self.retention = str(getattr(retention, "value", retention))
+        if self.retention not in ("drop-oldest", "reject"):
+            raise StoreError(f"unknown retention policy {self.retention!r}", hint="use drop-oldest or reject")
+        self._lock = threading.Lock()
+        # check_same_thread=False: one connection shared by the API threads and the round worker,
+        # every use serialized by self._lock (SQLite writes are serialized anyway).
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS samples (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+                         " data BLOB NOT NULL, label BLOB NOT NULL)")
+        self._check_spec()
+        self._count = self._db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+
+    def _check_spec(self) -> None:
+        row = self._db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
+        if row is None:
+            with self._tx():
+                self._db.execute("INSERT INTO meta VALUES ('spec', ?), ('schema', ?)",
+                                 (self.spec.to_json(), str(_SCHEMA_VERSION)))
+        elif SampleSpec.from_json(row[0]) != self.spec:
+            raise StoreError(f"sample store {self.path} holds samples of another model layout",
+                             hint="use a fresh data_dir for a different model, or delete samples.db")
+
+    def _tx(self):
+        return _Tx(self._db)
+
+    @property
+    def count(self) -> int:
+        """Number of stored samples."""
+        return self._count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def validate(self, inputs: dict[str, np.ndarray],
+                 labels: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Check names, per-sample shapes, dtypes and label count; return arrays in spec order."""
+        names = [n for n, _, _ in self.spec.inputs]
+        missing = [n for n in names if n not in inputs]
+        if missing:
+            raise InvalidInput(f"missing input {missing[0]!r}", hint=f"the model's inputs are {names}")
+        extra = [n for n in inputs if n not in names]
+        if extra:
+            raise InvalidInput(f"unknown input {extra[0]!r}", hint=f"the model's inputs are {names}")
+        arrays: list[np.ndarray] = []
+        n = None
+        for name, shape, dtype in self.spec.inputs:
+            a = np.asarray(inputs[name])
+            if a.ndim != len(shape) + 1 or tuple(a.shape[1:]) != shape:
+                raise InvalidInput(f"input {name!r}: samples have shape {list(a.shape[1:])}, "
+                                   f"expected {list(shape)}",
+                                   hint=f"send a list of samples each shaped {list(shape)}")
+            if not _castable(a.dtype, np.dtype(dtype)):
+                raise InvalidInput(f"input {name!r}: dtype {a.dtype} cannot be stored as {dtype}",
+                                   hint=f"send {dtype} numbers")
+            if n is not None and a.shape[0] != n:
+                raise InvalidInput(f"input {name!r} has {a.shape[0]} samples, other inputs have {n}")
+            n = a.shape[0]
+            arrays.append(np.ascontiguousarray(a, dtype=dtype))
+        lab = np.asarray(labels)
+        if lab.shape != (n, *self.spec.label_shape):
+            raise InvalidInput(f"labels: shape {list(lab.shape)}, expected {[n, *self.spec.label_shape]}",
+                               hint="send one label per sample")
+        if lab.dtype.kind == "f" and self.spec.label_dtype == "int64" and np.all(np.mod(lab, 1) == 0):
+            lab = lab.astype(np.int64)  # JSON clients may send 3.0 for class 3
+        if not _castable(lab.dtype, np.dtype(self.spec.label_dtype)):
+            raise InvalidInput(f"labels: dtype {lab.dtype} cannot be stored as {self.spec.label_dtype}",
+                               hint="class labels must be integers" if self.spec.label_dtype == "int64"
+                               else "targets must be numbers")
+        if n == 0:
+            raise InvalidInput("no samples in the request", hint="send at least one sample")
+        for a in arrays:
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise InvalidInput("inputs contain NaN or Inf", hint="send finite numbers")
+        lab = np.ascontiguousarray(lab, dtype=self.spec.label_dtype)
+        if self.num_classes is not None and lab.size and (lab.min() < 0 or lab.max() >= self.num_classes):
+            raise InvalidInput(f"labels must be class ids in [0, {self.num_classes}), got {int(lab.min())}.."
+                               f"{int(lab.max())}", hint=f"the model has {self.num_classes} classes")
+        if lab.dtype.kind == "f" and not np.isfinite(lab).all():
+            raise InvalidInput("labels contain NaN or Inf", hint="send finite numbers")
+        return arrays, lab
+
+    def add(self, inputs: dict[str, np.ndarray], labels: np.ndarray) -> int:
+        """Insert a batch in ONE transaction, durable (fsynced) on return; returns the new count."""
+        arrays, lab = self.validate(inputs, labels)
+        n = lab.shape[0]
+        rows = [(b"".join(a[i].tobytes() for a in arrays), lab[i].tobytes()) for i in range(n)]
+        with self._lock:
+            if self.retention == "reject" and self._count + n > self.max_samples:
+                raise StoreError(f"sample store is full ({self._count}/{self.max_samples} samples)",
+                                 hint="raise [store].max_samples or use retention = \"drop-oldest\"")
+            with self._tx():
+                self._db.executemany("INSERT INTO samples (data, label) VALUES (?, ?)", rows)
+                over = self._count + n - self.max_samples
+                if over > 0:  # drop-oldest: ids grow monotonically (AUTOINCREMENT), oldest = smallest
+                    self._db.execute("DELETE FROM samples WHERE id IN "
+                                     "(SELECT id FROM samples ORDER BY id LIMIT ?)", (over,))
+            self._count = min(self._count + n, self.max_samples)
+            return self._count
+
+    def snapshot(self, limit: int | None = None) -> Samples:
+        """All stored samples (or the newest ``limit``) as arrays; a consistent read."""
+        with self._lock:
+            if limit is None:
+                rows = self._db.execute("SELECT data, label FROM samples ORDER BY id").fetchall()
+            else:
+                rows = self._db.execute("SELECT data, label FROM samples ORDER BY id DESC LIMIT ?",
+                                        (int(limit),)).fetchall()[::-1]
+        return self._decode(rows)
+
+    def _decode(self, rows: list[tuple[bytes, bytes]]) -> Samples:
+        n = len(rows)
+        data = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.uint8).reshape(n, -1) if n else None
+        inputs: dict[str, np.ndarray] = {}
+        off = 0
+        for name, shape, dtype in self.spec.inputs:
+            size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            if n:
+                chunk = np.ascontiguousarray(data[:, off:off + size])
+                inputs[name] = chunk.view(dtype).reshape(n, *shape)
+            else:
+                inputs[name] = np.zeros((0, *shape), dtype=dtype)
+            off += size
+        labels = np.frombuffer(b"".join(r[1] for r in rows), dtype=self.spec.label_dtype)
+        labels = labels.reshape(n, *self.spec.label_shape).copy()
+        return Samples(inputs, labels)
+
+    def clear(self) -> None:
+        """Delete every sample (durably)."""
+        with self._lock, self._tx():
+            self._db.execute("DELETE FROM samples")
+            self._count = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT / ROLLBACK (autocommit connection, explicit transactions)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _castable(src: np.dtype, dst: np.dtype) -> bool:
+    """Accept lossless-enough casts: any number to float, integers (incl. bool) to integers."""
+    if dst.kind == "f":
+        return src.kind in "fiub"
+    if dst.kind in "iu":
+        return src.kind in "iub"
+    return src == dst

@@ -1,0 +1,213 @@
+"""One training round on one node, in lock-step with the other participants.
+
+Phases (every collective uses a tag unique to the round, so late frames of an old round are
+never mixed into a new one):
+
+1. ``{round_id}/hello``: a SUM-allreduce in which each member fills only its own slot with
+   (model_version, 64 bits of params_sha256 as four exact 16-bit floats, parameter count,
+   has-samples). Afterwards every member knows the same facts about every other member.
+2. ``{round_id}/params``: only if the hashes differ, the member with the highest model_version
+   (ties: smallest id) broadcasts its parameters; everyone continues from them.
+3. Steps ``{round_id}/{step}``:
+   - ``gradient``: sample a batch, ``loss_and_grad``, allreduce(mean) of the flat gradient,
+     ``apply`` -- Horovod-style synchronous SGD. Identical inputs to a deterministic optimizer
+     keep the parameters bit-identical on every member.
+   - ``local-sgd``: ``local_steps`` local updates, then allreduce(mean) of the parameter delta;
+     every member sets ``start + mean_delta``.
+   A member without samples contributes zeros; the mean is rescaled by n/k (k = members with
+   samples, known to all from the hello), so it does not dilute the others.
+4. ``{round_id}/commit``: a one-value barrier, then the new parameters are committed with
+   version = max(versions) + 1. Any failure before that point raises :class:`RoundFailed` and
+   nothing was applied: the node keeps its last committed parameters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgenode.common import RoundFailed, get_logger
+from edgenode.model import ModelHolder, flatten, unflatten
+from edgenode.store import Samples
+from federation.messages import Compression, RoundCommand, SyncMode
+
+__all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "choose_root"]
+
+log = get_logger("training")
+_SLOT = 7  # hello values per member: version, 4 x 16-bit hash chunks, n_params mod 2^24, has_samples
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A RoundCommand resolved against the node's defaults."""
+
+    round_id: str
+    steps: int
+    lr: float | None
+    sync: SyncMode
+    local_steps: int
+    group: tuple[str, ...]  # ring order = sorted(participants)
+    compression: Compression = Compression.NONE
+    step_timeout_s: float = 30.0
+
+    @classmethod
+    def from_command(cls, cmd: RoundCommand, *, default_lr: float | None = None) -> RoundPlan:
+        return cls(round_id=cmd.round_id, steps=cmd.steps, lr=cmd.lr if cmd.lr is not None else default_lr,
+                   sync=cmd.sync, local_steps=cmd.local_steps, group=tuple(sorted(set(cmd.participants))),
+                   compression=cmd.compression, step_timeout_s=cmd.step_timeout_s)
+
+
+@dataclass
+class RoundResult:
+    round_id: str
+    version: int
+    sha256: str
+    losses: list[float] = field(default_factory=list)
+    synced_from: str | None = None  # root of the pre-round parameter broadcast, if one happened
+    seconds: float = 0.0
+
+
+class BatchSampler:
+    """Epoch-style batches over a fixed snapshot: shuffle, walk, reshuffle (no replacement)."""
+
+    def __init__(self, samples: Samples, batch: int, rng: np.random.Generator) -> None:
+        self.samples, self.batch, self.rng = samples, batch, rng
+        self._order = np.zeros(0, np.int64)
+        self._pos = 0
+
+    def next(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        n = len(self.samples)
+        if n < self.batch:  # too few samples for one batch: draw with replacement
+            idx = self.rng.integers(0, n, self.batch)
+        else:
+            if self._pos + self.batch > self._order.size:
+                self._order, self._pos = self.rng.permutation(n), 0
+            idx = self._order[self._pos:self._pos + self.batch]
+            self._pos += self.batch
+        return {k: v[idx] for k, v in self.samples.inputs.items()}, self.samples.labels[idx]
+
+
+def choose_root(versions: dict[str, int]) -> str:
+    """The member whose parameters everyone adopts: highest model_version, ties -> smallest id."""
+    return min(versions, key=lambda m: (-versions[m], m))
+
+
+def _hash_chunks(sha: str) -> list[float]:
+    return [float(int(sha[i * 4:(i + 1) * 4], 16)) for i in range(4)]  # each < 2^16: exact in float32
+
+
+def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any, samples: Samples,
+              ring: Any, rng: np.random.Generator | None = None, abort: threading.Event | None = None,
+              on_step: Callable[[int, float], None] | None = None) -> RoundResult:
+    """Run ``plan`` as member ``node_id``; commits to ``model`` only if every phase succeeded.
+
+    Raises :class:`RoundFailed` (nothing applied) on a dead member, deadline, abort, or bad data.
+    """
+    t0 = time.monotonic()
+    group = list(plan.group)
+    if node_id not in group:
+        raise RoundFailed(f"{node_id} is not a participant of round {plan.round_id}")
+    abort = abort or threading.Event()
+    rng = rng or np.random.default_rng([zlib.crc32(node_id.encode()), zlib.crc32(plan.round_id.encode())])
+    start = model.snapshot
+    try:
+        facts = _hello(plan, node_id, group, start, len(samples) > 0, ring)
+        versions = {m: int(f[0]) for m, f in facts.items()}
+        if len({int(f[5]) for f in facts.values()}) != 1:
+            raise RoundFailed("participants run models with different parameter counts")
+        contributors = sum(int(f[6]) for f in facts.values())
+        if contributors == 0:
+            raise RoundFailed("no participant has training samples", hint="POST /v1/samples first")
+        params = [np.array(p) for p in start.params]
+        synced_from = None
+        if len({tuple(f[1:5]) for f in facts.values()}) > 1:
+            synced_from = choose_root(versions)
+            mine = flatten(params) if synced_from == node_id else None
+            vec = ring.broadcast(mine, root=synced_from, group=group, tag=f"{plan.round_id}/params",
+                                 timeout=plan.step_timeout_s)
+            params = unflatten(np.asarray(vec, np.float32), params)
+            log.info("%s: round %s starts from %s's parameters", node_id, plan.round_id, synced_from)
+        scale = len(group) / contributors  # undo the zeros of members without samples
+        sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None
+        losses: list[float] = []
+        state = trainer.init_state(params)
+        for step in range(plan.steps):
+            if abort.is_set():
+                raise RoundFailed(f"round {plan.round_id} aborted")
+            tag = f"{plan.round_id}/{step}"
+            step_fn = _gradient_step if plan.sync == SyncMode.GRADIENT else _local_sgd_step
+            loss, params, state = step_fn(plan, trainer, params, state, sampler, ring, group, tag, scale)
+            losses.append(loss)
+            if on_step is not None:
+                on_step(step, loss)
+        if abort.is_set():
+            raise RoundFailed(f"round {plan.round_id} aborted")
+        # Barrier: nobody commits unless everybody got through the last step.
+        ring.allreduce(np.ones(1, np.float32), group=group, tag=f"{plan.round_id}/commit", op="sum",
+                       timeout=plan.step_timeout_s)
+    except RoundFailed:
+        raise
+    except Exception as exc:  # RoundAborted, TransportError, trainer errors: the round is void
+        member = getattr(exc, "member", None)
+        raise RoundFailed(f"round {plan.round_id} failed: {exc}", member=member) from exc
+    snap = model.commit(params, max(versions.values()) + 1)
+    return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0)
+
+
+def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: Any, has_samples: bool,
+           ring: Any) -> dict[str, list[float]]:
+    n_params = sum(int(p.size) for p in snap.params)
+    vec = np.zeros(len(group) * _SLOT, np.float32)
+    i = group.index(node_id) * _SLOT
+    vec[i:i + _SLOT] = [snap.version, *_hash_chunks(snap.sha256), n_params % (1 << 24), float(has_samples)]
+    # Integers below 2^24 sum exactly in float32 and only one member is non-zero per slot.
+    out = ring.allreduce(vec, group=group, tag=f"{plan.round_id}/hello", op="sum",
+                         timeout=plan.step_timeout_s)
+    out = np.asarray(out)
+    return {m: out[k * _SLOT:(k + 1) * _SLOT].tolist() for k, m in enumerate(group)}
+
+
+def _batch_xy(trainer: Any, sampler: BatchSampler) -> tuple[np.ndarray, np.ndarray]:
+    inputs, y = sampler.next()
+    (x,) = inputs.values()  # training modules take one input tensor
+    return x, y
+
+
+def _gradient_step(plan, trainer, params, state, sampler, ring, group, tag, scale):
+    if sampler is not None:
+        x, y = _batch_xy(trainer, sampler)
+        loss, grads = trainer.loss_and_grad(params, x, y)
+        flat = flatten(grads)
+    else:
+        loss, flat = float("nan"), np.zeros(sum(int(p.size) for p in params), np.float32)
+    avg = np.asarray(ring.allreduce(flat, group=group, tag=tag, op="mean", timeout=plan.step_timeout_s,
+                                    compression=plan.compression), np.float32)
+    if scale != 1.0:
+        avg = avg * np.float32(scale)
+    params, state = trainer.apply(params, unflatten(avg, params), state, lr=plan.lr)
+    return float(loss), [np.asarray(p, np.float32) for p in params], state
+
+
+def _local_sgd_step(plan, trainer, params, state, sampler, ring, group, tag, scale):
+    start = flatten(params)
+    losses = []
+    if sampler is not None:
+        for _ in range(plan.local_steps):
+            x, y = _batch_xy(trainer, sampler)
+            loss, grads = trainer.loss_and_grad(params, x, y)
+            params, state = trainer.apply(params, grads, state, lr=plan.lr)
+            losses.append(float(loss))
+    delta = flatten(params) - start
+    avg = np.asarray(ring.allreduce(delta, group=group, tag=tag, op="mean", timeout=plan.step_timeout_s,
+                                    compression=plan.compression), np.float32)
+    if scale != 1.0:
+        avg = avg * np.float32(scale)
+    # start + avg is computed from bit-identical operands on every member -> identical params
+    new = unflatten(start + avg, params)
+    return (float(np.mean(losses)) if losses else float("nan")), new, state
