@@ -1,0 +1,167 @@
+"""Pure-ASGI middlewares of the node app: body size limit, bearer-token auth, HTTP metrics.
+
+Pure ASGI (not ``BaseHTTPMiddleware``) because they sit on the inference hot path: each one is
+a couple of dict lookups per request, with no extra task or body copy.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+__all__ = ["BodyLimitMiddleware", "BearerAuthMiddleware", "MetricsMiddleware", "HttpMetrics",
+           "BodyTooLarge"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Health stays open without a token: orchestrators and load balancers probe it anonymously.
+OPEN_PREFIX = "/v2/health/"
+
+
+async def _send_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyTooLarge(Exception):
+    """Raised from ``receive`` once the streamed body passes the limit (caught by the middleware)."""
+
+
+class BodyLimitMiddleware:
+    """Reject bodies larger than ``max_bytes`` with 413 without reading them into memory.
+
+    A declared ``Content-Length`` over the limit is refused before a single body byte is read.
+    A chunked (or lying) body is counted as it streams through ``receive``; the first chunk that
+    passes the limit aborts the request, so at most ``max_bytes`` + one chunk is ever buffered.
+    The connection is closed afterwards (the rest of the body is never read).
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = int(max_bytes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_error(send, 400, "Content-Length is not an integer")
+                    return
+                if declared > limit:
+                    await _send_error(send, 413, f"request body of {declared} bytes exceeds the node's "
+                                                 f"max_body_bytes ({limit})")
+                    return
+                break
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge()
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if started:  # nothing sane left to say on this connection
+                raise
+            await _send_error(send, 413, f"request body exceeds the node's max_body_bytes ({limit}); "
+                                         f"stopped reading after {seen} bytes")
+
+
+class BearerAuthMiddleware:
+    """With a token configured, every route but ``/v2/health/*`` needs ``Authorization: Bearer TOKEN``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(OPEN_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        got = b""
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                got = value
+                break
+        if not hmac.compare_digest(got, self.expected):  # constant time: no token-guessing oracle
+            reason = "missing bearer token" if not got else "invalid bearer token"
+            await _send_error(send, 401, f"{reason}: send 'Authorization: Bearer <auth_token>'",
+                              [(b"www-authenticate", b'Bearer realm="fractal-node"')])
+            return
+        await self.app(scope, receive, send)
+
+
+# Sub-millisecond buckets: the node's inference latency budget is ~1 ms for small models.
+_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class HttpMetrics:
+    """Per-route request counts and latency histograms in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("fractal_http_requests_total", "HTTP requests by route and status",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("fractal_http_request_duration_seconds", "HTTP request latency by route",
+                                 ["method", "route"], buckets=_BUCKETS, registry=self.registry)
+
+
+class MetricsMiddleware:
+    """Counts every request (401s and 413s included) under its route template, not the raw path."""
+
+    def __init__(self, app: ASGIApp, metrics: HttpMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            # Unmatched paths share one label so random URLs cannot blow up the label set.
+            label = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.metrics.latency.labels(method, label).observe(time.perf_counter() - t0)
+            self.metrics.requests.labels(method, label, str(status)).inc()

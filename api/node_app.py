@@ -1,0 +1,51 @@
+"""``create_node_app(node)``: the node's FastAPI app, wired from routers, middlewares and error handlers.
+
+Routes live in :mod:`api.routes`, the tensor codec in :mod:`api.tensors`, model execution and
+storage in :mod:`edgenode`. Middleware order (outermost first): metrics (so 401/413 are counted
+too), bearer auth, body size limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from api import __version__
+from api.deps import NodeLike
+from api.errors import install_error_handlers
+from api.middleware import BearerAuthMiddleware, BodyLimitMiddleware, HttpMetrics, MetricsMiddleware
+from api.routes import node as node_routes
+from api.routes import oip, samples
+
+__all__ = ["create_node_app", "DEFAULT_MAX_BODY_BYTES"]
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def _setting(node: Any, key: str, default: Any) -> Any:
+    value = getattr(getattr(node, "config", None), key, None)
+    return default if value is None else value
+
+
+def create_node_app(node: NodeLike, *, auth_token: str | None = None,
+                    max_body_bytes: int | None = None) -> FastAPI:
+    """The HTTP app serving ``node``; auth token and body limit default to ``node.config``."""
+    token = auth_token if auth_token is not None else _setting(node, "auth_token", None)
+    limit = int(max_body_bytes if max_body_bytes is not None
+                else _setting(node, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    app = FastAPI(title="fractal-edge node", version=__version__,
+                  description="Open Inference Protocol v2, training samples, node status and metrics.")
+    app.state.node = node
+    app.state.max_body_bytes = limit
+    app.state.http_metrics = HttpMetrics()
+    install_error_handlers(app)
+    app.include_router(oip.router)
+    app.include_router(samples.router)
+    app.include_router(node_routes.router)
+    # add_middleware wraps: the last added is the outermost.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limit)
+    if token:
+        app.add_middleware(BearerAuthMiddleware, token=token)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.http_metrics)
+    return app

@@ -1,0 +1,126 @@
+"""Open Inference Protocol v2 (KServe v2 / Triton HTTP): health, server and model metadata, infer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
+
+from api import __version__
+from api.body import read_body
+from api.deps import NodeDep, NodeLike, model_version
+from api.errors import ApiError
+from api.tensors import DATATYPES, datatype_of, encode_response, metadata_shape, parse_infer_request
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v2", tags=["oip-v2"])
+
+_ERROR = {"content": {"application/json": {"schema": {
+    "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
+_TENSOR_SCHEMA = {
+    "type": "object",
+    "required": ["name", "shape", "datatype", "data"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer"}},
+        "datatype": {"type": "string", "enum": sorted(DATATYPES)},
+        "parameters": {"type": "object"},
+        "data": {"type": "array"},
+    },
+}
+_INFER_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "parameters": {"type": "object"},
+            "inputs": {"type": "array", "items": _TENSOR_SCHEMA},
+            "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string"}, "parameters": {"type": "object"}}}},
+        },
+    }}},
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {400: _ERROR, 404: _ERROR, 413: _ERROR}
+
+
+def _check_model(node: NodeLike, name: str, version: str | None = None) -> None:
+    if name != node.model_name:
+        raise ApiError(404, f"unknown model '{name}' (this node serves '{node.model_name}')")
+    if version is not None and version != model_version(node):
+        raise ApiError(404, f"model '{name}' has no version '{version}' (serving {model_version(node)})")
+
+
+def _ready(node: NodeLike) -> bool:
+    return bool(getattr(node, "ready", True))
+
+
+@router.get("/health/live", summary="Server liveness")
+async def live() -> dict[str, bool]:
+    """200 while the process serves HTTP."""
+    return {"live": True}
+
+
+@router.get("/health/ready", summary="Server readiness", responses={503: _ERROR})
+async def ready(node: NodeDep) -> Response:
+    """200 once the model is loaded and can answer inference."""
+    if not _ready(node):
+        raise ApiError(503, "model not loaded yet")
+    return Response(b'{"ready":true}', media_type="application/json")
+
+
+@router.get("", summary="Server metadata")
+async def server_metadata() -> dict[str, Any]:
+    """Name, version and the protocol extensions this server implements."""
+    return {"name": "fractal-edge", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+
+def _tensor_meta(specs: Any) -> list[dict[str, Any]]:
+    return [{"name": s.name, "datatype": datatype_of(s.dtype), "shape": metadata_shape(s.shape)}
+            for s in specs]
+
+
+@router.get("/models/{name}", summary="Model metadata", responses=_ERRORS)
+@router.get("/models/{name}/versions/{version}", summary="Model metadata (versioned)", responses=_ERRORS)
+async def model_metadata(name: str, node: NodeDep, version: str | None = None) -> dict[str, Any]:
+    """Inputs and outputs with OIP datatypes; the batch dimension is -1 (any N >= 1)."""
+    _check_model(node, name, version)
+    return {"name": node.model_name, "versions": [model_version(node)], "platform": "tvm",
+            "inputs": _tensor_meta(node.inputs), "outputs": _tensor_meta(node.outputs)}
+
+
+@router.get("/models/{name}/ready", summary="Model readiness", responses=_ERRORS)
+@router.get("/models/{name}/versions/{version}/ready", summary="Model readiness (versioned)",
+            responses=_ERRORS)
+async def model_ready(name: str, node: NodeDep, version: str | None = None) -> Response:
+    """200 if the model is ready; 400 if loaded but not ready (as Triton does)."""
+    _check_model(node, name, version)
+    if not _ready(node):
+        raise ApiError(400, f"model '{name}' is not ready")
+    return Response(b'{"ready":true}', media_type="application/json")
+
+
+def _run_infer(node: NodeLike, name: str, body: bytes, header_length: str | None) -> tuple[bytes, int | None]:
+    # Decode, run and encode in ONE worker-thread hop: the event loop only moves bytes.
+    req = parse_infer_request(body, node.inputs, [s.name for s in node.outputs], header_length)
+    results = node.infer(req.inputs)
+    return encode_response(node.model_name, model_version(node), req, results)
+
+
+@router.post("/models/{name}/infer", summary="Inference", openapi_extra={"requestBody": _INFER_BODY},
+             responses=_ERRORS)
+@router.post("/models/{name}/versions/{version}/infer", summary="Inference (versioned)",
+             openapi_extra={"requestBody": _INFER_BODY}, responses=_ERRORS)
+async def infer(name: str, request: Request, node: NodeDep, version: str | None = None) -> Response:
+    """OIP v2 JSON tensors (flat or nested ``data``) or Triton binary tensor data."""
+    _check_model(node, name, version)
+    body = await read_body(request)
+    out, header_len = await run_in_threadpool(
+        _run_infer, node, name, body, request.headers.get("inference-header-content-length"))
+    if header_len is None:
+        return Response(out, media_type="application/json")
+    return Response(out, media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(header_len)})

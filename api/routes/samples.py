@@ -1,0 +1,121 @@
+"""``POST /v1/samples``: labelled sensor samples for on-device training, stored durably before 2xx."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+
+from api.body import read_body
+from api.deps import NodeDep, NodeLike
+from api.errors import ApiError
+from api.tensors import _loads  # same strict JSON (no NaN/Infinity) as the infer route
+
+__all__ = ["router", "parse_samples"]
+
+router = APIRouter(prefix="/v1", tags=["samples"])
+
+_ERROR = {"content": {"application/json": {"schema": {
+    "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
+_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": {
+        "type": "object",
+        "required": ["inputs", "labels"],
+        "properties": {
+            "inputs": {"type": "object", "additionalProperties": {"type": "array"},
+                       "description": "INPUT_NAME -> list of samples, each shaped like the input "
+                                      "without its batch dimension"},
+            "labels": {"type": "array", "description": "one label per sample"},
+        },
+    }}},
+}
+
+
+def _bad(msg: str) -> ApiError:
+    return ApiError(400, msg)
+
+
+def _samples_array(name: str, value: Any, spec: Any) -> np.ndarray:
+    want = tuple(spec.shape[1:])
+    if not isinstance(value, list) or not value:
+        raise _bad(f"inputs.{name} must be a non-empty list of samples")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise _bad(f"inputs.{name}: samples are ragged or malformed: {exc}") from exc
+    if arr.dtype.kind not in "iuf":
+        raise _bad(f"inputs.{name}: samples must hold only numbers")
+    if arr.shape[1:] != want:
+        raise _bad(f"inputs.{name}: each sample must have shape {list(want)}, got {list(arr.shape[1:])}")
+    dtype = np.dtype(spec.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(dtype)
+    if dtype.kind == "f" and not np.isfinite(out).all():
+        raise _bad(f"inputs.{name}: samples have non-finite values (NaN, Infinity or out of range)")
+    return out
+
+
+def _labels_array(value: Any, count: int) -> np.ndarray:
+    if not isinstance(value, list):
+        raise _bad("'labels' must be a list with one label per sample")
+    if len(value) != count:
+        raise _bad(f"label count mismatch: {len(value)} labels for {count} samples")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise _bad(f"labels are ragged or malformed: {exc}") from exc
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind != "f":
+        raise _bad("labels must be numbers (class ids) or lists of numbers (regression targets)")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(np.float32)
+    if not np.isfinite(out).all():
+        raise _bad("labels have non-finite values")
+    return out
+
+
+def parse_samples(body: bytes, node: NodeLike) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Decode and validate a samples body against the node's input specs."""
+    try:
+        req = _loads(body)
+    except ValueError as exc:
+        raise _bad(str(exc)) from exc
+    if not isinstance(req, dict):
+        raise _bad('body must be a JSON object {"inputs": {...}, "labels": [...]}')
+    inputs = req.get("inputs")
+    if not isinstance(inputs, dict) or not inputs:
+        raise _bad("'inputs' must be an object mapping input names to lists of samples")
+    specs = {s.name: s for s in node.inputs}
+    unknown = [n for n in inputs if n not in specs]
+    if unknown:
+        raise _bad(f"unknown input '{unknown[0]}' (model inputs: {', '.join(specs)})")
+    missing = [n for n in specs if n not in inputs]
+    if missing:
+        raise _bad(f"missing input(s): {', '.join(missing)}")
+    arrays = {n: _samples_array(n, inputs[n], specs[n]) for n in specs}
+    counts = {len(a) for a in arrays.values()}
+    if len(counts) > 1:
+        raise _bad(f"inputs disagree on the number of samples: {sorted(counts)}")
+    if "labels" not in req:
+        raise _bad("missing 'labels'")
+    return arrays, _labels_array(req["labels"], counts.pop())
+
+
+def _store(node: NodeLike, body: bytes) -> dict[str, Any]:
+    arrays, labels = parse_samples(body, node)
+    stored = node.add_samples(arrays, labels)  # returns after the store committed (durable)
+    total = node.info().get("sample_count")
+    return {"stored": int(stored) if isinstance(stored, int | np.integer) else len(labels),
+            "sample_count": total}
+
+
+@router.post("/samples", summary="Store labelled samples", openapi_extra={"requestBody": _BODY},
+             responses={400: _ERROR, 413: _ERROR})
+async def post_samples(request: Request, node: NodeDep) -> dict[str, Any]:
+    """Store samples durably (committed before this returns) for the next training round."""
+    body = await read_body(request)
+    return await run_in_threadpool(_store, node, body)
