@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Build a foreign-arch Python 3.11 sysroot for qemu-user: Debian packages unpacked with
+# `dpkg -x` (no chroot, no binfmt_misc) plus the PyPI wheels of apache-tvm, apache-tvm-ffi and
+# numpy for that arch, unzipped into DEST/wheels. compiler/emulate.py then runs
+#   qemu-aarch64 -L DEST DEST/usr/bin/python3.11 -m compiler.runner ...
+# with PYTHONPATH=DEST/wheels:REPO.
+#
+# usage: bash firmware/sysroot.sh ARCH DEST        (ARCH: aarch64; riscv64 has no TVM wheel yet)
+# Idempotent: a finished sysroot has DEST/.done and is left alone. Needs root (or sudo) once
+# for `dpkg --add-architecture` + `apt-get update`; downloads go to DEST/.debs and DEST/.wheels.
+set -euo pipefail
+
+ARCH=${1:?usage: sysroot.sh ARCH DEST}
+DEST=${2:?usage: sysroot.sh ARCH DEST}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PIP=${PIP:-"$REPO/.venv/bin/pip"}
+[ -x "$PIP" ] || PIP="python3 -m pip"
+
+case "$ARCH" in
+  aarch64) DEBARCH=arm64; WHEELPLAT=(manylinux_2_28_aarch64 manylinux_2_17_aarch64 manylinux2014_aarch64) ;;
+  *) echo "sysroot.sh: unsupported arch '$ARCH' (only aarch64: PyPI has no riscv64 TVM wheel)" >&2; exit 2 ;;
+esac
+
+if [ -f "$DEST/.done" ]; then
+  echo "sysroot $ARCH: already built in $DEST"
+  exit 0
+fi
+
+# Python 3.11 and the shared libraries it, its stdlib extensions, numpy and libtvm link against.
+DEBS=(
+  python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
+  libc6 libstdc++6 libgcc-s1 zlib1g libffi8 libexpat1 libssl3
+  libbz2-1.0 liblzma5 libcrypt1 libuuid1 libsqlite3-0 libzstd1
+  libncursesw6 libtinfo6 libreadline8 libnsl2 libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3
+  libkrb5support0 libcom-err2 libkeyutils1 libdb5.3
+)
+# Exact pins: the aarch64 wheels must match the host's (artifacts carry the TVM version).
+WHEELS=(apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post0 "numpy>=1.26" ml_dtypes typing_extensions)
+
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+mkdir -p "$DEST/.debs" "$DEST/.wheels" "$DEST/wheels"
+DEST=$(cd "$DEST" && pwd)
+
+if ! dpkg --print-foreign-architectures | grep -qx "$DEBARCH"; then
+  echo "sysroot $ARCH: enabling dpkg architecture $DEBARCH"
+  $SUDO dpkg --add-architecture "$DEBARCH"
+  $SUDO apt-get update -qq
+elif ! apt-cache show "python3.11-minimal:$DEBARCH" >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+fi
+
+echo "sysroot $ARCH: downloading ${#DEBS[@]} Debian $DEBARCH packages"
+(
+  cd "$DEST/.debs"
+  pkgs=()
+  for p in "${DEBS[@]}"; do pkgs+=("$p:$DEBARCH"); done
+  # as root apt warns that the download is unsandboxed: harmless here
+  apt-get download -qq "${pkgs[@]}"
+)
+for deb in "$DEST"/.debs/*.deb; do
+  dpkg -x "$deb" "$DEST"
+done
+
+echo "sysroot $ARCH: downloading wheels ${WHEELS[*]}"
+plat=()
+for p in "${WHEELPLAT[@]}"; do plat+=(--platform "$p"); done
+$PIP download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+  "${plat[@]}" -d "$DEST/.wheels" "${WHEELS[@]}"
+for whl in "$DEST"/.wheels/*.whl; do
+  python3 -m zipfile -e "$whl" "$DEST/wheels"
+done
+
+# Smoke test under qemu: the interpreter starts and imports tvm + numpy.
+QEMU="qemu-$ARCH"
+if command -v "$QEMU" >/dev/null 2>&1; then
+  PYTHONPATH="$DEST/wheels" "$QEMU" -L "$DEST" "$DEST/usr/bin/python3.11" -c \
+    "import numpy, tvm, tvm.runtime; print('sysroot ok: numpy', numpy.__version__, 'tvm', tvm.__version__)"
+else
+  echo "sysroot $ARCH: warning: $QEMU not installed, skipped the smoke test" >&2
+fi
+
+rm -rf "$DEST/.debs" "$DEST/.wheels"
+date -u +%FT%TZ > "$DEST/.done"
+echo "sysroot $ARCH: done in $DEST"
