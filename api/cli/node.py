@@ -1,0 +1,50 @@
+"""`fractal node --config NODE.toml`: one edge node (agent + HTTP API) in this process."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+from api.cli import app
+from edgenode.common import NodeError
+
+__all__ = ["node", "serve_node"]
+
+
+def serve_node(config_path: Path, *, log_level: str = "info") -> None:
+    """Load the config, build and start the EdgeNode, serve its API with uvicorn until SIGINT/SIGTERM."""
+    from edgenode.config import load_config
+
+    cfg = load_config(config_path)  # ConfigError -> one line, exit 1 (api.cli.main)
+    try:
+        from api.node_app import create_node_app
+    except ImportError as exc:
+        raise NodeError(f"the node HTTP API is not available ({exc})",
+                        hint="install the full fractal-edge package (api/node_app.py)") from None
+    import uvicorn
+
+    from edgenode.node import EdgeNode
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    node = EdgeNode(cfg)
+    node.start()  # connect to the broker now: a bad broker fails before we listen
+    try:
+        server = uvicorn.Server(uvicorn.Config(create_node_app(node), host=cfg.host, port=cfg.port,
+                                               log_level="warning", timeout_graceful_shutdown=2))
+        server.run()
+        if not server.started:
+            raise NodeError(f"the node API did not start on {cfg.host}:{cfg.port}",
+                            hint="is the port free? change `port` in NODE.toml")
+    finally:
+        node.stop()
+
+
+@app.command("node")
+def node(
+    config: Path = typer.Option(..., "--config", "-c", help="Path to NODE.toml (see edgenode/config.py)."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Run one edge node: inference + samples over HTTP, training rounds over MQTT."""
+    serve_node(config, log_level=log_level)

@@ -1,0 +1,452 @@
+"""``EdgeNode``: the agent on one board.
+
+It composes the artifact (``compiler.load_artifact``), the current parameters
+(:class:`~edgenode.model.ModelHolder`), the sample store (:class:`~edgenode.store.SampleStore`)
+and, with a broker, the swarm side: an ``MqttLink`` whose Last Will is an offline NodeStatus, a
+retained status re-published on every change and every ``heartbeat_s``, the command topic, and
+a ``RingAllreduce`` over the link's transport. Training rounds run on one worker thread, one at
+a time; inference keeps running on the caller's threads from the last committed parameters.
+
+Surface used by the HTTP layer (``api.node_app``): ``config``, ``model_name``, ``model_version``,
+``inputs``, ``outputs``, ``infer()``, ``add_samples()``, ``info()``, ``metrics``, ``registry``,
+``start()``, ``stop()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import platform
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from edgenode.common import InvalidInput, NodeBusy, NodeError, RoundFailed, get_logger
+from edgenode.config import NodeConfig
+from edgenode.metrics import NodeMetrics
+from edgenode.model import ModelHolder
+from edgenode.store import SampleSpec, SampleStore
+from edgenode.training import RoundPlan, RoundResult, run_round
+from federation import topics
+from federation.messages import (
+    EventKind,
+    NodeState,
+    NodeStatus,
+    RoundAbort,
+    RoundCommand,
+    RoundEvent,
+    parse_command,
+)
+
+__all__ = ["EdgeNode"]
+
+log = get_logger("agent")
+_STEP_EVENT_MIN_S = 0.25  # STEP events are throttled: a 1000-step round must not flood the broker
+
+
+class EdgeNode:
+    """One edge node. Build it, ``start()`` it, serve it with ``api.node_app``, ``stop()`` it.
+
+    ``artifact`` (an already loaded Artifact) and ``transport`` (e.g. ``MemoryHub().transport(id)``
+    for in-process swarms) are test/embedding hooks; by default the artifact is loaded from
+    ``config.artifact`` and, when ``config.broker`` is set, the transport is the MQTT link's.
+    """
+
+    def __init__(self, config: NodeConfig, *, artifact: Any = None, transport: Any = None) -> None:
+        self.config = config
+        if artifact is None:
+            from compiler import load_artifact  # lazy: keeps `import edgenode` light
+
+            artifact = load_artifact(config.artifact)
+        self.artifact = artifact
+        self.trainer = getattr(artifact, "trainer", None)
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.model = ModelHolder(artifact, config.data_dir)
+        self.store = SampleStore(config.data_dir / "samples.db", self._sample_spec(),
+                                 max_samples=config.store.max_samples, retention=config.store.retention,
+                                 num_classes=self._num_classes())
+        self.metrics = NodeMetrics(lambda: self.store.count, lambda: self.model.version)
+        self._transport = transport
+        self._ring: Any = None
+        self._link: Any = None
+        self._lock = threading.Lock()  # guards state / round bookkeeping below
+        self._state = NodeState.ONLINE
+        self._round_id: str | None = None
+        self._worker: threading.Thread | None = None
+        self._abort = threading.Event()
+        self._seen_rounds: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._stopping = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._started = False
+        self._listeners: list[Callable[[RoundEvent], None]] = []
+        self.last_result: RoundResult | None = None
+        self.last_error: str | None = None
+
+    # -- identity --------------------------------------------------------------------------------
+    @property
+    def node_id(self) -> str:
+        return self.config.node_id
+
+    @property
+    def model_name(self) -> str:
+        """The model's name (from the artifact manifest), used in URLs."""
+        return str(self.artifact.name)
+
+    @property
+    def model_version(self) -> int:
+        """Version of the committed parameters: 0 = as shipped, +1 per committed round."""
+        return self.model.version
+
+    @property
+    def params_sha256(self) -> str:
+        return self.model.sha256
+
+    @property
+    def inputs(self) -> list[Any]:
+        """The artifact's input TensorSpecs (shape includes the compiled batch dim)."""
+        return list(self.artifact.inputs)
+
+    @property
+    def outputs(self) -> list[Any]:
+        return list(self.artifact.outputs)
+
+    @property
+    def registry(self):
+        """Prometheus ``CollectorRegistry`` with the node's counters (inferences, samples, rounds, loss)."""
+        return self.metrics.registry
+
+    @property
+    def state(self) -> NodeState:
+        return self._state
+
+    @property
+    def round_id(self) -> str | None:
+        return self._round_id
+
+    @property
+    def arch(self) -> str:
+        return platform.machine()
+
+    @property
+    def board(self) -> str:
+        if self.config.board:
+            return self.config.board
+        m = getattr(self.artifact, "manifest", None)
+        for key in ("target_preset", "preset", "board"):
+            v = m.get(key) if isinstance(m, dict) else getattr(m, key, None)
+            if isinstance(v, str) and v:
+                return v
+            if isinstance(v, dict) and isinstance(v.get("name"), str):
+                return v["name"]
+        return ""
+
+    def info(self) -> dict[str, Any]:
+        """node_id, arch, board, model, model_version, params_sha256, round_id, samples, state, ..."""
+        snap = self.model.snapshot
+        return {"node_id": self.node_id, "arch": self.arch, "board": self.board, "model": self.model_name,
+                "model_version": snap.version, "params_sha256": snap.sha256, "round_id": self._round_id,
+                "samples": self.store.count, "state": self._state.value, "swarm": self.config.swarm,
+                "broker": self.config.broker is not None, "trainable": self.trainer is not None,
+                "last_loss": self.metrics.last_loss, "last_error": self.last_error}
+
+    def _sample_spec(self) -> SampleSpec:
+        ins = tuple((s.name, tuple(int(d) for d in s.shape[1:]), str(np.dtype(s.dtype))) for s in self.inputs)
+        if self.trainer is not None and getattr(self.trainer, "loss", "ce") == "mse":
+            out = self.outputs[0]
+            return SampleSpec(ins, tuple(int(d) for d in out.shape[1:]), "float32")
+        return SampleSpec(ins, (), "int64")
+
+    def _num_classes(self) -> int | None:
+        if self.trainer is not None and getattr(self.trainer, "loss", "ce") == "mse":
+            return None
+        return int(self.outputs[0].shape[-1]) if self.outputs and self.outputs[0].shape else None
+
+    # -- data plane --------------------------------------------------------------------------------
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on a batch (any leading N >= 1) with one consistent parameter snapshot.
+
+        Raises :class:`InvalidInput` naming the problem (missing/unknown input, shape, dtype).
+        """
+        arrays = self._check_inputs(inputs)
+        t0 = time.perf_counter()
+        out = self.model.infer(arrays)
+        self.metrics.inference(time.perf_counter() - t0)
+        return out
+
+    def _check_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = [s.name for s in self.inputs]
+        for n in names:
+            if n not in inputs:
+                raise InvalidInput(f"missing input {n!r}", hint=f"the model's inputs are {names}")
+        for n in inputs:
+            if n not in names:
+                raise InvalidInput(f"unknown input {n!r}", hint=f"the model's inputs are {names}")
+        out = {}
+        for s in self.inputs:
+            a = np.asarray(inputs[s.name])
+            want = [int(d) for d in s.shape[1:]]
+            if a.ndim != len(s.shape) or list(a.shape[1:]) != want or a.shape[0] < 1:
+                expected = ", ".join(["N", *map(str, want)])
+                raise InvalidInput(f"input {s.name!r}: shape {list(a.shape)}, expected [{expected}]",
+                                   hint="N >= 1 samples, each shaped like the model input without batch dim")
+            dt = np.dtype(s.dtype)
+            if a.dtype != dt:
+                ok = (dt.kind == "f" and a.dtype.kind in "fiub") or \
+                    (dt.kind in "iu" and a.dtype.kind in "iub")
+                if not ok:
+                    raise InvalidInput(f"input {s.name!r}: dtype {a.dtype}, expected {dt}", hint=f"send {dt}")
+                a = a.astype(dt)
+            out[s.name] = np.ascontiguousarray(a)
+        return out
+
+    def add_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray) -> int:
+        """Store labelled samples durably (one fsynced transaction) and return the new sample count.
+
+        ``inputs[name]`` is (N, *input shape without batch), ``labels`` (N,) class ids for a ce
+        model or (N, *output shape) targets for mse. Raises InvalidInput or StoreError (full).
+        """
+        count = self.store.add(inputs, labels)
+        self.metrics.samples(int(np.shape(labels)[0]))
+        return count
+
+    # -- life cycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Connect to the broker (if configured), publish the retained status, start heartbeats.
+
+        Idempotent. Without a broker and without a transport the node serves inference only.
+        """
+        if self._started:
+            return
+        self._started = True
+        self._stopping.clear()
+        if self.config.broker:
+            from federation.mqtt import MqttLink
+
+            will = (topics.status(self.config.swarm, self.node_id),
+                    self._status(NodeState.OFFLINE).model_dump_json())
+            self._link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
+                                  will=will, keepalive=self.config.keepalive_s)
+            if self._transport is None:
+                self._transport = self._link.transport(self.node_id)
+            self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
+        if self._transport is not None:
+            from federation.ring import RingAllreduce
+
+            self._ring = RingAllreduce(self._transport)
+        self.publish_status()
+        if self._link is not None:
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"hb-{self.node_id}",
+                                               daemon=True)
+            self._heartbeat.start()
+        log.info("node %s started (model %s v%d)", self.node_id, self.model_name, self.model_version)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort a running round, publish the offline status, disconnect, close the store. Idempotent."""
+        if not self._started:
+            self.store.close()
+            return
+        self._started = False
+        self._stopping.set()
+        self._abort.set()
+        w = self._worker
+        if w is not None:
+            w.join(timeout)
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout)
+        self._state = NodeState.OFFLINE
+        info = self.publish_status()
+        if info is not None:  # let the offline status reach the broker before we disconnect
+            try:
+                info.wait_for_publish(timeout=2.0)
+            except Exception:  # noqa: BLE001 - not connected: the Last Will says offline anyway
+                pass
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+        close = getattr(self._ring, "close", None)
+        if callable(close):
+            close()
+        self.store.close()
+        log.info("node %s stopped", self.node_id)
+
+    def __enter__(self) -> EdgeNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- status --------------------------------------------------------------------------------
+    def _status(self, state: NodeState | None = None) -> NodeStatus:
+        snap = self.model.snapshot
+        return NodeStatus(node_id=self.node_id, state=state or self._state, arch=self.arch, board=self.board,
+                          model=self.model_name, model_version=snap.version, params_sha256=snap.sha256,
+                          samples=self.store.count,
+                          round_id=self._round_id, api_url=self.config.advertised_url,
+                          heartbeat_s=self.config.heartbeat_s, keepalive_s=float(self.config.keepalive_s))
+
+    def status(self) -> NodeStatus:
+        """The NodeStatus this node publishes (retained) right now."""
+        return self._status()
+
+    def publish_status(self) -> Any:
+        """Publish the retained status now (also done on every state change and heartbeat)."""
+        link = self._link
+        if link is None:
+            return None
+        try:
+            return link.publish(topics.status(self.config.swarm, self.node_id), self._status(),
+                                retain=True, qos=1)
+        except Exception as exc:  # noqa: BLE001 - a broker hiccup must not kill a round or a request
+            log.warning("status publish failed: %s", exc)
+            return None
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopping.wait(self.config.heartbeat_s):
+            self.publish_status()
+
+    # -- commands ----------------------------------------------------------------------------------
+    def add_event_listener(self, fn: Callable[[RoundEvent], None]) -> None:
+        """Call ``fn(event)`` for every RoundEvent this node emits (also published over MQTT)."""
+        self._listeners.append(fn)
+
+    def _on_command_message(self, topic: str, payload: bytes) -> None:
+        self.handle_command(payload)
+
+    def handle_command(self, command: bytes | str | RoundCommand | RoundAbort) -> None:
+        """Handle one command (non-blocking). Malformed payloads are rejected and counted."""
+        if not isinstance(command, BaseModel):
+            try:
+                command = parse_command(command)
+            except (ValidationError, ValueError) as exc:
+                self.metrics.rejected()
+                log.warning("rejected malformed command: %s", str(exc).splitlines()[0])
+                return
+        if isinstance(command, RoundAbort):
+            if command.round_id == self._round_id:
+                log.info("round %s: abort requested (%s)", command.round_id, command.reason)
+                self._abort.set()
+            return
+        if self.node_id not in command.participants:
+            return
+        try:
+            topics.validate_id(command.round_id, "round id")
+        except ValueError as exc:
+            self.metrics.rejected()
+            log.warning("rejected command: %s", exc)
+            return
+        try:
+            self.start_round(command)
+        except NodeBusy as exc:
+            self.metrics.rejected()
+            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
+                                  reason=str(exc)))
+        except NodeError as exc:
+            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
+                                  reason=str(exc)))
+
+    def start_round(self, cmd: RoundCommand) -> threading.Thread:
+        """Run ``cmd`` on the worker thread; raises NodeBusy if a round is running."""
+        with self._lock:
+            if cmd.round_id in self._seen_rounds:  # QoS 1 redelivery of a command we already ran
+                raise NodeError(f"round {cmd.round_id} was already run by {self.node_id}")
+            if self._worker is not None and self._worker.is_alive():
+                raise NodeBusy(f"{self.node_id} is busy with round {self._round_id}",
+                               hint="wait for the running round or abort it")
+            if self._ring is None:
+                raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
+            self._seen_rounds[cmd.round_id] = None
+            while len(self._seen_rounds) > 256:
+                self._seen_rounds.popitem(last=False)
+            self._worker = threading.Thread(target=self._round_worker, args=(cmd,),
+                                            name=f"round-{self.node_id}", daemon=True)
+            self._worker.start()
+            return self._worker
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no round runs (True) or ``timeout`` passes (False)."""
+        w = self._worker
+        if w is not None:
+            w.join(timeout)
+            return not w.is_alive()
+        return True
+
+    def _round_worker(self, cmd: RoundCommand) -> None:
+        try:
+            self.run_round(cmd)
+        except RoundFailed:
+            pass  # already reported as a FAILED event
+        except Exception:  # noqa: BLE001 - a worker thread must log, not die silently
+            log.exception("round %s crashed", cmd.round_id)
+
+    def run_round(self, cmd: RoundCommand) -> RoundResult:
+        """Run one round synchronously on the calling thread (the worker uses this).
+
+        Emits STEP/DONE/FAILED events; on failure raises RoundFailed and keeps the old parameters.
+        """
+        if self._ring is None:
+            raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
+        if self.trainer is None:
+            raise RoundFailed("the artifact has no training module",
+                              hint="compile with `fractal compile --train`")
+        tcfg = self.config.training
+        plan = RoundPlan.from_command(cmd, default_lr=tcfg.lr)
+        self._abort.clear()
+        with self._lock:
+            self._state, self._round_id = NodeState.TRAINING, cmd.round_id
+        self.metrics.training(True)
+        self.publish_status()
+        last_emit = [0.0]
+
+        def on_step(step: int, loss: float) -> None:
+            self.metrics.loss(loss)
+            now = time.monotonic()
+            if now - last_emit[0] >= _STEP_EVENT_MIN_S or step == plan.steps - 1:
+                last_emit[0] = now
+                self._emit(RoundEvent(kind=EventKind.STEP, round_id=cmd.round_id, node_id=self.node_id,
+                                      step=step, loss=loss if np.isfinite(loss) else None))
+
+        rng = np.random.default_rng([tcfg.seed, zlib.crc32(self.node_id.encode()),
+                                     zlib.crc32(cmd.round_id.encode())])
+        try:
+            samples = self.store.snapshot()
+            result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
+                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
+        except RoundFailed as exc:
+            self.last_error = str(exc)
+            self.metrics.round_finished(False)
+            log.warning("%s: %s", self.node_id, exc)
+            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
+                                  reason=str(exc)))
+            raise
+        finally:
+            with self._lock:
+                self._state = NodeState.OFFLINE if self._stopping.is_set() else NodeState.ONLINE
+                self._round_id = None
+            self.metrics.training(False)
+        self.last_result, self.last_error = result, None
+        self.metrics.round_finished(True)
+        final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
+        self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
+                              step=plan.steps, loss=final, params_sha256=result.sha256,
+                              model_version=result.version))
+        self.publish_status()
+        return result
+
+    def _emit(self, event: RoundEvent) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(event)
+            except Exception:  # noqa: BLE001
+                log.exception("event listener failed")
+        link = self._link
+        if link is not None:
+            try:
+                topic = topics.round_events(self.config.swarm, event.round_id, self.node_id)
+                link.publish(topic, event, qos=1)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("event publish failed: %s", exc)
