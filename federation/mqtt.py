@@ -310,16 +310,18 @@ class MqttLink:
 
     # --- allreduce transport ----------------------------------------------------------------
     def transport(self, member_id: str, *, max_payload: int = 256 * 1024, window: int = 16,
-                  retransmit_s: float = 3.0) -> MqttTransport:
+                  retransmit_s: float = 3.0, flow_control: bool = False) -> MqttTransport:
         """A :class:`~federation.transport.Transport` for ``member_id`` on this connection: its
-        inbox is fed by ``topics.allreduce(swarm, member_id)``; sends never block on the receiver
-        (at most ``window`` unacknowledged messages per peer, the rest wait here)."""
+        inbox is fed by ``topics.allreduce(swarm, member_id)``; sends never block on the receiver.
+        The ring engine does its own acks and flow control; ``flow_control=True`` adds a link
+        layer (at most ``window`` unacknowledged messages per peer, the rest wait here)."""
         from federation.mqtt_transport import MqttTransport
 
         with self._lock:
             if member_id in self._transports and not self._transports[member_id].closed:
                 raise TransportError(f"member {member_id!r} already has a transport on this link")
-        t = MqttTransport(self, member_id, max_payload=max_payload, window=window, retransmit_s=retransmit_s)
+        t = MqttTransport(self, member_id, max_payload=max_payload, window=window, retransmit_s=retransmit_s,
+                          flow_control=flow_control)
         with self._lock:
             self._transports[member_id] = t
         return t

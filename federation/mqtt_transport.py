@@ -1,13 +1,20 @@
-"""The allreduce :class:`~federation.transport.Transport` over MQTT, with per-peer flow control.
+"""The allreduce :class:`~federation.transport.Transport` over MQTT.
 
-Why a link layer under the ring: Mosquitto silently drops QoS 1 messages once a subscriber's
-queue passes ``max_queued_messages`` (measured: 2000 publishes -> 1909 delivered), and a broker
-restart loses whatever it held. So every payload travels in a small *link envelope* with a
-sequence number; the receiver acknowledges it on ``topics.ack(swarm, sender)`` as soon as it
-is in its inbox; the sender keeps at most ``window`` unacknowledged messages per peer (the
-rest wait in a local backlog, so :meth:`MqttTransport.send` never blocks) and re-publishes
-what stays unacknowledged for ``retransmit_s``. The receiver drops duplicates (QoS 1
-redelivery, retransmits) before they reach the inbox. Byte layout (big-endian)::
+By default (``flow_control=False``) a transport is a thin pipe: ``send(dst, p)`` publishes ``p``
+unchanged at QoS 1 on ``fractal/v1/{swarm}/ar/{dst}`` and every message on this member's topic
+lands in its inbox. The ring engine above frames, acknowledges, bounds what is in flight per
+peer and retransmits (``federation/ring.py``), which is what the swarm protocol uses.
+
+With ``flow_control=True`` the transport adds its own *link layer* for users that move bytes
+without such an engine (both ends must enable it). Why a link layer: Mosquitto silently drops
+QoS 1 messages once a subscriber's queue passes ``max_queued_messages`` (measured: 2000
+publishes -> 1909 delivered), and a broker restart loses whatever it held. So every payload
+travels in a small *link envelope* with a sequence number; the receiver acknowledges it on
+``topics.ack(swarm, sender)`` as soon as it is in its inbox; the sender keeps at most
+``window`` unacknowledged messages per peer (the rest wait in a local backlog, so
+:meth:`MqttTransport.send` never blocks) and re-publishes what stays unacknowledged for
+``retransmit_s``. The receiver drops duplicates (QoS 1 redelivery, retransmits) before they
+reach the inbox. Byte layout (big-endian)::
 
     DATA on fractal/v1/{swarm}/ar/{dst}:
         magic "FL" | ver u8 = 1 | kind u8 = 1 | nonce u32 | seq u64 | src_len u8 | src | payload
@@ -121,7 +128,7 @@ class MqttTransport:
     """See module docstring. Created by :meth:`federation.mqtt.MqttLink.transport`."""
 
     def __init__(self, link: MqttLink, member_id: str, *, max_payload: int = 256 * 1024, window: int = 16,
-                 retransmit_s: float = 3.0, give_up_s: float = 120.0) -> None:
+                 retransmit_s: float = 3.0, give_up_s: float = 120.0, flow_control: bool = False) -> None:
         if window < 1 or max_payload < 64:
             raise TransportError("window must be >= 1 and max_payload >= 64 bytes")
         self.link = link
@@ -131,6 +138,7 @@ class MqttTransport:
         self.retransmit_s = float(retransmit_s)
         self.give_up_s = float(give_up_s)
         self.closed = False
+        self.flow_control = flow_control
         self.stats = {"sent": 0, "sent_bytes": 0, "payload_bytes": 0, "retransmits": 0, "received": 0,
                       "duplicates": 0, "rejected": 0, "acks_sent": 0, "acks_received": 0, "given_up": 0}
         self._nonce = int.from_bytes(os.urandom(4), "big")
@@ -142,14 +150,15 @@ class MqttTransport:
         self._acks: dict[tuple[str, int], list[int]] = {}  # (sender, its nonce) -> seqs to ack
         self._wake = threading.Event()
         swarm = link.swarm
+        # Inline: the handlers only parse, enqueue and publish; they never wait.
         self._subs: list[Subscription] = [
-            # Inline: both handlers only parse, enqueue and publish; they never wait.
-            link.subscribe(topics.allreduce(swarm, member_id), self._on_data, inline=True),
-            link.subscribe(topics.ack(swarm, member_id), self._on_ack, inline=True),
-        ]
-        link.on_connect(self._on_reconnect)
-        self._pump = threading.Thread(target=self._run, name=f"mqtt-transport:{member_id}", daemon=True)
-        self._pump.start()
+            link.subscribe(topics.allreduce(swarm, member_id),
+                           self._on_data if flow_control else self._on_raw, inline=True)]
+        if flow_control:
+            self._subs.append(link.subscribe(topics.ack(swarm, member_id), self._on_ack, inline=True))
+            link.on_connect(self._on_reconnect)
+            self._pump = threading.Thread(target=self._run, name=f"mqtt-transport:{member_id}", daemon=True)
+            self._pump.start()
 
     # --- Transport API ------------------------------------------------------------------------
     def send(self, dst: str, payload: bytes) -> None:
@@ -161,6 +170,10 @@ class MqttTransport:
                                  hint="split it with the framing layer")
         if dst == self.member_id:  # a ring of one, or a root broadcasting to itself
             self._inbox.put(bytes(payload))
+            return
+        if not self.flow_control:
+            self.stats["payload_bytes"] += len(payload)
+            self._publish([(dst, bytes(payload))])
             return
         with self._lock:
             self._seq += 1
@@ -201,6 +214,10 @@ class MqttTransport:
             self.link.publish(topics.allreduce(self.link.swarm, dst), env, qos=1)
             self.stats["retransmits" if retransmit else "sent"] += 1
             self.stats["sent_bytes"] += len(env)
+
+    def _on_raw(self, topic: str, buf: bytes) -> None:
+        self.stats["received"] += 1
+        self._inbox.put(buf)
 
     def _on_data(self, topic: str, buf: bytes) -> None:
         try:
