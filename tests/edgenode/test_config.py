@@ -1,0 +1,93 @@
+"""NODE.toml validation: every mistake is one line naming the key, and `fractal node` exits non-zero."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgenode.common import ConfigError
+from edgenode.config import NodeConfig, Retention, load_config
+from federation.messages import SyncMode
+
+GOOD = """
+node_id = "node-1"
+artifact = "art"
+port = 8099
+data_dir = "data"
+broker = "mqtt://127.0.0.1:1883"
+auth_token = "t0k"
+max_body_bytes = 65536
+
+[training]
+lr = 0.05
+sync = "local-sgd"
+local_steps = 4
+
+[store]
+max_samples = 500
+retention = "reject"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "art").mkdir(exist_ok=True)
+    p = tmp_path / "NODE.toml"
+    p.write_text(text)
+    return p
+
+
+def test_good_config_resolves_paths_and_types(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.node_id == "node-1" and cfg.port == 8099 and cfg.swarm == "default"
+    assert cfg.artifact == tmp_path / "art" and cfg.data_dir == tmp_path / "data"
+    assert cfg.training.sync is SyncMode.LOCAL_SGD and cfg.training.local_steps == 4
+    assert cfg.training.lr == 0.05 and cfg.store.retention is Retention.REJECT
+    assert cfg.advertised_url == "http://127.0.0.1:8099"
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda t: t.replace('node_id = "node-1"\n', ""), "missing required key `node_id`"),
+    (lambda t: t.replace("port = 8099", 'port = "eighty"'), "`port`"),
+    (lambda t: t.replace('sync = "local-sgd"', 'sync = "gossip"'), "`training.sync` = 'gossip' is not"),
+    (lambda t: t.replace("max_body_bytes", "max_body_byte"), "unknown key `max_body_byte`"),
+    (lambda t: t.replace("mqtt://127.0.0.1:1883", "http://x"), "`broker`"),
+    (lambda t: t.replace('artifact = "art"', 'artifact = "nope"'), "artifact"),
+    (lambda t: t.replace('node_id = "node-1"', 'node_id = "a/b"'), "`node_id`"),
+    (lambda t: t + "\n[[broken", "not valid TOML"),
+])
+def test_bad_config_names_the_key(tmp_path, edit, needle):
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, edit(GOOD)))
+    assert needle in str(ei.value)
+    assert ei.value.hint
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_from_dict_defaults(tmp_path):
+    (tmp_path / "a").mkdir()
+    cfg = NodeConfig.from_dict({"node_id": "n", "artifact": str(tmp_path / "a"), "data_dir": str(tmp_path)})
+    assert cfg.training.sync is SyncMode.GRADIENT and cfg.store.retention is Retention.DROP_OLDEST
+    assert cfg.broker is None and cfg.auth_token is None
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda t: t.replace('node_id = "node-1"\n', ""), "missing required key `node_id`"),
+    (lambda t: t.replace("port = 8099", 'port = "eighty"'), "`port`"),
+    (lambda t: t.replace('sync = "local-sgd"', 'sync = "gossip"'), "training.sync"),
+])
+def test_cli_bad_config_one_line_nonzero_exit(tmp_path, edit, needle):
+    cfg = write(tmp_path, edit(GOOD))
+    cmd = [sys.executable, "-c", "from api.cli import main; main()", "node", "--config", str(cfg)]
+    proc = subprocess.run(cmd,
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and needle in lines[0] and "(help: " in lines[0]

@@ -1,0 +1,115 @@
+"""SampleStore: durability across kill -9, the bound and its retention policies, validation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgenode.common import InvalidInput, StoreError
+from edgenode.store import SampleSpec, SampleStore
+
+SPEC = SampleSpec((("x", (4,), "float32"),), (), "int64")
+
+WRITER = r"""
+import sys, numpy as np
+from edgenode.store import SampleSpec, SampleStore
+store = SampleStore(sys.argv[1], SampleSpec((("x", (4,), "float32"),), (), "int64"), max_samples=10**6)
+i = 0
+while True:
+    x = np.full((5, 4), i, np.float32)
+    n = store.add({"x": x}, np.arange(5) + 5 * i)
+    print("ACK", i, n, flush=True)   # acknowledged: add() returned
+    i += 1
+"""
+
+
+def test_acknowledged_samples_survive_kill_9(tmp_path):
+    db = tmp_path / "samples.db"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).parents[2])
+    acked = -1
+    try:
+        for line in proc.stdout:
+            acked = int(line.split()[1])
+            if acked >= 40:
+                break
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # right after an acknowledged insert, mid-way through the next
+        proc.wait(10)
+    assert acked >= 40
+    store = SampleStore(db, SPEC, max_samples=10**6)
+    snap = store.snapshot()
+    assert store.count == len(snap) >= 5 * (acked + 1)
+    # every acknowledged batch is complete and intact (a torn batch would break these)
+    assert len(snap) % 5 == 0
+    for i in range(acked + 1):
+        rows = snap.inputs["x"][5 * i:5 * i + 5]
+        np.testing.assert_array_equal(rows, np.full((5, 4), i, np.float32))
+        np.testing.assert_array_equal(snap.labels[5 * i:5 * i + 5], np.arange(5) + 5 * i)
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_drop_oldest_keeps_newest(tmp_path):
+    store = SampleStore(tmp_path / "s.db", SPEC, max_samples=10)
+    for i in range(4):
+        n = store.add({"x": np.full((4, 4), i, np.float32)}, np.full(4, i))
+    assert n == 10 and store.count == 10
+    snap = store.snapshot()
+    # 16 inserted, the 6 oldest dropped: the first batch is gone, 2 of the second remain
+    assert snap.labels.tolist() == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    store.close()
+    assert SampleStore(tmp_path / "s.db", SPEC, max_samples=10).count == 10
+
+
+def test_reject_when_full_stores_nothing(tmp_path):
+    store = SampleStore(tmp_path / "s.db", SPEC, max_samples=6, retention="reject")
+    assert store.add({"x": np.zeros((4, 4))}, np.zeros(4, np.int64)) == 4
+    with pytest.raises(StoreError, match="full"):
+        store.add({"x": np.zeros((3, 4))}, np.zeros(3, np.int64))
+    assert store.count == 4 and len(store.snapshot()) == 4
+
+
+@pytest.mark.parametrize(("inputs", "labels", "needle"), [
+    ({}, [1], "missing input 'x'"),
+    ({"x": np.zeros((1, 4)), "y": np.zeros((1, 4))}, [1], "unknown input 'y'"),
+    ({"x": np.zeros((2, 5))}, [1, 2], "expected [4]"),
+    ({"x": np.zeros((2, 4))}, [1], "labels: shape"),
+    ({"x": np.array([["a"] * 4])}, [1], "dtype"),
+    ({"x": np.zeros((1, 4))}, [1.5], "dtype"),
+    ({"x": np.zeros((1, 4))}, [10], "class ids"),
+    ({"x": np.full((1, 4), np.nan)}, [1], "NaN"),
+])
+def test_validation(tmp_path, inputs, labels, needle):
+    store = SampleStore(tmp_path / "s.db", SPEC, num_classes=10)
+    with pytest.raises(InvalidInput) as ei:
+        store.add(inputs, np.asarray(labels))
+    assert needle in str(ei.value)
+    assert store.count == 0
+
+
+def test_other_layout_refused(tmp_path):
+    SampleStore(tmp_path / "s.db", SPEC).close()
+    with pytest.raises(StoreError, match="another model layout"):
+        SampleStore(tmp_path / "s.db", SampleSpec((("x", (8,), "float32"),), (), "int64"))
+
+
+def test_snapshot_limit_and_float_labels(tmp_path):
+    spec = SampleSpec((("a", (2, 2), "float32"), ("b", (3,), "int32")), (2,), "float32")
+    store = SampleStore(tmp_path / "s.db", spec)
+    a = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+    b = np.arange(9, dtype=np.int32).reshape(3, 3)
+    y = np.arange(6, dtype=np.float32).reshape(3, 2)
+    store.add({"a": a, "b": b}, y)
+    snap = store.snapshot()
+    np.testing.assert_array_equal(snap.inputs["a"], a)
+    np.testing.assert_array_equal(snap.inputs["b"], b)
+    np.testing.assert_array_equal(snap.labels, y)
+    last = store.snapshot(limit=2)
+    np.testing.assert_array_equal(last.labels, y[1:])
