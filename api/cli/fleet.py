@@ -1,0 +1,106 @@
+"""`fractal fleet` (the fleet service + dashboard) and `fractal swarm` (the local demo)."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from pathlib import Path
+
+import typer
+
+from api.cli import app
+from api.fleet.errors import FleetError
+
+__all__ = ["fleet", "swarm", "serve_fleet"]
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise FleetError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                             hint="pick another port with --port") from None
+
+
+def serve_fleet(settings, *, ready=None) -> None:
+    """Run the fleet app with uvicorn in this thread until SIGINT/SIGTERM.
+
+    ``ready`` (optional callable) runs once the server accepts connections.
+    """
+    import uvicorn
+
+    from api.fleet_app import create_fleet_app
+
+    _check_port_free(settings.host, settings.port)
+    fleet_app = create_fleet_app(settings)
+    fleet_app.state.fleet.start()  # connect now: a bad broker URL fails here with a clear error
+    config = uvicorn.Config(fleet_app, host=settings.host, port=settings.port, log_level="warning",
+                            timeout_graceful_shutdown=2, lifespan="on")
+    server = uvicorn.Server(config)
+    if ready is not None:
+        import threading
+
+        def notify() -> None:
+            while not server.started and not server.should_exit:
+                threading.Event().wait(0.05)
+            if server.started:
+                ready()
+
+        threading.Thread(target=notify, daemon=True).start()
+    try:
+        server.run()
+    finally:
+        fleet_app.state.fleet.stop()
+    if not server.started:
+        raise FleetError(f"the fleet service did not start on {settings.host}:{settings.port}",
+                         hint="check the broker URL (--broker) and that the port is free")
+
+
+def _settings(**flags):
+    from api.fleet.settings import FleetSettings
+
+    return FleetSettings(**{k: v for k, v in flags.items() if v is not None})
+
+
+@app.command()
+def fleet(
+    broker: str = typer.Option(..., "--broker", help="Broker URL, mqtt://[user:pass@]host:port or mqtts://..."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="HTTP port of the API and dashboard."),
+    token: str | None = typer.Option(None, "--token", help="Operator token (default: $FRACTAL_FLEET_TOKEN, "
+                                     "else a random one is printed)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0 for all)."),
+    swarm_id: str = typer.Option("default", "--swarm", help="Swarm id (MQTT topic level)."),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", help="CA certificate for an mqtts:// broker."),
+) -> None:
+    """Run the fleet service: node registry, training rounds, event stream and dashboard."""
+    settings = _settings(broker=broker, port=port, token=token, host=host, swarm=swarm_id,
+                         tls_ca=str(tls_ca) if tls_ca else None)
+    if not settings.token:
+        settings = settings.model_copy(update={"token": secrets.token_urlsafe(18)})
+        typer.echo(f"operator token (generated): {settings.token}")
+    url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
+    serve_fleet(settings, ready=lambda: typer.echo(f"fleet dashboard: {url}", err=False))
+
+
+@app.command()
+def swarm(
+    nodes: int = typer.Option(3, "--nodes", "-n", min=2, max=16, help="How many edge nodes to start."),
+    emulate_arm: bool = typer.Option(False, "--emulate-arm", help="Run one node as aarch64 under qemu-user "
+                                     "(needs the sysroot: make sysroot)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="HTTP port of the fleet dashboard."),
+    broker: str | None = typer.Option(None, "--broker", help="Use this broker instead of starting one."),
+    token: str | None = typer.Option(None, "--token", help="Operator token (default: random, printed)."),
+    workdir: Path | None = typer.Option(None, "--workdir", help="Node configs, data and logs "
+                                        "(default: a fresh temp dir)."),
+    cache_dir: Path = typer.Option(Path(".cache"), "--cache-dir",
+                                   help="Where the compiled demo model is cached."),
+    feed_rate: float = typer.Option(40.0, "--feed-rate", min=0.1, help="Samples per second per node "
+                                    "from the simulated sensors."),
+) -> None:
+    """The demo: a broker, N edge nodes fed by simulated sensors, and the fleet dashboard."""
+    from deploy.swarm import SwarmOptions, run_swarm
+
+    run_swarm(SwarmOptions(nodes=nodes, emulate_arm=emulate_arm, port=port, broker=broker, token=token,
+                           workdir=workdir, cache_dir=cache_dir, feed_rate=feed_rate))

@@ -1,0 +1,104 @@
+"""Node registry: the swarm as seen through retained ``NodeStatus`` messages.
+
+A node is offline when its last status says so (graceful stop or Last Will) or when it has
+not been heard from for 1.5x its MQTT keepalive: the broker fires the Last Will at that
+point, so waiting longer than that only hides a dead node.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from federation.messages import NodeState, NodeStatus
+
+__all__ = ["NodeRegistry", "NodeEntry", "STALE_FACTOR"]
+
+STALE_FACTOR = 1.5
+
+
+@dataclass
+class NodeEntry:
+    status: NodeStatus
+    last_seen: float  # fleet clock, seconds since epoch
+    expired: bool = False  # heartbeat timed out (reported once)
+
+    def state(self, now: float) -> NodeState:
+        if self.status.state is NodeState.OFFLINE or self.is_stale(now):
+            return NodeState.OFFLINE
+        return self.status.state
+
+    def is_stale(self, now: float) -> bool:
+        return now - self.last_seen > STALE_FACTOR * self.status.keepalive_s
+
+    def view(self, now: float) -> dict:
+        st = self.status
+        state = self.state(now)
+        reason = None
+        if state is NodeState.OFFLINE:
+            reason = "offline status (stopped or Last Will)" if st.state is NodeState.OFFLINE else (
+                f"no heartbeat for {now - self.last_seen:.0f}s")
+        return {
+            "node_id": st.node_id,
+            "state": state.value,
+            "online": state is not NodeState.OFFLINE,
+            "offline_reason": reason,
+            "arch": st.arch,
+            "board": st.board,
+            "model": st.model,
+            "model_version": st.model_version,
+            "params_sha256": st.params_sha256,
+            "params_short": st.params_sha256[:12],
+            "samples": st.samples,
+            "round_id": st.round_id,
+            "api_url": st.api_url,
+            "keepalive_s": st.keepalive_s,
+            "last_seen": self.last_seen,
+            "age_s": round(max(0.0, now - self.last_seen), 3),
+        }
+
+
+class NodeRegistry:
+    """Thread-safe map node id -> latest status; MQTT callbacks write, HTTP handlers read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeEntry] = {}
+
+    def update(self, status: NodeStatus, now: float) -> dict:
+        """Record a status; returns the node's new view."""
+        # A retained status may be old: trust its timestamp unless the node's clock runs ahead.
+        seen = min(now, status.ts)
+        with self._lock:
+            entry = NodeEntry(status=status, last_seen=seen)
+            self._nodes[status.node_id] = entry
+            return entry.view(now)
+
+    def remove(self, node_id: str) -> bool:
+        """Forget a node (its retained status was cleared)."""
+        with self._lock:
+            return self._nodes.pop(node_id, None) is not None
+
+    def expire(self, now: float) -> list[dict]:
+        """Views of nodes whose heartbeat just went stale (each reported once per silence)."""
+        out = []
+        with self._lock:
+            for entry in self._nodes.values():
+                if entry.status.state is NodeState.OFFLINE or entry.expired:
+                    continue
+                if entry.is_stale(now):
+                    entry.expired = True
+                    out.append(entry.view(now))
+        return out
+
+    def online_ids(self, now: float) -> set[str]:
+        with self._lock:
+            return {nid for nid, e in self._nodes.items() if e.state(now) is not NodeState.OFFLINE}
+
+    def known(self, node_id: str) -> bool:
+        with self._lock:
+            return node_id in self._nodes
+
+    def snapshot(self, now: float) -> list[dict]:
+        with self._lock:
+            return [self._nodes[n].view(now) for n in sorted(self._nodes)]

@@ -1,0 +1,267 @@
+"""Round manager: validates round requests, issues ``RoundCommand``s and folds ``RoundEvent``s.
+
+Round life cycle as the fleet sees it::
+
+    POST /api/rounds --> RUNNING --(every participant DONE, same params hash)--> DONE
+                            |--(a FAILED event, a participant offline, a deadline, hashes differ)--> FAILED
+
+The fleet never trains: it only tells nodes to and watches what they report. Deadlines are
+the fleet's own, so a round whose nodes all died still ends (FAILED, with the reason).
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from federation import topics
+from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode
+
+__all__ = ["RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager"]
+
+
+class RoundState(enum.StrEnum):
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class RoundRequest(BaseModel):
+    """Body of ``POST /api/rounds``; unknown fields are a 422, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(ge=1, le=100_000)
+    lr: float | None = Field(default=None, gt=0, le=100)
+    sync: SyncMode | None = None
+    nodes: list[str] | None = Field(default=None, max_length=1024)
+
+
+class RoundRejected(Exception):
+    """A well-formed request the swarm cannot run now (HTTP 409) or that names unknown nodes (404)."""
+
+    def __init__(self, reason: str, status_code: int = 409) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status_code = status_code
+
+
+@dataclass
+class _Progress:
+    losses: dict[int, float] = field(default_factory=dict)
+    last_event: float | None = None
+    done: bool = False
+    failed: str | None = None
+    params_sha256: str | None = None
+    model_version: int | None = None
+
+
+@dataclass
+class Round:
+    command: RoundCommand
+    started_at: float
+    skipped: list[str]
+    state: RoundState = RoundState.RUNNING
+    reason: str | None = None
+    finished_at: float | None = None
+    progress: dict[str, _Progress] = field(default_factory=dict)
+
+    @property
+    def round_id(self) -> str:
+        return self.command.round_id
+
+    def loss_series(self) -> list[dict]:
+        """Per step: the mean loss across the nodes that reported it, and each node's loss."""
+        steps = sorted({s for p in self.progress.values() for s in p.losses})
+        out = []
+        for s in steps:
+            per = {n: p.losses[s] for n, p in sorted(self.progress.items()) if s in p.losses}
+            out.append({"step": s, "mean": sum(per.values()) / len(per), "nodes": per})
+        return out
+
+    def hashes(self) -> dict[str, str]:
+        return {n: p.params_sha256 for n, p in self.progress.items() if p.params_sha256}
+
+    def to_dict(self) -> dict:
+        hashes = self.hashes()
+        agree = None
+        if self.progress and len(hashes) == len(self.progress):
+            agree = len(set(hashes.values())) == 1
+        cmd = self.command
+        return {
+            "round_id": cmd.round_id,
+            "state": self.state.value,
+            "reason": self.reason,
+            "participants": list(cmd.participants),
+            "skipped": self.skipped,
+            "steps": cmd.steps,
+            "lr": cmd.lr,
+            "sync": cmd.sync.value,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "loss": self.loss_series(),
+            "nodes": {
+                n: {"last_step": max(p.losses, default=None), "done": p.done, "failed": p.failed,
+                    "params_sha256": p.params_sha256, "model_version": p.model_version}
+                for n, p in sorted(self.progress.items())
+            },
+            "params_agree": agree,
+            "params_sha256": next(iter(hashes.values())) if agree else None,
+        }
+
+
+Publish = Callable[[str, BaseModel], None]
+
+
+def _new_round_id() -> str:
+    return "r" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+class RoundManager:
+    """Thread-safe; ``publish(topic, message)`` sends on MQTT (injected so tests can capture it)."""
+
+    def __init__(self, *, swarm: str, publish: Publish, start_timeout_s: float, idle_timeout_s: float,
+                 step_timeout_s: float = 30.0, max_steps: int = 10_000, history: int = 200) -> None:
+        self._swarm = swarm
+        self._publish = publish
+        self._start_timeout = start_timeout_s
+        self._idle_timeout = idle_timeout_s
+        self._step_timeout = step_timeout_s
+        self._max_steps = max_steps
+        self._history = history
+        self._lock = threading.Lock()
+        self._rounds: OrderedDict[str, Round] = OrderedDict()
+        self.ignored_events = 0  # events of rounds this fleet did not start
+
+    # -- commands -------------------------------------------------------------------------
+    def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float) -> Round:
+        """Validate against the live swarm, publish the RoundCommand, return the new round."""
+        if req.steps > self._max_steps:
+            raise RoundRejected(f"steps={req.steps} exceeds this fleet's limit of {self._max_steps}", 422)
+        with self._lock:
+            running = [r.round_id for r in self._rounds.values() if r.state is RoundState.RUNNING]
+            if running:
+                raise RoundRejected(f"round {running[0]} is still running; wait for it to finish")
+            if req.nodes is None:
+                wanted = sorted(online)
+            else:
+                wanted = sorted(set(req.nodes))
+                unknown = [n for n in wanted if n not in known]
+                if unknown:
+                    raise RoundRejected(f"unknown node(s): {', '.join(unknown)}", 404)
+            participants = [n for n in wanted if n in online]
+            skipped = [n for n in wanted if n not in online]
+            if len(participants) < 2:
+                have = ", ".join(participants) or "none"
+                raise RoundRejected(
+                    f"fewer than 2 nodes online among the requested participants (online: {have}); "
+                    "a round needs at least 2")
+            cmd = RoundCommand(round_id=_new_round_id(), steps=req.steps, lr=req.lr,
+                               sync=req.sync or SyncMode.GRADIENT, participants=participants,
+                               step_timeout_s=self._step_timeout, issued_at=now)
+            rnd = Round(command=cmd, started_at=now, skipped=skipped,
+                        progress={n: _Progress() for n in participants})
+            self._rounds[cmd.round_id] = rnd
+            while len(self._rounds) > self._history:
+                self._rounds.popitem(last=False)
+        # Publish outside the lock: a slow broker must not block readers.
+        self._publish(topics.command(self._swarm), cmd)
+        return rnd
+
+    # -- events ---------------------------------------------------------------------------
+    def on_event(self, ev: RoundEvent, now: float) -> Round | None:
+        """Fold one node event into its round; returns the round when it changed."""
+        with self._lock:
+            rnd = self._rounds.get(ev.round_id)
+            if rnd is None or ev.node_id not in rnd.progress:
+                self.ignored_events += 1
+                return None
+            p = rnd.progress[ev.node_id]
+            p.last_event = now
+            if ev.kind is EventKind.STEP and ev.loss is not None:
+                p.losses[ev.step] = float(ev.loss)
+            elif ev.kind is EventKind.DONE:
+                p.done = True
+                p.params_sha256 = ev.params_sha256
+                p.model_version = ev.model_version
+            elif ev.kind is EventKind.FAILED:
+                p.failed = ev.reason or "failed"
+            if rnd.state is RoundState.RUNNING:
+                self._settle(rnd, now)
+            return rnd
+
+    def _settle(self, rnd: Round, now: float) -> None:
+        failed = {n: p.failed for n, p in rnd.progress.items() if p.failed}
+        if failed:
+            why = "; ".join(f"{n}: {r}" for n, r in sorted(failed.items()))
+            self._finish(rnd, RoundState.FAILED, why, now)
+        elif all(p.done for p in rnd.progress.values()):
+            if len(set(rnd.hashes().values())) == 1:
+                self._finish(rnd, RoundState.DONE, None, now)
+            else:
+                self._finish(rnd, RoundState.FAILED, "participants committed different parameters "
+                             f"({', '.join(f'{n}={h[:12]}' for n, h in sorted(rnd.hashes().items()))})", now)
+
+    def _finish(self, rnd: Round, state: RoundState, reason: str | None, now: float) -> None:
+        rnd.state, rnd.reason, rnd.finished_at = state, reason, now
+
+    def node_offline(self, node_id: str, now: float) -> list[Round]:
+        """A participant went offline: its running rounds fail (the ring cannot finish without it)."""
+        changed = []
+        with self._lock:
+            for rnd in self._rounds.values():
+                if rnd.state is RoundState.RUNNING and node_id in rnd.progress \
+                        and not rnd.progress[node_id].done:
+                    self._finish(rnd, RoundState.FAILED, f"node {node_id} went offline during the round", now)
+                    changed.append(rnd)
+        for rnd in changed:
+            self._abort(rnd)
+        return changed
+
+    def tick(self, now: float) -> list[Round]:
+        """Fail rounds whose participants missed the fleet's deadlines; returns those rounds."""
+        changed = []
+        with self._lock:
+            for rnd in self._rounds.values():
+                if rnd.state is not RoundState.RUNNING:
+                    continue
+                silent = []
+                for n, p in rnd.progress.items():
+                    if p.done:
+                        continue
+                    if p.last_event is None and now - rnd.started_at > self._start_timeout:
+                        silent.append(f"{n} (no report within {self._start_timeout:g}s)")
+                    elif p.last_event is not None and now - p.last_event > self._idle_timeout:
+                        silent.append(f"{n} (silent for {self._idle_timeout:g}s)")
+                if silent:
+                    self._finish(rnd, RoundState.FAILED, "deadline passed: " + ", ".join(sorted(silent)), now)
+                    changed.append(rnd)
+        for rnd in changed:
+            self._abort(rnd)
+        return changed
+
+    def _abort(self, rnd: Round) -> None:
+        # Tell the other participants to stop waiting; they may already have given up.
+        try:
+            self._publish(topics.command(self._swarm),
+                          RoundAbort(round_id=rnd.round_id, reason=rnd.reason or "aborted by fleet"))
+        except Exception:  # best effort: the round is failed either way
+            pass
+
+    # -- queries --------------------------------------------------------------------------
+    def get(self, round_id: str) -> dict | None:
+        with self._lock:
+            rnd = self._rounds.get(round_id)
+            return rnd.to_dict() if rnd else None
+
+    def history(self) -> list[dict]:
+        """Newest first."""
+        with self._lock:
+            return [r.to_dict() for r in reversed(self._rounds.values())]

@@ -1,0 +1,16 @@
+"""GET /api/nodes: the node table."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.fleet.auth import Authenticated
+from api.fleet.deps import Service
+
+router = APIRouter(prefix="/api", tags=["nodes"])
+
+
+@router.get("/nodes")
+def list_nodes(_: Authenticated, fleet: Service) -> dict:
+    """Every node ever seen with its effective state (offline after Last Will or 1.5x keepalive)."""
+    return {"nodes": fleet.nodes()}

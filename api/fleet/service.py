@@ -1,0 +1,163 @@
+"""The fleet service: one MQTT connection feeding the node registry, the round manager and
+the event bus. HTTP routes only call into this object.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from api.fleet.events import EventBus, EventType
+from api.fleet.registry import NodeRegistry
+from api.fleet.rounds import Round, RoundManager, RoundRequest
+from api.fleet.settings import FleetSettings
+from federation import topics
+from federation.messages import NodeState, parse_event, parse_status
+
+__all__ = ["FleetService", "Link", "LinkFactory"]
+
+log = logging.getLogger("fractal.fleet")
+
+
+class Link(Protocol):
+    """What the fleet needs from an MQTT connection (``federation.mqtt.MqttLink`` provides it)."""
+
+    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Any: ...
+    def subscribe(self, filter: str, callback: Callable[[str, bytes], None]) -> Any: ...
+    def close(self) -> None: ...
+
+
+LinkFactory = Callable[[FleetSettings], Link]
+
+
+def default_link(settings: FleetSettings) -> Link:
+    """Connect to the broker in ``settings.broker`` with ``federation.mqtt.MqttLink``."""
+    from federation.mqtt import MqttLink
+
+    tls = {"ca": settings.tls_ca} if settings.tls_ca else None
+    client_id = settings.client_id or f"fleet-{secrets.token_hex(4)}"
+    return MqttLink(settings.broker, swarm=settings.swarm, client_id=client_id, tls=tls)
+
+
+class FleetService:
+    """Start with :meth:`start`, stop with :meth:`stop`; safe to call from any thread."""
+
+    def __init__(self, settings: FleetSettings, link_factory: LinkFactory | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        topics.validate_id(settings.swarm, "swarm")
+        self.settings = settings
+        self.clock = clock
+        self.bus = EventBus()
+        self.registry = NodeRegistry()
+        self.rounds = RoundManager(
+            swarm=settings.swarm, publish=self._publish,
+            start_timeout_s=settings.round_start_timeout_s, idle_timeout_s=settings.round_idle_timeout_s,
+            step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history)
+        self.rejected_messages = 0
+        self._link_factory = link_factory or default_link
+        self._link: Link | None = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    # -- life cycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._link = self._link_factory(self.settings)
+        self._link.subscribe(topics.status_all(self.settings.swarm), self._on_status)
+        self._link.subscribe(topics.round_events_all(self.settings.swarm), self._on_event)
+        self._stop.clear()
+        self._ticker = threading.Thread(target=self._tick_loop, name="fleet-ticker", daemon=True)
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._ticker:
+            self._ticker.join(timeout=2)
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None
+
+    # -- MQTT in --------------------------------------------------------------------------
+    def _on_status(self, topic: str, payload: bytes) -> None:
+        now = self.clock()
+        node = topic.rsplit("/", 1)[-1]
+        if not payload:  # retained status cleared: the node was decommissioned
+            if self.registry.remove(node):
+                self.bus.publish(EventType.NODE, {"node_id": node, "removed": True})
+            return
+        try:
+            status = parse_status(payload)
+        except ValidationError as exc:
+            self._reject(topic, exc)
+            return
+        if status.node_id != node:
+            self._reject(topic, f"node_id {status.node_id!r} does not match the topic")
+            return
+        view = self.registry.update(status, now)
+        self.bus.publish(EventType.NODE, view)
+        if not view["online"]:
+            self._rounds_changed(self.rounds.node_offline(node, now))
+
+    def _on_event(self, topic: str, payload: bytes) -> None:
+        try:
+            ev = parse_event(payload)
+        except ValidationError as exc:
+            self._reject(topic, exc)
+            return
+        rnd = self.rounds.on_event(ev, self.clock())
+        if rnd is not None:
+            self._rounds_changed([rnd])
+
+    def _reject(self, topic: str, why: object) -> None:
+        self.rejected_messages += 1
+        log.warning("rejected message on %s: %s", topic, str(why).splitlines()[0])
+
+    # -- periodic checks ------------------------------------------------------------------
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self.settings.tick_s):
+            try:
+                self.tick()
+            except Exception:  # keep ticking: one bad tick must not freeze deadlines
+                log.exception("fleet tick failed")
+
+    def tick(self) -> None:
+        """Expire silent nodes and overdue rounds (the ticker thread calls this)."""
+        now = self.clock()
+        for view in self.registry.expire(now):
+            self.bus.publish(EventType.NODE, view)
+            self._rounds_changed(self.rounds.node_offline(view["node_id"], now))
+        self._rounds_changed(self.rounds.tick(now))
+
+    def _rounds_changed(self, rounds: list[Round]) -> None:
+        for rnd in rounds:
+            self.bus.publish(EventType.ROUND, self.rounds.get(rnd.round_id) or {})
+
+    # -- operations used by the HTTP routes -----------------------------------------------
+    def _publish(self, topic: str, msg: BaseModel) -> None:
+        if self._link is None:
+            raise RuntimeError("fleet service is not connected to the broker")
+        self._link.publish(topic, msg.model_dump_json().encode(), retain=False, qos=1)
+
+    def nodes(self) -> list[dict]:
+        return self.registry.snapshot(self.clock())
+
+    def start_round(self, req: RoundRequest) -> dict:
+        now = self.clock()
+        rnd = self.rounds.start(req, online=self.registry.online_ids(now),
+                                known={n["node_id"] for n in self.nodes()}, now=now)
+        data = rnd.to_dict()
+        self.bus.publish(EventType.ROUND, data)
+        return data
+
+    def snapshot(self) -> dict:
+        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.rounds.history(),
+                "online_states": [s.value for s in NodeState]}

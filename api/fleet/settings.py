@@ -1,0 +1,30 @@
+"""The fleet service's one settings object (flags > environment ``FRACTAL_FLEET_*`` > defaults)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["FleetSettings"]
+
+
+class FleetSettings(BaseSettings):
+    """Everything the fleet service needs; ``FRACTAL_FLEET_TOKEN`` sets :attr:`token`."""
+
+    model_config = SettingsConfigDict(env_prefix="FRACTAL_FLEET_", extra="ignore")
+
+    broker: str = "mqtt://127.0.0.1:1883"
+    swarm: str = "default"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    # Operator token: every route but health needs it (Bearer header, login cookie or ?token=).
+    token: str = Field(default="", repr=False)
+    tls_ca: str | None = None  # CA file for mqtts:// brokers with a private CA
+    client_id: str = ""  # MQTT client id; empty = "fleet-<random>"
+    # A round fails when a participant sends nothing for this long (first event, then between events).
+    round_start_timeout_s: float = Field(default=45.0, gt=0)
+    round_idle_timeout_s: float = Field(default=60.0, gt=0)
+    step_timeout_s: float = Field(default=30.0, gt=0)  # forwarded to nodes in RoundCommand
+    max_steps: int = Field(default=10_000, ge=1)
+    history: int = Field(default=200, ge=1)  # rounds kept in memory
+    tick_s: float = Field(default=0.25, gt=0)  # how often deadlines and heartbeats are checked

@@ -1,0 +1,43 @@
+"""``create_fleet_app(settings)``: the fleet service's FastAPI app (API + SSE + dashboard)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from api.fleet.routes import auth, events, nodes, page, rounds
+from api.fleet.routes.page import STATIC
+from api.fleet.service import FleetService, LinkFactory
+from api.fleet.settings import FleetSettings
+
+__all__ = ["create_fleet_app"]
+
+
+def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | None = None) -> FastAPI:
+    """Build the app; the MQTT connection opens at startup and closes at shutdown."""
+    if not settings.token:
+        raise ValueError("the fleet service needs an operator token (--token or FRACTAL_FLEET_TOKEN)")
+    fleet = FleetService(settings, link_factory)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.stopping = asyncio.Event()
+        if not fleet.connected:  # serve_fleet connects first so a bad broker URL is a clear error
+            fleet.start()
+        try:
+            yield
+        finally:
+            app.state.stopping.set()
+            fleet.stop()
+
+    app = FastAPI(title="fractal-edge fleet", version="1", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.fleet = fleet
+    app.state.stopping = asyncio.Event()
+    for r in (auth, nodes, rounds, events, page):
+        app.include_router(r.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
