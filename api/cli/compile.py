@@ -1,0 +1,108 @@
+"""`fractal compile | predict | verify | targets`: the compiler's verbs."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import typer
+
+from api.cli import app
+
+__all__ = ["compile_cmd", "predict_cmd", "verify_cmd", "targets_cmd"]
+
+
+@app.command("compile")
+def compile_cmd(
+    model: Path = typer.Argument(..., help="ONNX model file."),
+    target: str = typer.Option(..., "--target", "-t", help="Target preset (see `fractal targets`)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Artifact directory to write."),
+    name: str | None = typer.Option(None, "--name", help="Model name (default: the ONNX file's stem)."),
+    tune: bool = typer.Option(False, "--tune", help="Autotune with MetaSchedule (host-runnable targets)."),
+    trials: int = typer.Option(64, "--trials", help="MetaSchedule trials with --tune."),
+    db: Path | None = typer.Option(None, "--db", help="Tuning database directory (default: user cache)."),
+    train: bool = typer.Option(False, "--train", help="Also build the training module."),
+    loss: str = typer.Option("ce", "--loss", help="Training loss: ce or mse."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="Optimizer: sgd or adam."),
+    lr: float = typer.Option(0.01, "--lr", help="Default learning rate (changeable per step)."),
+    batch: int = typer.Option(32, "--batch", help="Training batch size."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Compile an ONNX model for a board into an artifact directory (manifest + libraries)."""
+    from compiler.build import compile_model
+    from compiler.errors import CompilerError
+    from compiler.training import TrainSettings
+
+    settings = None
+    if train:
+        try:
+            settings = TrainSettings(loss=loss, optimizer=optimizer, lr=lr, batch=batch)
+        except ValueError as exc:
+            raise CompilerError(f"bad training settings: {exc}",
+                                hint="--loss ce|mse, --optimizer sgd|adam, --lr > 0, --batch >= 1") from None
+    out_dir = compile_model(model, target=target, out_dir=out, name=name, tune=tune, trials=trials,
+                            db_dir=db, train=settings, progress=not quiet)
+    typer.echo(str(out_dir))
+
+
+def _read_npz(path: Path) -> dict:
+    import numpy as np
+
+    from compiler.errors import InputError
+
+    if not path.is_file():
+        raise InputError(f"input file {str(path)!r} not found", hint="pass an .npz written with numpy.savez")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path.name} is not a readable .npz file ({exc})",
+                         hint="write it with numpy.savez(path, **{input_name: array})") from None
+
+
+@app.command("predict")
+def predict_cmd(
+    artifact: Path = typer.Argument(..., help="Artifact directory from `fractal compile`."),
+    input: Path = typer.Option(..., "--input", "-i", help=".npz with one array per model input (by name)."),
+    output: Path = typer.Option(..., "--output", "-o", help=".npz to write, one array per model output."),
+) -> None:
+    """Run inference on the inputs in an .npz file; write the outputs to another .npz."""
+    import numpy as np
+
+    from compiler.artifact import load_artifact
+
+    art = load_artifact(artifact)
+    outputs = art.infer(_read_npz(input))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "wb") as fh:  # a file object keeps numpy from appending ".npz"
+        np.savez(fh, **outputs)
+    shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in outputs.items())
+    typer.echo(f"wrote {output} ({shapes})")
+
+
+@app.command("verify")
+def verify_cmd(
+    artifact: Path = typer.Argument(..., help="Artifact directory from `fractal compile`."),
+    model: Path = typer.Option(..., "--model", "-m", help="The ONNX model the artifact was compiled from."),
+    emulate: bool = typer.Option(False, "--emulate", help="Run a foreign-arch artifact under qemu-user."),
+    tol: float = typer.Option(1e-4, "--tol", help="Largest acceptable max abs error."),
+) -> None:
+    """Compare the artifact with onnxruntime on random inputs; print the max abs error."""
+    from compiler.verify import verify_artifact
+
+    res = verify_artifact(artifact, model, emulate=emulate, tol=tol)
+    typer.echo(f"max_abs_error={res.max_abs_error:.3e} samples={res.samples} "
+               f"emulated={str(res.emulated).lower()} tol={tol:g} {'OK' if res.ok else 'FAIL'}")
+    if not res.ok:
+        raise typer.Exit(1)
+
+
+@app.command("targets")
+def targets_cmd() -> None:
+    """List the target presets (TVM target + linker per board)."""
+    from compiler.targets import PRESETS
+
+    typer.echo(f"{'preset':<12} {'arch':<8} {'mcpu':<12} {'linker':<24} description")
+    for p in PRESETS.values():
+        typer.echo(f"{p.name:<12} {p.arch:<8} {p.target.get('mcpu', ''):<12} "
+                   f"{p.cross_compiler or 'host g++':<24} {p.description}")

@@ -1,0 +1,416 @@
+"""Artifact directories: manifest, sha256-checked loading, inference and the training runtime.
+
+This module imports only the standard library, numpy and tvm (lazily), never onnx or pydantic,
+because it is also what runs on a board and inside the aarch64 sysroot under qemu-user.
+
+Layout of an artifact directory::
+
+    manifest.json   format version, model, target, inputs/outputs, files + sha256, tuning, training
+    infer.so        inference: main(*inputs, *params) at the compiled batch
+    train.so        (with --train) backbone_loss_adjoint(*inputs, *params, targets) and
+                    optimizer(params, grads, states, lr)
+    params.npz      the initial parameters, keys p0000.. in manifest order
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import ArtifactError, InputError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "TensorSpec",
+    "Artifact",
+    "Trainer",
+    "load_artifact",
+    "read_manifest",
+    "write_manifest",
+    "file_sha256",
+    "param_key",
+]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+INFER_FUNC = "main"
+ADJOINT_FUNC = "backbone_loss_adjoint"
+OPTIMIZER_FUNC = "optimizer"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape (batch dim included, as compiled) and dtype of one model input or output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TensorSpec:
+        return cls(str(d["name"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]))
+
+
+def param_key(i: int) -> str:
+    """Key of parameter ``i`` in params.npz (names may contain characters npz keys cannot)."""
+    return f"p{i:04d}"
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _host_arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> Path:
+    """Write ``manifest.json`` (sorted keys, so equal manifests are equal bytes)."""
+    path = Path(directory) / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """Read and sanity-check ``manifest.json``; ArtifactError when missing or malformed."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise ArtifactError(f"artifact directory {str(directory)!r} does not exist",
+                            hint="pass the --out directory of `fractal compile`")
+    if not path.is_file():
+        raise ArtifactError(f"{str(directory)!r} has no {MANIFEST}; it is not a compiled artifact",
+                            hint="pass the --out directory of `fractal compile`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({exc})", hint="recompile the artifact") from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        got = manifest.get("format_version") if isinstance(manifest, dict) else None
+        raise ArtifactError(f"{path} has format_version {got!r}, this build reads {FORMAT_VERSION}",
+                            hint="recompile the artifact with this version of fractal")
+    for key in ("name", "inputs", "outputs", "files", "libs", "params", "target"):
+        if key not in manifest:
+            raise ArtifactError(f"{path} lacks the {key!r} field", hint="recompile the artifact")
+    return manifest
+
+
+def _verify_files(directory: Path, manifest: dict[str, Any]) -> None:
+    for rel, digest in manifest["files"].items():
+        path = directory / rel
+        if not path.is_file():
+            raise ArtifactError(f"artifact file {rel!r} is missing from {str(directory)!r}",
+                                hint="copy the whole artifact directory or recompile")
+        actual = file_sha256(path)
+        if actual != digest:
+            raise ArtifactError(f"artifact file {rel!r} fails its sha256 check "
+                                f"(manifest {digest[:12]}..., file {actual[:12]}...)",
+                                hint="the file is corrupt or was modified; recompile or re-copy the artifact")
+
+
+def _load_params(directory: Path, manifest: dict[str, Any]) -> tuple[list[str], list[np.ndarray]]:
+    meta = manifest["params"]
+    names = list(meta["names"])
+    with np.load(directory / meta["file"], allow_pickle=False) as npz:
+        arrays = []
+        for i, (name, shape, dtype) in enumerate(zip(names, meta["shapes"], meta["dtypes"], strict=True)):
+            key = param_key(i)
+            if key not in npz:
+                raise ArtifactError(f"params file lacks parameter {name!r} ({key})",
+                                    hint="recompile the artifact")
+            arr = npz[key]
+            if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != dtype:
+                raise ArtifactError(f"parameter {name!r} is {arr.dtype}{list(arr.shape)}, manifest says "
+                                    f"{dtype}{list(shape)}", hint="recompile the artifact")
+            arrays.append(arr if arr.flags.c_contiguous else arr.copy(order="C"))
+    return names, arrays
+
+
+class _Runtime:
+    """A loaded library plus one VirtualMachine per calling thread (a VM is not thread-safe)."""
+
+    def __init__(self, lib_path: Path) -> None:
+        import tvm
+        from tvm import relax
+
+        self._tvm = tvm
+        self._relax = relax
+        try:
+            self.lib = tvm.runtime.load_module(str(lib_path))
+        except Exception as exc:
+            raise ArtifactError(f"cannot load {lib_path.name}: {' '.join(str(exc).split())[:200]}",
+                                hint="the library was built for another machine or is damaged; "
+                                     "recompile") from None
+        self.device = tvm.cpu()
+        self._local = threading.local()
+
+    def vm(self) -> Any:
+        vm = getattr(self._local, "vm", None)
+        if vm is None:
+            vm = self._relax.VirtualMachine(self.lib, self.device)
+            self._local.vm = vm
+        return vm
+
+    def tensor(self, arr: np.ndarray) -> Any:
+        arr = np.asarray(arr)
+        if not arr.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
+            arr = arr.copy(order="C")
+        return self._tvm.runtime.tensor(arr, self.device)
+
+
+class PreparedParams:
+    """Parameters converted once to device tensors; pass to ``infer`` to skip per-call copies."""
+
+    def __init__(self, runtime: _Runtime, params: list[np.ndarray]) -> None:
+        self.arrays = list(params)
+        self.tensors = [runtime.tensor(p) for p in self.arrays]
+
+
+def _check_params(params: list[np.ndarray], names: list[str], ref: list[np.ndarray]) -> list[np.ndarray]:
+    if len(params) != len(ref):
+        raise InputError(f"expected {len(ref)} parameters, got {len(params)}",
+                         hint="pass the full parameter list in manifest order")
+    out = []
+    for name, p, r in zip(names, params, ref, strict=True):
+        p = np.asarray(p)
+        if p.shape != r.shape or p.dtype != r.dtype:
+            raise InputError(f"parameter {name!r} is {p.dtype}{list(p.shape)}, "
+                             f"expected {r.dtype}{list(r.shape)}",
+                             hint="parameters must keep the compiled shapes and dtypes")
+        out.append(p)
+    return out
+
+
+class Artifact:
+    """A loaded, verified artifact: inference (thread-safe) and, if compiled, a Trainer."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any], param_names: list[str],
+                 params: list[np.ndarray]) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.name: str = manifest["name"]
+        self.inputs = [TensorSpec.from_json(d) for d in manifest["inputs"]]
+        self.outputs = [TensorSpec.from_json(d) for d in manifest["outputs"]]
+        self.param_names = param_names
+        self.params = params
+        self.batch = int(manifest.get("batch", self.inputs[0].shape[0] if self.inputs else 1))
+        self._infer = _Runtime(directory / manifest["libs"]["infer"])
+        self._default = PreparedParams(self._infer, params)
+        train_lib = manifest["libs"].get("train")
+        self._trainer: Trainer | None = None
+        if train_lib and manifest.get("training"):
+            self._trainer = Trainer(_Runtime(directory / train_lib), manifest["training"],
+                                    self.inputs, param_names, params)
+
+    @property
+    def trainer(self) -> Trainer | None:
+        """The training runtime, or None when compiled without ``--train``."""
+        return self._trainer
+
+    @property
+    def target(self) -> dict[str, Any]:
+        return self.manifest["target"]
+
+    def prepare_params(self, params: list[np.ndarray]) -> PreparedParams:
+        """Validate and convert a parameter list once, for many ``infer`` calls."""
+        return PreparedParams(self._infer, _check_params(params, self.param_names, self.params))
+
+    def _check_inputs(self, inputs: dict[str, np.ndarray]) -> tuple[list[np.ndarray], int]:
+        if not isinstance(inputs, dict):
+            raise InputError("inputs must be a mapping of input name to array",
+                             hint=f"expected keys: {', '.join(s.name for s in self.inputs)}")
+        expected = [s.name for s in self.inputs]
+        missing = [n for n in expected if n not in inputs]
+        extra = [n for n in inputs if n not in expected]
+        if missing or extra:
+            parts = ([f"missing input(s) {', '.join(map(repr, missing))}"] if missing else []) + \
+                    ([f"unknown input(s) {', '.join(map(repr, extra))}"] if extra else [])
+            raise InputError("; ".join(parts), hint=f"the model's inputs are: {', '.join(expected)}")
+        arrays, n = [], None
+        for spec in self.inputs:
+            arr = np.asarray(inputs[spec.name])
+            if str(arr.dtype) != spec.dtype:
+                raise InputError(f"input {spec.name!r} has dtype {arr.dtype}, expected {spec.dtype}",
+                                 hint=f"convert it, e.g. x.astype('{spec.dtype}')")
+            want = tuple(spec.shape[1:])
+            if arr.ndim != len(spec.shape) or tuple(arr.shape[1:]) != want or arr.shape[0] < 1:
+                raise InputError(f"input {spec.name!r} has shape {list(arr.shape)}, expected [N, "
+                                 f"{', '.join(map(str, want))}] with N >= 1",
+                                 hint="the leading dimension is the batch")
+            if n is not None and arr.shape[0] != n:
+                raise InputError(f"inputs disagree on the batch size "
+                                 f"({n} vs {arr.shape[0]} for {spec.name!r})",
+                                 hint="give every input the same leading dimension")
+            n = arr.shape[0]
+            arrays.append(arr)
+        return arrays, int(n or 1)
+
+    def infer(self, inputs: dict[str, np.ndarray],
+              params: list[np.ndarray] | PreparedParams | None = None) -> dict[str, np.ndarray]:
+        """Run the model on a batch of any size N >= 1; returns {output name: array [N, ...]}.
+
+        Thread-safe: each calling thread gets its own VM. ``params`` default to the artifact's own.
+        """
+        arrays, n = self._check_inputs(inputs)
+        if params is None:
+            prepared = self._default
+        elif isinstance(params, PreparedParams):
+            prepared = params
+        else:
+            prepared = self.prepare_params(params)
+        b = self.batch
+        batched_out = all(o.shape and o.shape[0] == b for o in self.outputs)
+        if n != b and not batched_out:
+            raise InputError(f"this model's outputs have no batch dimension; send exactly {b} sample(s)",
+                             hint=f"use batch {b}")
+        vm = self._infer.vm()
+        func = vm[INFER_FUNC]
+        chunks: list[list[np.ndarray]] = [[] for _ in self.outputs]
+        # The library is compiled for batch b: run ceil(n/b) calls, zero-padding the last one.
+        for start in range(0, n, b):
+            part = []
+            for arr in arrays:
+                piece = arr[start:start + b]
+                if piece.shape[0] < b:
+                    pad = np.zeros((b - piece.shape[0], *piece.shape[1:]), dtype=piece.dtype)
+                    piece = np.concatenate([piece, pad])
+                part.append(self._infer.tensor(piece))
+            result = func(*part, *prepared.tensors)
+            outs = list(result) if len(self.outputs) > 1 else [result]
+            for i, o in enumerate(outs):
+                chunks[i].append(o.numpy())
+        return {spec.name: np.concatenate(c)[:n] if batched_out else c[0]
+                for spec, c in zip(self.outputs, chunks, strict=True)}
+
+
+class Trainer:
+    """The compiled training step: loss + gradients, and the optimizer, callable separately.
+
+    Uses its own VM (and lock), so a training step never blocks inference. Deterministic: the same
+    inputs give bit-identical outputs (the swarm compares parameter hashes).
+    """
+
+    def __init__(self, runtime: _Runtime, settings: dict[str, Any], inputs: list[TensorSpec],
+                 param_names: list[str], params: list[np.ndarray]) -> None:
+        self._rt = runtime
+        self._lock = threading.Lock()
+        self.loss: str = settings["loss"]
+        self.optimizer: str = settings["optimizer"]
+        self.lr: float = float(settings["lr"])
+        self.batch: int = int(settings["batch"])
+        self.param_names = param_names
+        self._ref = params
+        self._inputs = inputs
+        self._state_specs = [(tuple(s["shape"]), s["dtype"]) for s in settings["optimizer_state"]]
+        self.target_spec = TensorSpec.from_json(settings["targets"])
+
+    def _inputs_list(self, x: np.ndarray | dict[str, np.ndarray]) -> list[np.ndarray]:
+        if not isinstance(x, dict):
+            if len(self._inputs) != 1:
+                raise InputError("this model has several inputs: pass x as {name: array}",
+                                 hint=", ".join(s.name for s in self._inputs))
+            x = {self._inputs[0].name: x}
+        out = []
+        for spec in self._inputs:
+            if spec.name not in x:
+                raise InputError(f"missing training input {spec.name!r}", hint="pass every model input")
+            arr = np.asarray(x[spec.name])
+            want = (self.batch, *spec.shape[1:])
+            if arr.shape != want or str(arr.dtype) != spec.dtype:
+                raise InputError(f"training input {spec.name!r} is {arr.dtype}{list(arr.shape)}, expected "
+                                 f"{spec.dtype}{list(want)}",
+                                 hint=f"training batches have exactly {self.batch} samples")
+            out.append(arr)
+        return out
+
+    def _targets(self, y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y)
+        spec = self.target_spec
+        if y.shape != spec.shape:
+            raise InputError(f"targets have shape {list(y.shape)}, expected {list(spec.shape)}",
+                             hint="ce: int class ids (batch,); mse: float targets shaped like the output")
+        if str(y.dtype) != spec.dtype:
+            if self.loss == "ce" and np.issubdtype(y.dtype, np.integer):
+                y = y.astype(spec.dtype)
+            else:
+                raise InputError(f"targets have dtype {y.dtype}, expected {spec.dtype}",
+                                 hint=f"convert them with .astype('{spec.dtype}')")
+        return y
+
+    def loss_and_grad(self, params: list[np.ndarray], x: np.ndarray | dict[str, np.ndarray],
+                      y: np.ndarray) -> tuple[float, list[np.ndarray]]:
+        """Mean loss over the batch and d(loss)/d(param) for every parameter, in manifest order."""
+        params = _check_params(params, self.param_names, self._ref)
+        xs = self._inputs_list(x)
+        y = self._targets(y)
+        t = self._rt.tensor
+        with self._lock:
+            out = self._rt.vm()[ADJOINT_FUNC](*[t(a) for a in xs], *[t(p) for p in params], t(y))
+            loss = float(out[0].numpy())
+            grads = [g.numpy() for g in out[1]]
+        return loss, grads
+
+    def init_state(self, params: list[np.ndarray]) -> list[np.ndarray]:
+        """The optimizer state before the first step (a list of arrays; opaque to callers)."""
+        _check_params(params, self.param_names, self._ref)
+        state = []
+        for i, (shape, dtype) in enumerate(self._state_specs):
+            # Adam keeps beta1**t and beta2**t in slots 1 and 2; they start at 1.
+            fill = 1.0 if self.optimizer == "adam" and i in (1, 2) else 0.0
+            state.append(np.full(shape, fill, dtype=dtype))
+        return state
+
+    def apply(self, params: list[np.ndarray], grads: list[np.ndarray], state: list[np.ndarray],
+              lr: float | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """One optimizer step: (new params, new state). ``lr`` overrides the compiled default."""
+        params = _check_params(params, self.param_names, self._ref)
+        grads = _check_params(grads, self.param_names, self._ref)
+        if len(state) != len(self._state_specs):
+            raise InputError(f"optimizer state has {len(state)} tensors, expected {len(self._state_specs)}",
+                             hint="create it with trainer.init_state(params)")
+        rate = self.lr if lr is None else float(lr)
+        if not np.isfinite(rate) or rate <= 0:
+            raise InputError(f"learning rate must be a positive finite number, got {lr!r}",
+                             hint="e.g. lr=0.01")
+        t = self._rt.tensor
+        with self._lock:
+            out = self._rt.vm()[OPTIMIZER_FUNC]([t(p) for p in params], [t(g) for g in grads],
+                                                [t(np.asarray(s)) for s in state],
+                                                t(np.asarray(rate, dtype=np.float32)))
+            new_params = [p.numpy() for p in out[0]]
+            new_state = [s.numpy() for s in out[1]]
+        return new_params, new_state
+
+
+def load_artifact(directory: str | Path, *, verify: bool = True) -> Artifact:
+    """Load an artifact directory, checking every file's sha256 and the target architecture."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    arch = manifest["target"].get("arch")
+    host = _host_arch()
+    if arch != host:
+        raise ArtifactError(f"artifact {manifest['name']!r} was compiled for {arch} "
+                            f"(preset {manifest['target'].get('preset')!r}); this machine is {host}",
+                            hint=f"run it on a {arch} board, under qemu (`fractal verify --emulate`), "
+                                 f"or compile with --target {host}")
+    if verify:
+        _verify_files(directory, manifest)
+    names, params = _load_params(directory, manifest)
+    return Artifact(directory, manifest, names, params)

@@ -1,0 +1,200 @@
+"""``compile_model``: ONNX file -> artifact directory (libraries, params, manifest).
+
+import -> (optional) MetaSchedule tuning -> ``relax.build`` -> ``export_library`` with the preset's
+linker -> (optional) training module -> params.npz -> manifest.json. The directory is assembled
+in a temporary sibling and renamed into place, so a failed compile never leaves half an artifact.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.artifact import FORMAT_VERSION, MANIFEST, file_sha256, param_key, write_manifest
+from compiler.errors import ArtifactError, CompilerError, TargetError
+from compiler.targets import TargetPreset, get_preset, linker_for
+from compiler.training import TrainSettings, build_training_module, optimizer_state_shapes
+
+__all__ = ["compile_model", "TrainSettings", "build_library"]
+
+INFER_LIB = "infer.so"
+TRAIN_LIB = "train.so"
+PARAMS_FILE = "params.npz"
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"[fractal] {msg}", file=sys.stderr, flush=True)
+
+
+def _fcompile(preset: TargetPreset) -> Any:
+    """The export_library linker for ``preset`` (None: TVM's default host g++)."""
+    from tvm.support import cc
+
+    linker = linker_for(preset)
+    if linker is None:
+        return None
+    # A fresh closure per export: tvm's cross_compiler appends to its options list in place.
+    return cc.cross_compiler(linker, options=list(preset.link_options))
+
+
+def build_library(mod: Any, preset: TargetPreset, path: Path) -> Path:
+    """Compile a Relax module for ``preset`` and link it to ``path``."""
+    from tvm import relax
+
+    target = preset.tvm_target()
+    try:
+        ex = relax.build(mod, target=target)
+    except Exception as exc:
+        raise CompilerError(f"TVM failed to build for {preset.name}: {' '.join(str(exc).split())[:300]}",
+                            hint="report the model; try another target preset") from None
+    fcompile = _fcompile(preset)
+    try:
+        if fcompile is None:
+            ex.export_library(str(path))
+        else:
+            ex.export_library(str(path), fcompile=fcompile)
+    except Exception as exc:
+        raise TargetError(f"linking {path.name} for {preset.name} failed: {' '.join(str(exc).split())[:300]}",
+                          hint=f"check the cross toolchain {preset.cross_compiler or 'g++'}") from None
+    return path
+
+
+def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Path | None,
+          progress: bool) -> tuple[Any, dict[str, Any]]:
+    try:
+        from compiler import tuning
+    except ImportError as exc:
+        raise CompilerError(f"tuning is not available in this build ({exc})",
+                            hint="compile without --tune") from None
+    result = tuning.tune(imported_mod, preset.tvm_target(), trials=trials, db_dir=db_dir, progress=progress)
+    tuned = tuning.apply(imported_mod, preset.tvm_target(), db_dir)
+    info = {
+        "tuned": True,
+        "db_id": getattr(result, "db_id", None),
+        "reused": bool(getattr(result, "reused", False)),
+        "trials": int(trials),
+        "trials_run": int(getattr(result, "trials_run", 0) or 0),
+        "seconds": round(float(getattr(result, "seconds", 0.0) or 0.0), 3),
+        "db_dir": str(db_dir) if db_dir is not None else None,
+    }
+    return tuned, info
+
+
+def _prepare_out(out_dir: Path) -> Path:
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise ArtifactError(f"--out {str(out_dir)!r} exists and is not a directory",
+                                hint="choose another path")
+        if any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
+            raise ArtifactError(f"--out {str(out_dir)!r} is a non-empty directory that is not an artifact",
+                                hint="choose an empty or new directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+
+
+def _install(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{time.time_ns()}")
+        out_dir.rename(old)
+        tmp.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out_dir)
+
+
+def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, name: str | None = None,
+                  tune: bool = False, trials: int = 64, db_dir: str | Path | None = None,
+                  train: TrainSettings | None = None, progress: bool = True) -> Path:
+    """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
+
+    Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
+    """
+    import tvm
+
+    from compiler.importer import import_model, load_onnx
+
+    t0 = time.perf_counter()
+    preset = get_preset(target)
+    linker_for(preset)  # fail fast on a missing cross compiler, before minutes of work
+    onnx_path = Path(onnx_path)
+    out_dir = Path(out_dir)
+    model = load_onnx(onnx_path)
+    name = name or onnx_path.stem
+    _say(progress, f"importing {onnx_path.name} for {preset.name}")
+    imported = import_model(model)
+
+    tuning_info: dict[str, Any] = {"tuned": False, "db_id": None, "trials": 0}
+    mod = imported.mod
+    if tune:
+        if trials < 1:
+            raise CompilerError(f"--trials must be >= 1, got {trials}", hint="e.g. --trials 64")
+        _say(progress, f"tuning with MetaSchedule ({trials} trials)")
+        mod, tuning_info = _tune(mod, preset, trials, db_dir, progress)
+
+    tmp = _prepare_out(out_dir)
+    try:
+        _say(progress, "building inference library")
+        build_library(mod, preset, tmp / INFER_LIB)
+        files = [INFER_LIB]
+        training = None
+        if train is not None:
+            _say(progress, f"building training module (loss={train.loss}, optimizer={train.optimizer}, "
+                           f"batch={train.batch})")
+            timported = import_model(model, batch=train.batch)
+            tmod = build_training_module(timported.mod, num_inputs=len(timported.inputs),
+                                         num_params=len(timported.params), settings=train)
+            build_library(tmod, preset, tmp / TRAIN_LIB)
+            files.append(TRAIN_LIB)
+            out = timported.outputs[0]
+            targets = ({"name": "targets", "shape": [train.batch], "dtype": "int64"} if train.loss == "ce"
+                       else {"name": "targets", "shape": list(out.shape), "dtype": out.dtype})
+            shapes = [tuple(p.shape) for p in imported.params]
+            training = {
+                **train.to_json(),
+                "param_names": imported.param_names,
+                "param_shapes": [list(s) for s in shapes],
+                "inputs": [s.to_json() for s in timported.inputs],
+                "targets": targets,
+                "optimizer_state": [{"shape": list(s), "dtype": d}
+                                    for s, d in optimizer_state_shapes(train.optimizer, shapes)],
+                "lr_input": True,
+                "tuned": False,  # the tuning database covers the inference workloads only
+            }
+        np.savez(tmp / PARAMS_FILE, **{param_key(i): p for i, p in enumerate(imported.params)})
+        files.append(PARAMS_FILE)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "name": name,
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "onnx_file": onnx_path.name,
+            "onnx_sha256": file_sha256(onnx_path),
+            "tvm_version": tvm.__version__,
+            "target": {"preset": preset.name, "arch": preset.arch, "tvm_target": dict(preset.target),
+                       "cross_compiler": preset.cross_compiler, "description": preset.description},
+            "batch": imported.batch,
+            "inputs": [s.to_json() for s in imported.inputs],
+            "outputs": [s.to_json() for s in imported.outputs],
+            "params": {"file": PARAMS_FILE, "names": imported.param_names,
+                       "shapes": [list(p.shape) for p in imported.params],
+                       "dtypes": [str(p.dtype) for p in imported.params]},
+            "libs": {"infer": INFER_LIB, "train": TRAIN_LIB if train is not None else None},
+            "files": {f: file_sha256(tmp / f) for f in files},
+            "tuning": tuning_info,
+            "training": training,
+            "compile_seconds": round(time.perf_counter() - t0, 3),
+        }
+        write_manifest(tmp, manifest)
+        _install(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _say(progress, f"wrote {out_dir} in {time.perf_counter() - t0:.1f}s")
+    return out_dir

@@ -1,0 +1,145 @@
+"""Board target presets: a TVM target dict plus the (cross) linker and emulator for each board.
+
+TVM 0.27 only accepts targets as JSON dicts (string targets are rejected). The llvm kind takes
+``mtriple``, ``mcpu``, ``mattr`` (list), ``mabi``, ``num-cores`` among others. ``num-cores`` is
+what MetaSchedule sizes its parallel loops with, so boards get their real core count.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiler.errors import TargetError
+
+__all__ = [
+    "TargetPreset",
+    "PRESETS",
+    "get_preset",
+    "host_preset_name",
+    "host_arch",
+    "linker_for",
+    "ARCHES",
+]
+
+ARCHES = ("x86_64", "aarch64", "riscv64")
+
+# Cross linkers per architecture, used when the artifact's arch differs from this machine's.
+_CROSS_CXX = {
+    "x86_64": "x86_64-linux-gnu-g++",
+    "aarch64": "aarch64-linux-gnu-g++",
+    "riscv64": "riscv64-linux-gnu-g++",
+}
+_QEMU = {"aarch64": "qemu-aarch64", "riscv64": "qemu-riscv64"}
+
+
+@dataclass(frozen=True)
+class TargetPreset:
+    """One board: what TVM generates code for and what links it."""
+
+    name: str
+    arch: str  # "x86_64" | "aarch64" | "riscv64"
+    description: str
+    target: dict[str, Any]
+    cross_compiler: str | None  # None: the build machine's own g++ (x86_64 presets here)
+    qemu: str | None = None
+    link_options: tuple[str, ...] = field(default_factory=tuple)
+
+    def tvm_target(self) -> Any:
+        """The ``tvm.target.Target`` of this preset (imports tvm lazily)."""
+        import tvm
+
+        return tvm.target.Target(dict(self.target))
+
+
+def _host_cores() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def _riscv(name: str, march: str, extra_mattr: list[str], description: str) -> TargetPreset:
+    mattr = ["+64bit", "+m", "+a", "+f", "+d", "+c", *extra_mattr]
+    return TargetPreset(
+        name=name,
+        arch="riscv64",
+        description=description,
+        # mabi=lp64d: LLVM must emit the double-float ABI, or GNU ld refuses to link the objects
+        # with Debian's riscv64 libstdc++ (which is lp64d).
+        target={"kind": "llvm", "mtriple": "riscv64-linux-gnu", "mcpu": "generic-rv64",
+                "mattr": mattr, "mabi": "lp64d", "num-cores": 4},
+        cross_compiler="riscv64-linux-gnu-g++",
+        qemu="qemu-riscv64",
+        link_options=(f"-march={march}", "-mabi=lp64d"),
+    )
+
+
+def _build_presets() -> dict[str, TargetPreset]:
+    host = _host_cores()
+    presets = [
+        TargetPreset("x86_64", "x86_64", "generic x86-64 (SSE2), this machine's family",
+                     {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64", "num-cores": host},
+                     None),
+        TargetPreset("x86_64-avx2", "x86_64", "x86-64 with AVX2 + FMA (Haswell and newer)",
+                     {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell",
+                      "mattr": ["+avx2", "+fma"], "num-cores": host},
+                     None),
+        TargetPreset("aarch64", "aarch64", "generic 64-bit ARM with NEON",
+                     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic",
+                      "mattr": ["+neon"], "num-cores": 4},
+                     "aarch64-linux-gnu-g++", "qemu-aarch64"),
+        TargetPreset("rpi4", "aarch64", "Raspberry Pi 4 (4x Cortex-A72)",
+                     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72",
+                      "mattr": ["+neon"], "num-cores": 4},
+                     "aarch64-linux-gnu-g++", "qemu-aarch64"),
+        TargetPreset("rpi5", "aarch64", "Raspberry Pi 5 (4x Cortex-A76, dotprod)",
+                     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76",
+                      "mattr": ["+neon", "+dotprod"], "num-cores": 4},
+                     "aarch64-linux-gnu-g++", "qemu-aarch64"),
+        _riscv("riscv64", "rv64gc", [], "64-bit RISC-V rv64gc (lp64d)"),
+        _riscv("riscv64-rvv", "rv64gcv", ["+v"], "64-bit RISC-V rv64gcv with the vector extension"),
+    ]
+    return {p.name: p for p in presets}
+
+
+PRESETS: dict[str, TargetPreset] = _build_presets()
+
+
+def get_preset(name: str) -> TargetPreset:
+    """The preset called ``name``; TargetError naming the known presets otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise TargetError(f"unknown target preset {name!r}",
+                          hint=f"choose one of: {', '.join(PRESETS)} (see `fractal targets`)") from None
+
+
+def host_arch() -> str:
+    """This machine's architecture in preset terms (x86_64, aarch64, riscv64)."""
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def host_preset_name() -> str:
+    """The generic preset of this machine's architecture."""
+    arch = host_arch()
+    if arch not in ARCHES:
+        raise TargetError(f"this machine's architecture {arch!r} has no preset",
+                          hint=f"supported: {', '.join(ARCHES)}")
+    return arch
+
+
+def linker_for(preset: TargetPreset) -> str | None:
+    """The C++ driver that links ``preset``'s objects; None means TVM's default (host g++).
+
+    Raises TargetError when a needed cross compiler is not installed.
+    """
+    if preset.arch == host_arch():
+        return None
+    cxx = preset.cross_compiler or _CROSS_CXX[preset.arch]
+    if shutil.which(cxx) is None:
+        raise TargetError(f"cross compiler {cxx!r} for target {preset.name!r} not found on PATH",
+                          hint=f"install it (Debian: apt-get install g++-{preset.arch.replace('_', '-')}"
+                               "-linux-gnu) or compile for the host preset")
+    return cxx
