@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from api.tensors import TensorError
 from edgenode.common import InvalidInput, NodeBusy, NodeError, StoreError
@@ -65,6 +66,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, exc: ClientDisconnect) -> JSONResponse:
+        # Nobody is left to read this; answering keeps the disconnect out of the error log.
+        return error_response(400, "client disconnected before sending the whole body")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -200,9 +200,11 @@ def parse_infer_request(body: bytes, specs: Sequence[TensorSpecLike], output_nam
     params = req.get("parameters") or {}
     if not isinstance(params, dict):
         raise TensorError("'parameters' must be an object")
-    raw_inputs = req.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise TensorError("'inputs' must be a non-empty list of tensors")
+    if "inputs" not in req:
+        raise TensorError(f"missing 'inputs' (model inputs: {', '.join(s.name for s in specs)})")
+    raw_inputs = req["inputs"]
+    if not isinstance(raw_inputs, list):
+        raise TensorError("'inputs' must be a list of tensors")
     by_name = {s.name: s for s in specs}
     inputs: dict[str, np.ndarray] = {}
     offset = 0

@@ -1,0 +1,49 @@
+"""POST /v1/samples is durable and counted; GET /v1/node and /metrics report it."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+def test_samples_are_stored_and_counted(http, api_node):
+    spec = api_node.inputs[0]
+    before = http.get("/v1/node").json()["sample_count"]
+    rng = np.random.default_rng(3)
+    xs = rng.random((6, *spec.shape[1:]), dtype=np.float32)
+    labels = [0, 1, 2, 3, 4, 5]
+    r = http.post("/v1/samples", json={"inputs": {spec.name: xs.tolist()}, "labels": labels})
+    assert r.status_code == 200, r.text
+    assert r.json()["stored"] == 6
+    info = http.get("/v1/node").json()
+    assert info["sample_count"] == before + 6
+    assert r.json()["sample_count"] == before + 6
+    stored_x, stored_y = _stored(api_node)
+    np.testing.assert_array_equal(stored_x[-6:], xs)
+    np.testing.assert_array_equal(stored_y[-6:], labels)
+
+
+def _stored(api_node):
+    xs, ys = zip(*api_node.samples, strict=True)  # TEMPORARY fake-node store
+    return np.stack(xs), np.asarray(ys)
+
+
+def test_metrics_exposition(http, api_node):
+    spec = api_node.inputs[0]
+    body = {"inputs": [{"name": spec.name, "shape": [1, spec.shape[1]], "datatype": "FP32",
+                        "data": [0.0] * spec.shape[1]}]}
+    for _ in range(3):
+        assert http.post(f"/v2/models/{api_node.model_name}/infer", json=body).status_code == 200
+    text = http.get("/metrics").text
+    line = next(ln for ln in text.splitlines() if ln.startswith(
+        'fractal_http_requests_total{method="POST",route="/v2/models/{name}/infer",status="200"}'))
+    assert float(line.rsplit(" ", 1)[1]) >= 3
+    bucket = 'fractal_http_request_duration_seconds_bucket{le="0.001",method="POST",'
+    assert bucket + 'route="/v2/models/{name}/infer"}' in text
