@@ -19,6 +19,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -198,13 +199,17 @@ class MqttLink:
         a = self.address
         try:
             if self.protocol is MqttVersion.V5:
-                self._client.connect_async(a.host, a.port, self.keepalive, clean_start=True)
+                self._client.connect_async(a.host, a.port, int(self.keepalive), clean_start=True)
             else:
-                self._client.connect_async(a.host, a.port, self.keepalive)
+                self._client.connect_async(a.host, a.port, int(self.keepalive))
         except (OSError, ValueError) as exc:
             raise TransportError(f"cannot connect to {a.host}:{a.port}: {exc}") from None
         self._client.loop_start()
-        if not self._connected.wait(timeout):
+        deadline = time.monotonic() + timeout
+        # A refusal (bad credentials, not authorised) is final: fail fast instead of retrying.
+        while not self._connected.wait(0.05) and not self._last_refusal and time.monotonic() < deadline:
+            pass
+        if not self._connected.is_set():
             refusal = self._last_refusal
             self._client.loop_stop()
             with contextlib.suppress(Exception):
