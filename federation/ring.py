@@ -1,0 +1,365 @@
+"""The ring-allreduce engine: :class:`RingAllreduce` runs the pure schedule of
+:mod:`federation.schedule` over any :class:`~federation.transport.Transport`.
+
+Call life cycle (``allreduce(vec, group=..., tag=..., timeout=...)``), per member
+--------------------------------------------------------------------------------------
+Ring order is ``sorted(group)``; rank ``r`` sends only to ``r+1`` and receives only from
+``r-1`` (mod n). One call = one ``tag``; a tag is never reused by a member.
+
+1. START: the deadline is ``now + timeout``. Frames of this tag that arrived early (buffered by
+   the receive pump, unacknowledged) are handed over. The member's own vector is checked: any
+   NaN/Inf -> ABORT(member = self, rejected) to every peer and ``UpdateRejected`` locally.
+   Optional L2 clipping (``clip_norm``) scales the member's copy, never the caller's array.
+2. REDUCE-SCATTER, steps 0..n-2: step 0 queues every part of chunk ``r``. When part ``p`` of
+   step ``s`` arrives from ``r-1`` it is decoded, checked (NaN/Inf -> ABORT naming the sender),
+   added into the member's buffer and part ``p`` of step ``s+1`` is queued (pipelined per
+   part, no waiting for whole chunks). After step n-2 the member owns chunk ``r+1``.
+3. FINALISE (owner, per part): ``mean`` divides by n; the part is encoded once with the round's
+   codec (error feedback: residual of this member); the owner's own result is *decoded from
+   those payload bytes*, exactly as every other member will decode them.
+4. ALL-GATHER, steps 0..n-2: step 0 sends the owner's payload; a member receiving part ``p`` of
+   step ``s`` decodes it into its result and forwards the *same payload bytes* (new header) as
+   step ``s+1``. Hence results are bit-identical on every member, with any codec.
+5. DRAIN: when every expected part has arrived, the member waits until its own frames are
+   acknowledged (so the successor is not left needing a retransmit), then returns. If the
+   deadline passes while only ACKs are missing it returns anyway: its result is complete.
+6. COMMIT: the error-feedback residuals are committed only on success (an aborted round leaves
+   no trace). The caller commits its parameters only if the call returned.
+
+Reliability rules (see :mod:`federation.session`)
+* Every DATA frame is acknowledged, duplicates included; at most ``max_in_flight``
+  unacknowledged frames per peer; unacknowledged frames are retransmitted after
+  ``retransmit_after`` s, doubling up to 8x. The window, not the broker's queue, bounds memory.
+* De-duplication key: ``(sender, phase, step, chunk, part)`` within the tag; a duplicate is
+  re-acknowledged, counted in ``stats.duplicates`` and otherwise ignored.
+* Reordering is harmless: parts are independent; a part is forwarded when it arrives.
+* Frames of an unknown tag are buffered (not acknowledged) for up to 4 tags; frames of a
+  finished tag are re-acknowledged; frames of an aborted tag get one ABORT reply.
+* Malformed frames (checksum, version, length, ids) are dropped unacknowledged and counted in
+  ``stats.rejected``; the sender's retransmission repairs them.
+* A frame that breaks the schedule (wrong sender, step, chunk, layout, codec or length)
+  aborts the round blaming its sender: all members must run the same release with the same
+  ``max_payload`` and ``topk_ratio``.
+* Deadline: if the expected frames have not arrived by ``now + timeout`` the member sends ABORT
+  to every peer and raises ``RoundAborted(member=<the predecessor it was waiting for>)``. Any
+  member receiving an ABORT raises ``RoundAborted`` (``UpdateRejected`` for NaN/Inf) with the
+  blamed member and the reason. Nobody returns a partial result.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from federation import compression as comp
+from federation import schedule as sch
+from federation.checks import all_finite, check_finite, clip_l2
+from federation.errors import RoundAborted, UpdateRejected
+from federation.framing import Codec, Frame, FrameKind, Phase, encode
+from federation.messages import Compression
+from federation.session import Call, Endpoint
+from federation.stats import Stats
+from federation.transport import Transport
+
+__all__ = ["RingAllreduce", "ReduceOp"]
+
+
+class ReduceOp(enum.StrEnum):
+    SUM = "sum"
+    MEAN = "mean"
+
+
+@dataclass
+class _Feedback:
+    key: tuple
+    residual: np.ndarray
+
+
+def as_vector(vec: object) -> np.ndarray:
+    """A contiguous 1-D float32 array (copy only if needed); ValueError otherwise."""
+    a = np.asarray(vec)
+    if a.ndim != 1:
+        raise ValueError(f"allreduce takes a 1-D vector, got shape {a.shape}: flatten it first")
+    if a.dtype != np.float32:
+        if not np.issubdtype(a.dtype, np.number):
+            raise ValueError(f"allreduce takes float32 numbers, got dtype {a.dtype}")
+        a = a.astype(np.float32)
+    return np.ascontiguousarray(a)
+
+
+def ordered_group(group: list[str], me: str) -> list[str]:
+    """``sorted(group)``, validated: unique ids, ``me`` included."""
+    members = sorted(group)
+    if len(set(members)) != len(members):
+        raise ValueError(f"group has duplicate members: {members}")
+    if me not in members:
+        raise ValueError(f"{me!r} is not in the group {members}")
+    return members
+
+
+class RingAllreduce:
+    """Ring allreduce and ring broadcast for one member (see the module docstring).
+
+    ``transport.max_payload`` bounds every frame; all members of a swarm must use the same
+    ``max_payload`` and ``topk_ratio``. ``stats`` counts bytes, frames, duplicates, rejects.
+    """
+
+    def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
+                 retransmit_after: float = 1.0, topk_ratio: float = 0.01, max_early_tags: int = 4) -> None:
+        self.endpoint = Endpoint(transport, swarm=swarm, max_in_flight=max_in_flight,
+                                 retransmit_after=retransmit_after, max_early_tags=max_early_tags)
+        self.member_id: str = transport.member_id
+        self.swarm = swarm
+        self.max_payload: int = int(transport.max_payload)
+        self.topk_ratio = topk_ratio
+        self._feedback: _Feedback | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def stats(self) -> Stats:
+        return self.endpoint.stats
+
+    def close(self) -> None:
+        """Stop the receive thread and close the transport."""
+        self.endpoint.close()
+
+    def __enter__(self) -> RingAllreduce:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reset_feedback(self) -> None:
+        """Forget error-feedback residuals (e.g. after the parameters were replaced)."""
+        self._feedback = None
+
+    # -- allreduce ---------------------------------------------------------------------------
+    def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: ReduceOp | str = "mean",
+                  timeout: float = 30.0, compression: Compression | str = Compression.NONE,
+                  clip_norm: float | None = None) -> np.ndarray:
+        """Sum or mean of every member's ``vec``; every member gets bit-identical bytes.
+
+        Raises :class:`RoundAborted` (deadline, dead member, peer abort) or
+        :class:`UpdateRejected` (NaN/Inf, naming the sender); on either nothing is committed.
+        """
+        x = as_vector(vec)
+        op = ReduceOp(op)
+        codec = comp.codec_for(compression)
+        members = ordered_group(group, self.member_id)
+        with self._lock:
+            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm).run()
+
+    # -- broadcast ---------------------------------------------------------------------------
+    def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
+                  timeout: float = 30.0) -> np.ndarray:
+        """``root``'s float32 vector, delivered along the ring (pipelined, forwarded bytes).
+
+        Only the root's ``vec`` is used (others may pass None); every member returns a copy
+        bit-identical to the root's.
+        """
+        members = ordered_group(group, self.member_id)
+        if root not in members:
+            raise ValueError(f"broadcast root {root!r} is not in the group {members}")
+        x = None
+        if self.member_id == root:
+            if vec is None:
+                raise ValueError("the broadcast root must pass its vector")
+            x = as_vector(vec)
+        with self._lock:
+            return self._broadcast(x, root, members, tag, timeout)
+
+    def _broadcast(self, x: np.ndarray | None, root: str, members: list[str], tag: str,
+                   timeout: float) -> np.ndarray:
+        n, me = len(members), self.member_id
+        rank = members.index(me)
+        order = sch.chain(n, members.index(root))
+        hop = order.index(rank)
+        succ, pred = members[sch.successor(rank, n)], members[sch.predecessor(rank, n)]
+        per = comp.per_part(Codec.F32, self.max_payload)
+        with self.endpoint.call(tag, [m for m in members if m != me], timeout) as call:
+            if hop == 0:
+                assert x is not None
+                if n > 1:
+                    parts = sch.part_bounds(0, x.size, per, at_least_one=True)
+                    for p, (a, b) in enumerate(parts):
+                        call.queue(succ, (Phase.BROADCAST, 0, 0, p),
+                                   self._data_builder(tag, 0, p, len(parts), a, b, x.size, [x[a:b]]))
+                    call.drain()
+                return x.copy()
+            result: np.ndarray | None = None
+            parts: list[tuple[int, int]] = []
+            pending: set[int] | None = None
+            while pending is None or pending:
+                fr = call.wait(pred)
+                if fr is None:
+                    continue
+                if (fr.phase != Phase.BROADCAST or fr.sender != pred or fr.step != hop - 1
+                        or fr.codec != Codec.F32):
+                    _violation(fr, "unexpected broadcast frame")
+                if result is None:
+                    result = np.empty(fr.total, np.float32)
+                    parts = sch.part_bounds(0, fr.total, per, at_least_one=True)
+                    pending = set(range(len(parts)))
+                assert pending is not None
+                if (fr.total != result.size or fr.nparts != len(parts) or fr.part not in pending
+                        or (fr.offset, fr.offset + fr.count) != parts[fr.part]):
+                    _violation(fr, "broadcast part layout mismatch (same max_payload everywhere?)")
+                a, b = parts[fr.part]
+                result[a:b] = comp.decode(Codec.F32, fr.payload, b - a)
+                pending.discard(fr.part)
+                if hop < n - 1:
+                    call.queue(succ, (Phase.BROADCAST, hop, 0, fr.part),
+                               self._data_builder(tag, hop, fr.part, len(parts), a, b, result.size,
+                                                  [fr.payload]))
+            call.drain()
+            assert result is not None
+            return result
+
+    def _data_builder(self, tag: str, step: int, part: int, nparts: int, a: int, b: int, total: int,
+                      pieces: list):
+        def build() -> bytes:
+            return encode(FrameKind.DATA, Phase.BROADCAST, swarm=self.swarm, tag=tag, sender=self.member_id,
+                          codec=Codec.F32, step=step, chunk=0, part=part, nparts=nparts, offset=a,
+                          count=b - a, total=total, payload=pieces)
+        return build
+
+
+def _violation(fr: Frame, what: str) -> None:
+    raise RoundAborted(
+        f"{what}: {fr.phase.name} step {fr.step} chunk {fr.chunk} part {fr.part}/{fr.nparts} "
+        f"[{fr.offset}+{fr.count} of {fr.total}] codec {fr.codec.name} from {fr.sender}",
+        member=fr.sender, hint="every member must run the same release with the same max_payload",
+    )
+
+
+class _RingRun:
+    """State of one allreduce call on one member."""
+
+    def __init__(self, eng: RingAllreduce, x: np.ndarray, members: list[str], tag: str, op: ReduceOp,
+                 timeout: float, codec: Codec, clip_norm: float | None) -> None:
+        self.eng, self.x, self.members, self.tag, self.op = eng, x, members, tag, op
+        self.timeout, self.codec, self.clip_norm = timeout, codec, clip_norm
+        self.n = len(members)
+        self.me = eng.member_id
+        self.rank = members.index(self.me)
+        self.succ = members[sch.successor(self.rank, self.n)]
+        self.pred = members[sch.predecessor(self.rank, self.n)]
+        self.L = x.size
+        self.per = comp.per_part(codec, eng.max_payload, eng.topk_ratio)
+        self.parts = [sch.part_bounds(a, b, self.per) for a, b in sch.chunk_bounds(self.n, self.L)]
+        self.rs = sch.reduce_scatter(self.n, self.rank)
+        self.ag = sch.all_gather(self.n, self.rank)
+
+    def _residual(self) -> np.ndarray | None:
+        if self.codec not in comp.FEEDBACK_CODECS:
+            return None
+        key = (tuple(self.members), self.op, self.codec, self.L, self.eng.topk_ratio)
+        fb = self.eng._feedback
+        if fb is not None and fb.key == key:
+            return fb.residual.copy()
+        return np.zeros(self.L, np.float32)
+
+    def _build(self, phase: Phase, step: int, chunk: int, part: int, pieces: list) -> bytes:
+        a, b = self.parts[chunk][part]
+        return encode(FrameKind.DATA, phase, swarm=self.eng.swarm, tag=self.tag, sender=self.me,
+                      codec=self.codec, step=step, chunk=chunk, part=part, nparts=len(self.parts[chunk]),
+                      offset=a, count=b - a, total=self.L, payload=pieces)
+
+    def _queue_rs(self, call: Call, step: int, part: int) -> None:
+        chunk = self.rs[step].send_chunk
+        a, b = self.parts[chunk][part]
+        res = self.residual
+
+        def build() -> bytes:
+            # Encoded lazily: the buffer slice is final once its part of step-1 was added.
+            pieces = comp.encode(self.codec, self.work[a:b], None if res is None else res[a:b],
+                                 topk_ratio=self.eng.topk_ratio)
+            return self._build(Phase.REDUCE_SCATTER, step, chunk, part, pieces)
+
+        call.queue(self.succ, (Phase.REDUCE_SCATTER, step, chunk, part), build)
+
+    def _finalise(self, chunk: int, part: int) -> bytes | np.ndarray:
+        """Owner: apply the op to one part, encode it once, set our result from those bytes."""
+        a, b = self.parts[chunk][part]
+        w = self.work[a:b]
+        if self.op == ReduceOp.MEAN:
+            np.divide(w, np.float32(self.n), out=w)
+        if not all_finite(w):
+            raise RoundAborted(f"round {self.tag!r}: the reduced sum overflowed float32 on {self.me}",
+                               member=self.me, hint="scale the updates down or enable clip_norm")
+        res = self.residual
+        pieces = comp.encode(self.codec, w, None if res is None else res[a:b], topk_ratio=self.eng.topk_ratio)
+        if self.codec == Codec.F32:
+            self.result[a:b] = w  # lossless: identical to what the others decode
+            return w
+        payload = b"".join(memoryview(p).cast("B") for p in pieces)
+        self.result[a:b] = comp.decode(self.codec, payload, b - a)
+        return payload
+
+    def _queue_ag(self, call: Call, step: int, part: int, payload) -> None:
+        chunk = self.ag[step].send_chunk
+        call.queue(self.succ, (Phase.ALL_GATHER, step, chunk, part),
+                   lambda: self._build(Phase.ALL_GATHER, step, chunk, part, [payload]))
+
+    def run(self) -> np.ndarray:
+        ep = self.eng.endpoint
+        peers = [m for m in self.members if m != self.me]
+        with ep.call(self.tag, peers, self.timeout) as call:
+            check_finite(self.x, member=self.me)
+            clipped, _ = clip_l2(self.x, self.clip_norm)
+            self.work = np.array(clipped, dtype=np.float32, copy=True)
+            self.residual = self._residual()
+            self.result = np.empty(self.L, np.float32)
+            n = self.n
+            if n == 1:
+                for p in range(len(self.parts[0])):
+                    self._finalise(0, p)
+            else:
+                self._exchange(call)
+            call.drain()
+        if self.residual is not None:
+            self.eng._feedback = _Feedback((tuple(self.members), self.op, self.codec, self.L,
+                                            self.eng.topk_ratio), self.residual)
+        return self.result
+
+    def _exchange(self, call: Call) -> None:
+        n, last = self.n, self.n - 2
+        # Stage and Phase share codes, so (stage, step, part) matches (frame.phase, step, part).
+        pending = {(t.stage, t.step, p) for t in self.rs + self.ag
+                   for p in range(len(self.parts[t.recv_chunk]))}
+        for p in range(len(self.parts[self.rs[0].send_chunk])):
+            self._queue_rs(call, 0, p)
+        while pending:
+            fr = call.wait(self.pred)
+            if fr is None:
+                continue
+            k = (fr.phase, fr.step, fr.part)
+            if (k not in pending or fr.sender != self.pred or fr.codec != self.codec or fr.total != self.L
+                    or fr.step >= n - 1):
+                _violation(fr, "unexpected allreduce frame")
+            t = (self.rs if fr.phase == Phase.REDUCE_SCATTER else self.ag)[fr.step]
+            parts = self.parts[t.recv_chunk]
+            span = (fr.offset, fr.offset + fr.count)
+            if fr.chunk != t.recv_chunk or fr.nparts != len(parts) or parts[fr.part] != span:
+                _violation(fr, "allreduce part layout mismatch (same max_payload and topk_ratio everywhere?)")
+            a, b = parts[fr.part]
+            vals = comp.decode(self.codec, fr.payload, b - a)
+            if not all_finite(vals):
+                raise UpdateRejected(
+                    f"round {self.tag!r}: {fr.phase.name.lower()} data from {fr.sender} is not finite",
+                    member=fr.sender, hint="that member's update diverged",
+                )
+            pending.discard(k)
+            if fr.phase == Phase.REDUCE_SCATTER:
+                self.work[a:b] += vals
+                if fr.step < last:
+                    self._queue_rs(call, fr.step + 1, fr.part)
+                else:
+                    self._queue_ag(call, 0, fr.part, self._finalise(t.recv_chunk, fr.part))
+            else:
+                self.result[a:b] = vals
+                if fr.step < last:
+                    self._queue_ag(call, fr.step + 1, fr.part, fr.payload)

@@ -1,0 +1,319 @@
+"""Reliable, flow-controlled frame exchange over an unreliable transport, shared by the ring,
+the broadcast and the star baseline.
+
+An :class:`Endpoint` owns one member's transport. A background *pump* thread receives,
+verifies (checksum, version, swarm) and routes every frame:
+
+* frames of the active call's tag go to that call's inbox;
+* frames of a tag this member already finished are *stale*: DATA is re-acknowledged (the
+  sender lost our ACK and is retransmitting), everything else is ignored;
+* frames of a tag this member aborted are stale too; a DATA sender gets one ABORT reply so it
+  stops waiting for us;
+* frames of an unknown tag are *early* (a faster member already started the next call):
+  they are buffered without ACK (so each sender can have at most ``max_in_flight`` of them,
+  the buffer is bounded by the senders' windows) for at most ``max_early_tags`` tags, oldest
+  dropped first, and handed to the call when it starts.
+
+A :class:`Call` is one collective operation under one tag with a deadline. DATA frames are
+queued per destination and sent while fewer than ``max_in_flight`` are unacknowledged for that
+peer (credit-based flow control: the ring never relies on a broker's queue depth). Every
+received DATA frame is acknowledged, duplicates too, and is delivered to the algorithm once
+(key = sender, phase, step, chunk, part). A frame not acknowledged within
+``retransmit_after`` seconds is sent again with exponential backoff (x2, at most 8x); the
+receiver's de-duplication makes that safe. Frames that fail verification are dropped
+unacknowledged and counted (``Stats.rejected``), so a corrupted frame is healed by the
+retransmit and never stalls the round by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import queue
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+
+from federation.errors import FrameError, RoundAborted, TransportError, UpdateRejected
+from federation.framing import Frame, FrameKind, abort_info, decode, encode_abort, encode_ack
+from federation.stats import Stats
+from federation.transport import Transport
+
+__all__ = ["Endpoint", "Call"]
+
+_DONE_TAGS = 256  # how many finished tags are remembered to recognise stale frames
+_MAX_EARLY_FRAMES = 4096  # hard bound per early tag, on top of the senders' windows
+
+
+class Endpoint:
+    """One member's reliable frame layer on top of a :class:`Transport`."""
+
+    def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
+                 retransmit_after: float = 1.0, max_early_tags: int = 4, stats: Stats | None = None) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        if not retransmit_after > 0:
+            raise ValueError("retransmit_after must be > 0")
+        self.transport = transport
+        self.member_id: str = transport.member_id
+        self.swarm = swarm
+        self.max_in_flight = max_in_flight
+        self.retransmit_after = retransmit_after
+        self.max_early_tags = max_early_tags
+        self.stats = stats or Stats()
+        self._lock = threading.Lock()
+        self._active: Call | None = None
+        self._done: OrderedDict[str, str | None] = OrderedDict()  # tag -> None if ok else abort reason
+        self._early: OrderedDict[str, dict[tuple, Frame]] = OrderedDict()
+        self._abort_replied: set[tuple[str, str]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name=f"fed-pump-{self.member_id}", daemon=True)
+        self._thread.start()
+
+    # -- sending -----------------------------------------------------------------------------
+    def send(self, dst: str, data: bytes, **counters: int) -> bool:
+        """Send one frame; transport errors count as a lost frame (retransmit heals it)."""
+        try:
+            self.transport.send(dst, data)
+        except TransportError as e:
+            self.stats.add(send_errors=1)
+            self.stats.last_send_error = str(e)
+            return False
+        self.stats.add(bytes_sent=len(data), frames_sent=1, **counters)
+        return True
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _pump(self) -> None:
+        while not self._stop.is_set():
+            try:
+                buf = self.transport.recv(0.05)
+            except Exception:  # noqa: BLE001 - a closed/broken transport must not kill the pump
+                time.sleep(0.05)
+                continue
+            if buf is None:
+                continue
+            self.stats.add(frames_received=1, bytes_received=len(buf))
+            try:
+                fr = decode(buf)
+            except FrameError as e:
+                self.stats.reject(str(e))
+                continue
+            if fr.swarm != self.swarm:
+                self.stats.reject(f"frame for swarm {fr.swarm!r} from {fr.sender}")
+                continue
+            self._route(fr)
+
+    def _route(self, fr: Frame) -> None:
+        reply: bytes | None = None
+        counters: dict[str, int] = {}
+        with self._lock:
+            call = self._active
+            if call is not None and fr.tag == call.tag:
+                call.inbox.put(fr)
+                return
+            if fr.tag in self._done:
+                self.stats.add(stale=1)
+                reason = self._done[fr.tag]
+                if fr.kind == FrameKind.DATA:
+                    if reason is None:
+                        reply, counters = encode_ack(fr, sender=self.member_id), {"acks_sent": 1}
+                    elif (fr.tag, fr.sender) not in self._abort_replied:
+                        self._abort_replied.add((fr.tag, fr.sender))
+                        why = f"{self.member_id} already aborted: {reason}"
+                        reply = encode_abort(swarm=self.swarm, tag=fr.tag, sender=self.member_id,
+                                             member=None, reason=why)
+                        counters = {"aborts_sent": 1}
+            elif fr.kind == FrameKind.ACK:
+                self.stats.add(stale=1)  # an ACK for a call we are not in: nothing to do
+            else:
+                box = self._early.get(fr.tag)
+                if box is None:
+                    while len(self._early) >= self.max_early_tags:
+                        dropped = self._early.popitem(last=False)[1]
+                        self.stats.add(early_dropped=len(dropped))
+                    box = self._early[fr.tag] = {}
+                k = (fr.sender, fr.kind, fr.key)
+                if k in box:
+                    self.stats.add(duplicates=1)
+                elif len(box) >= _MAX_EARLY_FRAMES:
+                    self.stats.add(early_dropped=1)
+                else:
+                    box[k] = fr
+                    self.stats.add(early=1)
+        if reply is not None:
+            self.send(fr.sender, reply, **counters)
+
+    # -- calls -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def call(self, tag: str, peers: list[str], timeout: float) -> Iterator[Call]:
+        """Run one collective under ``tag`` with ``peers`` (other members) and a deadline.
+
+        Leaving the block normally marks the tag finished; an exception marks it aborted and,
+        unless the abort came from a peer, tells every peer with an ABORT frame.
+        """
+        if not tag:
+            raise ValueError("tag must be a non-empty string")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        c = Call(self, tag, peers, timeout)
+        with self._lock:
+            if self._active is not None:
+                raise RuntimeError(f"{self.member_id}: call {self._active.tag!r} still running")
+            if tag in self._done:
+                raise ValueError(f"tag {tag!r} already used by {self.member_id}: each call needs a new tag")
+            for fr in self._early.pop(tag, {}).values():
+                c.inbox.put(fr)
+            self._active = c
+        reason: str | None = None
+        try:
+            yield c
+        except RoundAborted as e:
+            reason = str(e)
+            if not c.aborted_by_peer:
+                c.broadcast_abort(e.member, reason, rejected=isinstance(e, UpdateRejected))
+            raise
+        except BaseException as e:
+            reason = f"{type(e).__name__}: {e}"
+            c.broadcast_abort(self.member_id, f"{self.member_id} failed: {reason}")
+            raise
+        finally:
+            with self._lock:
+                self._active = None
+                self._done[tag] = reason
+                while len(self._done) > _DONE_TAGS:
+                    self._done.popitem(last=False)
+
+    def close(self) -> None:
+        """Stop the pump thread and close the transport."""
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        with contextlib.suppress(Exception):
+            self.transport.close()
+
+
+class Call:
+    """Reliable exchange for one tag: windowed sends, ACKs, retransmits, de-dup, deadline."""
+
+    def __init__(self, ep: Endpoint, tag: str, peers: list[str], timeout: float) -> None:
+        self.ep = ep
+        self.tag = tag
+        self.peers = set(peers)
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.inbox: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+        self.aborted_by_peer = False
+        self._received: set[tuple] = set()
+        self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
+        self._unacked: dict[tuple, list] = {}  # (dst, key) -> [frame bytes, sent_at, rto]
+        self._inflight: dict[str, int] = {}
+
+    # -- sending -----------------------------------------------------------------------------
+    def queue(self, dst: str, key: tuple, build: Callable[[], bytes]) -> None:
+        """Queue a DATA frame for ``dst``; ``build()`` makes its bytes when the window allows."""
+        self._pending.setdefault(dst, deque()).append((key, build))
+
+    def _send_ready(self) -> None:
+        ep, limit, now = self.ep, self.ep.max_in_flight, time.monotonic()
+        for dst, q in self._pending.items():
+            while q and self._inflight.get(dst, 0) < limit:
+                key, build = q.popleft()
+                data = build()
+                ep.send(dst, data, data_frames_sent=1)
+                self._unacked[(dst, key)] = [data, now, ep.retransmit_after]
+                self._inflight[dst] = self._inflight.get(dst, 0) + 1
+
+    def _retransmit(self) -> None:
+        now = time.monotonic()
+        for (dst, _key), ent in self._unacked.items():
+            if now - ent[1] >= ent[2]:
+                self.ep.send(dst, ent[0], retransmits=1)
+                ent[1] = now
+                ent[2] = min(ent[2] * 2, 8 * self.ep.retransmit_after)
+
+    def flushed(self) -> bool:
+        """Everything queued was sent and acknowledged."""
+        return not self._unacked and not any(self._pending.values())
+
+    def unacked_peer(self) -> str | None:
+        """A peer we are waiting on for acknowledgements (for error messages)."""
+        for dst, _ in self._unacked:
+            return dst
+        for dst, q in self._pending.items():
+            if q:
+                return dst
+        return None
+
+    # -- receiving ---------------------------------------------------------------------------
+    def wait(self, waiting_for: str | None, *, raise_on_deadline: bool = True) -> Frame | None:
+        """Make progress: send what the window allows, retransmit what is overdue, and return
+        the next *new* DATA frame (already acknowledged), or None if nothing new came yet.
+
+        Raises :class:`RoundAborted` naming ``waiting_for`` once the deadline has passed, or
+        naming the blamed member when a peer's ABORT arrives.
+        """
+        self._send_ready()
+        now = time.monotonic()
+        if now >= self.deadline:
+            if not raise_on_deadline:
+                return None
+            who = waiting_for or self.unacked_peer()
+            raise RoundAborted(
+                f"round {self.tag!r}: {self.ep.member_id} got nothing from {who} within {self.timeout:g}s",
+                member=who, hint="the member is dead, partitioned or too slow; re-form the ring without it",
+            )
+        due = min((e[1] + e[2] for e in self._unacked.values()), default=math.inf)
+        try:
+            fr = self.inbox.get(timeout=max(0.0, min(self.deadline, due) - now))
+        except queue.Empty:
+            self._retransmit()
+            return None
+        if time.monotonic() >= due:
+            self._retransmit()
+        return self._handle(fr)
+
+    def _handle(self, fr: Frame) -> Frame | None:
+        if fr.kind == FrameKind.ACK:
+            if self._unacked.pop((fr.sender, fr.key), None) is not None:
+                self._inflight[fr.sender] -= 1
+            return None
+        if fr.kind == FrameKind.ABORT:
+            if fr.sender not in self.peers:
+                self.ep.stats.reject(f"ABORT for {fr.tag!r} from non-member {fr.sender}")
+                return None
+            try:
+                member, reason, rejected = abort_info(fr)
+            except FrameError as e:
+                member, reason, rejected = fr.sender, str(e), False
+            self.aborted_by_peer = True
+            cls = UpdateRejected if rejected else RoundAborted
+            raise cls(f"round {self.tag!r} aborted by {fr.sender}: {reason}", member=member)
+        if fr.sender not in self.peers:
+            self.ep.stats.reject(f"DATA for {fr.tag!r} from non-member {fr.sender}")
+            return None
+        self.ep.send(fr.sender, encode_ack(fr, sender=self.ep.member_id), acks_sent=1)
+        k = (fr.sender, fr.key)
+        if k in self._received:
+            self.ep.stats.add(duplicates=1)
+            return None
+        self._received.add(k)
+        return fr
+
+    def drain(self) -> None:
+        """Wait until everything we sent is acknowledged; at the deadline give up quietly
+        (our own result is complete; the receiver's fate is its own deadline's business).
+        A peer's ABORT still raises."""
+        while not self.flushed():
+            if time.monotonic() >= self.deadline:
+                return
+            fr = self.wait(None, raise_on_deadline=False)
+            if fr is not None:
+                self.ep.stats.reject(f"unexpected DATA {fr.key} from {fr.sender} after completion")
+
+    def broadcast_abort(self, member: str | None, reason: str, *, rejected: bool = False) -> None:
+        """Tell every peer (best effort, no ACK) that this tag is aborted."""
+        data = encode_abort(swarm=self.ep.swarm, tag=self.tag, sender=self.ep.member_id, member=member,
+                            reason=reason, rejected=rejected)
+        for p in sorted(self.peers):
+            self.ep.send(p, data, aborts_sent=1)
+
