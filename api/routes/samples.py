@@ -107,10 +107,8 @@ def parse_samples(body: bytes, node: NodeLike) -> tuple[dict[str, np.ndarray], n
 
 def _store(node: NodeLike, body: bytes) -> dict[str, Any]:
     arrays, labels = parse_samples(body, node)
-    stored = node.add_samples(arrays, labels)  # returns after the store committed (durable)
-    total = node.info().get("sample_count")
-    return {"stored": int(stored) if isinstance(stored, int | np.integer) else len(labels),
-            "sample_count": total}
+    count = node.add_samples(arrays, labels)  # returns the new count once the store committed
+    return {"stored": int(labels.shape[0]), "sample_count": int(count)}
 
 
 @router.post("/samples", summary="Store labelled samples", openapi_extra={"requestBody": _BODY},

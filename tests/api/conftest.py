@@ -1,67 +1,67 @@
-"""Node-API fixtures: ONE real edge node (TVM-compiled digits-mlp) served by uvicorn on loopback.
+"""Node-API fixtures: a REAL edge node (TVM-compiled digits-mlp with its training module, from
+``tests/fixtures_node.py``) served by uvicorn on a free loopback port.
 
-Session-scoped so the artifact is compiled once and uvicorn starts once per app variant.
+Session-scoped so the artifact is compiled once and each server starts once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from api.node_app import create_node_app
 from api.serving import ServerThread
+from tests.fixtures_node import write_node_toml
 
 TOKEN = "api-test-token"
 MAX_BODY = 256 * 1024
 
 
-@dataclass
-class _Spec:
-    name: str
-    shape: tuple
-    dtype: str
+def _make_node(base: Path, node_id: str, artifact_dir: Path, artifact=None, **keys):
+    from edgenode.config import load_config
+    from edgenode.node import EdgeNode
 
-
-class _FakeNode:  # TEMPORARY until EdgeNode lands
-    model_name = "digits-mlp"
-    inputs = [_Spec("x", (1, 64), "float32")]
-    outputs = [_Spec("logits", (1, 10), "float32")]
-    W = np.random.default_rng(0).standard_normal((64, 10)).astype(np.float32)
-
-    def __init__(self):
-        self.samples = []
-
-    def infer(self, inputs):
-        return {"logits": inputs["x"] @ self.W}
-
-    def add_samples(self, inputs, labels):
-        self.samples.extend(zip(inputs["x"], labels, strict=True))
-        return len(labels)
-
-    def info(self):
-        return {"node_id": "api-test", "sample_count": len(self.samples)}
+    cfg = write_node_toml(base / "NODE.toml", {"node_id": node_id, "artifact": str(artifact_dir), "port": 0,
+                                               "data_dir": str(base / "data"), **keys})
+    node = EdgeNode(load_config(cfg), artifact=artifact)
+    node.start()
+    return node
 
 
 @pytest.fixture(scope="session")
-def api_node():
-    return _FakeNode()
+def api_node(tmp_path_factory, digits_artifact):
+    """A started EdgeNode without a broker; max_body_bytes comes from its NODE.toml."""
+    node = _make_node(tmp_path_factory.mktemp("api-node"), "api-node", digits_artifact, max_body_bytes=MAX_BODY)
+    yield node
+    node.stop()
 
 
 @pytest.fixture(scope="session")
 def reference_infer(api_node):
-    """Direct in-process inference (no HTTP) on the same node's model."""
-    return lambda x: {"logits": x @ api_node.W}
+    """Direct in-process ``Artifact.infer`` with the node's current parameters (no HTTP)."""
+    art = api_node.artifact
+    return lambda x: art.infer({api_node.inputs[0].name: np.asarray(x, np.float32)},
+                               params=list(api_node.model.snapshot.params))
 
 
 @pytest.fixture(scope="session")
 def server(api_node):
-    with ServerThread(create_node_app(api_node, max_body_bytes=MAX_BODY)) as srv:
+    with ServerThread(create_node_app(api_node)) as srv:
         yield srv
 
 
 @pytest.fixture(scope="session")
-def auth_server(api_node):
-    with ServerThread(create_node_app(api_node, auth_token=TOKEN, max_body_bytes=MAX_BODY)) as srv:
+def auth_node(tmp_path_factory, digits_artifact, api_node):
+    """A second node whose NODE.toml sets ``auth_token`` (shares the loaded artifact)."""
+    node = _make_node(tmp_path_factory.mktemp("auth-node"), "auth-node", digits_artifact,
+                      artifact=api_node.artifact, auth_token=TOKEN, max_body_bytes=MAX_BODY)
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="session")
+def auth_server(auth_node):
+    with ServerThread(create_node_app(auth_node)) as srv:
         yield srv

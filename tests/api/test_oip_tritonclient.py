@@ -75,3 +75,21 @@ def test_infer_errors_surface_in_client(client, api_node, x):
         client.infer(api_node.model_name, [bad])
     with pytest.raises(InferenceServerException, match="unknown model"):
         client.infer("no-such-model", [_input(api_node, x, True)])
+
+
+def test_infer_matches_fractal_predict(client, api_node, x, tmp_path):
+    """Same input through tritonclient -> HTTP -> node and through the `fractal predict` CLI."""
+    from api.cli import main
+
+    assert api_node.model_version == 0  # predict uses the artifact's shipped parameters
+    np.savez(tmp_path / "in.npz", **{api_node.inputs[0].name: x})
+    with pytest.raises(SystemExit) as done:
+        main(["predict", str(api_node.config.artifact), "--input", str(tmp_path / "in.npz"),
+              "--output", str(tmp_path / "out.npz")])
+    assert done.value.code in (0, None)
+    out_name = api_node.outputs[0].name
+    with np.load(tmp_path / "out.npz") as z:
+        want = z[out_name]
+    got = client.infer(api_node.model_name, [_input(api_node, x, True)]).as_numpy(out_name)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    assert np.abs(want).max() > 1e-3  # a real, non-trivial output

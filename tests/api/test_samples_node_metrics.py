@@ -15,7 +15,7 @@ def http(server):
 
 def test_samples_are_stored_and_counted(http, api_node):
     spec = api_node.inputs[0]
-    before = http.get("/v1/node").json()["sample_count"]
+    before = http.get("/v1/node").json()["samples"]
     rng = np.random.default_rng(3)
     xs = rng.random((6, *spec.shape[1:]), dtype=np.float32)
     labels = [0, 1, 2, 3, 4, 5]
@@ -23,7 +23,7 @@ def test_samples_are_stored_and_counted(http, api_node):
     assert r.status_code == 200, r.text
     assert r.json()["stored"] == 6
     info = http.get("/v1/node").json()
-    assert info["sample_count"] == before + 6
+    assert info["samples"] == before + 6 == api_node.store.count
     assert r.json()["sample_count"] == before + 6
     stored_x, stored_y = _stored(api_node)
     np.testing.assert_array_equal(stored_x[-6:], xs)
@@ -31,8 +31,8 @@ def test_samples_are_stored_and_counted(http, api_node):
 
 
 def _stored(api_node):
-    xs, ys = zip(*api_node.samples, strict=True)  # TEMPORARY fake-node store
-    return np.stack(xs), np.asarray(ys)
+    snap = api_node.store.snapshot()  # read back from SQLite, not from a cache
+    return snap.inputs[api_node.inputs[0].name], snap.labels
 
 
 def test_metrics_exposition(http, api_node):
@@ -47,3 +47,28 @@ def test_metrics_exposition(http, api_node):
     assert float(line.rsplit(" ", 1)[1]) >= 3
     bucket = 'fractal_http_request_duration_seconds_bucket{le="0.001",method="POST",'
     assert bucket + 'route="/v2/models/{name}/infer"}' in text
+    values = {ln.split(" ")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+              if ln and not ln.startswith("#")}
+    # the node's own series follow the HTTP ones: inferences, samples, rounds, last loss
+    assert values["fractal_node_inferences_total"] >= 3
+    assert values["fractal_node_samples"] == api_node.store.count
+    assert "fractal_node_last_loss" in values and "fractal_node_model_version" in values
+    assert any(k.startswith("fractal_node_rounds") for k in text.split())
+
+
+def test_node_side_label_checks_are_400(http, api_node):
+    spec = api_node.inputs[0]
+    n_classes = api_node.outputs[0].shape[-1]
+    before = api_node.store.count
+    r = http.post("/v1/samples", json={"inputs": {spec.name: [[0.0] * spec.shape[1]]}, "labels": [n_classes]})
+    assert r.status_code == 400 and "class ids" in r.json()["error"], r.text
+    assert api_node.store.count == before  # nothing stored from a rejected batch
+
+
+def test_node_info(http, api_node):
+    info = http.get("/v1/node").json()
+    assert info["node_id"] == "api-node"
+    assert info["model"] == api_node.model_name
+    assert info["params_sha256"] == api_node.params_sha256 and len(info["params_sha256"]) == 64
+    assert info["model_version"] == api_node.model_version
+    assert "round_id" in info and "arch" in info
