@@ -33,7 +33,8 @@ def _make_node(base: Path, node_id: str, artifact_dir: Path, artifact=None, **ke
 @pytest.fixture(scope="session")
 def api_node(tmp_path_factory, digits_artifact):
     """A started EdgeNode without a broker; max_body_bytes comes from its NODE.toml."""
-    node = _make_node(tmp_path_factory.mktemp("api-node"), "api-node", digits_artifact, max_body_bytes=MAX_BODY)
+    node = _make_node(tmp_path_factory.mktemp("api-node"), "api-node", digits_artifact,
+                      max_body_bytes=MAX_BODY)
     yield node
     node.stop()
 
