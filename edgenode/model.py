@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ class ParamsSnapshot:
     params: tuple[np.ndarray, ...]
     version: int
     sha256: str
+    # The artifact's device-side copy of ``params`` (``Artifact.prepare_params``), built once per
+    # commit so a request does not re-upload every weight; None for artifacts without it.
+    prepared: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def make(cls, params: list[np.ndarray] | tuple[np.ndarray, ...], version: int) -> ParamsSnapshot:
@@ -71,7 +74,7 @@ class ModelHolder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._shapes = [tuple(np.shape(p)) for p in artifact.params]
-        self._snap = self._restore() or ParamsSnapshot.make(list(artifact.params), 0)
+        self._snap = self._prepare(self._restore() or ParamsSnapshot.make(list(artifact.params), 0))
 
     # -- reading -------------------------------------------------------------------------------
     @property
@@ -91,7 +94,8 @@ class ModelHolder:
         """Run the artifact on one consistent parameter snapshot."""
         snap = self._snap  # read once: a concurrent commit replaces the reference, not our tuple
         try:
-            return self.artifact.infer(inputs, params=list(snap.params))
+            return self.artifact.infer(inputs, params=snap.prepared if snap.prepared is not None
+                                       else list(snap.params))
         except NodeError:
             raise
         except Exception as exc:  # the compiler's InputError: same meaning at the node boundary
@@ -109,12 +113,18 @@ class ModelHolder:
         shapes = [tuple(np.shape(p)) for p in params]
         if shapes != self._shapes:
             raise NodeError(f"parameter shapes {shapes} do not match the artifact's {self._shapes}")
-        snap = ParamsSnapshot.make(params, version)
+        snap = self._prepare(ParamsSnapshot.make(params, version))
         with self._lock:
             self._persist(snap)
             self._snap = snap
         log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
         return snap
+
+    def _prepare(self, snap: ParamsSnapshot) -> ParamsSnapshot:
+        prep = getattr(self.artifact, "prepare_params", None)
+        if prep is None:
+            return snap
+        return ParamsSnapshot(snap.params, snap.version, snap.sha256, prep(list(snap.params)))
 
     def reset(self) -> ParamsSnapshot:
         """Back to the artifact's shipped parameters (version 0), persisted."""

@@ -136,6 +136,9 @@ class EdgeNode:
         if self.config.board:
             return self.config.board
         m = getattr(self.artifact, "manifest", None)
+        target = m.get("target") if isinstance(m, dict) else None
+        if isinstance(target, dict) and isinstance(target.get("preset"), str):
+            return target["preset"]
         for key in ("target_preset", "preset", "board"):
             v = m.get(key) if isinstance(m, dict) else getattr(m, key, None)
             if isinstance(v, str) and v:
@@ -236,7 +239,7 @@ class EdgeNode:
         if self._transport is not None:
             from federation.ring import RingAllreduce
 
-            self._ring = RingAllreduce(self._transport)
+            self._ring = RingAllreduce(self._transport, swarm=self.config.swarm)
         self.publish_status()
         if self._link is not None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"hb-{self.node_id}",
@@ -417,6 +420,9 @@ class EdgeNode:
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
                                samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
         except RoundFailed as exc:
+            reset = getattr(self._ring, "reset_feedback", None)
+            if callable(reset):  # compression residuals of a void round must not leak into the next
+                reset()
             self.last_error = str(exc)
             self.metrics.round_finished(False)
             log.warning("%s: %s", self.node_id, exc)

@@ -132,6 +132,9 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
             vec = ring.broadcast(mine, root=synced_from, group=group, tag=f"{plan.round_id}/params",
                                  timeout=plan.step_timeout_s)
             params = unflatten(np.asarray(vec, np.float32), params)
+            reset = getattr(ring, "reset_feedback", None)
+            if callable(reset):  # residuals belong to the parameters we just replaced
+                reset()
             log.info("%s: round %s starts from %s's parameters", node_id, plan.round_id, synced_from)
         scale = len(group) / contributors  # undo the zeros of members without samples
         sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None

@@ -1,0 +1,95 @@
+"""Edge-node fixtures shared by every area's tests (auto-loaded by ``tests/conftest.py``).
+
+* ``digits_artifact``: the zoo's ``digits-mlp`` compiled ONCE per session for this machine with a
+  training module (ce loss, SGD, lr 0.1, batch 32); the path of the artifact directory.
+* ``node_factory``: ``make(node_id, artifact_dir, *, broker=None, swarm="default", transport=None,
+  artifact=None, start=True, **toml_keys) -> EdgeNode``. Writes ``NODE.toml`` under the test's
+  tmp dir, loads it through the real config loader, starts the node; every node made is stopped
+  after the test. ``artifact=`` shares one loaded Artifact between in-process nodes.
+* ``digits_data``: sklearn's digits scaled to [0, 1]: ``(x float32 [N, 64], y int64 [N])``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+DIGITS_BATCH = 32
+DIGITS_LR = 0.1
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_node_toml(path: Path, keys: dict[str, Any]) -> Path:
+    """Write a NODE.toml from a flat dict plus optional ``training``/``store`` sub-dicts."""
+    lines, tables = [], []
+    for k, v in keys.items():
+        if isinstance(v, dict):
+            tables.append(f"\n[{k}]")
+            tables += [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items() if vv is not None]
+        elif v is not None:
+            lines.append(f"{k} = {_toml_value(v)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines + tables) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def digits_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """digits-mlp compiled for this machine with a training module (one compile per session)."""
+    from compiler import TrainSettings, compile_model, host_preset_name, zoo
+
+    d = tmp_path_factory.mktemp("digits-artifact")
+    onnx_path = d / "digits-mlp.onnx"
+    zoo.save("digits-mlp", onnx_path, batch=DIGITS_BATCH)
+    return compile_model(onnx_path, target=host_preset_name(), out_dir=d / "digits-mlp",
+                         train=TrainSettings(loss="ce", optimizer="sgd", lr=DIGITS_LR, batch=DIGITS_BATCH),
+                         progress=False)
+
+
+@pytest.fixture(scope="session")
+def digits_data() -> tuple[np.ndarray, np.ndarray]:
+    """sklearn digits: x float32 [1797, 64] in [0, 1], y int64 [1797]."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+
+
+@pytest.fixture
+def node_factory(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``make(node_id, artifact_dir, **kw) -> EdgeNode`` (see module docstring); stopped afterwards."""
+    from edgenode.config import load_config
+    from edgenode.node import EdgeNode
+
+    nodes: list[EdgeNode] = []
+
+    def make(node_id: str, artifact_dir: Path, *, broker: str | None = None, swarm: str = "default",
+             transport: Any = None, artifact: Any = None, start: bool = True, **keys: Any) -> EdgeNode:
+        base = tmp_path / node_id
+        cfg_path = write_node_toml(base / "NODE.toml", {
+            "node_id": node_id, "artifact": str(artifact_dir), "port": keys.pop("port", 0),
+            "data_dir": str(keys.pop("data_dir", base / "data")), "broker": broker, "swarm": swarm,
+            "heartbeat_s": keys.pop("heartbeat_s", 1.0), **keys})
+        node = EdgeNode(load_config(cfg_path), artifact=artifact, transport=transport)
+        nodes.append(node)
+        if start:
+            node.start()
+        return node
+
+    yield make
+    for n in nodes:
+        try:
+            n.stop(timeout=5)
+        except Exception:  # noqa: BLE001 - teardown of one node must not hide the others
+            pass
