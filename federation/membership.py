@@ -11,6 +11,7 @@ payloads (a rogue client, an old release) are rejected and counted, never raised
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -70,8 +71,12 @@ class Membership:
             self._apply(node, None)
             return
         try:
+            # A payload without an explicit version is refused, not defaulted to ours: it comes
+            # from a client that does not speak this protocol.
+            if b'"v"' not in payload or not isinstance(json.loads(payload).get("v"), int):
+                raise ValueError("no format version 'v'")
             status = parse_status(payload)
-        except (ValidationError, ValueError) as exc:
+        except (ValidationError, ValueError, AttributeError) as exc:
             first = exc.errors()[0] if isinstance(exc, ValidationError) and exc.errors() else {}
             self._reject(topic, f"{first.get('loc', '')} {first.get('msg', exc)}".strip())
             return
