@@ -78,12 +78,15 @@ class Round:
         return self.command.round_id
 
     def loss_series(self) -> list[dict]:
-        """Per step: the mean loss across the nodes that reported it, and each node's loss."""
+        """Per step: the mean loss across the nodes that reported it, each node's loss, and
+        ``complete`` (every participant reported it). Nodes throttle STEP events by time, so
+        they need not report the same steps; the dashboard draws the mean of complete steps."""
         steps = sorted({s for p in self.progress.values() for s in p.losses})
         out = []
         for s in steps:
             per = {n: p.losses[s] for n, p in sorted(self.progress.items()) if s in p.losses}
-            out.append({"step": s, "mean": sum(per.values()) / len(per), "nodes": per})
+            out.append({"step": s, "mean": sum(per.values()) / len(per), "nodes": per,
+                        "complete": len(per) == len(self.progress)})
         return out
 
     def hashes(self) -> dict[str, str]:

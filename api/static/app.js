@@ -57,7 +57,11 @@ function renderParticipants() {
 }
 
 // ---- rounds -----------------------------------------------------------------------------
-function lastLoss(r) { return r.loss.length ? r.loss[r.loss.length - 1].mean : null; }
+function lastLoss(r) {
+  const c = r.loss.filter((s) => s.complete);
+  const l = c.length ? c : r.loss;
+  return l.length ? l[l.length - 1].mean : null;
+}
 
 function renderRounds() {
   const rounds = [...state.rounds.values()].sort((a, b) => b.started_at - a.started_at);
@@ -67,7 +71,7 @@ function renderRounds() {
     const agree = r.params_agree === null ? "" : r.params_agree ? `agree <span class="hash">${esc((r.params_sha256 || "").slice(0, 12))}</span>` : "DIFFER";
     return `<tr data-round-id="${esc(r.round_id)}" data-state="${esc(r.state)}" class="${r.round_id === state.selected ? "selected" : ""}">
       <td class="hash">${esc(r.round_id)}</td><td>${new Date(r.started_at * 1000).toLocaleTimeString()}</td>
-      <td>${esc(r.participants.join(", "))}</td><td class="num">${r.loss.length}/${r.steps}</td>
+      <td>${esc(r.participants.join(", "))}</td><td class="num">${r.loss.length ? r.loss[r.loss.length - 1].step + 1 : 0}/${r.steps}</td>
       <td><span class="badge ${esc(r.state)}">${esc(r.state)}</span></td>
       <td class="num">${ll === null ? "" : ll.toFixed(4)}</td><td>${agree}</td>
       <td class="reason">${esc(r.reason || "")}</td></tr>`;
@@ -82,7 +86,10 @@ function renderPlot() {
   canvas.dataset.state = r ? r.state : "";
   if (!r) { LossPlot.draw(canvas, [], {empty: "start a round to see its loss"}); $("legend").innerHTML = ""; $("plot-title").textContent = ""; return; }
   $("plot-title").textContent = `round ${r.round_id} · ${r.state}`;
-  const series = [{label: "mean", color: "#17202b", width: 2.5, points: r.loss.map((s) => [s.step, s.mean])}];
+  // Nodes throttle their STEP events independently: the mean is drawn over steps every node reported.
+  const complete = r.loss.filter((s) => s.complete);
+  const meanPts = (complete.length ? complete : r.loss).map((s) => [s.step, s.mean]);
+  const series = [{label: "mean", color: "#17202b", width: 2.5, points: meanPts, dots: meanPts.length < 30}];
   for (const id of r.participants) {
     series.push({label: id, color: nodeColor(id), width: 1.2,
       points: r.loss.filter((s) => id in s.nodes).map((s) => [s.step, s.nodes[id]])});

@@ -1,0 +1,328 @@
+"""The local swarm demo behind ``fractal swarm --nodes N`` (and ``make demo``).
+
+Steps: compile (or reuse from ``.cache/swarm/``) the digits-mlp demo model with its training
+module; start a broker (Mosquitto when installed, else the embedded amqtt broker) unless one
+is given; write N ``NODE.toml`` files and start N ``fractal node`` processes (with
+``--emulate-arm`` the last one is an aarch64 node under qemu-user); feed each node its shard of
+sklearn's digits from a simulated sensor; run the fleet service in this process and print the
+dashboard URL and the token. Ctrl-C or SIGTERM stops the feeders, the nodes (SIGTERM, then
+SIGKILL), the fleet and the broker, in that order; node processes also get PR_SET_PDEATHSIG
+so they die with the launcher even if it is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from api.fleet.errors import FleetError
+from deploy.sensors import Feeder, digits_shards
+
+__all__ = ["SwarmOptions", "run_swarm", "demo_artifact", "NodeProcess", "Swarm", "DEMO_MODEL"]
+
+log = logging.getLogger("fractal.swarm")
+
+DEMO_MODEL = "digits-mlp"
+DEMO_TRAIN = {"loss": "ce", "optimizer": "sgd", "lr": 0.1, "batch": 32}
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class SwarmOptions:
+    nodes: int = 3
+    emulate_arm: bool = False
+    port: int = 8080
+    broker: str | None = None
+    token: str | None = None
+    workdir: Path | None = None
+    cache_dir: Path = Path(".cache")
+    feed_rate: float = 40.0
+    host: str = "127.0.0.1"
+    swarm: str = "default"
+    node_ready_timeout_s: float = 120.0
+
+
+def _say(msg: str) -> None:
+    print(f"[swarm] {msg}", flush=True)
+
+
+# -- the demo model ---------------------------------------------------------------------------
+def demo_artifact(cache_dir: Path, preset: str) -> Path:
+    """The digits-mlp artifact (with training module) for ``preset``, compiled once and cached.
+
+    The cache is keyed by the TVM version and the training settings (a stamp file written
+    after a successful compile); anything else in the directory is rebuilt.
+    """
+    from compiler import TrainSettings, compile_model, zoo
+
+    root = Path(cache_dir) / "swarm"
+    out = root / f"{DEMO_MODEL}-{preset}"
+    stamp = out / ".swarm-stamp.json"
+    want = {"tvm": importlib.metadata.version("apache-tvm"), "preset": preset, "train": DEMO_TRAIN,
+            "model": DEMO_MODEL}
+    if stamp.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            if json.loads(stamp.read_text()) == want:
+                _say(f"reusing compiled {DEMO_MODEL} for {preset} from {out}")
+                return out
+    root.mkdir(parents=True, exist_ok=True)
+    onnx_path = root / f"{DEMO_MODEL}.onnx"
+    zoo.save(DEMO_MODEL, onnx_path)
+    _say(f"compiling {DEMO_MODEL} for {preset} (with its training module) into {out}")
+    compile_model(onnx_path, target=preset, out_dir=out, name=DEMO_MODEL, train=TrainSettings(**DEMO_TRAIN),
+                  progress=False)
+    stamp.write_text(json.dumps(want))
+    return out
+
+
+# -- node processes ---------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """preexec_fn: the kernel SIGTERMs the child when the launcher dies (Linux), so even a
+    SIGKILLed launcher leaves no orphan nodes behind."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def fractal_argv() -> list[str]:
+    """How to run the `fractal` CLI from this interpreter."""
+    script = Path(sys.executable).with_name("fractal")
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-c", "from api.cli import main; main()"]
+
+
+@dataclass
+class NodeProcess:
+    node_id: str
+    port: int
+    config: Path
+    log_path: Path
+    arch: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            # Own session: a terminal's Ctrl-C reaches the launcher only, which stops nodes in order.
+            self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env, cwd=REPO,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        finally:
+            logf.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, chars: int = 1200) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-chars:].strip()
+        return ""
+
+    def terminate(self) -> None:
+        if self.alive():
+            self.proc.terminate()
+
+    def wait_or_kill(self, timeout: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def _free_port() -> int:
+    from federation.broker import free_port
+
+    return free_port()
+
+
+def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, data_dir: Path, broker: str,
+                       swarm: str, token: str) -> None:
+    # Written by hand: the demo's NODE.toml doubles as a readable example of the format.
+    path.write_text(
+        f'node_id = "{node_id}"\n'
+        f'artifact = "{artifact}"\n'
+        f"port = {port}\n"
+        f'data_dir = "{data_dir}"\n'
+        f'broker = "{broker}"\n'
+        f'swarm = "{swarm}"\n'
+        f'auth_token = "{token}"\n'
+        "\n[training]\n"
+        'sync = "gradient"\n'
+        "step_timeout_s = 30.0\n"
+    )
+
+
+def _arm_node_env(sysroot: Path) -> tuple[list[str], dict[str, str]]:
+    """argv prefix and environment to run `fractal` as an aarch64 process under qemu-user."""
+    from deploy.armnode import arm_python
+
+    return arm_python(sysroot)
+
+
+# -- the swarm --------------------------------------------------------------------------------
+@dataclass
+class Swarm:
+    """Everything `fractal swarm` started; :meth:`stop` undoes it (idempotent)."""
+
+    opts: SwarmOptions
+    token: str
+    workdir: Path
+    owns_workdir: bool
+    broker: object | None = None
+    broker_url: str = ""
+    nodes: list[NodeProcess] = field(default_factory=list)
+    feeders: list[Feeder] = field(default_factory=list)
+
+    def start_broker(self) -> None:
+        if self.opts.broker:
+            self.broker_url = self.opts.broker
+            _say(f"using broker {self.broker_url}")
+            return
+        from federation.broker import start_default
+
+        self.broker = start_default()
+        self.broker_url = self.broker.url
+        _say(f"started {self.broker.kind.value} broker at {self.broker_url}")
+
+    def start_nodes(self, artifacts: dict[str, Path], arm: tuple[list[str], dict[str, str]] | None) -> None:
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for i in range(self.opts.nodes):
+            node_id = f"node-{i + 1}"
+            is_arm = arm is not None and i == self.opts.nodes - 1
+            arch = "aarch64" if is_arm else "host"
+            port = _free_port()
+            cfg = self.workdir / f"{node_id}.toml"
+            _write_node_config(cfg, node_id=node_id, artifact=artifacts[arch], port=port,
+                               data_dir=self.workdir / "data" / node_id, broker=self.broker_url,
+                               swarm=self.opts.swarm, token=self.token)
+            if is_arm:
+                prefix, env = arm
+                argv = [*prefix, "node", "--config", str(cfg)]
+            else:
+                argv, env = [*fractal_argv(), "node", "--config", str(cfg)], None
+            np_ = NodeProcess(node_id, port, cfg, logs / f"{node_id}.log", arch, argv, env)
+            np_.start()
+            self.nodes.append(np_)
+        _say(f"started {len(self.nodes)} nodes: " + ", ".join(f"{n.node_id} ({n.url})" for n in self.nodes))
+
+    def wait_nodes_ready(self) -> None:
+        deadline = time.monotonic() + self.opts.node_ready_timeout_s
+        pending = list(self.nodes)
+        with httpx.Client(timeout=2) as client:
+            while pending:
+                for n in list(pending):
+                    if not n.alive():
+                        raise FleetError(f"{n.node_id} exited during start-up (exit code "
+                                         f"{n.proc.returncode}); last log lines: {n.log_tail(600)}",
+                                         hint=f"see {n.log_path}")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(n.url + "/v2/health/ready").status_code == 200:
+                            pending.remove(n)
+                if pending and time.monotonic() > deadline:
+                    names = ", ".join(n.node_id for n in pending)
+                    raise FleetError(f"nodes not ready after {self.opts.node_ready_timeout_s:.0f}s: {names}",
+                                     hint=f"see the logs in {self.workdir / 'logs'}")
+                time.sleep(0.2)
+
+    def start_feeders(self) -> None:
+        shards = digits_shards(len(self.nodes))
+        for n, shard in zip(self.nodes, shards, strict=True):
+            f = Feeder(n.url, shard, token=self.token, rate=self.opts.feed_rate)
+            f.start()
+            self.feeders.append(f)
+        _say("simulated sensors feeding digits: " + ", ".join(
+            f"{n.node_id} {len(s.y)} samples" for n, s in zip(self.nodes, shards, strict=True)))
+
+    def stop(self) -> None:
+        for f in self.feeders:
+            f.stop()
+        for n in self.nodes:  # SIGTERM all first, then wait: they shut down in parallel
+            n.terminate()
+        for n in self.nodes:
+            n.wait_or_kill(8.0)
+        for f in self.feeders:
+            f.join(2)
+        if self.broker is not None:
+            (getattr(self.broker, "close", None) or self.broker.stop)()
+            self.broker = None
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: unwind and clean up
+    raise KeyboardInterrupt
+
+
+def run_swarm(opts: SwarmOptions) -> None:
+    """Run the demo until Ctrl-C/SIGTERM; everything started is stopped before returning."""
+    from api.cli.fleet import _check_port_free, serve_fleet
+    from api.fleet.settings import FleetSettings
+
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    _check_port_free(opts.host, opts.port)  # fail before minutes of work
+    token = opts.token or os.environ.get("FRACTAL_FLEET_TOKEN") or secrets.token_urlsafe(12)
+    owns = opts.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="fractal-swarm-")) if owns else Path(opts.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    swarm = Swarm(opts, token, workdir.resolve(), owns)
+    try:
+        from compiler import host_preset_name
+
+        arm = None
+        if opts.emulate_arm:
+            arm = _arm_node_env(Path(opts.cache_dir) / "sysroot-aarch64")
+        artifacts = {"host": demo_artifact(opts.cache_dir, host_preset_name()).resolve()}
+        if opts.emulate_arm:
+            artifacts["aarch64"] = demo_artifact(opts.cache_dir, "aarch64").resolve()
+        swarm.start_broker()
+        swarm.start_nodes(artifacts, arm)
+        swarm.wait_nodes_ready()
+        swarm.start_feeders()
+        settings = FleetSettings(broker=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
+                                 token=token)
+
+        def banner() -> None:
+            url = f"http://{opts.host}:{opts.port}/"
+            print(f"\nfractal swarm is up: {len(swarm.nodes)} nodes, broker {swarm.broker_url}\n"
+                  f"  dashboard: {url}?token={token}\n"
+                  f"  token:     {token}\n"
+                  f"  nodes:     " + ", ".join(f"{n.node_id} {n.url}" for n in swarm.nodes) + "\n"
+                  f"  logs:      {workdir / 'logs'}\n"
+                  "Press Ctrl-C to stop everything.", flush=True)
+
+        serve_fleet(settings, ready=banner)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _say("stopping nodes, fleet and broker")
+        try:
+            swarm.stop()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        _say("stopped")
