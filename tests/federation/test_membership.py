@@ -1,0 +1,112 @@
+"""Membership over a real Mosquitto: retained statuses, Last Will on SIGKILL, heartbeats, rogues."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from federation import topics
+from federation.membership import Membership, StatusPublisher, status_will
+from federation.messages import NodeState, NodeStatus
+
+pytestmark = pytest.mark.mosquitto
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _node(make, broker, node_id, swarm, heartbeat_s=1.0):
+    st = NodeStatus(node_id=node_id, state=NodeState.ONLINE, heartbeat_s=heartbeat_s)
+    link = make(broker, node_id, will=status_will(swarm, st), keepalive=2)
+    return StatusPublisher(link, st)
+
+
+def test_live_changes_and_graceful_stop(mosquitto, mqtt_link_factory, swarm_id):
+    m = Membership(mqtt_link_factory(mosquitto, "observer"))
+    changes: list[tuple[str, str | None, str | None]] = []
+    m.on_change(lambda n, old, new: changes.append((n, old and old.state.value, new and new.state.value)))
+    pub = _node(mqtt_link_factory, mosquitto, "n1", swarm_id)
+    assert m.wait_for(lambda live: "n1" in live, 5)
+    pub.update(state=NodeState.TRAINING, round_id="r1")
+    assert m.wait_for(lambda live: live.get("n1") and live["n1"].state == NodeState.TRAINING, 5)
+    pub.stop()  # graceful: publishes offline before disconnecting
+    assert m.wait_for(lambda live: "n1" not in live, 5)
+    assert m.all()["n1"].state == NodeState.OFFLINE
+    deadline = time.monotonic() + 2
+    while len(changes) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert changes[:3] == [("n1", None, "online"), ("n1", "online", "training"),
+                           ("n1", "training", "offline")]
+    # a late observer learns the same from the retained status
+    late = Membership(mqtt_link_factory(mosquitto, "late"))
+    assert late.wait_for(lambda live: True, 0.5) and "n1" not in late.live()
+    deadline = time.monotonic() + 5
+    while "n1" not in late.all() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert late.all()["n1"].state == NodeState.OFFLINE
+
+
+def test_last_will_marks_a_sigkilled_member_offline(mosquitto, mqtt_link_factory, swarm_id):
+    m = Membership(mqtt_link_factory(mosquitto, "observer"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "tests.federation.mqtt_member", "--url", mosquitto.url,
+                          "--swarm", swarm_id, "--id", "victim"], stdout=subprocess.PIPE, text=True,
+                         cwd=ROOT, env=env)
+    try:
+        assert m.wait_for(lambda live: "victim" in live, 20)
+        os.kill(p.pid, signal.SIGKILL)
+        t = time.monotonic()
+        assert m.wait_for(lambda live: "victim" not in live, 5)
+        assert time.monotonic() - t < 5 and m.all()["victim"].state == NodeState.OFFLINE
+    finally:
+        p.kill()
+        p.wait(10)
+
+
+def test_stale_heartbeat_is_not_live(mosquitto, mqtt_link_factory, swarm_id):
+    m = Membership(mqtt_link_factory(mosquitto, "observer"))
+    pub = _node(mqtt_link_factory, mosquitto, "quiet", swarm_id, heartbeat_s=0.2)
+    assert m.wait_for(lambda live: "quiet" in live, 5)
+    time.sleep(0.5)
+    assert "quiet" in m.live(), "heartbeats keep a node live"
+    pub.stop(offline=False)  # hung process: connection open, no more heartbeats, no will yet
+    assert m.wait_for(lambda live: "quiet" not in live, 3)
+    assert m.all()["quiet"].state == NodeState.ONLINE
+
+
+def test_status_republished_after_broker_restart(fresh_mosquitto, mqtt_link_factory, swarm_id):
+    m = Membership(mqtt_link_factory(fresh_mosquitto, "observer"))
+    pub = _node(mqtt_link_factory, fresh_mosquitto, "n1", swarm_id, heartbeat_s=30)
+    assert m.wait_for(lambda live: "n1" in live, 5)
+    fresh_mosquitto.restart(hard=True)  # forgets every retained status (persistence off)
+    late = Membership(mqtt_link_factory(fresh_mosquitto, "late"))
+    # the publisher re-sends on reconnect, long before its next 30 s heartbeat
+    assert late.wait_for(lambda live: "n1" in live, 10)
+    assert pub.published >= 2
+    pub.stop()
+
+
+def test_rogue_statuses_are_rejected_and_counted(mosquitto, mqtt_link_factory, swarm_id):
+    m = Membership(mqtt_link_factory(mosquitto, "observer"))
+    rogue = mqtt_link_factory(mosquitto, "rogue")
+    bad = [b"\xff\xfe", b"[]", b"{}", b'{"node_id": "r1", "state": "online"}',  # no version
+           b'{"v": 99, "node_id": "r2", "state": "online"}',
+           b'{"v": 1, "kind": "status", "node_id": "r3", "state": "dancing"}',
+           NodeStatus(node_id="impostor", state=NodeState.ONLINE).model_dump_json().encode()]
+    for i, payload in enumerate(bad):
+        rogue.publish(topics.status(swarm_id, f"r{i}"), payload)
+    good = threading.Event()
+    m.on_change(lambda n, old, new: n == "ok" and good.set())
+    rogue.publish(topics.status(swarm_id, "ok"), NodeStatus(node_id="ok", state=NodeState.ONLINE))
+    assert good.wait(5), "a valid status after the rogue ones was not processed"
+    assert m.rejected == len(bad) and set(m.live()) == {"ok"}
+    assert m.last_rejection and "r6" in m.last_rejection
+    # an empty retained payload removes the node
+    rogue.publish(topics.status(swarm_id, "ok"), b"", retain=True)
+    assert m.wait_for(lambda live: not live, 5) and "ok" not in m.all()
