@@ -235,6 +235,8 @@ class EdgeNode:
                                   will=will, keepalive=self.config.keepalive_s)
             if self._transport is None:
                 self._transport = self._link.transport(self.node_id)
+            # a restarted broker without persistence forgot our retained status: say it again
+            self._link.on_connect(lambda reconnected: reconnected and self.publish_status())
             self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
         if self._transport is not None:
             from federation.ring import RingAllreduce
