@@ -62,6 +62,7 @@ class Endpoint:
         self.retransmit_after = retransmit_after
         self.max_early_tags = max_early_tags
         self.stats = stats or Stats()
+        self._srtt: float | None = None
         self._lock = threading.Lock()
         self._active: Call | None = None
         self._done: OrderedDict[str, str | None] = OrderedDict()  # tag -> None if ok else abort reason
@@ -82,6 +83,16 @@ class Endpoint:
             return False
         self.stats.add(bytes_sent=len(data), frames_sent=1, **counters)
         return True
+
+    def rtt_sample(self, seconds: float) -> None:
+        """Feed one ACK round-trip time (never from a retransmitted frame) into the estimate."""
+        self._srtt = seconds if self._srtt is None else 0.875 * self._srtt + 0.125 * seconds
+
+    def rto(self) -> float:
+        """Retransmit timeout: ``retransmit_after``, stretched to 4x the smoothed RTT on a
+        loaded machine or broker so that slow is not mistaken for lost."""
+        base = self.retransmit_after
+        return base if self._srtt is None else min(max(base, 4 * self._srtt), 8 * base)
 
     # -- receiving ---------------------------------------------------------------------------
     def _pump(self) -> None:
@@ -170,8 +181,7 @@ class Endpoint:
             yield c
         except RoundAborted as e:
             reason = str(e)
-            if not c.aborted_by_peer:
-                c.broadcast_abort(e.member, reason, rejected=isinstance(e, UpdateRejected))
+            c.broadcast_abort(e.member, reason, rejected=isinstance(e, UpdateRejected))
             raise
         except BaseException as e:
             reason = f"{type(e).__name__}: {e}"
@@ -202,10 +212,10 @@ class Call:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.inbox: queue.SimpleQueue[Frame] = queue.SimpleQueue()
-        self.aborted_by_peer = False
+        self.abort_sent = False  # our ABORT already went out (or a peer's made it pointless)
         self._received: set[tuple] = set()
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
-        self._unacked: dict[tuple, list] = {}  # (dst, key) -> [frame bytes, sent_at, rto]
+        self._unacked: dict[tuple, list] = {}  # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None]
         self._inflight: dict[str, int] = {}
 
     # -- sending -----------------------------------------------------------------------------
@@ -214,22 +224,25 @@ class Call:
         self._pending.setdefault(dst, deque()).append((key, build))
 
     def _send_ready(self) -> None:
-        ep, limit, now = self.ep, self.ep.max_in_flight, time.monotonic()
+        ep, limit = self.ep, self.ep.max_in_flight
         for dst, q in self._pending.items():
             while q and self._inflight.get(dst, 0) < limit:
                 key, build = q.popleft()
                 data = build()
+                now = time.monotonic()
                 ep.send(dst, data, data_frames_sent=1)
-                self._unacked[(dst, key)] = [data, now, ep.retransmit_after]
+                self._unacked[(dst, key)] = [data, now, ep.rto(), now]
                 self._inflight[dst] = self._inflight.get(dst, 0) + 1
 
     def _retransmit(self) -> None:
         now = time.monotonic()
+        cap = 8 * self.ep.retransmit_after
         for (dst, _key), ent in self._unacked.items():
             if now - ent[1] >= ent[2]:
                 self.ep.send(dst, ent[0], retransmits=1)
                 ent[1] = now
-                ent[2] = min(ent[2] * 2, 8 * self.ep.retransmit_after)
+                ent[2] = min(ent[2] * 2, max(cap, ent[2]))
+                ent[3] = None  # Karn: no RTT sample from a retransmitted frame
 
     def flushed(self) -> bool:
         """Everything queued was sent and acknowledged."""
@@ -249,19 +262,16 @@ class Call:
         """Make progress: send what the window allows, retransmit what is overdue, and return
         the next *new* DATA frame (already acknowledged), or None if nothing new came yet.
 
-        Raises :class:`RoundAborted` naming ``waiting_for`` once the deadline has passed, or
-        naming the blamed member when a peer's ABORT arrives.
+        At the deadline (or on a peer's timeout ABORT) raises :class:`RoundAborted` after a
+        short vote that names the member nobody heard from (see :meth:`_timeout_abort`); a
+        peer's ABORT for a rejected update raises :class:`UpdateRejected` at once.
         """
         self._send_ready()
         now = time.monotonic()
         if now >= self.deadline:
             if not raise_on_deadline:
                 return None
-            who = waiting_for or self.unacked_peer()
-            raise RoundAborted(
-                f"round {self.tag!r}: {self.ep.member_id} got nothing from {who} within {self.timeout:g}s",
-                member=who, hint="the member is dead, partitioned or too slow; re-form the ring without it",
-            )
+            self._timeout_abort(waiting_for, None)
         due = min((e[1] + e[2] for e in self._unacked.values()), default=math.inf)
         try:
             fr = self.inbox.get(timeout=max(0.0, min(self.deadline, due) - now))
@@ -270,27 +280,25 @@ class Call:
             return None
         if time.monotonic() >= due:
             self._retransmit()
-        return self._handle(fr)
+        return self._handle(fr, waiting_for)
 
-    def _handle(self, fr: Frame) -> Frame | None:
+    def _handle(self, fr: Frame, waiting_for: str | None) -> Frame | None:
+        if fr.sender not in self.peers:
+            self.ep.stats.reject(f"{fr.kind.name} for {fr.tag!r} from non-member {fr.sender}")
+            return None
         if fr.kind == FrameKind.ACK:
-            if self._unacked.pop((fr.sender, fr.key), None) is not None:
+            ent = self._unacked.pop((fr.sender, fr.key), None)
+            if ent is not None:
                 self._inflight[fr.sender] -= 1
+                if ent[3] is not None:
+                    self.ep.rtt_sample(time.monotonic() - ent[3])
             return None
         if fr.kind == FrameKind.ABORT:
-            if fr.sender not in self.peers:
-                self.ep.stats.reject(f"ABORT for {fr.tag!r} from non-member {fr.sender}")
-                return None
-            try:
-                member, reason, rejected = abort_info(fr)
-            except FrameError as e:
-                member, reason, rejected = fr.sender, str(e), False
-            self.aborted_by_peer = True
-            cls = UpdateRejected if rejected else RoundAborted
-            raise cls(f"round {self.tag!r} aborted by {fr.sender}: {reason}", member=member)
-        if fr.sender not in self.peers:
-            self.ep.stats.reject(f"DATA for {fr.tag!r} from non-member {fr.sender}")
-            return None
+            member, reason, rejected = _abort_fields(fr)
+            if rejected:
+                self.abort_sent = True  # the sender told everyone already
+                raise UpdateRejected(f"round {self.tag!r} aborted by {fr.sender}: {reason}", member=member)
+            self._timeout_abort(waiting_for, (fr.sender, member, reason))
         self.ep.send(fr.sender, encode_ack(fr, sender=self.ep.member_id), acks_sent=1)
         k = (fr.sender, fr.key)
         if k in self._received:
@@ -298,6 +306,47 @@ class Call:
             return None
         self._received.add(k)
         return fr
+
+    def _timeout_abort(self, waiting_for: str | None, first: tuple[str, str | None, str] | None) -> None:
+        """Abort on a deadline (ours or a peer's) and name the member that is really gone.
+
+        Every member that times out blames the peer it was waiting for, so a dead member's
+        absence ripples down the ring and the survivors blame each other too. Each member
+        therefore broadcasts its ABORT and listens for ``grace`` seconds: whoever sends anything
+        is alive, and the culprit is the first blamed member nobody heard from.
+        """
+        me = self.ep.member_id
+        mine = waiting_for if waiting_for is not None else self.unacked_peer()
+        if first is None:
+            reason = f"{me} got nothing from {mine} within {self.timeout:g}s"
+        else:
+            reason = f"{first[0]}: {first[2]}"
+        self.broadcast_abort(mine, reason)
+        alive, blamed = {me}, []
+        if first is not None:
+            alive.add(first[0])
+            blamed.append(first[1])
+        blamed.append(mine)
+        end = time.monotonic() + min(0.25, max(0.02, 0.1 * self.timeout))
+        while (left := end - time.monotonic()) > 0:
+            try:
+                fr = self.inbox.get(timeout=left)
+            except queue.Empty:
+                break
+            if fr.sender not in self.peers:
+                continue
+            alive.add(fr.sender)
+            if fr.kind == FrameKind.ABORT:
+                member, why, rejected = _abort_fields(fr)
+                if rejected:
+                    raise UpdateRejected(f"round {self.tag!r} aborted by {fr.sender}: {why}", member=member)
+                blamed.append(member)
+        named = [m for m in blamed if m is not None]
+        culprit = next((m for m in named if m not in alive), named[0] if named else None)
+        raise RoundAborted(
+            f"round {self.tag!r} aborted: no progress from {culprit} ({reason})", member=culprit,
+            hint="the member is dead, partitioned or too slow; re-form the ring without it",
+        )
 
     def drain(self) -> None:
         """Wait until everything we sent is acknowledged; at the deadline give up quietly
@@ -312,8 +361,17 @@ class Call:
 
     def broadcast_abort(self, member: str | None, reason: str, *, rejected: bool = False) -> None:
         """Tell every peer (best effort, no ACK) that this tag is aborted."""
+        if self.abort_sent:
+            return
+        self.abort_sent = True
         data = encode_abort(swarm=self.ep.swarm, tag=self.tag, sender=self.ep.member_id, member=member,
                             reason=reason, rejected=rejected)
         for p in sorted(self.peers):
             self.ep.send(p, data, aborts_sent=1)
 
+
+def _abort_fields(fr: Frame) -> tuple[str | None, str, bool]:
+    try:
+        return abort_info(fr)
+    except FrameError as e:
+        return fr.sender, str(e), False

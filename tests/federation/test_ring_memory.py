@@ -1,0 +1,321 @@
+"""RingAllreduce over the in-memory transport: results against numpy, bit-identical members,
+faults (duplicates, reordering, loss, corruption, death), NaN rejection, flow control, bytes."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from federation.errors import RoundAborted, UpdateRejected
+from federation.framing import FrameKind, decode
+from federation.memory import MemoryHub
+from federation.ring import RingAllreduce
+from tests.federation.ringutil import allreduce_all, assert_identical, close_all, ids, make_ring, run_members
+
+
+def _vecs(members, length, seed):
+    rng = np.random.default_rng(seed)
+    return {m: rng.standard_normal(length).astype(np.float32) * 10 for m in members}
+
+
+def _reference(vecs, op):
+    s = np.sum(np.stack([v.astype(np.float64) for v in vecs.values()]), axis=0)
+    return s / len(vecs) if op == "mean" else s
+
+
+def _close(result, ref, vecs):
+    # float32 summation: each partial sum rounds once per hop.
+    scale = np.sum(np.stack([np.abs(v) for v in vecs.values()]), axis=0) if vecs else 0
+    tol = len(vecs) * np.finfo(np.float32).eps * (scale + 1e-30)
+    if ref.size:
+        np.testing.assert_array_less(np.abs(result - ref), tol + 1e-6)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_allreduce_matches_numpy_and_is_bit_identical(n: int) -> None:
+    rng = np.random.default_rng(n)
+    # Sizes below n, not divisible by n, multi-part chunks (small max_payload) and a 0-length vector.
+    sizes = sorted({0, 1, max(1, n - 1), n, n + 1, 7 * n + 3, int(rng.integers(100, 3000))})
+    hub, engines = make_ring(n, max_payload=2048)
+    try:
+        for i, length in enumerate(sizes):
+            for op in ("sum", "mean"):
+                vecs = _vecs(engines, length, seed=100 * n + i)
+                res = allreduce_all(engines, vecs, tag=f"t{i}-{op}", op=op, timeout=20)
+                got = assert_identical(res)
+                assert got.shape == (length,) and got.dtype == np.float32
+                ref = _reference(vecs, op)
+                _close(got, ref, vecs if op == "sum" else {m: v / n for m, v in vecs.items()})
+    finally:
+        close_all(engines)
+
+
+def test_group_order_given_by_each_member_does_not_matter() -> None:
+    hub, engines = make_ring(4)
+    try:
+        vecs = _vecs(engines, 1001, 7)
+        groups = {m: list(reversed(ids(4))) if i % 2 else ids(4) for i, m in enumerate(engines)}
+        res = run_members({m: (lambda m=m: engines[m].allreduce(vecs[m], group=groups[m], tag="g", op="sum",
+                                                               timeout=10)) for m in engines})
+        got = assert_identical(res)
+        _close(got, _reference(vecs, "sum"), vecs)
+    finally:
+        close_all(engines)
+
+
+def test_duplicated_and_reordered_messages_count_once() -> None:
+    faults = {m: dict(duplicate=0.3, reorder=0.5, reorder_window=0.005, seed=i) for i, m in enumerate(ids(5))}
+    hub, engines = make_ring(5, faults=faults, max_payload=1024)
+    try:
+        for r in range(3):
+            vecs = _vecs(engines, 2000 + r, seed=r)
+            got = assert_identical(allreduce_all(engines, vecs, tag=f"dup{r}", op="sum", timeout=20))
+            _close(got, _reference(vecs, "sum"), vecs)
+        assert sum(e.stats.duplicates for e in engines.values()) > 0
+        assert sum(e.endpoint.transport.faults.reordered for e in engines.values()) > 0
+    finally:
+        close_all(engines)
+
+
+def test_lost_and_corrupted_frames_are_rejected_counted_and_retransmitted() -> None:
+    faults = {m: dict(drop=0.05, corrupt=0.05, seed=10 + i) for i, m in enumerate(ids(4))}
+    hub, engines = make_ring(4, faults=faults, max_payload=1024, engine_kw=dict(retransmit_after=0.02))
+    try:
+        for r in range(2):
+            vecs = _vecs(engines, 3000, seed=r)
+            got = assert_identical(allreduce_all(engines, vecs, tag=f"loss{r}", op="mean", timeout=30))
+            _close(got, _reference(vecs, "mean"), {m: v / 4 for m, v in vecs.items()})
+        stats = [e.stats for e in engines.values()]
+        assert sum(s.rejected for s in stats) > 0 and "checksum" in "".join(s.last_reject for s in stats)
+        assert sum(s.retransmits for s in stats) > 0
+    finally:
+        close_all(engines)
+
+
+def test_nan_update_aborts_every_member_naming_the_sender() -> None:
+    hub, engines = make_ring(4)
+    try:
+        vecs = _vecs(engines, 500, 3)
+        vecs["m2"][17] = np.nan
+        res = allreduce_all(engines, vecs, tag="nan", timeout=5)
+        for m in engines:
+            err = res[m]
+            assert isinstance(err, UpdateRejected), f"{m}: {err!r}"
+            assert err.member == "m2" and "m2" in str(err)
+            assert res["_elapsed"][m] < 2.0  # told by ABORT, not by the deadline
+        # The next round (no NaN) works with the same engines.
+        vecs["m2"][17] = 1.0
+        got = assert_identical(allreduce_all(engines, vecs, tag="after-nan", op="sum", timeout=5))
+        _close(got, _reference(vecs, "sum"), vecs)
+    finally:
+        close_all(engines)
+
+
+def test_inf_in_forwarded_data_is_blamed_on_its_sender(monkeypatch) -> None:
+    """A member that skips its own check (buggy or hostile) is caught by its successor."""
+    import federation.ring as ring
+
+    hub, engines = make_ring(3)
+    real = ring.check_finite
+    monkeypatch.setattr(ring, "check_finite", lambda x, *, member, what="update": None
+                        if member == "m1" else real(x, member=member, what=what))
+    try:
+        vecs = _vecs(engines, 300, 4)
+        vecs["m1"][5] = np.inf
+        res = allreduce_all(engines, vecs, tag="inf", timeout=5)
+        for m in engines:
+            assert isinstance(res[m], UpdateRejected) and res[m].member == "m1", f"{m}: {res[m]!r}"
+    finally:
+        close_all(engines)
+
+
+def test_member_dying_mid_round_aborts_survivors_before_the_deadline_then_they_reform() -> None:
+    n, timeout = 5, 1.0
+    faults = {"m2": dict(kill_after=3)}  # m2 dies after its third frame
+    hub, engines = make_ring(n, faults=faults, max_payload=1024)
+    try:
+        vecs = _vecs(engines, 20_000, 5)
+        res = allreduce_all(engines, vecs, tag="die", op="sum", timeout=timeout)
+        survivors = [m for m in engines if m != "m2"]
+        for m in survivors:
+            assert isinstance(res[m], RoundAborted), f"{m} returned {res[m]!r}"
+            assert res[m].member == "m2", f"{m} blamed {res[m].member}: {res[m]}"
+            assert res["_elapsed"][m] < timeout + 0.6
+        assert not isinstance(res["m2"], np.ndarray)  # the dead one produced nothing either
+        # Next round, ring re-formed from the survivors.
+        sub = {m: engines[m] for m in survivors}
+        got = assert_identical(allreduce_all(sub, vecs, group=survivors, tag="die-2", op="sum", timeout=10))
+        _close(got, _reference({m: vecs[m] for m in survivors}, "sum"), vecs)
+    finally:
+        close_all(engines)
+
+
+def test_absent_member_is_named_by_every_survivor() -> None:
+    hub, engines = make_ring(4)
+    try:
+        present = ["m0", "m1", "m3"]
+        vecs = _vecs(engines, 100, 6)
+        res = run_members({m: (lambda m=m: engines[m].allreduce(vecs[m], group=ids(4), tag="absent",
+                                                               timeout=0.5)) for m in present})
+        for m in present:
+            assert isinstance(res[m], RoundAborted) and res[m].member == "m2", f"{m}: {res[m]!r}"
+            assert res["_elapsed"][m] < 1.1
+    finally:
+        close_all(engines)
+
+
+def test_early_frames_of_the_next_tag_are_buffered_and_stale_ones_ignored() -> None:
+    hub, engines = make_ring(4)
+    try:
+        vecs = _vecs(engines, 5000, 8)
+        assert_identical(allreduce_all(engines, vecs, tag="a", timeout=10))
+
+        def late(m):
+            if m == "m1":
+                time.sleep(0.3)  # the others start tag "b" first; their frames reach m1 early
+            return engines[m].allreduce(vecs[m], group=ids(4), tag="b", op="sum", timeout=10)
+
+        got = assert_identical(run_members({m: (lambda m=m: late(m)) for m in engines}))
+        _close(got, _reference(vecs, "sum"), vecs)
+        assert engines["m1"].stats.early > 0
+        # A straggling duplicate of an old tag is re-acknowledged and otherwise ignored.
+        before = engines["m1"].stats.stale
+        frame = _first_data_frame(engines["m0"], vecs["m0"], hub)
+        engines["m0"].endpoint.transport.send("m1", frame)
+        deadline = time.monotonic() + 2
+        while engines["m1"].stats.stale == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engines["m1"].stats.stale == before + 1
+        with pytest.raises(ValueError, match="already used"):
+            engines["m1"].allreduce(vecs["m1"], group=ids(4), tag="a", timeout=1)
+    finally:
+        close_all(engines)
+
+
+def _first_data_frame(engine, vec, hub) -> bytes:
+    from federation.framing import Phase, encode
+
+    return encode(FrameKind.DATA, Phase.REDUCE_SCATTER, swarm="default", tag="a", sender=engine.member_id,
+                  count=3, total=vec.size, payload=[vec[:3]])
+
+
+class _Recorder:
+    """Wraps a transport and records decoded outgoing frames (for flow-control checks)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.member_id, self.max_payload = inner, inner.member_id, inner.max_payload
+        self.sent: list[tuple[float, str, object]] = []
+
+    def send(self, dst, payload):
+        self.sent.append((time.monotonic(), dst, decode(payload)))
+        self.inner.send(dst, payload)
+
+    def recv(self, timeout):
+        return self.inner.recv(timeout)
+
+    def close(self):
+        self.inner.close()
+
+
+def test_in_flight_frames_per_peer_are_bounded_by_the_window() -> None:
+    hub = MemoryHub()
+    rec = _Recorder(hub.transport("m0", max_payload=1024))
+    a = RingAllreduce(rec, max_in_flight=4, retransmit_after=5.0)
+    b = RingAllreduce(hub.transport("m1", max_payload=1024))
+    try:
+        x = np.ones(50_000, np.float32)
+        t0 = time.monotonic()
+
+        def slow_b():
+            time.sleep(0.4)  # b joins late: a must stop after max_in_flight unacknowledged frames
+            return b.allreduce(x, group=["m0", "m1"], tag="w", op="sum", timeout=10)
+
+        res = run_members({"m0": lambda: a.allreduce(x, group=["m0", "m1"], tag="w", op="sum", timeout=10),
+                           "m1": slow_b})
+        got = assert_identical(res)
+        assert np.array_equal(got, np.full(50_000, 2, np.float32))
+        early = [f for t, _, f in rec.sent if t - t0 < 0.35 and f.kind == FrameKind.DATA]
+        assert 0 < len({f.key for f in early}) <= 4
+    finally:
+        a.close()
+        b.close()
+
+
+def test_bytes_sent_per_member_within_5_percent_of_ideal() -> None:
+    n, length = 4, 1_000_000
+    hub, engines = make_ring(n)
+    try:
+        vecs = _vecs(engines, length, 9)
+        assert_identical(allreduce_all(engines, vecs, tag="bytes", timeout=30))
+        ideal = 2 * (n - 1) / n * length * 4
+        for m, e in engines.items():
+            assert ideal <= e.stats.bytes_sent <= 1.05 * ideal, (m, e.stats.bytes_sent, ideal)
+            assert e.stats.retransmits == 0
+    finally:
+        close_all(engines)
+
+
+def test_clip_norm_limits_each_members_contribution() -> None:
+    hub, engines = make_ring(3)
+    try:
+        vecs = {"m0": np.full(100, 10, np.float32), "m1": np.full(100, 0.01, np.float32),
+                "m2": np.zeros(100, np.float32)}
+        got = assert_identical(allreduce_all(engines, vecs, tag="clip", op="sum", clip_norm=1.0, timeout=5))
+        expected = vecs["m0"] / np.linalg.norm(vecs["m0"]) + vecs["m1"]  # m1 is within the norm, unchanged
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+        assert vecs["m0"][0] == 10  # the caller's array is untouched
+    finally:
+        close_all(engines)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_broadcast_delivers_the_roots_bytes(n: int) -> None:
+    hub, engines = make_ring(n, max_payload=1024)
+    try:
+        for i, length in enumerate([0, 1, 2000]):
+            root = ids(n)[i % n]
+            x = np.random.default_rng(i).standard_normal(length).astype(np.float32)
+            res = run_members({m: (lambda m=m, x=x, root=root, tag=f"b{i}": engines[m].broadcast(
+                x if m == root else None, root=root, group=ids(n), tag=tag, timeout=10)) for m in engines})
+            got = assert_identical(res)
+            assert got.tobytes() == x.tobytes()
+    finally:
+        close_all(engines)
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    hub, engines = make_ring(2)
+    e = engines["m0"]
+    try:
+        with pytest.raises(ValueError, match="1-D"):
+            e.allreduce(np.zeros((2, 2), np.float32), group=ids(2), tag="x", timeout=1)
+        with pytest.raises(ValueError, match="not in the group"):
+            e.allreduce(np.zeros(2, np.float32), group=["m1", "m5"], tag="x", timeout=1)
+        with pytest.raises(ValueError, match="duplicate"):
+            e.allreduce(np.zeros(2, np.float32), group=["m0", "m0"], tag="x", timeout=1)
+        with pytest.raises(ValueError):
+            e.allreduce(np.zeros(2, np.float32), group=ids(2), tag="x", op="max", timeout=1)
+        with pytest.raises(ValueError, match="compression"):
+            e.allreduce(np.zeros(2, np.float32), group=ids(2), tag="x", compression="zip", timeout=1)
+        with pytest.raises(ValueError, match="root"):
+            e.broadcast(None, root="m0", group=ids(2), tag="x", timeout=1)
+    finally:
+        close_all(engines)
+
+
+@pytest.mark.slow
+def test_ten_million_floats_over_eight_members_is_fast() -> None:
+    n, length = 8, 10_000_000
+    hub, engines = make_ring(n)
+    try:
+        base = np.random.default_rng(0).standard_normal(length).astype(np.float32)
+        vecs = {m: base * (i + 1) for i, m in enumerate(engines)}
+        t0 = time.monotonic()
+        got = assert_identical(allreduce_all(engines, vecs, tag="big", op="sum", timeout=120))
+        seconds = time.monotonic() - t0
+        np.testing.assert_allclose(got, base * 36, rtol=1e-5, atol=1e-4)
+        assert seconds < 30, seconds  # ~2-3 s on an idle 2-core machine; generous for shared CI
+    finally:
+        close_all(engines)
