@@ -88,6 +88,7 @@ def load_onnx(path: str | Path) -> Any:
         # protobuf happily parses many random byte strings into an empty message
         raise ModelError(f"{path.name} is not a valid ONNX model (empty graph)",
                          hint="re-export the model; the file may be truncated or not ONNX")
+    _check_ops(model)  # before the checker, which would only say "no schema" without the node
     try:
         onnx.checker.check_model(model)
     except Exception as exc:

@@ -172,6 +172,10 @@ def build_training_module(mod: Any, *, num_inputs: int, num_params: int, setting
         if gv.name_hint != "main":
             backbone[gv] = func
     backbone = backbone.with_attrs({"param_num": num_params, "state_num": 0})
+    # BatchNorm in inference form (running statistics are constants): SetupTrainer would otherwise
+    # decompose it into training form with batch statistics, which the inference library never
+    # uses and which would make gradients disagree with what the model computes at serving time.
+    backbone = relax.transform.DecomposeOpsForInference("backbone")(backbone)
     # SetupTrainer needs some optimizer; it is replaced below by one that takes lr as an input.
     trainer = SetupTrainer(loss_obj, rx_opt.SGD(0.01), [ret, targets], legalize=False)
     try:
