@@ -7,6 +7,7 @@ from federation.errors import FederationError, FrameError, RoundAborted, Transpo
 from federation.memory import MemoryHub, MemoryTransport
 from federation.messages import Compression
 from federation.ring import ReduceOp, RingAllreduce
+from federation.star import StarAllreduce
 from federation.stats import Stats
 from federation.transport import Transport
 
@@ -19,6 +20,7 @@ __all__ = [
     "ReduceOp",
     "RingAllreduce",
     "RoundAborted",
+    "StarAllreduce",
     "Stats",
     "Transport",
     "TransportError",
