@@ -1,0 +1,130 @@
+"""``fractal bench serve``: latency and throughput of ``/v2/models/{name}/infer`` over HTTP.
+
+For each model: a direct in-process ``Artifact.infer`` (the floor), then HTTP against a node in
+its own process, idle and while it trains back-to-back rounds, at 1 and 8 concurrent clients.
+Goals (issue 4): HTTP overhead < 1 ms at p50 for the MLP; p99 < 5 ms at 8 clients; p99 during
+training <= 2x the idle p99.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from api.benchmarks.common import machine, zoo_artifact
+from api.benchmarks.loadgen import http_caller, run_closed_loop
+
+__all__ = ["run", "DEFAULT_MODELS"]
+
+DEFAULT_MODELS = ("sensor-mlp", "ds-cnn-kws")
+
+
+def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], bytes]:
+    inputs = {s.name: rng.standard_normal((1, *s.shape[1:])).astype(s.dtype) for s in art.inputs}
+    body = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32", "data": a.ravel().tolist()}
+                       for n, a in inputs.items()]}
+    return inputs, json.dumps(body).encode()
+
+
+@contextmanager
+def _node_process(artifact: Path, data_dir: Path, train: bool):
+    cmd = [sys.executable, "-m", "api.benchmarks.node_proc", str(artifact), str(data_dir)]
+    if train:
+        cmd.append("--train")
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("READY "):
+            raise RuntimeError(f"benchmark node did not start: {line!r} {proc.stderr.read()[-2000:]}")
+        yield int(line.split()[1])
+    finally:
+        proc.stdin.close()  # asks the node to stop
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _direct(art: Any, inputs: dict[str, np.ndarray], clients: int, duration: float) -> dict[str, Any]:
+    prepared = art.prepare_params(list(art.params))
+    return run_closed_loop(lambda: (lambda: art.infer(inputs, params=prepared)), clients=clients,
+                           duration_s=duration)
+
+
+def _http(port: int, name: str, body: bytes, clients: int, duration: float) -> dict[str, Any]:
+    return run_closed_loop(http_caller("127.0.0.1", port, f"/v2/models/{name}/infer", body),
+                           clients=clients, duration_s=duration)
+
+
+def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[int, ...],
+                progress: bool) -> dict[str, Any]:
+    """All measurements for one zoo model."""
+    from compiler import load_artifact
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[serve] {name}: {msg}", file=sys.stderr, flush=True)
+
+    say("compiling (with training module)")
+    path = zoo_artifact(name, work_dir)
+    art = load_artifact(path)
+    inputs, body = _request(art, np.random.default_rng(0))
+    res: dict[str, Any] = {"input_shape": [list(s.shape[1:]) for s in art.inputs], "batch": 1,
+                           "request_bytes": len(body), "direct": {}, "http_idle": {}, "http_training": {}}
+    for c in clients:
+        say(f"direct Artifact.infer, {c} client(s)")
+        res["direct"][f"c{c}"] = _direct(art, inputs, c, duration)
+    for key, train in (("http_idle", False), ("http_training", True)):
+        with tempfile.TemporaryDirectory(prefix="bench-node-") as data_dir, \
+                _node_process(path, Path(data_dir), train) as port:
+            if train:
+                time.sleep(1.0)  # let the first round get going
+            for c in clients:
+                say(f"{key}, {c} client(s)")
+                res[key][f"c{c}"] = _http(port, name, body, c, duration)
+    return res
+
+
+def _goals(models: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, r in models.items():
+        d1, h1, h8 = r["direct"].get("c1"), r["http_idle"].get("c1"), r["http_idle"].get("c8")
+        t1, t8 = r["http_training"].get("c1"), r["http_training"].get("c8")
+        g: dict[str, Any] = {}
+        if d1 and h1:
+            g["http_overhead_p50_ms"] = round(h1["p50_ms"] - d1["p50_ms"], 4)
+            if "mlp" in name:
+                g["overhead_p50_under_1ms"] = g["http_overhead_p50_ms"] < 1.0
+        if h8:
+            g["p99_c8_ms"] = h8["p99_ms"]
+            g["p99_c8_under_5ms"] = h8["p99_ms"] < 5.0
+        for c, idle, busy in (("c1", h1, t1), ("c8", h8, t8)):
+            if idle and busy:
+                ratio = busy["p99_ms"] / idle["p99_ms"]
+                g[f"training_p99_ratio_{c}"] = round(ratio, 3)
+                g[f"training_p99_within_2x_{c}"] = ratio <= 2.0
+        out[name] = g
+    return out
+
+
+def run(models: tuple[str, ...] = DEFAULT_MODELS, *, duration: float = 3.0, clients: tuple[int, ...] = (1, 8),
+        work_dir: Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run the serving benchmark; returns one JSON-serialisable dict."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fractal-bench-serve-") as tmp:
+        wd = Path(work_dir) if work_dir else Path(tmp)
+        results = {m: bench_model(m, wd, duration=duration, clients=clients, progress=progress)
+                   for m in models}
+    return {"benchmark": "serve", "machine": machine(), "duration_s_per_point": duration,
+            "client": "http.client keep-alive, one connection per client, closed loop, JSON tensors",
+            "models": results, "goals": _goals(results), "wall_s": round(time.perf_counter() - t0, 1)}
