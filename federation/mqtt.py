@@ -256,6 +256,10 @@ class MqttLink:
         # which caps a flow-controlled stream of small messages at a few hundred per second.
         with contextlib.suppress(OSError, AttributeError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # paho appends each recv() to the packet being read (bytes +=): bigger socket
+            # buffers mean fewer, larger pieces for a 256 KiB+ allreduce frame.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         self._connected.clear()

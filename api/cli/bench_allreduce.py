@@ -1,0 +1,43 @@
+"""`fractal bench allreduce`: ring vs star allreduce and raw broker throughput over MQTT."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from api.cli.bench import bench_app
+
+__all__ = ["bench_allreduce"]
+
+
+@bench_app.command("allreduce")
+def bench_allreduce(
+    nodes: int = typer.Option(4, "--nodes", "-n",
+                              help="Members, each a separate OS process with its own MQTT link."),
+    size: int = typer.Option(1_000_000, "--size", help="Elements (float32) per member vector."),
+    broker: str | None = typer.Option(None, "--broker",
+                                      help="mqtt://[user:pass@]host:port (default: start a Mosquitto)."),
+    compression: str = typer.Option("none", "--compression", "-c", help="none, fp16, int8 or topk."),
+    max_payload: int = typer.Option(256 * 1024, "--max-payload", help="Bytes per MQTT message."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed calls per engine (the median is reported)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Time one ring allreduce (and the star baseline) of --size floats across --nodes members."""
+    from federation.bench import run_allreduce_bench
+    from federation.errors import FederationError
+    from federation.messages import Compression
+
+    try:
+        Compression(compression)
+    except ValueError:
+        raise FederationError(f"unknown compression {compression!r}",
+                              hint="use one of: " + ", ".join(c.value for c in Compression)) from None
+    result = run_allreduce_bench(nodes, size, broker_url=broker, compression=compression,
+                                 max_payload=max_payload, repeats=repeats)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    width = max(len(k) for k in result)
+    for k, v in result.items():
+        typer.echo(f"{k:<{width}}  {v}")

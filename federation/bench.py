@@ -1,0 +1,257 @@
+"""`fractal bench allreduce`: ring vs star vs raw broker throughput, all in one run, one broker.
+
+Every member is a separate OS process (``spawn``) with its own :class:`MqttLink`, as on a real
+swarm: no shared GIL, each process pays its own paho, framing and numpy costs. Processes start
+each timed call together on a barrier; a call's time is ``max(end) - min(start)`` over members
+(wall clock, same host). The raw broker figure is one publisher process and one subscriber
+process moving QoS 1 messages of ``max_payload`` bytes through the same broker, just before the
+allreduce runs. Vectors are seeded per member; the parent recomputes the float64 mean with
+numpy and compares it with member 0's result; every member's result hash must agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from federation.errors import FederationError
+
+__all__ = ["run_allreduce_bench", "raw_broker_throughput", "ideal_bytes_per_node", "machine"]
+
+_SEED = 1234
+
+
+def ideal_bytes_per_node(nodes: int, elements: int, itemsize: int = 4) -> float:
+    """What each member must send in a bandwidth-optimal allreduce: 2(N-1)/N x elements x 4 bytes."""
+    return 2 * (nodes - 1) / nodes * elements * itemsize
+
+
+def machine() -> str:
+    """One line describing this host (CPU model, cores, Python)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def _vector(rank: int, elements: int) -> np.ndarray:
+    return np.random.default_rng(_SEED + rank).standard_normal(elements).astype(np.float32)
+
+
+# --- raw pub/sub ----------------------------------------------------------------------------------
+def _raw_sub(url: str, topic: str, count: int, ready, out) -> None:
+    import threading
+
+    from federation.mqtt import MqttLink
+
+    got = [0]
+    done = threading.Event()
+
+    def on(t: str, p: bytes) -> None:
+        got[0] += 1
+        if got[0] == count:
+            out.put(("end", time.time()))
+            done.set()
+
+    with MqttLink(url, client_id=f"bench-rawsub-{uuid.uuid4().hex[:8]}") as link:
+        link.subscribe(topic, on, inline=True)
+        ready.set()
+        if not done.wait(120):
+            out.put(("lost", got[0]))
+
+
+def _raw_pub(url: str, topic: str, count: int, size: int, go, out) -> None:
+    from federation.mqtt import MqttLink
+
+    payload = os.urandom(size)
+    with MqttLink(url, client_id=f"bench-rawpub-{uuid.uuid4().hex[:8]}") as link:
+        go.wait(30)
+        out.put(("start", time.time()))
+        infos = [link.publish(topic, payload) for _ in range(count)]
+        for info in infos:
+            info.wait_for_publish(60)
+
+
+def raw_broker_throughput(url: str, *, size: int, count: int) -> float:
+    """MB/s of ``count`` QoS 1 messages of ``size`` bytes, one publisher -> broker -> one subscriber
+    (separate processes). ``count`` stays under Mosquitto's default queue (1000) so nothing drops."""
+    ctx = mp.get_context("spawn")
+    out, ready = ctx.Queue(), ctx.Event()
+    topic = f"fractal/v1/bench-{uuid.uuid4().hex[:8]}/raw"
+    sub = ctx.Process(target=_raw_sub, args=(url, topic, count, ready, out), daemon=True)
+    sub.start()
+    if not ready.wait(60):
+        sub.kill()
+        raise FederationError("raw throughput subscriber did not start")
+    pub = ctx.Process(target=_raw_pub, args=(url, topic, count, size, ready, out), daemon=True)
+    pub.start()
+    marks: dict[str, float] = {}
+    try:
+        while len(marks) < 2:
+            kind, value = out.get(timeout=180)
+            if kind == "lost":
+                raise FederationError(f"raw throughput: only {value} of {count} messages arrived",
+                                      hint="the broker drops QoS 1 messages: raise its max_queued_messages")
+            marks[kind] = value
+    finally:
+        pub.join(30)
+        sub.join(30)
+        for p in (pub, sub):
+            if p.is_alive():
+                p.kill()
+    return size * count / (marks["end"] - marks["start"]) / 1e6
+
+
+# --- allreduce members ----------------------------------------------------------------------------
+def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compression: str, max_payload: int,
+            repeats: int, timeout: float, outdir: str, barrier, out) -> None:
+    from federation.mqtt import MqttLink
+    from federation.ring import RingAllreduce
+
+    try:
+        from federation.star import StarAllreduce
+    except ImportError:  # star baseline not available in this build
+        StarAllreduce = None  # noqa: N806
+
+    ids = [f"m{i}" for i in range(nodes)]
+    me = ids[rank]
+    vec = _vector(rank, elements)
+    report: dict[str, Any] = {"rank": rank, "ring": [], "star": []}
+    with MqttLink(url, swarm=swarm, client_id=f"{swarm}-{me}") as link:
+        ring = RingAllreduce(link.transport(me, max_payload=max_payload), swarm=swarm)
+        star = None
+        if StarAllreduce is not None:
+            star = StarAllreduce(link.transport(f"{me}-star", max_payload=max_payload), swarm=swarm)
+        barrier.wait(120)
+        for name, engine, group in (("ring", ring, ids), ("star", star, [f"{i}-star" for i in ids])):
+            if engine is None:
+                continue
+            for rep in range(repeats):
+                before = engine.stats.bytes_sent
+                barrier.wait(300)
+                t0 = time.time()
+                res = engine.allreduce(vec, group=group, tag=f"{name}-{rep}", op="mean", timeout=timeout,
+                                       compression=compression)
+                t1 = time.time()
+                report[name].append({"start": t0, "end": t1, "bytes": engine.stats.bytes_sent - before,
+                                     "sha256": hashlib.sha256(res.tobytes()).hexdigest()})
+            if rank == 0:
+                np.save(Path(outdir) / f"{name}.npy", res)
+            report[f"{name}_stats"] = {k: v for k, v in vars(engine.stats).items() if isinstance(v, int)}
+        barrier.wait(300)  # nobody leaves while a peer may still need an ACK from it
+    out.put(report)
+
+
+def _summarise(reports: list[dict], name: str) -> tuple[float, list[float], float, bool] | None:
+    runs = [r[name] for r in reports]
+    if not runs[0]:
+        return None
+    secs = [max(r[i]["end"] for r in runs) - min(r[i]["start"] for r in runs) for i in range(len(runs[0]))]
+    per_node = statistics.mean(r[-1]["bytes"] for r in runs)
+    identical = all(len({r[i]["sha256"] for r in runs}) == 1 for i in range(len(runs[0])))
+    return statistics.median(secs), secs, per_node, identical
+
+
+def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = None,
+                        compression: str = "none", max_payload: int = 256 * 1024, repeats: int = 3,
+                        timeout: float | None = None) -> dict[str, Any]:
+    """Run the benchmark and return one JSON-able dict (see ``fractal bench allreduce --help``)."""
+    if not 2 <= nodes <= 64:
+        raise FederationError(f"--nodes must be between 2 and 64, got {nodes}")
+    if not 1 <= elements <= 200_000_000:
+        raise FederationError(f"--size must be between 1 and 200M elements, got {elements}")
+    if repeats < 1:
+        raise FederationError("--repeats must be >= 1")
+    from federation.broker import start_mosquitto
+
+    own = None
+    if broker_url is None:
+        own = start_mosquitto()
+        broker_url = own.url
+    timeout = timeout or 60.0 + elements * nodes * 2e-6
+    try:
+        raw_count = int(min(800, max(64, 2 * elements * 4 // max_payload)))
+        broker_mb_s = raw_broker_throughput(broker_url, size=max_payload, count=raw_count)
+        ctx = mp.get_context("spawn")
+        barrier, out = ctx.Barrier(nodes), ctx.Queue()
+        swarm = f"bench-{uuid.uuid4().hex[:8]}"
+        with tempfile.TemporaryDirectory(prefix="fractal-bench-") as outdir:
+            procs = [ctx.Process(target=_member, daemon=True,
+                                 args=(broker_url, swarm, r, nodes, elements, compression, max_payload,
+                                       repeats, timeout, outdir, barrier, out)) for r in range(nodes)]
+            for p in procs:
+                p.start()
+            reports = []
+            try:
+                deadline = time.monotonic() + 120 + 2 * repeats * (timeout + 10)
+                while len(reports) < nodes:
+                    reports.append(out.get(timeout=max(1.0, deadline - time.monotonic())))
+            except Exception as exc:
+                raise FederationError(
+                    f"benchmark member failed or timed out ({len(reports)}/{nodes} reported)",
+                    hint="see the members' stderr above") from exc
+            finally:
+                for p in procs:
+                    p.join(30)
+                    if p.is_alive():
+                        p.kill()
+            reports.sort(key=lambda r: r["rank"])
+            ref = np.zeros(elements, np.float64)
+            for r in range(nodes):
+                ref += _vector(r, elements)
+            ref /= nodes
+            ring_res = np.load(Path(outdir) / "ring.npy")
+            err = float(np.abs(ring_res.astype(np.float64) - ref).max())
+            star_err = None
+            if (Path(outdir) / "star.npy").exists():
+                star_err = float(np.abs(np.load(Path(outdir) / "star.npy").astype(np.float64) - ref).max())
+    finally:
+        if own is not None:
+            own.close()
+
+    ring = _summarise(reports, "ring")
+    star = _summarise(reports, "star")
+    assert ring is not None
+    seconds, ring_runs, per_node, identical = ring
+    ideal = ideal_bytes_per_node(nodes, elements)
+    return {
+        "nodes": nodes,
+        "elements": elements,
+        "compression": compression,
+        "seconds": round(seconds, 4),
+        "star_seconds": round(star[0], 4) if star else None,
+        "bytes_sent_per_node": int(per_node),
+        "ideal_bytes_per_node": int(ideal),
+        "bytes_over_ideal": round(per_node / ideal - 1, 4) if ideal else None,
+        "star_bytes_sent_per_node": int(star[2]) if star else None,
+        "max_abs_error": err,
+        "star_max_abs_error": star_err,
+        "bit_identical": identical and (star[3] if star else True),
+        "broker_mb_per_s": round(broker_mb_s, 1),
+        # Bytes every member put through the broker per second, summed over members: the load
+        # the broker carried. Per member it is ring_mb_per_s / nodes.
+        "ring_mb_per_s": round(nodes * per_node / seconds / 1e6, 1),
+        "ring_runs_s": [round(s, 4) for s in ring_runs],
+        "star_runs_s": [round(s, 4) for s in star[1]] if star else None,
+        "retransmits": sum(r["ring_stats"].get("retransmits", 0) for r in reports),
+        "repeats": repeats,
+        "max_payload": max_payload,
+        "members": "process",
+        "broker": "mosquitto (started by the benchmark)" if own is not None else broker_url.split("@")[-1],
+        "machine": machine(),
+    }
