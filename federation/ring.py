@@ -132,6 +132,11 @@ class RingAllreduce:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def feedback_residual(self) -> np.ndarray | None:
+        """A copy of this member's error-feedback residual (INT8 / TOPK rounds), or None."""
+        return None if self._feedback is None else self._feedback.residual.copy()
+
     def reset_feedback(self) -> None:
         """Forget error-feedback residuals (e.g. after the parameters were replaced)."""
         self._feedback = None
