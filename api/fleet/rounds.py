@@ -78,15 +78,21 @@ class Round:
         return self.command.round_id
 
     def loss_series(self) -> list[dict]:
-        """Per step: the mean loss across the nodes that reported it, each node's loss, and
-        ``complete`` (every participant reported it). Nodes throttle STEP events by time, so
-        they need not report the same steps; the dashboard draws the mean of complete steps."""
+        """Per reported step: each node's loss, and their mean.
+
+        Nodes throttle STEP events by time, so they rarely report exactly the same steps. The
+        mean uses each node's loss at that step, linearly interpolated between the two steps it
+        did report around it; ``complete`` says every participant covered the step (reported or
+        interpolated), so the mean over a complete step is over all nodes.
+        """
         steps = sorted({s for p in self.progress.values() for s in p.losses})
+        curves = {n: sorted(p.losses.items()) for n, p in sorted(self.progress.items())}
         out = []
         for s in steps:
             per = {n: p.losses[s] for n, p in sorted(self.progress.items()) if s in p.losses}
-            out.append({"step": s, "mean": sum(per.values()) / len(per), "nodes": per,
-                        "complete": len(per) == len(self.progress)})
+            values = [v for v in (_interpolate(c, s) for c in curves.values()) if v is not None]
+            out.append({"step": s, "mean": sum(values) / len(values), "nodes": per,
+                        "complete": len(values) == len(self.progress)})
         return out
 
     def hashes(self) -> dict[str, str]:
@@ -118,6 +124,16 @@ class Round:
             "params_agree": agree,
             "params_sha256": next(iter(hashes.values())) if agree else None,
         }
+
+
+def _interpolate(curve: list[tuple[int, float]], step: int) -> float | None:
+    """The curve's value at ``step`` (linear between its points), None outside its range."""
+    if not curve or step < curve[0][0] or step > curve[-1][0]:
+        return None
+    for (s0, v0), (s1, v1) in zip(curve, curve[1:], strict=False):
+        if s0 <= step <= s1:
+            return v0 if s1 == s0 else v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    return curve[-1][1]  # a single point equal to step
 
 
 Publish = Callable[[str, BaseModel], None]

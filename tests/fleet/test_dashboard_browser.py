@@ -1,0 +1,119 @@
+"""The dashboard in a real headless Chromium against a real swarm (`fractal swarm --nodes 3`:
+Mosquitto, 3 edge nodes with TVM artifacts and simulated sensors, the fleet service)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fleet.swarm_proc import start_swarm
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.mosquitto]
+
+OUT = Path(__file__).resolve().parents[2] / "test-output"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+TOKEN = "browser-token"
+
+
+@pytest.fixture(scope="module")
+def swarm3(tmp_path_factory):
+    sp = start_swarm(3, tmp_path_factory.getbasetemp() / "swarm-cache", TOKEN)
+    try:
+        # Wait until every node holds at least a few training batches of its shard.
+        with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+            deadline = time.monotonic() + 60
+            while True:
+                nodes = c.get(sp.base + "/api/nodes").json()["nodes"]
+                if len(nodes) == 3 and all(n["online"] and n["samples"] >= 96 for n in nodes):
+                    break
+                assert time.monotonic() < deadline, nodes
+                time.sleep(0.5)
+        yield sp
+    finally:
+        sp.interrupt()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(swarm3.url)  # the printed link: ?token= -> cookie -> dashboard
+    assert page.url == swarm3.base + "/"
+    page.wait_for_selector("#live.on", timeout=10_000)
+    rows = page.locator("#nodes tbody tr[data-state=online]")
+    rows.nth(2).wait_for(timeout=10_000)
+    assert rows.count() == 3
+    assert page.locator("#nodes tbody tr").all_inner_texts()[0].startswith("node-1")
+    assert "digits-mlp" in page.locator("#nodes").inner_text()
+
+    # Refused round: only one participant -> the operator sees the 409 reason.
+    boxes = page.locator("#participants input")
+    assert boxes.count() == 3
+    boxes.nth(1).uncheck()
+    boxes.nth(2).uncheck()
+    page.click("#start")
+    page.wait_for_selector("#error:not([hidden])", timeout=5_000)
+    assert "fewer than 2 nodes online" in page.inner_text("#error")
+
+    # A real round over all three nodes: the plot fills in and the round ends as done.
+    boxes.nth(1).check()
+    boxes.nth(2).check()
+    page.fill("#steps", "200")
+    page.fill("#lr", "0.1")
+    page.click("#start")
+    try:
+        page.wait_for_function("document.getElementById('error').hidden", timeout=5_000)
+        page.wait_for_function("+document.getElementById('loss-plot').dataset.points >= 2", timeout=60_000)
+        page.wait_for_selector("#rounds tbody tr[data-state=done]", timeout=90_000)
+    except Exception:
+        OUT.mkdir(exist_ok=True)
+        page.screenshot(path=str(OUT / "dashboard-failed.png"), full_page=True)
+        with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            print(c.get(swarm3.base + "/api/rounds").text)
+        raise
+    assert page.locator("#loss-plot").get_attribute("data-state") == "done"
+    row = page.locator("#rounds tbody tr").first.inner_text()
+    assert "done" in row and "agree" in row and "200/200" in row
+
+    # The plotted numbers are the fleet's numbers, and training lowered the loss.
+    with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        rnd = c.get(swarm3.base + "/api/rounds").json()["rounds"][0]
+    assert rnd["state"] == "done" and rnd["params_agree"]
+    means = [s["mean"] for s in rnd["loss"] if s["complete"]]
+    assert len(means) >= 2 and means[-1] < means[0], means
+    # Nodes report the new model version (the table updates from their statuses).
+    page.wait_for_function(
+        "[...document.querySelectorAll('#nodes tbody tr')].every(tr => tr.innerText.includes('v1'))",
+        timeout=15_000)
+    OUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUT / "dashboard.png"), full_page=True)
+    assert not errors, errors
+    page.close()
+
+
+def test_dashboard_without_token_shows_login(swarm3, browser):
+    page = browser.new_page()
+    page.goto(swarm3.base + "/")
+    page.wait_for_selector("#login-form")
+    page.fill("#token", "wrong")
+    page.click("button[type=submit]")
+    page.wait_for_selector("#error:not([hidden])")
+    assert "Wrong operator token" in page.inner_text("#error")
+    page.fill("#token", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#nodes tbody tr", timeout=10_000)
+    page.close()

@@ -1,0 +1,52 @@
+"""Round manager logic without a broker: validation, loss aggregation, deadlines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from api.fleet.rounds import RoundManager, RoundRejected, RoundRequest, _interpolate
+from federation.messages import EventKind, RoundCommand, RoundEvent
+
+
+def _manager(sent):
+    return RoundManager(swarm="s", publish=lambda t, m: sent.append((t, m)), start_timeout_s=5,
+                        idle_timeout_s=5)
+
+
+def test_interpolate_against_numpy():
+    curve = [(0, 2.0), (10, 1.0), (25, 0.4)]
+    xs, ys = zip(*curve, strict=True)
+    for s in [0, 3, 10, 17, 25]:
+        assert _interpolate(curve, s) == pytest.approx(float(np.interp(s, xs, ys)))
+    assert _interpolate(curve, -1) is None and _interpolate(curve, 26) is None and _interpolate([], 0) is None
+
+
+def test_mean_uses_interpolated_losses_and_marks_complete_steps():
+    sent = []
+    m = _manager(sent)
+    rnd = m.start(RoundRequest(steps=30, nodes=None), online={"a", "b"}, known={"a", "b"}, now=0.0)
+    assert isinstance(sent[0][1], RoundCommand) and sent[0][0] == "fractal/v1/s/cmd"
+    rid = rnd.round_id
+    for node, pts in {"a": [(0, 2.0), (20, 1.0)], "b": [(0, 3.0), (10, 2.0), (29, 0.1)]}.items():
+        for step, loss in pts:
+            m.on_event(RoundEvent(kind=EventKind.STEP, round_id=rid, node_id=node, step=step, loss=loss), 1.0)
+    series = {s["step"]: s for s in m.get(rid)["loss"]}
+    assert series[0]["mean"] == pytest.approx(2.5) and series[0]["complete"]
+    assert series[10]["mean"] == pytest.approx((1.5 + 2.0) / 2) and series[10]["nodes"] == {"b": 2.0}
+    assert series[29]["mean"] == pytest.approx(0.1) and not series[29]["complete"]  # a stopped at 20
+
+
+def test_validation_and_deadline():
+    sent = []
+    m = _manager(sent)
+    with pytest.raises(RoundRejected) as e:
+        m.start(RoundRequest(steps=1), online={"a"}, known={"a", "b"}, now=0)
+    assert e.value.status_code == 409 and "fewer than 2" in e.value.reason
+    rnd = m.start(RoundRequest(steps=1, nodes=["a", "b", "c"]), online={"a", "b"}, known={"a", "b", "c"}, now=0)
+    assert rnd.skipped == ["c"] and rnd.command.participants == ["a", "b"]
+    assert m.tick(4.9) == []
+    m.on_event(RoundEvent(kind=EventKind.STEP, round_id=rnd.round_id, node_id="a", step=0, loss=1.0), 4.0)
+    failed = m.tick(5.1)
+    assert [r.round_id for r in failed] == [rnd.round_id]
+    assert m.get(rnd.round_id)["reason"] == "deadline passed: b (no report within 5s)"
