@@ -43,7 +43,8 @@ def test_validation_and_deadline():
     with pytest.raises(RoundRejected) as e:
         m.start(RoundRequest(steps=1), online={"a"}, known={"a", "b"}, now=0)
     assert e.value.status_code == 409 and "fewer than 2" in e.value.reason
-    rnd = m.start(RoundRequest(steps=1, nodes=["a", "b", "c"]), online={"a", "b"}, known={"a", "b", "c"}, now=0)
+    rnd = m.start(RoundRequest(steps=1, nodes=["a", "b", "c"]), online={"a", "b"},
+                  known={"a", "b", "c"}, now=0)
     assert rnd.skipped == ["c"] and rnd.command.participants == ["a", "b"]
     assert m.tick(4.9) == []
     m.on_event(RoundEvent(kind=EventKind.STEP, round_id=rnd.round_id, node_id="a", step=0, loss=1.0), 4.0)
