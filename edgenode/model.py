@@ -136,8 +136,9 @@ class ModelHolder:
                 "names": list(getattr(self.artifact, "param_names", [])),
                 "shapes": [list(s) for s in self._shapes]}
         buf = io.BytesIO()
-        arrays = {f"p{i}": p for i, p in enumerate(snap.params)}
-        np.savez(buf, __meta__=np.array(json.dumps(meta)), **arrays)
+        arrays: dict[str, Any] = {f"p{i}": p for i, p in enumerate(snap.params)}
+        arrays["__meta__"] = np.array(json.dumps(meta))
+        np.savez(buf, **arrays)
         atomic_write_bytes(self.path, buf.getvalue())
 
     def _restore(self) -> ParamsSnapshot | None:

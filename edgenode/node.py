@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from edgenode.common import InvalidInput, NodeBusy, NodeError, RoundFailed, get_logger
+from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, get_logger
 from edgenode.config import NodeConfig
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
@@ -65,6 +65,11 @@ class EdgeNode:
         self.artifact = artifact
         self.trainer = getattr(artifact, "trainer", None)
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        tb = config.training.batch
+        if tb is not None and self.trainer is not None and int(self.trainer.batch) != tb:
+            raise ConfigError(f"[training] batch = {tb} but the artifact's training module was compiled for "
+                              f"batch {self.trainer.batch}",
+                              hint=f"set batch = {self.trainer.batch} or recompile with --batch {tb}")
         self.model = ModelHolder(artifact, config.data_dir)
         self.store = SampleStore(config.data_dir / "samples.db", self._sample_spec(),
                                  max_samples=config.store.max_samples, retention=config.store.retention,
@@ -344,6 +349,9 @@ class EdgeNode:
             self.metrics.rejected()
             log.warning("rejected command: %s", exc)
             return
+        if command.round_id in self._seen_rounds:  # QoS 1 redelivery: already run (or running)
+            log.info("ignoring duplicate command for round %s", command.round_id)
+            return
         try:
             self.start_round(command)
         except NodeBusy as exc:
@@ -399,7 +407,7 @@ class EdgeNode:
             raise RoundFailed("the artifact has no training module",
                               hint="compile with `fractal compile --train`")
         tcfg = self.config.training
-        plan = RoundPlan.from_command(cmd, default_lr=tcfg.lr)
+        plan = RoundPlan.from_command(cmd, tcfg)
         self._abort.clear()
         with self._lock:
             self._state, self._round_id = NodeState.TRAINING, cmd.round_id

@@ -186,7 +186,8 @@ class SampleStore:
 
     def _decode(self, rows: list[tuple[bytes, bytes]]) -> Samples:
         n = len(rows)
-        data = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.uint8).reshape(n, -1) if n else None
+        data = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.uint8).reshape(n, -1) if n else \
+            np.zeros((0, 0), np.uint8)
         inputs: dict[str, np.ndarray] = {}
         off = 0
         for name, shape, dtype in self.spec.inputs:

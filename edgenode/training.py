@@ -57,10 +57,18 @@ class RoundPlan:
     step_timeout_s: float = 30.0
 
     @classmethod
-    def from_command(cls, cmd: RoundCommand, *, default_lr: float | None = None) -> RoundPlan:
-        return cls(round_id=cmd.round_id, steps=cmd.steps, lr=cmd.lr if cmd.lr is not None else default_lr,
-                   sync=cmd.sync, local_steps=cmd.local_steps, group=tuple(sorted(set(cmd.participants))),
-                   compression=cmd.compression, step_timeout_s=cmd.step_timeout_s)
+    def from_command(cls, cmd: RoundCommand, defaults: Any = None) -> RoundPlan:
+        """Fields the command leaves out (not in the JSON) fall back to the node's ``[training]``."""
+        given = cmd.model_fields_set
+
+        def pick(name: str) -> Any:
+            if defaults is None or name in given or getattr(defaults, name, None) is None:
+                return getattr(cmd, name)
+            return getattr(defaults, name)
+
+        return cls(round_id=cmd.round_id, steps=cmd.steps, lr=pick("lr"), sync=SyncMode(pick("sync")),
+                   local_steps=int(pick("local_steps")), group=tuple(sorted(set(cmd.participants))),
+                   compression=Compression(pick("compression")), step_timeout_s=float(pick("step_timeout_s")))
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any, cast
 
 import typer
 
@@ -31,7 +32,8 @@ def serve_node(config_path: Path, *, log_level: str = "info") -> None:
     node = EdgeNode(cfg)
     node.start()  # connect to the broker now: a bad broker fails before we listen
     try:
-        server = uvicorn.Server(uvicorn.Config(create_node_app(node), host=cfg.host, port=cfg.port,
+        # cast: NodeLike declares plain attributes, EdgeNode exposes read-only properties
+        server = uvicorn.Server(uvicorn.Config(create_node_app(cast(Any, node)), host=cfg.host, port=cfg.port,
                                                log_level="warning", timeout_graceful_shutdown=2))
         server.run()
         if not server.started:
