@@ -2,10 +2,12 @@
 
 Built once per session into a session tmp dir, for this machine's preset:
 
-* ``digits_onnx`` / ``digits_artifact``: zoo ``digits-mlp`` (x float32 [N, 64] -> logits [N, 10])
-  with a training module (loss ce, optimizer sgd, batch 32, lr 0.1). ``digits_artifact`` is the
-  artifact DIRECTORY (a ``Path``); load it with ``compiler.load_artifact(path)``. Treat it as
-  read-only (copy it with ``shutil.copytree`` before modifying anything).
+* ``digits_onnx`` / ``digits_artifact`` (also as ``compiler_digits_onnx`` /
+  ``compiler_digits_artifact``, the names the compiler tests use): zoo ``digits-mlp`` at
+  batch 1 (x float32 [N, 64] -> logits [N, 10]) with a training module (loss ce, optimizer
+  sgd, batch 32, lr 0.1). ``digits_artifact`` is the artifact DIRECTORY (a ``Path``); load it
+  with ``compiler.load_artifact(path)``. Treat it as read-only (copy it with
+  ``shutil.copytree`` before modifying anything).
 * ``cnn_onnx`` / ``cnn_artifact``: a small CNN (x [N, 3, 8, 8] -> logits [N, 4]; Conv, depthwise
   Conv, BatchNorm, MaxPool, GlobalAveragePool, Gemm) with training (ce, sgd, batch 4, lr 0.05).
 """
@@ -24,7 +26,7 @@ def compiler_build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def digits_onnx(compiler_build_dir: Path) -> Path:
+def compiler_digits_onnx(compiler_build_dir: Path) -> Path:
     """The zoo ``digits-mlp`` model (batch 1, seed 0) as an ONNX file."""
     from compiler import zoo
 
@@ -32,12 +34,29 @@ def digits_onnx(compiler_build_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def digits_artifact(compiler_build_dir: Path, digits_onnx: Path) -> Path:
+def compiler_digits_artifact(compiler_build_dir: Path, compiler_digits_onnx: Path) -> Path:
     """``digits-mlp`` compiled for the host preset with training (ce, sgd, batch 32, lr 0.1)."""
     from compiler import TrainSettings, compile_model, host_preset_name
 
-    return compile_model(digits_onnx, target=host_preset_name(), out_dir=compiler_build_dir / "digits-mlp",
-                         train=TrainSettings(loss="ce", optimizer="sgd", lr=0.1, batch=32), progress=False)
+    return compile_model(
+        compiler_digits_onnx,
+        target=host_preset_name(),
+        out_dir=compiler_build_dir / "digits-mlp",
+        train=TrainSettings(loss="ce", optimizer="sgd", lr=0.1, batch=32),
+        progress=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def digits_onnx(compiler_digits_onnx: Path) -> Path:
+    """Alias of ``compiler_digits_onnx``."""
+    return compiler_digits_onnx
+
+
+@pytest.fixture(scope="session")
+def digits_artifact(compiler_digits_artifact: Path) -> Path:
+    """Alias of ``compiler_digits_artifact`` (the shared name other areas use)."""
+    return compiler_digits_artifact
 
 
 @pytest.fixture(scope="session")
@@ -53,5 +72,10 @@ def cnn_artifact(compiler_build_dir: Path, cnn_onnx: Path) -> Path:
     """The small CNN compiled for the host preset with training (ce, sgd, batch 4, lr 0.05)."""
     from compiler import TrainSettings, compile_model, host_preset_name
 
-    return compile_model(cnn_onnx, target=host_preset_name(), out_dir=compiler_build_dir / "small-cnn",
-                         train=TrainSettings(loss="ce", optimizer="sgd", lr=0.05, batch=4), progress=False)
+    return compile_model(
+        cnn_onnx,
+        target=host_preset_name(),
+        out_dir=compiler_build_dir / "small-cnn",
+        train=TrainSettings(loss="ce", optimizer="sgd", lr=0.05, batch=4),
+        progress=False,
+    )

@@ -51,5 +51,10 @@ def mse_adam_artifact(compiler_build_dir: Path, mlp_onnx: Path) -> Path:
     """The tiny MLP with training (mse, adam, batch 6, lr 0.01)."""
     from compiler import TrainSettings, compile_model, host_preset_name
 
-    return compile_model(mlp_onnx, target=host_preset_name(), out_dir=compiler_build_dir / "mlp-mse-adam",
-                         train=TrainSettings(loss="mse", optimizer="adam", lr=0.01, batch=6), progress=False)
+    return compile_model(
+        mlp_onnx,
+        target=host_preset_name(),
+        out_dir=compiler_build_dir / "mlp-mse-adam",
+        train=TrainSettings(loss="mse", optimizer="adam", lr=0.01, batch=6),
+        progress=False,
+    )

@@ -18,16 +18,18 @@ OPSET = 17
 
 
 def _model(nodes, inputs, outputs, weights: dict[str, np.ndarray], name: str) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, name, inputs, outputs,
-                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    graph = helper.make_graph(
+        nodes, name, inputs, outputs, [numpy_helper.from_array(v, k) for k, v in weights.items()]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tests")
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model
 
 
-def mlp(*, batch: int | str = 1, sizes=(8, 16, 4),
-        seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def mlp(
+    *, batch: int | str = 1, sizes=(8, 16, 4), seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """x [batch, sizes[0]] -> Gemm/Relu stack -> y [batch, sizes[-1]]."""
     rng = np.random.default_rng(seed)
     weights: dict[str, np.ndarray] = {}
@@ -37,8 +39,11 @@ def mlp(*, batch: int | str = 1, sizes=(8, 16, 4),
         weights[f"w{i}"] = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
         weights[f"b{i}"] = (0.1 * rng.standard_normal(b)).astype(np.float32)
         out = "y" if i == len(sizes) - 2 else f"h{i}"
-        nodes.append(helper.make_node("Gemm", [cur, f"w{i}", f"b{i}"], [out if out == "y" else f"g{i}"],
-                                      name=f"gemm{i}"))
+        nodes.append(
+            helper.make_node(
+                "Gemm", [cur, f"w{i}", f"b{i}"], [out if out == "y" else f"g{i}"], name=f"gemm{i}"
+            )
+        )
         if out != "y":
             nodes.append(helper.make_node("Relu", [f"g{i}"], [out], name=f"relu{i}"))
         cur = out
@@ -68,8 +73,13 @@ def small_cnn(*, batch: int = 1, seed: int = 0) -> tuple[onnx.ModelProto, dict[s
     n = helper.make_node
     nodes = [
         n("Conv", ["x", "c1_w", "c1_b"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-        n("BatchNormalization", ["c1", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["bn"], epsilon=1e-5,
-          name="bn1"),
+        n(
+            "BatchNormalization",
+            ["c1", "bn_scale", "bn_bias", "bn_mean", "bn_var"],
+            ["bn"],
+            epsilon=1e-5,
+            name="bn1",
+        ),
         n("Relu", ["bn"], ["r1"], name="relu1"),
         n("Conv", ["r1", "dw_w", "dw_b"], ["dw"], pads=[1, 1, 1, 1], group=8, name="dwconv"),
         n("Relu", ["dw"], ["r2"], name="relu2"),

@@ -54,8 +54,8 @@ def _assert_grads_close(got, want, names):
         np.testing.assert_allclose(g, w, atol=2e-5 * scale, rtol=1e-4, err_msg=f"gradient of {name}")
 
 
-def test_digits_mlp_loss_and_grad_match_pytorch(digits_artifact):
-    art = load_artifact(digits_artifact)
+def test_digits_mlp_loss_and_grad_match_pytorch(compiler_digits_artifact):
+    art = load_artifact(compiler_digits_artifact)
     tr = art.trainer
     assert (tr.batch, tr.loss, tr.optimizer, tr.lr) == (32, "ce", "sgd", 0.1)
     rng = np.random.default_rng(3)
@@ -75,8 +75,18 @@ def test_small_cnn_loss_and_grad_match_pytorch(cnn_artifact, cnn_onnx):
     inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(cnn_onnx)).graph.initializer}
     art = load_artifact(cnn_artifact)
     # BN running statistics are compile-time constants, not trainable parameters
-    assert art.param_names == ["c1_w", "c1_b", "bn_scale", "bn_bias", "dw_w", "dw_b", "pw_w", "pw_b",
-                               "fc_w", "fc_b"]
+    assert art.param_names == [
+        "c1_w",
+        "c1_b",
+        "bn_scale",
+        "bn_bias",
+        "dw_w",
+        "dw_b",
+        "pw_w",
+        "pw_b",
+        "fc_w",
+        "fc_b",
+    ]
     fwd = _make_cnn_torch(inits["bn_mean"].astype(np.float64), inits["bn_var"].astype(np.float64))
     rng = np.random.default_rng(4)
     x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
@@ -113,9 +123,9 @@ def test_mse_adam_match_pytorch_over_three_steps(mse_adam_artifact):
     assert int(state[0]) == 3
 
 
-def test_sgd_step_is_p_minus_lr_g_and_lr_is_per_call(digits_artifact):
-    tr = load_artifact(digits_artifact).trainer
-    params = load_artifact(digits_artifact).params
+def test_sgd_step_is_p_minus_lr_g_and_lr_is_per_call(compiler_digits_artifact):
+    tr = load_artifact(compiler_digits_artifact).trainer
+    params = load_artifact(compiler_digits_artifact).params
     rng = np.random.default_rng(6)
     grads = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
     state = tr.init_state(params)
@@ -126,19 +136,19 @@ def test_sgd_step_is_p_minus_lr_g_and_lr_is_per_call(digits_artifact):
             np.testing.assert_allclose(q, p - rate * g, atol=1e-6)
         assert int(new_state[0]) == 1
     # inputs are not modified in place
-    fresh = load_artifact(digits_artifact).params
+    fresh = load_artifact(compiler_digits_artifact).params
     assert all(np.array_equal(a, b) for a, b in zip(params, fresh, strict=True))
     with pytest.raises(InputError, match="learning rate"):
         tr.apply(params, grads, state, lr=-1.0)
 
 
-def test_loss_falls_on_sklearn_digits(digits_artifact):
+def test_loss_falls_on_sklearn_digits(compiler_digits_artifact):
     from sklearn.datasets import load_digits
 
     data = load_digits()
     x_all = (data.data / 16.0).astype(np.float32)
     y_all = data.target.astype(np.int64)
-    art = load_artifact(digits_artifact)
+    art = load_artifact(compiler_digits_artifact)
     tr = art.trainer
     params, state = art.params, tr.init_state(art.params)
     rng = np.random.default_rng(0)
@@ -187,8 +197,8 @@ def test_cnn_loss_falls(cnn_artifact):
     assert loss < 0.25 * first, (first, loss)  # overfits 4 samples
 
 
-def test_training_input_errors(digits_artifact):
-    art = load_artifact(digits_artifact)
+def test_training_input_errors(compiler_digits_artifact):
+    art = load_artifact(compiler_digits_artifact)
     tr = art.trainer
     x = np.zeros((32, 64), np.float32)
     with pytest.raises(InputError, match=r"expected float32\[32, 64\]"):
@@ -203,9 +213,9 @@ def test_training_input_errors(digits_artifact):
         tr.apply(art.params, art.params, [], lr=0.1)
 
 
-def test_inference_not_blocked_by_a_training_step(digits_artifact):
+def test_inference_not_blocked_by_a_training_step(compiler_digits_artifact):
     """A training step holds the trainer's lock; inference on other threads must not wait for it."""
-    art = load_artifact(digits_artifact)
+    art = load_artifact(compiler_digits_artifact)
     x = np.ones((3, 64), np.float32)
     done = threading.Event()
     with art.trainer._lock:  # a training step "in progress"
