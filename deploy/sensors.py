@@ -78,6 +78,8 @@ class Feeder(threading.Thread):
     def run(self) -> None:
         with httpx.Client(base_url=self.url, headers=self.headers, timeout=10) as client:
             if not self._wait_ready(client):
+                if not self._halt.is_set():
+                    self.error = f"{self.url} not ready after {self.ready_timeout:.0f}s"
                 return
             n = len(self.shard.y)
             while self.sent < n and not self._halt.is_set():

@@ -104,3 +104,32 @@ def swarm(
 
     run_swarm(SwarmOptions(nodes=nodes, emulate_arm=emulate_arm, port=port, broker=broker, token=token,
                            workdir=workdir, cache_dir=cache_dir, feed_rate=feed_rate))
+
+
+@app.command()
+def feed(
+    node: list[str] = typer.Option(..., "--node", help="Node API URL (http://host:port); repeat per node."),
+    token: str | None = typer.Option(None, "--token", envvar="FRACTAL_NODE_TOKEN",
+                                     help="Bearer token of the nodes' API, if they have one."),
+    rate: float = typer.Option(40.0, "--rate", min=0.1, help="Samples per second per node."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the uneven, non-IID split."),
+) -> None:
+    """Simulated sensors: stream sklearn digits (split unevenly, non-IID) to nodes' POST /v1/samples."""
+    from deploy.sensors import Feeder, digits_shards
+
+    shards = digits_shards(len(node), seed=seed)
+    feeders = [Feeder(url, shard, token=token, rate=rate) for url, shard in zip(node, shards, strict=True)]
+    for f in feeders:
+        f.start()
+        typer.echo(f"feeding {len(f.shard.y)} samples to {f.url}")
+    try:
+        for f in feeders:
+            while f.is_alive():
+                f.join(0.5)
+    finally:
+        for f in feeders:
+            f.stop()
+    failed = [f.error for f in feeders if f.error]
+    if failed:
+        raise FleetError(failed[0], hint="check the node URL and token")
+    typer.echo("done: " + ", ".join(f"{f.url} {f.sent}" for f in feeders))
