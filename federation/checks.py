@@ -18,7 +18,7 @@ def all_finite(x: np.ndarray) -> bool:
     if x.size == 0:
         return True
     with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(np.add.reduce(x, dtype=np.float64)):
+        if np.isfinite(np.add.reduce(x)):
             return True
     return bool(np.isfinite(x).all())
 

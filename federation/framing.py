@@ -21,8 +21,9 @@ Every transport message is exactly one frame. All integers are little-endian.
     44      1    swarm_len     u8, then swarm id bytes (UTF-8)
     45      1    tag_len       u8, then round tag bytes (UTF-8)
     46      1    sender_len    u8, then sender member id bytes (UTF-8)
-    47      ..   swarm, tag, sender (in that order, no padding)
-    ..      ..   payload       payload_len bytes
+    47      ..   swarm, tag, sender (in that order, no separators)
+    ..      0-7  pad           zero bytes up to the next multiple of 8 (so float payloads are aligned)
+    ..      ..   payload       payload_len bytes, starting at offset align8(47 + ids)
     end-4   4    crc32         zlib.crc32 (IEEE 802.3) of every byte before it
 
 Payloads by kind:
@@ -70,8 +71,13 @@ MAGIC = b"FE"
 VERSION = 1
 HEADER = struct.Struct("<2sBBBBHIIIQIQIBBB")
 _CRC = struct.Struct("<I")
-# Worst-case bytes of a frame that are not payload: header, three 255-byte ids, crc.
-MAX_OVERHEAD = HEADER.size + 3 * 255 + _CRC.size
+# Worst-case bytes of a frame that are not payload: header, three 255-byte ids, pad, crc.
+MAX_OVERHEAD = HEADER.size + 3 * 255 + 7 + _CRC.size
+_PADS = [bytes(i) for i in range(8)]
+
+
+def _align8(n: int) -> int:
+    return (n + 7) & ~7
 
 
 class FrameKind(enum.IntEnum):
@@ -153,6 +159,7 @@ def encode(
             MAGIC, VERSION, kind, phase, codec, step, chunk, part, nparts, offset, count, total, plen,
             len(sw), len(tg), len(sd),
         ) + sw + tg + sd
+        head += _PADS[-len(head) % 8]
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from e
     crc = zlib.crc32(head)
@@ -204,8 +211,9 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
         raise FrameError(f"unsupported frame version {version} (this member speaks {VERSION})",
                          hint="upgrade every member of the swarm to the same release")
     body = HEADER.size + lsw + ltg + lsd
-    if body + plen + _CRC.size != n:
-        raise FrameError(f"frame length mismatch: header says {body + plen + _CRC.size} bytes, got {n}")
+    start = _align8(body)
+    if start + plen + _CRC.size != n:
+        raise FrameError(f"frame length mismatch: header says {start + plen + _CRC.size} bytes, got {n}")
     (crc,) = _CRC.unpack_from(mv, n - _CRC.size)
     if zlib.crc32(mv[: n - _CRC.size]) != crc:
         raise FrameError("frame checksum mismatch")
@@ -227,4 +235,4 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
     if kind == FrameKind.ACK and plen:
         raise FrameError("ACK frame with a payload")
     return Frame(kind, phase, codec, step, chunk, part, nparts, offset, count, total, swarm, tag, sender,
-                 mv[body : body + plen])
+                 mv[start : start + plen])

@@ -130,6 +130,8 @@ class Endpoint:
                     if reason is None:
                         reply, counters = encode_ack(fr, sender=self.member_id), {"acks_sent": 1}
                     elif (fr.tag, fr.sender) not in self._abort_replied:
+                        if len(self._abort_replied) > 4096:  # bound memory; worst case one more reply
+                            self._abort_replied.clear()
                         self._abort_replied.add((fr.tag, fr.sender))
                         why = f"{self.member_id} already aborted: {reason}"
                         reply = encode_abort(swarm=self.swarm, tag=fr.tag, sender=self.member_id,
