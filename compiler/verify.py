@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from compiler.artifact import TensorSpec, file_sha256, load_artifact, read_manifest
-from compiler.errors import ArtifactError, InputError
+from compiler.errors import ArtifactError, EmulationError, InputError
 
 __all__ = ["VerifyResult", "verify_artifact", "random_inputs", "onnxruntime_reference", "DEFAULT_TOL"]
 
@@ -90,8 +90,11 @@ def verify_artifact(artifact_dir: str | Path, onnx_path: str | Path, *, emulate:
     n = b * max(1, batches)
     inputs = random_inputs(specs, n, seed)
     if emulate:
-        from compiler.emulate import run_emulated
-
+        try:
+            from compiler.emulate import run_emulated
+        except ImportError as exc:
+            raise EmulationError(f"emulation is not available in this build ({exc})",
+                                 hint="verify natively on a matching machine") from None
         got: dict[str, Any] = run_emulated(artifact_dir, inputs)
     else:
         got = load_artifact(artifact_dir).infer(inputs)
