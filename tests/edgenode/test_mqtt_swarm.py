@@ -85,3 +85,43 @@ def test_round_over_mqtt(mosquitto, swarm_id, mqtt_link_factory, node_factory, d
     while statuses[ids[2]].state != NodeState.OFFLINE:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_kill_9_node_process_reads_offline(mosquitto, swarm_id, mqtt_link_factory, digits_artifact, tmp_path):
+    """`fractal node` with a broker: retained status online; SIGKILL -> the Last Will says offline."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.fixtures_node import write_node_toml
+
+    node_id = f"{swarm_id}-proc"
+    cfg = write_node_toml(tmp_path / "NODE.toml", {
+        "node_id": node_id, "artifact": str(digits_artifact), "port": 0, "data_dir": "data",
+        "broker": mosquitto.url, "swarm": swarm_id, "keepalive_s": 2})
+    statuses, lock = [], threading.Lock()
+    fleet = mqtt_link_factory(mosquitto, "watch")
+
+    def on_status(topic, payload):
+        with lock:
+            statuses.append(parse_status(payload))
+
+    fleet.subscribe(topics.status(swarm_id, node_id), on_status)
+    proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "node", "--config",
+                             str(cfg)], cwd=Path(__file__).parents[2], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(s.state == NodeState.ONLINE for s in statuses):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    deadline = time.monotonic() + 10  # the socket closed: the broker fires the will at once
+    while statuses[-1].state != NodeState.OFFLINE:
+        assert time.monotonic() < deadline, statuses[-1]
+        time.sleep(0.05)
+    assert statuses[-1].node_id == node_id and statuses[-1].model == "digits-mlp"

@@ -1,0 +1,92 @@
+"""EdgeNode without a swarm (fake numpy artifact): surface used by the HTTP layer, validation,
+metrics, and RoundPlan defaults."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from edgenode.common import ConfigError, InvalidInput, NodeError
+from edgenode.config import NodeConfig
+from edgenode.node import EdgeNode
+from edgenode.training import RoundPlan, choose_root
+from federation.messages import Compression, RoundCommand, SyncMode
+from tests.edgenode.fakes import NumpyArtifact
+
+
+def make(tmp_path, **extra) -> EdgeNode:
+    (tmp_path / "art").mkdir(exist_ok=True)
+    cfg = NodeConfig.from_dict({"node_id": "solo", "artifact": str(tmp_path / "art"),
+                                "data_dir": str(tmp_path / "data"), **extra})
+    return EdgeNode(cfg, artifact=NumpyArtifact())
+
+
+def test_surface_and_metrics(tmp_path):
+    node = make(tmp_path)
+    node.start()
+    try:
+        assert node.model_name == "numpy-softmax" and node.model_version == 0
+        assert [s.name for s in node.inputs] == ["x"] and [s.name for s in node.outputs] == ["logits"]
+        out = node.infer({"x": np.ones((3, 64), np.float64)})  # float64 is cast to float32
+        assert out["logits"].shape == (3, 10)
+        assert node.add_samples({"x": np.zeros((4, 64))}, np.array([1, 2, 3, 4])) == 4
+        info = node.info()
+        for key in ("node_id", "arch", "board", "model", "model_version", "params_sha256", "round_id",
+                    "samples", "state"):
+            assert key in info
+        assert info["samples"] == 4 and info["state"] == "online" and info["board"] == "x86_64"
+        assert node.metrics.inferences == 1 and node.metrics.samples_added == 4
+        text = generate_latest(node.registry).decode()
+        assert "fractal_node_inferences_total 1.0" in text and "fractal_node_samples 4.0" in text
+    finally:
+        node.stop()
+        node.stop()  # idempotent
+
+
+@pytest.mark.parametrize(("inputs", "needle"), [
+    ({}, "missing input 'x'"),
+    ({"x": np.zeros((1, 64)), "z": np.zeros(1)}, "unknown input 'z'"),
+    ({"x": np.zeros((1, 63))}, "expected [N, 64]"),
+    ({"x": np.zeros(64)}, "expected [N, 64]"),
+    ({"x": np.zeros((0, 64))}, "expected [N, 64]"),
+    ({"x": np.array([["a"] * 64])}, "dtype"),
+])
+def test_infer_rejects_bad_input(tmp_path, inputs, needle):
+    node = make(tmp_path)
+    with pytest.raises(InvalidInput) as ei:
+        node.infer(inputs)
+    assert needle in str(ei.value)
+    node.stop()
+
+
+def test_round_without_transport_is_refused(tmp_path):
+    node = make(tmp_path)
+    node.start()
+    with pytest.raises(NodeError, match="no swarm transport"):
+        node.start_round(RoundCommand(round_id="r", steps=1, participants=["solo"]))
+    node.stop()
+
+
+def test_batch_mismatch_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="batch"):
+        make(tmp_path, training={"batch": 64})
+
+
+def test_plan_takes_node_defaults_only_for_fields_the_command_omits(tmp_path):
+    cfg = make(tmp_path, training={"lr": 0.5, "sync": "local-sgd", "local_steps": 7,
+                                   "compression": "fp16"}).config
+    sparse = RoundCommand.model_validate_json('{"kind": "round.start", "round_id": "a", "steps": 3, '
+                                              '"participants": ["b", "a", "b"]}')
+    plan = RoundPlan.from_command(sparse, cfg.training)
+    assert (plan.lr, plan.sync, plan.local_steps, plan.compression) == (0.5, SyncMode.LOCAL_SGD, 7,
+                                                                         Compression.FP16)
+    assert plan.group == ("a", "b")
+    full = RoundCommand(round_id="a", steps=3, lr=0.01, sync=SyncMode.GRADIENT, participants=["a"])
+    plan = RoundPlan.from_command(full, cfg.training)
+    assert (plan.lr, plan.sync) == (0.01, SyncMode.GRADIENT)
+
+
+def test_choose_root():
+    assert choose_root({"a": 1, "b": 3, "c": 3}) == "b"
+    assert choose_root({"z": 0, "y": 0}) == "y"
