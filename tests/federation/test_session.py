@@ -1,0 +1,73 @@
+"""The reliable frame layer under the ring: stale, early, foreign and aborted-tag frames."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from federation.errors import RoundAborted
+from federation.framing import FrameKind, Phase, decode, encode
+from federation.memory import MemoryHub
+from federation.ring import RingAllreduce
+
+
+def _data(tag: str, sender: str = "x", swarm: str = "default", part: int = 0) -> bytes:
+    v = np.ones(4, np.float32)
+    return encode(FrameKind.DATA, Phase.REDUCE_SCATTER, swarm=swarm, tag=tag, sender=sender, part=part,
+                  nparts=part + 1, count=4, total=4, payload=[v])
+
+
+def _wait(pred, timeout=2.0) -> bool:
+    end = time.monotonic() + timeout
+    while not pred() and time.monotonic() < end:
+        time.sleep(0.005)
+    return pred()
+
+
+def test_foreign_swarm_and_garbage_are_rejected_and_counted() -> None:
+    hub = MemoryHub()
+    eng = RingAllreduce(hub.transport("a"))
+    x = hub.transport("x")
+    try:
+        x.send("a", _data("t", swarm="other"))
+        assert _wait(lambda: eng.stats.rejected == 1) and "swarm" in eng.stats.last_reject
+        x.send("a", b"\x00garbage")
+        assert _wait(lambda: eng.stats.rejected == 2) and "short" in eng.stats.last_reject
+    finally:
+        eng.close()
+
+
+def test_early_buffer_is_bounded_by_tags_and_frames_are_not_acked() -> None:
+    hub = MemoryHub()
+    eng = RingAllreduce(hub.transport("a"), max_early_tags=2)
+    x = hub.transport("x")
+    try:
+        for tag in ("t1", "t2", "t3"):
+            x.send("a", _data(tag))
+        x.send("a", _data("t3"))  # duplicate while buffered
+        assert _wait(lambda: eng.stats.early == 3 and eng.stats.duplicates == 1)
+        assert eng.stats.early_dropped == 1  # t1 evicted for t3
+        assert x.recv(0.1) is None  # nothing acknowledged before the call starts
+    finally:
+        eng.close()
+
+
+def test_data_for_an_aborted_tag_gets_one_abort_reply() -> None:
+    hub = MemoryHub()
+    eng = RingAllreduce(hub.transport("a"))
+    x = hub.transport("x")
+    try:
+        with pytest.raises(RoundAborted):
+            eng.allreduce(np.ones(4, np.float32), group=["a", "x"], tag="gone", timeout=0.1)
+        while x.recv(0.05) is not None:  # the ABORT it broadcast at the deadline
+            pass
+        x.send("a", _data("gone"))
+        x.send("a", _data("gone", part=1))
+        replies = []
+        while (p := x.recv(0.2)) is not None:
+            replies.append(decode(p))
+        assert [r.kind for r in replies] == [FrameKind.ABORT] and replies[0].tag == "gone"
+    finally:
+        eng.close()
