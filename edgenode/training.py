@@ -149,15 +149,17 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
         losses: list[float] = []
         state = trainer.init_state(params)
         for step in range(plan.steps):
-            if abort.is_set():
-                raise RoundFailed(f"round {plan.round_id} aborted")
             tag = f"{plan.round_id}/{step}"
+            if abort.is_set():
+                _abort_peers(ring, tag, group, node_id, "round aborted")
+                raise RoundFailed(f"round {plan.round_id} aborted")
             step_fn = _gradient_step if plan.sync == SyncMode.GRADIENT else _local_sgd_step
             loss, params, state = step_fn(plan, trainer, params, state, sampler, ring, group, tag, scale)
             losses.append(loss)
             if on_step is not None:
                 on_step(step, loss)
         if abort.is_set():
+            _abort_peers(ring, f"{plan.round_id}/commit", group, node_id, "round aborted")
             raise RoundFailed(f"round {plan.round_id} aborted")
         # Barrier: nobody commits unless everybody got through the last step.
         ring.allreduce(np.ones(1, np.float32), group=group, tag=f"{plan.round_id}/commit", op="sum",
@@ -169,6 +171,19 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
         raise RoundFailed(f"round {plan.round_id} failed: {exc}", member=member) from exc
     snap = model.commit(params, max(versions.values()) + 1)
     return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0)
+
+
+def _abort_peers(ring: Any, tag: str, group: list[str], node_id: str, reason: str) -> None:
+    """Open the collective ``tag`` and fail it at once: the session layer sends ABORT to every
+    peer, so members blocked in (or about to start) that step stop now instead of at the deadline."""
+    endpoint = getattr(ring, "endpoint", None)
+    if endpoint is None:
+        return
+    try:
+        with endpoint.call(tag, [m for m in group if m != node_id], 1.0):
+            raise RoundFailed(reason)
+    except Exception:  # noqa: BLE001 - best effort: peers still time out on their own
+        pass
 
 
 def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: Any, has_samples: bool,
