@@ -32,7 +32,7 @@ Payloads by kind:
   is the acknowledging member. One ACK per received DATA frame, duplicates included.
 * ABORT: UTF-8 JSON ``{"member": <blamed member id or null>, "reason": <text>,
   "rejected": <true if an update failed the checks (NaN/Inf)>}``; the round ``tag`` is
-  aborted for every member that receives it. Other header fields are zero.
+  aborted for every member that receives it. Header: phase 1, nparts 1, other numbers 0.
 
 Any violation (short buffer, bad magic, unknown version/kind/phase/codec, length mismatch,
 bad checksum, non-UTF-8 ids) raises :class:`FrameError`; the receiver counts the frame as

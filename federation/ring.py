@@ -41,9 +41,19 @@ Reliability rules (see :mod:`federation.session`)
   aborts the round blaming its sender: all members must run the same release with the same
   ``max_payload`` and ``topk_ratio``.
 * Deadline: if the expected frames have not arrived by ``now + timeout`` the member sends ABORT
-  to every peer and raises ``RoundAborted(member=<the predecessor it was waiting for>)``. Any
-  member receiving an ABORT raises ``RoundAborted`` (``UpdateRejected`` for NaN/Inf) with the
-  blamed member and the reason. Nobody returns a partial result.
+  to every peer, listens for a short grace period (at most 0.25 s) and raises
+  ``RoundAborted(member=<the blamed member no peer heard from>)`` (see the abort vote in
+  :mod:`federation.session`). A NaN/Inf anywhere raises ``UpdateRejected`` (a RoundAborted)
+  naming the member whose data was bad, on every member. Nobody returns a partial result.
+* Ranks, chunks and parts are all derived from ``sorted(group)``, the vector length (equal on
+  every member; a mismatch aborts), the codec, ``max_payload`` and ``topk_ratio``.
+
+Broadcast (``broadcast(vec_or_None, root=..., group=..., tag=...)``)
+* Chain along the ring from the root: hop ``d`` is rank ``(root + d) % n``; each hop receives
+  phase BROADCAST step ``d-1`` from its predecessor and forwards the same payload bytes as step
+  ``d``, part by part (pipelined). Codec F32 only (lossless). The vector length travels in
+  every frame's ``total``; an empty vector is sent as one part with 0 elements.
+* Same ACK / window / retransmit / deadline rules; every member returns the root's bytes.
 """
 
 from __future__ import annotations

@@ -18,11 +18,22 @@ A :class:`Call` is one collective operation under one tag with a deadline. DATA 
 queued per destination and sent while fewer than ``max_in_flight`` are unacknowledged for that
 peer (credit-based flow control: the ring never relies on a broker's queue depth). Every
 received DATA frame is acknowledged, duplicates too, and is delivered to the algorithm once
-(key = sender, phase, step, chunk, part). A frame not acknowledged within
-``retransmit_after`` seconds is sent again with exponential backoff (x2, at most 8x); the
-receiver's de-duplication makes that safe. Frames that fail verification are dropped
+(key = sender, phase, step, chunk, part). A frame not acknowledged within the retransmit
+timeout (RTO) is sent again with exponential backoff (x2, at most 8x ``retransmit_after``); the
+receiver's de-duplication makes that safe. RTO = max(``retransmit_after``, 4 x smoothed RTT),
+capped at 8x ``retransmit_after``; RTT samples come only from frames sent once (Karn), so a
+loaded broker or machine is not mistaken for loss. Frames that fail verification are dropped
 unacknowledged and counted (``Stats.rejected``), so a corrupted frame is healed by the
 retransmit and never stalls the round by itself.
+
+Aborts. A member that rejects an update (NaN/Inf) sends ABORT(member, rejected=true) to every
+peer; receivers raise ``UpdateRejected`` at once. At the deadline a member sends
+ABORT(member = the peer it was waiting for); a member receiving such a timeout ABORT before its
+own deadline does the same. Both then listen for a *grace* period of
+``min(0.25 s, max(0.02 s, timeout / 10))``: every peer heard from in that window is alive, and
+the ``RoundAborted.member`` each survivor reports is the first blamed member nobody heard from
+(a dead member's absence ripples down the ring, so survivors would otherwise blame each
+other). Survivors therefore raise within ``timeout + grace``.
 """
 
 from __future__ import annotations
