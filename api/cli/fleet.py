@@ -66,7 +66,8 @@ def _settings(**flags):
 
 @app.command()
 def fleet(
-    broker: str = typer.Option(..., "--broker", help="Broker URL, mqtt://[user:pass@]host:port or mqtts://..."),
+    broker: str = typer.Option(..., "--broker", envvar="FRACTAL_FLEET_BROKER",
+                               help="Broker URL, mqtt://[user:pass@]host:port or mqtts://..."),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="HTTP port of the API and dashboard."),
     token: str | None = typer.Option(None, "--token", help="Operator token (default: $FRACTAL_FLEET_TOKEN, "
                                      "else a random one is printed)."),

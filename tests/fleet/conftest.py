@@ -18,7 +18,6 @@ from api.fleet.settings import FleetSettings
 from api.fleet_app import create_fleet_app
 from api.serving import ServerThread
 from federation import topics
-from federation.broker import start_mosquitto
 from federation.messages import EventKind, NodeState, NodeStatus, RoundEvent
 from federation.mqtt import MqttLink
 
@@ -26,11 +25,10 @@ TOKEN = "fleet-test-token"
 _ids = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def broker():
-    b = start_mosquitto()
-    yield b
-    b.close()
+@pytest.fixture(scope="session")
+def broker(mosquitto):
+    """The session's shared Mosquitto (tests/fixtures_broker.py); each fleet uses its own swarm id."""
+    return mosquitto
 
 
 @dataclass

@@ -1,0 +1,209 @@
+"""docker-compose.yml, deploy/Dockerfile and the Mosquitto configs, checked without Docker:
+every service command parses as a real `fractal` invocation, ports/volumes/config files are
+consistent, and the Mosquitto configs start a real Mosquitto that enforces what they say."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import typer.main
+import yaml
+from typer._click.exceptions import UsageError  # typer 0.2x vendors click
+
+from api.cli import app
+from edgenode.config import NodeConfig
+from federation import topics
+from federation.broker import free_port, mosquitto_path
+from federation.errors import TransportError
+from federation.mqtt import MqttLink
+from tests.fleet.conftest import collect
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+CLI = typer.main.get_command(app)
+
+
+def parse_fractal(argv: list[str]) -> tuple[str, dict]:
+    """Parse ``fractal ...`` with the real CLI's click parser (types, required options, choices)."""
+    assert argv[0] == "fractal", argv
+    ctx = CLI.make_context("fractal", list(argv[1:]))
+    name, cmd, rest = CLI.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+    sub = cmd.make_context(name, rest, parent=ctx)
+    return name, sub.params
+
+
+def container_ports(svc: dict) -> list[int]:
+    return [int(str(p).rsplit(":", 1)[1]) for p in svc.get("ports", [])]
+
+
+def host_ports(svc: dict) -> list[str]:
+    return [str(p).rsplit(":", 1)[0] for p in svc.get("ports", [])]
+
+
+def mounts(svc: dict) -> dict[str, str]:
+    """container path -> source (bind path or named volume)."""
+    out = {}
+    for v in svc.get("volumes", []):
+        src, dst, *_ = v.split(":")
+        out[dst] = src
+    return out
+
+
+FRACTAL_SERVICES = [n for n, s in SERVICES.items() if s.get("command", [None])[0] == "fractal"]
+
+
+def test_expected_services():
+    assert {"mosquitto", "node-1", "node-2", "node-3", "fleet"} <= set(SERVICES)
+    assert sorted(FRACTAL_SERVICES) == ["feeder", "fleet", "node-1", "node-2", "node-3"]
+
+
+@pytest.mark.parametrize("name", FRACTAL_SERVICES)
+def test_service_command_is_a_valid_fractal_invocation(name):
+    verb, params = parse_fractal(SERVICES[name]["command"])
+    assert verb == {"feeder": "feed", "fleet": "fleet"}.get(name, "node")
+    svc = SERVICES[name]
+    assert svc["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}
+    assert (ROOT / svc["build"]["dockerfile"]).is_file()
+    if verb == "fleet":
+        assert params["port"] in container_ports(svc)
+        broker = urlsplit(params["broker"])
+        assert broker.hostname in SERVICES and broker.port == 1883
+        assert "FRACTAL_FLEET_TOKEN" in svc["environment"]  # never a token baked into the file
+
+
+def test_parser_rejects_bad_invocations():
+    # The check above must be able to fail: a typo'd option or a missing required one.
+    for bad in (["fractal", "fleet", "--brokr", "mqtt://x:1"], ["fractal", "fleet"],
+                ["fractal", "node"], ["fractal", "nodes", "--config", "x"]):
+        with pytest.raises(UsageError):
+            parse_fractal(bad)
+
+
+@pytest.mark.parametrize("name", [n for n in FRACTAL_SERVICES if n.startswith("node-")])
+def test_node_configs_exist_and_match_ports_volumes_and_broker(name):
+    svc = SERVICES[name]
+    _, params = parse_fractal(svc["command"])
+    vols = mounts(svc)
+    src = vols[str(params["config"])]  # the --config file is mounted
+    path = ROOT / src
+    assert path.is_file(), f"{name}: {src} does not exist"
+    cfg = NodeConfig.model_validate(tomllib.loads(path.read_text()))  # the node's own schema
+    assert cfg.node_id == name
+    assert cfg.port in container_ports(svc) and cfg.host == "0.0.0.0"
+    assert cfg.advertised_url == f"http://{name}:{cfg.port}"
+    assert str(cfg.data_dir) in vols and vols[str(cfg.data_dir)] in COMPOSE["volumes"]
+    assert str(cfg.artifact).startswith("/opt/fractal/artifacts/")
+    broker = urlsplit(cfg.broker)
+    assert broker.hostname == "mosquitto" and broker.port == 1883
+
+
+def test_ports_and_volumes_consistent():
+    published = [p for s in SERVICES.values() for p in host_ports(s)]
+    assert len(published) == len(set(published)), "two services publish the same host port"
+    assert all(p.startswith("127.0.0.1:") for p in published), "publish on loopback only"
+    used = {src for s in SERVICES.values() for src in mounts(s).values() if not src.startswith(".")}
+    assert used == set(COMPOSE["volumes"]), "named volumes used and declared differ"
+    for s in SERVICES.values():
+        for src in mounts(s).values():
+            if src.startswith("."):
+                assert (ROOT / src).exists(), src
+        for dep in s.get("depends_on", []):
+            assert dep in SERVICES
+
+
+def test_feeder_targets_the_node_services():
+    _, params = parse_fractal(SERVICES["feeder"]["command"])
+    for url in params["node"]:
+        u = urlsplit(url)
+        assert u.hostname in SERVICES and u.port in container_ports(SERVICES[u.hostname])
+
+
+def test_dockerfile_installs_like_the_readme_and_builds_the_artifact():
+    docker = (ROOT / "deploy/Dockerfile").read_text()
+    readme = (ROOT / "README.md").read_text()
+    install = re.search(r"RUN (python3 -m venv \.venv && \.venv/bin/pip install -e \.)\s*$", docker, re.M)
+    assert install and install.group(1) in readme
+    compile_cmd = re.search(r"fractal compile (.*?)--quiet", docker, re.S).group(0)
+    preset = "\"$(python -c 'from compiler import host_preset_name; print(host_preset_name())')\""
+    argv = shlex.split(compile_cmd.replace("\\\n", " ").replace(preset, "x86_64"))
+    verb, params = parse_fractal(argv)
+    assert verb == "compile" and params["train"] and str(params["out"]) == "/opt/fractal/artifacts/digits-mlp"
+    for d in ("compiler", "federation", "edgenode", "api", "deploy"):
+        assert f"COPY {d} ./{d}" in docker
+
+
+def test_compose_mosquitto_conf_serves_anonymous_clients(tmp_path):
+    conf = (ROOT / "deploy/mosquitto/compose.conf").read_text()
+    assert "listener 1883 0.0.0.0" in conf
+    port = free_port()
+    conf = conf.replace("listener 1883 0.0.0.0", f"listener {port} 127.0.0.1").replace("log_dest stdout", "")
+    with _mosquitto(tmp_path, conf):
+        MqttLink(f"mqtt://127.0.0.1:{port}", client_id="anon").close()
+
+
+def test_production_mosquitto_conf_enforces_passwords_and_acls(tmp_path):
+    port = free_port()
+    pw, acl = tmp_path / "passwd", tmp_path / "acl"
+    acl.write_text((ROOT / "deploy/mosquitto/acl").read_text())
+    for user in ("fleet", "node-1", "node-2"):
+        subprocess.run(["mosquitto_passwd", "-b", *(["-c"] if user == "fleet" else []), str(pw), user,
+                        f"pw-{user}"], check=True, capture_output=True)
+    conf = (ROOT / "deploy/mosquitto/mosquitto.conf").read_text()
+    conf = (conf.replace("/etc/mosquitto/fractal.passwd", str(pw))
+            .replace("/etc/mosquitto/fractal.acl", str(acl))
+            .replace("listener 1883 127.0.0.1", f"listener {port} 127.0.0.1").replace("log_dest syslog", ""))
+    url = "mqtt://{}@127.0.0.1:" + str(port)
+    with _mosquitto(tmp_path, conf):
+        with pytest.raises(TransportError, match="refused"):
+            MqttLink(f"mqtt://127.0.0.1:{port}", client_id="anon", connect_timeout=3)
+        fleet = MqttLink(url.format("fleet:pw-fleet"), client_id="fleet")
+        n1 = MqttLink(url.format("node-1:pw-node-1"), client_id="node-1")
+        try:
+            statuses = collect(fleet, topics.status_all("default"))
+            inbox = collect(n1, topics.allreduce("default", "node-2"))  # not node-1's inbox: denied
+            n1.publish(topics.status("default", "node-2"), b"forged").wait_for_publish(5)  # denied
+            n1.publish(topics.status("default", "node-1"), b"mine").wait_for_publish(5)
+            fleet.publish(topics.allreduce("default", "node-2"), b"frame").wait_for_publish(5)
+            assert statuses.get(timeout=5) == (topics.status("default", "node-1"), b"mine")
+            fleet.publish(topics.status("default", "fleet-probe"), b"end").wait_for_publish(5)
+            assert statuses.get(timeout=5)[1] == b"end"  # the forged status never arrived before it
+            assert inbox.empty()
+        finally:
+            fleet.close()
+            n1.close()
+
+
+class _mosquitto:
+    def __init__(self, tmp_path: Path, conf: str) -> None:
+        self.path = tmp_path / "mosquitto.conf"
+        # As root Mosquitto would switch to user "mosquitto", which cannot read pytest's tmp dir.
+        self.path.write_text(conf + f"\nuser {pwd.getpwuid(os.geteuid()).pw_name}\n")
+        self.port = int(re.search(r"^listener (\d+)", conf, re.M).group(1))
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([mosquitto_path(), "-c", str(self.path)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        import socket
+        import time
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stdout.read().decode()
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.05)
+        raise AssertionError("mosquitto did not start")
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(5)
+
