@@ -58,8 +58,9 @@ class RoundPlan:
 
     @classmethod
     def from_command(cls, cmd: RoundCommand, defaults: Any = None) -> RoundPlan:
-        """Fields the command leaves out (not in the JSON) fall back to the node's ``[training]``."""
-        given = cmd.model_fields_set
+        """Fields the command leaves out (absent from the JSON, or null) fall back to the node's
+        ``[training]`` table; an unset ``lr`` everywhere means the artifact's compiled rate."""
+        given = {k for k in cmd.model_fields_set if getattr(cmd, k) is not None}
 
         def pick(name: str) -> Any:
             if defaults is None or name in given or getattr(defaults, name, None) is None:

@@ -85,6 +85,8 @@ def test_plan_takes_node_defaults_only_for_fields_the_command_omits(tmp_path):
     full = RoundCommand(round_id="a", steps=3, lr=0.01, sync=SyncMode.GRADIENT, participants=["a"])
     plan = RoundPlan.from_command(full, cfg.training)
     assert (plan.lr, plan.sync) == (0.01, SyncMode.GRADIENT)
+    null_lr = RoundCommand(round_id="a", steps=3, lr=None, participants=["a"])  # the fleet's "no lr"
+    assert RoundPlan.from_command(null_lr, cfg.training).lr == 0.5
 
 
 def test_choose_root():
