@@ -6,8 +6,8 @@ Modes:
 * ``status``: connect with the offline Last Will, publish a retained online status, print
   ``READY``, then heartbeat until killed.
 * ``ring``: additionally run one allreduce of a seeded random vector (``--size``, ``--seed``)
-  with ``--group`` under ``--tag``; prints ``ROUND`` right before it starts, then ``DONE`` or
-  ``ABORTED``. The test kills it while the round runs.
+  with ``--group`` under ``--tag``; prints ``ROUND`` right before it starts, ``SENT`` after its
+  first frame, then ``DONE`` or ``ABORTED``. The test kills it while the round runs.
 """
 
 from __future__ import annotations
@@ -49,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     from federation.errors import RoundAborted
     from federation.ring import RingAllreduce
 
+    send = transport.send
+    sent = [0]
+
+    def send_and_tell(dst: str, payload: bytes) -> None:
+        send(dst, payload)
+        sent[0] += 1
+        if sent[0] == 1:  # the test kills us now: provably mid-round, with most frames unsent
+            print("SENT", flush=True)
+
+    transport.send = send_and_tell
     ring = RingAllreduce(transport, swarm=a.swarm)
     vec = np.random.default_rng(a.seed).standard_normal(a.size).astype(np.float32)
     pub.update(state=NodeState.TRAINING, round_id=a.tag)

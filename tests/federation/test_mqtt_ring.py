@@ -162,7 +162,7 @@ def test_killed_member_aborts_round_and_ring_reforms(mosquitto, make, swarm_id):
         assert observer.wait_for(lambda live: set(live) == {"a", "b", "c", "d"}, 10)
         vecs = _vectors(survivors, size)
         started = time.monotonic()
-        killer = threading.Thread(target=lambda: (_expect(victim, "ROUND"), time.sleep(0.3),
+        killer = threading.Thread(target=lambda: (_expect(victim, "SENT"),
                                                   os.kill(victim.pid, signal.SIGKILL)))
         killer.start()
         res = _run(rings, lambda m, r: r.allreduce(vecs[m], group=sorted(["a", "b", "c", "d"]), tag="r1",
