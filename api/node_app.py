@@ -7,6 +7,8 @@ too), bearer auth, body size limit.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI
@@ -39,6 +41,9 @@ def create_node_app(node: NodeLike, *, auth_token: str | None = None,
     app.state.node = node
     app.state.max_body_bytes = limit
     app.state.http_metrics = HttpMetrics()
+    # Inference threads: TVM releases the GIL while it computes, so a few threads overlap requests.
+    app.state.executor = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
+                                            thread_name_prefix="infer")
     install_error_handlers(app)
     app.include_router(oip.router)
     app.include_router(samples.router)

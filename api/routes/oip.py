@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.concurrency import run_in_threadpool
 
 from api import __version__
 from api.body import read_body
-from api.deps import NodeDep, NodeLike, model_version
+from api.deps import NodeDep, NodeLike, model_version, run_inference
 from api.errors import ApiError
 from api.tensors import DATATYPES, datatype_of, encode_response, metadata_shape, parse_infer_request
 
@@ -58,6 +57,30 @@ def _ready(node: NodeLike) -> bool:
     return bool(getattr(node, "ready", True))
 
 
+# Registered first: the router tries routes in order and infer is the hot path.
+def _run_infer(node: NodeLike, name: str, body: bytes, header_length: str | None) -> tuple[bytes, int | None]:
+    # Decode, run and encode in ONE worker-thread hop: the event loop only moves bytes.
+    req = parse_infer_request(body, node.inputs, [s.name for s in node.outputs], header_length)
+    results = node.infer(req.inputs)
+    return encode_response(node.model_name, model_version(node), req, results)
+
+
+@router.post("/models/{name}/infer", summary="Inference", openapi_extra={"requestBody": _INFER_BODY},
+             responses=_ERRORS)
+@router.post("/models/{name}/versions/{version}/infer", summary="Inference (versioned)",
+             openapi_extra={"requestBody": _INFER_BODY}, responses=_ERRORS)
+async def infer(name: str, request: Request, node: NodeDep, version: str | None = None) -> Response:
+    """OIP v2 JSON tensors (flat or nested ``data``) or Triton binary tensor data."""
+    _check_model(node, name, version)
+    body = await read_body(request)
+    out, header_len = await run_inference(request, _run_infer, node, name, body,
+                                          request.headers.get("inference-header-content-length"))
+    if header_len is None:
+        return Response(out, media_type="application/json")
+    return Response(out, media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(header_len)})
+
+
 @router.get("/health/live", summary="Server liveness")
 async def live() -> dict[str, bool]:
     """200 while the process serves HTTP."""
@@ -101,26 +124,3 @@ async def model_ready(name: str, node: NodeDep, version: str | None = None) -> R
     if not _ready(node):
         raise ApiError(400, f"model '{name}' is not ready")
     return Response(b'{"ready":true}', media_type="application/json")
-
-
-def _run_infer(node: NodeLike, name: str, body: bytes, header_length: str | None) -> tuple[bytes, int | None]:
-    # Decode, run and encode in ONE worker-thread hop: the event loop only moves bytes.
-    req = parse_infer_request(body, node.inputs, [s.name for s in node.outputs], header_length)
-    results = node.infer(req.inputs)
-    return encode_response(node.model_name, model_version(node), req, results)
-
-
-@router.post("/models/{name}/infer", summary="Inference", openapi_extra={"requestBody": _INFER_BODY},
-             responses=_ERRORS)
-@router.post("/models/{name}/versions/{version}/infer", summary="Inference (versioned)",
-             openapi_extra={"requestBody": _INFER_BODY}, responses=_ERRORS)
-async def infer(name: str, request: Request, node: NodeDep, version: str | None = None) -> Response:
-    """OIP v2 JSON tensors (flat or nested ``data``) or Triton binary tensor data."""
-    _check_model(node, name, version)
-    body = await read_body(request)
-    out, header_len = await run_in_threadpool(
-        _run_infer, node, name, body, request.headers.get("inference-header-content-length"))
-    if header_len is None:
-        return Response(out, media_type="application/json")
-    return Response(out, media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(header_len)})
