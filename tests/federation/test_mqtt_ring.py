@@ -194,7 +194,12 @@ def test_broker_restart_mid_round(fresh_mosquitto, make):
     rings, _ = _members(make, fresh_mosquitto, ids)
     size, timeout = 2_000_000, 20.0
     vecs = _vectors(ids, size)
-    restarter = threading.Timer(0.3, lambda: fresh_mosquitto.restart(hard=True))
+    # Crash the broker as soon as member "a" put its first frame on the wire: provably mid-round.
+    first_send = threading.Event()
+    transport = rings["a"].endpoint.transport
+    send = transport.send
+    transport.send = lambda dst, payload: (send(dst, payload), first_send.set())
+    restarter = threading.Thread(target=lambda: first_send.wait(30) and fresh_mosquitto.restart(hard=True))
     started = time.monotonic()
     restarter.start()
     res = _run(rings, lambda m, r: r.allreduce(vecs[m], group=ids, tag="r1", op="sum", timeout=timeout))
