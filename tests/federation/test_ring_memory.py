@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from federation.errors import RoundAborted, UpdateRejected
 from federation.framing import FrameKind, decode
@@ -317,5 +319,55 @@ def test_ten_million_floats_over_eight_members_is_fast() -> None:
         seconds = time.monotonic() - t0
         np.testing.assert_allclose(got, base * 36, rtol=1e-5, atol=1e-4)
         assert seconds < 30, seconds  # ~2-3 s on an idle 2-core machine; generous for shared CI
+    finally:
+        close_all(engines)
+
+
+def test_chaos_all_faults_at_once_every_codec_and_broadcast() -> None:
+    faults = {m: dict(drop=0.03, duplicate=0.1, reorder=0.3, reorder_window=0.005, corrupt=0.03, seed=40 + i)
+              for i, m in enumerate(ids(6))}
+    hub, engines = make_ring(6, faults=faults, max_payload=1024, engine_kw=dict(retransmit_after=0.02))
+    try:
+        rng = np.random.default_rng(11)
+        for i, codec in enumerate(["none", "fp16", "int8", "topk"]):
+            vecs = {m: rng.standard_normal(1500 + i).astype(np.float32) for m in engines}
+            got = assert_identical(allreduce_all(engines, vecs, tag=f"chaos{i}", op="mean", compression=codec,
+                                                 timeout=30))
+            if codec == "none":
+                _close(got, _reference(vecs, "mean"), {m: v / 6 for m, v in vecs.items()})
+        x = rng.standard_normal(3000).astype(np.float32)
+        res = run_members({m: (lambda m=m: engines[m].broadcast(x if m == "m3" else None, root="m3",
+                                                                group=ids(6), tag="chaos-b", timeout=30))
+                           for m in engines})
+        assert assert_identical(res).tobytes() == x.tobytes()
+        stats = [e.stats for e in engines.values()]
+        assert all(s.send_errors == 0 for s in stats)
+        assert sum(s.duplicates for s in stats) and sum(s.rejected for s in stats) and sum(s.retransmits
+                                                                                           for s in stats)
+    finally:
+        close_all(engines)
+
+
+def test_mismatched_vector_lengths_abort_the_round() -> None:
+    hub, engines = make_ring(3)
+    try:
+        vecs = {"m0": np.ones(10, np.float32), "m1": np.ones(10, np.float32), "m2": np.ones(11, np.float32)}
+        res = allreduce_all(engines, vecs, tag="len", timeout=3)
+        assert all(isinstance(res[m], RoundAborted) for m in engines)
+        assert any("m2" in str(res[m]) for m in engines)
+    finally:
+        close_all(engines)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 6), length=st.integers(0, 600), payload=st.sampled_from([1024, 1500, 4096]),
+       codec=st.sampled_from(["none", "fp16", "int8", "topk"]), op=st.sampled_from(["sum", "mean"]))
+def test_property_any_shape_any_codec_is_bit_identical(n, length, payload, codec, op) -> None:
+    hub, engines = make_ring(n, max_payload=payload)
+    try:
+        vecs = _vecs(engines, length, seed=length)
+        got = assert_identical(allreduce_all(engines, vecs, tag="p", op=op, compression=codec, timeout=20))
+        if codec == "none":
+            _close(got, _reference(vecs, op), vecs if op == "sum" else {m: v / n for m, v in vecs.items()})
     finally:
         close_all(engines)
