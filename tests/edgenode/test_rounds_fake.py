@@ -1,0 +1,100 @@
+"""Round edge cases with the numpy stand-in artifact (fast): members without samples."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from edgenode.common import RoundFailed
+from edgenode.config import NodeConfig
+from edgenode.node import EdgeNode
+from federation.memory import MemoryHub
+from federation.messages import RoundCommand
+from tests.edgenode.fakes import NumpyArtifact
+
+
+def swarm(tmp_path, ids, tag):
+    hub = MemoryHub()
+    (tmp_path / "art").mkdir(exist_ok=True)
+    nodes = {}
+    for i in ids:
+        cfg = NodeConfig.from_dict({"node_id": i, "artifact": str(tmp_path / "art"),
+                                    "data_dir": str(tmp_path / tag / i)})
+        nodes[i] = EdgeNode(cfg, artifact=NumpyArtifact(), transport=hub.transport(i))
+        nodes[i].start()
+    return nodes
+
+
+def run_all(nodes, cmd):
+    errors = {}
+
+    def go(n):
+        try:
+            n.run_round(cmd)
+        except RoundFailed as exc:
+            errors[n.node_id] = exc
+
+    ts = [threading.Thread(target=go, args=(n,)) for n in nodes.values()]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    return errors
+
+
+def test_member_without_samples_does_not_dilute_the_mean(tmp_path):
+    rng = np.random.default_rng(0)
+    data = {i: (rng.standard_normal((64, 64)).astype(np.float32), rng.integers(0, 10, 64)) for i in "ab"}
+    three = swarm(tmp_path, ["a", "b", "c"], "three")
+    two = swarm(tmp_path, ["a", "b"], "two")
+    try:
+        for nodes in (three, two):
+            for i, (x, y) in data.items():
+                nodes[i].add_samples({"x": x}, y)
+        assert not run_all(three, RoundCommand(round_id="same", steps=5, lr=0.5, participants=list(three)))
+        assert not run_all(two, RoundCommand(round_id="same", steps=5, lr=0.5, participants=list(two)))
+        assert len({n.params_sha256 for n in three.values()}) == 1
+        for p3, p2 in zip(three["c"].model.snapshot.params, two["a"].model.snapshot.params, strict=True):
+            np.testing.assert_allclose(p3, p2, rtol=1e-5, atol=1e-6)  # c's zeros were rescaled away
+        assert three["c"].last_result.losses and np.isnan(three["c"].last_result.losses[0])
+    finally:
+        for n in [*three.values(), *two.values()]:
+            n.stop()
+
+
+def test_no_samples_anywhere_fails_consistently(tmp_path):
+    nodes = swarm(tmp_path, ["a", "b"], "empty")
+    try:
+        errors = run_all(nodes, RoundCommand(round_id="r", steps=2, participants=list(nodes)))
+        assert set(errors) == {"a", "b"}
+        assert all("no participant has training samples" in str(e) for e in errors.values())
+        assert all(n.model_version == 0 for n in nodes.values())
+    finally:
+        for n in nodes.values():
+            n.stop()
+
+
+@pytest.mark.parametrize("drop", [0.03])
+def test_lossy_transport_still_agrees(tmp_path, drop):
+    """Dropped, duplicated and reordered frames (QoS 1 redelivery, broker hiccups) change nothing."""
+    hub = MemoryHub()
+    (tmp_path / "art").mkdir()
+    nodes = {}
+    rng = np.random.default_rng(1)
+    for k, i in enumerate(["a", "b", "c"]):
+        cfg = NodeConfig.from_dict({"node_id": i, "artifact": str(tmp_path / "art"),
+                                    "data_dir": str(tmp_path / i)})
+        nodes[i] = EdgeNode(cfg, artifact=NumpyArtifact(), transport=hub.transport(
+            i, drop=drop, duplicate=0.1, reorder=0.2, seed=k))
+        nodes[i].start()
+        nodes[i].add_samples({"x": rng.standard_normal((32, 64))}, rng.integers(0, 10, 32))
+    try:
+        assert not run_all(nodes, RoundCommand(round_id="lossy", steps=3, participants=list(nodes),
+                                               step_timeout_s=20))
+        assert len({n.params_sha256 for n in nodes.values()}) == 1
+        assert {n.model_version for n in nodes.values()} == {1}
+    finally:
+        for n in nodes.values():
+            n.stop()
