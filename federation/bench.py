@@ -122,11 +122,7 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
             repeats: int, timeout: float, outdir: str, barrier, out) -> None:
     from federation.mqtt import MqttLink
     from federation.ring import RingAllreduce
-
-    try:
-        from federation.star import StarAllreduce
-    except ImportError:  # star baseline not available in this build
-        StarAllreduce = None  # noqa: N806
+    from federation.star import StarAllreduce
 
     ids = [f"m{i}" for i in range(nodes)]
     me = ids[rank]
@@ -134,13 +130,11 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
     report: dict[str, Any] = {"rank": rank, "ring": [], "star": []}
     with MqttLink(url, swarm=swarm, client_id=f"{swarm}-{me}") as link:
         ring = RingAllreduce(link.transport(me, max_payload=max_payload), swarm=swarm)
-        star = None
-        if StarAllreduce is not None:
-            star = StarAllreduce(link.transport(f"{me}-star", max_payload=max_payload), swarm=swarm)
+        star = StarAllreduce(link.transport(f"{me}-star", max_payload=max_payload), swarm=swarm)
         barrier.wait(120)
-        for name, engine, group in (("ring", ring, ids), ("star", star, [f"{i}-star" for i in ids])):
-            if engine is None:
-                continue
+        engines: list[tuple[str, Any, list[str]]] = [("ring", ring, ids),
+                                                     ("star", star, [f"{i}-star" for i in ids])]
+        for name, engine, group in engines:
             for rep in range(repeats):
                 before = engine.stats.bytes_sent
                 barrier.wait(300)
@@ -196,7 +190,7 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
                                        repeats, timeout, outdir, barrier, out)) for r in range(nodes)]
             for p in procs:
                 p.start()
-            reports = []
+            reports: list[dict[str, Any]] = []
             try:
                 deadline = time.monotonic() + 120 + 2 * repeats * (timeout + 10)
                 while len(reports) < nodes:

@@ -276,8 +276,9 @@ class EmbeddedBroker(Broker):
             asyncio.set_event_loop(loop)
             self._loop = loop
             try:
-                self._broker = AmqttBroker(self._config(), loop=loop)
-                loop.run_until_complete(self._broker.start())
+                broker = AmqttBroker(self._config(), loop=loop)
+                self._broker = broker
+                loop.run_until_complete(broker.start())
             except BaseException as exc:  # reported to the starting thread
                 errors.append(exc)
                 ready.set()

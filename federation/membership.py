@@ -77,8 +77,12 @@ class Membership:
                 raise ValueError("no format version 'v'")
             status = parse_status(payload)
         except (ValidationError, ValueError, AttributeError) as exc:
-            first = exc.errors()[0] if isinstance(exc, ValidationError) and exc.errors() else {}
-            self._reject(topic, f"{first.get('loc', '')} {first.get('msg', exc)}".strip())
+            if isinstance(exc, ValidationError) and exc.errors():
+                first = exc.errors()[0]
+                why = f"{'.'.join(map(str, first['loc']))} {first['msg']}".strip()
+            else:
+                why = str(exc)
+            self._reject(topic, why)
             return
         if status.node_id != node:
             self._reject(topic, f"node_id {status.node_id!r} does not match the topic")
@@ -153,10 +157,14 @@ class StatusPublisher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.published = 0
-        link.on_connect(lambda reconnected: reconnected and self.publish())
+        link.on_connect(self._on_reconnect)
         self.publish()
         self._thread = threading.Thread(target=self._run, name=f"status:{status.node_id}", daemon=True)
         self._thread.start()
+
+    def _on_reconnect(self, reconnected: bool) -> None:
+        if reconnected:
+            self.publish()
 
     @property
     def status(self) -> NodeStatus:

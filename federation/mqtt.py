@@ -278,7 +278,7 @@ class MqttLink:
         with self._lock:
             matched = [s for f, subs in self._subs.items() if paho.topic_matches_sub(f, topic) for s in subs]
         for sub in matched:
-            sub.deliver(topic, msg.payload)
+            sub.deliver(topic, bytes(msg.payload))
 
     # --- pub/sub ----------------------------------------------------------------------------
     def publish(self, topic: str, payload: bytes | str | BaseModel, *, retain: bool = False,
@@ -300,7 +300,7 @@ class MqttLink:
             self._subs.setdefault(filter, []).append(sub)
             if first and self.connected:
                 rc, mid = self._client.subscribe(filter, qos=1)
-                if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
                     self._suback[mid] = ev
                 # else: not connected after all; _on_connect re-subscribes every filter
         if first and wait and self.connected and not ev.wait(wait):

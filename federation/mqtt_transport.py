@@ -207,7 +207,7 @@ class MqttTransport:
         """Messages sent but not yet acknowledged (to ``dst`` or to anyone), incl. the backlog."""
         with self._lock:
             peers = [self._peers[dst]] if dst else list(self._peers.values())
-            return sum(len(p.inflight) + len(p.backlog) for p in peers if p)
+            return sum(len(p.inflight) + len(p.backlog) for p in peers if p is not None)
 
     def _publish(self, out: list[tuple[str, bytes]], *, retransmit: bool = False) -> None:
         for dst, env in out:
