@@ -9,6 +9,7 @@ training <= 2x the idle p99.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,10 @@ from api.benchmarks.loadgen import http_caller, run_closed_loop
 __all__ = ["run", "DEFAULT_MODELS"]
 
 DEFAULT_MODELS = ("sensor-mlp", "ds-cnn-kws")
+# The artifact runs inference at its compiled batch and zero-pads a smaller request, so a batch-32
+# artifact spends 32x the compute on a single-sample request (ds-cnn-kws: 89 ms vs 1.4 ms measured
+# here). Serving nodes therefore use artifacts compiled at batch 1 (and train with batch 1).
+SERVE_BATCH = 1
 
 
 def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], bytes]:
@@ -35,12 +40,15 @@ def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray],
 
 
 @contextmanager
-def _node_process(artifact: Path, data_dir: Path, train: bool):
+def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int | None):
+    env = dict(os.environ)
+    if tvm_threads:
+        env["TVM_NUM_THREADS"] = str(tvm_threads)
     cmd = [sys.executable, "-m", "api.benchmarks.node_proc", str(artifact), str(data_dir)]
     if train:
         cmd.append("--train")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env=env)
     try:
         line = proc.stdout.readline()
         if not line.startswith("READY "):
@@ -67,7 +75,7 @@ def _http(port: int, name: str, body: bytes, clients: int, duration: float) -> d
 
 
 def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[int, ...],
-                progress: bool) -> dict[str, Any]:
+                progress: bool, tvm_threads: int | None = None) -> dict[str, Any]:
     """All measurements for one zoo model."""
     from compiler import load_artifact
 
@@ -76,7 +84,7 @@ def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[in
             print(f"[serve] {name}: {msg}", file=sys.stderr, flush=True)
 
     say("compiling (with training module)")
-    path = zoo_artifact(name, work_dir)
+    path = zoo_artifact(name, work_dir, batch=SERVE_BATCH)
     art = load_artifact(path)
     inputs, body = _request(art, np.random.default_rng(0))
     res: dict[str, Any] = {"input_shape": [list(s.shape[1:]) for s in art.inputs], "batch": 1,
@@ -86,7 +94,7 @@ def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[in
         res["direct"][f"c{c}"] = _direct(art, inputs, c, duration)
     for key, train in (("http_idle", False), ("http_training", True)):
         with tempfile.TemporaryDirectory(prefix="bench-node-") as data_dir, \
-                _node_process(path, Path(data_dir), train) as port:
+                _node_process(path, Path(data_dir), train, tvm_threads) as port:
             if train:
                 time.sleep(1.0)  # let the first round get going
             for c in clients:
@@ -117,14 +125,29 @@ def _goals(models: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run(models: tuple[str, ...] = DEFAULT_MODELS, *, duration: float = 3.0, clients: tuple[int, ...] = (1, 8),
-        work_dir: Path | None = None, progress: bool = True) -> dict[str, Any]:
+def run(models: tuple[str, ...] = DEFAULT_MODELS, *, duration: float = 3.0,
+        clients: tuple[int, ...] = (1, 8), work_dir: Path | None = None, tvm_threads: int | None = None,
+        progress: bool = True) -> dict[str, Any]:
     """Run the serving benchmark; returns one JSON-serialisable dict."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fractal-bench-serve-") as tmp:
         wd = Path(work_dir) if work_dir else Path(tmp)
-        results = {m: bench_model(m, wd, duration=duration, clients=clients, progress=progress)
-                   for m in models}
+        results = {m: bench_model(m, wd, duration=duration, clients=clients, progress=progress,
+                                  tvm_threads=tvm_threads) for m in models}
     return {"benchmark": "serve", "machine": machine(), "duration_s_per_point": duration,
             "client": "http.client keep-alive, one connection per client, closed loop, JSON tensors",
+            "serve_batch": SERVE_BATCH,
+            "tvm_num_threads": tvm_threads or os.environ.get("TVM_NUM_THREADS") or "default",
             "models": results, "goals": _goals(results), "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A human-readable table of :func:`run`'s result."""
+    rows = [f"{'model':<14} {'mode':<14} {'clients':>7} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>9}"]
+    for name, r in result["models"].items():
+        for mode in ("direct", "http_idle", "http_training"):
+            for c, s in r[mode].items():
+                rows.append(f"{name:<14} {mode:<14} {c[1:]:>7} {s['p50_ms']:>9.3f} {s['p99_ms']:>9.3f} "
+                            f"{s['req_per_s']:>9.0f}")
+    rows.append(json.dumps(result["goals"]))
+    return "\n".join(rows)

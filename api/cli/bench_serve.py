@@ -1,0 +1,39 @@
+"""`fractal bench serve`: /infer latency and throughput over HTTP vs a direct call, idle and training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from api.cli.bench import bench_app
+
+__all__ = ["bench_serve"]
+
+
+@bench_app.command("serve")
+def bench_serve(
+    models: list[str] = typer.Option(["sensor-mlp", "ds-cnn-kws"], "--model", "-m",
+                                     help="Zoo model(s) to serve (repeat the option)."),
+    duration: float = typer.Option(3.0, "--duration", help="Seconds measured per point (after warm-up)."),
+    clients: list[int] = typer.Option([1, 8], "--clients", "-c", help="Concurrent clients (repeatable)."),
+    work_dir: Path | None = typer.Option(None, "--work-dir", help="Reuse compiled artifacts from here."),
+    tvm_threads: int | None = typer.Option(None, "--tvm-threads", help="TVM_NUM_THREADS for the node."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """p50/p99 and req/s of /v2/models/NAME/infer at 1 and 8 clients: direct, HTTP idle, HTTP training."""
+    from api.benchmarks import serve
+    from compiler import zoo
+
+    for m in models:
+        if m not in zoo.NAMES:
+            raise typer.BadParameter(f"unknown model {m!r}; choose from {', '.join(zoo.NAMES)}")
+    if duration <= 0 or any(c < 1 for c in clients):
+        raise typer.BadParameter("--duration must be > 0 and --clients >= 1")
+    result = serve.run(tuple(models), duration=duration, clients=tuple(clients), work_dir=work_dir,
+                       tvm_threads=tvm_threads, progress=True)
+    if as_json:
+        print(json.dumps(result))
+        return
+    print(serve.format_table(result))
