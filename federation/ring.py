@@ -198,10 +198,10 @@ class RingAllreduce:
             if hop == 0:
                 assert x is not None
                 if n > 1:
-                    parts = sch.part_bounds(0, x.size, per, at_least_one=True)
-                    for p, (a, b) in enumerate(parts):
+                    root_parts = sch.part_bounds(0, x.size, per, at_least_one=True)
+                    for p, (a, b) in enumerate(root_parts):
                         call.queue(succ, (Phase.BROADCAST, 0, 0, p),
-                                   self._data_builder(tag, 0, p, len(parts), a, b, x.size, [x[a:b]]))
+                                   self._data_builder(tag, 0, p, len(root_parts), a, b, x.size, [x[a:b]]))
                     call.drain()
                 return x.copy()
             result: np.ndarray | None = None

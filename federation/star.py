@@ -13,6 +13,7 @@ link is the bottleneck that the ring avoids (ring: 2 (n - 1) / n x L x 4 per mem
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -119,10 +120,12 @@ class _StarRun:
             self.eng._feedback = _Feedback(key, self.residual)
         return self.result
 
+    def _gather_frame(self, p: int) -> bytes:
+        return self._frame(Phase.GATHER, p, self._encode(p))
+
     def _member(self, call: Call) -> None:
         for p in range(len(self.parts)):
-            call.queue(self.coord, (Phase.GATHER, 0, 0, p),
-                       lambda p=p: self._frame(Phase.GATHER, p, self._encode(p)))
+            call.queue(self.coord, (Phase.GATHER, 0, 0, p), functools.partial(self._gather_frame, p))
         pending = set(range(len(self.parts)))
         while pending:
             fr = call.wait(self.coord)
@@ -172,4 +175,4 @@ class _StarRun:
         self.result[a:b] = comp.decode(self.codec, payload, b - a)
         frame = self._frame(Phase.SCATTER, p, [payload])
         for m in peers:
-            call.queue(m, (Phase.SCATTER, 0, 0, p), lambda f=frame: f)
+            call.queue(m, (Phase.SCATTER, 0, 0, p), functools.partial(bytes, frame))
