@@ -71,3 +71,41 @@ def test_data_for_an_aborted_tag_gets_one_abort_reply() -> None:
         assert [r.kind for r in replies] == [FrameKind.ABORT] and replies[0].tag == "gone"
     finally:
         eng.close()
+
+
+def test_bad_version_frames_during_a_round_are_counted_and_do_not_stall_it() -> None:
+    import struct
+    import threading
+    import zlib
+
+    hub = MemoryHub()
+    a, b = RingAllreduce(hub.transport("a", max_payload=1024)), RingAllreduce(hub.transport("b"))
+    x = hub.transport("x")
+    bad = bytearray(encode(FrameKind.DATA, Phase.REDUCE_SCATTER, swarm="default", tag="live", sender="b",
+                           count=4, total=4000, payload=[np.ones(4, np.float32)]))
+    bad[2] = 2  # a future format version, with a valid checksum
+    struct.pack_into("<I", bad, len(bad) - 4, zlib.crc32(bytes(bad[:-4])))
+    stop = threading.Event()
+
+    def spam():
+        while not stop.is_set():
+            x.send("a", bytes(bad))
+            time.sleep(0.001)
+
+    t = threading.Thread(target=spam, daemon=True)
+    t.start()
+    try:
+        v = np.arange(4000, dtype=np.float32)
+        out = {}
+        tb = threading.Thread(target=lambda: out.setdefault("b", b.allreduce(v, group=["a", "b"], tag="live",
+                                                                              op="sum", timeout=10)))
+        tb.start()
+        out["a"] = a.allreduce(v, group=["a", "b"], tag="live", op="sum", timeout=10)
+        tb.join(10)
+        assert out["a"].tobytes() == out["b"].tobytes() == (2 * v).tobytes()
+        assert a.stats.rejected > 0 and "version" in a.stats.last_reject
+    finally:
+        stop.set()
+        t.join()
+        a.close()
+        b.close()
