@@ -79,7 +79,7 @@ def test_bad_version_frames_during_a_round_are_counted_and_do_not_stall_it() -> 
     import zlib
 
     hub = MemoryHub()
-    a, b = RingAllreduce(hub.transport("a", max_payload=1024)), RingAllreduce(hub.transport("b"))
+    a, b = (RingAllreduce(hub.transport(m, max_payload=1024)) for m in "ab")
     x = hub.transport("x")
     bad = bytearray(encode(FrameKind.DATA, Phase.REDUCE_SCATTER, swarm="default", tag="live", sender="b",
                            count=4, total=4000, payload=[np.ones(4, np.float32)]))
