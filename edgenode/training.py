@@ -80,6 +80,7 @@ class RoundResult:
     losses: list[float] = field(default_factory=list)
     synced_from: str | None = None  # root of the pre-round parameter broadcast, if one happened
     seconds: float = 0.0
+    final_sync: bool = False  # members ended with different bits and adopted the first member's
 
 
 class BatchSampler:
@@ -162,16 +163,17 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
         if abort.is_set():
             _abort_peers(ring, f"{plan.round_id}/commit", group, node_id, "round aborted")
             raise RoundFailed(f"round {plan.round_id} aborted")
-        # Barrier: nobody commits unless everybody got through the last step.
-        ring.allreduce(np.ones(1, np.float32), group=group, tag=f"{plan.round_id}/commit", op="sum",
-                       timeout=plan.step_timeout_s)
+        # Barrier + agreement check: nobody commits unless everybody got through the last step,
+        # and everybody commits the same bits (see _agree).
+        params, final_sync = _agree(plan, node_id, group, params, ring)
     except RoundFailed:
         raise
     except Exception as exc:  # RoundAborted, TransportError, trainer errors: the round is void
         member = getattr(exc, "member", None)
         raise RoundFailed(f"round {plan.round_id} failed: {exc}", member=member) from exc
     snap = model.commit(params, max(versions.values()) + 1)
-    return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0)
+    return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0,
+                       final_sync)
 
 
 def _abort_peers(ring: Any, tag: str, group: list[str], node_id: str, reason: str) -> None:
@@ -185,6 +187,31 @@ def _abort_peers(ring: Any, tag: str, group: list[str], node_id: str, reason: st
             raise RoundFailed(reason)
     except Exception:  # noqa: BLE001 - best effort: peers still time out on their own
         pass
+
+
+def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndarray],
+           ring: Any) -> tuple[list[np.ndarray], bool]:
+    """Exchange 64 bits of every member's final params_sha256 (exact SUM-allreduce, one slot each).
+
+    Identical inputs give identical bits only if every member runs the same optimizer code on
+    the same CPU semantics. A swarm may mix boards (an aarch64 build may fuse multiply-adds where
+    x86-64 rounds twice), so if any hash differs the first member in ring order broadcasts its
+    parameters and everyone commits those: the swarm always agrees on ``params_sha256``.
+    """
+    from edgenode.common import params_sha256
+
+    k = group.index(node_id)
+    vec = np.zeros(len(group) * 4, np.float32)
+    vec[k * 4:(k + 1) * 4] = _hash_chunks(params_sha256(params))
+    out = np.asarray(ring.allreduce(vec, group=group, tag=f"{plan.round_id}/commit", op="sum",
+                                    timeout=plan.step_timeout_s))
+    if len({tuple(out[i * 4:(i + 1) * 4]) for i in range(len(group))}) == 1:
+        return params, False
+    root = group[0]
+    log.warning("%s: round %s ended with differing parameters; adopting %s's", node_id, plan.round_id, root)
+    vec = ring.broadcast(flatten(params) if node_id == root else None, root=root, group=group,
+                         tag=f"{plan.round_id}/final", timeout=plan.step_timeout_s)
+    return unflatten(np.asarray(vec, np.float32), params), True
 
 
 def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: Any, has_samples: bool,

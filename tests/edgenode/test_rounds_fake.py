@@ -98,3 +98,43 @@ def test_lossy_transport_still_agrees(tmp_path, drop):
     finally:
         for n in nodes.values():
             n.stop()
+
+
+def test_members_with_different_float_semantics_still_commit_the_same_bits(tmp_path):
+    """Mixed boards: one member's optimizer rounds differently (as an FMA-fusing aarch64 build
+    may); the commit check notices and everybody adopts the first member's parameters."""
+    from tests.edgenode.fakes import NumpyTrainer
+
+    class FusedTrainer(NumpyTrainer):
+        def apply(self, params, grads, state, lr=None):
+            new, state = super().apply(params, grads, state, lr)
+            new[1] = np.nextafter(new[1], np.float32(np.inf))  # one ulp off: a different rounding
+            return new, state
+
+    odd = NumpyArtifact()
+    odd.trainer = FusedTrainer()
+    hub = MemoryHub()
+    (tmp_path / "art").mkdir()
+    nodes = {}
+    rng = np.random.default_rng(2)
+    for i in ["a", "b", "c"]:
+        cfg = NodeConfig.from_dict({"node_id": i, "artifact": str(tmp_path / "art"),
+                                    "data_dir": str(tmp_path / "mixed" / i)})
+        nodes[i] = EdgeNode(cfg, artifact=odd if i == "c" else NumpyArtifact(), transport=hub.transport(i))
+        nodes[i].start()
+        nodes[i].add_samples({"x": rng.standard_normal((32, 64))}, rng.integers(0, 10, 32))
+    try:
+        assert not run_all(nodes, RoundCommand(round_id="mixed", steps=3, participants=list(nodes)))
+        assert len({n.params_sha256 for n in nodes.values()}) == 1
+        assert all(n.last_result.final_sync for n in nodes.values())
+        # a round of identical members needs no final broadcast
+        homo = swarm(tmp_path, ["x", "y"], "homo")
+        for n in homo.values():
+            n.add_samples({"x": rng.standard_normal((32, 64))}, rng.integers(0, 10, 32))
+        assert not run_all(homo, RoundCommand(round_id="homo", steps=3, participants=list(homo)))
+        assert not any(n.last_result.final_sync for n in homo.values())
+        for n in homo.values():
+            n.stop()
+    finally:
+        for n in nodes.values():
+            n.stop()
