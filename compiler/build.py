@@ -168,7 +168,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                 "lr_input": True,
                 "tuned": False,  # the tuning database covers the inference workloads only
             }
-        np.savez(tmp / PARAMS_FILE, **{param_key(i): p for i, p in enumerate(imported.params)})
+        arrays = {param_key(i): p for i, p in enumerate(imported.params)}
+        np.savez(tmp / PARAMS_FILE, **arrays)  # type: ignore[arg-type]  # (numpy stubs: **kwds vs allow_pickle)
         files.append(PARAMS_FILE)
         manifest = {
             "format_version": FORMAT_VERSION,

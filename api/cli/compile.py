@@ -75,7 +75,7 @@ def predict_cmd(
     outputs = art.infer(_read_npz(input))
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "wb") as fh:  # a file object keeps numpy from appending ".npz"
-        np.savez(fh, **outputs)
+        np.savez(fh, **outputs)  # type: ignore[arg-type]
     shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in outputs.items())
     typer.echo(f"wrote {output} ({shapes})")
 
