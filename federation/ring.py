@@ -41,7 +41,8 @@ Reliability rules (see :mod:`federation.session`)
   aborts the round blaming its sender: all members must run the same release with the same
   ``max_payload`` and ``topk_ratio``.
 * Deadline: if the expected frames have not arrived by ``now + timeout`` the member sends ABORT
-  to every peer, listens for a short grace period (at most 0.25 s) and raises
+  to every peer, listens for its peers' ABORTs (until all but one were heard, at most
+  ``min(1 s, max(0.05 s, timeout / 4))``) and raises
   ``RoundAborted(member=<the blamed member no peer heard from>)`` (see the abort vote in
   :mod:`federation.session`). A NaN/Inf anywhere raises ``UpdateRejected`` (a RoundAborted)
   naming the member whose data was bad, on every member. Nobody returns a partial result.

@@ -29,11 +29,12 @@ retransmit and never stalls the round by itself.
 Aborts. A member that rejects an update (NaN/Inf) sends ABORT(member, rejected=true) to every
 peer; receivers raise ``UpdateRejected`` at once. At the deadline a member sends
 ABORT(member = the peer it was waiting for); a member receiving such a timeout ABORT before its
-own deadline does the same. Both then listen for a *grace* period of
-``min(0.25 s, max(0.02 s, timeout / 10))``: every peer heard from in that window is alive, and
-the ``RoundAborted.member`` each survivor reports is the first blamed member nobody heard from
-(a dead member's absence ripples down the ring, so survivors would otherwise blame each
-other). Survivors therefore raise within ``timeout + grace``.
+own deadline does the same. Both then listen until all peers but one have been heard from,
+or at most a *grace* period of ``min(1 s, max(0.05 s, timeout / 4))``: every peer heard from
+is alive, and the ``RoundAborted.member`` each survivor reports is the first blamed member
+nobody heard from (a dead member's absence ripples down the ring, so survivors would
+otherwise blame each other). Survivors therefore raise within ``timeout + grace``, usually
+right after the last survivor's deadline.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from federation.framing import Frame, FrameKind, abort_info, decode, encode_abor
 from federation.stats import Stats
 from federation.transport import Transport
 
-__all__ = ["Endpoint", "Call"]
+__all__ = ["Endpoint", "Call", "grace_period"]
 
 _DONE_TAGS = 256  # how many finished tags are remembered to recognise stale frames
 _MAX_EARLY_FRAMES = 4096  # hard bound per early tag, on top of the senders' windows
@@ -340,8 +341,9 @@ class Call:
             alive.add(first[0])
             blamed.append(first[1])
         blamed.append(mine)
-        end = time.monotonic() + min(0.25, max(0.02, 0.1 * self.timeout))
-        while (left := end - time.monotonic()) > 0:
+        end = time.monotonic() + grace_period(self.timeout)
+        # Stop early once at most one peer is unheard: that one is the culprit.
+        while len(self.peers - alive) > 1 and (left := end - time.monotonic()) > 0:
             try:
                 fr = self.inbox.get(timeout=left)
             except queue.Empty:
@@ -381,6 +383,11 @@ class Call:
                             reason=reason, rejected=rejected)
         for p in sorted(self.peers):
             self.ep.send(p, data, aborts_sent=1)
+
+
+def grace_period(timeout: float) -> float:
+    """How long a timed-out member listens for its peers' ABORTs before naming the culprit."""
+    return min(1.0, max(0.05, 0.25 * timeout))
 
 
 def _abort_fields(fr: Frame) -> tuple[str | None, str, bool]:
