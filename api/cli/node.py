@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,11 +15,23 @@ from edgenode.common import NodeError
 __all__ = ["node", "serve_node"]
 
 
+def _check_port_free(host: str, port: int) -> None:
+    # uvicorn reports a busy port with a log line and sys.exit(1); we want our one-line error
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise NodeError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                            hint="change `port` (or `host`) in NODE.toml") from None
+
+
 def serve_node(config_path: Path, *, log_level: str = "info") -> None:
     """Load the config, build and start the EdgeNode, serve its API with uvicorn until SIGINT/SIGTERM."""
     from edgenode.config import load_config
 
     cfg = load_config(config_path)  # ConfigError -> one line, exit 1 (api.cli.main)
+    _check_port_free(cfg.host, cfg.port)
     try:
         from api.node_app import create_node_app
     except ImportError as exc:

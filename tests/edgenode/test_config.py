@@ -91,3 +91,21 @@ def test_cli_bad_config_one_line_nonzero_exit(tmp_path, edit, needle):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and needle in lines[0] and "(help: " in lines[0]
+
+
+def test_cli_busy_port_is_one_line(tmp_path, digits_artifact):
+    import socket
+
+    from tests.fixtures_node import write_node_toml
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cfg = write_node_toml(tmp_path / "NODE.toml", {"node_id": "n", "artifact": str(digits_artifact),
+                                                       "port": port, "data_dir": "d"})
+        cmd = [sys.executable, "-c", "from api.cli import main; main()", "node", "--config", str(cfg)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0], proc.stderr
