@@ -119,13 +119,14 @@ class Endpoint:
             self.stats.add(frames_received=1, bytes_received=len(buf))
             try:
                 fr = decode(buf)
+                if fr.swarm != self.swarm:
+                    self.stats.reject(f"frame for swarm {fr.swarm!r} from {fr.sender}")
+                    continue
+                self._route(fr)
             except FrameError as e:
                 self.stats.reject(str(e))
-                continue
-            if fr.swarm != self.swarm:
-                self.stats.reject(f"frame for swarm {fr.swarm!r} from {fr.sender}")
-                continue
-            self._route(fr)
+            except Exception as e:  # noqa: BLE001 - one bad frame or send must not stop the pump
+                self.stats.reject(f"{type(e).__name__} while handling a frame: {e}")
 
     def _route(self, fr: Frame) -> None:
         reply: bytes | None = None
