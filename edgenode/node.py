@@ -45,6 +45,7 @@ from federation.messages import (
 __all__ = ["EdgeNode"]
 
 log = get_logger("agent")
+_STATUS_MIN_S = 1.0  # extra status publishes (sample count changes) are rate-limited to this
 _STEP_EVENT_MIN_S = 0.25  # STEP events are throttled: a 1000-step round must not flood the broker
 
 
@@ -88,6 +89,7 @@ class EdgeNode:
         self._heartbeat: threading.Thread | None = None
         self._started = False
         self._listeners: list[Callable[[RoundEvent], None]] = []
+        self._last_status = 0.0
         self.last_result: RoundResult | None = None
         self.last_error: str | None = None
 
@@ -219,6 +221,8 @@ class EdgeNode:
         """
         count = self.store.add(inputs, labels)
         self.metrics.samples(int(np.shape(labels)[0]))
+        if time.monotonic() - self._last_status > _STATUS_MIN_S:  # sample count changed: tell the fleet,
+            self.publish_status()  # at most once a second (heartbeats carry the rest)
         return count
 
     # -- life cycle --------------------------------------------------------------------------------
@@ -308,6 +312,7 @@ class EdgeNode:
         link = self._link
         if link is None:
             return None
+        self._last_status = time.monotonic()
         try:
             return link.publish(topics.status(self.config.swarm, self.node_id), self._status(),
                                 retain=True, qos=1)
