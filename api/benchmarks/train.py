@@ -124,7 +124,7 @@ def bench_model(name: str, work_dir: Path, *, batch: int, steps: int, lr: float,
     }
 
 
-def run(models: tuple[str, ...] = DEFAULT_MODELS, *, batch: int = 32, steps: int = 50, lr: float = 0.05,
+def run(models: tuple[str, ...] = DEFAULT_MODELS, *, batch: int = 32, steps: int = 50, lr: float = 0.1,
         warmup: int = 5, threads: int | None = None, work_dir: Path | None = None,
         progress: bool = True) -> dict[str, Any]:
     """Run the training benchmark; returns one JSON-serialisable dict."""

@@ -18,7 +18,7 @@ def bench_train(
                                      help="Zoo model(s) (repeat the option)."),
     batch: int = typer.Option(32, "--batch", help="Training batch size (both engines)."),
     steps: int = typer.Option(50, "--steps", "-k", help="Timed steps K (after 5 warm-up steps)."),
-    lr: float = typer.Option(0.05, "--lr", help="SGD learning rate (both engines)."),
+    lr: float = typer.Option(0.1, "--lr", help="SGD learning rate (both engines)."),
     threads: int | None = typer.Option(None, "--threads", help="Threads for both (default: all cores)."),
     work_dir: Path | None = typer.Option(None, "--work-dir", help="Reuse compiled artifacts from here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
