@@ -1,0 +1,145 @@
+"""Run a foreign-arch artifact under qemu-user in a Python sysroot built by ``make sysroot``.
+
+There is no binfmt_misc here, so the aarch64 interpreter is started explicitly::
+
+    qemu-aarch64 -L SYSROOT SYSROOT/usr/bin/python3.11 -m compiler.runner ARTIFACT IN.npz OUT.npz
+
+with ``PYTHONPATH=SYSROOT/wheels:REPO`` (the aarch64 wheels of apache-tvm, apache-tvm-ffi and
+numpy, and this repository for :mod:`compiler.runner` / :mod:`compiler.artifact`). The sysroot
+is ``$FRACTAL_SYSROOT_AARCH64`` or the repository's ``.cache/sysroot-aarch64``.
+
+riscv64: PyPI has no riscv64 TVM wheel, so there is no Python TVM runtime to emulate yet;
+riscv64 artifacts are checked as RISC-V ELF shared objects (:func:`elf_info`) instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compiler.errors import EmulationError
+
+__all__ = ["sysroot_dir", "run_emulated", "elf_info", "ElfInfo", "EM_X86_64", "EM_AARCH64", "EM_RISCV",
+           "SYSROOT_ENV"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SYSROOT_ENV = {"aarch64": "FRACTAL_SYSROOT_AARCH64"}
+_QEMU = {"aarch64": "qemu-aarch64"}
+DEFAULT_TIMEOUT = 900.0  # seconds; importing tvm under emulation alone takes ~20 s on 2 cores
+
+# ELF e_machine values (System V ABI)
+EM_X86_64 = 62
+EM_AARCH64 = 183
+EM_RISCV = 243
+
+
+def sysroot_dir(arch: str = "aarch64") -> Path:
+    """Where the ``arch`` sysroot lives: ``$FRACTAL_SYSROOT_AARCH64`` or REPO/.cache/sysroot-aarch64."""
+    env = SYSROOT_ENV.get(arch)
+    if env and os.environ.get(env):
+        return Path(os.environ[env])
+    return REPO_ROOT / ".cache" / f"sysroot-{arch}"
+
+
+def _check_ready(arch: str) -> tuple[str, Path]:
+    if arch not in _QEMU:
+        raise EmulationError(
+            f"cannot emulate a {arch} artifact: there is no {arch} TVM runtime for Python yet "
+            "(PyPI has no riscv64 wheel of apache-tvm)",
+            hint="riscv64 artifacts are checked as RISC-V ELF only; run them on the board")
+    qemu = shutil.which(_QEMU[arch])
+    if qemu is None:
+        raise EmulationError(f"{_QEMU[arch]} is not installed",
+                             hint="install qemu-user (apt-get install qemu-user, "
+                                  "or bash deploy/install-system-deps.sh)")
+    root = sysroot_dir(arch)
+    if not (root / ".done").is_file() or not (root / "usr/bin/python3.11").exists():
+        raise EmulationError(f"no {arch} Python sysroot in {root}",
+                             hint="run `make sysroot` (Debian arm64 packages + aarch64 wheels)")
+    return qemu, root
+
+
+def _artifact_arch(artifact_dir: Path) -> str:
+    from compiler.artifact import read_manifest
+
+    return str(read_manifest(artifact_dir)["target"].get("arch"))
+
+
+def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
+                 timeout: float = DEFAULT_TIMEOUT) -> dict[str, np.ndarray]:
+    """Run ``artifact_dir``'s inference on ``inputs`` under qemu-user; returns its outputs.
+
+    Raises EmulationError when qemu or the sysroot is missing, for an arch without a runtime
+    (riscv64), and when the emulated run fails (its error line is relayed) or times out."""
+    artifact_dir = Path(artifact_dir).resolve()
+    arch = _artifact_arch(artifact_dir)
+    qemu, root = _check_ready(arch)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": f"{root / 'wheels'}{os.pathsep}{REPO_ROOT}",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",  # leave no aarch64-interpreter pyc files in the repo
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "LANG": "C.UTF-8",
+    }
+    if "TVM_NUM_THREADS" in os.environ:
+        env["TVM_NUM_THREADS"] = os.environ["TVM_NUM_THREADS"]
+    with tempfile.TemporaryDirectory(prefix="fractal-emu-") as tmp:
+        inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
+        np.savez(inp, **{k: np.ascontiguousarray(v) for k, v in inputs.items()})
+        cmd = [qemu, "-L", str(root), str(root / "usr/bin/python3.11"), "-m", "compiler.runner",
+               str(artifact_dir), str(inp), str(out)]
+        try:
+            proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise EmulationError(f"the emulated {arch} run did not finish in {timeout:.0f}s",
+                                 hint="the machine may be overloaded; retry, or run on the board") from None
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+            err = next((ln for ln in reversed(lines) if ln.startswith("error:")), lines[-1] if lines else "")
+            raise EmulationError(f"the emulated {arch} run failed (exit {proc.returncode}): "
+                                 f"{err.removeprefix('error: ')[:400]}",
+                                 hint=f"rebuild the sysroot with `make sysroot` if it is broken ({root})")
+        with np.load(out) as npz:
+            return {k: npz[k] for k in npz.files}
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    """The identifying fields of an ELF header."""
+
+    bits: int  # 32 or 64 (EI_CLASS)
+    little_endian: bool  # EI_DATA
+    type: int  # e_type: 2 executable, 3 shared object
+    machine: int  # e_machine: 62 x86-64, 183 aarch64, 243 RISC-V
+    flags: int  # e_flags (RISC-V: float ABI, RVC)
+
+    @property
+    def arch(self) -> str:
+        return {EM_X86_64: "x86_64", EM_AARCH64: "aarch64", EM_RISCV: "riscv64" if self.bits == 64
+                else "riscv32"}.get(self.machine, f"e_machine={self.machine}")
+
+    @property
+    def shared_object(self) -> bool:
+        return self.type == 3
+
+
+def elf_info(path: str | Path) -> ElfInfo:
+    """Parse the ELF header of ``path`` (no external tools); EmulationError if not ELF."""
+    data = Path(path).read_bytes()[:64]
+    if len(data) < 52 or data[:4] != b"\x7fELF":
+        raise EmulationError(f"{path} is not an ELF file", hint="recompile the artifact")
+    bits = {1: 32, 2: 64}.get(data[4], 0)
+    little = data[5] == 1
+    order = "little" if little else "big"
+    e_type = int.from_bytes(data[16:18], order)
+    e_machine = int.from_bytes(data[18:20], order)
+    flags_off = 48 if bits == 64 else 36
+    e_flags = int.from_bytes(data[flags_off:flags_off + 4], order)
+    return ElfInfo(bits, little, e_type, e_machine, e_flags)

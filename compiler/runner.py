@@ -1,0 +1,52 @@
+"""Run one artifact on one batch of inputs: ``python -m compiler.runner ARTIFACT IN.npz OUT.npz``.
+
+This is the program :mod:`compiler.emulate` starts under qemu-user inside the aarch64 sysroot,
+so it imports only the standard library, numpy and :mod:`compiler.artifact` (tvm, numpy). The
+npz keys are the model's input and output names. Errors are one ``error: ...`` line on stderr
+and exit status 1, which the emulator relays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Load the artifact, run ``infer`` on the npz inputs, write the outputs; 0 on success."""
+    ap = argparse.ArgumentParser(prog="python -m compiler.runner", description=__doc__)
+    ap.add_argument("artifact", help="artifact directory (from `fractal compile`)")
+    ap.add_argument("inputs", help="npz with one array per model input")
+    ap.add_argument("outputs", help="npz to write, one array per model output")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+
+    from compiler.artifact import load_artifact
+    from compiler.errors import CompilerError
+
+    t0 = time.perf_counter()
+    try:
+        art = load_artifact(args.artifact)
+        with np.load(args.inputs) as npz:
+            inputs = {k: npz[k] for k in npz.files}
+        t1 = time.perf_counter()
+        outputs = art.infer(inputs)
+        t2 = time.perf_counter()
+    except CompilerError as exc:
+        hint = f" (help: {exc.hint})" if getattr(exc, "hint", None) else ""
+        print(f"error: {exc}{hint}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:  # unreadable npz
+        print(f"error: cannot read {args.inputs}: {exc}", file=sys.stderr)
+        return 1
+    np.savez(args.outputs, **{k: np.asarray(v) for k, v in outputs.items()})
+    print(f"runner: load {t1 - t0:.2f}s infer {t2 - t1:.3f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
