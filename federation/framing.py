@@ -119,6 +119,7 @@ class Frame:
     tag: str
     sender: str
     payload: memoryview
+    size: int = 0  # bytes of the whole frame as received
 
     @property
     def key(self) -> tuple[int, int, int, int]:
@@ -235,4 +236,4 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
     if kind == FrameKind.ACK and plen:
         raise FrameError("ACK frame with a payload")
     return Frame(kind, phase, codec, step, chunk, part, nparts, offset, count, total, swarm, tag, sender,
-                 mv[start : start + plen])
+                 mv[start : start + plen], n)

@@ -56,6 +56,7 @@ __all__ = ["Endpoint", "Call", "grace_period"]
 
 _DONE_TAGS = 256  # how many finished tags are remembered to recognise stale frames
 _MAX_EARLY_FRAMES = 4096  # hard bound per early tag, on top of the senders' windows
+_MAX_EARLY_BYTES = 64 << 20  # hard bound over all early tags (a misbehaving sender ignores windows)
 
 
 class Endpoint:
@@ -79,6 +80,7 @@ class Endpoint:
         self._active: Call | None = None
         self._done: OrderedDict[str, str | None] = OrderedDict()  # tag -> None if ok else abort reason
         self._early: OrderedDict[str, dict[tuple, Frame]] = OrderedDict()
+        self._early_bytes = 0
         self._abort_replied: set[tuple[str, str]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, name=f"fed-pump-{self.member_id}", daemon=True)
@@ -156,19 +158,25 @@ class Endpoint:
                 box = self._early.get(fr.tag)
                 if box is None:
                     while len(self._early) >= self.max_early_tags:
-                        dropped = self._early.popitem(last=False)[1]
-                        self.stats.add(early_dropped=len(dropped))
+                        self._drop_early_tag()
                     box = self._early[fr.tag] = {}
                 k = (fr.sender, fr.kind, fr.key)
+                size = fr.size
                 if k in box:
                     self.stats.add(duplicates=1)
-                elif len(box) >= _MAX_EARLY_FRAMES:
-                    self.stats.add(early_dropped=1)
+                elif len(box) >= _MAX_EARLY_FRAMES or self._early_bytes + size > _MAX_EARLY_BYTES:
+                    self.stats.add(early_dropped=1)  # not acked: the sender retransmits later
                 else:
                     box[k] = fr
+                    self._early_bytes += size
                     self.stats.add(early=1)
         if reply is not None:
             self.send(fr.sender, reply, **counters)
+
+    def _drop_early_tag(self) -> None:
+        dropped = self._early.popitem(last=False)[1]
+        self._early_bytes -= sum(f.size for f in dropped.values())
+        self.stats.add(early_dropped=len(dropped))
 
     # -- calls -------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -189,6 +197,7 @@ class Endpoint:
             if tag in self._done:
                 raise ValueError(f"tag {tag!r} already used by {self.member_id}: each call needs a new tag")
             for fr in self._early.pop(tag, {}).values():
+                self._early_bytes -= fr.size
                 c.inbox.put(fr)
             self._active = c
         reason: str | None = None
