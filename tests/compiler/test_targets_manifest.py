@@ -144,3 +144,35 @@ def test_recompile_replaces_an_existing_artifact(tmp_path, mlp_onnx):
     )
     assert json.loads((out / "manifest.json").read_text())["name"] == "again" != json.loads(first)["name"]
     assert [p.name for p in tmp_path.iterdir()] == ["a"]  # no temp dirs left behind
+
+
+def test_cli_compile_with_training_flags(run_cli, tmp_path, mlp_onnx):
+    res = run_cli(
+        "compile",
+        mlp_onnx,
+        "--target",
+        host_preset_name(),
+        "--out",
+        tmp_path / "t",
+        "--train",
+        "--loss",
+        "mse",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.02",
+        "--batch",
+        "3",
+        "-q",
+    )
+    assert res.code == 0, res.err
+    assert res.out.strip() == str(tmp_path / "t")
+    tr = load_artifact(tmp_path / "t").trainer
+    assert (tr.loss, tr.optimizer, tr.lr, tr.batch) == ("mse", "adam", 0.02, 3)
+    assert len(tr.init_state(load_artifact(tmp_path / "t").params)) == 3 + 2 * 4
+
+
+@pytest.mark.parametrize("verb", ["compile", "predict", "verify", "targets"])
+def test_every_verb_has_help(run_cli, verb):
+    res = run_cli(verb, "--help")
+    assert res.code == 0 and "Usage" in res.out
