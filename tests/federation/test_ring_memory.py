@@ -313,11 +313,11 @@ def test_ten_million_floats_over_eight_members_is_fast() -> None:
     hub, engines = make_ring(n)
     try:
         base = np.random.default_rng(0).standard_normal(length).astype(np.float32)
-        vecs = {m: base * (i + 1) for i, m in enumerate(engines)}
+        vecs = {m: base for m in engines}  # one shared input keeps the test's memory ~0.7 GB
         t0 = time.monotonic()
         got = assert_identical(allreduce_all(engines, vecs, tag="big", op="sum", timeout=120))
         seconds = time.monotonic() - t0
-        np.testing.assert_allclose(got, base * 36, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(got, base * 8, rtol=1e-5, atol=1e-4)
         assert seconds < 30, seconds  # ~2-3 s on an idle 2-core machine; generous for shared CI
     finally:
         close_all(engines)
