@@ -71,12 +71,14 @@ def test_last_will_marks_a_sigkilled_member_offline(mosquitto, mqtt_link_factory
 
 def test_stale_heartbeat_is_not_live(mosquitto, mqtt_link_factory, swarm_id):
     m = Membership(mqtt_link_factory(mosquitto, "observer"))
-    pub = _node(mqtt_link_factory, mosquitto, "quiet", swarm_id, heartbeat_s=0.2)
+    pub = _node(mqtt_link_factory, mosquitto, "quiet", swarm_id, heartbeat_s=0.5)
     assert m.wait_for(lambda live: "quiet" in live, 5)
-    time.sleep(0.5)
+    time.sleep(2.0)  # longer than the 3 x 0.5 s staleness limit: only heartbeats keep it live
     assert "quiet" in m.live(), "heartbeats keep a node live"
     pub.stop(offline=False)  # hung process: connection open, no more heartbeats, no will yet
-    assert m.wait_for(lambda live: "quiet" not in live, 3)
+    t = time.monotonic()
+    assert m.wait_for(lambda live: "quiet" not in live, 5)
+    assert time.monotonic() - t > 0.8  # not before the 3 x heartbeat limit
     assert m.all()["quiet"].state == NodeState.ONLINE
 
 
