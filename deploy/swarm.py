@@ -53,7 +53,8 @@ class SwarmOptions:
     feed_rate: float = 40.0
     host: str = "127.0.0.1"
     swarm: str = "default"
-    node_ready_timeout_s: float = 120.0
+    node_ready_timeout_s: float = 180.0  # an emulated aarch64 node needs ~30-60 s to import and load
+    sysroot: Path | None = None  # default: CACHE_DIR/sysroot-aarch64 (made by `make sysroot`)
 
 
 def _say(msg: str) -> None:
@@ -296,7 +297,8 @@ def run_swarm(opts: SwarmOptions) -> None:
 
         arm = None
         if opts.emulate_arm:
-            arm = _arm_node_env(Path(opts.cache_dir) / "sysroot-aarch64")
+            sysroot = Path(opts.sysroot or Path(opts.cache_dir) / "sysroot-aarch64")
+            arm = _arm_node_env(sysroot)
         artifacts = {"host": demo_artifact(opts.cache_dir, host_preset_name()).resolve()}
         if opts.emulate_arm:
             artifacts["aarch64"] = demo_artifact(opts.cache_dir, "aarch64").resolve()

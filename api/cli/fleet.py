@@ -99,12 +99,15 @@ def swarm(
                                    help="Where the compiled demo model is cached."),
     feed_rate: float = typer.Option(40.0, "--feed-rate", min=0.1, help="Samples per second per node "
                                     "from the simulated sensors."),
+    sysroot: Path | None = typer.Option(None, "--sysroot", help="aarch64 sysroot for --emulate-arm "
+                                        "(default: CACHE_DIR/sysroot-aarch64, made by `make sysroot`)."),
 ) -> None:
     """The demo: a broker, N edge nodes fed by simulated sensors, and the fleet dashboard."""
     from deploy.swarm import SwarmOptions, run_swarm
 
     run_swarm(SwarmOptions(nodes=nodes, emulate_arm=emulate_arm, port=port, broker=broker, token=token,
-                           workdir=workdir, cache_dir=cache_dir, feed_rate=feed_rate))
+                           workdir=workdir, cache_dir=cache_dir, feed_rate=feed_rate,
+                           sysroot=sysroot))
 
 
 @app.command()

@@ -3,13 +3,18 @@ SIGINT stops everything (nodes, broker) with no orphan process left."""
 
 from __future__ import annotations
 
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.fleet.swarm_proc import start_swarm
+from federation.broker import free_port
+from tests.fleet.swarm_proc import FRACTAL, start_swarm
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
 
@@ -42,3 +47,43 @@ def test_swarm_two_nodes_up_and_clean_shutdown(tmp_path_factory):
     assert "[swarm] stopped" in sp.output()
     gone, alive = psutil.wait_procs(children, timeout=5)
     assert not alive, f"orphans left behind: {[(p.pid, p.name()) for p in alive]}"
+
+
+def test_emulate_arm_without_sysroot_is_one_clear_error(tmp_path):
+    proc = subprocess.run([FRACTAL, "swarm", "--nodes", "2", "--emulate-arm", "--port", str(free_port()),
+                           "--cache-dir", str(tmp_path), "--sysroot", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the aarch64 sysroot is missing") and "make sysroot" in last, proc.stderr
+
+
+@pytest.mark.emulate
+def test_emulate_arm_mixed_swarm_trains_to_identical_params(tmp_path_factory):
+    """One x86 node + one aarch64 node under qemu-user: both online, a round ends done and the
+    two architectures commit bit-identical parameters."""
+    sysroot = ROOT / ".cache" / "sysroot-aarch64"
+    assert (sysroot / ".done").is_file(), "run `make sysroot` (make test depends on it)"
+    sp = start_swarm(2, tmp_path_factory.getbasetemp() / "swarm-cache", "arm-token", timeout=300,
+                     extra=("--emulate-arm", "--sysroot", str(sysroot)))
+    try:
+        with httpx.Client(headers={"Authorization": "Bearer arm-token"}, timeout=10) as c:
+            deadline = time.monotonic() + 60
+            while True:
+                nodes = c.get(sp.base + "/api/nodes").json()["nodes"]
+                if len(nodes) == 2 and all(n["online"] and n["samples"] >= 64 for n in nodes):
+                    break
+                assert time.monotonic() < deadline, nodes
+                time.sleep(0.5)
+            assert sorted(n["arch"] for n in nodes) == ["aarch64", "x86_64"]
+            rid = c.post(sp.base + "/api/rounds", json={"steps": 20, "lr": 0.1}).json()["round_id"]
+            deadline = time.monotonic() + 120
+            while (rnd := c.get(f"{sp.base}/api/rounds/{rid}").json())["state"] == "running":
+                assert time.monotonic() < deadline, rnd
+                time.sleep(0.5)
+        assert rnd["state"] == "done", rnd["reason"]
+        assert rnd["params_agree"] is True
+        means = [s["mean"] for s in rnd["loss"] if s["complete"]]
+        assert means[-1] < means[0], means
+    finally:
+        assert sp.interrupt() in (0, 130), sp.output()
