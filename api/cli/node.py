@@ -43,11 +43,11 @@ def serve_node(config_path: Path, *, log_level: str = "info") -> None:
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     node = EdgeNode(cfg)
+    # cast: NodeLike declares plain attributes, EdgeNode exposes read-only properties
+    server = uvicorn.Server(uvicorn.Config(create_node_app(cast(Any, node)), host=cfg.host, port=cfg.port,
+                                           log_level="warning", timeout_graceful_shutdown=2))
     node.start()  # connect to the broker now: a bad broker fails before we listen
     try:
-        # cast: NodeLike declares plain attributes, EdgeNode exposes read-only properties
-        server = uvicorn.Server(uvicorn.Config(create_node_app(cast(Any, node)), host=cfg.host, port=cfg.port,
-                                               log_level="warning", timeout_graceful_shutdown=2))
         server.run()
         if not server.started:
             raise NodeError(f"the node API did not start on {cfg.host}:{cfg.port}",
