@@ -36,8 +36,11 @@ def create_node_app(node: NodeLike, *, auth_token: str | None = None,
     token = auth_token if auth_token is not None else _setting(node, "auth_token", None)
     limit = int(max_body_bytes if max_body_bytes is not None
                 else _setting(node, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    # FastAPI's native OpenTelemetry is off: the node exports Prometheus metrics (/metrics), and
+    # the per-request "is OTel configured?" probes are pure overhead on a sub-millisecond path.
     app = FastAPI(title="fractal-edge node", version=__version__,
-                  description="Open Inference Protocol v2, training samples, node status and metrics.")
+                  description="Open Inference Protocol v2, training samples, node status and metrics.",
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.node = node
     app.state.max_body_bytes = limit
     app.state.http_metrics = HttpMetrics()

@@ -135,7 +135,7 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, *, duration: float = 3.0,
         results = {m: bench_model(m, wd, duration=duration, clients=clients, progress=progress,
                                   tvm_threads=tvm_threads) for m in models}
     return {"benchmark": "serve", "machine": machine(), "duration_s_per_point": duration,
-            "client": "http.client keep-alive, one connection per client, closed loop, JSON tensors",
+            "client": "raw keep-alive socket per client (TCP_NODELAY), closed loop, OIP JSON tensors",
             "serve_batch": SERVE_BATCH,
             "tvm_num_threads": tvm_threads or os.environ.get("TVM_NUM_THREADS") or "default",
             "models": results, "goals": _goals(results), "wall_s": round(time.perf_counter() - t0, 1)}
