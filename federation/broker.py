@@ -296,7 +296,8 @@ class EmbeddedBroker(Broker):
             raise TransportError(f"embedded broker (amqtt) did not start on port {self.port}: "
                                  f"{errors[0] if errors else 'timeout'}")
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
+        """Shut amqtt down (its shutdown can hang on connected clients: bounded by ``timeout``)."""
         loop, broker = self._loop, self._broker
         if loop is None or broker is None or not loop.is_running():
             return

@@ -312,5 +312,7 @@ def test_embedded_amqtt_broker_smoke(make):
         vecs = _vectors(ids, 10_000)
         res = _run(rings, lambda m, r: r.allreduce(vecs[m], group=ids, tag="r1", op="sum", timeout=20))
         _assert_allreduce(res, vecs)
+        for r in rings.values():
+            r.endpoint.transport.link.close()
     finally:
         b.stop()
