@@ -409,8 +409,12 @@ class EdgeNode:
         if self._ring is None:
             raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
         if self.trainer is None:
-            raise RoundFailed("the artifact has no training module",
+            exc = RoundFailed(f"{self.node_id}: the artifact has no training module",
                               hint="compile with `fractal compile --train`")
+            self.metrics.round_finished(False)
+            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
+                                  reason=str(exc)))
+            raise exc
         tcfg = self.config.training
         plan = RoundPlan.from_command(cmd, tcfg)
         self._abort.clear()
@@ -434,7 +438,7 @@ class EdgeNode:
             samples = self.store.snapshot()
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
                                samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
-        except RoundFailed as exc:
+        except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
             reset = getattr(self._ring, "reset_feedback", None)
             if callable(reset):  # compression residuals of a void round must not leak into the next
                 reset()
@@ -442,8 +446,10 @@ class EdgeNode:
             self.metrics.round_finished(False)
             log.warning("%s: %s", self.node_id, exc)
             self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
-                                  reason=str(exc)))
-            raise
+                                  reason=str(exc) or type(exc).__name__))
+            if isinstance(exc, RoundFailed):
+                raise
+            raise RoundFailed(f"round {cmd.round_id} failed on {self.node_id}: {exc}") from exc
         finally:
             with self._lock:
                 self._state = NodeState.OFFLINE if self._stopping.is_set() else NodeState.ONLINE

@@ -92,3 +92,23 @@ def test_plan_takes_node_defaults_only_for_fields_the_command_omits(tmp_path):
 def test_choose_root():
     assert choose_root({"a": 1, "b": 3, "c": 3}) == "b"
     assert choose_root({"z": 0, "y": 0}) == "y"
+
+
+def test_round_on_an_artifact_without_trainer_reports_failed(tmp_path):
+    from federation.memory import MemoryHub
+    from federation.messages import EventKind
+
+    (tmp_path / "art").mkdir()
+    cfg = NodeConfig.from_dict({"node_id": "n", "artifact": str(tmp_path / "art"),
+                                "data_dir": str(tmp_path / "d")})
+    node = EdgeNode(cfg, artifact=NumpyArtifact(trainer=False), transport=MemoryHub().transport("n"))
+    events = []
+    node.add_event_listener(events.append)
+    node.start()
+    try:
+        node.handle_command(RoundCommand(round_id="r", steps=1, participants=["n"]))
+        assert node.wait_idle(10)
+        assert [e.kind for e in events] == [EventKind.FAILED] and "no training module" in events[0].reason
+        assert node.metrics.rounds_failed == 1
+    finally:
+        node.stop()
