@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import socket
+import threading
 from pathlib import Path
 
 import typer
@@ -24,6 +26,10 @@ def _check_port_free(host: str, port: int) -> None:
                              hint="pick another port with --port") from None
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def serve_fleet(settings, *, ready=None) -> None:
     """Run the fleet app with uvicorn in this thread until SIGINT/SIGTERM.
 
@@ -40,7 +46,6 @@ def serve_fleet(settings, *, ready=None) -> None:
                             timeout_graceful_shutdown=2, lifespan="on")
     server = uvicorn.Server(config)
     if ready is not None:
-        import threading
 
         def notify() -> None:
             while not server.started and not server.should_exit:
@@ -49,10 +54,18 @@ def serve_fleet(settings, *, ready=None) -> None:
                 ready()
 
         threading.Thread(target=notify, daemon=True).start()
+    # uvicorn handles SIGINT/SIGTERM, then re-raises the signal once it has shut down: make
+    # SIGTERM unwind like Ctrl-C so the MQTT link closes cleanly and the exit code is 0.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
     try:
         server.run()
+    except KeyboardInterrupt:
+        pass
     finally:
         fleet_app.state.fleet.stop()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     if not server.started:
         raise FleetError(f"the fleet service did not start on {settings.host}:{settings.port}",
                          hint="check the broker URL (--broker) and that the port is free")

@@ -207,3 +207,25 @@ class _mosquitto:
         self.proc.terminate()
         self.proc.wait(5)
 
+
+
+def test_certs_script_and_the_tls_listener_example(tmp_path):
+    certs = tmp_path / "certs"
+    subprocess.run(["bash", str(ROOT / "deploy/certs.sh"), str(certs), "broker.test"], check=True,
+                   capture_output=True, timeout=120)
+    for f in ("ca.crt", "ca.key", "server.crt", "server.key"):
+        assert (certs / f).is_file()
+    # Uncomment the TLS example of mosquitto.conf (not the mutual-TLS lines) and point it at the certs.
+    port = free_port()
+    lines = []
+    for line in (ROOT / "deploy/mosquitto/mosquitto.conf").read_text().splitlines():
+        m = re.match(r"#(listener 8883 .*|cafile .*|certfile .*|keyfile .*|tls_version .*)$", line)
+        if m:
+            lines.append(m.group(1).replace("/etc/mosquitto/certs", str(certs))
+                         .replace("listener 8883 0.0.0.0", f"listener {port} 127.0.0.1"))
+    assert len(lines) == 5, lines
+    conf = "per_listener_settings false\nallow_anonymous true\n" + "\n".join(lines) + "\n"
+    with _mosquitto(tmp_path, conf):
+        MqttLink(f"mqtts://localhost:{port}", client_id="tls-ok", tls={"ca": str(certs / "ca.crt")}).close()
+        with pytest.raises(TransportError):  # the system trust store does not know our CA
+            MqttLink(f"mqtts://localhost:{port}", client_id="tls-untrusted", connect_timeout=3)

@@ -1,0 +1,62 @@
+"""`fractal fleet` as a real process: serves the API with the token from the environment, stops
+on SIGTERM; a bad broker URL is one clear error line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from federation.broker import free_port
+from tests.fleet.swarm_proc import FRACTAL
+
+pytestmark = pytest.mark.mosquitto
+
+
+def test_fleet_cli_serves_and_stops_on_sigterm(broker):
+    port = free_port()
+    env = {**os.environ, "FRACTAL_FLEET_TOKEN": "cli-token", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([FRACTAL, "fleet", "--broker", broker.url, "--port", str(port), "--swarm", "cli"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == f"fleet dashboard: http://127.0.0.1:{port}/", line
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(base + "/api/health").json()["broker_connected"] is True
+        assert httpx.get(base + "/api/nodes").status_code == 401
+        r = httpx.get(base + "/api/nodes", headers={"Authorization": "Bearer cli-token"})
+        assert r.status_code == 200 and r.json() == {"nodes": []}
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_fleet_cli_bad_broker_url_is_one_line(tmp_path):
+    proc = subprocess.run([FRACTAL, "fleet", "--broker", "http://nowhere", "--token", "t",
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: bad broker URL 'http://nowhere': scheme must be mqtt or mqtts "
+        "(help: use mqtt://[user:pass@]host:port or mqtts://[user:pass@]host:port)"]
+
+
+def test_fleet_cli_port_in_use_is_one_line(broker):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run([FRACTAL, "fleet", "--broker", broker.url, "--token", "t", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}") and "--port" in proc.stderr
