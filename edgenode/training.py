@@ -16,7 +16,11 @@ never mixed into a new one):
      every member sets ``start + mean_delta``.
    A member without samples contributes zeros; the mean is rescaled by n/k (k = members with
    samples, known to all from the hello), so it does not dilute the others.
-4. ``{round_id}/commit``: a one-value barrier, then the new parameters are committed with
+   A member told to abort (RoundAbort) fails the next step's collective on purpose, so the
+   session layer sends ABORT frames and its peers stop now instead of at the step deadline.
+4. ``{round_id}/commit``: a SUM-allreduce of every member's final params hash (barrier and
+   agreement check in one). If the hashes differ (boards whose float code rounds differently),
+   ``{round_id}/final`` broadcasts the first member's parameters. Then everybody commits with
    version = max(versions) + 1. Any failure before that point raises :class:`RoundFailed` and
    nothing was applied: the node keeps its last committed parameters.
 """
