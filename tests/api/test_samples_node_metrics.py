@@ -72,3 +72,14 @@ def test_node_info(http, api_node):
     assert info["params_sha256"] == api_node.params_sha256 and len(info["params_sha256"]) == 64
     assert info["model_version"] == api_node.model_version
     assert "round_id" in info and "arch" in info
+
+
+def test_a_node_bug_is_a_json_500_not_a_crash(http, api_node, monkeypatch):
+    def boom():
+        raise RuntimeError("simulated node bug")
+
+    monkeypatch.setattr(api_node, "info", boom)
+    r = http.get("/v1/node")
+    assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError"}
+    monkeypatch.undo()
+    assert http.get("/v1/node").status_code == 200  # the server kept serving
