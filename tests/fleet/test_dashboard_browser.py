@@ -68,6 +68,8 @@ def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):
     page.click("#start")
     page.wait_for_selector("#error:not([hidden])", timeout=5_000)
     assert "fewer than 2 nodes online" in page.inner_text("#error")
+    OUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUT / "dashboard-409.png"))
 
     # A real round over all three nodes: the plot fills in and the round ends as done.
     boxes.nth(1).check()
