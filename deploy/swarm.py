@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -142,7 +143,7 @@ class NodeProcess:
         return ""
 
     def terminate(self) -> None:
-        if self.alive():
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
 
     def wait_or_kill(self, timeout: float) -> None:
@@ -194,7 +195,7 @@ class Swarm:
     token: str
     workdir: Path
     owns_workdir: bool
-    broker: object | None = None
+    broker: Any = None  # federation.broker.Broker when we started one
     broker_url: str = ""
     nodes: list[NodeProcess] = field(default_factory=list)
     feeders: list[Feeder] = field(default_factory=list)
@@ -222,7 +223,7 @@ class Swarm:
             _write_node_config(cfg, node_id=node_id, artifact=artifacts[arch], port=port,
                                data_dir=self.workdir / "data" / node_id, broker=self.broker_url,
                                swarm=self.opts.swarm, token=self.token)
-            if is_arm:
+            if arm is not None and is_arm:
                 prefix, env = arm
                 argv = [*prefix, "node", "--config", str(cfg)]
             else:
@@ -238,9 +239,10 @@ class Swarm:
         with httpx.Client(timeout=2) as client:
             while pending:
                 for n in list(pending):
-                    if not n.alive():
+                    if n.proc is None or n.proc.poll() is not None:
+                        code = n.proc.returncode if n.proc else None
                         raise FleetError(f"{n.node_id} exited during start-up (exit code "
-                                         f"{n.proc.returncode}); last log lines: {n.log_tail(600)}",
+                                         f"{code}); last log lines: {n.log_tail(600)}",
                                          hint=f"see {n.log_path}")
                     with contextlib.suppress(httpx.HTTPError):
                         if client.get(n.url + "/v2/health/ready").status_code == 200:
@@ -270,6 +272,7 @@ class Swarm:
         for f in self.feeders:
             f.join(2)
         if self.broker is not None:
+            # MosquittoBroker.close also deletes its temp dir; the embedded broker only has stop.
             (getattr(self.broker, "close", None) or self.broker.stop)()
             self.broker = None
         if self.owns_workdir:
@@ -285,12 +288,15 @@ def run_swarm(opts: SwarmOptions) -> None:
     from api.cli.fleet import _check_port_free, serve_fleet
     from api.fleet.settings import FleetSettings
 
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     _check_port_free(opts.host, opts.port)  # fail before minutes of work
     token = opts.token or os.environ.get("FRACTAL_FLEET_TOKEN") or secrets.token_urlsafe(12)
     owns = opts.workdir is None
-    workdir = Path(tempfile.mkdtemp(prefix="fractal-swarm-")) if owns else Path(opts.workdir)
+    if opts.workdir is not None:
+        workdir = Path(opts.workdir)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="fractal-swarm-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     swarm = Swarm(opts, token, workdir.resolve(), owns)
     try:
         from compiler import host_preset_name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
-from fastapi.responses import JSONResponse
 
 from api.fleet.auth import Authenticated
 from api.fleet.deps import Service
@@ -18,7 +17,7 @@ def start_round(body: RoundRequest, _: Authenticated, fleet: Service) -> dict:
     try:
         rnd = fleet.start_round(body)
     except RoundRejected as exc:
-        return JSONResponse({"detail": exc.reason}, status_code=exc.status_code)
+        raise HTTPException(exc.status_code, detail=exc.reason) from None
     return {"round_id": rnd["round_id"], "participants": rnd["participants"], "skipped": rnd["skipped"]}
 
 
