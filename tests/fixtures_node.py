@@ -1,7 +1,7 @@
 """Edge-node fixtures shared by every area's tests (auto-loaded by ``tests/conftest.py``).
 
-* ``digits_artifact``: the zoo's ``digits-mlp`` compiled ONCE per session for this machine with a
-  training module (ce loss, SGD, lr 0.1, batch 32); the path of the artifact directory.
+* ``digits_artifact`` comes from ``tests/fixtures_compiler.py`` (digits-mlp for this machine,
+  training module ce/sgd/lr 0.1/batch 32); the node tests use it too.
 * ``node_factory``: ``make(node_id, artifact_dir, *, broker=None, swarm="default", transport=None,
   artifact=None, start=True, **toml_keys) -> EdgeNode``. Writes ``NODE.toml`` under the test's
   tmp dir, loads it through the real config loader, starts the node; every node made is stopped
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-DIGITS_BATCH = 32
+DIGITS_BATCH = 32  # training batch and lr of the shared digits_artifact (fixtures_compiler.py)
 DIGITS_LR = 0.1
 
 
@@ -42,19 +42,6 @@ def write_node_toml(path: Path, keys: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines + tables) + "\n")
     return path
-
-
-@pytest.fixture(scope="session")
-def digits_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """digits-mlp compiled for this machine with a training module (one compile per session)."""
-    from compiler import TrainSettings, compile_model, host_preset_name, zoo
-
-    d = tmp_path_factory.mktemp("digits-artifact")
-    onnx_path = d / "digits-mlp.onnx"
-    zoo.save("digits-mlp", onnx_path, batch=DIGITS_BATCH)
-    return compile_model(onnx_path, target=host_preset_name(), out_dir=d / "digits-mlp",
-                         train=TrainSettings(loss="ce", optimizer="sgd", lr=DIGITS_LR, batch=DIGITS_BATCH),
-                         progress=False)
 
 
 @pytest.fixture(scope="session")
