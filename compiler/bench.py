@@ -1,0 +1,225 @@
+"""The compile benchmark: for each zoo model, onnxruntime vs TVM untuned vs TVM tuned, in one run.
+
+Per model (batch 1, seed 0): onnxruntime latency; TVM latency untuned; MetaSchedule tuning time
+and TVM latency tuned (``trials`` measured candidates, a fresh database); recompile time with
+that warm database (no trials); max abs error of the tuned artifact against onnxruntime.
+
+Both engines run on the same number of threads (``threads``; onnxruntime
+``intra_op_num_threads`` + sequential execution, TVM's thread pool via ``TVM_NUM_THREADS``,
+which must be set before TVM starts its pool, so :func:`set_threads` runs first). Latency is the
+median of timed calls after a warm-up, numpy in and numpy out on both sides:
+``InferenceSession.run`` vs the artifact's Relax VM ``main`` called on zero-copy DLPack views.
+Also reported: ``vm_us`` (the bare VM call on ready device tensors) and ``artifact_infer_us``
+(``Artifact.infer``, whose input checks and copies cost ~30 us per call on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import CompilerError
+
+__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "machine_info"]
+
+FORMAT = 1
+
+
+def set_threads(threads: int) -> int:
+    """Make TVM's runtime use ``threads`` threads (and MetaSchedule's runner workers, via the env)."""
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    import tvm  # noqa: F401 - loads the runtime that registers the thread-pool functions
+    import tvm_ffi
+
+    tvm_ffi.get_global_func("runtime.config_threadpool")(1, threads)
+    got = int(tvm_ffi.get_global_func("runtime.NumThreads")())
+    if got != threads:
+        raise CompilerError(f"TVM runs {got} thread(s), the benchmark asked for {threads}",
+                            hint=f"TVM's thread pool started earlier: run with TVM_NUM_THREADS={threads}")
+    return got
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model (from /proc/cpuinfo), logical CPUs, and the library versions measured."""
+    import onnxruntime
+    import tvm
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "arch": platform.machine(),
+            "tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__}
+
+
+def measure(fn: Callable[[], Any], *, min_seconds: float = 1.0, min_runs: int = 20, max_runs: int = 5000,
+            warmup: int = 5) -> dict[str, float]:
+    """Median / p10 / p90 latency of ``fn()`` in microseconds over at least ``min_seconds``."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    t_end = time.perf_counter() + min_seconds
+    while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    q = statistics.quantiles(times, n=10) if len(times) >= 10 else [times[0]] * 9
+
+    def us(v: float) -> float:
+        return round(v * 1e6, 2)
+
+    return {"median_us": us(statistics.median(times)), "p10_us": us(q[0]), "p90_us": us(q[-1]),
+            "runs": len(times)}
+
+
+def _ort_session(path: Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _tvm_latency(art_dir: Path, x: np.ndarray, min_seconds: float) -> tuple[dict[str, float],
+                                                                               dict[str, np.ndarray]]:
+    """TVM latency three ways: the VM call with numpy in/out (zero-copy DLPack both ways: the
+    engine-level figure compared with onnxruntime), the bare VM call on ready device tensors, and
+    ``Artifact.infer`` (the artifact API with its input checks and copies)."""
+    import tvm_ffi
+
+    from compiler.artifact import load_artifact
+
+    art = load_artifact(art_dir)
+    inputs = {art.inputs[0].name: x}
+    out = art.infer(inputs)
+    runtime = art._infer  # benchmark internals on purpose: the VM under the artifact API
+    params = art._default.tensors
+    main = runtime.vm()["main"]
+    from_dlpack = tvm_ffi.from_dlpack
+
+    def numpy_call() -> np.ndarray:
+        return np.from_dlpack(main(from_dlpack(x), *params))
+
+    np.testing.assert_array_equal(numpy_call(), next(iter(out.values())))
+    lat = measure(numpy_call, min_seconds=min_seconds)
+    ready = [runtime.tensor(x), *params]
+    lat["vm_us"] = measure(lambda: main(*ready), min_seconds=min_seconds / 2)["median_us"]
+    lat["artifact_infer_us"] = measure(lambda: art.infer(inputs), min_seconds=min_seconds / 2)["median_us"]
+    return lat, out
+
+
+def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str, db_dir: Path,
+                min_seconds: float = 1.0, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Benchmark one zoo model (see the module docstring); returns its row."""
+    from compiler import zoo
+    from compiler.build import compile_model
+
+    onnx_path = zoo.save(name, work / f"{name}.onnx")
+    x = np.random.default_rng(0).standard_normal(zoo.input_shape(name)).astype(np.float32)
+    row: dict[str, Any] = {"model": name, "input_shape": list(x.shape)}
+
+    sess = _ort_session(onnx_path, threads)
+    ref = sess.run(None, {"x": x})[0]
+    row["onnxruntime"] = measure(lambda: sess.run(None, {"x": x}), min_seconds=min_seconds)
+    log(f"{name}: onnxruntime {row['onnxruntime']['median_us']} us")
+
+    t0 = time.perf_counter()
+    plain = compile_model(onnx_path, target=target, out_dir=work / f"{name}-untuned", progress=False)
+    row["compile_untuned_s"] = round(time.perf_counter() - t0, 2)
+    lat, out = _tvm_latency(plain, x, min_seconds)
+    row["tvm_untuned"] = lat
+    row["untuned_max_abs_err"] = float(np.abs(next(iter(out.values())) - ref).max())
+    log(f"{name}: TVM untuned {lat['median_us']} us")
+
+    t0 = time.perf_counter()
+    tuned = compile_model(onnx_path, target=target, out_dir=work / f"{name}-tuned", tune=True, trials=trials,
+                          db_dir=db_dir, progress=False)
+    row["compile_tuned_s"] = round(time.perf_counter() - t0, 2)
+    manifest = json.loads((tuned / "manifest.json").read_text())["tuning"]
+    row["tuning"] = {"trials": trials, "trials_run": manifest.get("trials_run"),
+                     "seconds": manifest.get("seconds"), "reused": manifest.get("reused"),
+                     "db_id": manifest.get("db_id")}
+    lat, out = _tvm_latency(tuned, x, min_seconds)
+    row["tvm_tuned"] = lat
+    row["tuned_max_abs_err"] = float(np.abs(next(iter(out.values())) - ref).max())
+    log(f"{name}: tuned in {row['tuning']['seconds']} s, TVM tuned {lat['median_us']} us")
+
+    t0 = time.perf_counter()
+    again = compile_model(onnx_path, target=target, out_dir=work / f"{name}-recompiled", tune=True,
+                          trials=trials, db_dir=db_dir, progress=False)
+    row["recompile_warm_db_s"] = round(time.perf_counter() - t0, 2)
+    row["recompile_reused"] = bool(json.loads((again / "manifest.json").read_text())["tuning"].get("reused"))
+
+    ort_us = row["onnxruntime"]["median_us"]
+    row["ratio_untuned_vs_ort"] = round(row["tvm_untuned"]["median_us"] / ort_us, 3)
+    row["ratio_tuned_vs_ort"] = round(row["tvm_tuned"]["median_us"] / ort_us, 3)
+    log(f"{name}: tuned/ort {row['ratio_tuned_vs_ort']}, recompile {row['recompile_warm_db_s']} s")
+    return row
+
+
+def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 32, threads: int = 1,
+                      target: str | None = None, db_dir: str | Path | None = None, min_seconds: float = 1.0,
+                      work_dir: str | Path | None = None,
+                      log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run the benchmark over ``models`` (default: every zoo model); one JSON-able dict.
+
+    ``db_dir`` None: a fresh database directory (so the tuning time is real, never a cache hit)."""
+    from compiler import zoo
+    from compiler.targets import host_preset_name
+
+    names = list(models or zoo.NAMES)
+    for n in names:
+        if n not in zoo.NAMES:
+            raise CompilerError(f"unknown zoo model {n!r}", hint=f"choose from: {', '.join(zoo.NAMES)}")
+    if trials < 1 or threads < 1:
+        raise CompilerError("--trials and --threads must be >= 1", hint="e.g. --trials 32 --threads 1")
+    set_threads(threads)
+    target = target or host_preset_name()
+    own_work = work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="fractal-bench-compile-")) if own_work else Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    db = Path(db_dir) if db_dir is not None else work / "tuning-db"
+    t0 = time.perf_counter()
+    try:
+        rows = [bench_model(n, work, trials=trials, threads=threads, target=target, db_dir=db,
+                            min_seconds=min_seconds, log=log) for n in names]
+    finally:
+        if own_work:
+            shutil.rmtree(work, ignore_errors=True)
+    at_or_below = [r["model"] for r in rows if r["ratio_tuned_vs_ort"] <= 1.0]
+    half = [r["model"] for r in rows if r["ratio_tuned_vs_ort"] <= 0.5]
+    return {
+        "format": FORMAT,
+        "bench": "compile",
+        "machine": machine_info(),
+        "target": target,
+        "threads": threads,
+        "trials_per_model": trials,
+        "latency": ("median us per call, batch 1, numpy in and out: InferenceSession.run vs the TVM VM "
+                    "call via DLPack; vm_us = bare VM call, artifact_infer_us = Artifact.infer"),
+        "models": {r["model"]: r for r in rows},
+        "summary": {
+            "tuned_at_or_below_ort": at_or_below,
+            "tuned_at_most_half_ort": half,
+            "goal_met": len(at_or_below) == len(rows) and len(half) >= 2,
+            "total_seconds": round(time.perf_counter() - t0, 1),
+        },
+    }
