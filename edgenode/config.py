@@ -19,6 +19,7 @@ Example::
     local_steps = 4
     step_timeout_s = 30.0
     compression = "none"                  # none | fp16 | int8 | topk
+    round_memory_mb = 128                 # a round trains on the newest samples that fit in this
 
     [store]
     max_samples = 100000
@@ -60,6 +61,9 @@ class TrainingConfig(_Section):
     step_timeout_s: float = Field(default=30.0, gt=0)
     compression: Compression = Compression.NONE
     seed: int = 0  # per-node sampling seed is seed + a hash of node_id
+    # A round trains on an in-memory copy of the NEWEST samples that fit in this budget (a board
+    # has little RAM; max_samples of large inputs would not fit).
+    round_memory_mb: float = Field(default=128.0, gt=0)
 
 
 class StoreConfig(_Section):

@@ -435,7 +435,8 @@ class EdgeNode:
         rng = np.random.default_rng([tcfg.seed, zlib.crc32(self.node_id.encode()),
                                      zlib.crc32(cmd.round_id.encode())])
         try:
-            samples = self.store.snapshot()
+            budget = int(tcfg.round_memory_mb * 1024 * 1024)
+            samples = self.store.snapshot(limit=max(1, budget // max(1, self.store.sample_bytes)))
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
                                samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear

@@ -174,6 +174,13 @@ class SampleStore:
             self._count = min(self._count + n, self.max_samples)
             return self._count
 
+    @property
+    def sample_bytes(self) -> int:
+        """Bytes of one sample (all inputs + label) in memory."""
+        size = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for _, s, d in self.spec.inputs)
+        label = int(np.prod(self.spec.label_shape, dtype=np.int64)) * np.dtype(self.spec.label_dtype).itemsize
+        return size + label
+
     def snapshot(self, limit: int | None = None) -> Samples:
         """All stored samples (or the newest ``limit``) as arrays; a consistent read."""
         with self._lock:

@@ -138,3 +138,24 @@ def test_members_with_different_float_semantics_still_commit_the_same_bits(tmp_p
     finally:
         for n in nodes.values():
             n.stop()
+
+
+def test_round_trains_on_the_newest_samples_within_its_memory_budget(tmp_path):
+    """round_memory_mb bounds the in-memory copy: only the newest samples that fit are used."""
+    hub = MemoryHub()
+    (tmp_path / "art").mkdir()
+    cfg = NodeConfig.from_dict({"node_id": "a", "artifact": str(tmp_path / "art"),
+                                "data_dir": str(tmp_path / "a"),
+                                "training": {"round_memory_mb": 100 * 264 / 2**20}})  # 100 samples
+    node = EdgeNode(cfg, artifact=NumpyArtifact(), transport=hub.transport("a"))
+    seen = []
+    orig = node.store.snapshot
+    node.store.snapshot = lambda limit=None: seen.append(limit) or orig(limit)
+    node.start()
+    try:
+        node.add_samples({"x": np.zeros((300, 64))}, np.zeros(300, np.int64))
+        assert node.store.sample_bytes == 64 * 4 + 8
+        node.run_round(RoundCommand(round_id="r", steps=1, participants=["a"]))
+        assert seen == [100]
+    finally:
+        node.stop()

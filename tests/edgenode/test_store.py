@@ -113,3 +113,13 @@ def test_snapshot_limit_and_float_labels(tmp_path):
     np.testing.assert_array_equal(snap.labels, y)
     last = store.snapshot(limit=2)
     np.testing.assert_array_equal(last.labels, y[1:])
+
+
+def test_sample_bytes():
+    store_spec = SampleSpec((("a", (2, 3), "float32"), ("b", (4,), "int32")), (), "int64")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        store = SampleStore(Path(d) / "s.db", store_spec)
+        assert store.sample_bytes == 2 * 3 * 4 + 4 * 4 + 8
+        store.close()
