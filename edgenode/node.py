@@ -238,6 +238,8 @@ class EdgeNode:
         if self.config.broker:
             from federation.mqtt import MqttLink
 
+            # The will is fixed at CONNECT: after later rounds it carries an older model_version.
+            # Consumers must treat an offline status as "gone", not as the node's current version.
             will = (topics.status(self.config.swarm, self.node_id),
                     self._status(NodeState.OFFLINE).model_dump_json())
             self._link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
