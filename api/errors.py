@@ -72,13 +72,6 @@ def install_error_handlers(app: FastAPI) -> None:
         # Nobody is left to read this; answering keeps the disconnect out of the error log.
         return error_response(400, "client disconnected before sending the whole body")
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> JSONResponse:
-        # Only a bug in the node gets here (bad input has its own handlers above); keep the OIP
-        # body shape and log the traceback (Starlette re-raises after this for the server log).
-        log.error("internal error on %s %s: %r", request.method, request.url.path, exc)
-        return error_response(500, f"internal error: {type(exc).__name__}")
-
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []

@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-__all__ = ["BodyLimitMiddleware", "BearerAuthMiddleware", "MetricsMiddleware", "HttpMetrics",
-           "BodyTooLarge"]
+__all__ = ["BodyLimitMiddleware", "BearerAuthMiddleware", "InternalErrorMiddleware", "MetricsMiddleware",
+           "HttpMetrics", "BodyTooLarge"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("fractal.api")
 
 # Health stays open without a token: orchestrators and load balancers probe it anonymously.
 OPEN_PREFIX = "/v2/health/"
@@ -95,6 +98,41 @@ class BodyLimitMiddleware:
                 raise
             await _send_error(send, 413, f"request body exceeds the node's max_body_bytes ({limit}); "
                                          f"stopped reading after {seen} bytes")
+
+
+class InternalErrorMiddleware:
+    """A bug in the node becomes a logged, JSON ``500 {"error": ...}`` and the server keeps going.
+
+    Starlette's own handler for ``Exception`` re-raises after answering, which makes uvicorn drop
+    the keep-alive connection; catching here (inside Starlette's outermost layer) does not.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            body = json.dumps({"error": f"internal error: {type(exc).__name__}"}).encode()
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
 
 
 class BearerAuthMiddleware:

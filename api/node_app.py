@@ -1,8 +1,8 @@
 """``create_node_app(node)``: the node's FastAPI app, wired from routers, middlewares and error handlers.
 
 Routes live in :mod:`api.routes`, the tensor codec in :mod:`api.tensors`, model execution and
-storage in :mod:`edgenode`. Middleware order (outermost first): metrics (so 401/413 are counted
-too), bearer auth, body size limit.
+storage in :mod:`edgenode`. Middleware order (outermost first): metrics (so 401/413/500 are
+counted too), internal-error body, bearer auth, body size limit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from fastapi import FastAPI
 from api import __version__
 from api.deps import NodeLike
 from api.errors import install_error_handlers
-from api.middleware import BearerAuthMiddleware, BodyLimitMiddleware, HttpMetrics, MetricsMiddleware
+from api.middleware import (
+    BearerAuthMiddleware,
+    BodyLimitMiddleware,
+    HttpMetrics,
+    InternalErrorMiddleware,
+    MetricsMiddleware,
+)
 from api.routes import node as node_routes
 from api.routes import oip, samples
 
@@ -55,5 +61,6 @@ def create_node_app(node: NodeLike, *, auth_token: str | None = None,
     app.add_middleware(BodyLimitMiddleware, max_bytes=limit)
     if token:
         app.add_middleware(BearerAuthMiddleware, token=token)
+    app.add_middleware(InternalErrorMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.http_metrics)
     return app
