@@ -159,3 +159,25 @@ def test_round_trains_on_the_newest_samples_within_its_memory_budget(tmp_path):
         assert seen == [100]
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize("compression", ["fp16", "int8", "topk"])
+@pytest.mark.parametrize("sync", ["gradient", "local-sgd"])
+def test_compressed_rounds_agree_and_learn(tmp_path, compression, sync):
+    nodes = swarm(tmp_path, ["a", "b", "c"], f"{compression}-{sync}")
+    rng = np.random.default_rng(5)
+    w_true = rng.standard_normal((64, 10)).astype(np.float32)
+    try:
+        for n in nodes.values():
+            x = rng.standard_normal((128, 64)).astype(np.float32)
+            n.add_samples({"x": x}, (x @ w_true).argmax(1))
+        cmd = RoundCommand.model_validate({"round_id": "c", "steps": 30, "lr": 0.5, "sync": sync,
+                                           "local_steps": 2, "participants": list(nodes),
+                                           "compression": compression})
+        assert not run_all(nodes, cmd)
+        assert len({n.params_sha256 for n in nodes.values()}) == 1
+        losses = nodes["a"].last_result.losses
+        assert np.mean(losses[-5:]) < np.mean(losses[:5]) * 0.8, losses
+    finally:
+        for n in nodes.values():
+            n.stop()
