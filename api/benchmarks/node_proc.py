@@ -29,6 +29,23 @@ def _trainer_loop(node, stop: threading.Event, steps: int) -> None:
     print(f"ROUNDS {i} LOSS {node.metrics.last_loss}", file=sys.stderr, flush=True)
 
 
+def _nice_round_worker(node, nice: int) -> None:
+    """Wrap the node's round worker so its thread (and the TVM pool it creates) runs at ``nice``.
+
+    An experiment knob, not what the node does: Linux threads have their own nice value and new
+    threads inherit it, so this deprioritises training without touching the inference threads.
+    """
+    import os
+
+    inner = node._round_worker
+
+    def niced(cmd):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        inner(cmd)
+
+    node._round_worker = niced
+
+
 def _seed_samples(node, n: int = 512) -> None:
     rng = np.random.default_rng(0)
     inputs = {s.name: rng.standard_normal((n, *s.shape[1:])).astype(s.dtype) for s in node.inputs}
@@ -43,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("data_dir", type=Path)
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--round-steps", type=int, default=200)
+    ap.add_argument("--train-nice", type=int, default=0,
+                    help="experiment: run the round worker (and the TVM threads it spawns) at this nice")
     args = ap.parse_args(argv)
 
     from api.node_app import create_node_app
@@ -54,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = NodeConfig(node_id="bench", artifact=args.artifact, data_dir=args.data_dir, port=0)
     transport = MemoryHub().transport("bench") if args.train else None
     node = EdgeNode(cfg, transport=transport)
+    if args.train_nice:
+        _nice_round_worker(node, args.train_nice)
     node.start()
     stop = threading.Event()
     trainer = None

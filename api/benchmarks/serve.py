@@ -40,13 +40,13 @@ def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray],
 
 
 @contextmanager
-def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int | None):
+def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int | None, train_nice: int = 0):
     env = dict(os.environ)
     if tvm_threads:
         env["TVM_NUM_THREADS"] = str(tvm_threads)
     cmd = [sys.executable, "-m", "api.benchmarks.node_proc", str(artifact), str(data_dir)]
     if train:
-        cmd.append("--train")
+        cmd += ["--train", "--train-nice", str(train_nice)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:
@@ -75,7 +75,7 @@ def _http(port: int, name: str, body: bytes, clients: int, duration: float) -> d
 
 
 def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[int, ...],
-                progress: bool, tvm_threads: int | None = None) -> dict[str, Any]:
+                progress: bool, tvm_threads: int | None = None, train_nice: int = 0) -> dict[str, Any]:
     """All measurements for one zoo model."""
     from compiler import load_artifact
 
@@ -94,7 +94,7 @@ def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[in
         res["direct"][f"c{c}"] = _direct(art, inputs, c, duration)
     for key, train in (("http_idle", False), ("http_training", True)):
         with tempfile.TemporaryDirectory(prefix="bench-node-") as data_dir, \
-                _node_process(path, Path(data_dir), train, tvm_threads) as port:
+                _node_process(path, Path(data_dir), train, tvm_threads, train_nice) as port:
             if train:
                 time.sleep(1.0)  # let the first round get going
             for c in clients:
@@ -127,17 +127,18 @@ def _goals(models: dict[str, Any]) -> dict[str, Any]:
 
 def run(models: tuple[str, ...] = DEFAULT_MODELS, *, duration: float = 3.0,
         clients: tuple[int, ...] = (1, 8), work_dir: Path | None = None, tvm_threads: int | None = None,
-        progress: bool = True) -> dict[str, Any]:
+        train_nice: int = 0, progress: bool = True) -> dict[str, Any]:
     """Run the serving benchmark; returns one JSON-serialisable dict."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fractal-bench-serve-") as tmp:
         wd = Path(work_dir) if work_dir else Path(tmp)
         results = {m: bench_model(m, wd, duration=duration, clients=clients, progress=progress,
-                                  tvm_threads=tvm_threads) for m in models}
+                                  tvm_threads=tvm_threads, train_nice=train_nice) for m in models}
     return {"benchmark": "serve", "machine": machine(), "duration_s_per_point": duration,
             "client": "raw keep-alive socket per client (TCP_NODELAY), closed loop, OIP JSON tensors",
             "serve_batch": SERVE_BATCH,
             "tvm_num_threads": tvm_threads or os.environ.get("TVM_NUM_THREADS") or "default",
+            "train_nice": train_nice,
             "models": results, "goals": _goals(results), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
