@@ -15,9 +15,14 @@ __all__ = ["NodeLike", "NodeDep", "get_node", "model_version", "run_inference"]
 class NodeLike(Protocol):
     """The surface of :class:`edgenode.node.EdgeNode` the HTTP layer uses (tests may fake it)."""
 
-    model_name: str
-    inputs: Sequence[Any]    # TensorSpec(name, shape incl. batch dim, dtype)
-    outputs: Sequence[Any]
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def inputs(self) -> Sequence[Any]: ...  # TensorSpec(name, shape incl. batch dim, dtype)
+
+    @property
+    def outputs(self) -> Sequence[Any]: ...
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 

@@ -10,7 +10,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -30,7 +30,8 @@ log = logging.getLogger("fractal.api")
 OPEN_PREFIX = "/v2/health/"
 
 
-async def _send_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def _send_error(send: Send, status: int, message: str,
+                      headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps({"error": message}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),

@@ -49,6 +49,7 @@ def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int 
         cmd += ["--train", "--train-nice", str(train_nice)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         line = proc.stdout.readline()
         if not line.startswith("READY "):
