@@ -83,3 +83,37 @@ def test_a_node_bug_is_a_json_500_not_a_crash(http, api_node, monkeypatch):
     assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError"}
     monkeypatch.undo()
     assert http.get("/v1/node").status_code == 200  # the server kept serving
+
+
+def test_server_stays_responsive_while_inference_runs(server, api_node, monkeypatch):
+    """Inference runs on worker threads: a slow model does not block health or metadata."""
+    import threading
+    import time
+
+    real_infer = api_node.infer
+    entered = threading.Event()
+
+    def slow_infer(inputs):
+        entered.set()
+        time.sleep(1.0)
+        return real_infer(inputs)
+
+    monkeypatch.setattr(api_node, "infer", slow_infer)
+    spec = api_node.inputs[0]
+    body = {"inputs": [{"name": spec.name, "shape": [1, spec.shape[1]], "datatype": "FP32",
+                        "data": [0.0] * spec.shape[1]}]}
+    result = {}
+
+    def call():
+        result["r"] = httpx.post(f"{server.url}/v2/models/{api_node.model_name}/infer", json=body, timeout=30)
+
+    t = threading.Thread(target=call)
+    t.start()
+    assert entered.wait(10)
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=server.url, timeout=5) as c:
+        assert c.get("/v2/health/ready").status_code == 200
+        assert c.get(f"/v2/models/{api_node.model_name}").status_code == 200
+    assert time.perf_counter() - t0 < 0.5  # answered while the 1 s inference was still running
+    t.join(10)
+    assert result["r"].status_code == 200
