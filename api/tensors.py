@@ -168,6 +168,9 @@ def _parse_outputs(req: dict[str, Any], output_names: Sequence[str],
         params = o.get("parameters") or {}
         if not isinstance(params, dict):
             raise TensorError(f"output '{o['name']}': 'parameters' must be an object")
+        if params.get("classification"):
+            raise TensorError(f"output '{o['name']}': the classification extension is not supported "
+                              "(request the raw output and take the top-k client-side)")
         names.append(o["name"])
         binary[o["name"]] = bool(params.get("binary_data", binary_default))
     return names, binary

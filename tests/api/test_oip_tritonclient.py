@@ -75,6 +75,9 @@ def test_infer_errors_surface_in_client(client, api_node, x):
         client.infer(api_node.model_name, [bad])
     with pytest.raises(InferenceServerException, match="unknown model"):
         client.infer("no-such-model", [_input(api_node, x, True)])
+    top3 = triton.InferRequestedOutput(api_node.outputs[0].name, class_count=3)
+    with pytest.raises(InferenceServerException, match="classification extension is not supported"):
+        client.infer(api_node.model_name, [_input(api_node, x, True)], outputs=[top3])
 
 
 def test_infer_matches_fractal_predict(client, api_node, x, tmp_path):
