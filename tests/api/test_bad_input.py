@@ -121,3 +121,24 @@ def test_unknown_route_and_method(http, api_node):
     assert r.status_code == 404 and "error" in r.json()
     r = http.get(f"/v2/models/{api_node.model_name}/infer")
     assert r.status_code == 405
+
+
+def test_nested_and_flat_data_agree(http, api_node, reference_infer):
+    """OIP allows ``data`` flat or nested row-major: both decode to the same tensor."""
+    import numpy as np
+
+    spec = api_node.inputs[0]
+    x = np.random.default_rng(5).standard_normal((3, spec.shape[1])).astype(np.float32)
+    url = f"/v2/models/{api_node.model_name}/infer"
+    outs = []
+    for data in (x.ravel().tolist(), x.tolist()):
+        r = http.post(url, json={"id": "n", "inputs": [{"name": spec.name, "shape": [3, spec.shape[1]],
+                                                         "datatype": "FP32", "data": data}]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["id"] == "n" and body["model_name"] == api_node.model_name
+        out = body["outputs"][0]
+        assert out["datatype"] == "FP32" and out["shape"] == [3, api_node.outputs[0].shape[-1]]
+        outs.append(np.asarray(out["data"], np.float32).reshape(out["shape"]))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], reference_infer(x)[api_node.outputs[0].name], atol=1e-5, rtol=0)
