@@ -142,12 +142,12 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
             for rep in range(repeats):
                 before = engine.stats.bytes_sent
                 barrier.wait(300)
-                t0 = time.time()
+                c0, t0 = time.process_time(), time.time()
                 res = engine.allreduce(vec, group=group, tag=f"{name}-{rep}", op="mean", timeout=timeout,
                                        compression=compression)
-                t1 = time.time()
+                t1, c1 = time.time(), time.process_time()
                 report[name].append({"start": t0, "end": t1, "bytes": engine.stats.bytes_sent - before,
-                                     "sha256": hashlib.sha256(res.tobytes()).hexdigest()})
+                                     "cpu": c1 - c0, "sha256": hashlib.sha256(res.tobytes()).hexdigest()})
             if rank == 0:
                 np.save(Path(outdir) / f"{name}.npy", res)
             report[f"{name}_stats"] = {k: v for k, v in vars(engine.stats).items() if isinstance(v, int)}
@@ -155,14 +155,17 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
     out.put(report)
 
 
-def _summarise(reports: list[dict], name: str) -> tuple[float, list[float], float, bool] | None:
+def _summarise(reports: list[dict], name: str) -> tuple[float, list[float], float, bool, float] | None:
+    """-> (median seconds, all seconds, bytes per member, bit-identical, median CPU s of all members)."""
     runs = [r[name] for r in reports]
     if not runs[0]:
         return None
-    secs = [max(r[i]["end"] for r in runs) - min(r[i]["start"] for r in runs) for i in range(len(runs[0]))]
+    reps = range(len(runs[0]))
+    secs = [max(r[i]["end"] for r in runs) - min(r[i]["start"] for r in runs) for i in reps]
     per_node = statistics.mean(r[-1]["bytes"] for r in runs)
-    identical = all(len({r[i]["sha256"] for r in runs}) == 1 for i in range(len(runs[0])))
-    return statistics.median(secs), secs, per_node, identical
+    identical = all(len({r[i]["sha256"] for r in runs}) == 1 for i in reps)
+    cpu = statistics.median(sum(r[i]["cpu"] for r in runs) for i in reps)
+    return statistics.median(secs), secs, per_node, identical, cpu
 
 
 def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = None,
@@ -227,7 +230,7 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
     ring = _summarise(reports, "ring")
     star = _summarise(reports, "star")
     assert ring is not None
-    seconds, ring_runs, per_node, identical = ring
+    seconds, ring_runs, per_node, identical, ring_cpu = ring
     ideal = ideal_bytes_per_node(nodes, elements)
     return {
         "nodes": nodes,
@@ -248,6 +251,10 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
         # the broker carried. Per member it is ring_mb_per_s / nodes.
         "ring_mb_per_s": round(nodes * per_node / seconds / 1e6, 1),
         "ring_runs_s": [round(s, 4) for s in ring_runs],
+        # CPU seconds of all member processes together (every thread): wall >> cpu / cores means
+        # the members waited (latency), not computed.
+        "ring_cpu_s": round(ring_cpu, 3),
+        "star_cpu_s": round(star[4], 3) if star else None,
         "star_runs_s": [round(s, 4) for s in star[1]] if star else None,
         "retransmits": sum(r["ring_stats"].get("retransmits", 0) for r in reports),
         "repeats": repeats,
