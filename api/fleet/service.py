@@ -18,7 +18,7 @@ from api.fleet.registry import NodeRegistry
 from api.fleet.rounds import Round, RoundManager, RoundRequest
 from api.fleet.settings import FleetSettings
 from federation import topics
-from federation.messages import NodeState, parse_event, parse_status
+from federation.messages import parse_event, parse_status
 
 __all__ = ["FleetService", "Link", "LinkFactory"]
 
@@ -84,7 +84,8 @@ class FleetService:
 
     @property
     def connected(self) -> bool:
-        return self._link is not None
+        """Started and (when the link can tell) currently connected to the broker."""
+        return self._link is not None and bool(getattr(self._link, "connected", True))
 
     # -- MQTT in --------------------------------------------------------------------------
     def _on_status(self, topic: str, payload: bytes) -> None:
@@ -159,5 +160,4 @@ class FleetService:
         return data
 
     def snapshot(self) -> dict:
-        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.rounds.history(),
-                "online_states": [s.value for s in NodeState]}
+        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.rounds.history()}
