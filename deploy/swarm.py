@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,6 +200,7 @@ class Swarm:
     broker_url: str = ""
     nodes: list[NodeProcess] = field(default_factory=list)
     feeders: list[Feeder] = field(default_factory=list)
+    _stopping: threading.Event = field(default_factory=threading.Event)
 
     def start_broker(self) -> None:
         if self.opts.broker:
@@ -253,6 +255,18 @@ class Swarm:
                                      hint=f"see the logs in {self.workdir / 'logs'}")
                 time.sleep(0.2)
 
+    def watch_nodes(self) -> None:
+        """Say so when a node process dies while the demo runs (the dashboard shows it offline)."""
+        def watch() -> None:
+            reported: set[str] = set()
+            while not self._stopping.wait(1.0):
+                for n in self.nodes:
+                    if n.node_id not in reported and n.proc is not None and n.proc.poll() is not None:
+                        reported.add(n.node_id)
+                        _say(f"{n.node_id} exited unexpectedly (code {n.proc.returncode}); see {n.log_path}")
+
+        threading.Thread(target=watch, name="swarm-watch", daemon=True).start()
+
     def start_feeders(self) -> None:
         shards = digits_shards(len(self.nodes))
         for n, shard in zip(self.nodes, shards, strict=True):
@@ -263,6 +277,7 @@ class Swarm:
             f"{n.node_id} {len(s.y)} samples" for n, s in zip(self.nodes, shards, strict=True)))
 
     def stop(self) -> None:
+        self._stopping.set()
         for f in self.feeders:
             f.stop()
         for n in self.nodes:  # SIGTERM all first, then wait: they shut down in parallel
@@ -312,6 +327,7 @@ def run_swarm(opts: SwarmOptions) -> None:
         swarm.start_nodes(artifacts, arm)
         swarm.wait_nodes_ready()
         swarm.start_feeders()
+        swarm.watch_nodes()
         settings = FleetSettings(broker=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
                                  token=token)
 

@@ -41,6 +41,21 @@ def test_swarm_two_nodes_up_and_clean_shutdown(tmp_path_factory):
         children = sp.descendants()
         names = sorted(p.name() for p in children)
         assert sum("mosquitto" in n for n in names) == 1 and len(children) >= 3, names
+        # A real edge node killed -9: its Last Will marks it offline, the launcher reports it.
+        victim = next(p for p in children if "node-2.toml" in " ".join(p.cmdline()))
+        victim.kill()
+        with httpx.Client(timeout=10, headers={"Authorization": "Bearer e2e-token"}) as c:
+            deadline = time.monotonic() + 15  # socket closed by the kernel: the Will fires at once
+            while (n2 := c.get(sp.base + "/api/nodes").json()["nodes"][1])["online"]:
+                assert time.monotonic() < deadline, n2
+                time.sleep(0.2)
+            assert n2["node_id"] == "node-2" and n2["state"] == "offline"
+            r = c.post(sp.base + "/api/rounds", json={"steps": 3})
+            assert r.status_code == 409 and "fewer than 2 nodes online" in r.json()["detail"]
+        deadline = time.monotonic() + 5
+        while "node-2 exited unexpectedly" not in sp.output():
+            assert time.monotonic() < deadline, sp.output()
+            time.sleep(0.2)
     finally:
         code = sp.interrupt()
     assert code in (0, 130), sp.output()
