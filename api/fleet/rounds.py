@@ -212,9 +212,13 @@ class RoundManager:
                 p.model_version = ev.model_version
             elif ev.kind is EventKind.FAILED:
                 p.failed = ev.reason or "failed"
-            if rnd.state is RoundState.RUNNING:
+            was_running = rnd.state is RoundState.RUNNING
+            if was_running:
                 self._settle(rnd, now)
-            return rnd
+            failed_now = was_running and rnd.state is RoundState.FAILED
+        if failed_now:  # members still waiting on the ring give up now instead of at their timeout
+            self._abort(rnd)
+        return rnd
 
     def _settle(self, rnd: Round, now: float) -> None:
         failed = {n: p.failed for n, p in rnd.progress.items() if p.failed}

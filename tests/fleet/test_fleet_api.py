@@ -146,6 +146,7 @@ def test_round_command_goes_on_the_wire_and_done_from_events(fleet):
 
 def test_round_failed_event_and_hash_disagreement(fleet):
     a, b = fleet.announce("node-a"), fleet.announce("node-b")
+    cmds = collect(fleet.link("spy"), topics.command(fleet.swarm))
     fleet.wait_for(lambda: len(fleet.get("/api/nodes").json()["nodes"]) == 2, what="2 nodes")
     rid = _round(fleet)
     fleet.event(a, rid, "node-a", EventKind.STEP, step=0, loss=1.0)
@@ -153,6 +154,9 @@ def test_round_failed_event_and_hash_disagreement(fleet):
     got = fleet.wait_for(lambda: (g := fleet.get(f"/api/rounds/{rid}").json())["state"] == "failed" and g,
                          what="round failed")
     assert "node-b: allreduce deadline passed" in got["reason"]
+    # The fleet tells the remaining members to stop waiting.
+    msgs = [parse_command(cmds.get(timeout=5)[1]) for _ in range(2)]
+    assert isinstance(msgs[1], RoundAbort) and msgs[1].round_id == rid and "node-b" in msgs[1].reason
 
     rid2 = _round(fleet)
     fleet.event(a, rid2, "node-a", EventKind.DONE, params_sha256="11" * 32, model_version=3)
