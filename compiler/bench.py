@@ -15,6 +15,7 @@ Also reported: ``vm_us`` (the bare VM call on ready device tensors) and ``artifa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -22,7 +23,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,35 @@ import numpy as np
 
 from compiler.errors import CompilerError
 
-__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "machine_info"]
+__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "machine_info", "native_preset",
+           "NATIVE"]
 
 FORMAT = 1
+NATIVE = "native"
+
+
+@contextlib.contextmanager
+def native_preset() -> Iterator[str]:
+    """A benchmark-only preset for this very CPU (LLVM's host CPU name, e.g. AVX-512 on this
+    machine), registered in ``compiler.targets.PRESETS`` for the duration of the ``with``.
+
+    onnxruntime picks its kernels for the CPU it runs on (AVX-512 here); the generic presets
+    stop at AVX2, so comparing with them would measure the ISA, not the compilers."""
+    from tvm.target import codegen
+
+    from compiler.targets import PRESETS, TargetPreset, host_arch
+
+    arch = host_arch()
+    cpu = str(codegen.llvm_get_system_cpu())
+    name = f"{arch}-{NATIVE}"
+    PRESETS[name] = TargetPreset(
+        name, arch, f"this machine's CPU (LLVM: {cpu}); benchmark only",
+        {"kind": "llvm", "mtriple": f"{arch}-linux-gnu", "mcpu": cpu, "num-cores": os.cpu_count() or 1},
+        None)
+    try:
+        yield name
+    finally:
+        PRESETS.pop(name, None)
 
 
 def set_threads(threads: int) -> int:
@@ -175,31 +202,45 @@ def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str
     return row
 
 
-def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 32, threads: int = 1,
-                      target: str | None = None, db_dir: str | Path | None = None, min_seconds: float = 1.0,
+def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 64,
+                      trials_for: Mapping[str, int] | None = None, threads: int = 1, target: str = NATIVE,
+                      db_dir: str | Path | None = None, min_seconds: float = 1.0,
                       work_dir: str | Path | None = None,
                       log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Run the benchmark over ``models`` (default: every zoo model); one JSON-able dict.
 
-    ``db_dir`` None: a fresh database directory (so the tuning time is real, never a cache hit)."""
+    ``trials`` per model unless ``trials_for`` names the model; ``target`` a preset name or
+    ``"native"`` (:func:`native_preset`); ``db_dir`` None: a fresh database directory (so the
+    tuning time is real, never a cache hit)."""
     from compiler import zoo
-    from compiler.targets import host_preset_name
+    from compiler.targets import get_preset
 
     names = list(models or zoo.NAMES)
-    for n in names:
+    per_model = {n: int((trials_for or {}).get(n, trials)) for n in names}
+    for n in [*names, *(trials_for or {})]:
         if n not in zoo.NAMES:
             raise CompilerError(f"unknown zoo model {n!r}", hint=f"choose from: {', '.join(zoo.NAMES)}")
-    if trials < 1 or threads < 1:
+    if min(per_model.values(), default=1) < 1 or threads < 1:
         raise CompilerError("--trials and --threads must be >= 1", hint="e.g. --trials 32 --threads 1")
     set_threads(threads)
-    target = target or host_preset_name()
+    with contextlib.ExitStack() as stack:
+        if target == NATIVE:
+            target = stack.enter_context(native_preset())
+        preset = get_preset(target)
+        result = _run(names, per_model, threads, target, db_dir, min_seconds, work_dir, log)
+        result["target"] = {"preset": target, "tvm_target": dict(preset.target)}
+    return result
+
+
+def _run(names: list[str], per_model: dict[str, int], threads: int, target: str, db_dir: str | Path | None,
+         min_seconds: float, work_dir: str | Path | None, log: Callable[[str], None]) -> dict[str, Any]:
     own_work = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="fractal-bench-compile-")) if own_work else Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     db = Path(db_dir) if db_dir is not None else work / "tuning-db"
     t0 = time.perf_counter()
     try:
-        rows = [bench_model(n, work, trials=trials, threads=threads, target=target, db_dir=db,
+        rows = [bench_model(n, work, trials=per_model[n], threads=threads, target=target, db_dir=db,
                             min_seconds=min_seconds, log=log) for n in names]
     finally:
         if own_work:
@@ -212,7 +253,7 @@ def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 32, 
         "machine": machine_info(),
         "target": target,
         "threads": threads,
-        "trials_per_model": trials,
+        "trials_per_model": per_model,
         "latency": ("median us per call, batch 1, numpy in and out: InferenceSession.run vs the TVM VM "
                     "call via DLPack; vm_us = bare VM call, artifact_infer_us = Artifact.infer"),
         "models": {r["model"]: r for r in rows},

@@ -41,7 +41,8 @@ def test_compile_bench_json(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)
-    assert r["bench"] == "compile" and r["threads"] == 1 and r["trials_per_model"] == 4
+    assert r["bench"] == "compile" and r["threads"] == 1 and r["trials_per_model"] == {"sensor-mlp": 4}
+    assert r["target"]["preset"] == "x86_64-native" and r["target"]["tvm_target"]["mcpu"]
     assert r["machine"]["logical_cpus"] >= 1 and r["machine"]["tvm"].startswith("0.27")
     m = r["models"]["sensor-mlp"]
     # both TVM builds compute what onnxruntime computes
@@ -69,3 +70,9 @@ def test_compile_bench_bad_model_is_one_line():
     p = _bench("--models", "nope", "--trials", "1")
     assert p.returncode == 1
     assert p.stderr.strip().splitlines()[-1].startswith("error: unknown zoo model 'nope'")
+
+
+def test_compile_bench_bad_trials_for_is_one_line():
+    p = _bench("--models", "sensor-mlp", "--trials-for", "sensor-mlp=lots")
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines()[-1].startswith("error: bad --trials-for item 'sensor-mlp=lots'")
