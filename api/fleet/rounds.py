@@ -11,6 +11,7 @@ the fleet's own, so a round whose nodes all died still ends (FAILED, with the re
 
 from __future__ import annotations
 
+import bisect
 import enum
 import secrets
 import threading
@@ -127,13 +128,16 @@ class Round:
 
 
 def _interpolate(curve: list[tuple[int, float]], step: int) -> float | None:
-    """The curve's value at ``step`` (linear between its points), None outside its range."""
+    """The curve's value at ``step`` (linear between its points, sorted by step), None outside
+    its range. Binary search: long rounds have thousands of points per node."""
     if not curve or step < curve[0][0] or step > curve[-1][0]:
         return None
-    for (s0, v0), (s1, v1) in zip(curve, curve[1:], strict=False):
-        if s0 <= step <= s1:
-            return v0 if s1 == s0 else v0 + (v1 - v0) * (step - s0) / (s1 - s0)
-    return curve[-1][1]  # a single point equal to step
+    i = bisect.bisect_left(curve, step, key=lambda p: p[0])
+    s1, v1 = curve[i]
+    if s1 == step or i == 0:
+        return v1
+    s0, v0 = curve[i - 1]
+    return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
 
 
 Publish = Callable[[str, BaseModel], None]

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ValidationError
 
 from api.fleet.events import EventBus, EventType
 from api.fleet.registry import NodeRegistry
-from api.fleet.rounds import Round, RoundManager, RoundRequest
+from api.fleet.rounds import Round, RoundManager, RoundRequest, RoundState
 from api.fleet.settings import FleetSettings
 from federation import topics
-from federation.messages import parse_event, parse_status
+from federation.messages import EventKind, parse_event, parse_status
 
 __all__ = ["FleetService", "Link", "LinkFactory"]
 
@@ -63,6 +63,8 @@ class FleetService:
         self._link_factory = link_factory or default_link
         self._link: Link | None = None
         self._stop = threading.Event()
+        self._dirty: set[str] = set()  # running rounds with step updates not yet published
+        self._dirty_lock = threading.Lock()
         self._ticker: threading.Thread | None = None
 
     # -- life cycle -----------------------------------------------------------------------
@@ -115,7 +117,14 @@ class FleetService:
             self._reject(topic, exc)
             return
         rnd = self.rounds.on_event(ev, self.clock())
-        if rnd is not None:
+        if rnd is None:
+            return
+        if ev.kind is EventKind.STEP and rnd.state is RoundState.RUNNING:
+            # Coalesce step updates: the ticker publishes a running round at most once per tick,
+            # so a long round with many nodes does not flood the event stream.
+            with self._dirty_lock:
+                self._dirty.add(rnd.round_id)
+        else:
             self._rounds_changed([rnd])
 
     def _reject(self, topic: str, why: object) -> None:
@@ -137,6 +146,12 @@ class FleetService:
             self.bus.publish(EventType.NODE, view)
             self._rounds_changed(self.rounds.node_offline(view["node_id"], now))
         self._rounds_changed(self.rounds.tick(now))
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        for rid in sorted(dirty):
+            data = self.rounds.get(rid)
+            if data is not None:
+                self.bus.publish(EventType.ROUND, data)
 
     def _rounds_changed(self, rounds: list[Round]) -> None:
         for rnd in rounds:

@@ -51,3 +51,19 @@ def test_validation_and_deadline():
     failed = m.tick(5.1)
     assert [r.round_id for r in failed] == [rnd.round_id]
     assert m.get(rnd.round_id)["reason"] == "deadline passed: b (no report within 5s)"
+
+
+def test_long_round_aggregation_stays_fast():
+    import time
+
+    m = _manager([])
+    rnd = m.start(RoundRequest(steps=10_000), online={"a", "b", "c"}, known={"a", "b", "c"}, now=0.0)
+    rng = np.random.default_rng(0)
+    for node in ("a", "b", "c"):  # each node reports its own (throttled) subset of steps
+        for step in np.unique(rng.integers(0, 10_000, 4000)):
+            m.on_event(RoundEvent(kind=EventKind.STEP, round_id=rnd.round_id, node_id=node, step=int(step),
+                                  loss=1.0 / (1 + step)), 1.0)
+    t0 = time.perf_counter()
+    series = m.get(rnd.round_id)["loss"]
+    assert time.perf_counter() - t0 < 1.0
+    assert len(series) > 6000 and all(s["mean"] > 0 for s in series)
