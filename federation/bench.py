@@ -95,9 +95,11 @@ def raw_broker_throughput(url: str, *, size: int, count: int) -> float:
     topic = f"fractal/v1/bench-{uuid.uuid4().hex[:8]}/raw"
     sub = ctx.Process(target=_raw_sub, args=(url, topic, count, ready, out), daemon=True)
     sub.start()
-    if not ready.wait(60):
-        sub.kill()
-        raise FederationError("raw throughput subscriber did not start")
+    deadline = time.monotonic() + 60
+    while not ready.wait(0.1):
+        if not sub.is_alive() or time.monotonic() > deadline:
+            sub.kill()
+            raise FederationError("raw throughput subscriber did not start (see its error above)")
     pub = ctx.Process(target=_raw_pub, args=(url, topic, count, size, ready, out), daemon=True)
     pub.start()
     marks: dict[str, float] = {}
@@ -184,6 +186,10 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
     if broker_url is None:
         own = start_mosquitto()
         broker_url = own.url
+    else:  # fail here, with one clear line, rather than in N child processes
+        from federation.mqtt import MqttLink
+
+        MqttLink(broker_url, client_id=f"bench-probe-{uuid.uuid4().hex[:8]}", connect_timeout=5).close()
     timeout = timeout or 60.0 + elements * nodes * 2e-6
     try:
         raw_count = int(min(800, max(64, 2 * elements * 4 // max_payload)))
