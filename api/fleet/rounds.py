@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from federation import topics
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode
 
-__all__ = ["RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager"]
+__all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager"]
 
 
 class RoundState(enum.StrEnum):
@@ -78,7 +78,7 @@ class Round:
     def round_id(self) -> str:
         return self.command.round_id
 
-    def loss_series(self) -> list[dict]:
+    def loss_series(self, max_points: int | None = None) -> list[dict]:
         """Per reported step: each node's loss, and their mean.
 
         Nodes throttle STEP events by time, so they rarely report exactly the same steps. The
@@ -87,6 +87,10 @@ class Round:
         interpolated), so the mean over a complete step is over all nodes.
         """
         steps = sorted({s for p in self.progress.values() for s in p.losses})
+        if max_points is not None and len(steps) > max_points >= 2:
+            # Evenly spaced reported steps, first and last kept: enough for a plot.
+            last = len(steps) - 1
+            steps = [steps[round(i * last / (max_points - 1))] for i in range(max_points)]
         curves = {n: sorted(p.losses.items()) for n, p in sorted(self.progress.items())}
         out = []
         for s in steps:
@@ -99,7 +103,7 @@ class Round:
     def hashes(self) -> dict[str, str]:
         return {n: p.params_sha256 for n, p in self.progress.items() if p.params_sha256}
 
-    def to_dict(self) -> dict:
+    def to_dict(self, max_points: int | None = None) -> dict:
         hashes = self.hashes()
         agree = None
         if self.progress and len(hashes) == len(self.progress):
@@ -116,7 +120,7 @@ class Round:
             "sync": cmd.sync.value,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
-            "loss": self.loss_series(),
+            "loss": self.loss_series(max_points),
             "nodes": {
                 n: {"last_step": max(p.losses, default=None), "done": p.done, "failed": p.failed,
                     "params_sha256": p.params_sha256, "model_version": p.model_version}
@@ -141,6 +145,8 @@ def _interpolate(curve: list[tuple[int, float]], step: int) -> float | None:
 
 
 Publish = Callable[[str, BaseModel], None]
+
+PLOT_POINTS = 400  # loss points per round in the event stream and history (the plot's resolution)
 
 
 def _new_round_id() -> str:
@@ -283,12 +289,13 @@ class RoundManager:
             pass
 
     # -- queries --------------------------------------------------------------------------
-    def get(self, round_id: str) -> dict | None:
+    def get(self, round_id: str, max_points: int | None = None) -> dict | None:
+        """One round; ``max_points`` thins the loss series (the event stream and history use it)."""
         with self._lock:
             rnd = self._rounds.get(round_id)
-            return rnd.to_dict() if rnd else None
+            return rnd.to_dict(max_points) if rnd else None
 
-    def history(self) -> list[dict]:
+    def history(self, max_points: int | None = PLOT_POINTS) -> list[dict]:
         """Newest first."""
         with self._lock:
-            return [r.to_dict() for r in reversed(self._rounds.values())]
+            return [r.to_dict(max_points) for r in reversed(self._rounds.values())]

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from api.fleet.events import EventBus, EventType
 from api.fleet.registry import NodeRegistry
-from api.fleet.rounds import Round, RoundManager, RoundRequest, RoundState
+from api.fleet.rounds import PLOT_POINTS, Round, RoundManager, RoundRequest, RoundState
 from api.fleet.settings import FleetSettings
 from federation import topics
 from federation.messages import EventKind, parse_event, parse_status
@@ -149,13 +149,13 @@ class FleetService:
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         for rid in sorted(dirty):
-            data = self.rounds.get(rid)
+            data = self.rounds.get(rid, PLOT_POINTS)
             if data is not None:
                 self.bus.publish(EventType.ROUND, data)
 
     def _rounds_changed(self, rounds: list[Round]) -> None:
         for rnd in rounds:
-            self.bus.publish(EventType.ROUND, self.rounds.get(rnd.round_id) or {})
+            self.bus.publish(EventType.ROUND, self.rounds.get(rnd.round_id, PLOT_POINTS) or {})
 
     # -- operations used by the HTTP routes -----------------------------------------------
     def _publish(self, topic: str, msg: BaseModel) -> None:
@@ -170,7 +170,7 @@ class FleetService:
         now = self.clock()
         rnd = self.rounds.start(req, online=self.registry.online_ids(now),
                                 known={n["node_id"] for n in self.nodes()}, now=now)
-        data = rnd.to_dict()
+        data = rnd.to_dict(PLOT_POINTS)
         self.bus.publish(EventType.ROUND, data)
         return data
 

@@ -67,3 +67,5 @@ def test_long_round_aggregation_stays_fast():
     series = m.get(rnd.round_id)["loss"]
     assert time.perf_counter() - t0 < 1.0
     assert len(series) > 6000 and all(s["mean"] > 0 for s in series)
+    thin = m.get(rnd.round_id, max_points=400)["loss"]
+    assert len(thin) == 400 and thin[0] == series[0] and thin[-1] == series[-1]
