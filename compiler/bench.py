@@ -235,7 +235,7 @@ def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 64,
 def _run(names: list[str], per_model: dict[str, int], threads: int, target: str, db_dir: str | Path | None,
          min_seconds: float, work_dir: str | Path | None, log: Callable[[str], None]) -> dict[str, Any]:
     own_work = work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="fractal-bench-compile-")) if own_work else Path(work_dir)
+    work = Path(tempfile.mkdtemp(prefix="fractal-bench-compile-")) if work_dir is None else Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     db = Path(db_dir) if db_dir is not None else work / "tuning-db"
     t0 = time.perf_counter()

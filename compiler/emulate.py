@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -92,7 +93,8 @@ def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
         env["TVM_NUM_THREADS"] = os.environ["TVM_NUM_THREADS"]
     with tempfile.TemporaryDirectory(prefix="fractal-emu-") as tmp:
         inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
-        np.savez(inp, **{k: np.ascontiguousarray(v) for k, v in inputs.items()})
+        arrays: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
+        np.savez(inp, **arrays)
         cmd = [qemu, "-L", str(root), str(root / "usr/bin/python3.11"), "-m", "compiler.runner",
                str(artifact_dir), str(inp), str(out)]
         try:
@@ -137,7 +139,7 @@ def elf_info(path: str | Path) -> ElfInfo:
         raise EmulationError(f"{path} is not an ELF file", hint="recompile the artifact")
     bits = {1: 32, 2: 64}.get(data[4], 0)
     little = data[5] == 1
-    order = "little" if little else "big"
+    order: Literal["little", "big"] = "little" if little else "big"
     e_type = int.from_bytes(data[16:18], order)
     e_machine = int.from_bytes(data[18:20], order)
     flags_off = 48 if bits == 64 else 36

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 __all__ = ["main"]
 
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # unreadable npz
         print(f"error: cannot read {args.inputs}: {exc}", file=sys.stderr)
         return 1
-    np.savez(args.outputs, **{k: np.asarray(v) for k, v in outputs.items()})
+    arrays: dict[str, Any] = {k: np.asarray(v) for k, v in outputs.items()}
+    np.savez(args.outputs, **arrays)
     print(f"runner: load {t1 - t0:.2f}s infer {t2 - t1:.3f}s", file=sys.stderr)
     return 0
 
