@@ -281,7 +281,7 @@ class MqttLink:
             sub.deliver(topic, bytes(msg.payload))
 
     # --- pub/sub ----------------------------------------------------------------------------
-    def publish(self, topic: str, payload: bytes | str | BaseModel, *, retain: bool = False,
+    def publish(self, topic: str, payload: bytes | str | BaseModel, retain: bool = False,
                 qos: int = 1) -> paho.MQTTMessageInfo:
         """Queue a PUBLISH (never blocks on the broker; QoS 1 survives a reconnect in paho's queue)."""
         info = self._client.publish(topic, _to_bytes(payload), qos=qos, retain=retain)
