@@ -21,9 +21,17 @@ case "$ARCH" in
   *) echo "sysroot.sh: unsupported arch '$ARCH' (only aarch64: PyPI has no riscv64 TVM wheel)" >&2; exit 2 ;;
 esac
 
+# .done records the hash of this script: a changed recipe rebuilds, an unchanged one is a no-op
+# (touching .done so make sees it newer than the script).
+STAMP="recipe $(sha256sum "$0" | cut -c1-16)"
 if [ -f "$DEST/.done" ]; then
-  echo "sysroot $ARCH: already built in $DEST"
-  exit 0
+  if grep -qx "$STAMP" "$DEST/.done"; then
+    touch "$DEST/.done"
+    echo "sysroot $ARCH: already built in $DEST"
+    exit 0
+  fi
+  echo "sysroot $ARCH: recipe changed, rebuilding $DEST"
+  rm -rf "$DEST"
 fi
 
 # Python 3.11 and the shared libraries it, its stdlib extensions, numpy and libtvm link against.
@@ -80,5 +88,5 @@ else
 fi
 
 rm -rf "$DEST/.debs" "$DEST/.wheels"
-date -u +%FT%TZ > "$DEST/.done"
+{ echo "$STAMP"; date -u +%FT%TZ; } > "$DEST/.done"
 echo "sysroot $ARCH: done in $DEST"
