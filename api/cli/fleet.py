@@ -72,9 +72,17 @@ def serve_fleet(settings, *, ready=None) -> None:
 
 
 def _settings(**flags):
+    from pydantic import ValidationError
+
     from api.fleet.settings import FleetSettings
 
-    return FleetSettings(**{k: v for k, v in flags.items() if v is not None})
+    try:
+        return FleetSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise FleetError(f"invalid setting {where}: {err['msg']}",
+                         hint="check the flags and FRACTAL_FLEET_* environment variables") from None
 
 
 @app.command()

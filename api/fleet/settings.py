@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from federation.topics import validate_id
 
 __all__ = ["FleetSettings"]
 
@@ -28,3 +30,8 @@ class FleetSettings(BaseSettings):
     max_steps: int = Field(default=10_000, ge=1)
     history: int = Field(default=200, ge=1)  # rounds kept in memory
     tick_s: float = Field(default=0.25, gt=0)  # how often deadlines and heartbeats are checked
+
+    @field_validator("swarm")
+    @classmethod
+    def _topic_safe(cls, v: str) -> str:
+        return validate_id(v, "swarm id")  # it becomes an MQTT topic level

@@ -60,3 +60,16 @@ def test_fleet_cli_port_in_use_is_one_line(broker):
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}") and "--port" in proc.stderr
+
+
+def test_fleet_cli_bad_settings_are_one_line():
+    env = {**os.environ, "FRACTAL_FLEET_ROUND_START_TIMEOUT_S": "-1"}
+    for argv, env_, want in [
+        (["--swarm", "bad id"], os.environ,
+         "error: invalid setting swarm: Value error, invalid swarm id 'bad id'"),
+        ([], env, "error: invalid setting round_start_timeout_s: Input should be greater than 0"),
+    ]:
+        proc = subprocess.run([FRACTAL, "fleet", "--broker", "mqtt://127.0.0.1:1", "--token", "t", *argv],
+                              capture_output=True, text=True, timeout=60, env=env_)
+        assert proc.returncode == 1 and proc.stderr.startswith(want), proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1

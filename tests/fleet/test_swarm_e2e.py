@@ -73,7 +73,28 @@ def test_emulate_arm_without_sysroot_is_one_clear_error(tmp_path):
     assert last.startswith("error: the aarch64 sysroot is missing") and "make sysroot" in last, proc.stderr
 
 
+def _screenshot_mixed_swarm(sp) -> None:
+    """The dashboard shows the mixed-architecture swarm (saved for people to look at)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.fleet.test_dashboard_browser import CHROMIUM_ARGS, OUT
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(sp.url)
+            page.wait_for_selector("#rounds tbody tr[data-state=done]", timeout=15_000)
+            table = page.inner_text("#nodes")
+            assert "aarch64" in table and "x86_64" in table
+            OUT.mkdir(exist_ok=True)
+            page.screenshot(path=str(OUT / "dashboard-mixed-arch.png"), full_page=True)
+        finally:
+            browser.close()
+
+
 @pytest.mark.emulate
+@pytest.mark.browser
 def test_emulate_arm_mixed_swarm_trains_to_identical_params(tmp_path_factory):
     """One x86 node + one aarch64 node under qemu-user: both online, a round ends done and the
     two architectures commit bit-identical parameters."""
@@ -100,5 +121,6 @@ def test_emulate_arm_mixed_swarm_trains_to_identical_params(tmp_path_factory):
         assert rnd["params_agree"] is True
         means = [s["mean"] for s in rnd["loss"] if s["complete"]]
         assert means[-1] < means[0], means
+        _screenshot_mixed_swarm(sp)
     finally:
         assert sp.interrupt() in (0, 130), sp.output()
