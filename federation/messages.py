@@ -27,28 +27,28 @@ __all__ = [
     "parse_event",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION: Literal[1] = 1
 
 
-class NodeState(str, enum.Enum):
+class NodeState(enum.StrEnum):
     ONLINE = "online"  # idle, serving inference
     TRAINING = "training"  # inside a round
     OFFLINE = "offline"  # graceful stop or Last Will
 
 
-class SyncMode(str, enum.Enum):
+class SyncMode(enum.StrEnum):
     GRADIENT = "gradient"  # allreduce gradients every step (synchronous SGD)
     LOCAL_SGD = "local-sgd"  # k local steps, then average the parameter deltas
 
 
-class Compression(str, enum.Enum):
+class Compression(enum.StrEnum):
     NONE = "none"
     FP16 = "fp16"
     INT8 = "int8"  # with error feedback
     TOPK = "topk"  # with error feedback
 
 
-class EventKind(str, enum.Enum):
+class EventKind(enum.StrEnum):
     STEP = "round.step"
     DONE = "round.done"
     FAILED = "round.failed"

@@ -2,7 +2,8 @@
 
     fractal/v1/{swarm}/status/{node}                retained JSON NodeStatus; Last Will = offline status
     fractal/v1/{swarm}/cmd                          JSON commands to all nodes (RoundCommand, RoundAbort)
-    fractal/v1/{swarm}/rounds/{round_id}/events/{node}   JSON RoundEvent (step loss, done + params hash, failed)
+    fractal/v1/{swarm}/rounds/{round_id}/events/{node}
+                                                    JSON RoundEvent (step loss, done + hash, failed)
     fractal/v1/{swarm}/ar/{dst}                     binary allreduce frames addressed to member dst
     fractal/v1/{swarm}/ack/{dst}                    binary flow-control acks addressed to member dst
     fractal/v1/{swarm}/params/{dst}                 binary parameter transfer to a joining member dst
@@ -33,7 +34,8 @@ def validate_id(value: str, what: str = "id") -> str:
     """Swarm, node and round ids become topic levels: no '/', '+', '#', spaces or empties."""
     if not isinstance(value, str) or not _ID.match(value):
         raise ValueError(
-            f"invalid {what} {value!r}: use 1-64 characters from [A-Za-z0-9_.-], starting with a letter or digit"
+            f"invalid {what} {value!r}: use 1-64 characters from [A-Za-z0-9_.-], "
+            "starting with a letter or digit"
         )
     return value
 
