@@ -85,7 +85,9 @@ function renderPlot() {
   canvas.dataset.round = r ? r.round_id : "";
   canvas.dataset.state = r ? r.state : "";
   if (!r) { LossPlot.draw(canvas, [], {empty: "start a round to see its loss"}); $("legend").innerHTML = ""; $("plot-title").textContent = ""; return; }
-  $("plot-title").textContent = `round ${r.round_id} · ${r.state}`;
+  const last = r.loss.length ? r.loss[r.loss.length - 1].step + 1 : 0;
+  $("plot-title").textContent = `round ${r.round_id} · ${r.state}` +
+    (r.state === "running" ? ` · step ${last}/${r.steps}` : "") + ` · ${r.sync}`;
   // Nodes throttle their STEP events independently: the mean is drawn over steps every node reported.
   const complete = r.loss.filter((s) => s.complete);
   const meanPts = (complete.length ? complete : r.loss).map((s) => [s.step, s.mean]);
