@@ -50,6 +50,7 @@ _MAX_PER_ITER = 64
 # Rounds per task the budget is split into (measured on ds-cnn-kws, 64 trials, 1 thread: one
 # round 224 us, four rounds 116 us): the gradient scheduler moves later rounds to the slow tasks.
 _ROUNDS = 4
+_MIN_POPULATION = 64
 _BUILD_TIMEOUT = 120.0
 _RUN_TIMEOUT = 60.0
 
@@ -288,7 +289,8 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
     per_iter = max(_MIN_PER_ITER, min(_MAX_PER_ITER, todo // (_ROUNDS * len(anchors))))
     # a small budget gets a small population: sampling and evolving 512 candidates per task
     # costs more than measuring a handful of them on 2 cores
-    strategy = ms.search_strategy.EvolutionarySearch(population_size=min(512, max(64, 16 * per_iter)))
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=min(512, max(_MIN_POPULATION, 16 * per_iter)))
     callback, bar, count = _progress_callback(todo, progress)
     callbacks = [*ms.measure_callback.MeasureCallback.create("default"), callback]
     # generous timeouts: the machine is shared and a loaded core makes builds slow
