@@ -72,7 +72,7 @@ function renderRounds() {
     return `<tr data-round-id="${esc(r.round_id)}" data-state="${esc(r.state)}" class="${r.round_id === state.selected ? "selected" : ""}">
       <td class="hash">${esc(r.round_id)}</td><td>${new Date(r.started_at * 1000).toLocaleTimeString()}</td>
       <td>${esc(r.participants.join(", "))}</td><td class="num">${r.loss.length ? r.loss[r.loss.length - 1].step + 1 : 0}/${r.steps}</td>
-      <td><span class="badge ${esc(r.state)}">${esc(r.state)}</span></td>
+      <td><span class="badge ${esc(r.state)}">${esc(r.state)}</span>${r.finished_at ? ` <span class="muted">${(r.finished_at - r.started_at).toFixed(1)} s</span>` : ""}</td>
       <td class="num">${ll === null ? "" : ll.toFixed(4)}</td><td>${agree}</td>
       <td class="reason">${esc(r.reason || "")}</td></tr>`;
   }).join("");
