@@ -30,6 +30,7 @@ import io
 import json
 import logging
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -274,6 +275,9 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
     db_id = f"{path.parent.name}/{path.name}"
     meta = _read_meta(path)
     if meta is not None and meta.get("trials", 0) >= trials:
+        if progress:
+            print(f"tuning: reusing database {db_id} ({meta.get('trials')} trials recorded, none run)",
+                  file=sys.stderr, flush=True)
         return TuneResult(db_id, True, 0, time.perf_counter() - t0, meta.get("tasks", 0), str(path))
 
     done = int((meta or {}).get("trials", 0))
