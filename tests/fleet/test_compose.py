@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 import pytest
 import typer.main
 import yaml
-from typer._click.exceptions import UsageError  # typer 0.2x vendors click
 
 from api.cli import app
 from edgenode.config import NodeConfig
@@ -25,6 +24,11 @@ from federation.broker import free_port, mosquitto_path
 from federation.errors import TransportError
 from federation.mqtt import MqttLink
 from tests.fleet.conftest import collect
+
+try:  # recent typer vendors click; older releases use click itself
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import UsageError  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
