@@ -40,7 +40,9 @@ def parse_fractal(argv: list[str]) -> tuple[str, dict]:
     """Parse ``fractal ...`` with the real CLI's click parser (types, required options, choices)."""
     assert argv[0] == "fractal", argv
     ctx = CLI.make_context("fractal", list(argv[1:]))
-    name, cmd, rest = CLI.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+    # click keeps the sub-command and its args in (_)protected_args: the name moved in click 8.2
+    protected = getattr(ctx, "_protected_args", None) or getattr(ctx, "protected_args", [])
+    name, cmd, rest = CLI.resolve_command(ctx, [*protected, *ctx.args])
     sub = cmd.make_context(name, rest, parent=ctx)
     return name, sub.params
 
