@@ -102,11 +102,15 @@ class Subscription:
     """One callback on one topic filter. ``inline`` callbacks run on paho's network thread
     (internal, must be fast and non-blocking); others run in this subscription's own worker."""
 
-    def __init__(self, link: MqttLink, filter: str, callback: Callback, *, inline: bool = False) -> None:
+    def __init__(self, link: MqttLink, filter: str, callback: Callback, *, inline: bool = False,
+                 copy: bool = True) -> None:
         self.link = link
         self.filter = filter
         self.callback = callback
         self.inline = inline
+        # copy=False hands paho's own payload buffer (a bytearray nobody else touches) to the
+        # callback: no copy of a possibly megabyte-sized message. The callback must not mutate it.
+        self.copy = copy
         self.errors = 0  # callback exceptions (logged, never propagated into paho)
         self._queue: queue.SimpleQueue[tuple[str, bytes] | None] | None = None
         self._thread: threading.Thread | None = None
@@ -277,8 +281,9 @@ class MqttLink:
         topic = msg.topic
         with self._lock:
             matched = [s for f, subs in self._subs.items() if paho.topic_matches_sub(f, topic) for s in subs]
+        payload = msg.payload
         for sub in matched:
-            sub.deliver(topic, bytes(msg.payload))
+            sub.deliver(topic, bytes(payload) if sub.copy else payload)
 
     # --- pub/sub ----------------------------------------------------------------------------
     def publish(self, topic: str, payload: bytes | str | BaseModel, retain: bool = False,
@@ -290,10 +295,11 @@ class MqttLink:
         return info
 
     def subscribe(self, filter: str, callback: Callback, *, inline: bool = False,
-                  wait: float | None = 5.0) -> Subscription:
+                  wait: float | None = 5.0, copy: bool = True) -> Subscription:
         """Deliver every message matching ``filter`` to ``callback(topic, payload)`` (off paho's
-        thread unless ``inline``). With ``wait``, block until the broker acknowledged it."""
-        sub = Subscription(self, filter, callback, inline=inline)
+        thread unless ``inline``). With ``wait``, block until the broker acknowledged it.
+        ``copy=False``: the payload is paho's read-only-by-contract bytearray, not a bytes copy."""
+        sub = Subscription(self, filter, callback, inline=inline, copy=copy)
         ev = threading.Event()
         with self._lock:
             first = filter not in self._subs

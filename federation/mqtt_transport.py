@@ -36,6 +36,7 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -147,13 +148,14 @@ class MqttTransport:
         self._peers: dict[str, _Peer] = {}
         self._seen: dict[tuple[str, int], _Seen] = {}
         self._inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._receiver: Callable[[bytes], None] | None = None
         self._acks: dict[tuple[str, int], list[int]] = {}  # (sender, its nonce) -> seqs to ack
         self._wake = threading.Event()
         swarm = link.swarm
         # Inline: the handlers only parse, enqueue and publish; they never wait.
         self._subs: list[Subscription] = [
             link.subscribe(topics.allreduce(swarm, member_id),
-                           self._on_data if flow_control else self._on_raw, inline=True)]
+                           self._on_data if flow_control else self._on_raw, inline=True, copy=False)]
         if flow_control:
             self._subs.append(link.subscribe(topics.ack(swarm, member_id), self._on_ack, inline=True))
             link.on_connect(self._on_reconnect)
@@ -169,7 +171,7 @@ class MqttTransport:
             raise TransportError(f"payload of {len(payload)} bytes exceeds max_payload={self.max_payload}",
                                  hint="split it with the framing layer")
         if dst == self.member_id:  # a ring of one, or a root broadcasting to itself
-            self._inbox.put(bytes(payload))
+            self._deliver(bytes(payload))
             return
         if not self.flow_control:
             self.stats["payload_bytes"] += len(payload)
@@ -188,6 +190,19 @@ class MqttTransport:
                 out = []
         self._publish(out)
 
+    def set_receiver(self, receiver: Callable[[bytes], None] | None) -> None:
+        """Push mode: call ``receiver(payload)`` on the MQTT network thread for every message
+        instead of queueing it for :meth:`recv` (saves a thread hand-off per message). The
+        receiver must be quick and never block. ``None`` goes back to :meth:`recv`."""
+        self._receiver = receiver
+
+    def _deliver(self, payload: bytes) -> None:
+        receiver = self._receiver
+        if receiver is not None and not self.closed:
+            receiver(payload)
+        else:
+            self._inbox.put(payload)
+
     def recv(self, timeout: float) -> bytes | None:
         try:
             return self._inbox.get(timeout=max(0.0, timeout))
@@ -198,6 +213,7 @@ class MqttTransport:
         if self.closed:
             return
         self.closed = True
+        self._receiver = None
         self._wake.set()
         for s in self._subs:
             s.cancel()
@@ -216,8 +232,9 @@ class MqttTransport:
             self.stats["sent_bytes"] += len(env)
 
     def _on_raw(self, topic: str, buf: bytes) -> None:
+        # ``buf`` is paho's own copy of the message (not copied again: ``copy=False``).
         self.stats["received"] += 1
-        self._inbox.put(buf)
+        self._deliver(buf)
 
     def _on_data(self, topic: str, buf: bytes) -> None:
         try:
@@ -231,7 +248,7 @@ class MqttTransport:
             self._acks.setdefault((src, nonce), []).append(seq)  # re-ack duplicates: the ack was lost
         if fresh:
             self.stats["received"] += 1
-            self._inbox.put(payload)
+            self._deliver(payload)
         else:
             self.stats["duplicates"] += 1
         self._wake.set()

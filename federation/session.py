@@ -1,8 +1,9 @@
 """Reliable, flow-controlled frame exchange over an unreliable transport, shared by the ring,
 the broadcast and the star baseline.
 
-An :class:`Endpoint` owns one member's transport. A background *pump* thread receives,
-verifies (checksum, version, swarm) and routes every frame:
+An :class:`Endpoint` owns one member's transport. Every received frame is verified (checksum,
+version, swarm) and routed, on the transport's own receive thread when the transport pushes
+(``set_receiver``, the MQTT transport), else by a background *pump* thread that polls ``recv``:
 
 * frames of the active call's tag go to that call's inbox;
 * frames of a tag this member already finished are *stale*: DATA is re-acknowledged (the
@@ -83,8 +84,15 @@ class Endpoint:
         self._early_bytes = 0
         self._abort_replied: set[tuple[str, str]] = set()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._pump, name=f"fed-pump-{self.member_id}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        set_receiver = getattr(transport, "set_receiver", None)
+        if set_receiver is not None:
+            # Push transport (MQTT): frames are verified and routed on the transport's own
+            # receive thread, one thread hand-off less per frame than a pump thread.
+            set_receiver(self._on_buffer)
+        else:
+            self._thread = threading.Thread(target=self._pump, name=f"fed-pump-{self.member_id}", daemon=True)
+            self._thread.start()
 
     # -- sending -----------------------------------------------------------------------------
     def send(self, dst: str, data: bytes, **counters: int) -> bool:
@@ -116,19 +124,24 @@ class Endpoint:
             except Exception:  # noqa: BLE001 - a closed/broken transport must not kill the pump
                 time.sleep(0.05)
                 continue
-            if buf is None:
-                continue
-            self.stats.add(frames_received=1, bytes_received=len(buf))
-            try:
-                fr = decode(buf)
-                if fr.swarm != self.swarm:
-                    self.stats.reject(f"frame for swarm {fr.swarm!r} from {fr.sender}")
-                    continue
-                self._route(fr)
-            except FrameError as e:
-                self.stats.reject(str(e))
-            except Exception as e:  # noqa: BLE001 - one bad frame or send must not stop the pump
-                self.stats.reject(f"{type(e).__name__} while handling a frame: {e}")
+            if buf is not None:
+                self._on_buffer(buf)
+
+    def _on_buffer(self, buf: bytes | bytearray | memoryview) -> None:
+        """Verify and route one received transport message (pump thread or transport thread)."""
+        if self._stop.is_set():
+            return
+        self.stats.add(frames_received=1, bytes_received=len(buf))
+        try:
+            fr = decode(buf)
+            if fr.swarm != self.swarm:
+                self.stats.reject(f"frame for swarm {fr.swarm!r} from {fr.sender}")
+                return
+            self._route(fr)
+        except FrameError as e:
+            self.stats.reject(str(e))
+        except Exception as e:  # noqa: BLE001 - one bad frame or send must not stop the receiver
+            self.stats.reject(f"{type(e).__name__} while handling a frame: {e}")
 
     def _route(self, fr: Frame) -> None:
         reply: bytes | None = None
@@ -221,7 +234,8 @@ class Endpoint:
     def close(self) -> None:
         """Stop the pump thread and close the transport."""
         self._stop.set()
-        self._thread.join(timeout=1.0)
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
         with contextlib.suppress(Exception):
             self.transport.close()
 
