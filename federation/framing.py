@@ -5,7 +5,7 @@ Every transport message is exactly one frame. All integers are little-endian.
     offset size  field         meaning
     ------ ----  -----------   ---------------------------------------------------------------
      0      2    magic         b"FE" (0x46 0x45)
-     2      1    version       frame format version, currently 1; other values are rejected
+     2      1    version       frame format version, currently 2; other values are rejected
      3      1    kind          FrameKind: 1 DATA, 2 ACK, 3 ABORT
      4      1    phase         Phase: 1 REDUCE_SCATTER, 2 ALL_GATHER, 3 BROADCAST,
                                4 GATHER (star: member -> coordinator), 5 SCATTER (star: coordinator -> member)
@@ -28,8 +28,11 @@ Every transport message is exactly one frame. All integers are little-endian.
 
 Payloads by kind:
 * DATA: ``count`` elements encoded by ``codec`` (byte layouts in :mod:`federation.compression`).
-* ACK: empty; phase/step/chunk/part/tag name the DATA frame being acknowledged and ``sender``
-  is the acknowledging member. One ACK per received DATA frame, duplicates included.
+* ACK: phase/step/chunk/part/tag name the first DATA frame being acknowledged and ``sender``
+  is the acknowledging member; the payload lists further DATA frames of the same tag and
+  sender acknowledged by the same ACK, 12 bytes each: ``u8 phase, u8 0, u16 step, u32 chunk,
+  u32 part`` (empty for a single frame). Every received DATA frame is acknowledged, duplicates
+  included, possibly batched with others (version 2; version 1 had exactly one per ACK).
 * ABORT: UTF-8 JSON ``{"member": <blamed member id or null>, "reason": <text>,
   "rejected": <true if an update failed the checks (NaN/Inf)>}``; the round ``tag`` is
   aborted for every member that receives it. Header: phase 1, nparts 1, other numbers 0.
@@ -62,15 +65,17 @@ __all__ = [
     "Frame",
     "encode",
     "encode_ack",
+    "ack_keys",
     "encode_abort",
     "decode",
     "abort_info",
 ]
 
 MAGIC = b"FE"
-VERSION = 1
+VERSION = 2  # 2: ACKs may acknowledge several DATA frames (payload = extra keys)
 HEADER = struct.Struct("<2sBBBBHIIIQIQIBBB")
 _CRC = struct.Struct("<I")
+ACK_KEY = struct.Struct("<BxHII")  # phase, step, chunk, part of one more acknowledged DATA frame
 # Worst-case bytes of a frame that are not payload: header, three 255-byte ids, pad, crc.
 MAX_OVERHEAD = HEADER.size + 3 * 255 + 7 + _CRC.size
 _PADS = [bytes(i) for i in range(8)]
@@ -169,13 +174,19 @@ def encode(
     return b"".join([head, *pieces, _CRC.pack(crc)])
 
 
-def encode_ack(data: Frame, *, sender: str) -> bytes:
-    """The ACK for a received DATA frame."""
+def encode_ack(data: Frame, *, sender: str, more: Sequence[Frame] = ()) -> bytes:
+    """The ACK for a received DATA frame, and for the DATA frames ``more`` (same tag and sender)."""
     return encode(
         FrameKind.ACK, data.phase, swarm=data.swarm, tag=data.tag, sender=sender, codec=data.codec,
         step=data.step, chunk=data.chunk, part=data.part, nparts=data.nparts, offset=data.offset,
         count=data.count, total=data.total,
+        payload=[b"".join([ACK_KEY.pack(*f.key) for f in more])] if more else (),
     )
+
+
+def ack_keys(frame: Frame) -> list[tuple[int, int, int, int]]:
+    """Keys (phase, step, chunk, part) of every DATA frame an ACK frame acknowledges."""
+    return [frame.key, *ACK_KEY.iter_unpack(frame.payload)]
 
 
 def encode_abort(*, swarm: str, tag: str, sender: str, member: str | None, reason: str,
@@ -233,7 +244,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
         sender = str(mv[a + lsw + ltg : body], "utf-8")
     except UnicodeDecodeError as e:
         raise FrameError("frame ids are not UTF-8") from e
-    if kind == FrameKind.ACK and plen:
-        raise FrameError("ACK frame with a payload")
+    if kind == FrameKind.ACK and plen % ACK_KEY.size:
+        raise FrameError(f"ACK payload of {plen} bytes is not a list of {ACK_KEY.size}-byte keys")
     return Frame(kind, phase, codec, step, chunk, part, nparts, offset, count, total, swarm, tag, sender,
                  mv[start : start + plen], n)

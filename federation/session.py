@@ -18,7 +18,9 @@ version, swarm) and routed, on the transport's own receive thread when the trans
 A :class:`Call` is one collective operation under one tag with a deadline. DATA frames are
 queued per destination and sent while fewer than ``max_in_flight`` are unacknowledged for that
 peer (credit-based flow control: the ring never relies on a broker's queue depth). Every
-received DATA frame is acknowledged, duplicates too, and is delivered to the algorithm once
+received DATA frame is acknowledged, duplicates too (ACKs are batched: one ACK frame names
+every frame received from that sender since the last one, flushed at half a window or whenever
+the call would otherwise wait), and is delivered to the algorithm once
 (key = sender, phase, step, chunk, part). A frame not acknowledged within the retransmit
 timeout (RTO) is sent again with exponential backoff (x2, at most 8x ``retransmit_after``); the
 receiver's de-duplication makes that safe. RTO = max(``retransmit_after``, 4 x smoothed RTT),
@@ -49,7 +51,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 
 from federation.errors import FrameError, RoundAborted, TransportError, UpdateRejected
-from federation.framing import Frame, FrameKind, abort_info, decode, encode_abort, encode_ack
+from federation.framing import Frame, FrameKind, abort_info, ack_keys, decode, encode_abort, encode_ack
 from federation.stats import Stats
 from federation.transport import Transport
 
@@ -58,6 +60,7 @@ __all__ = ["Endpoint", "Call", "grace_period"]
 _DONE_TAGS = 256  # how many finished tags are remembered to recognise stale frames
 _MAX_EARLY_FRAMES = 4096  # hard bound per early tag, on top of the senders' windows
 _MAX_EARLY_BYTES = 64 << 20  # hard bound over all early tags (a misbehaving sender ignores windows)
+_MAX_ACK_KEYS = 1024  # DATA frames named by one ACK frame (12 bytes each)
 
 
 class Endpoint:
@@ -216,6 +219,7 @@ class Endpoint:
         reason: str | None = None
         try:
             yield c
+            c.flush_acks()
         except RoundAborted as e:
             reason = str(e)
             c.broadcast_abort(e.member, reason, rejected=isinstance(e, UpdateRejected))
@@ -255,6 +259,10 @@ class Call:
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
         self._unacked: dict[tuple, list] = {}  # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None]
         self._inflight: dict[str, int] = {}
+        # DATA frames received but not yet acknowledged, per sender: ACKs go out in batches
+        # (half a window at most, or as soon as the inbox is empty), not one message per frame.
+        self._acks: dict[str, list[Frame]] = {}
+        self._ack_batch = max(1, ep.max_in_flight // 2)
 
     # -- sending -----------------------------------------------------------------------------
     def queue(self, dst: str, key: tuple, build: Callable[[], bytes]) -> None:
@@ -305,6 +313,8 @@ class Call:
         peer's ABORT for a rejected update raises :class:`UpdateRejected` at once.
         """
         self._send_ready()
+        if self._acks and self.inbox.empty():
+            self.flush_acks()  # about to wait: nothing more to batch with
         now = time.monotonic()
         if now >= self.deadline:
             if not raise_on_deadline:
@@ -325,11 +335,13 @@ class Call:
             self.ep.stats.reject(f"{fr.kind.name} for {fr.tag!r} from non-member {fr.sender}")
             return None
         if fr.kind == FrameKind.ACK:
-            ent = self._unacked.pop((fr.sender, fr.key), None)
-            if ent is not None:
-                self._inflight[fr.sender] -= 1
-                if ent[3] is not None:
-                    self.ep.rtt_sample(time.monotonic() - ent[3])
+            now = time.monotonic()
+            for key in ack_keys(fr):
+                ent = self._unacked.pop((fr.sender, key), None)
+                if ent is not None:
+                    self._inflight[fr.sender] -= 1
+                    if ent[3] is not None:
+                        self.ep.rtt_sample(now - ent[3])
             return None
         if fr.kind == FrameKind.ABORT:
             member, reason, rejected = _abort_fields(fr)
@@ -337,13 +349,28 @@ class Call:
                 self.abort_sent = True  # the sender told everyone already
                 raise UpdateRejected(f"round {self.tag!r} aborted by {fr.sender}: {reason}", member=member)
             self._timeout_abort(waiting_for, (fr.sender, member, reason))
-        self.ep.send(fr.sender, encode_ack(fr, sender=self.ep.member_id), acks_sent=1)
+        due = self._acks.setdefault(fr.sender, [])
+        due.append(fr)
+        if len(due) >= self._ack_batch:
+            self._flush_acks_to(fr.sender)
         k = (fr.sender, fr.key)
         if k in self._received:
             self.ep.stats.add(duplicates=1)
             return None
         self._received.add(k)
         return fr
+
+    def flush_acks(self) -> None:
+        """Send every pending acknowledgement now (batched: one ACK frame per sender)."""
+        for sender in list(self._acks):
+            self._flush_acks_to(sender)
+
+    def _flush_acks_to(self, sender: str) -> None:
+        frames = self._acks.pop(sender, None)
+        me = self.ep.member_id
+        while frames:
+            batch, frames = frames[:_MAX_ACK_KEYS], frames[_MAX_ACK_KEYS:]
+            self.ep.send(sender, encode_ack(batch[0], sender=me, more=batch[1:]), acks_sent=1)
 
     def _timeout_abort(self, waiting_for: str | None, first: tuple[str, str | None, str] | None) -> None:
         """Abort on a deadline (ours or a peer's) and name the member that is really gone.
@@ -391,6 +418,7 @@ class Call:
         """Wait until everything we sent is acknowledged; at the deadline give up quietly
         (our own result is complete; the receiver's fate is its own deadline's business).
         A peer's ABORT still raises."""
+        self.flush_acks()
         while not self.flushed():
             if time.monotonic() >= self.deadline:
                 return

@@ -14,10 +14,12 @@ from federation.errors import FrameError
 from federation.framing import (
     HEADER,
     MAX_OVERHEAD,
+    VERSION,
     Codec,
     FrameKind,
     Phase,
     abort_info,
+    ack_keys,
     decode,
     encode,
     encode_abort,
@@ -53,7 +55,12 @@ def test_ack_and_abort_frames() -> None:
     fr = decode(sample())
     ack = decode(encode_ack(fr, sender="node-b"))
     assert ack.kind == FrameKind.ACK and ack.key == fr.key and ack.sender == "node-b"
-    assert len(ack.payload) == 0
+    assert len(ack.payload) == 0 and ack_keys(ack) == [fr.key]
+    others = [decode(sample(part=p, step=s)) for p, s in [(0, 2), (2, 7)]]
+    batch = decode(encode_ack(fr, sender="node-b", more=others))
+    assert ack_keys(batch) == [fr.key, (int(Phase.ALL_GATHER), 2, 5, 0), (int(Phase.ALL_GATHER), 7, 5, 2)]
+    with pytest.raises(FrameError, match="12-byte keys"):  # valid checksum, not a list of keys
+        decode(encode(FrameKind.ACK, Phase.ALL_GATHER, swarm="s", tag="t", sender="b", payload=[b"12345"]))
     ab = decode(encode_abort(swarm="s", tag="t", sender="x", member="y", reason="NaN from y", rejected=True))
     assert ab.kind == FrameKind.ABORT and abort_info(ab) == ("y", "NaN from y", True)
 
@@ -83,8 +90,8 @@ def _reseal(buf: bytearray) -> bytes:
 
 @pytest.mark.parametrize(
     ("offset", "value", "message"),
-    [(0, b"XX", "magic"), (2, b"\x02", "version"), (3, b"\x09", "unknown"), (4, b"\x09", "unknown"),
-     (5, b"\x09", "unknown")],
+    [(0, b"XX", "magic"), (2, bytes([VERSION + 1]), "version"), (2, b"\x01", "version"),
+     (3, b"\x09", "unknown"), (4, b"\x09", "unknown"), (5, b"\x09", "unknown")],
 )
 def test_bad_magic_version_and_codes_are_rejected_even_with_a_valid_crc(offset, value, message) -> None:
     buf = bytearray(sample())

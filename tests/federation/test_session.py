@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from federation.errors import RoundAborted
-from federation.framing import FrameKind, Phase, decode, encode
+from federation.framing import VERSION, FrameKind, Phase, decode, encode
 from federation.memory import MemoryHub
 from federation.ring import RingAllreduce
 
@@ -83,7 +83,7 @@ def test_bad_version_frames_during_a_round_are_counted_and_do_not_stall_it() -> 
     x = hub.transport("x")
     bad = bytearray(encode(FrameKind.DATA, Phase.REDUCE_SCATTER, swarm="default", tag="live", sender="b",
                            count=4, total=4000, payload=[np.ones(4, np.float32)]))
-    bad[2] = 2  # a future format version, with a valid checksum
+    bad[2] = VERSION + 1  # a future format version, with a valid checksum
     struct.pack_into("<I", bad, len(bad) - 4, zlib.crc32(bytes(bad[:-4])))
     stop = threading.Event()
 
