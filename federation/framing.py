@@ -47,12 +47,16 @@ from __future__ import annotations
 import enum
 import json
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from federation.errors import FrameError
+
+try:  # zlib-ng: the same IEEE CRC-32, with carry-less-multiply acceleration (~10x zlib's speed)
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - boards without a zlib-ng wheel
+    from zlib import crc32
 
 __all__ = [
     "MAGIC",
@@ -168,9 +172,9 @@ def encode(
         head += _PADS[-len(head) % 8]
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from e
-    crc = zlib.crc32(head)
+    crc = crc32(head)
     for p in pieces:
-        crc = zlib.crc32(p, crc)
+        crc = crc32(p, crc)
     return b"".join([head, *pieces, _CRC.pack(crc)])
 
 
@@ -227,7 +231,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
     if start + plen + _CRC.size != n:
         raise FrameError(f"frame length mismatch: header says {start + plen + _CRC.size} bytes, got {n}")
     (crc,) = _CRC.unpack_from(mv, n - _CRC.size)
-    if zlib.crc32(mv[: n - _CRC.size]) != crc:
+    if crc32(mv[: n - _CRC.size]) != crc:
         raise FrameError("frame checksum mismatch")
     try:
         kind, phase, codec = FrameKind(kind), Phase(phase), Codec(codec)

@@ -122,3 +122,16 @@ def test_max_overhead_bounds_every_header() -> None:
         buf = encode(FrameKind.DATA, Phase.REDUCE_SCATTER, swarm="s" * n, tag="t" * 255, sender="m" * 255)
         assert len(buf) <= MAX_OVERHEAD
         assert decode(buf).sender == "m" * 255
+
+
+def test_frame_checksum_is_the_ieee_crc32_of_zlib() -> None:
+    """The accelerated CRC (zlib-ng when installed) must equal zlib's IEEE CRC-32 bit for bit,
+    or members with and without it could not talk."""
+    from federation import framing
+
+    data = np.random.default_rng(0).standard_normal(100_003).astype(np.float32)
+    view = memoryview(data).cast("B")[5:]
+    assert framing.crc32(view) == zlib.crc32(view)
+    assert framing.crc32(view, 12345) == zlib.crc32(view, 12345)
+    buf = sample(data)
+    assert struct.unpack("<I", buf[-4:])[0] == zlib.crc32(buf[:-4])
