@@ -162,6 +162,9 @@ class MqttLink:
         self.disconnects = 0
         self._lock = threading.RLock()
         self._subs: dict[str, list[Subscription]] = {}
+        # topic -> matching subscriptions; paho's topic_matches_sub builds a matcher per call
+        # (~30 us), too slow for every frame. Cleared whenever the subscriptions change.
+        self._route_cache: dict[str, list[Subscription]] = {}
         self._on_connect_hooks: list[Callable[[bool], None]] = []
         self._suback: dict[int, threading.Event] = {}
         self._connected = threading.Event()
@@ -279,8 +282,14 @@ class MqttLink:
 
     def _on_message(self, client, userdata, msg: paho.MQTTMessage) -> None:
         topic = msg.topic
-        with self._lock:
-            matched = [s for f, subs in self._subs.items() if paho.topic_matches_sub(f, topic) for s in subs]
+        matched = self._route_cache.get(topic)
+        if matched is None:
+            with self._lock:
+                matched = [s for f, subs in self._subs.items() if paho.topic_matches_sub(f, topic)
+                           for s in subs]
+                if len(self._route_cache) > 4096:  # e.g. one topic per round id: stay bounded
+                    self._route_cache.clear()
+                self._route_cache[topic] = matched
         payload = msg.payload
         for sub in matched:
             sub.deliver(topic, bytes(payload) if sub.copy else payload)
@@ -304,6 +313,7 @@ class MqttLink:
         with self._lock:
             first = filter not in self._subs
             self._subs.setdefault(filter, []).append(sub)
+            self._route_cache = {}
             if first and self.connected:
                 rc, mid = self._client.subscribe(filter, qos=1)
                 if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
@@ -318,6 +328,7 @@ class MqttLink:
             subs = self._subs.get(sub.filter, [])
             if sub in subs:
                 subs.remove(sub)
+            self._route_cache = {}
             if not subs and sub.filter in self._subs:
                 del self._subs[sub.filter]
                 if self.connected:
