@@ -309,8 +309,7 @@ class _RingRun:
         res = self.residual
         pieces = comp.encode(self.codec, w, None if res is None else res[a:b], topk_ratio=self.eng.topk_ratio)
         if self.codec == Codec.F32:
-            self.result[a:b] = w  # lossless: identical to what the others decode
-            return w
+            return w  # lossless: ``result`` is ``work``, already what the others will decode
         payload = b"".join(memoryview(p).cast("B") for p in pieces)
         self.result[a:b] = comp.decode(self.codec, payload, b - a)
         return payload
@@ -328,7 +327,11 @@ class _RingRun:
             clipped, _ = clip_l2(self.x, self.clip_norm)
             self.work = np.array(clipped, dtype=np.float32, copy=True)
             self.residual = self._residual()
-            self.result = np.empty(self.L, np.float32)
+            # The result is assembled in the work buffer itself (one 4L-byte buffer per call, not
+            # two): a region is overwritten by all-gather only after our reduce-scatter frame for
+            # it was built (the owner cannot finish a part before our contribution reached it,
+            # and retransmits resend the built bytes).
+            self.result = self.work
             n = self.n
             if n == 1:
                 for p in range(len(self.parts[0])):

@@ -110,7 +110,9 @@ class _StarRun:
             if self.codec in comp.FEEDBACK_CODECS:
                 self.residual = fb.residual.copy() if fb is not None and fb.key == key else np.zeros(self.L,
                                                                                                     np.float32)
-            self.result = np.empty(self.L, np.float32)
+            # Results land in the work buffer (no second 4L-byte buffer): the coordinator
+            # cannot send part p back before our part p, built from work when sent, arrived.
+            self.result = self.work
             if self.me == self.coord:
                 self._coordinate(call, peers)
             else:
