@@ -120,8 +120,20 @@ def raw_broker_throughput(url: str, *, size: int, count: int) -> float:
 
 
 # --- allreduce members ----------------------------------------------------------------------------
+def _proc_cpu(pid: int | None) -> float:
+    """user + system CPU seconds of process ``pid`` (Linux /proc); 0.0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compression: str, max_payload: int,
-            repeats: int, timeout: float, outdir: str, barrier, out) -> None:
+            repeats: int, timeout: float, outdir: str, barrier, out, broker_pid: int | None = None) -> None:
     from federation.mqtt import MqttLink
     from federation.ring import RingAllreduce
     from federation.star import StarAllreduce
@@ -144,12 +156,15 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
             for rep in range(repeats):
                 before = engine.stats.bytes_sent
                 barrier.wait(300)
+                b0 = _proc_cpu(broker_pid) if rank == 0 else 0.0
                 c0, t0 = time.process_time(), time.time()
                 res = engine.allreduce(vec, group=group, tag=f"{name}-{rep}", op="mean", timeout=timeout,
                                        compression=compression)
                 t1, c1 = time.time(), time.process_time()
+                b1 = _proc_cpu(broker_pid) if rank == 0 else 0.0
                 report[name].append({"start": t0, "end": t1, "bytes": engine.stats.bytes_sent - before,
-                                     "cpu": c1 - c0, "sha256": hashlib.sha256(res.tobytes()).hexdigest()})
+                                     "cpu": c1 - c0, "broker_cpu": b1 - b0,
+                                     "sha256": hashlib.sha256(res.tobytes()).hexdigest()})
             if rank == 0:
                 np.save(Path(outdir) / f"{name}.npy", res)
             report[f"{name}_stats"] = {k: v for k, v in vars(engine.stats).items() if isinstance(v, int)}
@@ -157,8 +172,9 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
     out.put(report)
 
 
-def _summarise(reports: list[dict], name: str) -> tuple[float, list[float], float, bool, float] | None:
-    """-> (median seconds, all seconds, bytes per member, bit-identical, median CPU s of all members)."""
+def _summarise(reports: list[dict], name: str) -> tuple[float, list[float], float, bool, float, float] | None:
+    """-> (median seconds, all seconds, bytes per member, bit-identical, median CPU s of all members,
+    median CPU s of the broker (0 when the benchmark did not start it))."""
     runs = [r[name] for r in reports]
     if not runs[0]:
         return None
@@ -167,7 +183,8 @@ def _summarise(reports: list[dict], name: str) -> tuple[float, list[float], floa
     per_node = statistics.mean(r[-1]["bytes"] for r in runs)
     identical = all(len({r[i]["sha256"] for r in runs}) == 1 for i in reps)
     cpu = statistics.median(sum(r[i]["cpu"] for r in runs) for i in reps)
-    return statistics.median(secs), secs, per_node, identical, cpu
+    broker_cpu = statistics.median(runs[0][i].get("broker_cpu", 0.0) for i in reps)
+    return statistics.median(secs), secs, per_node, identical, cpu, broker_cpu
 
 
 def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = None,
@@ -202,7 +219,8 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
         with tempfile.TemporaryDirectory(prefix="fractal-bench-") as outdir:
             procs = [ctx.Process(target=_member, daemon=True,
                                  args=(broker_url, swarm, r, nodes, elements, compression, max_payload,
-                                       repeats, timeout, outdir, barrier, out)) for r in range(nodes)]
+                                       repeats, timeout, outdir, barrier, out,
+                                       getattr(own, "pid", None))) for r in range(nodes)]
             for p in procs:
                 p.start()
             reports: list[dict[str, Any]] = []
@@ -236,7 +254,7 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
     ring = _summarise(reports, "ring")
     star = _summarise(reports, "star")
     assert ring is not None
-    seconds, ring_runs, per_node, identical, ring_cpu = ring
+    seconds, ring_runs, per_node, identical, ring_cpu, ring_broker_cpu = ring
     ideal = ideal_bytes_per_node(nodes, elements)
     return {
         "nodes": nodes,
@@ -261,6 +279,10 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
         # the members waited (latency), not computed.
         "ring_cpu_s": round(ring_cpu, 3),
         "star_cpu_s": round(star[4], 3) if star else None,
+        # The broker's CPU seconds during a call (only when the benchmark started the broker):
+        # with members + broker on few cores, wall time ~ (ring_cpu_s + broker cpu) / cores.
+        "ring_broker_cpu_s": round(ring_broker_cpu, 3) if own is not None else None,
+        "star_broker_cpu_s": round(star[5], 3) if star and own is not None else None,
         "star_runs_s": [round(s, 4) for s in star[1]] if star else None,
         "retransmits": sum(r["ring_stats"].get("retransmits", 0) for r in reports),
         "repeats": repeats,
