@@ -27,7 +27,7 @@ Ring order is ``sorted(group)``; rank ``r`` sends only to ``r+1`` and receives o
    no trace). The caller commits its parameters only if the call returned.
 
 Reliability rules (see :mod:`federation.session`)
-* Every DATA frame is acknowledged, duplicates included; at most ``max_in_flight``
+* Every DATA frame is acknowledged (ACKs batched per sender), duplicates included; at most ``max_in_flight``
   unacknowledged frames per peer; unacknowledged frames are retransmitted after
   ``retransmit_after`` s, doubling up to 8x. The window, not the broker's queue, bounds memory.
 * De-duplication key: ``(sender, phase, step, chunk, part)`` within the tag; a duplicate is
