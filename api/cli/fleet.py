@@ -4,26 +4,21 @@ from __future__ import annotations
 
 import secrets
 import signal
-import socket
 import threading
 from pathlib import Path
 
 import typer
 
 from api.cli import app
+from api.cli.net import port_problem
 from api.fleet.errors import FleetError
 
 __all__ = ["fleet", "swarm", "serve_fleet"]
 
 
 def _check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise FleetError(f"cannot listen on {host}:{port}: {exc.strerror}",
-                             hint="pick another port with --port") from None
+    if (problem := port_problem(host, port)) is not None:
+        raise FleetError(problem, hint="pick another port with --port")
 
 
 def _interrupt(signum, frame):

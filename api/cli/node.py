@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import logging
-import socket
 from pathlib import Path
 from typing import Any, cast
 
 import typer
 
 from api.cli import app
+from api.cli.net import port_problem
 from edgenode.common import NodeError
 
 __all__ = ["node", "serve_node"]
 
 
 def _check_port_free(host: str, port: int) -> None:
-    # uvicorn reports a busy port with a log line and sys.exit(1); we want our one-line error
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise NodeError(f"cannot listen on {host}:{port}: {exc.strerror}",
-                            hint="change `port` (or `host`) in NODE.toml") from None
+    if (problem := port_problem(host, port)) is not None:
+        raise NodeError(problem, hint="change `port` (or `host`) in NODE.toml")
 
 
 def serve_node(config_path: Path, *, log_level: str = "info") -> None:
