@@ -11,11 +11,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from api import __version__
 from api.deps import NodeLike
-from api.errors import install_error_handlers
+from api.errors import error_response, install_error_handlers
 from api.middleware import (
     BearerAuthMiddleware,
     BodyLimitMiddleware,
@@ -25,6 +26,7 @@ from api.middleware import (
 )
 from api.routes import node as node_routes
 from api.routes import oip, samples
+from api.tensors import BatchTooLarge
 
 __all__ = ["create_node_app", "DEFAULT_MAX_BODY_BYTES"]
 
@@ -54,6 +56,11 @@ def create_node_app(node: NodeLike, *, auth_token: str | None = None,
     app.state.executor = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
                                             thread_name_prefix="infer")
     install_error_handlers(app)
+
+    @app.exception_handler(BatchTooLarge)  # more specific than TensorError's 400: this one wins
+    async def _batch_too_large(_: Request, exc: BatchTooLarge) -> JSONResponse:
+        return error_response(413, str(exc))
+
     app.include_router(oip.router)
     app.include_router(samples.router)
     app.include_router(node_routes.router)

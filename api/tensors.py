@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "DATATYPES",
+    "BatchTooLarge",
     "InferRequest",
     "TensorError",
     "datatype_of",
@@ -50,6 +51,11 @@ _BY_DTYPE = {v: k for k, v in DATATYPES.items()}
 
 class TensorError(ValueError):
     """A request that does not decode to the tensors the model needs (-> HTTP 400)."""
+
+
+class BatchTooLarge(TensorError):
+    """A well-formed request whose batch exceeds the node's ``max_batch`` (-> HTTP 413: the
+    request is too large for this server, like a body over ``max_body_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -177,11 +183,12 @@ def _parse_outputs(req: dict[str, Any], output_names: Sequence[str],
 
 
 def parse_infer_request(body: bytes, specs: Sequence[TensorSpecLike], output_names: Sequence[str],
-                        header_length: str | None = None) -> InferRequest:
+                        header_length: str | None = None, max_batch: int | None = None) -> InferRequest:
     """Decode an OIP v2 infer request body against the model's input specs.
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header (binary extension):
     the first that many bytes are the JSON header and the rest are the inputs' raw bytes.
+    A declared batch over ``max_batch`` raises :class:`BatchTooLarge` before any data is decoded.
     """
     if header_length is not None:
         try:
@@ -226,6 +233,9 @@ def parse_infer_request(body: bytes, specs: Sequence[TensorSpecLike], output_nam
             raise TensorError(f"input '{name}': datatype {json.dumps(t.get('datatype'))} does not match "
                               f"the model's {want_dt}")
         dims = _check_shape(name, t.get("shape"), spec)
+        if max_batch is not None and dims[0] > max_batch:
+            raise BatchTooLarge(f"input '{name}': batch {dims[0]} exceeds the node's max_batch "
+                                f"({max_batch}); split the request into smaller batches")
         tparams = t.get("parameters") or {}
         if not isinstance(tparams, dict):
             raise TensorError(f"input '{name}': 'parameters' must be an object")

@@ -10,6 +10,7 @@ Example::
     swarm = "default"
     auth_token = "s3cret"                 # optional: every route but health needs Bearer
     max_body_bytes = 8388608
+    max_batch = 256                       # largest inference batch per request (HTTP answers 413 above)
     host = "127.0.0.1"
 
     [training]                            # defaults; a RoundCommand may override lr/sync/local_steps
@@ -80,6 +81,9 @@ class NodeConfig(_Section):
     swarm: str = "default"
     auth_token: str | None = None
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # Largest batch N one inference request may carry: a binary batch under max_body_bytes could
+    # otherwise keep an inference thread busy for seconds (HTTP answers 413 naming this key).
+    max_batch: int = Field(default=256, ge=1)
     host: str = "127.0.0.1"
     board: str = ""  # target preset name the image was built for; default: the artifact's preset
     api_url: str = ""  # advertised in NodeStatus; default http://{host}:{port}
@@ -139,7 +143,8 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
     if kind == "extra_forbidden":
         return ConfigError(f"{source}: unknown key `{key}`",
                            hint="remove it or fix its spelling (keys: node_id, artifact, port, data_dir, "
-                                "broker, swarm, auth_token, max_body_bytes, host, [training], [store])")
+                                "broker, swarm, auth_token, max_body_bytes, max_batch, host, "
+                                "[training], [store])")
     if kind == "enum":
         allowed = err.get("ctx", {}).get("expected", "")
         return ConfigError(f"{source}: `{key}` = {err.get('input')!r} is not allowed",

@@ -60,7 +60,8 @@ def _ready(node: NodeLike) -> bool:
 # Registered first: the router tries routes in order and infer is the hot path.
 def _run_infer(node: NodeLike, name: str, body: bytes, header_length: str | None) -> tuple[bytes, int | None]:
     # Decode, run and encode in ONE worker-thread hop: the event loop only moves bytes.
-    req = parse_infer_request(body, node.inputs, [s.name for s in node.outputs], header_length)
+    req = parse_infer_request(body, node.inputs, [s.name for s in node.outputs], header_length,
+                              getattr(getattr(node, "config", None), "max_batch", None))
     results = node.infer(req.inputs)
     return encode_response(node.model_name, model_version(node), req, results)
 

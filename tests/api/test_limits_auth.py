@@ -110,3 +110,26 @@ def test_bearer_auth(auth_server, api_node):
             assert c.post(path, json=body).status_code == 401
             # authorised but bad body: past auth, into validation
             assert c.post(path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 400
+
+
+def _binary_infer(url: str, model: str, n: int) -> httpx.Response:
+    import json
+
+    import numpy as np
+
+    blob = np.zeros((n, 64), np.float32).tobytes()
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [n, 64],
+                                   "parameters": {"binary_data_size": len(blob)}}]}).encode()
+    return httpx.post(f"{url}/v2/models/{model}/infer", content=head + blob, timeout=30,
+                      headers={"Inference-Header-Content-Length": str(len(head)),
+                               "Content-Type": "application/octet-stream"})
+
+
+def test_batch_over_max_batch_is_413_naming_the_limit(server, api_node):
+    limit = api_node.config.max_batch
+    assert limit == 256 and (limit + 1) * 64 * 4 < MAX_BODY  # under the body limit: only max_batch trips
+    ok = _binary_infer(server.url, api_node.model_name, limit)
+    assert ok.status_code == 200, ok.text
+    resp = _binary_infer(server.url, api_node.model_name, limit + 1)
+    assert resp.status_code == 413, resp.text
+    assert "max_batch (256)" in resp.json()["error"]
