@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
 import threading
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ __all__ = [
     "write_manifest",
     "file_sha256",
     "param_key",
+    "aligned_empty",
+    "aligned_copy",
 ]
 
 FORMAT_VERSION = 1
@@ -139,8 +142,39 @@ def _load_params(directory: Path, manifest: dict[str, Any]) -> tuple[list[str], 
             if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != dtype:
                 raise ArtifactError(f"parameter {name!r} is {arr.dtype}{list(arr.shape)}, manifest says "
                                     f"{dtype}{list(shape)}", hint="recompile the artifact")
-            arrays.append(arr if arr.flags.c_contiguous else arr.copy(order="C"))
+            arrays.append(aligned_copy(arr))  # aligned: passed to TVM zero-copy
     return names, arrays
+
+
+# TVM's kernels may assume 64-byte aligned buffers (tvm.runtime.from_dlpack insists on it).
+_ALIGN = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data is 64-byte aligned (zero-copy into TVM)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+    off = (-buf.ctypes.data) % _ALIGN
+    return buf[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_copy(arr: np.ndarray) -> np.ndarray:
+    """A 64-byte aligned C-contiguous copy of ``arr`` (native byte order)."""
+    arr = np.asarray(arr)
+    out = aligned_empty(arr.shape, arr.dtype.newbyteorder("="))
+    out[...] = arr
+    return out
+
+
+def _flatten(result: Any, out: list[Any]) -> list[Any]:
+    """The tensors of a VM result (a tensor or nested arrays of them), depth first."""
+    if hasattr(result, "data_ptr"):
+        out.append(result)
+    else:
+        for item in result:
+            _flatten(item, out)
+    return out
 
 
 class _Runtime:
@@ -152,6 +186,9 @@ class _Runtime:
 
         self._tvm = tvm
         self._relax = relax
+        import tvm_ffi  # (installed with tvm, which is built on it)
+
+        self._from_dlpack = tvm_ffi.from_dlpack
         try:
             self.lib = tvm.runtime.load_module(str(lib_path))
         except Exception as exc:
@@ -160,19 +197,82 @@ class _Runtime:
                                      "recompile") from None
         self.device = tvm.cpu()
         self._local = threading.local()
+        self._kept: dict[str, frozenset[int]] = {}  # per function: output positions the VM keeps
 
     def vm(self) -> Any:
         vm = getattr(self._local, "vm", None)
         if vm is None:
             vm = self._relax.VirtualMachine(self.lib, self.device)
             self._local.vm = vm
+            self._local.funcs = {}
+            self._local.staging = {}
         return vm
 
-    def tensor(self, arr: np.ndarray) -> Any:
-        arr = np.asarray(arr)
-        if not arr.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
-            arr = arr.copy(order="C")
-        return self._tvm.runtime.tensor(arr, self.device)
+    def func(self, name: str) -> Any:
+        """This thread's VM function ``name`` (looked up once per thread)."""
+        self.vm()
+        funcs: dict[str, Any] = self._local.funcs
+        f = funcs.get(name)
+        if f is None:
+            f = funcs[name] = self._local.vm[name]
+        return f
+
+    def call(self, name: str, args: tuple[Any, ...], arg_tensors: list[Any]) -> list[np.ndarray]:
+        """Run VM function ``name`` on ``args``; its output tensors, flattened, as numpy arrays.
+
+        Outputs cross by DLPack (each array keeps its tensor alive) and are owned by the caller:
+        an output the VM keeps (a constant, e.g. the zero gradient of an unused parameter, or
+        planned storage), one aliasing an argument in ``arg_tensors`` (an identity) or a sibling
+        is copied, so writing to a result can never reach the VM, an argument or another result.
+        Which outputs the VM keeps is found on the first call by calling twice: a fresh output
+        cannot land at the address of one still alive.
+        """
+        f = self.func(name)
+        flat = _flatten(f(*args), [])
+        kept = self._kept.get(name)
+        if kept is None:
+            again = _flatten(f(*args), [])
+            kept = frozenset(i for i, (a, b) in enumerate(zip(flat, again, strict=True))
+                             if a.data_ptr() == b.data_ptr())
+            self._kept[name] = kept
+        seen = {t.data_ptr() for t in arg_tensors}
+        out = []
+        for i, t in enumerate(flat):
+            arr = np.from_dlpack(t)
+            ptr = t.data_ptr()
+            if i in kept or ptr in seen:
+                arr = arr.copy()
+            else:
+                seen.add(ptr)
+            out.append(arr)
+        return out
+
+    def tensor(self, arr: np.ndarray, slot: int | None = None) -> Any:
+        """A CPU tensor over ``arr``'s memory (DLPack, no copy) when ``arr`` is a C-contiguous,
+        writable, native-order ndarray with 64-byte aligned data; otherwise over an aligned copy.
+        The tensor keeps the array alive; the VM only reads its arguments (Relax is pure).
+
+        With ``slot`` the copy goes into this thread's staging buffer for that slot instead of a
+        new allocation: only for arguments that live no longer than one VM call.
+        """
+        if type(arr) is np.ndarray and arr.flags.c_contiguous and arr.flags.writeable \
+                and arr.dtype.isnative:
+            # Alignment is checked on the tensor, not by from_dlpack: its error path costs ~20 us.
+            t = self._from_dlpack(arr, require_alignment=0, require_contiguous=True)
+            if not t.data_ptr() % _ALIGN:
+                return t
+        if slot is not None:
+            arr = np.asarray(arr)
+            self.vm()
+            staging: dict[Any, tuple[np.ndarray, Any]] = self._local.staging
+            key = (slot, arr.shape, arr.dtype)
+            hit = staging.get(key)
+            if hit is None:
+                buf = aligned_empty(arr.shape, arr.dtype.newbyteorder("="))
+                hit = staging[key] = (buf, self._from_dlpack(buf, require_alignment=_ALIGN))
+            np.copyto(hit[0], arr)
+            return hit[1]
+        return self._from_dlpack(aligned_copy(arr), require_alignment=_ALIGN, require_contiguous=True)
 
 
 class PreparedParams:
@@ -180,7 +280,8 @@ class PreparedParams:
 
     def __init__(self, runtime: _Runtime, params: list[np.ndarray]) -> None:
         self.arrays = list(params)
-        self.tensors = [runtime.tensor(p) for p in self.arrays]
+        # Copied once (aligned): the tensors must not change if the caller later writes to its arrays.
+        self.tensors = [runtime.tensor(aligned_copy(p)) for p in self.arrays]
 
 
 def _check_params(params: list[np.ndarray], names: list[str], ref: list[np.ndarray]) -> list[np.ndarray]:
@@ -211,6 +312,8 @@ class Artifact:
         self.param_names = param_names
         self.params = params
         self.batch = int(manifest.get("batch", self.inputs[0].shape[0] if self.inputs else 1))
+        self._input_dtypes = [np.dtype(s.dtype) for s in self.inputs]
+        self._batched_out = all(o.shape and o.shape[0] == self.batch for o in self.outputs)
         self._infer = _Runtime(directory / manifest["libs"]["infer"])
         self._default = PreparedParams(self._infer, params)
         train_lib = manifest["libs"].get("train")
@@ -244,13 +347,15 @@ class Artifact:
                     ([f"unknown input(s) {', '.join(map(repr, extra))}"] if extra else [])
             raise InputError("; ".join(parts), hint=f"the model's inputs are: {', '.join(expected)}")
         arrays, n = [], None
-        for spec in self.inputs:
-            arr = np.asarray(inputs[spec.name])
-            if str(arr.dtype) != spec.dtype:
+        for spec, want_dtype in zip(self.inputs, self._input_dtypes, strict=True):
+            arr = inputs[spec.name]
+            if type(arr) is not np.ndarray:
+                arr = np.asarray(arr)
+            if arr.dtype != want_dtype:
                 raise InputError(f"input {spec.name!r} has dtype {arr.dtype}, expected {spec.dtype}",
                                  hint=f"convert it, e.g. x.astype('{spec.dtype}')")
-            want = tuple(spec.shape[1:])
-            if arr.ndim != len(spec.shape) or tuple(arr.shape[1:]) != want or arr.shape[0] < 1:
+            want = spec.shape[1:]
+            if arr.ndim != len(spec.shape) or arr.shape[1:] != want or arr.shape[0] < 1:
                 raise InputError(f"input {spec.name!r} has shape {list(arr.shape)}, expected [N, "
                                  f"{', '.join(map(str, want))}] with N >= 1",
                                  hint="the leading dimension is the batch")
@@ -276,27 +381,28 @@ class Artifact:
         else:
             prepared = self.prepare_params(params)
         b = self.batch
-        batched_out = all(o.shape and o.shape[0] == b for o in self.outputs)
+        batched_out = self._batched_out
         if n != b and not batched_out:
             raise InputError(f"this model's outputs have no batch dimension; send exactly {b} sample(s)",
                              hint=f"use batch {b}")
-        vm = self._infer.vm()
-        func = vm[INFER_FUNC]
+        rt = self._infer
         chunks: list[list[np.ndarray]] = [[] for _ in self.outputs]
         # The library is compiled for batch b: run ceil(n/b) calls, zero-padding the last one.
+        # Inputs and outputs cross by DLPack (no copy); see _Runtime.tensor and _Runtime.call.
         for start in range(0, n, b):
-            part = []
+            part: list[Any] = []
             for arr in arrays:
-                piece = arr[start:start + b]
+                piece = arr[start:start + b] if n != b else arr
                 if piece.shape[0] < b:
-                    pad = np.zeros((b - piece.shape[0], *piece.shape[1:]), dtype=piece.dtype)
-                    piece = np.concatenate([piece, pad])
-                part.append(self._infer.tensor(piece))
-            result = func(*part, *prepared.tensors)
-            outs = list(result) if len(self.outputs) > 1 else [result]
+                    padded = aligned_empty((b, *piece.shape[1:]), piece.dtype)
+                    padded[:piece.shape[0]] = piece
+                    padded[piece.shape[0]:] = 0
+                    piece = padded
+                part.append(rt.tensor(piece, len(part)))
+            outs = rt.call(INFER_FUNC, (*part, *prepared.tensors), [*part, *prepared.tensors])
             for i, o in enumerate(outs):
-                chunks[i].append(o.numpy())
-        return {spec.name: np.concatenate(c)[:n] if batched_out else c[0]
+                chunks[i].append(o)
+        return {spec.name: (c[0][:n] if len(c) == 1 else np.concatenate(c)[:n]) if batched_out else c[0]
                 for spec, c in zip(self.outputs, chunks, strict=True)}
 
 
@@ -320,6 +426,7 @@ class Trainer:
         self._inputs = inputs
         self._state_specs = [(tuple(s["shape"]), s["dtype"]) for s in settings["optimizer_state"]]
         self.target_spec = TensorSpec.from_json(settings["targets"])
+        self._lr_tensor: tuple[float, Any] | None = None  # (rate, its 0-d tensor), reused while unchanged
 
     def _inputs_list(self, x: np.ndarray | dict[str, np.ndarray]) -> list[np.ndarray]:
         if not isinstance(x, dict):
@@ -362,10 +469,9 @@ class Trainer:
         y = self._targets(y)
         t = self._rt.tensor
         with self._lock:
-            out = self._rt.vm()[ADJOINT_FUNC](*[t(a) for a in xs], *[t(p) for p in params], t(y))
-            loss = float(out[0].numpy())
-            grads = [g.numpy() for g in out[1]]
-        return loss, grads
+            args = [*[t(a) for a in xs], *[t(p) for p in params], t(y)]
+            out = self._rt.call(ADJOINT_FUNC, tuple(args), args)
+        return float(out[0]), out[1:]
 
     def init_state(self, params: list[np.ndarray]) -> list[np.ndarray]:
         """The optimizer state before the first step (a list of arrays; opaque to callers)."""
@@ -374,7 +480,9 @@ class Trainer:
         for i, (shape, dtype) in enumerate(self._state_specs):
             # Adam keeps beta1**t and beta2**t in slots 1 and 2; they start at 1.
             fill = 1.0 if self.optimizer == "adam" and i in (1, 2) else 0.0
-            state.append(np.full(shape, fill, dtype=dtype))
+            arr = aligned_empty(shape, dtype)  # aligned: passed to TVM without a copy
+            arr[...] = fill
+            state.append(arr)
         return state
 
     def apply(self, params: list[np.ndarray], grads: list[np.ndarray], state: list[np.ndarray],
@@ -391,12 +499,13 @@ class Trainer:
                              hint="e.g. lr=0.01")
         t = self._rt.tensor
         with self._lock:
-            out = self._rt.vm()[OPTIMIZER_FUNC]([t(p) for p in params], [t(g) for g in grads],
-                                                [t(np.asarray(s)) for s in state],
-                                                t(np.asarray(rate, dtype=np.float32)))
-            new_params = [p.numpy() for p in out[0]]
-            new_state = [s.numpy() for s in out[1]]
-        return new_params, new_state
+            if self._lr_tensor is None or self._lr_tensor[0] != rate:
+                self._lr_tensor = (rate, t(aligned_copy(np.asarray(rate, dtype=np.float32))))
+            ps, gs = [t(p) for p in params], [t(g) for g in grads]
+            ss = [t(np.asarray(s)) for s in state]
+            out = self._rt.call(OPTIMIZER_FUNC, (ps, gs, ss, self._lr_tensor[1]), [*ps, *gs, *ss])
+        k = len(params)
+        return out[:k], out[k:]
 
 
 def load_artifact(directory: str | Path, *, verify: bool = True) -> Artifact:
