@@ -15,7 +15,6 @@ Also reported: ``vm_us`` (the bare VM call on ready device tensors) and ``artifa
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -23,7 +22,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,35 +30,10 @@ import numpy as np
 
 from compiler.errors import CompilerError
 
-__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "machine_info", "native_preset",
-           "NATIVE"]
+__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "machine_info", "NATIVE"]
 
 FORMAT = 1
 NATIVE = "native"
-
-
-@contextlib.contextmanager
-def native_preset() -> Iterator[str]:
-    """A benchmark-only preset for this very CPU (LLVM's host CPU name, e.g. AVX-512 on this
-    machine), registered in ``compiler.targets.PRESETS`` for the duration of the ``with``.
-
-    onnxruntime picks its kernels for the CPU it runs on (AVX-512 here); the generic presets
-    stop at AVX2, so comparing with them would measure the ISA, not the compilers."""
-    from tvm.target import codegen
-
-    from compiler.targets import PRESETS, TargetPreset, host_arch
-
-    arch = host_arch()
-    cpu = str(codegen.llvm_get_system_cpu())
-    name = f"{arch}-{NATIVE}"
-    PRESETS[name] = TargetPreset(
-        name, arch, f"this machine's CPU (LLVM: {cpu}); benchmark only",
-        {"kind": "llvm", "mtriple": f"{arch}-linux-gnu", "mcpu": cpu, "num-cores": os.cpu_count() or 1},
-        None)
-    try:
-        yield name
-    finally:
-        PRESETS.pop(name, None)
 
 
 def set_threads(threads: int) -> int:
@@ -210,10 +184,12 @@ def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 64,
     """Run the benchmark over ``models`` (default: every zoo model); one JSON-able dict.
 
     ``trials`` per model unless ``trials_for`` names the model; ``target`` a preset name or
-    ``"native"`` (:func:`native_preset`); ``db_dir`` None: a fresh database directory (so the
-    tuning time is real, never a cache hit)."""
+    ``"native"``: the most specific preset this CPU runs (``x86_64-avx512`` on an AVX-512 host),
+    since onnxruntime picks its kernels for the CPU it runs on and comparing with a generic
+    preset would measure the ISA, not the compilers. ``db_dir`` None: a fresh database
+    directory (so the tuning time is real, never a cache hit)."""
     from compiler import zoo
-    from compiler.targets import get_preset
+    from compiler.targets import best_host_preset_name, get_preset
 
     names = list(models or zoo.NAMES)
     per_model = {n: int((trials_for or {}).get(n, trials)) for n in names}
@@ -223,12 +199,11 @@ def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 64,
     if min(per_model.values(), default=1) < 1 or threads < 1:
         raise CompilerError("--trials and --threads must be >= 1", hint="e.g. --trials 32 --threads 1")
     set_threads(threads)
-    with contextlib.ExitStack() as stack:
-        if target == NATIVE:
-            target = stack.enter_context(native_preset())
-        preset = get_preset(target)
-        result = _run(names, per_model, threads, target, db_dir, min_seconds, work_dir, log)
-        result["target"] = {"preset": target, "tvm_target": dict(preset.target)}
+    if target == NATIVE:
+        target = best_host_preset_name()
+    preset = get_preset(target)
+    result = _run(names, per_model, threads, target, db_dir, min_seconds, work_dir, log)
+    result["target"] = {"preset": target, "tvm_target": dict(preset.target)}
     return result
 
 

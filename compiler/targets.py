@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from compiler.errors import TargetError
@@ -20,6 +21,8 @@ __all__ = [
     "PRESETS",
     "get_preset",
     "host_preset_name",
+    "best_host_preset_name",
+    "cpu_flags",
     "host_arch",
     "linker_for",
     "ARCHES",
@@ -34,6 +37,7 @@ _CROSS_CXX = {
     "riscv64": "riscv64-linux-gnu-g++",
 }
 _QEMU = {"aarch64": "qemu-aarch64", "riscv64": "qemu-riscv64"}
+_AVX512 = ["+avx2", "+fma", "+avx512f", "+avx512cd", "+avx512bw", "+avx512dq", "+avx512vl"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,14 @@ def _build_presets() -> dict[str, TargetPreset]:
                      {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell",
                       "mattr": ["+avx2", "+fma"], "num-cores": host},
                      None),
+        # LLVM's skylake-avx512 tuning prefers 256-bit vectors (AVX-512 frequency throttling on
+        # early parts); "-prefer-256-bit" lets it use zmm registers, which is the point here.
+        # The +features double as the CPU flags tuning.can_measure checks before timing on a host.
+        TargetPreset("x86_64-avx512", "x86_64",
+                     "x86-64 with AVX-512 F/CD/BW/DQ/VL (Skylake-SP, Ice Lake and newer)",
+                     {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512",
+                      "mattr": [*_AVX512, "-prefer-256-bit"], "num-cores": host},
+                     None),
         TargetPreset("aarch64", "aarch64", "generic 64-bit ARM with NEON",
                      {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic",
                       "mattr": ["+neon"], "num-cores": 4},
@@ -104,6 +116,9 @@ def _build_presets() -> dict[str, TargetPreset]:
 
 
 PRESETS: dict[str, TargetPreset] = _build_presets()
+
+# Presets that are the host preset plus CPU features (candidates for best_host_preset_name).
+_HOST_LADDER = {"x86_64": ("x86_64-avx2", "x86_64-avx512")}
 
 
 def get_preset(name: str) -> TargetPreset:
@@ -128,6 +143,32 @@ def host_preset_name() -> str:
         raise TargetError(f"this machine's architecture {arch!r} has no preset",
                           hint=f"supported: {', '.join(ARCHES)}")
     return arch
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags from /proc/cpuinfo (x86 ``flags``, ARM ``Features``); empty if unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def best_host_preset_name() -> str:
+    """The most specific preset this CPU runs: the generic host preset plus every ``+feature``
+    it names in /proc/cpuinfo (x86_64-avx512 > x86_64-avx2 > x86_64 here; board presets, whose
+    mcpu differs from the host's, are never picked)."""
+    host = host_preset_name()
+    flags = cpu_flags()
+    best, best_n = host, 0
+    for name in _HOST_LADDER.get(host, ()):
+        need = [f[1:] for f in PRESETS[name].target.get("mattr", []) if f.startswith("+")]
+        if flags and all(f in flags for f in need) and len(need) > best_n:
+            best, best_n = name, len(need)
+    return best
 
 
 def linker_for(preset: TargetPreset) -> str | None:

@@ -113,14 +113,9 @@ def _host_arch() -> str:
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
+    from compiler.targets import cpu_flags
+
+    return cpu_flags()
 
 
 def can_measure(target: Any) -> tuple[bool, str]:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from compiler.targets import best_host_preset_name
+
 pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +44,7 @@ def test_compile_bench_json(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)
     assert r["bench"] == "compile" and r["threads"] == 1 and r["trials_per_model"] == {"sensor-mlp": 4}
-    assert r["target"]["preset"] == "x86_64-native" and r["target"]["tvm_target"]["mcpu"]
+    assert r["target"]["preset"] == best_host_preset_name() and r["target"]["tvm_target"]["mcpu"]
     assert r["machine"]["logical_cpus"] >= 1 and r["machine"]["tvm"].startswith("0.27")
     m = r["models"]["sensor-mlp"]
     # both TVM builds compute what onnxruntime computes
