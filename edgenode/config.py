@@ -21,6 +21,7 @@ Example::
     step_timeout_s = 30.0
     compression = "none"                  # none | fp16 | int8 | topk
     round_memory_mb = 128                 # a round trains on the newest samples that fit in this
+    nice = 10                             # nice of the round thread (and its TVM threads): 0..19
 
     [store]
     max_samples = 100000
@@ -65,6 +66,10 @@ class TrainingConfig(_Section):
     # A round trains on an in-memory copy of the NEWEST samples that fit in this budget (a board
     # has little RAM; max_samples of large inputs would not fit).
     round_memory_mb: float = Field(default=128.0, gt=0)
+    # Linux nice value of the round worker thread; the TVM threads it spawns inherit it. Training
+    # is background work: at equal priority it doubled-to-octupled the inference p99 (BENCHMARKS
+    # "## serve"). 0 = same priority as inference; an unprivileged process cannot go below 0.
+    nice: int = Field(default=10, ge=0, le=19)
 
 
 class StoreConfig(_Section):

@@ -15,6 +15,7 @@ Surface used by the HTTP layer (``api.node_app``): ``config``, ``model_name``, `
 from __future__ import annotations
 
 import collections
+import os
 import platform
 import threading
 import time
@@ -400,6 +401,7 @@ class EdgeNode:
         return True
 
     def _round_worker(self, cmd: RoundCommand) -> None:
+        _lower_thread_priority(self.config.training.nice)
         try:
             self.run_round(cmd)
         except RoundFailed:
@@ -485,3 +487,18 @@ class EdgeNode:
             except Exception as exc:  # noqa: BLE001
                 log.warning("event publish failed: %s", exc)
 
+
+def _lower_thread_priority(nice: int) -> None:
+    """Give the CALLING thread Linux nice ``nice`` (threads have their own nice value).
+
+    Threads created afterwards from this thread (TVM's worker pool, started lazily by the first
+    parallel kernel of the training VM) inherit it, so a round never competes with inference
+    at equal priority. Best effort: other platforms or a refused change just log.
+    """
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+    except OSError as exc:
+        log.warning("cannot lower the training thread's priority to nice %d: %s", nice, exc)
