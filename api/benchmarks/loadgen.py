@@ -33,11 +33,12 @@ def summarize(latencies_s: list[float], wall_s: float, errors: int = 0) -> Stats
 
 
 def run_closed_loop(make_caller: Callable[[], Callable[[], None]], *, clients: int, duration_s: float,
-                    warmup_s: float = 0.3) -> Stats:
+                    warmup_s: float = 0.3, keep: list[float] | None = None) -> Stats:
     """Run ``clients`` threads, each calling its own caller in a loop for ``duration_s``.
 
     ``make_caller()`` is called once per client (e.g. to open its connection); a caller raises
-    on failure, which is counted as an error. Latencies from the warm-up are discarded.
+    on failure, which is counted as an error. Latencies from the warm-up are discarded; the
+    measured ones are also appended to ``keep`` if given (to pool several short segments).
     """
     callers = [make_caller() for _ in range(clients)]
     lats: list[list[float]] = [[] for _ in range(clients)]
@@ -74,7 +75,10 @@ def run_closed_loop(make_caller: Callable[[], Callable[[], None]], *, clients: i
     for c in closers:
         if c:
             c()
-    return summarize([x for per in lats for x in per], duration_s, sum(errs))
+    flat = [x for per in lats for x in per]
+    if keep is not None:
+        keep.extend(flat)
+    return summarize(flat, duration_s, sum(errs))
 
 
 class _HttpCaller:

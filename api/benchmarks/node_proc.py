@@ -3,7 +3,9 @@
 Serving from a separate process keeps the load generator's threads off the server's GIL, as on a
 real board. Prints ``READY <port>`` once uvicorn listens; exits when its stdin closes. With
 ``--train`` the node trains back-to-back single-member rounds (in-memory transport) on random
-samples for its whole life, so requests are measured while a round is always running.
+samples, so requests are measured while a round is always running; stdin lines ``pause`` and
+``train`` switch training off and on, so idle and training can be measured interleaved in the
+same process (the load from other jobs on a shared machine then hits both alike).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,32 +21,21 @@ import numpy as np
 __all__ = ["main"]
 
 
-def _trainer_loop(node, stop: threading.Event, steps: int) -> None:
+def _trainer_loop(node, stop: threading.Event, steps: int, resume: threading.Event,
+                  idle: threading.Event) -> None:
     from federation.messages import RoundCommand
 
     i = 0
     while not stop.is_set():
+        if not resume.is_set():  # paused: report idle (no round running) and wait
+            idle.set()
+            resume.wait(0.1)
+            continue
+        idle.clear()
         cmd = RoundCommand(round_id=f"bench-{i}", steps=steps, participants=[node.node_id])
         node.start_round(cmd).join()
         i += 1
     print(f"ROUNDS {i} LOSS {node.metrics.last_loss}", file=sys.stderr, flush=True)
-
-
-def _nice_round_worker(node, nice: int) -> None:
-    """Wrap the node's round worker so its thread (and the TVM pool it creates) runs at ``nice``.
-
-    An experiment knob, not what the node does: Linux threads have their own nice value and new
-    threads inherit it, so this deprioritises training without touching the inference threads.
-    """
-    import os
-
-    inner = node._round_worker
-
-    def niced(cmd):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-        inner(cmd)
-
-    node._round_worker = niced
 
 
 def _seed_samples(node, n: int = 512) -> None:
@@ -60,8 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("data_dir", type=Path)
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--round-steps", type=int, default=200)
-    ap.add_argument("--train-nice", type=int, default=0,
-                    help="experiment: run the round worker (and the TVM threads it spawns) at this nice")
+    ap.add_argument("--train-nice", type=int, default=None,
+                    help="[training] nice of the node (default: the node's own default)")
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="experiment: sys.setswitchinterval of the node process")
     args = ap.parse_args(argv)
 
     from api.node_app import create_node_app
@@ -70,21 +64,37 @@ def main(argv: list[str] | None = None) -> None:
     from edgenode.node import EdgeNode
     from federation.memory import MemoryHub
 
-    cfg = NodeConfig(node_id="bench", artifact=args.artifact, data_dir=args.data_dir, port=0)
+    training = {} if args.train_nice is None else {"nice": args.train_nice}
+    cfg = NodeConfig.from_dict({"node_id": "bench", "artifact": str(args.artifact),
+                                "data_dir": str(args.data_dir), "port": 0, "training": training})
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     transport = MemoryHub().transport("bench") if args.train else None
     node = EdgeNode(cfg, transport=transport)
-    if args.train_nice:
-        _nice_round_worker(node, args.train_nice)
     node.start()
     stop = threading.Event()
     trainer = None
+    resume, idle = threading.Event(), threading.Event()
+    resume.set()
     if args.train:
         _seed_samples(node)
-        trainer = threading.Thread(target=_trainer_loop, args=(node, stop, args.round_steps), daemon=True)
+        trainer = threading.Thread(target=_trainer_loop, args=(node, stop, args.round_steps, resume, idle),
+                                   daemon=True)
         trainer.start()
     with ServerThread(create_node_app(node)) as srv:
         print(f"READY {srv.port}", flush=True)
-        sys.stdin.read()  # the parent closes our stdin to stop us
+        # Control lines: "pause" (finish the running round, then idle) -> "PAUSED"; "train" ->
+        # "TRAINING" once a round runs again. EOF (the parent closes stdin) stops the node.
+        for line in sys.stdin:
+            if line.strip() == "pause":
+                resume.clear()
+                idle.wait(120)
+                print("PAUSED", flush=True)
+            elif line.strip() == "train":
+                resume.set()
+                while idle.is_set() and args.train:
+                    time.sleep(0.005)
+                print("TRAINING", flush=True)
         stop.set()
         node.stop(timeout=30)
     if trainer is not None:

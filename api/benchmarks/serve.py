@@ -1,7 +1,8 @@
 """``fractal bench serve``: latency and throughput of ``/v2/models/{name}/infer`` over HTTP.
 
 For each model: a direct in-process ``Artifact.infer`` (the floor), then HTTP against a node in
-its own process, idle and while it trains back-to-back rounds, at 1 and 8 concurrent clients.
+its own process, idle and while it trains back-to-back rounds (segments of both interleaved in
+the same process and pooled), at 1 and 8 concurrent clients.
 Goals (issue 4): HTTP overhead < 1 ms at p50 for the MLP; p99 < 5 ms at 8 clients; p99 during
 training <= 2x the idle p99.
 """
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from api.benchmarks.common import machine, zoo_artifact
-from api.benchmarks.loadgen import http_caller, run_closed_loop
+from api.benchmarks.loadgen import http_caller, run_closed_loop, summarize
 
 __all__ = ["run", "DEFAULT_MODELS"]
 
@@ -30,6 +31,7 @@ DEFAULT_MODELS = ("sensor-mlp", "ds-cnn-kws")
 # artifact spends 32x the compute on a single-sample request (ds-cnn-kws: 89 ms vs 1.4 ms measured
 # here). Serving nodes therefore use artifacts compiled at batch 1 (and train with batch 1).
 SERVE_BATCH = 1
+AB_SEGMENTS = 6  # idle/training segments per point (each duration / AB_SEGMENTS, after a warm-up)
 
 
 def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], bytes]:
@@ -40,13 +42,18 @@ def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray],
 
 
 @contextmanager
-def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int | None, train_nice: int = 0):
+def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int | None,
+                  train_nice: int | None = None, switch_interval_ms: float | None = None):
     env = dict(os.environ)
     if tvm_threads:
         env["TVM_NUM_THREADS"] = str(tvm_threads)
     cmd = [sys.executable, "-m", "api.benchmarks.node_proc", str(artifact), str(data_dir)]
     if train:
-        cmd += ["--train", "--train-nice", str(train_nice)]
+        cmd += ["--train"]
+        if train_nice is not None:
+            cmd += ["--train-nice", str(train_nice)]
+    if switch_interval_ms is not None:
+        cmd += ["--switch-interval-ms", str(switch_interval_ms)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -54,7 +61,15 @@ def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int 
         line = proc.stdout.readline()
         if not line.startswith("READY "):
             raise RuntimeError(f"benchmark node did not start: {line!r} {proc.stderr.read()[-2000:]}")
-        yield int(line.split()[1])
+        def control(word: str) -> None:  # "pause" / "train": see node_proc
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(word + "\n")
+            proc.stdin.flush()
+            answer = proc.stdout.readline().strip()
+            if answer not in ("PAUSED", "TRAINING"):
+                raise RuntimeError(f"benchmark node answered {answer!r} to {word!r}")
+
+        yield int(line.split()[1]), control
     finally:
         proc.stdin.close()  # asks the node to stop
         try:
@@ -70,13 +85,15 @@ def _direct(art: Any, inputs: dict[str, np.ndarray], clients: int, duration: flo
                            duration_s=duration)
 
 
-def _http(port: int, name: str, body: bytes, clients: int, duration: float) -> dict[str, Any]:
+def _http(port: int, name: str, body: bytes, clients: int, duration: float,
+          keep: list[float] | None = None) -> dict[str, Any]:
     return run_closed_loop(http_caller("127.0.0.1", port, f"/v2/models/{name}/infer", body),
-                           clients=clients, duration_s=duration)
+                           clients=clients, duration_s=duration, keep=keep)
 
 
 def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[int, ...],
-                progress: bool, tvm_threads: int | None = None, train_nice: int = 0) -> dict[str, Any]:
+                progress: bool, tvm_threads: int | None = None, train_nice: int | None = None,
+                switch_interval_ms: float | None = None) -> dict[str, Any]:
     """All measurements for one zoo model."""
     from compiler import load_artifact
 
@@ -93,14 +110,22 @@ def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[in
     for c in clients:
         say(f"direct Artifact.infer, {c} client(s)")
         res["direct"][f"c{c}"] = _direct(art, inputs, c, duration)
-    for key, train in (("http_idle", False), ("http_training", True)):
-        with tempfile.TemporaryDirectory(prefix="bench-node-") as data_dir, \
-                _node_process(path, Path(data_dir), train, tvm_threads, train_nice) as port:
-            if train:
-                time.sleep(1.0)  # let the first round get going
-            for c in clients:
-                say(f"{key}, {c} client(s)")
-                res[key][f"c{c}"] = _http(port, name, body, c, duration)
+    # One node process; idle and training segments alternate (AB_SEGMENTS of each per point,
+    # pooled), so load from other jobs on a shared machine hits both modes alike and the ratio
+    # compares like with like (separate runs minutes apart swung the idle p99 by 5x here).
+    with tempfile.TemporaryDirectory(prefix="bench-node-") as data_dir, \
+            _node_process(path, Path(data_dir), True, tvm_threads, train_nice,
+                          switch_interval_ms) as (port, control):
+        time.sleep(1.0)  # let the first round get going
+        for c in clients:
+            say(f"http idle/training interleaved, {c} client(s)")
+            pooled: dict[str, list[float]] = {"http_idle": [], "http_training": []}
+            for _ in range(AB_SEGMENTS):
+                for key, word in (("http_idle", "pause"), ("http_training", "train")):
+                    control(word)
+                    _http(port, name, body, c, duration / AB_SEGMENTS, keep=pooled[key])
+            for key, lat in pooled.items():
+                res[key][f"c{c}"] = summarize(lat, duration)
     return res
 
 
@@ -128,18 +153,22 @@ def _goals(models: dict[str, Any]) -> dict[str, Any]:
 
 def run(models: tuple[str, ...] = DEFAULT_MODELS, *, duration: float = 3.0,
         clients: tuple[int, ...] = (1, 8), work_dir: Path | None = None, tvm_threads: int | None = None,
-        train_nice: int = 0, progress: bool = True) -> dict[str, Any]:
+        train_nice: int | None = None, switch_interval_ms: float | None = None,
+        progress: bool = True) -> dict[str, Any]:
     """Run the serving benchmark; returns one JSON-serialisable dict."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fractal-bench-serve-") as tmp:
         wd = Path(work_dir) if work_dir else Path(tmp)
         results = {m: bench_model(m, wd, duration=duration, clients=clients, progress=progress,
-                                  tvm_threads=tvm_threads, train_nice=train_nice) for m in models}
+                                  tvm_threads=tvm_threads, train_nice=train_nice,
+                                  switch_interval_ms=switch_interval_ms) for m in models}
     return {"benchmark": "serve", "machine": machine(), "duration_s_per_point": duration,
             "client": "raw keep-alive socket per client (TCP_NODELAY), closed loop, OIP JSON tensors",
             "serve_batch": SERVE_BATCH,
             "tvm_num_threads": tvm_threads or os.environ.get("TVM_NUM_THREADS") or "default",
-            "train_nice": train_nice,
+            "ab_segments": AB_SEGMENTS,
+            "train_nice": "node default" if train_nice is None else train_nice,
+            "switch_interval_ms": switch_interval_ms or "default",
             "models": results, "goals": _goals(results), "wall_s": round(time.perf_counter() - t0, 1)}
 
 

@@ -20,7 +20,10 @@ def bench_serve(
     clients: list[int] = typer.Option([1, 8], "--clients", "-c", help="Concurrent clients (repeatable)."),
     work_dir: Path | None = typer.Option(None, "--work-dir", help="Reuse compiled artifacts from here."),
     tvm_threads: int | None = typer.Option(None, "--tvm-threads", help="TVM_NUM_THREADS for the node."),
-    train_nice: int = typer.Option(0, "--train-nice", help="Experiment: nice value of the training thread."),
+    train_nice: int | None = typer.Option(None, "--train-nice",
+                                          help="[training] nice of the node (default: the node's default)."),
+    switch_ms: float | None = typer.Option(None, "--switch-interval-ms",
+                                           help="Experiment: sys.setswitchinterval of the node process."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """p50/p99 and req/s of /v2/models/NAME/infer at 1 and 8 clients: direct, HTTP idle, HTTP training."""
@@ -33,7 +36,8 @@ def bench_serve(
     if duration <= 0 or any(c < 1 for c in clients):
         raise typer.BadParameter("--duration must be > 0 and --clients >= 1")
     result = serve.run(tuple(models), duration=duration, clients=tuple(clients), work_dir=work_dir,
-                       tvm_threads=tvm_threads, train_nice=train_nice, progress=True)
+                       tvm_threads=tvm_threads, train_nice=train_nice, switch_interval_ms=switch_ms,
+                       progress=True)
     if as_json:
         print(json.dumps(result))
         return
