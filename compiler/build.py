@@ -151,6 +151,12 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             timported = import_model(model, batch=train.batch)
             tmod = build_training_module(timported.mod, num_inputs=len(timported.inputs),
                                          num_params=len(timported.params), settings=train)
+            train_tuning: dict[str, Any] = {"tuned": False, "db_id": None, "trials": 0}
+            if tune:
+                # The backward and optimizer kernels are other workloads (other shapes and ops)
+                # than inference: their own database (keyed by workload), the same trial budget.
+                _say(progress, f"tuning the training module with MetaSchedule ({trials} trials)")
+                tmod, train_tuning = _tune(tmod, preset, trials, db_dir, progress)
             build_library(tmod, preset, tmp / TRAIN_LIB)
             files.append(TRAIN_LIB)
             out = timported.outputs[0]
@@ -166,7 +172,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                 "optimizer_state": [{"shape": list(s), "dtype": d}
                                     for s, d in optimizer_state_shapes(train.optimizer, shapes)],
                 "lr_input": True,
-                "tuned": False,  # the tuning database covers the inference workloads only
+                "tuned": bool(train_tuning["tuned"]),
+                "tuning": train_tuning,
             }
         arrays = {param_key(i): p for i, p in enumerate(imported.params)}
         np.savez(tmp / PARAMS_FILE, **arrays)  # type: ignore[arg-type]  # (numpy stubs: **kwds vs allow_pickle)

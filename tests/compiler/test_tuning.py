@@ -157,3 +157,30 @@ def test_apply_foreign_target_database_needs_no_measurement(digits_mod, tmp_path
     (path / "database_tuning_record.json").write_text("")
     mod = tuning.apply(digits_mod, "rpi4", tmp_path)
     assert _scheduled(mod) == [] and "main" in [gv.name_hint for gv in mod.get_global_vars()]
+
+
+@pytest.mark.slow
+def test_tuned_training_module_matches_pytorch(tmp_path, mlp_onnx):
+    """--tune --train tunes the training module's own tasks too; its gradients and SGD step stay right."""
+    from compiler import TrainSettings
+    from tests.compiler.test_training import _assert_grads_close, _mlp_torch, _torch_loss_grad
+
+    train = TrainSettings(loss="ce", optimizer="sgd", lr=0.1, batch=8)
+    out = compile_model(mlp_onnx, target=host_preset_name(), out_dir=tmp_path / "a", tune=True, trials=TRIALS,
+                        db_dir=tmp_path / "db", train=train, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    tt = manifest["training"]["tuning"]
+    assert manifest["training"]["tuned"] is True and tt["tuned"] is True and tt["trials_run"] > 0
+    assert tt["db_id"] != manifest["tuning"]["db_id"]  # the training workloads have their own database
+    art = load_artifact(out)
+    tr = art.trainer
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    y = rng.integers(0, 4, 8).astype(np.int64)
+    loss, grads = tr.loss_and_grad(art.params, x, y)
+    ref_loss, ref_grads = _torch_loss_grad(_mlp_torch, art.params, x, y, "ce")
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    _assert_grads_close(grads, ref_grads, art.param_names)
+    new, _ = tr.apply(art.params, grads, tr.init_state(art.params))
+    for p, g, q in zip(art.params, grads, new, strict=True):
+        np.testing.assert_allclose(q, p - np.float32(0.1) * g, atol=1e-6)
