@@ -86,8 +86,9 @@ class NodeConfig(_Section):
     swarm: str = "default"
     auth_token: str | None = None
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    # Largest batch N one inference request may carry: a binary batch under max_body_bytes could
-    # otherwise keep an inference thread busy for seconds (HTTP answers 413 naming this key).
+    # Largest batch N one HTTP inference request may carry: a binary batch under max_body_bytes
+    # could otherwise keep an inference thread busy for seconds (413 naming this key). In-process
+    # callers of EdgeNode.infer (evaluation, tests) are not capped.
     max_batch: int = Field(default=256, ge=1)
     host: str = "127.0.0.1"
     board: str = ""  # target preset name the image was built for; default: the artifact's preset

@@ -199,10 +199,6 @@ class EdgeNode:
         out = {}
         for s in self.inputs:
             a = np.asarray(inputs[s.name])
-            if a.ndim >= 1 and a.shape[0] > self.config.max_batch:
-                raise InvalidInput(f"input {s.name!r}: batch {a.shape[0]} exceeds the node's "
-                                   f"max_batch ({self.config.max_batch})",
-                                   hint="split the request into smaller batches")
             want = [int(d) for d in s.shape[1:]]
             if a.ndim != len(s.shape) or list(a.shape[1:]) != want or a.shape[0] < 1:
                 expected = ", ".join(["N", *map(str, want)])
