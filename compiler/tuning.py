@@ -304,6 +304,12 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
     mslog = logging.getLogger("tvm.s_tir.meta_schedule")
     old_level = mslog.level
     mslog.setLevel(logging.WARNING)  # the per-iteration tables go to db/logs, not the terminal
+    # MetaSchedule's logger setup lists the logger's handlers by name and crashes on an unnamed
+    # one (e.g. pytest's LogCaptureHandler lands there after a first tuning run in a process):
+    # detach those for the run.
+    unnamed = [h for h in mslog.handlers if h.get_name() is None]
+    for h in unnamed:
+        mslog.removeHandler(h)
     try:
         with contextlib.ExitStack() as stack:
             # MetaSchedule binds a console handler to sys.stdout when it configures its loggers
@@ -318,11 +324,13 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
                 builder=builder, runner=runner, measure_callbacks=callbacks,
                 database=ms.database.JSONDatabase(work_dir=str(path)),
             )
-    except tvm.error.TVMError as exc:
+    except RuntimeError as exc:  # (TVM errors are RuntimeError subclasses; tvm.error.TVMError is gone)
         raise CompilerError(f"MetaSchedule tuning failed: {' '.join(str(exc).split())[:300]}",
                             hint=f"see the logs in {path / 'logs'}; retry without --tune") from None
     finally:
         mslog.setLevel(old_level)
+        for h in unnamed:
+            mslog.addHandler(h)
     seconds = time.perf_counter() - t0
     meta = {"format": FORMAT, "target": _target_dict(target), "trials": done + todo,
             "trials_run": count[0] + int((meta or {}).get("trials_run", 0)), "tasks": len(anchors),
