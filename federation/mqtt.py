@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as paho
@@ -306,7 +306,8 @@ class MqttLink:
                 self._route_cache[topic] = matched
         payload = msg.payload
         for sub in matched:
-            sub.deliver(topic, bytes(payload) if sub.copy else payload)
+            # copy=False: paho's bytearray, read-only by contract, typed as the bytes it reads as
+            sub.deliver(topic, bytes(payload) if sub.copy else cast(bytes, payload))
 
     # --- pub/sub ----------------------------------------------------------------------------
     def publish(self, topic: str, payload: bytes | str | BaseModel, retain: bool = False,
