@@ -62,6 +62,7 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -111,12 +112,9 @@ def ordered_group(group: list[str], me: str) -> list[str]:
     return members
 
 
-class RingAllreduce:
-    """Ring allreduce and ring broadcast for one member (see the module docstring).
-
-    ``transport.max_payload`` bounds every frame; all members of a swarm must use the same
-    ``max_payload`` and ``topk_ratio``. ``stats`` counts bytes, frames, duplicates, rejects.
-    """
+class _Collective:
+    """What the ring and the star share: one reliable :class:`Endpoint` on a transport, stats,
+    the error-feedback state of compressed rounds, and close/context-manager plumbing."""
 
     def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
                  retransmit_after: float = 1.0, topk_ratio: float = 0.01, max_early_tags: int = 4) -> None:
@@ -137,11 +135,19 @@ class RingAllreduce:
         """Stop the receive thread and close the transport."""
         self.endpoint.close()
 
-    def __enter__(self) -> RingAllreduce:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RingAllreduce(_Collective):
+    """Ring allreduce and ring broadcast for one member (see the module docstring).
+
+    ``transport.max_payload`` bounds every frame; all members of a swarm must use the same
+    ``max_payload`` and ``topk_ratio``. ``stats`` counts bytes, frames, duplicates, rejects.
+    """
 
     @property
     def feedback_residual(self) -> np.ndarray | None:

@@ -14,7 +14,6 @@ link is the bottleneck that the ring avoids (ring: 2 (n - 1) / n x L x 4 per mem
 from __future__ import annotations
 
 import functools
-import threading
 
 import numpy as np
 
@@ -24,40 +23,14 @@ from federation.checks import all_finite, check_finite, clip_l2
 from federation.errors import RoundAborted, UpdateRejected
 from federation.framing import Codec, FrameKind, Phase, encode
 from federation.messages import Compression
-from federation.ring import ReduceOp, _Feedback, _violation, as_vector, ordered_group
-from federation.session import Call, Endpoint
-from federation.stats import Stats
-from federation.transport import Transport
+from federation.ring import ReduceOp, _Collective, _Feedback, _violation, as_vector, ordered_group
+from federation.session import Call
 
 __all__ = ["StarAllreduce"]
 
 
-class StarAllreduce:
+class StarAllreduce(_Collective):
     """Same ``allreduce`` API as the ring; the coordinator is ``sorted(group)[0]``."""
-
-    def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
-                 retransmit_after: float = 1.0, topk_ratio: float = 0.01, max_early_tags: int = 4) -> None:
-        self.endpoint = Endpoint(transport, swarm=swarm, max_in_flight=max_in_flight,
-                                 retransmit_after=retransmit_after, max_early_tags=max_early_tags)
-        self.member_id: str = transport.member_id
-        self.swarm = swarm
-        self.max_payload = int(transport.max_payload)
-        self.topk_ratio = topk_ratio
-        self._feedback: _Feedback | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def stats(self) -> Stats:
-        return self.endpoint.stats
-
-    def close(self) -> None:
-        self.endpoint.close()
-
-    def __enter__(self) -> StarAllreduce:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: ReduceOp | str = "mean",
                   timeout: float = 30.0, compression: Compression | str = Compression.NONE,
