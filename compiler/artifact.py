@@ -508,6 +508,32 @@ class Trainer:
         return out[:k], out[k:]
 
 
+def _check_cpu_features(manifest: dict[str, Any]) -> None:
+    """Refuse an x86_64 artifact built for instructions this CPU lacks (e.g. AVX-512 on an
+    AVX2 machine), which would otherwise die of SIGILL mid-request instead of a clear error.
+
+    LLVM's x86 feature names match /proc/cpuinfo's ``flags``; other arches are not checked
+    (qemu-user shows the host's cpuinfo, and ARM feature names differ).
+    """
+    if manifest["target"].get("arch") != "x86_64":
+        return
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                  if line.startswith("flags")), None)
+    if not flags:
+        return
+    mattr = manifest["target"].get("tvm_target", {}).get("mattr", [])
+    missing = sorted(f[1:] for f in mattr if f.startswith("+") and f[1:] not in flags)
+    if missing:
+        raise ArtifactError(
+            f"artifact {manifest['name']!r} (preset {manifest['target'].get('preset')!r}) needs CPU "
+            f"features this machine lacks: {', '.join(missing)}",
+            hint="compile it for a preset this CPU runs (`fractal targets`; e.g. --target x86_64)")
+
+
 def load_artifact(directory: str | Path, *, verify: bool = True) -> Artifact:
     """Load an artifact directory, checking every file's sha256 and the target architecture."""
     directory = Path(directory)
@@ -519,6 +545,7 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> Artifact:
                             f"(preset {manifest['target'].get('preset')!r}); this machine is {host}",
                             hint=f"run it on a {arch} board, under qemu (`fractal verify --emulate`), "
                                  f"or compile with --target {host}")
+    _check_cpu_features(manifest)
     if verify:
         _verify_files(directory, manifest)
     names, params = _load_params(directory, manifest)

@@ -177,3 +177,20 @@ def test_cli_compile_with_training_flags(run_cli, tmp_path, mlp_onnx):
 def test_every_verb_has_help(run_cli, verb):
     res = run_cli(verb, "--help")
     assert res.code == 0 and "Usage" in res.out
+
+
+def test_artifact_needing_missing_cpu_features_is_refused(compiler_digits_artifact, tmp_path, run_cli):
+    """An artifact built for instructions this CPU lacks fails to load with a clear error, not SIGILL."""
+    from compiler import ArtifactError
+
+    art = tmp_path / "art"
+    shutil.copytree(compiler_digits_artifact, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["target"]["tvm_target"]["mattr"] = ["+sse2", "+avx9000x", "+amx-fp99"]
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"lacks: amx-fp99, avx9000x"):
+        load_artifact(art)
+    res = run_cli("predict", art, "--input", tmp_path / "x.npz", "--output", tmp_path / "y.npz")
+    assert res.code == 1 and "needs CPU features" in res.err
+    # the unmodified artifact (generic x86-64) still loads
+    assert load_artifact(compiler_digits_artifact).name == "digits-mlp"
