@@ -80,3 +80,32 @@ def node_factory(tmp_path: Path) -> Iterator[Callable[..., Any]]:
             n.stop(timeout=5)
         except Exception:  # noqa: BLE001 - teardown of one node must not hide the others
             pass
+
+
+class SwarmWatch:
+    """What a fleet sees of a swarm over MQTT: every RoundEvent and the latest NodeStatus per node.
+
+    Read ``events`` / ``statuses`` under ``lock``; the link's subscription threads write them.
+    """
+
+    def __init__(self, link: Any, swarm: str) -> None:
+        import threading
+
+        from federation import topics
+        from federation.messages import parse_event, parse_status
+
+        self.events: list[Any] = []
+        self.statuses: dict[str, Any] = {}
+        self.lock = threading.Lock()
+
+        def on_event(topic: str, payload: bytes) -> None:
+            with self.lock:
+                self.events.append(parse_event(payload))
+
+        def on_status(topic: str, payload: bytes) -> None:
+            s = parse_status(payload)
+            with self.lock:
+                self.statuses[s.node_id] = s
+
+        link.subscribe(topics.round_events_all(swarm), on_event)
+        link.subscribe(topics.status_all(swarm), on_status)

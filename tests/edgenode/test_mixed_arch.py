@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,9 +15,9 @@ import numpy as np
 import pytest
 
 from federation import topics
-from federation.messages import EventKind, NodeState, RoundCommand, parse_event, parse_status
+from federation.messages import EventKind, NodeState, RoundCommand
 from tests.edgenode.test_cli_node import free_port
-from tests.fixtures_node import DIGITS_BATCH, DIGITS_LR, write_node_toml
+from tests.fixtures_node import DIGITS_BATCH, DIGITS_LR, SwarmWatch, write_node_toml
 
 pytestmark = [pytest.mark.slow, pytest.mark.emulate, pytest.mark.mosquitto]
 
@@ -51,19 +50,8 @@ def test_x86_and_aarch64_nodes_agree(mosquitto, swarm_id, mqtt_link_factory, nod
                             stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
     try:
         fleet = mqtt_link_factory(mosquitto, "fleet")
-        events, statuses, lock = [], {}, threading.Lock()
-
-        def on_event(topic, payload):
-            with lock:
-                events.append(parse_event(payload))
-
-        def on_status(topic, payload):
-            s = parse_status(payload)
-            with lock:
-                statuses[s.node_id] = s
-
-        fleet.subscribe(topics.round_events_all(swarm_id), on_event)
-        fleet.subscribe(topics.status_all(swarm_id), on_status)
+        watch = SwarmWatch(fleet, swarm_id)
+        events, statuses, lock = watch.events, watch.statuses, watch.lock
         x86 = [node_factory(f"{swarm_id}-x{k}", digits_artifact, broker=mosquitto.url, swarm=swarm_id)
                for k in range(2)]
         for k, n in enumerate(x86):

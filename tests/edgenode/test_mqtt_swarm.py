@@ -10,7 +10,8 @@ import pytest
 
 from compiler import load_artifact
 from federation import topics
-from federation.messages import EventKind, NodeState, RoundCommand, parse_event, parse_status
+from federation.messages import EventKind, NodeState, RoundCommand, parse_status
+from tests.fixtures_node import SwarmWatch
 
 pytestmark = pytest.mark.mosquitto
 
@@ -26,19 +27,8 @@ def test_round_over_mqtt(mosquitto, swarm_id, mqtt_link_factory, node_factory, d
         nodes.append(n)
 
     fleet = mqtt_link_factory(mosquitto, "fleet")
-    events, statuses, lock = [], {}, threading.Lock()
-
-    def on_event(topic, payload):
-        with lock:
-            events.append(parse_event(payload))
-
-    def on_status(topic, payload):
-        s = parse_status(payload)
-        with lock:
-            statuses[s.node_id] = s
-
-    fleet.subscribe(topics.round_events_all(swarm_id), on_event)
-    fleet.subscribe(topics.status_all(swarm_id), on_status)
+    watch = SwarmWatch(fleet, swarm_id)
+    events, statuses, lock = watch.events, watch.statuses, watch.lock
     deadline = time.monotonic() + 10
     while not all(statuses.get(i) and statuses[i].state == NodeState.ONLINE and statuses[i].samples == 200
                   for i in ids):  # sample counts arrive with the next heartbeat (1 s here)
