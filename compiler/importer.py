@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class ImportedModel:
     param_names: list[str]
     params: list[np.ndarray]
     batch: int
+    prepared_steps: list[str] = field(default_factory=list)  # prepare steps that changed the graph
 
 
 def sha256_file(path: str | Path) -> str:
@@ -88,7 +89,8 @@ def load_onnx(path: str | Path) -> Any:
         # protobuf happily parses many random byte strings into an empty message
         raise ModelError(f"{path.name} is not a valid ONNX model (empty graph)",
                          hint="re-export the model; the file may be truncated or not ONNX")
-    _check_ops(model)  # before the checker, which would only say "no schema" without the node
+    # before the checker, which would only say "no schema" without the node
+    _check_ops(model, extra=_decomposed())
     try:
         onnx.checker.check_model(model)
     except Exception as exc:
@@ -98,8 +100,14 @@ def load_onnx(path: str | Path) -> Any:
     return model
 
 
-def _check_ops(model: Any) -> None:
-    supported = supported_ops()
+def _decomposed() -> frozenset[str]:
+    from compiler.prepare import DECOMPOSED_OPS
+
+    return DECOMPOSED_OPS
+
+
+def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
+    supported = supported_ops() | extra
     for idx, node in enumerate(model.graph.node):
         if node.domain not in ("", "ai.onnx"):
             raise ModelError(f"unsupported operator {node.domain}::{node.op_type} at node "
@@ -141,7 +149,7 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int]
                 label = d.dim_param or "?"
                 raise ModelError(f"input {inp.name!r} has a dynamic dimension {axis} ({label!r}); only "
                                  "the leading batch dimension may be dynamic",
-                                 hint="export the model with fixed sizes for all but the batch dimension")
+                                 hint=f"fix it with --shape {inp.name}=D0,D1,... (see `fractal inspect`)")
             else:
                 dims.append(d.dim_value)
         specs.append(TensorSpec(inp.name, tuple(dims), _elem_dtype(inp)))
@@ -235,14 +243,33 @@ def _rebatch(model: Any, specs: list[TensorSpec], base: int, batch: int) -> Any:
     return model
 
 
-def import_model(model: Any, *, batch: int | None = None) -> ImportedModel:
-    """Import a validated ONNX model into Relax with parameters as trailing inputs of ``main``.
+def _model_batch(model: Any, shapes: dict[str, list[int]] | None) -> int | None:
+    """The first static leading dim among the inputs (user shapes first)."""
+    for inp in _graph_inputs(model):
+        user = (shapes or {}).get(inp.name)
+        if user and user[0] > 0:
+            return user[0]
+        dims = inp.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            return int(dims[0].dim_value)
+    return None
+
+
+def import_model(model: Any, *, batch: int | None = None,
+                 shapes: dict[str, list[int]] | None = None) -> ImportedModel:
+    """Prepare (compiler.prepare) and import an ONNX model into Relax with parameters as trailing
+    inputs of ``main``.
 
     ``batch``: the leading dim to compile for (None: the model's own, 1 if it is symbolic).
+    ``shapes``: input name -> dims fixing dynamic dimensions (-1 leaves one dynamic).
     """
     from tvm.relax.frontend import detach_params
     from tvm.relax.frontend.onnx import from_onnx
 
+    from compiler.prepare import prepare
+
+    own = _model_batch(model, shapes)
+    model, steps = prepare(model, shapes=shapes, batch=batch or own or 1)
     _check_ops(model)
     specs, base = _input_shapes(model, batch)
     keep = _trainable(model)
@@ -265,7 +292,7 @@ def import_model(model: Any, *, batch: int | None = None) -> ImportedModel:
                          hint="report this model as a bug")
     outputs = _output_specs(mod, model)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
-                         params=params, batch=batch or base)
+                         params=params, batch=batch or base, prepared_steps=steps)
 
 
 def _output_specs(mod: Any, model: Any) -> list[TensorSpec]:

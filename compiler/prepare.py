@@ -1,0 +1,560 @@
+"""ONNX preparation before TVM import: rewrite what real exported models contain into what TVM takes.
+
+Each step is a function ``step(model, ...) -> bool`` that edits the ModelProto in place and says
+whether it changed the graph; ``prepare`` runs them in order and returns the names of the steps
+that changed something (``fractal compile`` prints them).
+
+1. ``normalize_ir``   -- IR < 4 lists initializers among graph inputs; drop them and raise ir_version.
+2. ``upgrade_opset``  -- opsets older than ``MIN_OPSET`` go through onnx.version_converter.
+3. ``apply_shapes``   -- the user's ``--shape NAME=D0,D1,..`` and the batch fix the input dimensions.
+4. ``fold_constants`` -- Shape of a static tensor, and every node whose inputs are all constants,
+                         become constants (Shape -> Gather -> Concat -> Reshape chains collapse).
+5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
+                         sequence length into MatMul / Add / Mul / activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import ModelError
+
+__all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
+           "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
+
+MIN_OPSET = 7  # below this, upgrade with onnx.version_converter (TVM's converters start around here)
+DECOMPOSED_OPS = frozenset({"LSTM", "GRU", "RNN"})
+_FOLD_MAX_ELEMENTS = 1 << 16  # do not materialise big tensors (weights stay where they are)
+_NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                      "Bernoulli", "If", "Loop", "Scan", "Dropout"})
+
+
+def _opset(model: Any) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def parse_shape(text: str) -> tuple[str, list[int]]:
+    """``NAME=D0,D1,...`` -> (name, dims); a dim of ``?``, ``N`` or ``-1`` stays dynamic (-1)."""
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name or not dims:
+        raise ModelError(f"bad --shape {text!r}", hint="use NAME=D0,D1,... e.g. --shape input=1,3,224,224")
+    out = []
+    for d in dims.split(","):
+        d = d.strip()
+        if d in ("?", "N", "-1"):
+            out.append(-1)
+            continue
+        try:
+            v = int(d)
+        except ValueError:
+            v = 0
+        if v < 1 or v > 1 << 24:
+            raise ModelError(f"bad dimension {d!r} in --shape {text!r}",
+                             hint="dimensions are integers >= 1 (or ? for a dynamic batch)")
+        out.append(v)
+    return name, out
+
+
+# ---------------------------------------------------------------------------------------------- 1
+def normalize_ir(model: Any) -> bool:
+    """Drop initializers from the graph inputs (IR < 4 style) and raise ir_version to a valid one."""
+    import onnx
+
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    keep = [i for i in g.input if i.name not in inits]
+    changed = len(keep) != len(g.input)
+    if changed:
+        del g.input[:]
+        g.input.extend(keep)
+    want = max(4, model.ir_version)
+    try:
+        want = max(want, onnx.helper.find_min_ir_version_for(list(model.opset_import)))
+    except Exception:  # an opset newer than this onnx knows: leave the version alone
+        pass
+    want = min(want, 10) if model.ir_version <= 10 else model.ir_version
+    if want != model.ir_version:
+        model.ir_version = want
+        changed = True
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------- 2
+def upgrade_opset(model: Any, minimum: int = MIN_OPSET) -> bool:
+    """Convert a model whose default-domain opset is below ``minimum`` to ``minimum``."""
+    import onnx
+    from onnx import version_converter
+
+    if _opset(model) >= minimum:
+        return False
+    try:
+        new = version_converter.convert_version(model, minimum)
+    except Exception as exc:
+        raise ModelError(f"opset {_opset(model)} is too old and could not be upgraded to {minimum}: "
+                         f"{' '.join(str(exc).split())[:200]}",
+                         hint="re-export the model with a recent opset") from None
+    model.CopyFrom(new)
+    if model.ir_version < onnx.helper.find_min_ir_version_for(list(model.opset_import)):
+        model.ir_version = onnx.helper.find_min_ir_version_for(list(model.opset_import))
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- 3
+def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: int | None = None) -> bool:
+    """Fix input dims from ``shapes`` (name -> dims, -1 keeps a dim dynamic); a still-dynamic
+    leading dim becomes ``batch`` when given. Unknown names and rank mismatches are ModelErrors."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    inputs = {i.name: i for i in g.input if i.name not in inits}
+    shapes = dict(shapes or {})
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise ModelError(f"--shape names {name!r}, which is not an input of the model",
+                             hint=f"the inputs are: {', '.join(inputs) or '(none)'}")
+        tt = inputs[name].type.tensor_type
+        if tt.HasField("shape") and len(tt.shape.dim) != len(dims):
+            raise ModelError(f"--shape {name} gives {len(dims)} dimensions; the input has "
+                             f"{len(tt.shape.dim)}",
+                             hint="give one size per dimension")
+    changed = False
+    for name, inp in inputs.items():
+        tt = inp.type.tensor_type
+        want_dims = shapes.get(name)
+        if want_dims is not None and not tt.HasField("shape"):
+            for _ in want_dims:
+                tt.shape.dim.add()
+        if not tt.HasField("shape"):
+            continue
+        for axis, d in enumerate(tt.shape.dim):
+            static = d.HasField("dim_value") and d.dim_value > 0
+            want = want_dims[axis] if want_dims is not None else -1
+            if want > 0:
+                if static and d.dim_value != want and axis > 0:
+                    raise ModelError(f"--shape {name}: dimension {axis} is fixed to {d.dim_value} in the "
+                                     "model, "
+                                     f"not {want}", hint="only dynamic dimensions (and the batch) can be set")
+            elif axis == 0 and not static and batch:
+                want = batch
+            if want > 0 and not (static and d.dim_value == want):
+                d.Clear()
+                d.dim_value = want
+                changed = True
+    if changed:
+        del g.value_info[:]  # stale below the inputs; re-inferred
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------- 4
+def _constant_value(node: Any) -> np.ndarray | None:
+    from onnx import numpy_helper
+
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+        if a.name == "value_float":
+            return np.array(a.f, dtype=np.float32)
+        if a.name == "value_floats":
+            return np.array(list(a.floats), dtype=np.float32)
+        if a.name == "value_int":
+            return np.array(a.i, dtype=np.int64)
+        if a.name == "value_ints":
+            return np.array(list(a.ints), dtype=np.int64)
+    return None
+
+
+def _static_shapes(model: Any) -> dict[str, list[int]]:
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        return {}
+    out: dict[str, list[int]] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        out[vi.name] = dims
+    return out
+
+
+def _known(shapes: dict[str, list[int]], name: str) -> bool:
+    return name in shapes and all(d > 0 for d in shapes[name])
+
+
+def _eval_node(node: Any, opset: int, values: list[np.ndarray | None]) -> list[np.ndarray] | None:
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        ref = ReferenceEvaluator(node, opsets={"": opset})
+        feeds = {name: v for name, v in zip(node.input, values, strict=True) if name}
+        return [np.asarray(r) for r in ref.run(None, feeds)]
+    except Exception:
+        return None
+
+
+def fold_constants(model: Any, max_rounds: int = 8) -> bool:
+    """Replace statically known values by initializers, until nothing more folds."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    opset = _opset(model)
+    graph_outputs = {o.name for o in g.output}
+    changed = False
+    for _ in range(max_rounds):
+        consts: dict[str, np.ndarray] = {}
+        for t in g.initializer:
+            consts[t.name] = numpy_helper.to_array(t)
+        shapes = _static_shapes(model)
+        new_nodes = []
+        folded: dict[str, np.ndarray] = {}
+        round_changed = False
+        for node in g.node:
+            if node.domain not in ("", "ai.onnx") or node.op_type in _NO_FOLD or \
+                    any(o in graph_outputs for o in node.output) or \
+                    any(a.type in (5, 10) for a in node.attribute):  # GRAPH / GRAPHS attributes
+                new_nodes.append(node)
+                continue
+            result: list[np.ndarray] | None = None
+            if node.op_type == "Constant":
+                v = _constant_value(node)
+                result = [v] if v is not None else None
+            elif node.op_type == "Shape" and _known(shapes, node.input[0]):
+                result = _eval_node(node, opset, [np.zeros(shapes[node.input[0]], np.float32)]) \
+                    if np.prod(shapes[node.input[0]]) <= 1 << 22 else None
+                if result is None:
+                    dims = np.array(shapes[node.input[0]], dtype=np.int64)
+                    start = next((a.i for a in node.attribute if a.name == "start"), 0)
+                    end = next((a.i for a in node.attribute if a.name == "end"), None)
+                    result = [dims[start:end]]
+            elif node.op_type == "Size" and _known(shapes, node.input[0]):
+                result = [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
+            elif all((not i) or i in consts for i in node.input) and node.input:
+                sizes = [consts[i].size for i in node.input if i]
+                if max(sizes, default=0) <= _FOLD_MAX_ELEMENTS:
+                    result = _eval_node(node, opset, [consts[i] if i else None for i in node.input])
+            if result is None or len(result) != len([o for o in node.output]) or \
+                    any(r.size > _FOLD_MAX_ELEMENTS or r.dtype == object for r in result):
+                new_nodes.append(node)
+                continue
+            for name, r in zip(node.output, result, strict=True):
+                if name:
+                    consts[name] = folded[name] = r
+            if node.op_type != "Constant":
+                round_changed = True
+        if not round_changed:
+            break
+        del g.node[:]
+        g.node.extend(new_nodes)
+        for name, arr in folded.items():
+            g.initializer.append(numpy_helper.from_array(np.array(arr, order="C"), name))
+        changed = True
+    if changed:
+        _drop_unused_initializers(model)
+        del g.value_info[:]
+    return changed
+
+
+def _drop_unused_initializers(model: Any) -> None:
+    g = model.graph
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for n in g.node:  # names used inside subgraphs
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == 5 else list(a.graphs) if a.type == 10 else []):
+                used |= {i for sn in sub.node for i in sn.input}
+    keep = [t for t in g.initializer if t.name in used]
+    if len(keep) != len(g.initializer):
+        dropped = {t.name for t in g.initializer} - {t.name for t in keep}
+        del g.initializer[:]
+        g.initializer.extend(keep)
+        inputs = [i for i in g.input if i.name not in dropped]
+        del g.input[:]
+        g.input.extend(inputs)
+
+
+# ---------------------------------------------------------------------------------------------- 5
+_ACT_DEFAULTS = {"LeakyRelu": (0.01, None), "ThresholdedRelu": (1.0, None), "HardSigmoid": (0.2, 0.5),
+                 "Elu": (1.0, None), "Affine": (1.0, 0.0), "ScaledTanh": (1.0, 1.0)}
+_ACTS = {"Relu", "Tanh", "Sigmoid", "Softsign", "Softplus", *_ACT_DEFAULTS}
+
+
+class _Builder:
+    """Emits nodes and initializers with fresh names."""
+
+    def __init__(self, model: Any, prefix: str) -> None:
+        self.model, self.prefix, self.n = model, prefix, 0
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+
+    def name(self, hint: str) -> str:
+        self.n += 1
+        return f"{self.prefix}/{hint}_{self.n}"
+
+    def const(self, arr: np.ndarray, hint: str = "c") -> str:
+        from onnx import numpy_helper
+
+        name = self.name(hint)
+        self.inits.append(numpy_helper.from_array(np.array(arr, order="C"), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
+        import onnx
+
+        out = out or self.name(op_type.lower())
+        self.nodes.append(onnx.helper.make_node(op_type, inputs, [out], name=self.name(op_type), **attrs))
+        return out
+
+    def act(self, kind: str, x: str, alpha: float | None, beta: float | None, dtype: Any) -> str:
+        if kind in ("Relu", "Tanh", "Sigmoid", "Softsign", "Softplus"):
+            return self.op(kind, [x])
+        if kind in ("LeakyRelu", "ThresholdedRelu", "Elu"):
+            return self.op(kind, [x], alpha=float(alpha if alpha is not None else 0.0))
+        if kind == "HardSigmoid":
+            return self.op(kind, [x], alpha=float(alpha or 0.0), beta=float(beta or 0.0))
+        if kind == "Affine":
+            m = self.op("Mul", [x, self.const(np.array(alpha, dtype=dtype), "alpha")])
+            return self.op("Add", [m, self.const(np.array(beta, dtype=dtype), "beta")])
+        if kind == "ScaledTanh":
+            m = self.op("Mul", [x, self.const(np.array(beta, dtype=dtype), "beta")])
+            return self.op("Mul", [self.op("Tanh", [m]), self.const(np.array(alpha, dtype=dtype), "alpha")])
+        raise AssertionError(kind)
+
+
+def _activations(node: Any, n_per_dir: int, dirs: int, defaults: list[str]) -> list[tuple[str, Any, Any]]:
+    attrs = {a.name: a for a in node.attribute}
+    names = [s.decode() for s in attrs["activations"].strings] if "activations" in attrs else defaults * dirs
+    if len(names) != n_per_dir * dirs:
+        raise ModelError(f"{node.op_type} {node.name!r} lists {len(names)} activations; expected "
+                         f"{n_per_dir * dirs}", hint="fix the model's activations attribute")
+    alphas = list(attrs["activation_alpha"].floats) if "activation_alpha" in attrs else []
+    betas = list(attrs["activation_beta"].floats) if "activation_beta" in attrs else []
+    out = []
+    canon = {a.lower(): a for a in _ACTS}
+    for raw in names:
+        kind = canon.get(raw.lower())
+        if kind is None:
+            raise ModelError(f"{node.op_type} {node.name!r} uses the activation {raw!r}, which ONNX does "
+                             "not define",
+                             hint="use one of " + ", ".join(sorted(_ACTS)))
+        da, db = _ACT_DEFAULTS.get(kind, (None, None))
+        alpha = alphas.pop(0) if da is not None and alphas else da
+        beta = betas.pop(0) if db is not None and betas else db
+        out.append((kind, alpha, beta))
+    return out
+
+
+def _const_inputs(model: Any) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    vals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            v = _constant_value(n)
+            if v is not None:
+                vals[n.output[0]] = v
+    return vals
+
+
+def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
+               shapes: dict[str, list[int]], index: int) -> _Builder:
+    op = node.op_type
+    attrs = {a.name: a for a in node.attribute}
+    label = f"{op} {node.name or f'#{index}'!r}"
+
+    def iattr(n: str, d: int) -> int:
+        return int(attrs[n].i) if n in attrs else d
+
+    direction = attrs["direction"].s.decode() if "direction" in attrs else "forward"
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ModelError(f"{label} has direction {direction!r}", hint="forward, reverse or bidirectional")
+    dirs = 2 if direction == "bidirectional" else 1
+    layout = iattr("layout", 0)
+    hidden = iattr("hidden_size", 0)
+    clip = float(attrs["clip"].f) if "clip" in attrs else None
+    input_forget = iattr("input_forget", 0)
+    linear_before_reset = iattr("linear_before_reset", 0)
+    n_gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    n_acts = {"LSTM": 3, "GRU": 2, "RNN": 1}[op]
+    acts = _activations(node, n_acts, dirs, {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"],
+                                             "RNN": ["Tanh"]}[op])
+    ins = list(node.input) + [""] * (8 - len(node.input))
+    x, w_name, r_name, b_name, seq_name, h0_name = ins[:6]
+    c0_name, p_name = (ins[6], ins[7]) if op == "LSTM" else ("", "")
+    for what, nm in (("W", w_name), ("R", r_name), ("B", b_name), ("P", p_name)):
+        if nm and nm not in consts:
+            raise ModelError(f"{label}: input {what} is computed at run time; only constant weights are "
+                             "supported",
+                             hint="export the model with the recurrent weights as initializers")
+    xshape = shapes.get(x)
+    if not xshape or len(xshape) != 3 or any(d <= 0 for d in xshape):
+        raise ModelError(f"{label}: the input sequence has no fixed shape ({xshape})",
+                         hint="fix the sequence length and batch with --shape NAME=D0,D1,D2")
+    seq_len, batch = (xshape[0], xshape[1]) if layout == 0 else (xshape[1], xshape[0])
+    W, R = consts[w_name], consts[r_name]
+    dtype = W.dtype
+    if not hidden:
+        hidden = R.shape[-1]
+    if W.shape[0] != dirs or W.shape[1] != n_gates * hidden or R.shape[1:] != (n_gates * hidden, hidden):
+        raise ModelError(f"{label}: weight shapes W{list(W.shape)} R{list(R.shape)} do not match "
+                         f"hidden_size={hidden} and {dirs} direction(s)", hint="fix the model")
+    B = consts[b_name] if b_name else np.zeros((dirs, 2 * n_gates * hidden), dtype)
+    P = consts[p_name] if p_name else None
+    if seq_name:
+        lens = consts.get(seq_name)
+        if lens is None or not np.all(lens == seq_len):
+            raise ModelError(f"{label}: sequence_lens varies per sample (or is computed at run time); only "
+                             "full-length sequences are supported",
+                             hint="pad the sequences and drop sequence_lens")
+    bld = _Builder(model, f"{node.name or op}_{index}")
+    H = hidden
+    if layout == 1:
+        x = bld.op("Transpose", [x], perm=[1, 0, 2])
+    # gate order per op (W/R/B row blocks): LSTM i o f c, GRU z r h, RNN i
+    ys, hs, cs = [], [], []
+    for d in range(dirs):
+        f_act, g_act = acts[d * n_acts], acts[d * n_acts + 1] if n_acts > 1 else None
+        h_act = acts[d * n_acts + 2] if op == "LSTM" else None
+        wb, rb = B[d, :n_gates * H], B[d, n_gates * H:]
+
+        def blk(m: np.ndarray, k: int) -> np.ndarray:
+            return m[k * H:(k + 1) * H]
+
+        # input projections for all steps at once: [T, batch, H] per gate
+        xw = []
+        for k in range(n_gates):
+            bias = blk(wb, k) + (blk(rb, k) if not (op == "GRU" and k == 2 and linear_before_reset) else 0)
+            proj = bld.op("MatMul", [x, bld.const(blk(W[d], k).T.copy(), f"W{k}")])
+            xw.append(bld.op("Add", [proj, bld.const(bias.astype(dtype), f"b{k}")]))
+        rt = [bld.const(blk(R[d], k).T.copy(), f"R{k}") for k in range(n_gates)]
+
+        def state(name: str, d: int = d) -> str:
+            if name:
+                return bld.op("Gather", [name, bld.const(np.array(d, np.int64), "dir")], axis=layout)
+            return bld.const(np.zeros((batch, H), dtype), "zeros")
+
+        h = state(h0_name)
+        c = state(c0_name) if op == "LSTM" else ""
+        steps = range(seq_len) if (direction == "forward" or (direction == "bidirectional" and d == 0)) \
+            else range(seq_len - 1, -1, -1)
+        outs: dict[int, str] = {}
+
+        def pre(k: int, t_idx: str, extra: list[str]) -> str:
+            v = bld.op("Add", [bld.op("Gather", [xw[k], t_idx], axis=0),  # noqa: B023 (called at once)
+                               bld.op("MatMul", [h, rt[k]])])  # noqa: B023
+            for e in extra:
+                v = bld.op("Add", [v, e])
+            return v
+
+        def clipped(v: str) -> str:
+            if clip is None:
+                return v
+            if _opset(model) < 11:
+                return bld.op("Clip", [v], min=-clip, max=clip)
+            lo, hi = bld.const(np.array(-clip, dtype), "lo"), bld.const(np.array(clip, dtype), "hi")
+            return bld.op("Clip", [v, lo, hi])
+
+        def fa(spec: tuple[str, Any, Any], v: str) -> str:
+            return bld.act(spec[0], clipped(v), spec[1], spec[2], dtype)
+
+        one = bld.const(np.array(1, dtype), "one")
+        for t in steps:
+            ti = bld.const(np.array(t, np.int64), "t")
+            if op == "LSTM":
+                peep = [bld.const(P[d, k * H:(k + 1) * H].copy(), f"P{k}") for k in range(3)] \
+                    if P is not None else []
+                pi = [bld.op("Mul", [c, peep[0]])] if peep else []
+                pf = [bld.op("Mul", [c, peep[2]])] if peep else []
+                i_g = fa(f_act, pre(0, ti, pi))
+                f_g = bld.op("Sub", [one, i_g]) if input_forget else fa(f_act, pre(2, ti, pf))
+                assert g_act is not None and h_act is not None
+                c_t = fa(g_act, pre(3, ti, []))
+                c = bld.op("Add", [bld.op("Mul", [f_g, c]), bld.op("Mul", [i_g, c_t])])
+                po = [bld.op("Mul", [c, peep[1]])] if peep else []
+                o_g = fa(f_act, pre(1, ti, po))
+                h = bld.op("Mul", [o_g, bld.act(h_act[0], c, h_act[1], h_act[2], dtype)])
+            elif op == "GRU":
+                assert g_act is not None
+                z = fa(f_act, pre(0, ti, []))
+                r = fa(f_act, pre(1, ti, []))
+                xh = bld.op("Gather", [xw[2], ti], axis=0)
+                if linear_before_reset:
+                    hr = bld.op("Add", [bld.op("MatMul", [h, rt[2]]), bld.const(blk(rb, 2).copy(), "rbh")])
+                    cand = bld.op("Add", [xh, bld.op("Mul", [r, hr])])
+                else:
+                    cand = bld.op("Add", [xh, bld.op("MatMul", [bld.op("Mul", [r, h]), rt[2]])])
+                hh = fa(g_act, cand)
+                h = bld.op("Add", [bld.op("Mul", [bld.op("Sub", [one, z]), hh]), bld.op("Mul", [z, h])])
+            else:
+                h = fa(f_act, pre(0, ti, []))
+            outs[t] = h
+        shape4 = bld.const(np.array([1, 1, batch, H], np.int64), "shape")
+        ys.append(bld.op("Concat", [bld.op("Reshape", [outs[t], shape4]) for t in range(seq_len)], axis=0))
+        shape3 = bld.const(np.array([1, batch, H], np.int64), "shape")
+        hs.append(bld.op("Reshape", [h, shape3]))
+        if op == "LSTM":
+            cs.append(bld.op("Reshape", [c, shape3]))
+    outputs = list(node.output) + [""] * 3
+    y_name, yh_name, yc_name = outputs[0], outputs[1], outputs[2] if op == "LSTM" else ""
+
+    def emit(parts: list[str], axis: int, name: str, perm: list[int] | None) -> None:
+        if not name:
+            return
+        v = parts[0] if len(parts) == 1 else bld.op("Concat", parts, axis=axis)
+        if perm is not None:
+            bld.op("Transpose", [v], out=name, perm=perm)
+        else:
+            bld.op("Identity", [v], out=name)
+
+    emit(ys, 1, y_name, [2, 0, 1, 3] if layout == 1 else None)
+    emit(hs, 0, yh_name, [1, 0, 2] if layout == 1 else None)
+    emit(cs, 0, yc_name, [1, 0, 2] if layout == 1 else None)
+    return bld
+
+
+def decompose_rnn(model: Any) -> bool:
+    """Unroll every LSTM / GRU / RNN node over its (fixed) sequence length."""
+    g = model.graph
+    if not any(n.op_type in DECOMPOSED_OPS and n.domain in ("", "ai.onnx") for n in g.node):
+        return False
+    consts = _const_inputs(model)
+    shapes = _static_shapes(model)
+    new_nodes = []
+    for i, node in enumerate(g.node):
+        if node.op_type in DECOMPOSED_OPS and node.domain in ("", "ai.onnx"):
+            bld = _rnn_nodes(model, node, consts, shapes, i)
+            new_nodes.extend(bld.nodes)
+            g.initializer.extend(bld.inits)
+        else:
+            new_nodes.append(node)
+    del g.node[:]
+    g.node.extend(new_nodes)
+    del g.value_info[:]
+    _drop_unused_initializers(model)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- all
+def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
+            batch: int | None = None) -> tuple[Any, list[str]]:
+    """Run every step on a copy of ``model``; returns (prepared model, names of steps that changed it)."""
+    import copy
+
+    model = copy.deepcopy(model)
+    steps: list[tuple[str, Callable[[], bool]]] = [
+        ("normalize_ir", lambda: normalize_ir(model)),
+        ("upgrade_opset", lambda: upgrade_opset(model)),
+        ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
+        ("fold_constants", lambda: fold_constants(model)),
+        ("decompose_rnn", lambda: decompose_rnn(model)),
+    ]
+    changed = []
+    for name, step in steps:
+        if step():
+            changed.append(name)
+    if "decompose_rnn" in changed and fold_constants(model) and "fold_constants" not in changed:
+        changed.append("fold_constants")
+    return model, changed
