@@ -112,8 +112,11 @@ def _install(tmp: Path, out_dir: Path) -> None:
 
 def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, name: str | None = None,
                   tune: bool = False, trials: int = 64, db_dir: str | Path | None = None,
-                  train: TrainSettings | None = None, progress: bool = True) -> Path:
+                  train: TrainSettings | None = None, progress: bool = True,
+                  input_shapes: dict[str, list[int]] | None = None) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
+
+    ``input_shapes``: input name -> dims (``--shape``) fixing dynamic dimensions; -1 leaves one dynamic.
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
     """
@@ -129,7 +132,9 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     model = load_onnx(onnx_path)
     name = name or onnx_path.stem
     _say(progress, f"importing {onnx_path.name} for {preset.name}")
-    imported = import_model(model)
+    imported = import_model(model, shapes=input_shapes)
+    if imported.prepared_steps:
+        _say(progress, f"prepared the graph: {', '.join(imported.prepared_steps)}")
 
     tuning_info: dict[str, Any] = {"tuned": False, "db_id": None, "trials": 0}
     mod = imported.mod
@@ -148,7 +153,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
         if train is not None:
             _say(progress, f"building training module (loss={train.loss}, optimizer={train.optimizer}, "
                            f"batch={train.batch})")
-            timported = import_model(model, batch=train.batch)
+            timported = import_model(model, batch=train.batch, shapes=input_shapes)
             tmod = build_training_module(timported.mod, num_inputs=len(timported.inputs),
                                          num_params=len(timported.params), settings=train)
             train_tuning: dict[str, Any] = {"tuned": False, "db_id": None, "trials": 0}
@@ -189,6 +194,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                        "cross_compiler": preset.cross_compiler, "description": preset.description},
             "batch": imported.batch,
             "inputs": [s.to_json() for s in imported.inputs],
+            "compiled_shapes": {s.name: list(s.shape) for s in imported.inputs},
+            "prepared_steps": list(imported.prepared_steps),
             "outputs": [s.to_json() for s in imported.outputs],
             "params": {"file": PARAMS_FILE, "names": imported.param_names,
                        "shapes": [list(p.shape) for p in imported.params],

@@ -153,6 +153,12 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int]
             else:
                 dims.append(d.dim_value)
         specs.append(TensorSpec(inp.name, tuple(dims), _elem_dtype(inp)))
+    leading = {s.name: s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
+    if len(set(leading.values())) > 1:
+        shown = ", ".join(f"{k}: {v}" for k, v in leading.items())
+        raise ModelError(f"the inputs disagree on the leading (batch) dimension ({shown}); an artifact's "
+                         "inputs share one batch dimension",
+                         hint="export the model so every input starts with the batch dimension")
     base = model_batch or 1
     target = batch or base
     out = [TensorSpec(s.name, (target, *s.shape[1:]) if s.shape else s.shape, s.dtype) for s in specs]
@@ -271,6 +277,7 @@ def import_model(model: Any, *, batch: int | None = None,
     own = _model_batch(model, shapes)
     model, steps = prepare(model, shapes=shapes, batch=batch or own or 1)
     _check_ops(model)
+    _check_constructs(model)
     specs, base = _input_shapes(model, batch)
     keep = _trainable(model)
     param_names = [t.name for t in model.graph.initializer if t.name in keep]
@@ -283,8 +290,10 @@ def import_model(model: Any, *, batch: int | None = None,
                             opset=opset, keep_params_in_input=True)
     except Exception as exc:
         first = " ".join(str(exc).split())[:300]
-        raise ModelError(f"TVM could not import the model at batch {batch or base}: {first}",
-                         hint="simplify the model (onnxsim) or export it with static shapes") from None
+        where = _failing_node(prepared, specs, opset)
+        raise ModelError(f"TVM could not import {where or 'the model'} at batch {batch or base}: "
+                         f"{first}",
+                         hint="rewrite that part of the model, or fix input shapes with --shape") from None
     mod, detached = detach_params(mod)
     params = [p.numpy() for p in detached.get("main", [])]
     if len(params) != len(param_names):
@@ -293,6 +302,58 @@ def import_model(model: Any, *, batch: int | None = None,
     outputs = _output_specs(mod, model)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
                          params=params, batch=batch or base, prepared_steps=steps)
+
+
+def _check_constructs(model: Any) -> None:
+    """Refuse constructs TVM's frontend imports into a wrong result (found by the conformance test)."""
+    from onnx import numpy_helper
+
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for idx, node in enumerate(model.graph.node):
+        if node.op_type == "SequenceInsert" and len(node.input) > 2 and node.input[2]:
+            pos = consts.get(node.input[2])
+            if pos is None or int(pos) < 0:
+                raise ModelError(f"SequenceInsert at node {node.name or f'#{idx}'!r} has a "
+                                 f"{'run-time' if pos is None else 'negative'} position (TVM inserts at the "
+                                 "wrong place)", hint="use a constant non-negative position")
+
+
+def _failing_node(model: Any, specs: list[TensorSpec], opset: int | None) -> str | None:
+    """Name the first node whose import fails (binary search over graph prefixes), or None."""
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    nodes = list(model.graph.node)
+    if not nodes or len(nodes) > 4096:
+        return None
+
+    def fails(k: int) -> bool:
+        sub = copy.deepcopy(model)
+        del sub.graph.node[k:]
+        del sub.graph.output[:]
+        sub.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in nodes[k - 1].output if o)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                from_onnx(sub, shape_dict={s.name: list(s.shape) for s in specs}, opset=opset,
+                          keep_params_in_input=True)
+        except Exception:
+            return True
+        return False
+
+    lo, hi = 1, len(nodes)
+    if not fails(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    node = nodes[lo - 1]
+    if node.op_type == "Constant":
+        return None
+    return f"node {node.name or f'#{lo - 1}'!r} ({node.op_type})"
 
 
 def _output_specs(mod: Any, model: Any) -> list[TensorSpec]:

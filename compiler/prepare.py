@@ -15,6 +15,7 @@ that changed something (``fractal compile`` prints them).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,8 @@ from compiler.errors import ModelError
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
            "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
 
-MIN_OPSET = 7  # below this, upgrade with onnx.version_converter (TVM's converters start around here)
+MIN_OPSET = 13  # below this, try onnx.version_converter (TVM's converters are best tested from here)
+FLOOR_OPSET = 7  # below this, the upgrade must succeed
 DECOMPOSED_OPS = frozenset({"LSTM", "GRU", "RNN"})
 _FOLD_MAX_ELEMENTS = 1 << 16  # do not materialise big tensors (weights stay where they are)
 _NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -84,22 +86,33 @@ def normalize_ir(model: Any) -> bool:
 
 # ---------------------------------------------------------------------------------------------- 2
 def upgrade_opset(model: Any, minimum: int = MIN_OPSET) -> bool:
-    """Convert a model whose default-domain opset is below ``minimum`` to ``minimum``."""
+    """Convert a model whose default-domain opset is below ``minimum`` (13: TVM's Relax frontend is
+    best at the modern op signatures) with onnx.version_converter. When the converter cannot, an
+    opset of at least ``FLOOR_OPSET`` is kept as it is; older ones are refused."""
     import onnx
     from onnx import version_converter
 
-    if _opset(model) >= minimum:
+    have = _opset(model)
+    if have >= minimum:
         return False
-    try:
-        new = version_converter.convert_version(model, minimum)
-    except Exception as exc:
-        raise ModelError(f"opset {_opset(model)} is too old and could not be upgraded to {minimum}: "
-                         f"{' '.join(str(exc).split())[:200]}",
-                         hint="re-export the model with a recent opset") from None
-    model.CopyFrom(new)
-    if model.ir_version < onnx.helper.find_min_ir_version_for(list(model.opset_import)):
-        model.ir_version = onnx.helper.find_min_ir_version_for(list(model.opset_import))
-    return True
+    err: Exception | None = None
+    for want in (minimum, FLOOR_OPSET):
+        if want <= have:
+            return False
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                new = version_converter.convert_version(model, want)
+            onnx.checker.check_model(new)
+        except Exception as exc:
+            err = exc
+            continue
+        model.CopyFrom(new)
+        need = onnx.helper.find_min_ir_version_for(list(model.opset_import))
+        model.ir_version = max(model.ir_version, need)
+        return True
+    raise ModelError(f"opset {have} is too old and could not be upgraded to {FLOOR_OPSET}: "
+                     f"{' '.join(str(err).split())[:200]}", hint="re-export the model with a recent opset")
 
 
 # ---------------------------------------------------------------------------------------------- 3

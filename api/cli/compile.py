@@ -9,7 +9,7 @@ import typer
 
 from api.cli import app
 
-__all__ = ["compile_cmd", "predict_cmd", "verify_cmd", "targets_cmd"]
+__all__ = ["compile_cmd", "inspect_cmd", "predict_cmd", "verify_cmd", "targets_cmd"]
 
 
 @app.command("compile")
@@ -26,12 +26,16 @@ def compile_cmd(
     optimizer: str = typer.Option("sgd", "--optimizer", help="Optimizer: sgd or adam."),
     lr: float = typer.Option(0.01, "--lr", help="Default learning rate (changeable per step)."),
     batch: int = typer.Option(32, "--batch", help="Training batch size."),
+    shape: list[str] = typer.Option([], "--shape", help="Fix an input's dims: NAME=D0,D1,... (repeatable; "
+                                    "? keeps the batch dynamic). See `fractal inspect`."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
     """Compile an ONNX model for a board into an artifact directory (manifest + libraries)."""
     from compiler.build import compile_model
     from compiler.errors import CompilerError
     from compiler.training import TrainSettings
+
+    shapes = parse_shapes(shape)
 
     settings = None
     if train:
@@ -41,8 +45,36 @@ def compile_cmd(
             raise CompilerError(f"bad training settings: {exc}",
                                 hint="--loss ce|mse, --optimizer sgd|adam, --lr > 0, --batch >= 1") from None
     out_dir = compile_model(model, target=target, out_dir=out, name=name, tune=tune, trials=trials,
-                            db_dir=db, train=settings, progress=not quiet)
+                            db_dir=db, train=settings, progress=not quiet, input_shapes=shapes)
     typer.echo(str(out_dir))
+
+
+@app.command("inspect")
+def inspect_cmd(
+    model: Path = typer.Argument(..., help="ONNX model file."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Inputs/outputs (dynamic dims named), opsets, operator histogram and unsupported operators."""
+    import json
+
+    from compiler.inspect import format_report, inspect_model
+
+    report = inspect_model(model)
+    typer.echo(json.dumps(report.to_json(), indent=2) if as_json else format_report(report))
+
+
+def parse_shapes(values: list[str]) -> dict[str, list[int]]:
+    """Repeated ``--shape NAME=D0,D1,...`` -> {name: dims}; a name given twice is an error."""
+    from compiler.errors import ModelError
+    from compiler.prepare import parse_shape
+
+    out: dict[str, list[int]] = {}
+    for text in values:
+        name, dims = parse_shape(text)
+        if name in out:
+            raise ModelError(f"--shape {name} given twice", hint="give each input once")
+        out[name] = dims
+    return out
 
 
 def _read_npz(path: Path) -> dict:

@@ -18,7 +18,7 @@ def _reshape_model(ir: int = 8, opset: int = 13, dynamic: bool = True) -> onnx.M
     """x[N, C, H, W] -> Shape -> Gather(0) -> Unsqueeze -> Concat([n, -1]) -> Reshape -> MatMul(w)."""
     dims: list[int | str] = ["N", 2, "H", 4] if dynamic else [1, 2, 3, 4]
     x = oh.make_tensor_value_info("x", TensorProto.FLOAT, dims)
-    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])
     inits = [nh.from_array(np.array(0, np.int64), "zero"), nh.from_array(np.array([-1], np.int64), "minus1"),
              nh.from_array(np.array([0], np.int64), "axes"),
              nh.from_array(np.ones((24, 5), np.float32), "w")]
@@ -50,7 +50,7 @@ def test_upgrade_opset() -> None:
                       opset_imports=[oh.make_opsetid("", 6)])
     m.ir_version = 3
     assert upgrade_opset(m) is True
-    assert m.opset_import[0].version == 7
+    assert m.opset_import[0].version == 13
     assert upgrade_opset(m) is False
 
 

@@ -1,0 +1,304 @@
+"""ONNX backend test data (shipped in the onnx wheel) through three pipelines, one case at a time.
+
+* ``project``: ``compile_model`` (prepare + TVM, x86_64, untuned, input shapes from the test data)
+  -> ``load_artifact`` -> ``infer``. A ``CompilerError`` at compile time is a clean *refusal*.
+* ``ort``:     onnxruntime on the unmodified model (what a user would compare against).
+* ``tvm``:     plain ``tvm.relax.frontend.onnx.from_onnx`` on the unmodified model -> build -> VM.
+
+Results per case are cached as JSON under ``.cache/conformance/`` keyed by the case's bytes and a
+hash of the compiler's source, so a second run costs nothing; each batch of cases runs in a child
+process (``python -m tests.compiler.conformance DIR...``) so that a crash in TVM is recorded as a
+crash of that case instead of killing the caller.
+
+Statuses: pass | refused (one clear line) | wrong (outputs differ) | error (unexpected exception) |
+crash (the process died) | skipped (no test data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "conformance"
+SUITES = ("simple", "pytorch-operator", "pytorch-converted", "light")
+RTOL, ATOL = 1e-3, 1e-7  # onnx.backend.test.case.model defaults
+PIPELINES = ("project", "ort", "tvm")
+
+
+@dataclass(frozen=True)
+class Case:
+    suite: str
+    name: str
+    model: Path
+    data: Path | None  # test_data_set_0 (None for light: dummy inputs, expected output beside the model)
+
+    @property
+    def id(self) -> str:
+        return f"{self.suite}/{self.name}"
+
+
+def data_root() -> Path:
+    import onnx
+
+    return Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+
+def cases(suites: tuple[str, ...] = SUITES) -> list[Case]:
+    out = []
+    root = data_root()
+    for suite in suites:
+        base = root / suite
+        if suite == "light":
+            for m in sorted(base.glob("light_*.onnx")):
+                out.append(Case(suite, m.stem, m, None))
+            continue
+        for d in sorted(p for p in base.iterdir() if (p / "model.onnx").is_file()):
+            out.append(Case(suite, d.name, d / "model.onnx", d / "test_data_set_0"))
+    return out
+
+
+def _read_tensor(path: Path) -> np.ndarray:
+    import onnx
+    from onnx import numpy_helper
+
+    t = onnx.TensorProto()
+    t.ParseFromString(path.read_bytes())
+    return numpy_helper.to_array(t)
+
+
+def _graph_inputs(model: Any) -> list[Any]:
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def load_data(case: Case, model: Any) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """(inputs by name, expected outputs in order)."""
+    ins = _graph_inputs(model)
+    if case.data is None:  # light: the runner's dummy data (arange / n), expected output beside the model
+        feeds = {}
+        for x in ins:
+            shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in x.type.tensor_type.shape.dim)
+            n = int(np.prod(shape))
+            feeds[x.name] = (np.arange(n).reshape(shape) / n).astype(np.float32)
+        out = case.model.with_name(case.model.stem + "_output_0.pb")
+        return feeds, [_read_tensor(out)]
+    in_files = sorted(case.data.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
+    out_files = sorted(case.data.glob("output_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
+    feeds = {x.name: _read_tensor(f) for x, f in zip(ins, in_files, strict=False)}
+    return feeds, [_read_tensor(f) for f in out_files]
+
+
+def _compare(got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
+    if len(got) != len(want):
+        return f"{len(got)} outputs, expected {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        g = np.asarray(g)
+        if g.shape != w.shape:
+            return f"output {i} has shape {list(g.shape)}, expected {list(w.shape)}"
+        if w.dtype == object or g.dtype == object:
+            if not np.array_equal(g, w):
+                return f"output {i} differs"
+            continue
+        try:
+            np.testing.assert_allclose(g.astype(np.float64) if g.dtype == bool else g,
+                                       w.astype(np.float64) if w.dtype == bool else w, rtol=RTOL, atol=ATOL)
+        except AssertionError:
+            err = float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64))))
+            return f"output {i} differs (max abs error {err:.3g})"
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
+
+
+def run_project(case: Case, work: Path) -> dict[str, Any]:
+    import onnx
+
+    from compiler.artifact import load_artifact
+    from compiler.build import compile_model
+    from compiler.errors import CompilerError
+
+    model = onnx.load(str(case.model))
+    feeds, want = load_data(case, model)
+    shapes = {k: list(v.shape) for k, v in feeds.items() if v.ndim > 0}
+    out = work / "artifact"
+    t0 = time.perf_counter()
+    try:
+        compile_model(case.model, target="x86_64", out_dir=out, input_shapes=shapes, progress=False)
+    except CompilerError as exc:
+        return {"status": "refused", "detail": exc.message if hasattr(exc, "message") else str(exc),
+                "compile_s": round(time.perf_counter() - t0, 2)}
+    except Exception as exc:
+        return {"status": "error", "detail": "compile: " + _one_line(exc)}
+    compile_s = round(time.perf_counter() - t0, 2)
+    steps = json.loads((out / "manifest.json").read_text()).get("prepared_steps", [])
+    try:
+        art = load_artifact(out)
+        res = art.infer(feeds)
+        got = [res[o.name] for o in art.outputs]
+    except CompilerError as exc:
+        return {"status": "refused-at-run", "detail": str(exc), "compile_s": compile_s}
+    except Exception as exc:
+        return {"status": "error", "detail": "infer: " + _one_line(exc), "compile_s": compile_s}
+    bad = _compare(got, want)
+    return {"status": "wrong" if bad else "pass", "detail": bad or "", "compile_s": compile_s, "steps": steps}
+
+
+def run_ort(case: Case) -> dict[str, Any]:
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(case.model))
+    feeds, want = load_data(case, model)
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4
+        sess = ort.InferenceSession(case.model.read_bytes(), opts, providers=["CPUExecutionProvider"])
+        got = sess.run(None, feeds)
+    except Exception as exc:
+        return {"status": "error", "detail": _one_line(exc)}
+    bad = _compare(got, want)
+    return {"status": "wrong" if bad else "pass", "detail": bad or ""}
+
+
+def run_tvm(case: Case) -> dict[str, Any]:
+    import warnings
+
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = onnx.load(str(case.model))
+    feeds, want = load_data(case, model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = from_onnx(model, shape_dict={k: list(v.shape) for k, v in feeds.items()})
+        ex = relax.build(mod, target="llvm")
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        args = [tvm.runtime.tensor(feeds[x.name]) for x in _graph_inputs(model) if x.name in feeds]
+        out = vm["main"](*args)
+        got = [o.numpy() for o in out] if isinstance(out, tvm.ir.Array | list | tuple) else [out.numpy()]
+    except Exception as exc:
+        return {"status": "error", "detail": _one_line(exc)}
+    bad = _compare(got, want)
+    return {"status": "wrong" if bad else "pass", "detail": bad or ""}
+
+
+# ------------------------------------------------------------------------------------------ caching
+def code_version() -> str:
+    """Hash of everything that decides a project result: compiler sources, this file, TVM, onnx."""
+    import onnx
+    import onnxruntime
+    import tvm
+
+    h = hashlib.sha256(f"{tvm.__version__} {onnx.__version__} {onnxruntime.__version__}".encode())
+    for p in sorted((ROOT / "compiler").glob("*.py")) + [Path(__file__)]:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def case_key(case: Case, version: str) -> str:
+    h = hashlib.sha256(version.encode())
+    h.update(case.id.encode())
+    h.update(case.model.read_bytes())
+    if case.data is not None:
+        for f in sorted(case.data.glob("*.pb")):
+            h.update(f.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _cache_file(case: Case, version: str) -> Path:
+    return CACHE / f"{case_key(case, version)}.json"
+
+
+def _worker(paths: list[str], version: str) -> None:
+    """Child process: run every pipeline on each case; write its cache file as it finishes."""
+    by_model = {str(c.model): c for c in cases()}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for p in paths:
+        case = by_model[p]
+        marker = _cache_file(case, version).with_suffix(".running")
+        marker.write_text(str(os.getpid()))
+        res: dict[str, Any] = {"case": case.id}
+        with tempfile.TemporaryDirectory(prefix="conformance-") as tmp:
+            t0 = time.perf_counter()
+            res["project"] = run_project(case, Path(tmp))
+            res["project"]["seconds"] = round(time.perf_counter() - t0, 2)
+        res["ort"] = run_ort(case)
+        res["tvm"] = run_tvm(case)
+        dest = _cache_file(case, version)
+        tmpf = dest.with_suffix(f".tmp{os.getpid()}")
+        tmpf.write_text(json.dumps(res))
+        tmpf.replace(dest)  # atomic: parallel runs never see half a file
+        marker.unlink(missing_ok=True)
+
+
+def _run_batch(batch: list[Case], version: str, timeout: float) -> None:
+    """Run ``batch`` in child processes, restarting after a crash; a crashed case is recorded."""
+    todo = list(batch)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    while todo:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "tests.compiler.conformance", version,
+                                   *[str(c.model) for c in todo]], cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=timeout)
+            code: int | str = proc.returncode
+            tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+        except subprocess.TimeoutExpired:
+            code, tail = "timeout", f"no result within {timeout:.0f}s"
+        remaining = [c for c in todo if not _cache_file(c, version).is_file()]
+        if not remaining:
+            return
+        culprit = remaining[0]
+        marker = _cache_file(culprit, version).with_suffix(".running")
+        marker.unlink(missing_ok=True)
+        crash = {"status": "crash", "detail": f"exit {code}: {tail}"}
+        _cache_file(culprit, version).write_text(json.dumps({"case": culprit.id, "project": crash,
+                                                             "ort": crash, "tvm": crash}))
+        todo = remaining[1:]
+
+
+def results(selected: list[Case] | None = None, workers: int = 2,
+            timeout: float = 600.0) -> dict[str, dict[str, Any]]:
+    """{case id: {"project": {...}, "ort": {...}, "tvm": {...}}}, computing what is not cached."""
+    selected = selected if selected is not None else cases()
+    version = code_version()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    missing = [c for c in selected if not _cache_file(c, version).is_file()]
+    if missing:
+        chunks = [missing[i::workers] for i in range(workers)]
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda ch: _run_batch(ch, version, timeout), [c for c in chunks if c]))
+    return {c.id: json.loads(_cache_file(c, version).read_text()) for c in selected}
+
+
+def totals(res: dict[str, dict[str, Any]]) -> dict[str, int]:
+    return {p: sum(1 for r in res.values() if r[p]["status"] == "pass") for p in PIPELINES}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "report":
+        res = results(workers=int(os.environ.get("CONFORMANCE_WORKERS", "2")))
+        for cid, r in sorted(res.items()):
+            print(f"{cid:<60} project={r['project']['status']:<8} ort={r['ort']['status']:<6} "
+                  f"tvm={r['tvm']['status']:<6} {r['project'].get('detail', '')[:150]}")
+        print(json.dumps(totals(res)), "of", len(res))
+    else:
+        _worker(sys.argv[2:], sys.argv[1])

@@ -1,0 +1,42 @@
+"""`fractal compile --shape`: fixing dynamic input dims of a real exported model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from compiler.artifact import load_artifact
+from tests.compiler.test_prepare import _reshape_model
+
+
+def test_compile_with_shape_prints_steps_and_records_shapes(run_cli: Callable, tmp_path: Path) -> None:
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_reshape_model(), path)
+    refused = run_cli("compile", path, "--target", "x86_64", "--out", tmp_path / "a0")
+    assert refused.code != 0 and "--shape x=" in refused.error_line
+    res = run_cli("compile", path, "--target", "x86_64", "--out", tmp_path / "a", "--shape", "x=?,2,3,4")
+    assert res.code == 0, res.err
+    assert "prepared the graph: apply_shapes, fold_constants" in res.err
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["compiled_shapes"] == {"x": [1, 2, 3, 4]}
+    assert manifest["prepared_steps"] == ["apply_shapes", "fold_constants"]
+    art = load_artifact(tmp_path / "a")
+    x = np.random.default_rng(0).standard_normal((3, 2, 3, 4)).astype(np.float32)
+    out = art.infer({"x": x})["y"]
+    np.testing.assert_allclose(out, x.reshape(3, 24) @ np.ones((24, 5), np.float32), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("shape", "needle"), [("x=1,2", "gives 2 dimensions"),
+                                               ("nope=1,2,3,4", "not an input"),
+                                               ("x=1,2,a,4", "bad dimension"), ("x", "bad --shape")])
+def test_bad_shape_is_one_line(run_cli: Callable, tmp_path: Path, shape: str, needle: str) -> None:
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_reshape_model(), path)
+    res = run_cli("compile", path, "--target", "x86_64", "--out", tmp_path / "a", "--shape", shape)
+    assert res.code != 0
+    assert needle in res.error_line
