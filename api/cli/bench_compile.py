@@ -25,10 +25,17 @@ def bench_compile(
     db: str | None = typer.Option(None, "--db", help="Tuning database dir (default: a fresh one)."),
     seconds: float = typer.Option(1.0, "--seconds", help="Minimum timing window per latency figure."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    model: str | None = typer.Option(None, "--model", help="Benchmark this ONNX file instead of the zoo "
+                                     "(--trials 0: untuned only)."),
+    shape: list[str] = typer.Option([], "--shape", help="With --model: fix an input's dims, NAME=D0,D1,..."),
 ) -> None:
     """Latency of each zoo model in onnxruntime, TVM untuned and TVM tuned; tuning and recompile time."""
     from compiler.bench import run_compile_bench
     from compiler.errors import CompilerError
+
+    if model is not None:
+        _bench_user_model(model, shape, trials, threads, target, db, seconds, as_json)
+        return
 
     names = [m.strip() for m in models.split(",") if m.strip()] or None
     overrides: dict[str, int] = {}
@@ -56,3 +63,24 @@ def bench_compile(
     s = result["summary"]
     typer.echo(f"tuned <= onnxruntime: {len(s['tuned_at_or_below_ort'])}/{len(result['models'])}; "
                f"<= half: {len(s['tuned_at_most_half_ort'])}; goal met: {s['goal_met']}")
+
+
+def _bench_user_model(model: str, shape: list[str], trials: int, threads: int, target: str, db: str | None,
+                      seconds: float, as_json: bool) -> None:
+    """`bench compile --model FILE`: one user model (compiler.bench_model)."""
+    from api.cli.compile import parse_shapes
+    from compiler.bench_model import bench_user_model
+
+    row = bench_user_model(model, shapes=parse_shapes(shape), trials=trials, threads=threads, target=target,
+                           db_dir=db, min_seconds=seconds,
+                           log=lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
+    if as_json:
+        typer.echo(json.dumps(row))
+        return
+    m = row["machine"]
+    typer.echo(f"{m['cpu']} ({m['logical_cpus']} CPUs), {threads} thread(s), target {row['target']}")
+    ort_us = row["onnxruntime"].get("median_us", "n/a")
+    tuned = row.get("tvm_tuned", {}).get("median_us", "-")
+    typer.echo(f"{'model':<28}{'inputs':<28}{'ort us':>10}{'untuned':>10}{'tuned':>10}{'trials':>7}")
+    typer.echo(f"{row['model']:<28}{json.dumps(row['inputs']):<28}{ort_us:>10}"
+               f"{row['tvm_untuned']['median_us']:>10}{tuned:>10}{row.get('trials', 0):>7}")

@@ -40,3 +40,16 @@ def test_bad_shape_is_one_line(run_cli: Callable, tmp_path: Path, shape: str, ne
     res = run_cli("compile", path, "--target", "x86_64", "--out", tmp_path / "a", "--shape", shape)
     assert res.code != 0
     assert needle in res.error_line
+
+
+def test_bench_compile_user_model(run_cli: Callable, tmp_path: Path) -> None:
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_reshape_model(), path)
+    res = run_cli("bench", "compile", "--model", path, "--shape", "x=?,2,3,4", "--trials", "0",
+                  "--seconds", "0.05", "--json")
+    assert res.code == 0, res.err
+    row = json.loads(res.out)
+    assert row["inputs"] == {"x": [1, 2, 3, 4]}
+    assert row["onnxruntime"]["median_us"] > 0 and row["tvm_untuned"]["median_us"] > 0
+    assert row["tvm_untuned_max_abs_err"] < 1e-4
+    assert "tvm_tuned" not in row
