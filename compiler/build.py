@@ -53,7 +53,8 @@ def build_library(mod: Any, preset: TargetPreset, path: Path) -> Path:
     try:
         ex = relax.build(mod, target=target)
     except Exception as exc:
-        raise CompilerError(f"TVM failed to build for {preset.name}: {' '.join(str(exc).split())[:300]}",
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise CompilerError(f"TVM failed to build for {preset.name}: {detail}",
                             hint="report the model; try another target preset") from None
     fcompile = _fcompile(preset)
     try:

@@ -304,18 +304,49 @@ def import_model(model: Any, *, batch: int | None = None,
                          params=params, batch=batch or base, prepared_steps=steps)
 
 
+# op -> input positions that decide an output *shape*; TVM needs them known at compile time
+_SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Expand": (1,), "Reshape": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Upsample": (1,), "Resize": (2, 3), "Slice": (1, 2, 3, 4), "Pad": (1,), "Split": (1,),
+    "SplitToSequence": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "OneHot": (1,), "TopK": (1,),
+}
+
+
 def _check_constructs(model: Any) -> None:
-    """Refuse constructs TVM's frontend imports into a wrong result (found by the conformance test)."""
+    """Refuse, with the node named, constructs TVM's frontend cannot import or imports wrongly
+    (found by the conformance test)."""
     from onnx import numpy_helper
 
-    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for idx, node in enumerate(model.graph.node):
+    g = model.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    runtime_inputs = {i.name for i in g.input if i.name not in consts}
+    for idx, node in enumerate(g.node):
+        where = f"{node.op_type} at node {node.name or f'#{idx}'!r}"
+        for pos in _SHAPE_OPERANDS.get(node.op_type, ()):
+            if pos < len(node.input) and node.input[pos] in runtime_inputs:
+                raise ModelError(f"{where} takes its shape operand from the model input {node.input[pos]!r}: "
+                                 "output shapes decided at run time are not supported",
+                                 hint="make that value a constant (initializer) in the model")
         if node.op_type == "SequenceInsert" and len(node.input) > 2 and node.input[2]:
-            pos = consts.get(node.input[2])
-            if pos is None or int(pos) < 0:
-                raise ModelError(f"SequenceInsert at node {node.name or f'#{idx}'!r} has a "
-                                 f"{'run-time' if pos is None else 'negative'} position (TVM inserts at the "
-                                 "wrong place)", hint="use a constant non-negative position")
+            pos_value = consts.get(node.input[2])
+            if pos_value is None or int(pos_value) < 0:
+                kind = "run-time" if pos_value is None else "negative"
+                raise ModelError(f"{where} has a {kind} position (TVM inserts at the wrong place)",
+                                 hint="use a constant non-negative position")
+        if node.op_type == "PRelu" and len(node.input) > 1 and node.input[1] in consts:
+            _check_prelu(model, node, where, consts[node.input[1]].shape)
+
+
+def _check_prelu(model: Any, node: Any, where: str, slope: tuple[int, ...]) -> None:
+    """ONNX PRelu broadcasts the slope to X unidirectionally (numpy rules from the right)."""
+    x = next((i for i in model.graph.input if i.name == node.input[0]), None)
+    if x is None:
+        return
+    dims = [d.dim_value for d in x.type.tensor_type.shape.dim]
+    if len(slope) > len(dims) or any(s not in (1, d) for s, d in zip(reversed(slope), reversed(dims),
+                                                                     strict=False) if d > 0):
+        raise ModelError(f"{where}: slope shape {list(slope)} does not broadcast to the input shape {dims}",
+                         hint="give the slope the shape [C, 1, 1] (per channel) or re-export the model")
 
 
 def _failing_node(model: Any, specs: list[TensorSpec], opset: int | None) -> str | None:

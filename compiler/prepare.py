@@ -128,6 +128,9 @@ def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: 
             raise ModelError(f"--shape names {name!r}, which is not an input of the model",
                              hint=f"the inputs are: {', '.join(inputs) or '(none)'}")
         tt = inputs[name].type.tensor_type
+        if any(d == 0 or d < -1 for d in dims):
+            raise ModelError(f"--shape {name}={','.join(map(str, dims))} has an empty or negative dimension",
+                             hint="dimensions are >= 1 (or ? for a dynamic batch)")
         if tt.HasField("shape") and len(tt.shape.dim) != len(dims):
             raise ModelError(f"--shape {name} gives {len(dims)} dimensions; the input has "
                              f"{len(tt.shape.dim)}",
@@ -210,8 +213,29 @@ def _eval_node(node: Any, opset: int, values: list[np.ndarray | None]) -> list[n
         return None
 
 
+def _sequence_lengths(model: Any, consts: dict[str, np.ndarray],
+                      shapes: dict[str, list[int]]) -> dict[str, int]:
+    """Statically known lengths of sequence values (SequenceConstruct, SplitToSequence)."""
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type == "SequenceConstruct":
+            out[node.output[0]] = len(node.input)
+        elif node.op_type == "SplitToSequence" and _known(shapes, node.input[0]):
+            split = node.input[1] if len(node.input) > 1 else ""
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            dims = shapes[node.input[0]]
+            if not split:
+                out[node.output[0]] = dims[axis]
+            elif split in shapes and len(shapes[split]) == 1 and shapes[split][0] > 0:
+                out[node.output[0]] = shapes[split][0]  # a 1-D split: one piece per entry
+            elif split in consts and consts[split].ndim == 0 and int(consts[split]) > 0:
+                out[node.output[0]] = -(-dims[axis] // int(consts[split]))
+    return out
+
+
 def fold_constants(model: Any, max_rounds: int = 8) -> bool:
     """Replace statically known values by initializers, until nothing more folds."""
+    import onnx
     from onnx import numpy_helper
 
     g = model.graph
@@ -223,12 +247,13 @@ def fold_constants(model: Any, max_rounds: int = 8) -> bool:
         for t in g.initializer:
             consts[t.name] = numpy_helper.to_array(t)
         shapes = _static_shapes(model)
+        seq_lengths = _sequence_lengths(model, consts, shapes)
         new_nodes = []
         folded: dict[str, np.ndarray] = {}
         round_changed = False
         for node in g.node:
             if node.domain not in ("", "ai.onnx") or node.op_type in _NO_FOLD or \
-                    any(o in graph_outputs for o in node.output) or \
+                    (node.op_type == "Constant" and node.output[0] in graph_outputs) or \
                     any(a.type in (5, 10) for a in node.attribute):  # GRAPH / GRAPHS attributes
                 new_nodes.append(node)
                 continue
@@ -244,6 +269,8 @@ def fold_constants(model: Any, max_rounds: int = 8) -> bool:
                     start = next((a.i for a in node.attribute if a.name == "start"), 0)
                     end = next((a.i for a in node.attribute if a.name == "end"), None)
                     result = [dims[start:end]]
+            elif node.op_type == "SequenceLength" and node.input[0] in seq_lengths:
+                result = [np.array(seq_lengths[node.input[0]], dtype=np.int64)]
             elif node.op_type == "Size" and _known(shapes, node.input[0]):
                 result = [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
             elif all((not i) or i in consts for i in node.input) and node.input:
@@ -253,6 +280,16 @@ def fold_constants(model: Any, max_rounds: int = 8) -> bool:
             if result is None or len(result) != len([o for o in node.output]) or \
                     any(r.size > _FOLD_MAX_ELEMENTS or r.dtype == object for r in result):
                 new_nodes.append(node)
+                continue
+            if any(o in graph_outputs for o in node.output):  # an output stays a node: a Constant
+                if len(node.output) != 1:
+                    new_nodes.append(node)
+                    continue
+                new_nodes.append(onnx.helper.make_node("Constant", [], [node.output[0]],
+                                                       value=numpy_helper.from_array(result[0]),
+                                                       name=node.name or f"folded_{node.output[0]}"))
+                consts[node.output[0]] = result[0]
+                round_changed = True
                 continue
             for name, r in zip(node.output, result, strict=True):
                 if name:
@@ -267,9 +304,28 @@ def fold_constants(model: Any, max_rounds: int = 8) -> bool:
             g.initializer.append(numpy_helper.from_array(np.array(arr, order="C"), name))
         changed = True
     if changed:
+        _drop_dead_nodes(model)
         _drop_unused_initializers(model)
         del g.value_info[:]
     return changed
+
+
+def _drop_dead_nodes(model: Any) -> None:
+    """Remove nodes none of whose outputs is used (folding can leave whole chains unused)."""
+    g = model.graph
+    needed = {o.name for o in g.output}
+    keep = []
+    for node in reversed(list(g.node)):
+        subgraph_inputs = {i for a in node.attribute
+                           for sub in ([a.g] if a.type == 5 else list(a.graphs) if a.type == 10 else [])
+                           for sn in sub.node for i in sn.input}
+        if any(o in needed for o in node.output if o):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+            needed.update(subgraph_inputs)
+    if len(keep) != len(g.node):
+        del g.node[:]
+        g.node.extend(reversed(keep))
 
 
 def _drop_unused_initializers(model: Any) -> None:

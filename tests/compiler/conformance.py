@@ -200,16 +200,24 @@ def run_tvm(case: Case) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ caching
+HARNESS_REV = "2"  # bump when this file changes how a result is obtained or judged
+# The modules a compile + infer goes through (benchmark, zoo, inspect, emulation code does not count).
+_PIPELINE_MODULES = ("artifact", "build", "errors", "importer", "prepare", "runner", "targets", "training")
+
+
 def code_version() -> str:
-    """Hash of everything that decides a project result: compiler sources, this file, TVM, onnx."""
+    """Hash of what decides a result: the pipeline's compiler sources, the harness revision, TVM,
+    onnx and onnxruntime versions."""
     import onnx
     import onnxruntime
     import tvm
 
-    h = hashlib.sha256(f"{tvm.__version__} {onnx.__version__} {onnxruntime.__version__}".encode())
-    for p in sorted((ROOT / "compiler").glob("*.py")) + [Path(__file__)]:
+    versions = f"{HARNESS_REV} {tvm.__version__} {onnx.__version__} {onnxruntime.__version__}"
+    h = hashlib.sha256(versions.encode())
+    for name in _PIPELINE_MODULES:
+        p = ROOT / "compiler" / f"{name}.py"
         h.update(p.name.encode())
-        h.update(p.read_bytes())
+        h.update(p.read_bytes() if p.is_file() else b"")
     return h.hexdigest()[:16]
 
 
@@ -250,25 +258,40 @@ def _worker(paths: list[str], version: str) -> None:
 
 
 def _run_batch(batch: list[Case], version: str, timeout: float) -> None:
-    """Run ``batch`` in child processes, restarting after a crash; a crashed case is recorded."""
+    """Run ``batch`` in child processes, restarting after a crash; a crashed case is recorded.
+    ``timeout`` applies to each case (the child marks the case it is working on)."""
     todo = list(batch)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     while todo:
-        try:
-            proc = subprocess.run([sys.executable, "-m", "tests.compiler.conformance", version,
-                                   *[str(c.model) for c in todo]], cwd=ROOT, env=env, capture_output=True,
-                                  text=True, timeout=timeout)
-            code: int | str = proc.returncode
-            tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
-        except subprocess.TimeoutExpired:
-            code, tail = "timeout", f"no result within {timeout:.0f}s"
+        with tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "tests.compiler.conformance", version,
+                                     *[str(c.model) for c in todo]], cwd=ROOT, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=err, text=True)
+            code: int | str | None = None
+            current, since = None, time.monotonic()
+            while code is None:
+                try:
+                    code = proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    running = next((c for c in todo
+                                    if _cache_file(c, version).with_suffix(".running").is_file()
+                                    and not _cache_file(c, version).is_file()), None)
+                    if running != current:
+                        current, since = running, time.monotonic()
+                    elif time.monotonic() - since > timeout:
+                        proc.kill()
+                        proc.wait()
+                        code = "timeout"
+            err.seek(0)
+            tail = (err.read().strip().splitlines() or [""])[-1][:200]
+        if code == "timeout":
+            tail = f"no result within {timeout:.0f}s"
         remaining = [c for c in todo if not _cache_file(c, version).is_file()]
         if not remaining:
             return
         culprit = remaining[0]
-        marker = _cache_file(culprit, version).with_suffix(".running")
-        marker.unlink(missing_ok=True)
+        _cache_file(culprit, version).with_suffix(".running").unlink(missing_ok=True)
         crash = {"status": "crash", "detail": f"exit {code}: {tail}"}
         _cache_file(culprit, version).write_text(json.dumps({"case": culprit.id, "project": crash,
                                                              "ort": crash, "tvm": crash}))
@@ -276,7 +299,7 @@ def _run_batch(batch: list[Case], version: str, timeout: float) -> None:
 
 
 def results(selected: list[Case] | None = None, workers: int = 2,
-            timeout: float = 600.0) -> dict[str, dict[str, Any]]:
+            timeout: float = 900.0) -> dict[str, dict[str, Any]]:
     """{case id: {"project": {...}, "ort": {...}, "tvm": {...}}}, computing what is not cached."""
     selected = selected if selected is not None else cases()
     version = code_version()
@@ -295,7 +318,9 @@ def totals(res: dict[str, dict[str, Any]]) -> dict[str, int]:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "report":
-        res = results(workers=int(os.environ.get("CONFORMANCE_WORKERS", "2")))
+        only = sys.argv[2:]
+        chosen = [c for c in cases() if not only or any(o in c.id for o in only)]
+        res = results(chosen, workers=int(os.environ.get("CONFORMANCE_WORKERS", "2")))
         for cid, r in sorted(res.items()):
             print(f"{cid:<60} project={r['project']['status']:<8} ort={r['ort']['status']:<6} "
                   f"tvm={r['tvm']['status']:<6} {r['project'].get('detail', '')[:150]}")

@@ -63,7 +63,8 @@ def test_apply_shapes_and_batch() -> None:
 
 @pytest.mark.parametrize(("shapes", "match"), [({"nope": [1, 2, 3, 4]}, "not an input"),
                                                ({"x": [1, 2, 3]}, "gives 3 dimensions"),
-                                               ({"x": [1, 5, 3, 4]}, "fixed to 2")])
+                                               ({"x": [1, 5, 3, 4]}, "fixed to 2"),
+                                               ({"x": [0, 2, 3, 4]}, "empty or negative")])
 def test_apply_shapes_refuses(shapes: dict[str, list[int]], match: str) -> None:
     with pytest.raises(ModelError, match=match):
         apply_shapes(_reshape_model(), shapes)
