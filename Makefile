@@ -35,8 +35,8 @@ bench: install sysroot
 	$(BIN)/pytest -q -p no:cacheprovider --override-ini addopts= -m bench tests/bench
 
 check: install
-	$(BIN)/ruff check compiler federation edgenode api firmware deploy tests
-	$(BIN)/mypy compiler federation edgenode api firmware
+	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy tests
+	$(BIN)/mypy fractal compiler federation edgenode api firmware
 
 clean:
 	rm -rf $(VENV) $(CACHE) build *.egg-info

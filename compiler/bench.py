@@ -15,7 +15,6 @@ Also reported: ``vm_us`` (the bare VM call on ready device tensors) and ``artifa
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import CompilerError
+from compiler.manifest import Manifest
 
 __all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "machine_info", "NATIVE"]
 
@@ -154,10 +154,9 @@ def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str
     tuned = compile_model(onnx_path, target=target, out_dir=work / f"{name}-tuned", tune=True, trials=trials,
                           db_dir=db_dir, progress=False)
     row["compile_tuned_s"] = round(time.perf_counter() - t0, 2)
-    manifest = json.loads((tuned / "manifest.json").read_text())["tuning"]
-    row["tuning"] = {"trials": trials, "trials_run": manifest.get("trials_run"),
-                     "seconds": manifest.get("seconds"), "reused": manifest.get("reused"),
-                     "db_id": manifest.get("db_id")}
+    tuning = Manifest.read(tuned).tuning
+    row["tuning"] = {"trials": trials, "trials_run": tuning.trials_run, "seconds": tuning.seconds,
+                     "reused": tuning.reused, "db_id": tuning.db_id}
     lat, out = _tvm_latency(tuned, x, min_seconds)
     row["tvm_tuned"] = lat
     row["tuned_max_abs_err"] = float(np.abs(next(iter(out.values())) - ref).max())
@@ -167,7 +166,7 @@ def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str
     again = compile_model(onnx_path, target=target, out_dir=work / f"{name}-recompiled", tune=True,
                           trials=trials, db_dir=db_dir, progress=False)
     row["recompile_warm_db_s"] = round(time.perf_counter() - t0, 2)
-    row["recompile_reused"] = bool(json.loads((again / "manifest.json").read_text())["tuning"].get("reused"))
+    row["recompile_reused"] = Manifest.read(again).tuning.reused
 
     ort_us = row["onnxruntime"]["median_us"]
     row["ratio_untuned_vs_ort"] = round(row["tvm_untuned"]["median_us"] / ort_us, 3)

@@ -17,8 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from compiler.artifact import FORMAT_VERSION, MANIFEST, file_sha256, param_key, write_manifest
+from compiler.artifact import param_key
 from compiler.errors import ArtifactError, CompilerError, TargetError
+from compiler.manifest import (
+    MANIFEST,
+    Libs,
+    Manifest,
+    ParamsInfo,
+    TargetInfo,
+    TensorSpec,
+    TrainingInfo,
+    TuningInfo,
+    file_sha256,
+)
 from compiler.targets import TargetPreset, get_preset, linker_for
 from compiler.training import TrainSettings, build_training_module, optimizer_state_shapes
 
@@ -68,7 +79,7 @@ def build_library(mod: Any, preset: TargetPreset, path: Path) -> Path:
 
 
 def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Path | None,
-          progress: bool) -> tuple[Any, dict[str, Any]]:
+          progress: bool) -> tuple[Any, TuningInfo]:
     try:
         from compiler import tuning
     except ImportError as exc:
@@ -76,15 +87,9 @@ def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Pa
                             hint="compile without --tune") from None
     result = tuning.tune(imported_mod, preset.tvm_target(), trials=trials, db_dir=db_dir, progress=progress)
     tuned = tuning.apply(imported_mod, preset.tvm_target(), db_dir)
-    info = {
-        "tuned": True,
-        "db_id": getattr(result, "db_id", None),
-        "reused": bool(getattr(result, "reused", False)),
-        "trials": int(trials),
-        "trials_run": int(getattr(result, "trials_run", 0) or 0),
-        "seconds": round(float(getattr(result, "seconds", 0.0) or 0.0), 3),
-        "db_dir": str(db_dir) if db_dir is not None else None,
-    }
+    info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(trials),
+                      trials_run=result.trials_run, seconds=round(result.seconds, 3),
+                      db_dir=str(db_dir) if db_dir is not None else None)
     return tuned, info
 
 
@@ -131,11 +136,9 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     _say(progress, f"importing {onnx_path.name} for {preset.name}")
     imported = import_model(model)
 
-    tuning_info: dict[str, Any] = {"tuned": False, "db_id": None, "trials": 0}
+    tuning_info = TuningInfo()
     mod = imported.mod
     if tune:
-        if trials < 1:
-            raise CompilerError(f"--trials must be >= 1, got {trials}", hint="e.g. --trials 64")
         _say(progress, f"tuning with MetaSchedule ({trials} trials)")
         mod, tuning_info = _tune(mod, preset, trials, db_dir, progress)
 
@@ -151,7 +154,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             timported = import_model(model, batch=train.batch)
             tmod = build_training_module(timported.mod, num_inputs=len(timported.inputs),
                                          num_params=len(timported.params), settings=train)
-            train_tuning: dict[str, Any] = {"tuned": False, "db_id": None, "trials": 0}
+            train_tuning = TuningInfo()
             if tune:
                 # The backward and optimizer kernels are other workloads (other shapes and ops)
                 # than inference: their own database (keyed by workload), the same trial budget.
@@ -160,46 +163,38 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             build_library(tmod, preset, tmp / TRAIN_LIB)
             files.append(TRAIN_LIB)
             out = timported.outputs[0]
-            targets = ({"name": "targets", "shape": [train.batch], "dtype": "int64"} if train.loss == "ce"
-                       else {"name": "targets", "shape": list(out.shape), "dtype": out.dtype})
+            targets = (TensorSpec("targets", (train.batch,), "int64") if train.loss == "ce"
+                       else TensorSpec("targets", tuple(out.shape), out.dtype))
             shapes = [tuple(p.shape) for p in imported.params]
-            training = {
-                **train.to_json(),
-                "param_names": imported.param_names,
-                "param_shapes": [list(s) for s in shapes],
-                "inputs": [s.to_json() for s in timported.inputs],
-                "targets": targets,
-                "optimizer_state": [{"shape": list(s), "dtype": d}
-                                    for s, d in optimizer_state_shapes(train.optimizer, shapes)],
-                "lr_input": True,
-                "tuned": bool(train_tuning["tuned"]),
-                "tuning": train_tuning,
-            }
+            training = TrainingInfo(
+                loss=train.loss, optimizer=train.optimizer, lr=train.lr, batch=train.batch,
+                inputs=tuple(timported.inputs), targets=targets,
+                optimizer_state=tuple(optimizer_state_shapes(train.optimizer, shapes)),
+                tuning=train_tuning)
         arrays = {param_key(i): p for i, p in enumerate(imported.params)}
         np.savez(tmp / PARAMS_FILE, **arrays)  # type: ignore[arg-type]  # (numpy stubs: **kwds vs allow_pickle)
         files.append(PARAMS_FILE)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "name": name,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "onnx_file": onnx_path.name,
-            "onnx_sha256": file_sha256(onnx_path),
-            "tvm_version": tvm.__version__,
-            "target": {"preset": preset.name, "arch": preset.arch, "tvm_target": dict(preset.target),
-                       "cross_compiler": preset.cross_compiler, "description": preset.description},
-            "batch": imported.batch,
-            "inputs": [s.to_json() for s in imported.inputs],
-            "outputs": [s.to_json() for s in imported.outputs],
-            "params": {"file": PARAMS_FILE, "names": imported.param_names,
-                       "shapes": [list(p.shape) for p in imported.params],
-                       "dtypes": [str(p.dtype) for p in imported.params]},
-            "libs": {"infer": INFER_LIB, "train": TRAIN_LIB if train is not None else None},
-            "files": {f: file_sha256(tmp / f) for f in files},
-            "tuning": tuning_info,
-            "training": training,
-            "compile_seconds": round(time.perf_counter() - t0, 3),
-        }
-        write_manifest(tmp, manifest)
+        manifest = Manifest(
+            name=name,
+            created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            onnx_file=onnx_path.name,
+            onnx_sha256=file_sha256(onnx_path),
+            tvm_version=tvm.__version__,
+            target=TargetInfo(preset.name, preset.arch, dict(preset.target), preset.cross_compiler,
+                              preset.description),
+            batch=imported.batch,
+            inputs=tuple(imported.inputs),
+            outputs=tuple(imported.outputs),
+            params=ParamsInfo(PARAMS_FILE, tuple(imported.param_names),
+                              tuple(tuple(p.shape) for p in imported.params),
+                              tuple(str(p.dtype) for p in imported.params)),
+            libs=Libs(INFER_LIB, TRAIN_LIB if train is not None else None),
+            files={f: file_sha256(tmp / f) for f in files},
+            tuning=tuning_info,
+            training=training,
+            compile_seconds=round(time.perf_counter() - t0, 3),
+        )
+        manifest.write(tmp)
         _install(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

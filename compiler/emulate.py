@@ -67,9 +67,9 @@ def _check_ready(arch: str) -> tuple[str, Path]:
 
 
 def _artifact_arch(artifact_dir: Path) -> str:
-    from compiler.artifact import read_manifest
+    from compiler.manifest import Manifest
 
-    return str(read_manifest(artifact_dir)["target"].get("arch"))
+    return Manifest.read(artifact_dir).arch
 
 
 def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,

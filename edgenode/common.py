@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fractal import FractalError
+
 __all__ = [
     "NodeError",
     "ConfigError",
@@ -31,12 +33,8 @@ __all__ = [
 ]
 
 
-class NodeError(Exception):
+class NodeError(FractalError):
     """Base of every error the edge node raises on purpose (a user can act on it)."""
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 class ConfigError(NodeError):

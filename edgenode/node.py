@@ -143,17 +143,7 @@ class EdgeNode:
     def board(self) -> str:
         if self.config.board:
             return self.config.board
-        m = getattr(self.artifact, "manifest", None)
-        target = m.get("target") if isinstance(m, dict) else None
-        if isinstance(target, dict) and isinstance(target.get("preset"), str):
-            return target["preset"]
-        for key in ("target_preset", "preset", "board"):
-            v = m.get(key) if isinstance(m, dict) else getattr(m, key, None)
-            if isinstance(v, str) and v:
-                return v
-            if isinstance(v, dict) and isinstance(v.get("name"), str):
-                return v["name"]
-        return ""
+        return self.artifact.manifest.preset
 
     def info(self) -> dict[str, Any]:
         """node_id, arch, board, model, model_version, params_sha256, round_id, samples, state, ..."""

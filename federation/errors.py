@@ -9,15 +9,13 @@
 
 from __future__ import annotations
 
+from fractal import FractalError
+
 __all__ = ["FederationError", "TransportError", "FrameError", "RoundAborted", "UpdateRejected"]
 
 
-class FederationError(Exception):
+class FederationError(FractalError):
     """Base of every error the federation raises on purpose."""
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 class TransportError(FederationError):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from compiler import PRESETS, TargetError, compile_model, get_preset, host_preset_name, load_artifact
-from compiler.artifact import file_sha256
+from compiler.manifest import file_sha256
 from compiler.targets import host_arch
 from compiler.tuning import can_measure
 
@@ -97,8 +97,8 @@ def test_manifest_contents(compiler_digits_artifact, compiler_digits_onnx):
     assert m["tuning"]["tuned"] is False
     t = m["training"]
     assert (t["loss"], t["optimizer"], t["lr"], t["batch"]) == ("ce", "sgd", 0.1, 32)
-    assert t["param_names"] == m["params"]["names"]
-    assert t["param_shapes"] == [[64, 64], [64], [64, 10], [10]]
+    assert m["params"]["shapes"] == [[64, 64], [64], [64, 10], [10]]
+    assert t["targets"] == {"name": "targets", "shape": [32], "dtype": "int64"}
     assert m["created"].startswith("20")
     art = load_artifact(compiler_digits_artifact)
     assert art.name == "digits-mlp"
@@ -114,7 +114,7 @@ def test_name_option_and_no_training(run_cli, tmp_path, mlp_onnx):
     art = load_artifact(tmp_path / "a")
     assert art.name == "sensor"
     assert art.trainer is None
-    assert art.manifest["training"] is None and "train.so" not in art.manifest["files"]
+    assert art.manifest.training is None and "train.so" not in art.manifest.files
 
 
 def test_symbolic_batch_model_compiles_and_takes_any_batch(tmp_path):

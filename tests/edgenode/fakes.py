@@ -6,6 +6,7 @@ real TVM artifact use the ``digits_artifact`` fixture from ``tests/fixtures_node
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -52,7 +53,7 @@ class NumpyArtifact:
                  lr: float = 0.1, trainer: bool = True, infer_delay: float = 0.0) -> None:
         rng = np.random.default_rng(seed)
         self.name = "numpy-softmax"
-        self.manifest = {"target_preset": "x86_64"}
+        self.manifest = SimpleNamespace(preset="x86_64")
         self.inputs = [Spec("x", (1, n_in), "float32")]
         self.outputs = [Spec("logits", (1, n_out), "float32")]
         self.param_names = ["W", "b"]
