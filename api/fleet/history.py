@@ -43,38 +43,49 @@ class FleetHistory:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
-            raise FleetError(f"cannot open the fleet database {str(self.path)!r}: {exc}",
-                             hint="pass a writable path with --db (or FRACTAL_FLEET_DB)") from None
         self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        with self._lock:
+            self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        """The connection, (re)opened on first use after :meth:`close` (a service may be restarted)."""
+        if self._conn is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+            except (OSError, sqlite3.Error) as exc:
+                raise FleetError(f"cannot open the fleet database {str(self.path)!r}: {exc}",
+                                 hint="pass a writable path with --db (or FRACTAL_FLEET_DB)") from None
+            self._conn = conn
+        return self._conn
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     # -- rounds ---------------------------------------------------------------------------------
     def save_round(self, rnd: dict[str, Any]) -> None:
         """Insert or replace one round (its latest state and metrics)."""
         body = json.dumps(rnd, allow_nan=False, separators=(",", ":"))
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO rounds (round_id, started_at, state, body) "
+            self._open().execute("INSERT OR REPLACE INTO rounds (round_id, started_at, state, body) "
                              "VALUES (?, ?, ?, ?)", (rnd["round_id"], rnd["started_at"], rnd["state"], body))
 
     def get_round(self, round_id: str) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute("SELECT body FROM rounds WHERE round_id = ?", (round_id,)).fetchone()
+            row = self._open().execute("SELECT body FROM rounds WHERE round_id = ?", (round_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
     def rounds(self, limit: int, before: float | None = None) -> list[dict[str, Any]]:
         """Up to ``limit`` rounds started before ``before`` (all when None), newest first."""
         with self._lock:
-            rows = self._db.execute(
+            rows = self._open().execute(
                 "SELECT body FROM rounds WHERE started_at < ? "
                 "ORDER BY started_at DESC, round_id DESC LIMIT ?",
                 (float("inf") if before is None else before, limit)).fetchall()
@@ -83,7 +94,7 @@ class FleetHistory:
     def close_interrupted(self, now: float) -> list[str]:
         """Mark rounds left running by a previous fleet process as failed; their ids."""
         with self._lock:
-            rows = self._db.execute("SELECT body FROM rounds WHERE state = 'running'").fetchall()
+            rows = self._open().execute("SELECT body FROM rounds WHERE state = 'running'").fetchall()
         closed = []
         for (body,) in rows:
             rnd = json.loads(body)
@@ -95,14 +106,14 @@ class FleetHistory:
     # -- operator actions -----------------------------------------------------------------------
     def record_action(self, action: str, detail: dict[str, Any], now: float | None = None) -> None:
         with self._lock:
-            self._db.execute("INSERT INTO actions (ts, action, detail) VALUES (?, ?, ?)",
+            self._open().execute("INSERT INTO actions (ts, action, detail) VALUES (?, ?, ?)",
                              (time.time() if now is None else now, action,
                               json.dumps(detail, allow_nan=False, separators=(",", ":"))))
 
     def actions(self, limit: int, before: int | None = None) -> list[dict[str, Any]]:
         """Up to ``limit`` actions with an id below ``before`` (all when None), newest first."""
         with self._lock:
-            rows = self._db.execute(
+            rows = self._open().execute(
                 "SELECT id, ts, action, detail FROM actions WHERE id < ? ORDER BY id DESC LIMIT ?",
                 (2**63 - 1 if before is None else before, limit)).fetchall()
         return [{"id": i, "ts": ts, "action": a, "detail": json.loads(d)} for i, ts, a, d in rows]
