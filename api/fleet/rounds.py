@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import logging
 import secrets
 import threading
 import time
@@ -27,6 +28,8 @@ from federation import topics
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode
 
 __all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager"]
+
+log = logging.getLogger(__name__)
 
 
 class RoundState(enum.StrEnum):
@@ -294,8 +297,8 @@ class RoundManager:
         try:
             self._publish(topics.command(self._swarm),
                           RoundAbort(round_id=rnd.round_id, reason=rnd.reason or "aborted by fleet"))
-        except Exception:  # best effort: the round is failed either way
-            pass
+        except Exception as exc:  # best effort: the round is failed either way
+            log.warning("round %s: could not publish the abort to the nodes: %s", rnd.round_id, exc)
 
     # -- queries --------------------------------------------------------------------------
     def get(self, round_id: str, max_points: int | None = None) -> dict | None:
