@@ -31,7 +31,8 @@ def test_store_pages_and_closes_interrupted_rounds(tmp_path):
 
     again = FleetHistory(db)  # a new process
     assert again.close_interrupted(now=500.0) == [rids[4]]
-    m2 = RoundManager(swarm="s", publish=lambda t, msg: None, start_timeout_s=5, idle_timeout_s=5, store=again)
+    m2 = RoundManager(swarm="s", publish=lambda t, msg: None, start_timeout_s=5, idle_timeout_s=5,
+                      store=again)
     page1 = m2.history(limit=2)
     assert [r["round_id"] for r in page1] == [rids[4], rids[3]]
     assert page1[0]["state"] == "failed" and page1[0]["reason"] == RESTARTED
