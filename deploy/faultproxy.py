@@ -184,6 +184,8 @@ class FaultProxy:
         self.stats.open = len(self._conns)
         try:
             await conn.run()
+        except asyncio.CancelledError:  # loop shutdown: asyncio's stream callback must not see it
+            conn.abort()
         finally:
             self._conns.discard(conn)
             self.stats.open = len(self._conns)
