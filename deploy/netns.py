@@ -2,11 +2,11 @@
 
 ::
 
-    [broker host]  b0 10.77.1.1 ==veth== r1 10.77.1.2  [router]  r2 10.77.2.2 ==veth== n0 10.77.2.1  [nodes host]
-     mosquitto :1883                         fault proxies :1883+k -> 10.77.1.1:1883              fractal node x N
+    [broker host] b0 10.77.1.1 ==veth== r1 10.77.1.2 [router] r2 10.77.2.2 ==veth== n0 10.77.2.1 [nodes]
+     mosquitto :1883                  fault proxies :2000+k -> 10.77.1.1:1883       fractal node x N
 
 The router runs one :class:`deploy.faultproxy.ProxyThread` per node (node ``k`` connects to
-``10.77.2.2:1883+k``), so a fault can hit one node or all of them. There is no IP forwarding:
+``10.77.2.2:2000+k``), so a fault can hit one node or all of them. There is no IP forwarding:
 the only path between the hosts is the proxy, and no address is added outside the namespaces
 the topology creates. Namespace names carry the creating pid; :func:`sweep_stale` removes those
 of dead test processes, :meth:`NetTopology.destroy` removes ours (also on failure).
@@ -62,8 +62,9 @@ class NetTopology:
                 self._made.append(ns)
                 _ip("-n", ns, "link", "set", "lo", "up")
             # both ends are created directly inside their namespaces: nothing appears in the host's
-            _ip("link", "add", "b0", "netns", self.broker, "type", "veth", "peer", "name", "r1", "netns", self.router)
-            _ip("link", "add", "n0", "netns", self.nodes, "type", "veth", "peer", "name", "r2", "netns", self.router)
+            for ns, dev, peer in ((self.broker, "b0", "r1"), (self.nodes, "n0", "r2")):
+                _ip("link", "add", dev, "netns", ns, "type", "veth",
+                    "peer", "name", peer, "netns", self.router)
             for ns, dev, addr in ((self.broker, "b0", BROKER_IP), (self.router, "r1", ROUTER_B_IP),
                                   (self.router, "r2", ROUTER_N_IP), (self.nodes, "n0", NODES_IP)):
                 _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)

@@ -85,11 +85,13 @@ class NetSwarm:
         self.fleet_link: MqttLink | None = None
         self.statuses: dict[str, NodeStatus] = {}
         self.lock = threading.Lock()
-        self.rounds = RoundManager(swarm=opts.swarm, publish=self._publish, start_timeout_s=opts.start_timeout_s,
-                                   idle_timeout_s=opts.idle_timeout_s, step_timeout_s=opts.step_timeout_s)
+        self.rounds = RoundManager(swarm=opts.swarm, publish=self._publish,
+                                   start_timeout_s=opts.start_timeout_s, idle_timeout_s=opts.idle_timeout_s,
+                                   step_timeout_s=opts.step_timeout_s)
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self._http: dict[str, httpx.Client] = {}
+        self.current_round: str | None = None  # the round run_round is waiting on
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> NetSwarm:
@@ -98,11 +100,13 @@ class NetSwarm:
             self.net.create()
             wd = self.opts.workdir
             wd.mkdir(parents=True, exist_ok=True)
-            self.broker = self.net.call(self.net.broker, start_mosquitto, BROKER_PORT, workdir=wd / "mosquitto",
+            self.broker = self.net.call(self.net.broker, start_mosquitto, BROKER_PORT,
+                                        workdir=wd / "mosquitto",
                                         extra_config=f"listener {BROKER_PORT} {BROKER_IP}")
             for k in range(self.opts.nodes):
-                self.proxies.append(ProxyThread(BROKER_IP, BROKER_PORT, listen_host=ROUTER_N_IP,
-                                                listen_port=PROXY_BASE_PORT + k, netns=self.net.router).start())
+                proxy = ProxyThread(BROKER_IP, BROKER_PORT, listen_host=ROUTER_N_IP,
+                                    listen_port=PROXY_BASE_PORT + k, netns=self.net.router)
+                self.proxies.append(proxy.start())
             link = self.net.call(self.net.broker, MqttLink, self.broker.url, swarm=self.opts.swarm,
                                  client_id="fleet")
             self.fleet_link = link
@@ -192,9 +196,14 @@ class NetSwarm:
         t0 = time.monotonic()
         rnd = self.rounds.start(RoundRequest(steps=steps, lr=lr), online=self.online(), known=set(self.ids),
                                 now=time.time())
-        if during is not None:
-            during(rnd.round_id)
-        self.wait_for(lambda: rnd.state is not RoundState.RUNNING, timeout, f"round {rnd.round_id} decided")
+        self.current_round = rnd.round_id
+        try:
+            if during is not None:
+                during(rnd.round_id)
+            self.wait_for(lambda: rnd.state is not RoundState.RUNNING, timeout,
+                          f"round {rnd.round_id} decided")
+        finally:
+            self.current_round = None
         d = self.rounds.get(rnd.round_id) or {}
         return RoundOutcome(rnd.round_id, rnd.state.value, rnd.reason, time.monotonic() - t0, d)
 
@@ -204,7 +213,8 @@ class NetSwarm:
         node_dir.mkdir(parents=True, exist_ok=True)
         cfg = node_dir / "NODE.toml"
         cfg.write_text("\n".join([
-            f'node_id = "{self.ids[k]}"', f'artifact = "{self.opts.artifact.resolve()}"', f"port = {HTTP_BASE_PORT + k}",
+            f'node_id = "{self.ids[k]}"', f'artifact = "{self.opts.artifact.resolve()}"',
+            f"port = {HTTP_BASE_PORT + k}",
             'data_dir = "data"', f'broker = "mqtt://{ROUTER_N_IP}:{PROXY_BASE_PORT + k}"',
             f'swarm = "{self.opts.swarm}"', f"heartbeat_s = {self.opts.heartbeat_s}",
             f"keepalive_s = {self.opts.keepalive_s}", "", "[training]",
@@ -217,10 +227,9 @@ class NetSwarm:
                "TVM_NUM_THREADS": "1"}
         log = open(cfg.parent / "node.log", "ab")  # noqa: SIM115 - the child owns it
         try:
-            self.procs[k] = self.net.popen(self.net.nodes, [sys.executable, "-c", "from api.cli import main; main()",
-                                                            "node", "--config", str(cfg)],
-                                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           cwd=str(REPO), env=env)
+            argv = [sys.executable, "-c", "from api.cli import main; main()", "node", "--config", str(cfg)]
+            self.procs[k] = self.net.popen(self.net.nodes, argv, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, cwd=str(REPO), env=env)
         finally:
             log.close()
 
@@ -281,8 +290,9 @@ class NetSwarm:
             if self.node_pid(k) is None:
                 raise RuntimeError(f"{self.ids[k]} exited: {self.log_tail(k)}")
             try:
-                return self.net.call(self.net.nodes, lambda: self._client(k).get("/v2/health/ready").status_code) \
-                    == 200
+                code = self.net.call(self.net.nodes,
+                                     lambda: self._client(k).get("/v2/health/ready").status_code)
+                return bool(code == 200)
             except httpx.HTTPError:
                 return False
 
@@ -300,7 +310,8 @@ class NetSwarm:
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Every running node reports (over HTTP) that no round runs."""
         def idle() -> bool:
-            return all(self.node_info(k)["round_id"] is None for k in range(len(self.ids)) if self.node_pid(k))
+            running = [k for k in range(len(self.ids)) if self.node_pid(k)]
+            return all(self.node_info(k)["round_id"] is None for k in running)
 
         self.wait_for(idle, timeout, "nodes idle")
 
@@ -315,6 +326,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="fractal-netbench-"))
     shards = digits_shards(args.nodes)
     results: dict[str, Any] = {}
+    load_before = round(os.getloadavg()[0], 2)
     try:
         with NetSwarm(NetSwarmOptions(artifact=artifact, workdir=work, nodes=args.nodes, tag="bench")) as sw:
             for k in range(args.nodes):
@@ -323,30 +335,44 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
             sw.wait_online()
             sw.run_round(2)  # warm-up (imports, first TVM calls)
             sw.wait_online()
+            def drops(p: ProxyThread) -> None:
+                p.set_delay(0)
+                p.drop_every(args.drop_every)
+
             faults: list[tuple[str, Callable[[ProxyThread], None]]] = [
                 ("none", lambda p: None),
                 ("delay-50ms", lambda p: p.set_delay(50)),
-                (f"drop-every-{args.drop_every:g}s", lambda p: (p.set_delay(0), p.drop_every(args.drop_every))),
+                (f"drop-every-{args.drop_every:g}s", drops),
             ]
             for name, apply in faults:
                 for p in sw.proxies:
                     apply(p)
-                times, committed = [], 0
+                times: list[float] = []
+                reasons: dict[str, int] = {}
                 for _ in range(args.rounds):
                     sw.wait_online(timeout=60)
                     out = sw.run_round(args.steps)
-                    times.append(out.seconds)
-                    committed += out.committed
-                    if not out.committed:
-                        sw.wait_idle()
-                results[name] = {"rounds": args.rounds, "committed": committed,
-                                 "median_s": round(statistics.median(times), 3),
-                                 "min_s": round(min(times), 3), "max_s": round(max(times), 3)}
+                    if out.committed:
+                        times.append(out.seconds)
+                    else:
+                        why = (out.reason or "?").split(":")[0][:60]
+                        reasons[why] = reasons.get(why, 0) + 1
+                    sw.wait_idle()
+                    if len(set(sw.params().values())) != 1:
+                        reasons["PARAMETERS DIVERGED"] = reasons.get("PARAMETERS DIVERGED", 0) + 1
+                results[name] = {"rounds": args.rounds, "committed": len(times), "failed": reasons,
+                                 "median_s": round(statistics.median(times), 3) if times else None,
+                                 "min_s": round(min(times), 3) if times else None,
+                                 "max_s": round(max(times), 3) if times else None}
             for p in sw.proxies:
                 p.drop_every(None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"nodes": args.nodes, "steps": args.steps, "results": results}
+    from api.bench.host import machine_line
+
+    return {"machine": machine_line(), "loadavg_1m_before": load_before,
+            "loadavg_1m_after": round(os.getloadavg()[0], 2), "nodes": args.nodes, "steps": args.steps,
+            "drop_every_s": args.drop_every, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--cache-dir", default=str(REPO / ".cache" / "netfaults"))
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
-        print("error: network namespaces need root (help: run as root, e.g. in the CI container)", file=sys.stderr)
+        print("error: network namespaces need root (help: run as root, e.g. in the CI container)",
+              file=sys.stderr)
         return 1
     print(json.dumps(_bench(a), indent=2))
     return 0

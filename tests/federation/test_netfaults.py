@@ -7,7 +7,7 @@ RoundManager; the truth about parameters is each node's ``GET /v1/node``.
 * A partition of one node during a round: the round fails with a reason, no node commits
   (nothing on a partial ring), the swarm recovers once healed (the next round commits on all),
   and every sample acknowledged with a 2xx during the partition is still there.
-* Connections dropped every 1.5 s during rounds: each round commits with agreeing parameters or
+* Connections dropped every 1.5 s (per node) during rounds: each round commits with agreeing parameters or
   fails with a reason leaving every node on the same parameters; without drops it commits again.
 """
 
@@ -38,7 +38,8 @@ def netswarm(digits_artifact: Path, digits_data: tuple[np.ndarray, np.ndarray],
     with sw:
         for k in range(NODES):
             sw.wait_http(k)
-            assert sw.post_samples(k, x[k:FIRST_SAMPLES * NODES:NODES], y[k:FIRST_SAMPLES * NODES:NODES]) == 200
+            mine = slice(k, FIRST_SAMPLES * NODES, NODES)
+            assert sw.post_samples(k, x[mine], y[mine]) == 200
         sw.wait_online()
         yield sw
 
@@ -135,9 +136,9 @@ def test_periodic_drops_commit_or_fail_cleanly(swarm: NetSwarm) -> None:
         p.set_delay(10)
         p.drop_every(1.5)
     outcomes = []
-    for _ in range(3):
+    for _ in range(4):
         swarm.wait_online(timeout=60)
-        out = swarm.run_round(40)
+        out = swarm.run_round(6)
         outcomes.append(out)
         print(f"round under drops: {out.state} in {out.seconds:.1f}s: {out.reason}")
         swarm.wait_idle()
@@ -146,7 +147,8 @@ def test_periodic_drops_commit_or_fail_cleanly(swarm: NetSwarm) -> None:
             assert out.fleet["params_agree"] and now == (state[0] + 1, out.fleet["params_sha256"]), (out, now)
         else:
             assert out.reason, out.fleet
-            assert now[0] in (state[0], state[0] + 1), now  # the fleet may give up on a ring that then finished
+            # the fleet may give up on a ring that then finished: all committed, or none did
+            assert now[0] in (state[0], state[0] + 1), now
         state = now
     assert sum(p.describe()["cut"] for p in swarm.proxies) >= 3  # the drops really happened
     for p in swarm.proxies:
