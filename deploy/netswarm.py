@@ -167,9 +167,12 @@ class NetSwarm:
         while not self._stop.wait(0.2):
             self.rounds.tick(time.time())
 
-    def online(self) -> set[str]:
+    def online(self, *, idle_only: bool = False) -> set[str]:
+        """Nodes whose retained status is not offline (the fleet's rule: a node still TRAINING a
+        round the fleet already failed counts); ``idle_only``: only those in state ONLINE."""
+        ok = {NodeState.ONLINE} if idle_only else {NodeState.ONLINE, NodeState.TRAINING}
         with self.lock:
-            return {n for n, s in self.statuses.items() if s.state is not NodeState.OFFLINE}
+            return {n for n, s in self.statuses.items() if s.state in ok}
 
     def wait_for(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -190,12 +193,13 @@ class NetSwarm:
         self.wait_for(ready, timeout, f"nodes {want} online")
 
     def run_round(self, steps: int, *, lr: float | None = None, timeout: float = 120.0,
-                  during: Callable[[str], None] | None = None) -> RoundOutcome:
-        """Start a round on every online node (the fleet's rules); ``during(round_id)`` runs right
-        after the command is published. Returns once the fleet decided."""
+                  idle_only: bool = False, during: Callable[[str], None] | None = None) -> RoundOutcome:
+        """Start a round on every online node (the fleet's rules; ``idle_only``: skip nodes still
+        training); ``during(round_id)`` runs right after the command is published. Returns once
+        the fleet decided."""
         t0 = time.monotonic()
-        rnd = self.rounds.start(RoundRequest(steps=steps, lr=lr), online=self.online(), known=set(self.ids),
-                                now=time.time())
+        rnd = self.rounds.start(RoundRequest(steps=steps, lr=lr), online=self.online(idle_only=idle_only),
+                                known=set(self.ids), now=time.time())
         self.current_round = rnd.round_id
         try:
             if during is not None:

@@ -177,8 +177,10 @@ def soak(artifact: Path, *, minutes: float, nodes: int = 4, seed: int = 1, hosti
             deadline = time.monotonic() + minutes * 60
             while time.monotonic() < deadline:
                 try:
-                    sw.wait_for(lambda: len(sw.online()) >= 2, 60, "two nodes online")
-                    out = sw.run_round(steps, timeout=120)
+                    # like an operator, wait until nodes finished the last round: the fleet itself would
+                    # also pick nodes still busy with a round it already failed (they refuse at once)
+                    sw.wait_for(lambda: len(sw.online(idle_only=True)) >= 2, 60, "two idle nodes")
+                    out = sw.run_round(steps, timeout=120, idle_only=True)
                 except Exception as exc:  # noqa: BLE001 - a refused start (e.g. < 2 online) is an outcome too
                     out = None
                     why = f"not started: {str(exc).split(';')[0][:80]}"
