@@ -4,9 +4,10 @@
 RoundManager; the truth about parameters is each node's ``GET /v1/node``.
 
 * 50 ms one-way delay: rounds commit and every node holds the same parameters.
-* A partition of one node during a round: the round fails with a reason, no node commits
-  (nothing on a partial ring), the swarm recovers once healed (the next round commits on all),
-  and every sample acknowledged with a 2xx during the partition is still there.
+* A partition during a round (one node blackholed, or the broker refusing every node): the round
+  fails with a reason naming a missing node, no node commits (nothing on a partial ring), the
+  swarm recovers once healed (the next round commits on all), and every sample acknowledged with
+  a 2xx during the partition is still there.
 * Connections dropped every 1.5 s (per node) during rounds: each round commits with agreeing parameters or
   fails with a reason leaving every node on the same parameters; without drops it commits again.
 """
@@ -86,7 +87,12 @@ def test_rounds_commit_under_50ms_delay(swarm: NetSwarm) -> None:
     assert time.monotonic() - t0 > 2 * 4 * 4 * 0.1
 
 
-def test_partition_fails_the_round_and_the_swarm_recovers(swarm: NetSwarm,
+@pytest.mark.parametrize(("mode", "victims"), [
+    (PartitionMode.BLACKHOLE, [NODES - 1]),  # one node silently cut off: the others wait, then give up
+    (PartitionMode.REFUSE, list(range(NODES))),  # the broker host unreachable for every node (resets)
+], ids=["blackhole-one-node", "refuse-all-nodes"])
+def test_partition_fails_the_round_and_the_swarm_recovers(swarm: NetSwarm, mode: PartitionMode,
+                                                          victims: list[int],
                                                           digits_data: tuple[np.ndarray, np.ndarray]) -> None:
     x, y = digits_data
     swarm.wait_online()
@@ -94,12 +100,12 @@ def test_partition_fails_the_round_and_the_swarm_recovers(swarm: NetSwarm,
     counts = {k: int(swarm.node_info(k)["samples"]) for k in range(NODES)}
     for p in swarm.proxies:
         p.set_delay(20)  # slows steps down so that the partition surely lands inside the round
-    victim = NODES - 1
     acked = dict.fromkeys(range(NODES), 0)
 
     def partition_mid_round(round_id: str) -> None:
         _first_step_seen(swarm, round_id)
-        swarm.proxies[victim].partition(PartitionMode.BLACKHOLE)
+        for v in victims:
+            swarm.proxies[v].partition(mode)
         for k in range(NODES):  # sensors keep posting while the node is cut off from the broker
             lo = 1000 + 20 * k
             if swarm.post_samples(k, x[lo:lo + 20], y[lo:lo + 20]) // 100 == 2:
@@ -108,15 +114,15 @@ def test_partition_fails_the_round_and_the_swarm_recovers(swarm: NetSwarm,
     out = swarm.run_round(200, during=partition_mid_round)
     print(f"partitioned round: {out.state} after {out.seconds:.1f}s: {out.reason}")
     assert not out.committed and out.reason, out.fleet
-    assert any(w in out.reason for w in (f"n{victim}", "timeout", "timed out")), out.reason
-    # the two nodes still connected must not commit on a ring that lost a member
-    for k in range(NODES - 1):
+    assert any(f"n{v}" in out.reason for v in victims), out.reason  # names who is missing
+    # no node commits on a ring that lost a member (the ones still connected included)
+    for k in range(NODES):
         swarm.wait_for(lambda k=k: swarm.node_info(k)["round_id"] is None, 30, f"n{k} idle")  # type: ignore[misc]
         info = swarm.node_info(k)
         assert (info["model_version"], info["params_sha256"]) == before, info
-    assert swarm.node_info(victim)["model_version"] == before[0]
 
-    swarm.proxies[victim].heal()
+    for v in victims:
+        swarm.proxies[v].heal()
     swarm.wait_online(timeout=60)
     swarm.wait_idle()
     assert _agreeing(swarm) == before  # nothing half-applied anywhere
