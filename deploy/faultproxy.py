@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import enum
 import json
 import os
@@ -36,7 +35,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-__all__ = ["FaultProxy", "ProxyThread", "PartitionMode", "ProxyStats", "enter_netns", "main"]
+from deploy.netns import enter_netns
+
+__all__ = ["FaultProxy", "ProxyThread", "PartitionMode", "ProxyStats", "main"]
 
 _CHUNK = 65536
 T = TypeVar("T")
@@ -235,25 +236,6 @@ class FaultProxy:
                 "delay_ms": [self.delay_up_ms, self.delay_down_ms],
                 "partition": self.partitioned.value if self.partitioned else None,
                 "drop_every_s": self.drop_every_s, **asdict(self.stats)}
-
-
-# -- network namespaces -------------------------------------------------------------------------
-_CLONE_NEWNET = 0x40000000
-
-
-def enter_netns(name: str) -> None:
-    """Move the CALLING THREAD into network namespace ``/run/netns/NAME`` (needs root).
-
-    Sockets the thread creates afterwards, and threads or processes it starts, live there.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({name}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
 
 
 class ProxyThread:

@@ -18,6 +18,7 @@ in that namespace); processes start there through ``ip netns exec``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import subprocess
@@ -25,13 +26,29 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from deploy.faultproxy import enter_netns
-
 T = TypeVar("T")
 
 BROKER_IP, ROUTER_B_IP, ROUTER_N_IP, NODES_IP = "10.77.1.1", "10.77.1.2", "10.77.2.2", "10.77.2.1"
 BROKER_PORT = 1883
 _PREFIX = "fxnet"
+_CLONE_NEWNET = 0x40000000
+
+__all__ = ["NetTopology", "enter_netns", "sweep_stale", "BROKER_IP", "BROKER_PORT", "ROUTER_N_IP", "NODES_IP"]
+
+
+def enter_netns(name: str) -> None:
+    """Move the CALLING THREAD into network namespace ``/run/netns/NAME`` (needs root).
+
+    Sockets the thread creates afterwards, and threads or processes it starts, live there.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({name}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _ip(*args: str) -> None:
