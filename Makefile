@@ -8,7 +8,7 @@ NODES   ?= 3
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: install install-dev test test-fast demo bench check sysroot sysroot-aarch64 pycheck clean
+.PHONY: install install-dev test test-fast demo bench soak check sysroot sysroot-aarch64 pycheck clean
 
 install: $(RUNTIME)
 install-dev: $(DEV)
@@ -47,6 +47,12 @@ demo: install
 
 bench: install-dev sysroot
 	$(BIN)/pytest -q -p no:cacheprovider --override-ini addopts= -m bench tests/bench
+
+# Not part of `make test`: a 4-node swarm on namespaced hosts doing rounds for SOAK_MINUTES while
+# nodes are killed/restarted and junk MQTT messages are injected; prints a JSON report (needs root).
+SOAK_MINUTES ?= 5
+soak: install-dev
+	$(BIN)/python -m deploy.soak --minutes $(SOAK_MINUTES) --out $(CACHE)/soak-report.json
 
 check: install-dev
 	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy tests
