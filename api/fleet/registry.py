@@ -95,6 +95,12 @@ class NodeRegistry:
         with self._lock:
             return {nid for nid, e in self._nodes.items() if e.state(now) is not NodeState.OFFLINE}
 
+    def idle_ids(self, now: float) -> set[str]:
+        """Online and not busy with a round (a node still inside an aborted round is not idle:
+        a new round on it would fail at once with "busy")."""
+        with self._lock:
+            return {nid for nid, e in self._nodes.items() if e.state(now) is NodeState.ONLINE}
+
     def known(self, node_id: str) -> bool:
         with self._lock:
             return node_id in self._nodes

@@ -196,7 +196,7 @@ class RoundManager:
             if len(participants) < 2:
                 have = ", ".join(participants) or "none"
                 raise RoundRejected(
-                    f"fewer than 2 nodes online among the requested participants (online: {have}); "
+                    f"fewer than 2 nodes online and idle among the requested participants (idle: {have}); "
                     "a round needs at least 2")
             cmd = RoundCommand(round_id=_new_round_id(), steps=req.steps, lr=req.lr,
                                sync=req.sync or SyncMode.GRADIENT, participants=participants,

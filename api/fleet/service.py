@@ -173,7 +173,7 @@ class FleetService:
 
     def start_round(self, req: RoundRequest) -> dict:
         now = self.clock()
-        rnd = self.rounds.start(req, online=self.registry.online_ids(now),
+        rnd = self.rounds.start(req, online=self.registry.idle_ids(now),
                                 known={n["node_id"] for n in self.nodes()}, now=now)
         self.history.record_action("start_round", {"round_id": rnd.round_id,
                                                    "request": req.model_dump(mode="json")}, now)

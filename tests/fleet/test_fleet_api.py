@@ -207,6 +207,19 @@ def test_409_with_fewer_than_two_online_nodes(fleet):
     assert r.status_code == 404 and "ghost" in r.json()["error"]
 
 
+def test_nodes_still_training_are_not_picked(fleet):
+    """A node still inside an earlier (e.g. aborted) round would fail a new one at once as busy."""
+    fleet.announce("node-a")
+    fleet.announce("node-b", state=NodeState.TRAINING)
+    fleet.wait_for(lambda: len(fleet.get("/api/nodes").json()["nodes"]) == 2, what="2 nodes")
+    r = fleet.post("/api/rounds", json={"steps": 5})
+    assert r.status_code == 409 and "idle: node-a" in r.json()["error"], r.text
+    fleet.announce("node-b")  # back to idle
+    fleet.wait_for(lambda: fleet.node("node-b")["state"] == "online", what="node-b idle")
+    r = fleet.post("/api/rounds", json={"steps": 5})
+    assert r.status_code == 201 and r.json()["participants"] == ["node-a", "node-b"]
+
+
 @pytest.mark.parametrize("body", [
     {"steps": 0}, {"steps": "many"}, {"steps": 5, "lr": -1}, {"steps": 5, "sync": "bogus"},
     {"steps": 5, "nodes": "node-a"}, {"steps": 5, "colour": "red"}, {}, [1, 2], None,
