@@ -17,7 +17,7 @@ import math
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
 
 from federation.errors import FederationError
 
@@ -52,7 +52,7 @@ __all__ = [
     "ModelVersion",
     "Samples",
     "Finite",
-    "OptionalLoss",
+    "Loss",
     "Sha256Hex",
     "Text",
     "Url",
@@ -109,6 +109,15 @@ def _finite(x: float) -> float:
     return x
 
 
+def _loss(x: object) -> object:
+    # A diverged loss is reported as null rather than dropped: the event still says "step N".
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _truncate(x: object) -> object:
+    return x[:REASON_MAX] if isinstance(x, str) else x
+
+
 def _unique(ids: list[str]) -> list[str]:
     if len(set(ids)) != len(ids):
         raise ValueError("participants must be unique")
@@ -126,11 +135,11 @@ KeepaliveS = Annotated[float, Field(ge=KEEPALIVE_MIN_S, le=KEEPALIVE_MAX_S, allo
 ModelVersion = Annotated[int, Field(ge=0, le=MODEL_VERSION_MAX)]
 Samples = Annotated[int, Field(ge=0, le=SAMPLES_MAX)]
 Finite = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_finite)]
-OptionalLoss = Annotated[float | None, Field(allow_inf_nan=False)]
+Loss = Annotated[float | None, BeforeValidator(_loss)]  # NaN/Inf -> None
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")]
 Text = Annotated[str, StringConstraints(max_length=TEXT_MAX)]
 Url = Annotated[str, StringConstraints(max_length=URL_MAX)]
-Reason = Annotated[str, StringConstraints(max_length=REASON_MAX)]
+Reason = Annotated[str, BeforeValidator(_truncate), StringConstraints(max_length=REASON_MAX)]
 
 
 def check_round(steps: int, local_steps: int, step_timeout_s: float) -> None:

@@ -65,12 +65,14 @@ def test_status_fields():
                             (b.KeepaliveS, 10.0, 0.0), (b.HeartbeatS, 5.0, 1e9),
                             (b.ModelVersion, 3, -1), (b.ModelVersion, 3, 1_000_000_000_000_000_000),
                             (b.Samples, 10, -5), (b.Finite, 1.5, math.nan), (b.Finite, 1.5, -math.inf),
-                            (b.OptionalLoss, 0.3, math.nan), (b.Sha256Hex, "a" * 64, "A" * 64),
+                            (b.Sha256Hex, "a" * 64, "A" * 64),
                             (b.Sha256Hex, "", "abc"), (b.Text, "rpi4", "x" * 5000),
-                            (b.Url, "http://h:1", "h" * 300), (b.Reason, "timeout", "r" * 600)]:
+                            (b.Url, "http://h:1", "h" * 300), (b.Reason, "timeout", 5)]:
         assert ok(tp, good) == good
         bad(tp, wrong)
-    assert ok(b.OptionalLoss, None) is None
+    assert ok(b.Loss, None) is None and ok(b.Loss, 0.5) == 0.5
+    assert ok(b.Loss, math.nan) is None and ok(b.Loss, -math.inf) is None  # reported as null
+    assert ok(b.Reason, "r" * 600) == "r" * b.REASON_MAX  # a node's own long reason is cut
 
 
 def test_finite_or_none():
