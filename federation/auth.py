@@ -256,7 +256,7 @@ def swarm_policy(topic: str, sender: str, role: Role) -> bool:
 # ---------------------------------------------------------------------------------- signing
 
 
-def _signed_bytes(head: bytes | memoryview, payload: bytes | memoryview) -> bytes:
+def _signed_bytes(head: bytes | memoryview, payload: bytes | bytearray | memoryview) -> bytes:
     return DOMAIN + bytes(head) + hashlib.sha256(payload).digest()
 
 

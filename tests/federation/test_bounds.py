@@ -55,7 +55,7 @@ def test_steps_local_steps_timeouts():
 def test_participants():
     assert ok(b.Participants, ["a", "b"]) == ["a", "b"]
     bad(b.Participants, [])
-    bad(b.Participants, ["a", "a"])
+    assert ok(b.Participants, ["a", "b", "a"]) == ["a", "b"]
     bad(b.Participants, ["a", "bad/id"])
     bad(b.Participants, [f"n{i}" for i in range(b.PARTICIPANTS_MAX + 1)])
 

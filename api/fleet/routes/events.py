@@ -34,7 +34,8 @@ async def events(request: Request, _: Authenticated, fleet: Service) -> Streamin
     async def stream():
         idle = 0.0
         try:
-            yield "retry: 2000\n\n" + _frame(EventType.SNAPSHOT.value, json.dumps(json_safe(fleet.snapshot()), allow_nan=False))
+            snap = json.dumps(json_safe(fleet.snapshot()), allow_nan=False)
+            yield "retry: 2000\n\n" + _frame(EventType.SNAPSHOT.value, snap)
             while not stopping.is_set():
                 item = await sub.get(timeout=1.0)
                 if item is None:
