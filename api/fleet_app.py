@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from api.errors import install_common_handlers
 from api.fleet.routes import auth, events, nodes, page, rounds
 from api.fleet.routes.page import STATIC
 from api.fleet.service import FleetService, LinkFactory
@@ -45,14 +44,5 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
     for r in (auth, nodes, rounds, events, page):
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    install_common_handlers(app)  # error bodies are {"error": ...}, as on the node
     return app
-
-
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    """422 naming each bad field. The offending input is not echoed back: it may not even be
-    JSON-serialisable (a bare ``Infinity`` body made FastAPI's default handler answer 500)."""
-    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-              for e in errors]
-    return JSONResponse({"detail": detail}, status_code=422)

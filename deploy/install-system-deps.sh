@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(mosquitto mosquitto-clients qemu-user
       gcc-aarch64-linux-gnu g++-aarch64-linux-gnu gcc-riscv64-linux-gnu g++-riscv64-linux-gnu
-      chromium file make)
+      chromium file make python3-venv)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

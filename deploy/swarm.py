@@ -309,10 +309,10 @@ def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: unwind and 
 
 def run_swarm(opts: SwarmOptions) -> None:
     """Run the demo until Ctrl-C/SIGTERM; everything started is stopped before returning."""
-    from api.cli.fleet import _check_port_free, serve_fleet
+    from api.fleet.serve import check_port_free, serve_fleet
     from api.fleet.settings import FleetSettings
 
-    _check_port_free(opts.host, opts.port)  # fail before minutes of work
+    check_port_free(opts.host, opts.port)  # fail before minutes of work
     token = opts.token or os.environ.get("FRACTAL_FLEET_TOKEN") or secrets.token_urlsafe(12)
     owns = opts.workdir is None
     if opts.workdir is not None:

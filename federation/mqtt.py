@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as paho
@@ -31,9 +31,7 @@ from pydantic import BaseModel
 
 from federation import topics
 from federation.errors import TransportError
-
-if TYPE_CHECKING:
-    from federation.mqtt_transport import MqttTransport
+from federation.mqtt_transport import MqttTransport
 
 __all__ = ["MqttVersion", "BrokerAddress", "TlsOptions", "Subscription", "MqttLink", "parse_url"]
 
@@ -356,8 +354,6 @@ class MqttLink:
         inbox is fed by ``topics.allreduce(swarm, member_id)``; sends never block on the receiver.
         The ring engine does its own acks and flow control; ``flow_control=True`` adds a link
         layer (at most ``window`` unacknowledged messages per peer, the rest wait here)."""
-        from federation.mqtt_transport import MqttTransport
-
         with self._lock:
             if member_id in self._transports and not self._transports[member_id].closed:
                 raise TransportError(f"member {member_id!r} already has a transport on this link")

@@ -38,18 +38,36 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from federation import topics
 from federation.errors import FrameError, TransportError
 
-if TYPE_CHECKING:
-    from federation.mqtt import MqttLink, Subscription
-
-__all__ = ["LinkKind", "LINK_VERSION", "MqttTransport", "encode_data", "decode_data", "encode_ack",
-           "decode_ack", "ENVELOPE_OVERHEAD"]
+__all__ = ["PubSubLink", "LinkKind", "LINK_VERSION", "MqttTransport", "encode_data", "decode_data",
+           "encode_ack", "decode_ack", "ENVELOPE_OVERHEAD"]
 
 log = logging.getLogger(__name__)
+
+
+class _Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class PubSubLink(Protocol):
+    """What a transport needs from its MQTT connection (:class:`federation.mqtt.MqttLink` is one).
+
+    Declared here so this module never imports :mod:`federation.mqtt`: the link builds
+    transports, transports only see this interface (no import cycle).
+    """
+
+    swarm: str
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False, qos: int = 1) -> object: ...
+
+    def subscribe(self, filter: str, callback: Callable[[str, bytes], None], *, inline: bool = False,
+                  copy: bool = True) -> _Cancellable: ...
+
+    def on_connect(self, hook: Callable[[bool], None]) -> None: ...
 
 LINK_VERSION = 1
 _MAGIC = b"FL"
@@ -128,7 +146,7 @@ class _Seen:
 class MqttTransport:
     """See module docstring. Created by :meth:`federation.mqtt.MqttLink.transport`."""
 
-    def __init__(self, link: MqttLink, member_id: str, *, max_payload: int = 256 * 1024, window: int = 16,
+    def __init__(self, link: PubSubLink, member_id: str, *, max_payload: int = 256 * 1024, window: int = 16,
                  retransmit_s: float = 3.0, give_up_s: float = 120.0, flow_control: bool = False) -> None:
         if window < 1 or max_payload < 64:
             raise TransportError("window must be >= 1 and max_payload >= 64 bytes")
@@ -153,7 +171,7 @@ class MqttTransport:
         self._wake = threading.Event()
         swarm = link.swarm
         # Inline: the handlers only parse, enqueue and publish; they never wait.
-        self._subs: list[Subscription] = [
+        self._subs: list[_Cancellable] = [
             link.subscribe(topics.allreduce(swarm, member_id),
                            self._on_data if flow_control else self._on_raw, inline=True, copy=False)]
         if flow_control:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import logging
 import secrets
 import threading
 import time
@@ -22,10 +23,13 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.fleet.history import FleetHistory
 from federation import topics
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode
 
 __all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager"]
+
+log = logging.getLogger(__name__)
 
 
 class RoundState(enum.StrEnum):
@@ -157,7 +161,8 @@ class RoundManager:
     """Thread-safe; ``publish(topic, message)`` sends on MQTT (injected so tests can capture it)."""
 
     def __init__(self, *, swarm: str, publish: Publish, start_timeout_s: float, idle_timeout_s: float,
-                 step_timeout_s: float = 30.0, max_steps: int = 10_000, history: int = 200) -> None:
+                 step_timeout_s: float = 30.0, max_steps: int = 10_000, history: int = 200,
+                 store: FleetHistory | None = None) -> None:
         self._swarm = swarm
         self._publish = publish
         self._start_timeout = start_timeout_s
@@ -165,6 +170,7 @@ class RoundManager:
         self._step_timeout = step_timeout_s
         self._max_steps = max_steps
         self._history = history
+        self._store = store  # durable history (rounds and their metrics); None: memory only
         self._lock = threading.Lock()
         self._rounds: OrderedDict[str, Round] = OrderedDict()
         self.ignored_events = 0  # events of rounds this fleet did not start
@@ -200,6 +206,7 @@ class RoundManager:
             self._rounds[cmd.round_id] = rnd
             while len(self._rounds) > self._history:
                 self._rounds.popitem(last=False)
+            self._save(rnd)
         # Publish outside the lock: a slow broker must not block readers.
         self._publish(topics.command(self._swarm), cmd)
         return rnd
@@ -244,6 +251,11 @@ class RoundManager:
 
     def _finish(self, rnd: Round, state: RoundState, reason: str | None, now: float) -> None:
         rnd.state, rnd.reason, rnd.finished_at = state, reason, now
+        self._save(rnd)
+
+    def _save(self, rnd: Round) -> None:
+        if self._store is not None:
+            self._store.save_round(rnd.to_dict(PLOT_POINTS))
 
     def node_offline(self, node_id: str, now: float) -> list[Round]:
         """A participant went offline: its running rounds fail (the ring cannot finish without it)."""
@@ -285,17 +297,29 @@ class RoundManager:
         try:
             self._publish(topics.command(self._swarm),
                           RoundAbort(round_id=rnd.round_id, reason=rnd.reason or "aborted by fleet"))
-        except Exception:  # best effort: the round is failed either way
-            pass
+        except Exception as exc:  # best effort: the round is failed either way
+            log.warning("round %s: could not publish the abort to the nodes: %s", rnd.round_id, exc)
 
     # -- queries --------------------------------------------------------------------------
     def get(self, round_id: str, max_points: int | None = None) -> dict | None:
-        """One round; ``max_points`` thins the loss series (the event stream and history use it)."""
+        """One round; ``max_points`` thins the loss series (the event stream and history use it).
+        A round of an earlier fleet process comes from the store, thinned to PLOT_POINTS."""
         with self._lock:
             rnd = self._rounds.get(round_id)
-            return rnd.to_dict(max_points) if rnd else None
+            if rnd is not None:
+                return rnd.to_dict(max_points)
+        return self._store.get_round(round_id) if self._store is not None else None
 
-    def history(self, max_points: int | None = PLOT_POINTS) -> list[dict]:
-        """Newest first."""
+    def history(self, max_points: int | None = PLOT_POINTS, *, limit: int = 50,
+                before: float | None = None) -> list[dict]:
+        """Up to ``limit`` rounds started before ``before`` (a ``started_at``), newest first; from the
+        store when there is one (so rounds of earlier fleet processes are included)."""
         with self._lock:
-            return [r.to_dict(max_points) for r in reversed(self._rounds.values())]
+            live = {r.round_id: r.to_dict(max_points) for r in self._rounds.values()
+                    if before is None or r.started_at < before}
+        if self._store is None:
+            rows = sorted(live.values(), key=lambda d: (d["started_at"], d["round_id"]), reverse=True)
+            return rows[:limit]
+        # Rounds this process runs are fresher in memory than in the store (loss points arrive
+        # between saves).
+        return [live.get(d["round_id"], d) for d in self._store.rounds(limit, before)]

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from api.fleet.events import EventBus, EventType
+from api.fleet.history import FleetHistory
 from api.fleet.registry import NodeRegistry
 from api.fleet.rounds import PLOT_POINTS, Round, RoundManager, RoundRequest, RoundState
 from api.fleet.settings import FleetSettings
@@ -58,10 +59,13 @@ class FleetService:
         self.clock = clock
         self.bus = EventBus()
         self.registry = NodeRegistry()
+        self.history = FleetHistory(settings.db_path())
+        self.history.close_interrupted(clock())
         self.rounds = RoundManager(
             swarm=settings.swarm, publish=self._publish,
             start_timeout_s=settings.round_start_timeout_s, idle_timeout_s=settings.round_idle_timeout_s,
-            step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history)
+            step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history,
+            store=self.history)
         self.rejected_messages = 0
         # per reason: federation.auth.Reject values, "malformed", "registry_full"
         self.rejected: Counter[str] = Counter()
@@ -92,6 +96,7 @@ class FleetService:
         if self._link is not None:
             self._link.close()
             self._link = None
+        self.history.close()
 
     @property
     def connected(self) -> bool:
@@ -191,6 +196,8 @@ class FleetService:
         now = self.clock()
         rnd = self.rounds.start(req, online=self.registry.online_ids(now),
                                 known={n["node_id"] for n in self.nodes()}, now=now)
+        self.history.record_action("start_round", {"round_id": rnd.round_id,
+                                                   "request": req.model_dump(mode="json")}, now)
         data = rnd.to_dict(PLOT_POINTS)
         self.bus.publish(EventType.ROUND, data)
         return data

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -32,8 +34,18 @@ class FleetSettings(BaseSettings):
     round_idle_timeout_s: float = Field(default=60.0, gt=0)
     step_timeout_s: float = Field(default=30.0, gt=0)  # forwarded to nodes in RoundCommand
     max_steps: int = Field(default=10_000, ge=1)
-    history: int = Field(default=200, ge=1)  # rounds kept in memory
+    history: int = Field(default=200, ge=1)  # rounds kept in memory (all of them are in the db)
+    # SQLite file of round history and operator actions; empty: the user data dir, per swarm.
+    db: str = ""
     tick_s: float = Field(default=0.25, gt=0)  # how often deadlines and heartbeats are checked
+
+    def db_path(self) -> Path:
+        """Where the fleet keeps its durable state (``db``, or a per-swarm file in the user data dir)."""
+        if self.db:
+            return Path(self.db)
+        import platformdirs
+
+        return Path(platformdirs.user_data_dir("fractal-edge")) / f"fleet-{self.swarm}.sqlite"
 
     @field_validator("swarm")
     @classmethod

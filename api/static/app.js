@@ -19,9 +19,7 @@ async function api(method, path, body) {
   if (r.status === 401) { location.replace("/login"); throw new Error("not signed in"); }
   const data = await r.json().catch(() => ({}));
   if (!r.ok) {
-    let d = data.detail;
-    if (Array.isArray(d)) d = d.map((x) => `${(x.loc || []).slice(1).join(".")}: ${x.msg}`).join("; ");
-    throw new Error(`${r.status}: ${d || r.statusText}`);
+    throw new Error(`${r.status}: ${data.error || r.statusText}`);
   }
   return data;
 }

@@ -32,7 +32,8 @@ def test_newer_format_version_is_refused(compiler_digits_artifact, tmp_path):
     art, data = _copy(compiler_digits_artifact, tmp_path)
     data["format_version"] = FORMAT_VERSION + 1
     (art / MANIFEST).write_text(json.dumps(data))
-    with pytest.raises(ArtifactError, match=rf"format version {FORMAT_VERSION + 1}; this fractal reads up to"):
+    newer = rf"format version {FORMAT_VERSION + 1}; this fractal reads up to"
+    with pytest.raises(ArtifactError, match=newer):
         load_artifact(art)
 
 
