@@ -8,6 +8,11 @@
   and hands the callback only the verified payload; anything else is dropped and counted per
   :class:`~federation.auth.Reject` reason (``rejected``), never delivered.
 
+It is itself a link of the kind :class:`federation.mqtt_transport.MqttTransport` runs on, so
+:meth:`SignedLink.transport` gives the ring a transport whose every frame (DATA, ACK, ABORT,
+broadcast) is signed by its member and verified by the receiver; a ring frame whose header names
+another sender than the key that signed it is dropped as WRONG_ROLE (impersonation).
+
 Empty payloads (an MQTT "clear the retained message") cannot be signed: they are dropped as
 UNSIGNED. A node is decommissioned by revoking its key, not by clearing its status.
 """
@@ -22,6 +27,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from federation import framing
 from federation.auth import (
     AuthRejected,
     Keyring,
@@ -31,6 +37,7 @@ from federation.auth import (
     Verifier,
     load_private_key,
 )
+from federation.mqtt_transport import MqttTransport
 
 __all__ = ["PubSub", "SignedLink", "Identity", "load_identity"]
 
@@ -43,6 +50,18 @@ class PubSub(Protocol):
     def publish(self, topic: str, payload: Any, *, retain: bool = False, qos: int = 1) -> Any: ...
     def subscribe(self, filter: str, callback: Callback) -> Any: ...
     def close(self) -> None: ...
+
+
+def _frame_sender(payload: memoryview) -> str | None:
+    """The sender id in a ring frame's header (federation/framing.py), None if it is not one."""
+    if len(payload) < framing.HEADER.size or bytes(payload[:2]) != framing.MAGIC:
+        return None
+    swarm_len, tag_len, sender_len = payload[44], payload[45], payload[46]
+    start = framing.HEADER.size + swarm_len + tag_len
+    try:
+        return bytes(payload[start:start + sender_len]).decode()
+    except UnicodeDecodeError:
+        return None
 
 
 class Identity:
@@ -89,6 +108,7 @@ class SignedLink:
         self.signer = signer
         self.verifier = verifier
         self._on_reject = on_reject
+        self.swarm: str = str(getattr(link, "swarm", ""))  # fakes in the fleet's tests have none
 
     @property
     def rejected(self) -> Counter[Reject]:
@@ -98,19 +118,44 @@ class SignedLink:
     def connected(self) -> bool:
         return bool(getattr(self.link, "connected", True))
 
+    def on_connect(self, hook: Callable[[bool], None]) -> None:
+        self.link.on_connect(hook)  # type: ignore[attr-defined]
+
+    def transport(self, member_id: str, *, max_payload: int = 256 * 1024, window: int = 16,
+                  retransmit_s: float = 3.0) -> MqttTransport:
+        """A ring transport for ``member_id`` whose frames are signed and verified."""
+        if member_id != self.signer.sender:
+            from federation.errors import FederationError
+
+            raise FederationError(f"this link signs as {self.signer.sender!r}, not {member_id!r}")
+        return MqttTransport(self, member_id, max_payload=max_payload, window=window,
+                             retransmit_s=retransmit_s)
+
     def sign(self, topic: str, payload: Any, *, will: bool = False) -> bytes:
         return self.signer.sign(topic, _bytes(payload), will=will)
 
-    def publish(self, topic: str, payload: Any, *, retain: bool = False, qos: int = 1) -> Any:
+    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Any:
         return self.link.publish(topic, self.sign(topic, payload), retain=retain, qos=qos)
 
-    def subscribe(self, filter: str, callback: Callback) -> Any:
+    def subscribe(self, filter: str, callback: Callback, **kw: Any) -> Any:
+        """Like the link's ``subscribe`` (same keywords); the callback gets only verified payloads
+        (``copy=False``: a zero-copy view into the received buffer)."""
+        copy = kw.get("copy", True)
+
         def verified(topic: str, data: bytes) -> None:
             msg = self.verify(topic, data)
-            if msg is not None:
-                callback(topic, bytes(msg.payload))
+            if msg is None:
+                return
+            sender = _frame_sender(msg.payload) if "/ar/" in topic else None
+            if sender is not None and sender != msg.sender:
+                self.verifier.counts[Reject.WRONG_ROLE] += 1
+                if self._on_reject is not None:
+                    self._on_reject(topic, Reject.WRONG_ROLE)
+                log.debug("dropped frame on %s: header names %r, signed by %r", topic, sender, msg.sender)
+                return
+            callback(topic, bytes(msg.payload) if copy else msg.payload)  # type: ignore[arg-type]
 
-        return self.link.subscribe(filter, verified)
+        return self.link.subscribe(filter, verified, **kw)  # type: ignore[call-arg]
 
     def verify(self, topic: str, data: bytes | bytearray | memoryview) -> Verified | None:
         """The verified message, or ``None`` (dropped, counted, logged at debug level)."""
