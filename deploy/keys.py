@@ -14,7 +14,8 @@ adds only that node; ``--revoke`` removes a node everywhere)::
     DIR/mosquitto/fractal.acl     Mosquitto ACLs for the swarm (deploy/mosquitto/mosquitto.conf)
 
 Key file format (JSON, one object): ``{"v": 1, "key_id": "node-1-k1", "sender": "node-1",
-"role": "node", "private_key": "<base64 of the 32-byte ed25519 seed>"}``. The key id is
+"role": "node", "private_key": "<base64 of the 32-byte ed25519 seed>", "dh_private": "<base64
+of a 32-byte X25519 key (nodes only: pairwise ring-frame MACs, federation/ringmac.py)>"}``. The key id is
 ``{sender}-k{n}``; a rotation adds ``-k{n+1}`` and revokes the old id.
 
 A revoked node loses three things at once: its password line (the broker refuses its CONNECT),
@@ -36,14 +37,17 @@ import sys
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from federation.auth import (
     KeyEntry,
     Keyring,
     Role,
     generate_key,
+    load_dh_key,
     load_private_key,
     private_key_bytes,
+    raw_b64,
 )
 from federation.bounds import check_id
 from federation.broker import _password_line  # the one Mosquitto password-line writer
@@ -88,17 +92,21 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _key(out: Path, sender: str, role: Role) -> tuple[str, Ed25519PrivateKey]:
+def _key(out: Path, sender: str, role: Role) -> tuple[str, Ed25519PrivateKey, X25519PrivateKey | None]:
     path = out / "keys" / f"{sender}.key"
     if path.exists():
         doc = json.loads(path.read_text())
-        return doc["key_id"], load_private_key(path)
+        return doc["key_id"], load_private_key(path), load_dh_key(path)
     key = generate_key()
+    # Nodes also get an X25519 key: pairwise MACs on ring frames (federation/ringmac.py).
+    dh = X25519PrivateKey.generate() if role == Role.NODE else None
     key_id = f"{sender}-k1"
     seed = base64.b64encode(private_key_bytes(key)).decode()
-    _write_private(path, json.dumps({"v": 1, "key_id": key_id, "sender": sender, "role": role.value,
-                                     "private_key": seed}) + "\n")
-    return key_id, key
+    doc = {"v": 1, "key_id": key_id, "sender": sender, "role": role.value, "private_key": seed}
+    if dh is not None:
+        doc["dh_private"] = raw_b64(dh)
+    _write_private(path, json.dumps(doc) + "\n")
+    return key_id, key, dh
 
 
 def _password(out: Path, user: str) -> str:
@@ -125,8 +133,8 @@ def provision(out: str | Path, swarm: str, nodes: list[str], revoke: list[str] |
     active = [n for n in dict.fromkeys(nodes) if n not in set(revoke)]
     ring = Keyring(swarm=swarm, revoked=old_revoked)
     for sender, role in [(FLEET_USER, Role.FLEET), *[(n, Role.NODE) for n in active]]:
-        key_id, key = _key(out, sender, role)
-        ring.add(KeyEntry(key_id, sender, role, key.public_key()))
+        key_id, key, dh = _key(out, sender, role)
+        ring.add(KeyEntry(key_id, sender, role, key.public_key(), dh.public_key() if dh else None))
     for n in revoke:
         path = out / "keys" / f"{n}.key"
         if path.exists():

@@ -63,6 +63,7 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from federation.errors import FederationError
@@ -142,11 +143,30 @@ def public_key_b64(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
-    """Read a key file: JSON ``{"v": 1, "key_id", "sender", "private_key": base64 seed}``."""
+    """Read a key file: JSON ``{"v": 1, "key_id", "sender", "private_key": base64 seed,
+    "dh_private": base64 X25519 key (nodes; for the ring's pairwise frame MACs)}``."""
     doc = json.loads(Path(path).read_text())
     if doc.get("v") != KEYRING_VERSION:
         raise FederationError(f"{path}: unsupported key file version {doc.get('v')!r}")
     return Ed25519PrivateKey.from_private_bytes(base64.b64decode(doc["private_key"], validate=True))
+
+
+def load_dh_key(path: str | Path) -> X25519PrivateKey | None:
+    doc = json.loads(Path(path).read_text())
+    raw = doc.get("dh_private")
+    return X25519PrivateKey.from_private_bytes(base64.b64decode(raw, validate=True)) if raw else None
+
+
+def raw_b64(key: X25519PrivateKey | X25519PublicKey) -> str:
+    from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
+
+    if isinstance(key, X25519PrivateKey):
+        return base64.b64encode(key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())).decode()
+    return base64.b64encode(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
+def _x25519_pub(text: str) -> X25519PublicKey:
+    return X25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
 
 
 @dataclass(frozen=True)
@@ -155,6 +175,7 @@ class KeyEntry:
     sender: str
     role: Role
     public_key: Ed25519PublicKey
+    dh_public: X25519PublicKey | None = None  # nodes: X25519 key for pairwise ring-frame MACs
 
 
 class Keyring:
@@ -193,13 +214,22 @@ class Keyring:
             return None
         return self._keys.get(key_id)
 
+    def current(self, sender: str) -> KeyEntry | None:
+        """The sender's newest unrevoked key (the last one added)."""
+        found = None
+        for k, e in self._keys.items():
+            if e.sender == sender and k not in self.revoked:
+                found = e
+        return found
+
     def members(self, role: Role = Role.NODE) -> set[str]:
         """Senders holding at least one unrevoked key of ``role``."""
         return {e.sender for k, e in self._keys.items() if e.role == role and k not in self.revoked}
 
     def to_json(self) -> str:
         keys = [{"key_id": e.key_id, "sender": e.sender, "role": e.role.value,
-                 "public_key": public_key_b64(e.public_key)} for e in self._keys.values()]
+                 "public_key": public_key_b64(e.public_key),
+                 **({"dh_public": raw_b64(e.dh_public)} if e.dh_public else {})} for e in self._keys.values()]
         return json.dumps({"v": KEYRING_VERSION, "swarm": self.swarm, "keys": keys,
                            "revoked": sorted(self.revoked)}, indent=1) + "\n"
 
@@ -211,7 +241,8 @@ class Keyring:
                 raise FederationError(f"unsupported keyring version {doc.get('v')!r}")
             entries = [KeyEntry(k["key_id"], k["sender"], Role(k["role"]),
                                 Ed25519PublicKey.from_public_bytes(
-                                    base64.b64decode(k["public_key"], validate=True)))
+                                    base64.b64decode(k["public_key"], validate=True)),
+                                _x25519_pub(k["dh_public"]) if k.get("dh_public") else None)
                        for k in doc["keys"]]
             return cls(entries, swarm=str(doc.get("swarm", "default")), revoked=doc.get("revoked", []))
         except FederationError:
@@ -394,6 +425,20 @@ class Verifier:
         will = bool(flags & FLAG_WILL)
         self._admit(sender, seq, epoch, will)
         return Verified(sender, key_id, entry.role, seq, epoch, will, payload)
+
+    def admit(self, sender: str, seq: int, epoch: int, will: bool = False) -> None:
+        """Freshness and replay checks alone (for callers that authenticated the sender
+        another way, e.g. :mod:`federation.ringmac`); raises :class:`AuthRejected`, counted."""
+        try:
+            self._admit(sender, seq, epoch, will)
+        except AuthRejected as exc:
+            with self._lock:
+                self.counts[exc.reason] += 1
+            raise
+
+    def count(self, reason: Reject) -> None:
+        with self._lock:
+            self.counts[reason] += 1
 
     def _admit(self, sender: str, seq: int, epoch: int, will: bool) -> None:
         now = int(self._clock() * 1e6)

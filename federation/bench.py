@@ -139,6 +139,12 @@ def _bench_key(swarm: str, member: str):
     return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"{swarm}/{member}".encode()).digest())
 
 
+def _bench_dh(swarm: str, member: str):
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    return X25519PrivateKey.from_private_bytes(hashlib.sha256(f"dh/{swarm}/{member}".encode()).digest())
+
+
 def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compression: str, max_payload: int,
             repeats: int, timeout: float, outdir: str, barrier, out, broker_pid: int | None = None,
             signed: bool = False) -> None:
@@ -160,15 +166,16 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
         barrier.wait(120)
         engines: list[tuple[str, Any, list[str]]] = [("ring", ring, ids),
                                                      ("star", star, [f"{i}-star" for i in ids])]
-        if signed:  # the same ring, every frame signed and verified (federation/signed.py)
-            from federation.auth import KeyEntry, Keyring, Role, Signer, Verifier
-            from federation.signed import SignedLink
+        if signed:  # the same ring, every frame authenticated (federation/signed.py, ringmac.py)
+            from federation.auth import KeyEntry, Keyring, Role, Signer
+            from federation.signed import Identity
 
             sig_ids = [f"{i}-sig" for i in ids]
-            keyring = Keyring([KeyEntry(f"{i}-k", i, Role.NODE, _bench_key(swarm, i).public_key())
-                               for i in sig_ids], swarm=swarm)
-            slink = SignedLink(link, Signer(f"{me}-sig", f"{me}-sig-k", _bench_key(swarm, f"{me}-sig")),
-                               Verifier(keyring))
+            keyring = Keyring([KeyEntry(f"{i}-k", i, Role.NODE, _bench_key(swarm, i).public_key(),
+                                        _bench_dh(swarm, i).public_key()) for i in sig_ids], swarm=swarm)
+            me_sig = f"{me}-sig"
+            slink = Identity(Signer(me_sig, f"{me_sig}-k", _bench_key(swarm, me_sig)), keyring,
+                             _bench_dh(swarm, me_sig)).link(link)
             sring = RingAllreduce(slink.transport(f"{me}-sig", max_payload=max_payload), swarm=swarm,
                                   max_in_flight=window)
             engines.insert(1, ("signed", sring, sig_ids))

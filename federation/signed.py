@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel
 
 from federation import framing
@@ -32,12 +33,15 @@ from federation.auth import (
     AuthRejected,
     Keyring,
     Reject,
+    Role,
     Signer,
     Verified,
     Verifier,
+    load_dh_key,
     load_private_key,
 )
 from federation.mqtt_transport import MqttTransport
+from federation.ringmac import RingMac, is_mac_envelope
 
 __all__ = ["PubSub", "SignedLink", "Identity", "load_identity"]
 
@@ -67,12 +71,23 @@ def _frame_sender(payload: memoryview) -> str | None:
 class Identity:
     """Who we are (signer) and whom we trust (keyring): what a member or the fleet loads at start."""
 
-    def __init__(self, signer: Signer, keyring: Keyring) -> None:
+    def __init__(self, signer: Signer, keyring: Keyring, dh_key: X25519PrivateKey | None = None) -> None:
         self.signer = signer
         self.keyring = keyring
+        self.dh_key = dh_key
 
     def verifier(self, **kw: Any) -> Verifier:
         return Verifier(self.keyring, **kw)
+
+    def link(self, link: PubSub, *, on_reject: Callable[[str, Reject], None] | None = None,
+             **verifier_kw: Any) -> SignedLink:
+        """``link`` wrapped: signed publishing, verified delivery, ring frames MAC'd when we have
+        an X25519 key."""
+        verifier = self.verifier(**verifier_kw)
+        mac = None
+        if self.dh_key is not None:
+            mac = RingMac(self.signer, self.dh_key, verifier, str(getattr(link, "swarm", "")))
+        return SignedLink(link, self.signer, verifier, on_reject=on_reject, ring_mac=mac)
 
 
 def load_identity(key_file: str | Path, keyring_file: str | Path) -> Identity:
@@ -88,7 +103,12 @@ def load_identity(key_file: str | Path, keyring_file: str | Path) -> Identity:
 
         raise FederationError(f"key {signer.key_id!r} of {signer.sender!r} is not (or no longer) in "
                               f"the keyring {keyring_file}", hint="re-provision with deploy/keys.py")
-    return Identity(signer, ring)
+    return Identity(signer, ring, load_dh_key(key_file))
+
+
+def _is_ring_topic(topic: str) -> bool:
+    parts = topic.split("/")
+    return len(parts) == 5 and parts[3] in ("ar", "ack")
 
 
 def _bytes(payload: Any) -> bytes:
@@ -103,10 +123,12 @@ class SignedLink:
     """A link whose every published payload is signed and every delivered payload verified."""
 
     def __init__(self, link: PubSub, signer: Signer, verifier: Verifier,
-                 on_reject: Callable[[str, Reject], None] | None = None) -> None:
+                 on_reject: Callable[[str, Reject], None] | None = None,
+                 ring_mac: RingMac | None = None) -> None:
         self.link = link
         self.signer = signer
         self.verifier = verifier
+        self.ring_mac = ring_mac
         self._on_reject = on_reject
         self.swarm: str = str(getattr(link, "swarm", ""))  # fakes in the fleet's tests have none
 
@@ -135,6 +157,9 @@ class SignedLink:
         return self.signer.sign(topic, _bytes(payload), will=will)
 
     def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Any:
+        if self.ring_mac is not None and _is_ring_topic(topic):
+            sealed = self.ring_mac.seal(topic, _bytes(payload))
+            return self.link.publish(topic, sealed, retain=retain, qos=qos)
         return self.link.publish(topic, self.sign(topic, payload), retain=retain, qos=qos)
 
     def subscribe(self, filter: str, callback: Callback, **kw: Any) -> Any:
@@ -160,6 +185,9 @@ class SignedLink:
     def verify(self, topic: str, data: bytes | bytearray | memoryview) -> Verified | None:
         """The verified message, or ``None`` (dropped, counted, logged at debug level)."""
         try:
+            if self.ring_mac is not None and is_mac_envelope(data):
+                sender, payload = self.ring_mac.open(topic, data)
+                return Verified(sender, "", Role.NODE, 0, 0, False, payload)
             return self.verifier.verify(topic, data)
         except AuthRejected as exc:
             log.debug("dropped message on %s: %s", topic, exc)

@@ -234,3 +234,57 @@ def test_envelope_header_layout(swarm):
     magic, version, flags, seq, epoch, slen, klen, tlen = struct.unpack_from("<2sBBQQBBH", env)
     assert (magic, version, flags, slen, klen, tlen) == (b"FS", 1, 0, 6, 9, len(AR2))
     assert env.endswith(b"payload") and len(env) == 24 + 6 + 9 + len(AR2) + 64 + 7
+
+
+# --- pairwise ring MACs (federation/ringmac.py) ------------------------------------------------
+
+def _mac_swarm(clock):
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from federation.ringmac import RingMac
+
+    ids = ["a", "b", "c"]
+    ed = {m: generate_key() for m in ids}
+    dh = {m: X25519PrivateKey.generate() for m in ids}
+    ring = Keyring([KeyEntry(f"{m}-k", m, Role.NODE, ed[m].public_key(), dh[m].public_key()) for m in ids])
+    macs = {m: RingMac(Signer(m, f"{m}-k", ed[m], clock=clock), dh[m], Verifier(ring, clock=clock), SWARM)
+            for m in ids}
+    return ring, macs, dh
+
+
+def _mac_reject(mac, topic, data) -> Reject:
+    with pytest.raises(AuthRejected) as info:
+        mac.open(topic, data)
+    return info.value.reason
+
+
+def test_ring_mac_round_trip_and_rejections(clock):
+    from federation.ringmac import RingMac
+
+    ring, m, dh = _mac_swarm(clock)
+    to_b = topics.allreduce(SWARM, "b")
+    env = m["a"].seal(to_b, b"frame bytes")
+    sender, payload = m["b"].open(to_b, env)
+    assert (sender, bytes(payload)) == ("a", b"frame bytes")
+    assert _mac_reject(m["b"], to_b, env) == Reject.REPLAYED
+    assert _mac_reject(m["b"], to_b, b"FE plain frame") == Reject.UNSIGNED
+    assert _mac_reject(m["c"], topics.allreduce(SWARM, "c"), m["a"].seal(to_b, b"x")) == Reject.WRONG_TOPIC
+    tampered = bytearray(m["a"].seal(to_b, b"frame bytes"))
+    tampered[-1] ^= 1
+    assert _mac_reject(m["b"], to_b, bytes(tampered)) == Reject.BAD_SIGNATURE
+    # c is a member but cannot forge a frame from a to b: it does not know K_ab.
+    forger = RingMac(Signer("a", "a-k", generate_key(), clock=clock), dh["c"],
+                     Verifier(ring, clock=clock), SWARM)
+    assert _mac_reject(m["b"], to_b, forger.seal(to_b, b"evil")) == Reject.BAD_SIGNATURE
+    # a frame for c read by b (wrong inbox) is refused
+    to_c = topics.allreduce(SWARM, "c")
+    assert _mac_reject(m["b"], to_c, m["a"].seal(to_c, b"x")) == Reject.WRONG_ROLE
+    old = m["a"].seal(to_b, b"old")
+    clock.t += 120
+    assert _mac_reject(m["b"], to_b, old) == Reject.STALE
+    fresh = m["a"].seal(to_b, b"after revocation")
+    ring.revoke("a-k")
+    m["b"].forget()  # the keyring changed: drop cached pair keys
+    assert _mac_reject(m["b"], to_b, fresh) == Reject.UNKNOWN_KEY
+    counts = m["b"].verifier.counts
+    assert counts[Reject.BAD_SIGNATURE] == 2 and counts[Reject.UNSIGNED] == 1 and counts[Reject.STALE] == 1

@@ -8,24 +8,29 @@ import threading
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from federation import framing, topics
-from federation.auth import KeyEntry, Keyring, Reject, Role, Signer, Verifier, generate_key
+from federation.auth import KeyEntry, Keyring, Reject, Role, Signer, generate_key
 from federation.ring import RingAllreduce
-from federation.signed import SignedLink
+from federation.signed import Identity
 
 pytestmark = pytest.mark.mosquitto
 
 IDS = ["a", "b", "c"]
 
 
-@pytest.fixture
-def swarm(mosquitto, mqtt_link_factory, swarm_id):
+@pytest.fixture(params=["ed25519", "pairwise-mac"])
+def swarm(request, mosquitto, mqtt_link_factory, swarm_id):
     keys = {m: generate_key() for m in IDS}
-    ring = Keyring([KeyEntry(f"{m}-k1", m, Role.NODE, keys[m].public_key()) for m in IDS], swarm=swarm_id)
+    dh = {m: X25519PrivateKey.generate() for m in IDS} if request.param == "pairwise-mac" else {}
+    ring = Keyring([KeyEntry(f"{m}-k1", m, Role.NODE, keys[m].public_key(),
+                             dh[m].public_key() if dh else None) for m in IDS], swarm=swarm_id)
     links, rings = {}, {}
     for m in IDS:
-        links[m] = SignedLink(mqtt_link_factory(mosquitto, m), Signer(m, f"{m}-k1", keys[m]), Verifier(ring))
+        ident = Identity(Signer(m, f"{m}-k1", keys[m]), ring, dh.get(m))
+        links[m] = ident.link(mqtt_link_factory(mosquitto, m))
+        assert (links[m].ring_mac is not None) == bool(dh)
         rings[m] = RingAllreduce(links[m].transport(m, max_payload=16 * 1024), swarm=swarm_id)
     return links, rings, keys, mqtt_link_factory(mosquitto, "attacker")
 
