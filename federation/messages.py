@@ -94,6 +94,8 @@ class RoundCommand(_Msg):
     compression: Compression = Compression.NONE
     step_timeout_s: b.StepTimeout = 30.0
     issued_at: b.Finite = Field(default_factory=time.time)
+    # The parameters the round starts from (federation/startversion.py); None = the members decide.
+    start_sha256: b.Sha256Hex | None = None
 
     @model_validator(mode="after")
     def _round_work(self) -> RoundCommand:

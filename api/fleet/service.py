@@ -194,8 +194,10 @@ class FleetService:
 
     def start_round(self, req: RoundRequest) -> dict:
         now = self.clock()
+        nodes = self.nodes()
         rnd = self.rounds.start(req, online=self.registry.online_ids(now),
-                                known={n["node_id"] for n in self.nodes()}, now=now)
+                                known={n["node_id"] for n in nodes}, now=now,
+                                holdings={n["node_id"]: n["params_sha256"] for n in nodes})
         self.history.record_action("start_round", {"round_id": rnd.round_id,
                                                    "request": req.model_dump(mode="json")}, now)
         data = rnd.to_dict(PLOT_POINTS)

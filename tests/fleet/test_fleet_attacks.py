@@ -154,3 +154,24 @@ def test_fleet_commands_are_signed_by_the_fleet_key(signed):
     assert json.loads(bytes(msg.payload))["kind"] == "round.start"
     for n in ("n1", "n2"):
         raw.publish(topics.status(fleet.swarm, n), b"", retain=True).wait_for_publish(5)
+
+
+def test_a_member_claiming_a_huge_version_cannot_impose_its_parameters(fleet):
+    from tests.fleet.conftest import collect
+
+    cmds = collect(fleet.link("observer"), topics.command(fleet.swarm))
+    fleet.announce("honest-1")
+    fleet.announce("honest-2")
+    evil = fleet.link("evil")
+    evil.publish(topics.status(fleet.swarm, "evil"),
+                 _status("evil").model_copy(update={"params_sha256": "ee" * 32, "model_version": 1_000_000}),
+                 retain=True).wait_for_publish(5)
+    fleet.wait_for(lambda: len(_online(fleet)) == 3, what="3 nodes online")
+    # One honest member against the rogue, no committed round yet: no majority -> refused.
+    r = fleet.post("/api/rounds", json={"steps": 2, "nodes": ["honest-1", "evil"]})
+    assert r.status_code == 409 and "majority" in r.json()["error"]
+    r = fleet.post("/api/rounds", json={"steps": 2})
+    assert r.status_code == 201, r.text
+    cmd = json.loads(cmds.get(timeout=5)[1])
+    assert cmd["start_sha256"] == "ab" * 32  # the majority's parameters, not the highest version's
+    evil.publish(topics.status(fleet.swarm, "evil"), b"", retain=True).wait_for_publish(5)
