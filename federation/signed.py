@@ -140,18 +140,13 @@ class SignedLink:
     def connected(self) -> bool:
         return bool(getattr(self.link, "connected", True))
 
-    def on_connect(self, hook: Callable[[bool], None]) -> None:
-        self.link.on_connect(hook)  # type: ignore[attr-defined]
-
-    def transport(self, member_id: str, *, max_payload: int = 256 * 1024, window: int = 16,
-                  retransmit_s: float = 3.0) -> MqttTransport:
+    def transport(self, member_id: str, *, max_payload: int = 256 * 1024) -> MqttTransport:
         """A ring transport for ``member_id`` whose frames are signed and verified."""
         if member_id != self.signer.sender:
             from federation.errors import FederationError
 
             raise FederationError(f"this link signs as {self.signer.sender!r}, not {member_id!r}")
-        return MqttTransport(self, member_id, max_payload=max_payload, window=window,
-                             retransmit_s=retransmit_s)
+        return MqttTransport(self, member_id, max_payload=max_payload)
 
     def sign(self, topic: str, payload: Any, *, will: bool = False) -> bytes:
         return self.signer.sign(topic, _bytes(payload), will=will)
