@@ -30,6 +30,7 @@ from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, Roun
 from edgenode.config import NodeConfig
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
+from edgenode.security import NodeAuth
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
 from federation import topics
@@ -77,6 +78,9 @@ class EdgeNode:
                                  max_samples=config.store.max_samples, retention=config.store.retention,
                                  num_classes=self._num_classes())
         self.metrics = NodeMetrics(lambda: self.store.count, lambda: self.model.version)
+        self.auth: NodeAuth | None = None
+        if config.key_file is not None and config.keyring_file is not None:
+            self.auth = NodeAuth(config.key_file, config.keyring_file, config.node_id, self.metrics.registry)
         self._transport = transport
         self._ring: Any = None
         self._link: Any = None
@@ -231,14 +235,21 @@ class EdgeNode:
 
             # The will is fixed at CONNECT: after later rounds it carries an older model_version.
             # Consumers must treat an offline status as "gone", not as the node's current version.
-            will = (topics.status(self.config.swarm, self.node_id),
-                    self._status(NodeState.OFFLINE).model_dump_json())
-            self._link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
-                                  will=will, keepalive=self.config.keepalive_s)
+            will_topic = topics.status(self.config.swarm, self.node_id)
+            will_payload: bytes | str = self._status(NodeState.OFFLINE).model_dump_json()
+            if self.auth is not None:
+                will_payload = self.auth.sign_will(will_topic, will_payload)
+            link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
+                            will=(will_topic, will_payload), keepalive=self.config.keepalive_s)
+            self._link = link if self.auth is None else self.auth.wrap(link)
             if self._transport is None:
                 self._transport = self._link.transport(self.node_id)
             # a restarted broker without persistence forgot our retained status: say it again
-            self._link.on_connect(lambda reconnected: reconnected and self.publish_status())
+            def republish(reconnected: bool) -> None:
+                if reconnected:
+                    self.publish_status()
+
+            link.on_connect(republish)
             self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
         if self._transport is not None:
             from federation.ring import RingAllreduce
