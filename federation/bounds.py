@@ -30,6 +30,7 @@ __all__ = [
     "STEP_TIMEOUT_MIN_S",
     "STEP_TIMEOUT_MAX_S",
     "PARTICIPANTS_MAX",
+    "UPDATE_NORM_FACTOR",
     "REGISTRY_MAX_NODES",
     "HEARTBEAT_MIN_S",
     "HEARTBEAT_MAX_S",
@@ -74,6 +75,9 @@ ROUND_WORK_MAX = 1_000_000  # steps x local_steps: bounds the local compute of o
 STEP_TIMEOUT_MIN_S = 0.1
 STEP_TIMEOUT_MAX_S = 300.0  # a stalled ring frees its members within 5 minutes at worst
 PARTICIPANTS_MAX = 64
+# A round's update (final - start parameters) may not exceed this many times the start norm
+# (at least 1): a member committing it would replace the model rather than train it.
+UPDATE_NORM_FACTOR = 100.0
 
 # Statuses (NodeStatus) and the fleet's registry.
 REGISTRY_MAX_NODES = 256  # statuses of further unknown nodes are dropped and counted
