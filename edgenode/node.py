@@ -21,6 +21,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,7 @@ class EdgeNode:
             artifact = load_artifact(config.artifact)
         self.artifact = artifact
         self.trainer = getattr(artifact, "trainer", None)
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        _check_writable(config.data_dir)
         tb = config.training.batch
         if tb is not None and self.trainer is not None and int(self.trainer.batch) != tb:
             raise ConfigError(f"[training] batch = {tb} but the artifact's training module was compiled for "
@@ -125,6 +126,17 @@ class EdgeNode:
     @property
     def outputs(self) -> list[Any]:
         return list(self.artifact.outputs)
+
+    @property
+    def ready(self) -> bool:
+        """Ready to serve (``/v2/health/ready``): not while the sample store cannot write."""
+        return self.store.writable
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        if self.store.writable:
+            return None
+        return f"the sample store cannot write ({self.store.last_write_error})"
 
     @property
     def registry(self):
@@ -483,6 +495,23 @@ class EdgeNode:
                 link.publish(topic, event, qos=1)
             except Exception as exc:  # noqa: BLE001
                 log.warning("event publish failed: %s", exc)
+
+
+def _check_writable(data_dir: Path) -> None:
+    """One clear error at start for a data directory the node cannot write (read-only file
+    system, permissions, a file in the way), instead of a SQLite error deep in the store."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        probe = data_dir / f".write-probe-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"data_dir {data_dir} is not writable: {exc.strerror or exc}",
+                          hint="point data_dir at a writable directory (the node stores samples and "
+                               "parameters there)") from None
 
 
 def _lower_thread_priority(nice: int) -> None:

@@ -76,6 +76,8 @@ class SampleStore:
         if self.retention not in ("drop-oldest", "reject"):
             raise StoreError(f"unknown retention policy {self.retention!r}", hint="use drop-oldest or reject")
         self._lock = threading.Lock()
+        self.writable = True  # False after a write failed (disk full, read-only): the node is not ready
+        self.last_write_error: str | None = None
         # check_same_thread=False: one connection shared by the API threads and the round worker,
         # every use serialized by self._lock (SQLite writes are serialized anyway).
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -165,12 +167,18 @@ class SampleStore:
             if self.retention == "reject" and self._count + n > self.max_samples:
                 raise StoreError(f"sample store is full ({self._count}/{self.max_samples} samples)",
                                  hint="raise [store].max_samples or use retention = \"drop-oldest\"")
-            with self._tx():
-                self._db.executemany("INSERT INTO samples (data, label) VALUES (?, ?)", rows)
-                over = self._count + n - self.max_samples
-                if over > 0:  # drop-oldest: ids grow monotonically (AUTOINCREMENT), oldest = smallest
-                    self._db.execute("DELETE FROM samples WHERE id IN "
-                                     "(SELECT id FROM samples ORDER BY id LIMIT ?)", (over,))
+            try:
+                with self._tx():
+                    self._db.executemany("INSERT INTO samples (data, label) VALUES (?, ?)", rows)
+                    over = self._count + n - self.max_samples
+                    if over > 0:  # drop-oldest: ids grow monotonically (AUTOINCREMENT), oldest = smallest
+                        self._db.execute("DELETE FROM samples WHERE id IN "
+                                         "(SELECT id FROM samples ORDER BY id LIMIT ?)", (over,))
+            except sqlite3.Error as exc:  # disk full, read-only file system, I/O error: nothing stored
+                self.writable, self.last_write_error = False, str(exc)
+                raise StoreError(f"sample store {self.path} cannot write: {exc}; nothing was stored",
+                                 hint="free disk space or fix the data directory's file system") from exc
+            self.writable, self.last_write_error = True, None
             self._count = min(self._count + n, self.max_samples)
             return self._count
 

@@ -101,9 +101,10 @@ async def live() -> dict[str, bool]:
 
 @router.get("/health/ready", summary="Server readiness", responses={503: _ERROR})
 async def ready(node: NodeDep) -> Response:
-    """200 once the model is loaded and can answer inference."""
+    """200 once the model is loaded and the node can do its work (its sample store writes)."""
     if not _ready(node):
-        raise ApiError(503, "model not loaded yet")
+        reason = getattr(node, "not_ready_reason", None) or "model not loaded yet"
+        raise ApiError(503, f"node not ready: {reason}")
     return Response(b'{"ready":true}', media_type="application/json")
 
 
