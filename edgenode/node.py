@@ -31,7 +31,6 @@ from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, Roun
 from edgenode.config import NodeConfig
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
-from edgenode.security import NodeAuth
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
 from federation import topics
@@ -79,8 +78,10 @@ class EdgeNode:
                                  max_samples=config.store.max_samples, retention=config.store.retention,
                                  num_classes=self._num_classes())
         self.metrics = NodeMetrics(lambda: self.store.count, lambda: self.model.version)
-        self.auth: NodeAuth | None = None
+        self.auth: Any = None  # edgenode.security.NodeAuth in a signed swarm
         if config.key_file is not None and config.keyring_file is not None:
+            from edgenode.security import NodeAuth  # lazy: `cryptography` only for signed swarms
+
             self.auth = NodeAuth(config.key_file, config.keyring_file, config.node_id, self.metrics.registry)
         self._transport = transport
         self._ring: Any = None
