@@ -362,6 +362,11 @@ class EdgeNode:
             if command.round_id == self._round_id:
                 log.info("round %s: abort requested (%s)", command.round_id, command.reason)
                 self._abort.set()
+                # Also fail the collective we may be blocked in (e.g. waiting for a participant
+                # that never comes, up to step_timeout_s): freed now, peers told by ABORT frames.
+                endpoint = getattr(self._ring, "endpoint", None)
+                if endpoint is not None:
+                    endpoint.cancel(f"aborted by the fleet: {command.reason}")
             return
         if self.node_id not in command.participants:
             return

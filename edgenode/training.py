@@ -159,6 +159,8 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
     rng = rng or np.random.default_rng([zlib.crc32(node_id.encode()), zlib.crc32(plan.round_id.encode())])
     start = model.snapshot
     try:
+        if abort.is_set():
+            raise RoundFailed(f"round {plan.round_id} aborted")
         facts = _hello(plan, node_id, group, start, len(samples) > 0, ring)
         versions = {m: int(f[0]) for m, f in facts.items()}
         hashes = {m: tuple(int(v) for v in f[1:5]) for m, f in facts.items()}

@@ -115,3 +115,28 @@ def test_abort_frees_a_node_mid_local_steps_within_one_step(swarm):
     assert time.monotonic() - t0 < 5
     for i in IDS:
         assert [e for e in events[i] if e.kind == EventKind.FAILED], events[i][-2:]
+
+
+def test_abort_frees_nodes_waiting_for_a_ghost_participant(swarm):
+    """A command naming a participant that never comes (and the longest step timeout allowed)
+    used to keep the nodes "training" until the deadline; the fleet's abort now frees them."""
+    import time
+
+    nodes, events = swarm
+    cmd = RoundCommand(round_id="r-ghost", steps=5, lr=0.1, participants=[*IDS, "ghost"], step_timeout_s=300)
+    for n in nodes.values():
+        n.handle_command(cmd.model_dump_json())
+    while any(n.status().state != "training" for n in nodes.values()):
+        time.sleep(0.01)
+    time.sleep(0.5)  # everyone is blocked in the hello, waiting for the ghost
+    assert all(not n.wait_idle(0) for n in nodes.values())
+    t0 = time.monotonic()
+    for n in nodes.values():
+        n.handle_command(RoundAbort(round_id="r-ghost", reason="operator").model_dump_json())
+    for n in nodes.values():
+        assert n.wait_idle(10), "abort did not free the node"
+    assert time.monotonic() - t0 < 5
+    for i in IDS:
+        failed = [e for e in events[i] if e.kind == EventKind.FAILED]
+        assert failed and failed[0].round_id == "r-ghost", events[i][-2:]
+        assert nodes[i].status().state == "online" and nodes[i].model_version == 0
