@@ -140,6 +140,9 @@ class SignedLink:
     def connected(self) -> bool:
         return bool(getattr(self.link, "connected", True))
 
+    def on_connect(self, hook: Callable[[bool], None]) -> None:
+        self.link.on_connect(hook)  # type: ignore[attr-defined]
+
     def transport(self, member_id: str, *, max_payload: int = 256 * 1024) -> MqttTransport:
         """A ring transport for ``member_id`` whose frames are signed and verified."""
         if member_id != self.signer.sender:
