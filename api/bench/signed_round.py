@@ -80,7 +80,10 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int) -> float:
                                                       step_timeout_s=30))
     if not done.wait(300):
         raise SystemExit(f"round {rid} did not finish")
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    for nd in nodes:  # DONE is emitted just before the worker thread ends: let it end
+        nd.wait_idle(30)
+    return elapsed
 
 
 def run(nodes: int = 3, steps: int = 100, repeats: int = 3) -> dict[str, Any]:
