@@ -192,12 +192,17 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
             if abort.is_set():
                 _abort_peers(ring, tag, group, node_id, "round aborted")
                 raise RoundFailed(f"round {plan.round_id} aborted")
-            if plan.sync == SyncMode.GRADIENT:
-                loss, params, state = _gradient_step(plan, trainer, params, state, sampler, ring, group, tag,
-                                                     scale)
-            else:
-                loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, ring, group, tag,
-                                                      scale, abort, node_id)
+            try:
+                if plan.sync == SyncMode.GRADIENT:
+                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, ring, group,
+                                                         tag, scale)
+                else:
+                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, ring, group,
+                                                          tag, scale, abort, node_id)
+            except Exception:
+                if abort.is_set():  # cancelled mid-step: peers already in the next step learn it too
+                    _abort_peers(ring, f"{plan.round_id}/{step + 1}", group, node_id, "round aborted")
+                raise
             losses.append(loss)
             if on_step is not None:
                 on_step(step, loss)
