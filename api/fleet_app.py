@@ -13,6 +13,7 @@ from api.fleet.routes import auth, events, nodes, page, rounds
 from api.fleet.routes.page import STATIC
 from api.fleet.service import FleetService, LinkFactory
 from api.fleet.settings import FleetSettings
+from api.middleware import BodyTimeoutMiddleware
 
 __all__ = ["create_fleet_app"]
 
@@ -34,7 +35,10 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
             app.state.stopping.set()
             fleet.stop()
 
-    app = FastAPI(title="fractal-edge fleet", version="1", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: the fleet's API is documented in the README, and an
+    # unauthenticated schema only helps an attacker map the service.
+    app = FastAPI(title="fractal-edge fleet", version="1", lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings = settings
     app.state.fleet = fleet
     app.state.stopping = asyncio.Event()
@@ -42,4 +46,5 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_common_handlers(app)  # error bodies are {"error": ...}, as on the node
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=30.0)  # slow bodies: 408, not a held worker
     return app

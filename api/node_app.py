@@ -19,6 +19,7 @@ from api.errors import error_response, install_error_handlers
 from api.middleware import (
     BearerAuthMiddleware,
     BodyLimitMiddleware,
+    BodyTimeoutMiddleware,
     HttpMetrics,
     InternalErrorMiddleware,
     MetricsMiddleware,
@@ -31,8 +32,9 @@ __all__ = ["create_node_app"]
 
 
 def create_node_app(node: NodeLike, *, auth_token: str | None = None,
-                    max_body_bytes: int | None = None) -> FastAPI:
-    """The HTTP app serving ``node``; auth token and body limit default to ``node.config``."""
+                    max_body_bytes: int | None = None, body_timeout_s: float = 30.0) -> FastAPI:
+    """The HTTP app serving ``node``; auth token and body limit default to ``node.config``;
+    a request body slower than ``body_timeout_s`` gets 408."""
     token = auth_token if auth_token is not None else node.config.auth_token
     # One default for the body limit: NodeConfig's (NODE.toml max_body_bytes).
     limit = int(max_body_bytes if max_body_bytes is not None else node.config.max_body_bytes)
@@ -58,6 +60,7 @@ def create_node_app(node: NodeLike, *, auth_token: str | None = None,
     app.include_router(node_routes.router)
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=limit)
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=body_timeout_s)
     if token:
         app.add_middleware(BearerAuthMiddleware, token=token)
     app.add_middleware(InternalErrorMiddleware)

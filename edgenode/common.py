@@ -29,6 +29,7 @@ __all__ = [
     "RoundFailed",
     "get_logger",
     "params_sha256",
+    "fsync_dir",
     "atomic_write_bytes",
 ]
 
@@ -88,7 +89,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory (a rename is only durable once its directory entry is on disk)."""
+    dir_fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import InputError
-from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, get_logger, params_sha256
+from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, fsync_dir, get_logger, params_sha256
 from edgenode.ports import Engine
 
 __all__ = ["ParamsSnapshot", "ModelHolder", "flatten", "unflatten"]
@@ -78,6 +78,11 @@ class ModelHolder:
         self._lock = threading.Lock()
         self._swapping = False
         self._shapes = [tuple(np.shape(p)) for p in artifact.params]
+        # Staged parameters of a round whose decision this node never applied (it died between
+        # prepare and commit): discard them; the next round's start-version rule resyncs us.
+        if self.prepared_path.exists():
+            log.warning("discarding %s left by an interrupted commit", self.prepared_path)
+            self.prepared_path.unlink()
         self._snap = self._prepare(self._restore() or ParamsSnapshot.make(list(artifact.params), 0))
 
     # -- reading -------------------------------------------------------------------------------
@@ -129,6 +134,39 @@ class ModelHolder:
         log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
         return snap
 
+    # -- two-phase commit (edgenode/training.py) ----------------------------------------------------
+    @property
+    def prepared_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".prepared")
+
+    def prepare(self, params: list[np.ndarray], version: int) -> ParamsSnapshot:
+        """Phase 1: check ``params`` and write them durably beside the current file (fsynced), without
+        making them current. Raises NodeError (bad shapes, non-finite) or OSError (the disk)."""
+        shapes = [tuple(np.shape(p)) for p in params]
+        if shapes != self._shapes:
+            raise NodeError(f"parameter shapes {shapes} do not match the artifact's {self._shapes}")
+        snap = ParamsSnapshot.make(params, version)
+        if not all(np.isfinite(p).all() for p in snap.params):
+            raise NodeError("refusing to stage non-finite parameters")
+        self._write(snap, self.prepared_path)
+        return snap
+
+    def commit_prepared(self, snap: ParamsSnapshot) -> ParamsSnapshot:
+        """Phase 2: make the staged parameters current (atomic rename, then the in-memory swap)."""
+        import os
+
+        snap = self._prepare(snap)
+        with self._lock:
+            os.replace(self.prepared_path, self.path)
+            fsync_dir(self.path.parent)
+            self._snap = snap
+        log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
+        return snap
+
+    def discard(self, _: ParamsSnapshot | None = None) -> None:
+        """Drop staged parameters (the round was not committed)."""
+        self.prepared_path.unlink(missing_ok=True)
+
     def _prepare(self, snap: ParamsSnapshot) -> ParamsSnapshot:
         return ParamsSnapshot(snap.params, snap.version, snap.sha256,
                               self.artifact.prepare_params(list(snap.params)))
@@ -138,6 +176,9 @@ class ModelHolder:
         return self.commit(list(self.artifact.params), 0)
 
     def _persist(self, snap: ParamsSnapshot) -> None:
+        self._write(snap, self.path)
+
+    def _write(self, snap: ParamsSnapshot, path: Path) -> None:
         meta = {"format": _PARAMS_FORMAT, "model": self.artifact.name,
                 "version": snap.version, "sha256": snap.sha256,
                 "names": list(self.artifact.param_names),
@@ -146,7 +187,7 @@ class ModelHolder:
         arrays: dict[str, Any] = {f"p{i}": p for i, p in enumerate(snap.params)}
         arrays["__meta__"] = np.array(json.dumps(meta))
         np.savez(buf, **arrays)
-        atomic_write_bytes(self.path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue())
 
     def _restore(self) -> ParamsSnapshot | None:
         if not self.path.exists():

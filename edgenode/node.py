@@ -17,10 +17,12 @@ Surface used by the HTTP layer (``api.node_app``): ``config``, ``model_name``, `
 from __future__ import annotations
 
 import collections
+import os
 import platform
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,7 +67,7 @@ class EdgeNode(RoundControl):
             artifact = load_artifact(config.artifact)
         self.artifact: Engine = artifact
         self.trainer: Trainer | None = artifact.trainer
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        _check_writable(config.data_dir)
         tb = config.training.batch
         if tb is not None and self.trainer is not None and int(self.trainer.batch) != tb:
             raise ConfigError(f"[training] batch = {tb} but the artifact's training module was compiled for "
@@ -76,6 +78,11 @@ class EdgeNode(RoundControl):
                                  max_samples=config.store.max_samples, retention=config.store.retention,
                                  num_classes=self._num_classes())
         self.metrics = NodeMetrics(lambda: self.store.count, lambda: self.model.version)
+        self.auth: Any = None  # edgenode.security.NodeAuth in a signed swarm
+        if config.key_file is not None and config.keyring_file is not None:
+            from edgenode.security import NodeAuth  # lazy: `cryptography` only for signed swarms
+
+            self.auth = NodeAuth(config.key_file, config.keyring_file, config.node_id, self.metrics.registry)
         self._transport = transport
         self._ring: Collective | None = None
         self._link: Link | None = None
@@ -216,10 +223,13 @@ class EdgeNode(RoundControl):
 
             # The will is fixed at CONNECT: after later rounds it carries an older model_version.
             # Consumers must treat an offline status as "gone", not as the node's current version.
-            will = (topics.status(self.config.swarm, self.node_id),
-                    self._status(NodeState.OFFLINE).model_dump_json())
-            self._link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
-                                  will=will, keepalive=self.config.keepalive_s)
+            will_topic = topics.status(self.config.swarm, self.node_id)
+            will_payload: bytes | str = self._status(NodeState.OFFLINE).model_dump_json()
+            if self.auth is not None:
+                will_payload = self.auth.sign_will(will_topic, will_payload)
+            link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
+                            will=(will_topic, will_payload), keepalive=self.config.keepalive_s)
+            self._link = link if self.auth is None else self.auth.wrap(link)
             if self._transport is None:
                 self._transport = self._link.transport(self.node_id)
             # a restarted broker without persistence forgot our retained status: say it again
@@ -304,3 +314,20 @@ class EdgeNode(RoundControl):
     def _heartbeat_loop(self) -> None:
         while not self._stopping.wait(self.config.heartbeat_s):
             self.publish_status()
+
+
+def _check_writable(data_dir: Path) -> None:
+    """One clear error at start for a data directory the node cannot write (read-only file
+    system, permissions, a file in the way), instead of a SQLite error deep in the store."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        probe = data_dir / f".write-probe-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"data_dir {data_dir} is not writable: {exc.strerror or exc}",
+                          hint="point data_dir at a writable directory (the node stores samples and "
+                               "parameters there)") from None

@@ -109,6 +109,10 @@ class Collective(Protocol):
         """Tell ``peers`` that the collective ``tag`` is void (they stop waiting at once)."""
         ...
 
+    def cancel(self, reason: str) -> bool:
+        """Fail the collective running right now (a fleet abort frees a blocked member)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -87,6 +87,10 @@ class RoundControl:
             if command.round_id == self._round_id:
                 log.info("round %s: abort requested (%s)", command.round_id, command.reason)
                 self._abort.set()
+                # Also fail the collective we may be blocked in (e.g. waiting for a participant
+                # that never comes, up to step_timeout_s): freed now, peers told by ABORT frames.
+                if self._ring is not None:
+                    self._ring.cancel(f"aborted by the fleet: {command.reason}")
             return
         if self.node_id not in command.participants:
             return

@@ -145,6 +145,11 @@ class _Collective:
         """Forget error-feedback residuals (e.g. after the parameters were replaced)."""
         self._feedback = None
 
+    def cancel(self, reason: str) -> bool:
+        """Fail the collective this member is blocked in right now (if any), e.g. when the fleet
+        aborts the round: its peers get ABORT frames. Returns whether one was running."""
+        return self.endpoint.cancel(reason)
+
     def abort(self, tag: str, peers: list[str], reason: str) -> None:
         """Void the collective ``tag`` at once: the session sends ABORT to every peer, so members
         blocked in (or about to start) that collective stop now instead of at their deadline.

@@ -249,6 +249,18 @@ class Endpoint:
                 while len(self._done) > _DONE_TAGS:
                     self._done.popitem(last=False)
 
+    def cancel(self, reason: str) -> bool:
+        """Fail the running call now (e.g. the fleet aborted the round): its ``wait`` raises
+        RoundAborted, and the call's exit sends ABORT to every peer, so nobody waits for the
+        deadline. Returns whether a call was running. Thread-safe."""
+        with self._lock:
+            c = self._active
+            if c is None:
+                return False
+            c.cancelled = reason
+            c.inbox.put(None)
+            return True
+
     def close(self) -> None:
         """Stop the pump thread and close the transport."""
         self._stop.set()
@@ -267,7 +279,8 @@ class Call:
         self.peers = set(peers)
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.inbox: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: cancel() wakes us
+        self.cancelled: str | None = None
         self.abort_sent = False  # our ABORT already went out (or a peer's made it pointless)
         self._received: set[tuple] = set()
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
@@ -334,6 +347,8 @@ class Call:
         short vote that names the member nobody heard from (see :meth:`_timeout_abort`); a
         peer's ABORT for a rejected update raises :class:`UpdateRejected` at once.
         """
+        if self.cancelled is not None:
+            raise RoundAborted(f"round {self.tag!r} cancelled: {self.cancelled}", member=self.ep.member_id)
         self._send_ready()
         if self._acks and self.inbox.empty():
             self.flush_acks()  # about to wait: nothing more to batch with
@@ -347,6 +362,8 @@ class Call:
             fr = self.inbox.get(timeout=max(0.0, min(self.deadline, due) - now))
         except queue.Empty:
             self._retransmit()
+            return None
+        if fr is None:  # cancel(): the next wait() raises
             return None
         if time.monotonic() >= due:
             self._retransmit()
@@ -421,7 +438,7 @@ class Call:
                 fr = self.inbox.get(timeout=left)
             except queue.Empty:
                 break
-            if fr.sender not in self.peers:
+            if fr is None or fr.sender not in self.peers:
                 continue
             alive.add(fr.sender)
             if fr.kind == FrameKind.ABORT:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from federation.bounds import REGISTRY_MAX_NODES
 from federation.messages import NodeState, NodeStatus
 
 __all__ = ["NodeRegistry", "NodeEntry", "STALE_FACTOR"]
@@ -61,15 +62,19 @@ class NodeEntry:
 class NodeRegistry:
     """Thread-safe map node id -> latest status; MQTT callbacks write, HTTP handlers read."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_nodes: int = REGISTRY_MAX_NODES) -> None:
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeEntry] = {}
+        self.max_nodes = max_nodes
 
-    def update(self, status: NodeStatus, now: float) -> dict:
-        """Record a status; returns the node's new view."""
+    def update(self, status: NodeStatus, now: float) -> dict | None:
+        """Record a status; returns the node's new view, or ``None`` when the registry is full
+        and the node is new (ghost statuses must not grow it without limit)."""
         # A retained status may be old: trust its timestamp unless the node's clock runs ahead.
         seen = min(now, status.ts)
         with self._lock:
+            if status.node_id not in self._nodes and len(self._nodes) >= self.max_nodes:
+                return None
             entry = NodeEntry(status=status, last_seen=seen)
             self._nodes[status.node_id] = entry
             return entry.view(now)

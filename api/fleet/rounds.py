@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.fleet.history import FleetHistory
 from federation import topics
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode
+from federation.startversion import start_hash
 
 __all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager"]
 
@@ -176,8 +177,11 @@ class RoundManager:
         self.ignored_events = 0  # events of rounds this fleet did not start
 
     # -- commands -------------------------------------------------------------------------
-    def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float) -> Round:
-        """Validate against the live swarm, publish the RoundCommand, return the new round."""
+    def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float,
+              holdings: dict[str, str] | None = None) -> Round:
+        """Validate against the live swarm, publish the RoundCommand, return the new round.
+        ``holdings`` (node -> params_sha256 of its last status) fixes the start parameters by
+        the start-version rule (federation/startversion.py), never by the highest version."""
         if req.steps > self._max_steps:
             raise RoundRejected(f"steps={req.steps} exceeds this fleet's limit of {self._max_steps}", 422)
         with self._lock:
@@ -198,9 +202,18 @@ class RoundManager:
                 raise RoundRejected(
                     f"fewer than 2 nodes online and idle among the requested participants (idle: {have}); "
                     "a round needs at least 2")
+            start = None
+            if holdings is not None:
+                last = next((r.to_dict().get("params_sha256") for r in reversed(self._rounds.values())
+                             if r.state is RoundState.DONE), None)
+                start = start_hash({p: holdings.get(p, "") for p in participants}, last_committed=last)
+                if start is None:
+                    raise RoundRejected(
+                        "the participants hold different parameters and none has a majority: choose the "
+                        "nodes to train (those holding the parameters you want) with \"nodes\"")
             cmd = RoundCommand(round_id=_new_round_id(), steps=req.steps, lr=req.lr,
                                sync=req.sync or SyncMode.GRADIENT, participants=participants,
-                               step_timeout_s=self._step_timeout, issued_at=now)
+                               step_timeout_s=self._step_timeout, issued_at=now, start_sha256=start)
             rnd = Round(command=cmd, started_at=now, skipped=skipped,
                         progress={n: _Progress() for n in participants})
             self._rounds[cmd.round_id] = rnd

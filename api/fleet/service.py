@@ -8,6 +8,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -19,7 +20,9 @@ from api.fleet.registry import NodeRegistry
 from api.fleet.rounds import PLOT_POINTS, Round, RoundManager, RoundRequest, RoundState
 from api.fleet.settings import FleetSettings
 from federation import topics
+from federation.auth import Reject
 from federation.messages import EventKind, parse_event, parse_status
+from federation.signed import SignedLink, load_identity
 
 __all__ = ["FleetService", "Link", "LinkFactory"]
 
@@ -64,6 +67,8 @@ class FleetService:
             step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history,
             store=self.history)
         self.rejected_messages = 0
+        # per reason: federation.auth.Reject values, "malformed", "registry_full"
+        self.rejected: Counter[str] = Counter()
         self._link_factory = link_factory or default_link
         self._link: Link | None = None
         self._stop = threading.Event()
@@ -73,7 +78,11 @@ class FleetService:
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
-        self._link = self._link_factory(self.settings)
+        link = self._link_factory(self.settings)
+        if self.settings.key_file and self.settings.keyring_file:
+            ident = load_identity(self.settings.key_file, self.settings.keyring_file)
+            link = SignedLink(link, ident.signer, ident.verifier(), on_reject=self._auth_reject)
+        self._link = link
         self._link.subscribe(topics.status_all(self.settings.swarm), self._on_status)
         self._link.subscribe(topics.round_events_all(self.settings.swarm), self._on_event)
         self._stop.clear()
@@ -111,6 +120,9 @@ class FleetService:
             self._reject(topic, f"node_id {status.node_id!r} does not match the topic")
             return
         view = self.registry.update(status, now)
+        if view is None:
+            self._reject(topic, f"registry full ({self.registry.max_nodes} nodes)", "registry_full")
+            return
         self.bus.publish(EventType.NODE, view)
         if not view["online"]:
             self._rounds_changed(self.rounds.node_offline(node, now))
@@ -120,6 +132,9 @@ class FleetService:
             ev = parse_event(payload)
         except ValidationError as exc:
             self._reject(topic, exc)
+            return
+        if topic != topics.round_events(self.settings.swarm, ev.round_id, ev.node_id):
+            self._reject(topic, f"event of {ev.node_id!r} for round {ev.round_id!r} on another topic")
             return
         rnd = self.rounds.on_event(ev, self.clock())
         if rnd is None:
@@ -132,9 +147,15 @@ class FleetService:
         else:
             self._rounds_changed([rnd])
 
-    def _reject(self, topic: str, why: object) -> None:
+    def _reject(self, topic: str, why: object, reason: str = "malformed") -> None:
         self.rejected_messages += 1
-        log.warning("rejected message on %s: %s", topic, str(why).splitlines()[0])
+        self.rejected[reason] += 1
+        log.warning("rejected message on %s: %s", topic[:200], str(why).splitlines()[0][:300])
+
+    def _auth_reject(self, topic: str, reason: Reject) -> None:
+        # Not logged at warning level: a flood of forgeries must not flood the log too.
+        self.rejected_messages += 1
+        self.rejected[reason.value] += 1
 
     # -- periodic checks ------------------------------------------------------------------
     def _tick_loop(self) -> None:
@@ -173,8 +194,10 @@ class FleetService:
 
     def start_round(self, req: RoundRequest) -> dict:
         now = self.clock()
+        nodes = self.nodes()
         rnd = self.rounds.start(req, online=self.registry.idle_ids(now),
-                                known={n["node_id"] for n in self.nodes()}, now=now)
+                                known={n["node_id"] for n in nodes}, now=now,
+                                holdings={n["node_id"]: n["params_sha256"] for n in nodes})
         self.history.record_action("start_round", {"round_id": rnd.round_id,
                                                    "request": req.model_dump(mode="json")}, now)
         data = rnd.to_dict(PLOT_POINTS)

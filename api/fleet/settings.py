@@ -25,6 +25,10 @@ class FleetSettings(BaseSettings):
     token: str = Field(default="", repr=False)
     tls_ca: str | None = None  # CA file for mqtts:// brokers with a private CA
     client_id: str = ""  # MQTT client id; empty = "fleet-<random>"
+    # Signed swarm (deploy/keys.py): the fleet's key file and the swarm keyring. With both set,
+    # every command is signed and statuses/events without a valid member signature are dropped.
+    key_file: str | None = None
+    keyring_file: str | None = None
     # A round fails when a participant sends nothing for this long (first event, then between events).
     round_start_timeout_s: float = Field(default=45.0, gt=0)
     round_idle_timeout_s: float = Field(default=60.0, gt=0)

@@ -51,8 +51,8 @@ def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(swarm3.url)  # the printed link: ?token= -> cookie -> dashboard
-    assert page.url == swarm3.base + "/"
+    page.goto(swarm3.url)  # the printed link: ?token= -> SameSite=Strict cookie -> refresh to /
+    page.wait_for_url(swarm3.base + "/", timeout=10_000)
     page.wait_for_selector("#live.on", timeout=10_000)
     rows = page.locator("#nodes tbody tr[data-state=online]")
     rows.nth(2).wait_for(timeout=10_000)

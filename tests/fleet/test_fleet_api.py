@@ -256,10 +256,14 @@ def test_401_without_token_and_login_cookie(fleet):
     anon.post("/api/logout")
     anon.cookies.clear()
     assert anon.get("/api/nodes").status_code == 401
-    # ?token= on the page logs in and redirects to a clean URL.
+    # ?token= on the page logs in (SameSite=Strict, as documented) and hops to a clean URL.
     r = anon.get("/", params={"token": TOKEN}, follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"] == "/"
+    assert r.status_code == 200 and 'content="0;url=/"' in r.text
+    assert "samesite=strict" in r.headers["set-cookie"].lower()
     assert anon.get("/api/nodes").status_code == 200
+    # No public API schema or docs (with or without the token).
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert anon.get(path).status_code in (401, 404), path
     anon.close()
 
 

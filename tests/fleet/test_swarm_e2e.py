@@ -26,7 +26,9 @@ def test_swarm_two_nodes_up_and_clean_shutdown(tmp_path_factory):
         assert sp.url == f"{sp.base}/?token=e2e-token"
         assert "token:     e2e-token" in sp.output()
         with httpx.Client(timeout=10, follow_redirects=True) as c:
-            page = c.get(sp.url)  # ?token= logs in (cookie) and lands on the dashboard
+            hop = c.get(sp.url)  # ?token= logs in (SameSite=Strict cookie) and refreshes to /
+            assert hop.status_code == 200 and 'content="0;url=/"' in hop.text
+            page = c.get(sp.base + "/")  # what the browser's refresh loads: the dashboard
             assert page.status_code == 200 and 'id="loss-plot"' in page.text
             assert c.get(sp.base + "/api/nodes", headers={"Authorization": "Bearer nope"}).status_code == 401
             deadline = time.monotonic() + 30
