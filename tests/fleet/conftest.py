@@ -50,8 +50,9 @@ class Fleet:
         """Publish a retained status for ``node_id`` from its own connection (with a Last Will)."""
         will = NodeStatus(node_id=node_id, state=NodeState.OFFLINE)
         ln = self.link(node_id, will=(topics.status(self.swarm, node_id), will))
-        status = NodeStatus(node_id=node_id, state=state, arch="x86_64", board="x86_64", model="digits-mlp",
-                            model_version=1, params_sha256="ab" * 32, samples=100, **kw)
+        fields = {"arch": "x86_64", "board": "x86_64", "model": "digits-mlp", "model_version": 1,
+                  "params_sha256": "ab" * 32, "samples": 100, **kw}
+        status = NodeStatus(node_id=node_id, state=state, **fields)
         ln.publish(topics.status(self.swarm, node_id), status, retain=True).wait_for_publish(5)
         return ln
 
