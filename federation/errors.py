@@ -4,14 +4,16 @@
     ├── TransportError      broker unreachable, connection lost, payload too large
     ├── FrameError          bad version, checksum mismatch, malformed frame (message rejected)
     ├── RoundAborted        deadline passed, member died, update rejected (reason names the member)
-    └── UpdateRejected      NaN/Inf or over-norm update (a RoundAborted)
+    ├── UpdateRejected      NaN/Inf or over-norm update (a RoundAborted)
+    └── RetriesExhausted    a frame stayed unacknowledged after ``max_retransmits`` (a RoundAborted)
 """
 
 from __future__ import annotations
 
 from fractal import FractalError
 
-__all__ = ["FederationError", "TransportError", "FrameError", "RoundAborted", "UpdateRejected"]
+__all__ = ["FederationError", "TransportError", "FrameError", "RoundAborted", "UpdateRejected",
+           "RetriesExhausted"]
 
 
 class FederationError(FractalError):
@@ -34,3 +36,7 @@ class RoundAborted(FederationError):
 
 class UpdateRejected(RoundAborted):
     pass
+
+
+class RetriesExhausted(RoundAborted):
+    """A peer never acknowledged a frame after the endpoint's ``max_retransmits`` retransmissions."""

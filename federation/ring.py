@@ -117,9 +117,11 @@ class _Collective:
     the error-feedback state of compressed rounds, and close/context-manager plumbing."""
 
     def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
-                 retransmit_after: float = 1.0, topk_ratio: float = 0.01, max_early_tags: int = 4) -> None:
+                 retransmit_after: float = 1.0, topk_ratio: float = 0.01, max_early_tags: int = 4,
+                 max_retransmits: int = 100) -> None:
         self.endpoint = Endpoint(transport, swarm=swarm, max_in_flight=max_in_flight,
-                                 retransmit_after=retransmit_after, max_early_tags=max_early_tags)
+                                 retransmit_after=retransmit_after, max_early_tags=max_early_tags,
+                                 max_retransmits=max_retransmits)
         self.member_id: str = transport.member_id
         self.swarm = swarm
         self.max_payload: int = int(transport.max_payload)

@@ -24,7 +24,7 @@ def bench_allreduce(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Time one ring allreduce (and the star baseline) of --size floats across --nodes members."""
-    from federation.bench import run_allreduce_bench
+    from api.bench.allreduce import run_allreduce_bench
     from federation.errors import FederationError
     from federation.messages import Compression
 

@@ -27,7 +27,7 @@ def bench_compile(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Latency of each zoo model in onnxruntime, TVM untuned and TVM tuned; tuning and recompile time."""
-    from compiler.bench import run_compile_bench
+    from api.bench.compile import run_compile_bench
     from compiler.errors import CompilerError
 
     names = [m.strip() for m in models.split(",") if m.strip()] or None

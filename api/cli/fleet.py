@@ -38,10 +38,12 @@ def fleet(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0 for all)."),
     swarm_id: str = typer.Option("default", "--swarm", help="Swarm id (MQTT topic level)."),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="CA certificate for an mqtts:// broker."),
+    db: Path | None = typer.Option(None, "--db", help="SQLite file of round history and operator actions "
+                                   "(default: $FRACTAL_FLEET_DB, else the user data dir, per swarm)."),
 ) -> None:
     """Run the fleet service: node registry, training rounds, event stream and dashboard."""
     settings = _settings(broker=broker, port=port, token=token, host=host, swarm=swarm_id,
-                         tls_ca=str(tls_ca) if tls_ca else None)
+                         tls_ca=str(tls_ca) if tls_ca else None, db=str(db) if db else None)
     if not settings.token:
         settings = settings.model_copy(update={"token": secrets.token_urlsafe(18)})
         typer.echo(f"operator token (generated): {settings.token}")

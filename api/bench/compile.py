@@ -16,7 +16,6 @@ Also reported: ``vm_us`` (the bare VM call on ready device tensors) and ``artifa
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -27,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from api.bench.host import machine
 from compiler.errors import CompilerError
 from compiler.manifest import Manifest
 
-__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "machine_info", "NATIVE"]
+__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "NATIVE"]
 
 FORMAT = 1
 NATIVE = "native"
@@ -48,23 +48,6 @@ def set_threads(threads: int) -> int:
         raise CompilerError(f"TVM runs {got} thread(s), the benchmark asked for {threads}",
                             hint=f"TVM's thread pool started earlier: run with TVM_NUM_THREADS={threads}")
     return got
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU model (from /proc/cpuinfo), logical CPUs, and the library versions measured."""
-    import onnxruntime
-    import tvm
-
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "logical_cpus": os.cpu_count(), "arch": platform.machine(),
-            "tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__}
 
 
 def measure(fn: Callable[[], Any], *, min_seconds: float = 1.0, min_runs: int = 20, max_runs: int = 5000,
@@ -224,7 +207,7 @@ def _run(names: list[str], per_model: dict[str, int], threads: int, target: str,
     return {
         "format": FORMAT,
         "bench": "compile",
-        "machine": machine_info(),
+        "machine": machine(),
         "target": target,
         "threads": threads,
         "trials_per_model": per_model,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -24,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from api.bench.host import machine_line
 from federation.errors import FederationError
 
-__all__ = ["run_allreduce_bench", "raw_broker_throughput", "ideal_bytes_per_node", "machine"]
+__all__ = ["run_allreduce_bench", "raw_broker_throughput", "ideal_bytes_per_node"]
 
 _SEED = 1234
 
@@ -34,19 +34,6 @@ _SEED = 1234
 def ideal_bytes_per_node(nodes: int, elements: int, itemsize: int = 4) -> float:
     """What each member must send in a bandwidth-optimal allreduce: 2(N-1)/N x elements x 4 bytes."""
     return 2 * (nodes - 1) / nodes * elements * itemsize
-
-
-def machine() -> str:
-    """One line describing this host (CPU model, cores, Python)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}"
 
 
 def _vector(rank: int, elements: int) -> np.ndarray:
@@ -289,5 +276,5 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
         "max_payload": max_payload,
         "members": "process",
         "broker": "mosquitto (started by the benchmark)" if own is not None else broker_url.split("@")[-1],
-        "machine": machine(),
+        "machine": machine_line(),
     }
