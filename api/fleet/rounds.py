@@ -16,6 +16,7 @@ import enum
 import logging
 import math
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -197,8 +198,9 @@ def swarm_validation(vals: list[Validation | None]) -> dict | None:
     acc: float | None = 0.0
     for v in got:
         acc = None if acc is None or v.accuracy is None else acc + v.accuracy * v.samples
-    return {"loss": sum(v.loss * v.samples for v in got) / n, "accuracy": None if acc is None else acc / n,
-            "samples": n, "nodes": len(got)}
+    # Weights below 1 keep a diverged node's huge (finite) loss finite: the history is strict JSON.
+    loss = min(sum(v.loss * (v.samples / n) for v in got), sys.float_info.max)
+    return {"loss": loss, "accuracy": None if acc is None else acc / n, "samples": n, "nodes": len(got)}
 
 
 def regression(validation: dict, margin: float) -> str | None:

@@ -4,6 +4,7 @@ fleet folds and drives them: unit tests without a broker, then the service over 
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 
@@ -80,6 +81,8 @@ def test_swarm_validation_is_weighted_by_samples():
                           Validation(loss=2.0, accuracy=1.0, samples=30), None])
     assert v == {"loss": pytest.approx(1.75), "accuracy": pytest.approx(0.875), "samples": 40, "nodes": 2}
     assert swarm_validation([None, Validation(loss=1.0, samples=0)]) is None
+    huge = swarm_validation([Validation(loss=sys.float_info.max, accuracy=0.1, samples=7)] * 3)
+    assert math.isfinite(huge["loss"])  # diverged nodes report the largest finite loss
     assert swarm_validation([Validation(loss=1.0, accuracy=0.5, samples=1),
                              Validation(loss=3.0, samples=1)])["accuracy"] is None  # one is a regressor
 
