@@ -14,6 +14,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class ParamVersions:
         beyond ``keep``. Version 0 needs no file."""
         if version == 0:
             return
-        arrays = {f"p{i}": np.asarray(p, np.float32) for i, p in enumerate(params)}
+        arrays: dict[str, Any] = {f"p{i}": np.asarray(p, np.float32) for i, p in enumerate(params)}
         arrays["__meta__"] = np.array(json.dumps({"version": version, "sha256": params_sha256(params),
                                                   "count": len(params)}))
         buf = io.BytesIO()
