@@ -50,7 +50,7 @@ bench: install-dev sysroot
 
 check: install-dev
 	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy tests
-	$(BIN)/mypy fractal compiler federation edgenode api firmware
+	$(BIN)/mypy fractal compiler federation edgenode api firmware tests/edgenode/fakes.py
 
 clean:
 	rm -rf $(VENV) $(CACHE) build *.egg-info

@@ -12,13 +12,16 @@ from __future__ import annotations
 import io
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from compiler.errors import InputError
 from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, get_logger, params_sha256
+from edgenode.ports import Engine
 
 __all__ = ["ParamsSnapshot", "ModelHolder", "flatten", "unflatten"]
 
@@ -68,11 +71,12 @@ def unflatten(vec: np.ndarray, like: list[np.ndarray] | tuple[np.ndarray, ...]) 
 class ModelHolder:
     """Holds ``artifact`` and its current parameters; see the module docstring for the contract."""
 
-    def __init__(self, artifact: Any, data_dir: str | Path) -> None:
+    def __init__(self, artifact: Engine, data_dir: str | Path) -> None:
         self.artifact = artifact
         self.path = Path(data_dir) / "params.npz"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._swapping = False
         self._shapes = [tuple(np.shape(p)) for p in artifact.params]
         self._snap = self._prepare(self._restore() or ParamsSnapshot.make(list(artifact.params), 0))
 
@@ -83,6 +87,11 @@ class ModelHolder:
         return self._snap
 
     @property
+    def swapping(self) -> bool:
+        """True while a new parameter set is being prepared, persisted and published."""
+        return self._swapping
+
+    @property
     def version(self) -> int:
         return self._snap.version
 
@@ -90,18 +99,14 @@ class ModelHolder:
     def sha256(self) -> str:
         return self._snap.sha256
 
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the artifact on one consistent parameter snapshot."""
         snap = self._snap  # read once: a concurrent commit replaces the reference, not our tuple
         try:
             return self.artifact.infer(inputs, params=snap.prepared if snap.prepared is not None
                                        else list(snap.params))
-        except NodeError:
-            raise
-        except Exception as exc:  # the compiler's InputError: same meaning at the node boundary
-            if type(exc).__name__ == "InputError":
-                raise InvalidInput(str(exc), hint=getattr(exc, "hint", None)) from exc
-            raise
+        except InputError as exc:  # the compiler validates inputs; the node's error says the same
+            raise InvalidInput(str(exc), hint=exc.hint) from exc
 
     # -- writing -------------------------------------------------------------------------------
     def commit(self, params: list[np.ndarray], version: int) -> ParamsSnapshot:
@@ -113,27 +118,29 @@ class ModelHolder:
         shapes = [tuple(np.shape(p)) for p in params]
         if shapes != self._shapes:
             raise NodeError(f"parameter shapes {shapes} do not match the artifact's {self._shapes}")
-        snap = self._prepare(ParamsSnapshot.make(params, version))
         with self._lock:
-            self._persist(snap)
-            self._snap = snap
+            self._swapping = True  # readiness: the node says "not ready" while parameters change
+            try:
+                snap = self._prepare(ParamsSnapshot.make(params, version))
+                self._persist(snap)
+                self._snap = snap
+            finally:
+                self._swapping = False
         log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
         return snap
 
     def _prepare(self, snap: ParamsSnapshot) -> ParamsSnapshot:
-        prep = getattr(self.artifact, "prepare_params", None)
-        if prep is None:
-            return snap
-        return ParamsSnapshot(snap.params, snap.version, snap.sha256, prep(list(snap.params)))
+        return ParamsSnapshot(snap.params, snap.version, snap.sha256,
+                              self.artifact.prepare_params(list(snap.params)))
 
     def reset(self) -> ParamsSnapshot:
         """Back to the artifact's shipped parameters (version 0), persisted."""
         return self.commit(list(self.artifact.params), 0)
 
     def _persist(self, snap: ParamsSnapshot) -> None:
-        meta = {"format": _PARAMS_FORMAT, "model": str(getattr(self.artifact, "name", "")),
+        meta = {"format": _PARAMS_FORMAT, "model": self.artifact.name,
                 "version": snap.version, "sha256": snap.sha256,
-                "names": list(getattr(self.artifact, "param_names", [])),
+                "names": list(self.artifact.param_names),
                 "shapes": [list(s) for s in self._shapes]}
         buf = io.BytesIO()
         arrays: dict[str, Any] = {f"p{i}": p for i, p in enumerate(snap.params)}
@@ -153,7 +160,7 @@ class ModelHolder:
                         self.path, exc)
             return None
         if meta.get("format") != _PARAMS_FORMAT or [tuple(s) for s in meta["shapes"]] != self._shapes \
-                or meta.get("names") != list(getattr(self.artifact, "param_names", meta.get("names"))):
+                or meta.get("names") != list(self.artifact.param_names):
             log.warning("%s belongs to another model layout; starting from the artifact's parameters",
                         self.path)
             return None

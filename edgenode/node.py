@@ -20,16 +20,18 @@ import platform
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ValidationError
 
-from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, get_logger
+from edgenode.common import ConfigError, NodeBusy, NodeError, RoundFailed, get_logger
 from edgenode.config import NodeConfig
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
+from edgenode.ports import Collective, Engine, Link, Publication, Spec, Trainer
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
 from federation import topics
@@ -42,6 +44,7 @@ from federation.messages import (
     RoundEvent,
     parse_command,
 )
+from federation.transport import Transport
 
 __all__ = ["EdgeNode"]
 
@@ -58,14 +61,15 @@ class EdgeNode:
     ``config.artifact`` and, when ``config.broker`` is set, the transport is the MQTT link's.
     """
 
-    def __init__(self, config: NodeConfig, *, artifact: Any = None, transport: Any = None) -> None:
+    def __init__(self, config: NodeConfig, *, artifact: Engine | None = None,
+                 transport: Transport | None = None) -> None:
         self.config = config
         if artifact is None:
             from compiler import load_artifact  # lazy: keeps `import edgenode` light
 
             artifact = load_artifact(config.artifact)
-        self.artifact = artifact
-        self.trainer = getattr(artifact, "trainer", None)
+        self.artifact: Engine = artifact
+        self.trainer: Trainer | None = artifact.trainer
         config.data_dir.mkdir(parents=True, exist_ok=True)
         tb = config.training.batch
         if tb is not None and self.trainer is not None and int(self.trainer.batch) != tb:
@@ -78,8 +82,8 @@ class EdgeNode:
                                  num_classes=self._num_classes())
         self.metrics = NodeMetrics(lambda: self.store.count, lambda: self.model.version)
         self._transport = transport
-        self._ring: Any = None
-        self._link: Any = None
+        self._ring: Collective | None = None
+        self._link: Link | None = None
         self._lock = threading.Lock()  # guards state / round bookkeeping below
         self._state = NodeState.ONLINE
         self._round_id: str | None = None
@@ -114,16 +118,28 @@ class EdgeNode:
         return self.model.sha256
 
     @property
-    def inputs(self) -> list[Any]:
+    def inputs(self) -> list[Spec]:
         """The artifact's input TensorSpecs (shape includes the compiled batch dim)."""
         return list(self.artifact.inputs)
 
     @property
-    def outputs(self) -> list[Any]:
+    def outputs(self) -> list[Spec]:
         return list(self.artifact.outputs)
 
+    def readiness(self) -> str | None:
+        """Why the node cannot serve right now, or None when it can (``/v2/health/ready``).
+
+        Not ready: before :meth:`start` or after :meth:`stop`, while a new parameter set is being
+        swapped in, or while the sample store is unavailable (closed, or its writes fail).
+        """
+        if not self._started:
+            return "the node is not started"
+        if self.model.swapping:
+            return "parameters are being swapped"
+        return self.store.problem()
+
     @property
-    def registry(self):
+    def registry(self) -> CollectorRegistry:
         """Prometheus ``CollectorRegistry`` with the node's counters (inferences, samples, rounds, loss)."""
         return self.metrics.registry
 
@@ -156,52 +172,26 @@ class EdgeNode:
 
     def _sample_spec(self) -> SampleSpec:
         ins = tuple((s.name, tuple(int(d) for d in s.shape[1:]), str(np.dtype(s.dtype))) for s in self.inputs)
-        if self.trainer is not None and getattr(self.trainer, "loss", "ce") == "mse":
+        if self.trainer is not None and self.trainer.loss == "mse":
             out = self.outputs[0]
             return SampleSpec(ins, tuple(int(d) for d in out.shape[1:]), "float32")
         return SampleSpec(ins, (), "int64")
 
     def _num_classes(self) -> int | None:
-        if self.trainer is not None and getattr(self.trainer, "loss", "ce") == "mse":
+        if self.trainer is not None and self.trainer.loss == "mse":
             return None
         return int(self.outputs[0].shape[-1]) if self.outputs and self.outputs[0].shape else None
 
     # -- data plane --------------------------------------------------------------------------------
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the model on a batch (any leading N >= 1) with one consistent parameter snapshot.
 
-        Raises :class:`InvalidInput` naming the problem (missing/unknown input, shape, dtype).
+        Raises :class:`InvalidInput` naming the problem (missing/unknown input, shape, dtype):
+        the artifact validates (``compiler.artifact.check_inputs``, the one validator).
         """
-        arrays = self._check_inputs(inputs)
         t0 = time.perf_counter()
-        out = self.model.infer(arrays)
+        out = self.model.infer(inputs)
         self.metrics.inference(time.perf_counter() - t0)
-        return out
-
-    def _check_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = [s.name for s in self.inputs]
-        for n in names:
-            if n not in inputs:
-                raise InvalidInput(f"missing input {n!r}", hint=f"the model's inputs are {names}")
-        for n in inputs:
-            if n not in names:
-                raise InvalidInput(f"unknown input {n!r}", hint=f"the model's inputs are {names}")
-        out = {}
-        for s in self.inputs:
-            a = np.asarray(inputs[s.name])
-            want = [int(d) for d in s.shape[1:]]
-            if a.ndim != len(s.shape) or list(a.shape[1:]) != want or a.shape[0] < 1:
-                expected = ", ".join(["N", *map(str, want)])
-                raise InvalidInput(f"input {s.name!r}: shape {list(a.shape)}, expected [{expected}]",
-                                   hint="N >= 1 samples, each shaped like the model input without batch dim")
-            dt = np.dtype(s.dtype)
-            if a.dtype != dt:
-                ok = (dt.kind == "f" and a.dtype.kind in "fiub") or \
-                    (dt.kind in "iu" and a.dtype.kind in "iub")
-                if not ok:
-                    raise InvalidInput(f"input {s.name!r}: dtype {a.dtype}, expected {dt}", hint=f"send {dt}")
-                a = a.astype(dt)
-            out[s.name] = np.ascontiguousarray(a)
         return out
 
     def add_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray) -> int:
@@ -238,7 +228,7 @@ class EdgeNode:
             if self._transport is None:
                 self._transport = self._link.transport(self.node_id)
             # a restarted broker without persistence forgot our retained status: say it again
-            self._link.on_connect(lambda reconnected: reconnected and self.publish_status())
+            self._link.on_connect(self._on_connect)
             self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
         if self._transport is not None:
             from federation.ring import RingAllreduce
@@ -274,9 +264,8 @@ class EdgeNode:
         if self._link is not None:
             self._link.close()
             self._link = None
-        close = getattr(self._ring, "close", None)
-        if callable(close):
-            close()
+        if self._ring is not None:
+            self._ring.close()
         self.store.close()
         log.info("node %s stopped", self.node_id)
 
@@ -300,7 +289,7 @@ class EdgeNode:
         """The NodeStatus this node publishes (retained) right now."""
         return self._status()
 
-    def publish_status(self) -> Any:
+    def publish_status(self) -> Publication | None:
         """Publish the retained status now (also done on every state change and heartbeat)."""
         link = self._link
         if link is None:
@@ -312,6 +301,10 @@ class EdgeNode:
         except Exception as exc:  # noqa: BLE001 - a broker hiccup must not kill a round or a request
             log.warning("status publish failed: %s", exc)
             return None
+
+    def _on_connect(self, reconnected: bool) -> None:
+        if reconnected:  # a restarted broker without persistence forgot our retained status
+            self.publish_status()
 
     def _heartbeat_loop(self) -> None:
         while not self._stopping.wait(self.config.heartbeat_s):
@@ -434,9 +427,8 @@ class EdgeNode:
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
                                samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
-            reset = getattr(self._ring, "reset_feedback", None)
-            if callable(reset):  # compression residuals of a void round must not leak into the next
-                reset()
+            # compression residuals of a void round must not leak into the next
+            self._ring.reset_feedback()
             self.last_error = str(exc)
             self.metrics.round_finished(False)
             log.warning("%s: %s", self.node_id, exc)

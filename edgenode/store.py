@@ -72,10 +72,12 @@ class SampleStore:
         self.spec = spec
         self.max_samples = int(max_samples)
         self.num_classes = num_classes  # class-id labels are checked against it
-        self.retention = str(getattr(retention, "value", retention))
+        self.retention = str(retention)  # (a StrEnum member's str() is its value)
         if self.retention not in ("drop-oldest", "reject"):
             raise StoreError(f"unknown retention policy {self.retention!r}", hint="use drop-oldest or reject")
         self._lock = threading.Lock()
+        self._closed = False
+        self._write_error: str | None = None  # the last write failure, until a write succeeds
         # check_same_thread=False: one connection shared by the API threads and the round worker,
         # every use serialized by self._lock (SQLite writes are serialized anyway).
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -97,7 +99,7 @@ class SampleStore:
             raise StoreError(f"sample store {self.path} holds samples of another model layout",
                              hint="use a fresh data_dir for a different model, or delete samples.db")
 
-    def _tx(self):
+    def _tx(self) -> _Tx:
         return _Tx(self._db)
 
     @property
@@ -165,14 +167,28 @@ class SampleStore:
             if self.retention == "reject" and self._count + n > self.max_samples:
                 raise StoreError(f"sample store is full ({self._count}/{self.max_samples} samples)",
                                  hint="raise [store].max_samples or use retention = \"drop-oldest\"")
-            with self._tx():
-                self._db.executemany("INSERT INTO samples (data, label) VALUES (?, ?)", rows)
-                over = self._count + n - self.max_samples
-                if over > 0:  # drop-oldest: ids grow monotonically (AUTOINCREMENT), oldest = smallest
-                    self._db.execute("DELETE FROM samples WHERE id IN "
-                                     "(SELECT id FROM samples ORDER BY id LIMIT ?)", (over,))
+            try:
+                with self._tx():
+                    self._db.executemany("INSERT INTO samples (data, label) VALUES (?, ?)", rows)
+                    over = self._count + n - self.max_samples
+                    if over > 0:  # drop-oldest: ids grow monotonically (AUTOINCREMENT), oldest = smallest
+                        self._db.execute("DELETE FROM samples WHERE id IN "
+                                         "(SELECT id FROM samples ORDER BY id LIMIT ?)", (over,))
+            except sqlite3.Error as exc:  # read-only or full disk, I/O error: nothing was stored
+                self._write_error = str(exc)
+                raise StoreError(f"the sample store cannot write ({exc}); nothing was stored",
+                                 hint="check the node's data_dir (permissions, free space)") from None
+            self._write_error = None
             self._count = min(self._count + n, self.max_samples)
             return self._count
+
+    def problem(self) -> str | None:
+        """Why the store cannot take samples now (closed, or its last write failed), or None."""
+        if self._closed:
+            return "the sample store is closed"
+        if self._write_error is not None:
+            return f"the sample store cannot write: {self._write_error}"
+        return None
 
     @property
     def sample_bytes(self) -> int:
@@ -217,6 +233,7 @@ class SampleStore:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._db.close()
 
 
@@ -229,7 +246,7 @@ class _Tx:
     def __enter__(self) -> None:
         self.db.execute("BEGIN IMMEDIATE")
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 

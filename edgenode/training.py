@@ -37,8 +37,10 @@ from typing import Any
 import numpy as np
 
 from edgenode.common import RoundFailed, get_logger
-from edgenode.model import ModelHolder, flatten, unflatten
+from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
+from edgenode.ports import Collective, Trainer
 from edgenode.store import Samples
+from federation.errors import RoundAborted
 from federation.messages import Compression, RoundCommand, SyncMode
 
 __all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "choose_root"]
@@ -116,8 +118,8 @@ def _hash_chunks(sha: str) -> list[float]:
     return [float(int(sha[i * 4:(i + 1) * 4], 16)) for i in range(4)]  # each < 2^16: exact in float32
 
 
-def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any, samples: Samples,
-              ring: Any, rng: np.random.Generator | None = None, abort: threading.Event | None = None,
+def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Trainer, samples: Samples,
+              ring: Collective, rng: np.random.Generator | None = None, abort: threading.Event | None = None,
               on_step: Callable[[int, float], None] | None = None) -> RoundResult:
     """Run ``plan`` as member ``node_id``; commits to ``model`` only if every phase succeeded.
 
@@ -146,9 +148,7 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
             vec = ring.broadcast(mine, root=synced_from, group=group, tag=f"{plan.round_id}/params",
                                  timeout=plan.step_timeout_s)
             params = unflatten(np.asarray(vec, np.float32), params)
-            reset = getattr(ring, "reset_feedback", None)
-            if callable(reset):  # residuals belong to the parameters we just replaced
-                reset()
+            ring.reset_feedback()  # residuals belong to the parameters we just replaced
             log.info("%s: round %s starts from %s's parameters", node_id, plan.round_id, synced_from)
         scale = len(group) / contributors  # undo the zeros of members without samples
         sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None
@@ -173,28 +173,21 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
     except RoundFailed:
         raise
     except Exception as exc:  # RoundAborted, TransportError, trainer errors: the round is void
-        member = getattr(exc, "member", None)
+        member = exc.member if isinstance(exc, RoundAborted) else None
         raise RoundFailed(f"round {plan.round_id} failed: {exc}", member=member) from exc
     snap = model.commit(params, max(versions.values()) + 1)
     return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0,
                        final_sync)
 
 
-def _abort_peers(ring: Any, tag: str, group: list[str], node_id: str, reason: str) -> None:
-    """Open the collective ``tag`` and fail it at once: the session layer sends ABORT to every
-    peer, so members blocked in (or about to start) that step stop now instead of at the deadline."""
-    endpoint = getattr(ring, "endpoint", None)
-    if endpoint is None:
-        return
-    try:
-        with endpoint.call(tag, [m for m in group if m != node_id], 1.0):
-            raise RoundFailed(reason)
-    except Exception:  # noqa: BLE001 - best effort: peers still time out on their own
-        pass
+def _abort_peers(ring: Collective, tag: str, group: list[str], node_id: str, reason: str) -> None:
+    """Void the collective ``tag`` for every peer, so members blocked in (or about to start)
+    that step stop now instead of at the deadline."""
+    ring.abort(tag, [m for m in group if m != node_id], reason)
 
 
 def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndarray],
-           ring: Any) -> tuple[list[np.ndarray], bool]:
+           ring: Collective) -> tuple[list[np.ndarray], bool]:
     """Exchange 64 bits of every member's final params_sha256 (exact SUM-allreduce, one slot each).
 
     Identical inputs give identical bits only if every member runs the same optimizer code on
@@ -218,8 +211,8 @@ def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndar
     return unflatten(np.asarray(vec, np.float32), params), True
 
 
-def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: Any, has_samples: bool,
-           ring: Any) -> dict[str, list[float]]:
+def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: ParamsSnapshot, has_samples: bool,
+           ring: Collective) -> dict[str, list[float]]:
     n_params = sum(int(p.size) for p in snap.params)
     vec = np.zeros(len(group) * _SLOT, np.float32)
     i = group.index(node_id) * _SLOT
@@ -231,13 +224,18 @@ def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: Any, has_sampl
     return {m: out[k * _SLOT:(k + 1) * _SLOT].tolist() for k, m in enumerate(group)}
 
 
-def _batch_xy(trainer: Any, sampler: BatchSampler) -> tuple[np.ndarray, np.ndarray]:
+def _batch_xy(trainer: Trainer, sampler: BatchSampler) -> tuple[np.ndarray, np.ndarray]:
     inputs, y = sampler.next()
     (x,) = inputs.values()  # training modules take one input tensor
     return x, y
 
 
-def _gradient_step(plan, trainer, params, state, sampler, ring, group, tag, scale):
+_Step = tuple[float, list[np.ndarray], list[np.ndarray]]
+
+
+def _gradient_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
+                   sampler: BatchSampler | None, ring: Collective, group: list[str], tag: str,
+                   scale: float) -> _Step:
     if sampler is not None:
         x, y = _batch_xy(trainer, sampler)
         loss, grads = trainer.loss_and_grad(params, x, y)
@@ -252,7 +250,9 @@ def _gradient_step(plan, trainer, params, state, sampler, ring, group, tag, scal
     return float(loss), [np.asarray(p, np.float32) for p in params], state
 
 
-def _local_sgd_step(plan, trainer, params, state, sampler, ring, group, tag, scale):
+def _local_sgd_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
+                    sampler: BatchSampler | None, ring: Collective, group: list[str], tag: str,
+                    scale: float) -> _Step:
     start = flatten(params)
     losses = []
     if sampler is not None:

@@ -28,28 +28,34 @@ def test_surface_and_metrics(tmp_path):
     try:
         assert node.model_name == "numpy-softmax" and node.model_version == 0
         assert [s.name for s in node.inputs] == ["x"] and [s.name for s in node.outputs] == ["logits"]
-        out = node.infer({"x": np.ones((3, 64), np.float64)})  # float64 is cast to float32
+        # One dtype rule (compiler.artifact.check_inputs): untyped numbers are converted, a typed
+        # array must have the model's dtype, as onnxruntime demands.
+        out = node.infer({"x": np.ones((3, 64), np.float32)})
         assert out["logits"].shape == (3, 10)
+        assert node.infer({"x": [[1] * 64]})["logits"].shape == (1, 10)
+        with pytest.raises(InvalidInput, match="dtype float64, expected float32"):
+            node.infer({"x": np.ones((3, 64), np.float64)})
         assert node.add_samples({"x": np.zeros((4, 64))}, np.array([1, 2, 3, 4])) == 4
         info = node.info()
         for key in ("node_id", "arch", "board", "model", "model_version", "params_sha256", "round_id",
                     "samples", "state"):
             assert key in info
         assert info["samples"] == 4 and info["state"] == "online" and info["board"] == "x86_64"
-        assert node.metrics.inferences == 1 and node.metrics.samples_added == 4
+        assert node.metrics.inferences == 2 and node.metrics.samples_added == 4
         text = generate_latest(node.registry).decode()
-        assert "fractal_node_inferences_total 1.0" in text and "fractal_node_samples 4.0" in text
+        assert "fractal_node_inferences_total 2.0" in text and "fractal_node_samples 4.0" in text
     finally:
         node.stop()
         node.stop()  # idempotent
 
 
 @pytest.mark.parametrize(("inputs", "needle"), [
-    ({}, "missing input 'x'"),
-    ({"x": np.zeros((1, 64)), "z": np.zeros(1)}, "unknown input 'z'"),
-    ({"x": np.zeros((1, 63))}, "expected [N, 64]"),
-    ({"x": np.zeros(64)}, "expected [N, 64]"),
-    ({"x": np.zeros((0, 64))}, "expected [N, 64]"),
+    ({}, "missing input(s) 'x'"),
+    ({"x": np.zeros((1, 64), np.float32), "z": np.zeros(1)}, "unknown input(s) 'z'"),
+    ({"x": np.zeros((1, 63), np.float32)}, "expected [N, 64]"),
+    ({"x": np.zeros(64, np.float32)}, "expected [N, 64]"),
+    ({"x": np.zeros((0, 64), np.float32)}, "expected [N, 64]"),
+    ({"x": [[float("nan")] * 64]}, "NaN or infinity"),
     ({"x": np.array([["a"] * 64])}, "dtype"),
 ])
 def test_infer_rejects_bad_input(tmp_path, inputs, needle):
