@@ -3,28 +3,23 @@
 A sample is *validation* when a hash of its stored bytes (inputs and label) falls below the
 share: the same sample is always on the same side, across restarts and on every node, with no
 state to keep; changing the share moves only the samples between the old and the new threshold.
-The store keeps each row's :func:`split_key` so counting and selecting a side is one query.
+The store keeps each row's :func:`split_key` (defined there) so counting and selecting a side is
+one query.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 
 import numpy as np
 
-from edgenode.store import Samples
+from edgenode.store import Samples, split_key
 from federation.messages import Validation
 
 __all__ = ["split_key", "evaluate", "EVAL_BATCH", "DIVERGED"]
 
 EVAL_BATCH = 256  # samples per inference call while evaluating
 DIVERGED = float(np.finfo(np.float64).max)  # the loss reported when the model's outputs are not finite
-
-
-def split_key(data: bytes) -> float:
-    """Where a sample falls in [0, 1): validation when below the share."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") / 2.0**64
 
 
 def evaluate(forward: Callable[[dict[str, np.ndarray]], np.ndarray], samples: Samples, *, loss: str,

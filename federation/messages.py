@@ -167,8 +167,8 @@ class RoundEvent(_Msg):
     node_id: str
     step: int = 0
     loss: float | None = None
-    # STEP: the losses of steps ``step, step+1, ...`` since the previous STEP event (a node
-    # throttles events by time, not points); ``loss`` is the last of them.
+    # STEP: the losses of the steps since the previous STEP event, the last one being ``step``
+    # (a node throttles events by time, not points); ``loss`` is the last of them.
     losses: list[float | None] | None = Field(default=None, max_length=100_000)
     params_sha256: str | None = None  # on DONE: the committed parameters
     model_version: int | None = None

@@ -325,7 +325,7 @@ class RoundManager:
             p.last_event = now
             if ev.kind is EventKind.STEP:
                 losses = ev.losses if ev.losses is not None else [ev.loss]
-                first = ev.step - len(losses) + 1 if ev.losses is None else ev.step
+                first = ev.step - len(losses) + 1  # ``losses`` end at ``step``
                 self.dropped_values += p.add_losses(first, losses, rnd.command.steps, now - rnd.started_at)
             elif ev.kind is EventKind.DONE:
                 p.done = True

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import numpy as np
 import pytest
 
 from edgenode.common import NodeError
 from edgenode.devicefacts import DeviceFacts
-from edgenode.store import Samples
-from edgenode.validation import DIVERGED, evaluate, split_key
+from edgenode.store import Samples, split_key
+from edgenode.validation import DIVERGED, evaluate
 from edgenode.versions import ParamVersions
 
 
@@ -80,9 +81,11 @@ def test_versions_keep_the_newest_and_roll_back(tmp_path):
 
 def test_device_facts(tmp_path):
     facts = DeviceFacts(tmp_path)
-    sum(i * i for i in range(300_000))  # some CPU time
+    t_end = time.process_time() + 0.2
+    while time.process_time() < t_end:  # 0.2 s of CPU time
+        pass
     h = facts.health()
     assert h.uptime_s >= 0 and h.cpu_percent > 0 and h.mem_rss_bytes > 10 << 20
     assert 0 < h.mem_percent < 100
     st = os.statvfs(tmp_path)
-    assert abs(h.disk_free_bytes - st.f_bavail * st.f_frsize) < 64 << 20
+    assert abs(h.disk_free_bytes - st.f_bavail * st.f_frsize) < 1 << 30  # others write to this disk too

@@ -100,7 +100,7 @@ class SimSwarm:
             losses = [2.0 * math.exp(-3 * s / cmd.steps) + 0.05 * math.sin(s + 2 * int(node.node_id[-1]))
                       for s in range(first, min(cmd.steps, first + per))]
             node.emit(RoundEvent(kind=EventKind.STEP, round_id=cmd.round_id, node_id=node.node_id,
-                                 step=first, loss=losses[-1], losses=losses))
+                                 step=first + len(losses) - 1, loss=losses[-1], losses=losses))
         node.version += 1
         node.accuracy = min(1.0, max(0.0, node.accuracy + self.gain))
         node.history[node.version] = node.accuracy

@@ -39,9 +39,10 @@ def test_batched_step_events_give_every_step_and_wall_time():
     m = _manager([])
     rid = m.start(RoundRequest(steps=200), online={"a", "b"}, known={"a", "b"}, now=100.0).round_id
     for node in ("a", "b"):
-        m.on_event(_ev(rid, node, EventKind.STEP, step=0, losses=[2.0 - i / 100 for i in range(120)]), 100.6)
+        head = [2.0 - i / 100 for i in range(120)]
+        m.on_event(_ev(rid, node, EventKind.STEP, step=119, losses=head), 100.6)
         tail = [0.8 - i / 1000 for i in range(80)]
-        m.on_event(_ev(rid, node, EventKind.STEP, step=120, losses=tail), 101.0)
+        m.on_event(_ev(rid, node, EventKind.STEP, step=199, losses=tail), 101.0)
     series = m.get(rid)["loss"]
     assert [s["step"] for s in series] == list(range(200))
     assert all(s["complete"] for s in series)
@@ -56,7 +57,7 @@ def test_hostile_step_values_are_dropped_not_stored():
     """NaN/inf losses and steps outside the round never reach the (strict JSON) history."""
     m = _manager([], store=None)
     rid = m.start(RoundRequest(steps=10), online={"a", "b"}, known={"a", "b"}, now=0.0).round_id
-    m.on_event(_ev(rid, "a", EventKind.STEP, step=0, losses=[1.0, math.nan, math.inf, None]), 1.0)
+    m.on_event(_ev(rid, "a", EventKind.STEP, step=3, losses=[1.0, math.nan, math.inf, None]), 1.0)
     m.on_event(_ev(rid, "a", EventKind.STEP, step=10**12, loss=1.0), 1.0)
     m.on_event(_ev(rid, "a", EventKind.STEP, step=-5, loss=1.0), 1.0)
     m.on_event(_ev(rid, "a", EventKind.STEP, step=3, loss=math.nan), 1.0)
@@ -69,7 +70,7 @@ def test_hostile_steps_do_not_break_the_store(tmp_path):
     m = _manager([], store=store)
     rid = m.start(RoundRequest(steps=3), online={"a", "b"}, known={"a", "b"}, now=0.0).round_id
     for node in ("a", "b"):
-        m.on_event(_ev(rid, node, EventKind.STEP, step=0, losses=[math.nan, 1.0]), 1.0)
+        m.on_event(_ev(rid, node, EventKind.STEP, step=1, losses=[math.nan, 1.0]), 1.0)
         m.on_event(_ev(rid, node, EventKind.DONE, step=3, loss=math.nan, params_sha256="ab" * 32,
                        model_version=1), 2.0)
     assert store.get_round(rid)["state"] == "done"
@@ -198,7 +199,7 @@ def test_regressed_round_is_rolled_back_then_operator_rolls_back(make_fleet, tmp
     # A round that costs 20 points of validation accuracy.
     rid = fleet.post("/api/rounds", json={"steps": 2}).json()["round_id"]
     for n, ln in links.items():
-        fleet.event(ln, rid, n, EventKind.STEP, step=0, losses=[1.0, 0.9])
+        fleet.event(ln, rid, n, EventKind.STEP, step=1, losses=[1.0, 0.9])
         fleet.event(ln, rid, n, EventKind.DONE, step=2, params_sha256="cd" * 32, model_version=2,
                     val_before=Validation(loss=0.4, accuracy=0.9, samples=50, model_version=1),
                     val_after=Validation(loss=0.9, accuracy=0.7, samples=50, model_version=2))
