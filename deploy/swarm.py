@@ -339,6 +339,8 @@ def run_swarm(opts: SwarmOptions) -> None:
         swarm.watch_nodes()
         settings = FleetSettings(broker=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
                                  token=token)
+        if not settings.db:  # the demo keeps its history with its nodes (FRACTAL_FLEET_DB overrides)
+            settings = settings.model_copy(update={"db": str(workdir / "fleet.sqlite")})
 
         def banner() -> None:
             url = f"http://{opts.host}:{opts.port}/"

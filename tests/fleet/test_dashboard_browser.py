@@ -94,7 +94,7 @@ def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):
 
     # The plotted numbers are the fleet's numbers, and training lowered the loss.
     with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-        rnd = c.get(swarm3.base + "/api/rounds").json()["rounds"][0]
+        rnd = c.get(swarm3.base + f"/api/rounds/{rid}").json()
     assert rnd["state"] == "done" and rnd["params_agree"]
     means = [s["mean"] for s in rnd["loss"] if s["complete"]]
     assert len(means) >= 2 and means[-1] < means[0], means
