@@ -374,6 +374,11 @@ class EdgeNode:
     def rollback(self, to_version: int, rollback_id: str = "") -> bool:
         """Return to the kept parameter ``to_version`` (a fleet rollback); False, logged, when the
         node cannot (busy with a round, version not kept). The new status tells the fleet."""
+        w = self._worker
+        if w is not None and w.is_alive() and w is not threading.current_thread():
+            # The fleet rolls a round back as soon as every DONE event arrived: this node's worker
+            # may still be publishing its status. Give it the time a step may take.
+            w.join(self.config.training.step_timeout_s)
         with self._lock:
             if self._worker is not None and self._worker.is_alive():
                 log.warning("rollback %s refused: round %s is running", rollback_id, self._round_id)

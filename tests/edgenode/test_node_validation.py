@@ -3,6 +3,8 @@ MemoryHub, the real TVM training module (digits-mlp), real RingAllreduce."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from compiler import load_artifact
@@ -81,6 +83,27 @@ def test_validation_share_is_stable_and_reported(pair, node_factory, digits_arti
     s2 = again.status()
     assert (s2.samples_train, s2.samples_val, s2.model_version, s2.versions) == \
         (st.samples_train, st.samples_val, 1, [0, 1])
+
+
+def test_rollback_right_after_done_waits_for_the_round_to_finish(pair):
+    """The fleet sends an automatic rollback the moment every DONE arrived; a node still
+    finishing its round (status, bookkeeping) must not refuse it."""
+    hub, nodes, events = pair
+    threads = []
+
+    def on_event(ev):
+        if ev.kind is EventKind.DONE:  # like an MQTT command arriving on another thread now
+            cmd = RollbackCommand(rollback_id="quick", nodes=[ev.node_id], to_version=0)
+            t = threading.Thread(target=nodes[ev.node_id].handle_command, args=(cmd.model_dump_json(),))
+            t.start()
+            threads.append(t)
+
+    for n in nodes.values():
+        n.add_event_listener(on_event)
+    _round(nodes, "quick-1", steps=5)
+    for t in threads:
+        t.join(30)
+    assert len(threads) == 2 and {n.model_version for n in nodes.values()} == {0}
 
 
 def test_rollback_together_and_bounded_versions(pair):
