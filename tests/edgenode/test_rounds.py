@@ -98,7 +98,7 @@ def test_dead_member_rolls_back_everywhere(swarm):
             hub.kill("n1")
 
     nodes["n1"].add_event_listener(kill_at_step_3)
-    import edgenode.node as node_mod
+    import edgenode.rounds as node_mod
 
     old = node_mod._STEP_EVENT_MIN_S
     node_mod._STEP_EVENT_MIN_S = 0.0  # every step emits an event, so the kill lands mid-round
