@@ -352,14 +352,21 @@ def run_swarm(opts: SwarmOptions) -> None:
         settings = FleetSettings(broker=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
                                  token=token, key_file=str(swarm.keys / "keys" / "fleet.key"),
                                  keyring_file=str(swarm.keys / "keyring.json"))
+        if not settings.db:  # the demo keeps its history with its nodes (FRACTAL_FLEET_DB overrides)
+            settings = settings.model_copy(update={"db": str(workdir / "fleet.sqlite")})
 
         def banner() -> None:
             url = f"http://{opts.host}:{opts.port}/"
+            kept = "" if opts.workdir is not None else " (temp dir, removed at exit; keep one: --workdir)"
+            first = swarm.nodes[0]
             print(f"\nfractal swarm is up: {len(swarm.nodes)} nodes, broker {swarm.broker_url}\n"
                   f"  dashboard: {url}?token={token}\n"
-                  f"  token:     {token}\n"
+                  f"  token:     {token}  (the fleet's and every node's)\n"
                   f"  nodes:     " + ", ".join(f"{n.node_id} {n.url}" for n in swarm.nodes) + "\n"
-                  f"  logs:      {workdir / 'logs'}\n"
+                  f"  try:       curl -s -H 'Authorization: Bearer {token}' {first.url}/v1/node\n"
+                  f"  files:     {workdir}{kept}: node-N.toml (node configs), data/node-N/ (samples and\n"
+                  f"             parameter versions), logs/node-N.log (node logs)\n"
+                  f"  fleet db:  {settings.db_path()} (round history and operator actions)\n"
                   "Press Ctrl-C to stop everything.", flush=True)
 
         serve_fleet(settings, ready=banner)

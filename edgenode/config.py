@@ -70,6 +70,12 @@ class TrainingConfig(_Section):
     # is background work: at equal priority it doubled-to-octupled the inference p99 (BENCHMARKS
     # "## serve"). 0 = same priority as inference; an unprivileged process cannot go below 0.
     nice: int = Field(default=10, ge=0, le=19)
+    # Share of the samples held back for validation (chosen by a hash of each sample's content, so
+    # a sample is always on the same side); evaluated before and after every committed round.
+    validation_share: float = Field(default=0.2, ge=0, lt=1)
+    # Committed parameter versions kept in data_dir/versions (plus the shipped version 0), so the
+    # swarm can roll back together.
+    keep_versions: int = Field(default=5, ge=1, le=1000)
 
 
 class StoreConfig(_Section):

@@ -22,6 +22,7 @@ import numpy as np
 from compiler.errors import InputError
 from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, fsync_dir, get_logger, params_sha256
 from edgenode.ports import Engine
+from edgenode.versions import ParamVersions
 
 __all__ = ["ParamsSnapshot", "ModelHolder", "flatten", "unflatten"]
 
@@ -71,7 +72,7 @@ def unflatten(vec: np.ndarray, like: list[np.ndarray] | tuple[np.ndarray, ...]) 
 class ModelHolder:
     """Holds ``artifact`` and its current parameters; see the module docstring for the contract."""
 
-    def __init__(self, artifact: Engine, data_dir: str | Path) -> None:
+    def __init__(self, artifact: Engine, data_dir: str | Path, *, keep_versions: int = 5) -> None:
         self.artifact = artifact
         self.path = Path(data_dir) / "params.npz"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,12 @@ class ModelHolder:
         if self.prepared_path.exists():
             log.warning("discarding %s left by an interrupted commit", self.prepared_path)
             self.prepared_path.unlink()
+        # Earlier versions for a swarm-wide rollback (version 0 is the artifact's own parameters).
+        self.versions = ParamVersions(Path(data_dir) / "versions", keep=keep_versions,
+                                      shipped=lambda: artifact.params)
         self._snap = self._prepare(self._restore() or ParamsSnapshot.make(list(artifact.params), 0))
+        if not self.versions.has(self._snap.version):  # data from before versions were kept
+            self.versions.save(self._snap.version, self._snap.params)
 
     # -- reading -------------------------------------------------------------------------------
     @property
@@ -131,6 +137,7 @@ class ModelHolder:
                 self._snap = snap
             finally:
                 self._swapping = False
+            self.versions.save(snap.version, snap.params)
         log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
         return snap
 
@@ -155,17 +162,33 @@ class ModelHolder:
         """Phase 2: make the staged parameters current (atomic rename, then the in-memory swap)."""
         import os
 
-        snap = self._prepare(snap)
         with self._lock:
-            os.replace(self.prepared_path, self.path)
-            fsync_dir(self.path.parent)
-            self._snap = snap
+            self._swapping = True  # readiness: "not ready" while parameters change
+            try:
+                snap = self._prepare(snap)
+                os.replace(self.prepared_path, self.path)
+                fsync_dir(self.path.parent)
+                self._snap = snap
+            finally:
+                self._swapping = False
+            self.versions.save(snap.version, snap.params)  # a rollback target from now on
         log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
         return snap
 
     def discard(self, _: ParamsSnapshot | None = None) -> None:
         """Drop staged parameters (the round was not committed)."""
         self.prepared_path.unlink(missing_ok=True)
+
+    def rollback(self, version: int) -> ParamsSnapshot:
+        """Make the kept ``version`` current again and forget the later ones (the next round
+        commits ``version + 1``); NodeError when it is not kept or is above the current one."""
+        if version > self.version:
+            raise NodeError(f"cannot roll forward from version {self.version} to {version}")
+        params = self.versions.load(version)
+        snap = self.commit(params, version)
+        self.versions.drop_after(version)
+        log.info("rolled back to params version %d", version)
+        return snap
 
     def _prepare(self, snap: ParamsSnapshot) -> ParamsSnapshot:
         return ParamsSnapshot(snap.params, snap.version, snap.sha256,

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from edgenode.common import ConfigError, get_logger
 from edgenode.config import NodeConfig
+from edgenode.devicefacts import DeviceFacts
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
 from edgenode.ports import Collective, Engine, Link, Publication, Spec, Trainer
@@ -38,9 +39,11 @@ from edgenode.store import SampleSpec, SampleStore
 from edgenode.training import RoundResult
 from federation import topics
 from federation.messages import (
+    ArtifactInfo,
     NodeState,
     NodeStatus,
     RoundEvent,
+    Validation,
 )
 from federation.transport import Transport
 
@@ -73,7 +76,7 @@ class EdgeNode(RoundControl):
             raise ConfigError(f"[training] batch = {tb} but the artifact's training module was compiled for "
                               f"batch {self.trainer.batch}",
                               hint=f"set batch = {self.trainer.batch} or recompile with --batch {tb}")
-        self.model = ModelHolder(artifact, config.data_dir)
+        self.model = ModelHolder(artifact, config.data_dir, keep_versions=config.training.keep_versions)
         self.store = SampleStore(config.data_dir / "samples.db", self._sample_spec(),
                                  max_samples=config.store.max_samples, retention=config.store.retention,
                                  num_classes=self._num_classes())
@@ -99,6 +102,8 @@ class EdgeNode(RoundControl):
         self._last_status = 0.0
         self.last_result: RoundResult | None = None
         self.last_error: str | None = None
+        self.facts = DeviceFacts(config.data_dir)
+        self.validation: Validation | None = None  # after the last committed round or rollback
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -284,10 +289,17 @@ class EdgeNode(RoundControl):
     # -- status --------------------------------------------------------------------------------
     def _status(self, state: NodeState | None = None) -> NodeStatus:
         snap = self.model.snapshot
+        count = self.store.count
+        val = self.store.count_part("val", self.config.training.validation_share)
+        m = self.artifact.manifest
         return NodeStatus(node_id=self.node_id, state=state or self._state, arch=self.arch, board=self.board,
                           model=self.model_name, model_version=snap.version, params_sha256=snap.sha256,
-                          samples=self.store.count,
+                          samples=count,
                           round_id=self._round_id, api_url=self.config.advertised_url,
+                          artifact=ArtifactInfo(model=self.model_name, target=m.preset, tuned=m.tuning.tuned,
+                                                tvm_version=m.tvm_version),
+                          health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,
+                          validation=self.validation, versions=self.model.versions.available(),
                           heartbeat_s=self.config.heartbeat_s, keepalive_s=float(self.config.keepalive_s))
 
     def status(self) -> NodeStatus:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Spec", "ManifestInfo", "Trainer", "Engine", "Collective", "Link", "Publication"]
+__all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "Link", "Publication"]
 
 
 class Spec(Protocol):
@@ -35,11 +35,22 @@ class Spec(Protocol):
     def dtype(self) -> str: ...
 
 
+class TuningFacts(Protocol):
+    @property
+    def tuned(self) -> bool: ...
+
+
 class ManifestInfo(Protocol):
     """The part of the artifact manifest the node reports."""
 
     @property
     def preset(self) -> str: ...
+
+    @property
+    def tvm_version(self) -> str: ...
+
+    @property
+    def tuning(self) -> TuningFacts: ...
 
 
 class Trainer(Protocol):

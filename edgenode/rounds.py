@@ -18,17 +18,20 @@ from pydantic import BaseModel, ValidationError
 from edgenode.common import NodeBusy, NodeError, RoundFailed, get_logger
 from edgenode.config import NodeConfig
 from edgenode.metrics import NodeMetrics
-from edgenode.model import ModelHolder
-from edgenode.ports import Collective, Link, Publication, Trainer
-from edgenode.store import SampleStore
+from edgenode.model import ModelHolder, ParamsSnapshot
+from edgenode.ports import Collective, Engine, Link, Publication, Trainer
+from edgenode.store import Samples, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
+from edgenode.validation import evaluate
 from federation import topics
 from federation.messages import (
     EventKind,
     NodeState,
+    RollbackCommand,
     RoundAbort,
     RoundCommand,
     RoundEvent,
+    Validation,
     parse_command,
 )
 
@@ -42,6 +45,7 @@ class RoundControl:
     """Commands and rounds. The node provides the attributes and ``publish_status``."""
 
     config: NodeConfig
+    artifact: Engine
     model: ModelHolder
     store: SampleStore
     metrics: NodeMetrics
@@ -58,6 +62,7 @@ class RoundControl:
     _listeners: list[Callable[[RoundEvent], None]]
     last_result: RoundResult | None
     last_error: str | None
+    validation: Validation | None
 
     @property
     def node_id(self) -> str:
@@ -74,7 +79,7 @@ class RoundControl:
     def _on_command_message(self, topic: str, payload: bytes) -> None:
         self.handle_command(payload)
 
-    def handle_command(self, command: bytes | str | RoundCommand | RoundAbort) -> None:
+    def handle_command(self, command: bytes | str | RoundCommand | RoundAbort | RollbackCommand) -> None:
         """Handle one command (non-blocking). Malformed payloads are rejected and counted."""
         if not isinstance(command, BaseModel):
             try:
@@ -91,6 +96,10 @@ class RoundControl:
                 # that never comes, up to step_timeout_s): freed now, peers told by ABORT frames.
                 if self._ring is not None:
                     self._ring.cancel(f"aborted by the fleet: {command.reason}")
+            return
+        if isinstance(command, RollbackCommand):
+            if self.node_id in command.nodes:
+                self.rollback(command.to_version, command.rollback_id)
             return
         if self.node_id not in command.participants:
             return
@@ -112,6 +121,50 @@ class RoundControl:
         except NodeError as exc:
             self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
                                   reason=str(exc)))
+
+    def rollback(self, to_version: int, rollback_id: str = "") -> bool:
+        """Return to the kept parameter ``to_version`` (a fleet rollback); False, logged, when the
+        node cannot (busy with a round, version not kept). The new status tells the fleet."""
+        w = self._worker
+        if w is not None and w.is_alive() and w is not threading.current_thread():
+            # The fleet rolls a round back as soon as every DONE event arrived: this node's worker
+            # may still be publishing its status. Give it the time a step may take.
+            w.join(self.config.training.step_timeout_s)
+        with self._lock:
+            if self._worker is not None and self._worker.is_alive():
+                log.warning("rollback %s refused: round %s is running", rollback_id, self._round_id)
+                self.metrics.rejected()
+                return False
+            try:
+                snap = self.model.rollback(to_version)
+            except NodeError as exc:
+                log.warning("rollback %s to version %d refused: %s", rollback_id, to_version, exc)
+                self.last_error = str(exc)
+                ok = False
+            else:
+                ok = True
+        if ok:
+            self.validation = self._evaluate(snap, self._validation_samples())
+        self.publish_status()
+        return ok
+
+    def _validation_samples(self) -> Samples:
+        tcfg = self.config.training
+        budget = int(tcfg.round_memory_mb * 1024 * 1024) // max(1, self.store.sample_bytes)
+        return self.store.snapshot(limit=max(1, budget), part="val", share=tcfg.validation_share)
+
+    def _evaluate(self, snap: ParamsSnapshot, samples: Samples) -> Validation | None:
+        """Loss/accuracy of ``snap`` on ``samples``; None without a training module or samples."""
+        if self.trainer is None or not len(samples):
+            return None
+        out = self.artifact.outputs[0].name
+        params = snap.prepared if snap.prepared is not None else list(snap.params)
+        try:
+            return evaluate(lambda x: self.artifact.infer(x, params=params)[out], samples,
+                            loss=self.trainer.loss, version=snap.version)
+        except Exception as exc:  # noqa: BLE001 - a failed evaluation must not fail the round
+            log.warning("validation failed: %s", exc)
+            return None
 
     def start_round(self, cmd: RoundCommand) -> threading.Thread:
         """Run ``cmd`` on the worker thread; raises NodeBusy if a round is running."""
@@ -170,20 +223,26 @@ class RoundControl:
         self.metrics.training(True)
         self.publish_status()
         last_emit = [0.0]
+        pending: list[float | None] = []  # losses since the last STEP event (it carries them all)
 
         def on_step(step: int, loss: float) -> None:
             self.metrics.loss(loss)
+            pending.append(float(loss) if np.isfinite(loss) else None)
             now = time.monotonic()
             if now - last_emit[0] >= _STEP_EVENT_MIN_S or step == plan.steps - 1:
                 last_emit[0] = now
                 self._emit(RoundEvent(kind=EventKind.STEP, round_id=cmd.round_id, node_id=self.node_id,
-                                      step=step, loss=loss if np.isfinite(loss) else None))
+                                      step=step, loss=pending[-1], losses=list(pending)))
+                pending.clear()
 
         rng = np.random.default_rng([tcfg.seed, zlib.crc32(self.node_id.encode()),
                                      zlib.crc32(cmd.round_id.encode())])
         try:
             budget = int(tcfg.round_memory_mb * 1024 * 1024)
-            samples = self.store.snapshot(limit=max(1, budget // max(1, self.store.sample_bytes)))
+            samples = self.store.snapshot(limit=max(1, budget // max(1, self.store.sample_bytes)),
+                                          part="train", share=tcfg.validation_share)
+            val_samples = self._validation_samples()
+            val_before = self._evaluate(self.model.snapshot, val_samples)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
                                samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
@@ -204,10 +263,12 @@ class RoundControl:
             self.metrics.training(False)
         self.last_result, self.last_error = result, None
         self.metrics.round_finished(True)
+        # The same validation samples before and after: the difference is the round's doing.
+        self.validation = self._evaluate(self.model.snapshot, val_samples)
         final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
         self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
                               step=plan.steps, loss=final, params_sha256=result.sha256,
-                              model_version=result.version))
+                              model_version=result.version, val_before=val_before, val_after=self.validation))
         self.publish_status()
         return result
 

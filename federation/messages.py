@@ -24,6 +24,10 @@ __all__ = [
     "RoundCommand",
     "RoundAbort",
     "RoundEvent",
+    "RollbackCommand",
+    "ArtifactInfo",
+    "NodeHealth",
+    "Validation",
     "Command",
     "parse_command",
     "parse_status",
@@ -62,6 +66,38 @@ class _Msg(BaseModel):
     v: Literal[1] = FORMAT_VERSION
 
 
+class _Part(BaseModel):
+    """A nested object of a message (versioned with the message that carries it)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+
+class ArtifactInfo(_Part):
+    """What a node serves and trains, from its artifact's manifest."""
+
+    model: str = ""
+    target: str = ""  # target preset, e.g. x86_64-avx2
+    tuned: bool = False
+    tvm_version: str = ""
+
+
+class NodeHealth(_Part):
+    uptime_s: float = Field(ge=0)
+    cpu_percent: float = Field(ge=0)  # of one core; may exceed 100 on several cores
+    mem_rss_bytes: int = Field(ge=0)
+    mem_percent: float = Field(ge=0, le=100)  # of the machine's memory
+    disk_free_bytes: int = Field(ge=0)  # in the node's data directory
+
+
+class Validation(_Part):
+    """Loss (and accuracy for classification models) on a node's held-back validation samples."""
+
+    loss: b.Finite
+    accuracy: float | None = Field(default=None, ge=0, le=1)  # None for regression models
+    samples: b.Samples
+    model_version: b.ModelVersion | None = None  # the parameters it was measured on
+
+
 class NodeStatus(_Msg):
     """Retained at ``status/{node}``; the Last Will is the same with ``state=offline``."""
 
@@ -76,6 +112,13 @@ class NodeStatus(_Msg):
     samples: b.Samples = 0
     round_id: b.Id | None = None
     api_url: b.Url = ""
+    # Optional (older nodes leave them out): the device, for the fleet's node table.
+    artifact: ArtifactInfo | None = None
+    health: NodeHealth | None = None
+    samples_train: b.Samples | None = None
+    samples_val: b.Samples | None = None
+    validation: Validation | None = None  # after the last committed round (or rollback)
+    versions: list[b.ModelVersion] = Field(default_factory=list, max_length=1024)  # rollback targets
     heartbeat_s: b.HeartbeatS = 5.0  # a status is re-published at least this often
     keepalive_s: b.KeepaliveS = 10.0  # MQTT keepalive: the Last Will fires within 1.5x of it
     ts: b.Finite = Field(default_factory=time.time)
@@ -109,8 +152,21 @@ class RoundAbort(_Msg):
     reason: b.Reason
 
 
-Command = Annotated[RoundCommand | RoundAbort, Field(discriminator="kind")]
-_command_adapter: TypeAdapter[RoundCommand | RoundAbort] = TypeAdapter(Command)
+class RollbackCommand(_Msg):
+    """Published on ``cmd`` by the fleet: every listed node restores the parameters it committed as
+    ``to_version`` and forgets its later versions (the next round commits ``to_version + 1``).
+    Nodes answer with their status (``model_version``, ``params_sha256``); not signed yet."""
+
+    kind: Literal["model.rollback"] = "model.rollback"
+    rollback_id: b.Id
+    nodes: b.Participants
+    to_version: b.ModelVersion
+    reason: b.Reason = ""
+    issued_at: b.Finite = Field(default_factory=time.time)
+
+
+Command = Annotated[RoundCommand | RoundAbort | RollbackCommand, Field(discriminator="kind")]
+_command_adapter: TypeAdapter[RoundCommand | RoundAbort | RollbackCommand] = TypeAdapter(Command)
 
 
 class RoundEvent(_Msg):
@@ -121,9 +177,15 @@ class RoundEvent(_Msg):
     node_id: b.Id
     step: int = Field(default=0, ge=0, le=b.STEPS_MAX * b.LOCAL_STEPS_MAX)
     loss: b.Loss = None  # NaN/Inf arrive as null
+    # STEP: the losses of the steps since the previous STEP event, the last one being ``step``
+    # (a node throttles events by time, not points); ``loss`` is the last of them.
+    losses: list[b.Loss] | None = Field(default=None, max_length=100_000)
     params_sha256: b.Sha256Hex | None = None  # on DONE: the committed parameters
     model_version: b.ModelVersion | None = None
     reason: b.Reason | None = None  # on FAILED
+    # DONE: validation before the round (the parameters it started from) and after the commit.
+    val_before: Validation | None = None
+    val_after: Validation | None = None
     ts: b.Finite = Field(default_factory=time.time)
 
 
@@ -141,7 +203,8 @@ def _with_version(payload: bytes | bytearray | memoryview | str) -> dict[str, An
     return doc
 
 
-def parse_command(payload: bytes | bytearray | memoryview | str) -> RoundCommand | RoundAbort:
+def parse_command(payload: bytes | bytearray | memoryview | str) -> (
+        RoundCommand | RoundAbort | RollbackCommand):
     """Parse a ``cmd`` payload; raises ``pydantic.ValidationError`` on anything malformed or out
     of bounds (``federation/bounds.py``) and on a payload without ``v``."""
     return _command_adapter.validate_python(_with_version(payload))

@@ -22,6 +22,7 @@ class EventType(enum.StrEnum):
     SNAPSHOT = "snapshot"  # first event of every stream: nodes + round history
     NODE = "node"  # one node's view changed
     ROUND = "round"  # one round changed (a step loss, done, failed)
+    ROLLBACK = "rollback"  # a rollback started, finished or failed (an operator action was recorded)
 
 
 @dataclass

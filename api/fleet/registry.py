@@ -53,6 +53,13 @@ class NodeEntry:
             "samples": st.samples,
             "round_id": st.round_id,
             "api_url": st.api_url,
+            # Device facts newer nodes report (None when the node does not).
+            "artifact": st.artifact.model_dump() if st.artifact else None,
+            "health": st.health.model_dump() if st.health else None,
+            "samples_train": st.samples_train,
+            "samples_val": st.samples_val,
+            "validation": st.validation.model_dump() if st.validation else None,
+            "versions": list(st.versions),
             "keepalive_s": st.keepalive_s,
             "last_seen": self.last_seen,
             "age_s": round(max(0.0, now - self.last_seen), 3),

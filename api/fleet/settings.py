@@ -34,6 +34,11 @@ class FleetSettings(BaseSettings):
     round_idle_timeout_s: float = Field(default=60.0, gt=0)
     step_timeout_s: float = Field(default=30.0, gt=0)  # forwarded to nodes in RoundCommand
     max_steps: int = Field(default=10_000, ge=1)
+    # A round whose swarm validation got worse by more than this is rolled back: accuracy, an
+    # absolute drop (0.02 = 2 points); regression models (loss only), a relative rise (0.02 = 2%).
+    rollback_margin: float = Field(default=0.02, ge=0, le=1)
+    auto_rollback: bool = True
+    rollback_timeout_s: float = Field(default=30.0, gt=0)  # every target at the version by then
     history: int = Field(default=200, ge=1)  # rounds kept in memory (all of them are in the db)
     # SQLite file of round history and operator actions; empty: the user data dir, per swarm.
     db: str = ""

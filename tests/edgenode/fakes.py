@@ -49,8 +49,15 @@ class NumpyTrainer:
 
 
 @dataclass(frozen=True)
+class FakeTuning:
+    tuned: bool = False
+
+
+@dataclass(frozen=True)
 class FakeManifest:
     preset: str = "x86_64"
+    tvm_version: str = "none (numpy fake)"
+    tuning: FakeTuning = FakeTuning()
 
 
 class NumpyArtifact:

@@ -3,6 +3,8 @@ SIGINT stops everything (nodes, broker) with no orphan process left."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -39,6 +41,11 @@ def test_swarm_two_nodes_up_and_clean_shutdown(tmp_path_factory):
                 assert time.monotonic() < deadline, nodes
                 time.sleep(0.5)
         assert [n["model"] for n in nodes] == ["digits-mlp"] * 2
+        # The printed curl line works as printed (the nodes take the operator token).
+        curl = next(ln.split("try:", 1)[1].strip() for ln in sp.lines if ln.strip().startswith("try:"))
+        out = subprocess.run(shlex.split(curl), capture_output=True, text=True, timeout=20, check=True)
+        assert json.loads(out.stdout)["node_id"] == "node-1", out
+        assert "fleet db:" in sp.output() and "logs/node-N.log" in sp.output()
         assert len({n["params_sha256"] for n in nodes}) == 1  # same initial parameters everywhere
         children = sp.descendants()
         names = sorted(p.name() for p in children)
