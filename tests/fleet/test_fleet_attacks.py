@@ -54,7 +54,7 @@ def test_ghost_statuses_are_bounded_and_validated(fleet):
 def test_nan_loss_never_reaches_the_event_stream(fleet):
     ln1, _ = fleet.announce("n1"), fleet.announce("n2")
     fleet.wait_for(lambda: len([n for n in fleet.get("/api/nodes").json()["nodes"] if n["online"]]) == 2)
-    rid = fleet.post("/api/rounds", json={"steps": 2}).json()["round_id"]
+    rid = fleet.post("/api/rounds", json={"steps": 3}).json()["round_id"]
     raw = b'{"v":1,"kind":"round.step","round_id":"%s","node_id":"n1","step":1,"loss":NaN}' % rid.encode()
     ln1.publish(topics.round_events(fleet.swarm, rid, "n1"), raw).wait_for_publish(5)
     fleet.event(ln1, rid, "n1", EventKind.STEP, step=2, loss=0.5)  # same connection: after the NaN
