@@ -20,15 +20,21 @@ class ArtifactInfo:
     name: str
     preset: str
     arch: str
-    inputs: list[dict[str, Any]]   # [{name, shape, dtype}]
+    inputs: list[dict[str, Any]]  # [{name, shape, dtype}]
     outputs: list[dict[str, Any]]
-    files: dict[str, str]          # relative path -> sha256
-    manifest: dict[str, Any]       # the artifact's manifest as stored, embedded in the image
+    files: dict[str, str]  # relative path -> sha256
+    manifest: dict[str, Any]  # the artifact's manifest as stored, embedded in the image
 
 
 def artifact_info(directory: str | Path) -> ArtifactInfo:
     """Read the artifact manifest in ``directory`` (ArtifactError when missing or malformed)."""
     m = read_manifest(directory)
-    return ArtifactInfo(name=str(m["name"]), preset=str(m["target"]["preset"]), arch=str(m["target"]["arch"]),
-                        inputs=list(m["inputs"]), outputs=list(m["outputs"]), files=dict(m["files"]),
-                        manifest=m)
+    return ArtifactInfo(
+        name=str(m["name"]),
+        preset=str(m["target"]["preset"]),
+        arch=str(m["target"]["arch"]),
+        inputs=list(m["inputs"]),
+        outputs=list(m["outputs"]),
+        files=dict(m["files"]),
+        manifest=m,
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.targets import PRESETS
-
 from firmware.errors import ImageError
 
 __all__ = ["Board", "get_board", "BOARDS"]

@@ -60,9 +60,14 @@ def _toml_str(s: str) -> str:
 def node_config(dev: Device, slot: str, *, node_id: str, host: str, port: int, board: str) -> Path:
     """Fill the slot's node.toml.in; device settings in data/node.extra.toml are appended."""
     template = (dev.slot(slot) / "node.toml.in").read_text()
-    values = {"NODE_ID": _toml_str(node_id), "ARTIFACT": _toml_str(str((dev.slot(slot) / "artifact").resolve())),
-              "DATA_DIR": _toml_str(str((dev.data / "node").resolve())), "HOST": _toml_str(host),
-              "PORT": str(int(port)), "BOARD": _toml_str(board)}
+    values = {
+        "NODE_ID": _toml_str(node_id),
+        "ARTIFACT": _toml_str(str((dev.slot(slot) / "artifact").resolve())),
+        "DATA_DIR": _toml_str(str((dev.data / "node").resolve())),
+        "HOST": _toml_str(host),
+        "PORT": str(int(port)),
+        "BOARD": _toml_str(board),
+    }
     for k, v in values.items():
         template = template.replace(f"@{k}@", v)
     extra = dev.data / "node.extra.toml"
@@ -87,8 +92,9 @@ def _get(url: str, timeout: float) -> int:
         return int(exc.code)
 
 
-def health_check(url: str, slot_dir: Path, manifest: dict[str, Any], proc: subprocess.Popen[bytes],
-                 timeout_s: float) -> str | None:
+def health_check(
+    url: str, slot_dir: Path, manifest: dict[str, Any], proc: subprocess.Popen[bytes], timeout_s: float
+) -> str | None:
     """None when healthy, else why not: readiness, then one reference inference within atol."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -107,16 +113,26 @@ def health_check(url: str, slot_dir: Path, manifest: dict[str, Any], proc: subpr
         return None  # no reference runtime for this arch at build time: readiness only
     inputs = _npz(slot_dir / health["input"])
     expected = _npz(slot_dir / health["expected"])
-    body = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": _datatype(v), "data": v.ravel().tolist()}
-                       for k, v in inputs.items()]}
-    req = urllib.request.Request(f"{url}/v2/models/{health['model']}/infer", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "inputs": [
+            {"name": k, "shape": list(v.shape), "datatype": _datatype(v), "data": v.ravel().tolist()}
+            for k, v in inputs.items()
+        ]
+    }
+    req = urllib.request.Request(
+        f"{url}/v2/models/{health['model']}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=max(5.0, deadline - time.monotonic())) as r:
             reply = json.loads(r.read())
     except (OSError, ValueError) as exc:
         return f"the reference inference failed ({exc})"
-    got = {o["name"]: np.asarray(o["data"], dtype=np.float64).reshape(o["shape"]) for o in reply.get("outputs", [])}
+    got = {
+        o["name"]: np.asarray(o["data"], dtype=np.float64).reshape(o["shape"])
+        for o in reply.get("outputs", [])
+    }
     atol = float(health.get("atol", 1e-4))
     for name, want in expected.items():
         if name not in got or got[name].shape != want.shape:
@@ -128,8 +144,15 @@ def health_check(url: str, slot_dir: Path, manifest: dict[str, Any], proc: subpr
 
 
 def _datatype(a: np.ndarray) -> str:
-    return {"float32": "FP32", "float64": "FP64", "int64": "INT64", "int32": "INT32", "uint8": "UINT8",
-            "float16": "FP16", "int8": "INT8"}[str(a.dtype)]
+    return {
+        "float32": "FP32",
+        "float64": "FP64",
+        "int64": "INT64",
+        "int32": "INT32",
+        "uint8": "UINT8",
+        "float16": "FP16",
+        "int8": "INT8",
+    }[str(a.dtype)]
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -165,8 +188,10 @@ def _pick(dev: Device, log: Callable[[str], None]) -> tuple[str, dict[str, Any],
             slot = state["active"]
             if slot is None:
                 dev.save_state(state)
-                raise BootError("no bootable slot on this device",
-                                hint="flash an image with `fractal image flash IMAGE --device PATH`")
+                raise BootError(
+                    "no bootable slot on this device",
+                    hint="flash an image with `fractal image flash IMAGE --device PATH`",
+                )
             rec = state["slots"][slot]
             if rec["state"] == SlotState.TRIAL and state["trials_left"] <= 0:
                 _fall_back(state, slot, "trial boots used up without passing the health check", log)
@@ -208,12 +233,22 @@ def _settle(dev: Device, slot: str, why: str | None, log: Callable[[str], None])
             dev.save_state(state)
             return state["active"] is not None
         dev.save_state(state)
-        raise BootError(f"the good slot {slot} failed its health check: {why}",
-                        hint="see the node log in data/; the supervisor retries at the next start")
+        raise BootError(
+            f"the good slot {slot} failed its health check: {why}",
+            hint="see the node log in data/; the supervisor retries at the next start",
+        )
 
 
-def boot(device: str | Path, launcher: Launcher, *, node_id: str = "", host: str = "127.0.0.1", port: int = 8080,
-         health_timeout_s: float = 120.0, log: Callable[[str], None] = print) -> BootResult:
+def boot(
+    device: str | Path,
+    launcher: Launcher,
+    *,
+    node_id: str = "",
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    health_timeout_s: float = 120.0,
+    log: Callable[[str], None] = print,
+) -> BootResult:
     """Boot the device: pick, start, check, mark good or fall back. The node keeps running."""
     dev = Device(Path(device))
     fell_back = False
@@ -221,11 +256,18 @@ def boot(device: str | Path, launcher: Launcher, *, node_id: str = "", host: str
         slot, manifest, fb = _pick(dev, log)
         fell_back |= fb
         state = dev.load_state()
-        cfg = node_config(dev, slot, node_id=node_id or dev.root.name, host=host, port=port, board=state["board"])
+        cfg = node_config(
+            dev, slot, node_id=node_id or dev.root.name, host=host, port=port, board=state["board"]
+        )
         logf = open(dev.data / f"node-{slot}.log", "ab")  # noqa: SIM115 - handed to the child
         log(f"starting slot {slot} (version {manifest['version']}, trials left {state['trials_left']})")
-        proc = subprocess.Popen([*launcher.argv, "node", "--config", str(cfg)], env=launcher.env,
-                                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*launcher.argv, "node", "--config", str(cfg)],
+            env=launcher.env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         logf.close()
         url = f"http://{host}:{port}"
         why = health_check(url, dev.slot(slot), manifest, proc, health_timeout_s)
@@ -235,8 +277,9 @@ def boot(device: str | Path, launcher: Launcher, *, node_id: str = "", host: str
         log(f"slot {slot} failed its health check: {why}")
         _stop(proc)
         if not _settle(dev, slot, why, log):
-            raise BootError(f"slot {slot} failed its health check and no good slot is left: {why}",
-                            hint="flash a working image")
+            raise BootError(
+                f"slot {slot} failed its health check and no good slot is left: {why}",
+                hint="flash a working image",
+            )
         fell_back = True
     raise BootError("no slot passed its health check", hint="flash a working image")
-

@@ -114,27 +114,36 @@ class Device:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise DeviceError(f"device {self.root} is busy (another flash or boot holds its lock)",
-                                  hint="wait for it to finish, then retry") from None
+                raise DeviceError(
+                    f"device {self.root} is busy (another flash or boot holds its lock)",
+                    hint="wait for it to finish, then retry",
+                ) from None
             yield
         finally:
             os.close(fd)
 
     def load_state(self) -> dict[str, Any]:
         if not self.provisioned():
-            raise DeviceError(f"{self.root} is not a provisioned device (no {self.state_path.name})",
-                              hint="flash a first image with `fractal image flash IMAGE --device PATH --pubkey KEY.pub`")
+            raise DeviceError(
+                f"{self.root} is not a provisioned device (no {self.state_path.name})",
+                hint="flash a first image with `fractal image flash IMAGE --device PATH --pubkey KEY.pub`",
+            )
         try:
             state = json.loads(self.state_path.read_bytes())
         except ValueError:
-            raise DeviceError(f"the boot state of {self.root} is corrupt", hint="re-provision the device") from None
+            raise DeviceError(
+                f"the boot state of {self.root} is corrupt", hint="re-provision the device"
+            ) from None
         if not isinstance(state, dict) or state.get("format_version") != STATE_FORMAT:
-            raise DeviceError(f"the boot state of {self.root} has an unknown format", hint="re-provision the device")
+            raise DeviceError(
+                f"the boot state of {self.root} has an unknown format", hint="re-provision the device"
+            )
         return state
 
     def save_state(self, state: dict[str, Any], *, before_rename: Any = None) -> None:
-        atomic_write(self.state_path, json.dumps(state, indent=1, sort_keys=True).encode(),
-                     before_rename=before_rename)
+        atomic_write(
+            self.state_path, json.dumps(state, indent=1, sort_keys=True).encode(), before_rename=before_rename
+        )
 
     def trusted(self) -> list[Ed25519PublicKey]:
         return [keymod.load_public(p) for p in sorted(self.keys_dir.glob("*.pub"))]
@@ -147,9 +156,18 @@ class Device:
 
 
 def _new_state(board: str, arch: str) -> dict[str, Any]:
-    return {"format_version": STATE_FORMAT, "board": board, "arch": arch, "active": None, "previous": None,
-            "booted": None, "trials_left": 0, "trials_max": DEFAULT_TRIALS, "rollback_floor": 0,
-            "slots": {s: {"state": SlotState.EMPTY} for s in SLOTS}}
+    return {
+        "format_version": STATE_FORMAT,
+        "board": board,
+        "arch": arch,
+        "active": None,
+        "previous": None,
+        "booted": None,
+        "trials_left": 0,
+        "trials_max": DEFAULT_TRIALS,
+        "rollback_floor": 0,
+        "slots": {s: {"state": SlotState.EMPTY} for s in SLOTS},
+    }
 
 
 def _kill_point() -> tuple[str, int]:
@@ -181,7 +199,7 @@ def _write_slot(img: Image, slot_dir: Path) -> None:
             with os.fdopen(fd, "wb") as out:
                 for chunk in img.iter_member(src, m):
                     if kind == "bytes" and written + len(chunk) > kill_at:
-                        out.write(chunk[:kill_at - written])
+                        out.write(chunk[: kill_at - written])
                         out.flush()
                         _die()
                     out.write(chunk)
@@ -217,17 +235,31 @@ def verify_slot(dev: Device, slot: str) -> dict[str, Any]:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
         if h.hexdigest() != m["sha256"]:
-            raise DeviceError(f"slot {slot} file {name!r} fails its sha256 check", hint="flash the slot again")
+            raise DeviceError(
+                f"slot {slot} file {name!r} fails its sha256 check", hint="flash the slot again"
+            )
     return manifest
 
 
 def _slot_record(img: Image, state: str) -> dict[str, Any]:
-    return {"state": state, "version": img.version, "rollback_index": img.rollback_index, "signer": img.signer,
-            "artifact": img.manifest["artifact_name"], "board": img.board}
+    return {
+        "state": state,
+        "version": img.version,
+        "rollback_index": img.rollback_index,
+        "signer": img.signer,
+        "artifact": img.manifest["artifact_name"],
+        "board": img.board,
+    }
 
 
-def flash(image: str | Path, device: str | Path, pubkeys: list[str | Path], *, allow_downgrade: bool = False,
-          trials: int = DEFAULT_TRIALS) -> dict[str, Any]:
+def flash(
+    image: str | Path,
+    device: str | Path,
+    pubkeys: list[str | Path],
+    *,
+    allow_downgrade: bool = False,
+    trials: int = DEFAULT_TRIALS,
+) -> dict[str, Any]:
     """Verify ``image`` completely, write it into the inactive slot, switch to it for a trial boot."""
     dev = Device(Path(device))
     given = [keymod.load_public(p) for p in pubkeys]
@@ -238,29 +270,39 @@ def flash(image: str | Path, device: str | Path, pubkeys: list[str | Path], *, a
             ids = {keymod.key_id(k) for k in trusted}
             for k in given:
                 if keymod.key_id(k) not in ids:
-                    raise DeviceError(f"public key {keymod.key_id(k)} is not trusted by this device",
-                                      hint="a new key is added by an image signed with a key the device trusts")
+                    raise DeviceError(
+                        f"public key {keymod.key_id(k)} is not trusted by this device",
+                        hint="a new key is added by an image signed with a key the device trusts",
+                    )
         else:
             if not given:
-                raise DeviceError(f"{dev.root} is not provisioned and no --pubkey was given",
-                                  hint="pass --pubkey KEY.pub to provision the device with a trusted key")
+                raise DeviceError(
+                    f"{dev.root} is not provisioned and no --pubkey was given",
+                    hint="pass --pubkey KEY.pub to provision the device with a trusted key",
+                )
             state, trusted = None, given
         img = open_image(image, trusted)  # everything verified before anything is written
         if state is None:
             state = _new_state(img.board, str(img.manifest["arch"]))
         if img.board != state["board"]:
-            raise ImageError(f"the image is for board {img.board}, this device is a {state['board']}",
-                             hint=f"build the image with --board {state['board']}")
+            raise ImageError(
+                f"the image is for board {img.board}, this device is a {state['board']}",
+                hint=f"build the image with --board {state['board']}",
+            )
         if img.rollback_index < int(state["rollback_floor"]):
-            raise DeviceError(f"the image's rollback index {img.rollback_index} is below the device's floor "
-                              f"{state['rollback_floor']} (anti-rollback)",
-                              hint="flash an image built with a current --rollback-index")
+            raise DeviceError(
+                f"the image's rollback index {img.rollback_index} is below the device's floor "
+                f"{state['rollback_floor']} (anti-rollback)",
+                hint="flash an image built with a current --rollback-index",
+            )
         active = state["active"]
         if active is not None and not allow_downgrade:
             cur = state["slots"][active].get("version")
             if cur and parse_version(img.version) < parse_version(cur):
-                raise DeviceError(f"image version {img.version} is older than the running {cur}",
-                                  hint="pass --allow-downgrade to install an older version on purpose")
+                raise DeviceError(
+                    f"image version {img.version} is older than the running {cur}",
+                    hint="pass --allow-downgrade to install an older version on purpose",
+                )
         target = "a" if active is None else other(active)
         if not dev.provisioned():
             dev.data.mkdir(parents=True, exist_ok=True)
@@ -277,8 +319,9 @@ def flash(image: str | Path, device: str | Path, pubkeys: list[str | Path], *, a
         for pem in img.manifest["trust"].get("add_keys", []):  # key rotation, vouched for by a trusted signer
             dev.add_key(keymod.public_from_pem(pem.encode(), "a key in the image"))
         state["slots"][target] = _slot_record(img, SlotState.TRIAL)
-        state["previous"] = active if active is not None and state["slots"][active]["state"] == SlotState.GOOD \
-            else None
+        state["previous"] = (
+            active if active is not None and state["slots"][active]["state"] == SlotState.GOOD else None
+        )
         state["active"] = target
         state["trials_left"] = state["trials_max"] = trials
         kind, _ = _kill_point()
@@ -293,14 +336,21 @@ def rollback(device: str | Path) -> dict[str, Any]:
         state = dev.load_state()
         prev = state["previous"]
         if prev is None or state["slots"][prev]["state"] != SlotState.GOOD:
-            raise DeviceError("there is no previous good slot to roll back to",
-                              hint="see `fractal image status`; flash an image instead")
+            raise DeviceError(
+                "there is no previous good slot to roll back to",
+                hint="see `fractal image status`; flash an image instead",
+            )
         verify_slot(dev, prev)
         if int(state["slots"][prev].get("rollback_index", 0)) < int(state["rollback_floor"]):
-            raise DeviceError(f"slot {prev} is below the device's rollback floor {state['rollback_floor']}",
-                              hint="flash a current image instead")
+            raise DeviceError(
+                f"slot {prev} is below the device's rollback floor {state['rollback_floor']}",
+                hint="flash a current image instead",
+            )
         cur = state["active"]
-        state["active"], state["previous"] = prev, cur if state["slots"][cur]["state"] == SlotState.GOOD else None
+        state["active"], state["previous"] = (
+            prev,
+            cur if state["slots"][cur]["state"] == SlotState.GOOD else None,
+        )
         state["trials_left"] = 0
         dev.save_state(state)
         return {"slot": prev, "version": state["slots"][prev].get("version")}

@@ -1,9 +1,9 @@
 """The firmware layer's error tree: one base with a ``hint`` (printed by the CLI as ``help:``).
 
-    FirmwareError
-    ├── ImageError     the image file: not an image, truncated, tampered, bad signature, wrong board
-    ├── DeviceError    the device directory: not provisioned, unknown key, downgrade, locked
-    └── BootError      the boot supervisor: no bootable slot, health check failed
+FirmwareError
+├── ImageError     the image file: not an image, truncated, tampered, bad signature, wrong board
+├── DeviceError    the device directory: not provisioned, unknown key, downgrade, locked
+└── BootError      the boot supervisor: no bootable slot, health check failed
 """
 
 from __future__ import annotations

@@ -36,8 +36,20 @@ from firmware.artifact_view import ArtifactInfo, artifact_info
 from firmware.boards import get_board
 from firmware.errors import FirmwareError, ImageError
 
-__all__ = ["MAGIC", "IMAGE_FORMAT", "Image", "build_image", "open_image", "read_unverified", "parse_version",
-           "member_name_ok", "NODE_TEMPLATE", "HEALTH_ATOL", "Member", "load_trusted"]
+__all__ = [
+    "MAGIC",
+    "IMAGE_FORMAT",
+    "Image",
+    "build_image",
+    "open_image",
+    "read_unverified",
+    "parse_version",
+    "member_name_ok",
+    "NODE_TEMPLATE",
+    "HEALTH_ATOL",
+    "Member",
+    "load_trusted",
+]
 
 MAGIC = b"FRCTIMG1"
 IMAGE_FORMAT = 1
@@ -65,11 +77,22 @@ board = @BOARD@
 
 # What a board needs to run the node from a slot, per architecture.
 _RUNTIME = {
-    "x86_64": {"python": "3.11+", "packages": ["fractal-edge", "apache-tvm (runtime)", "numpy"], "launcher": []},
-    "aarch64": {"python": "3.11 (aarch64)", "packages": ["fractal-edge", "apache-tvm aarch64 wheel", "numpy"],
-                "launcher": [], "emulate": "qemu-aarch64 with the sysroot of `make sysroot`"},
-    "riscv64": {"python": "3.11 (riscv64)", "packages": ["fractal-edge", "TVM runtime built for riscv64"],
-                "launcher": []},
+    "x86_64": {
+        "python": "3.11+",
+        "packages": ["fractal-edge", "apache-tvm (runtime)", "numpy"],
+        "launcher": [],
+    },
+    "aarch64": {
+        "python": "3.11 (aarch64)",
+        "packages": ["fractal-edge", "apache-tvm aarch64 wheel", "numpy"],
+        "launcher": [],
+        "emulate": "qemu-aarch64 with the sysroot of `make sysroot`",
+    },
+    "riscv64": {
+        "python": "3.11 (riscv64)",
+        "packages": ["fractal-edge", "TVM runtime built for riscv64"],
+        "launcher": [],
+    },
 }
 
 
@@ -125,7 +148,9 @@ class Image:
         while left:
             chunk = fh.read(min(_CHUNK, left))
             if not chunk:
-                raise ImageError(f"{self.path} changed while being read", hint="do not modify the image while flashing")
+                raise ImageError(
+                    f"{self.path} changed while being read", hint="do not modify the image while flashing"
+                )
             left -= len(chunk)
             yield chunk
 
@@ -133,7 +158,9 @@ class Image:
 # --------------------------------------------------------------------------- build
 
 
-def _reference(art: ArtifactInfo, directory: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+def _reference(
+    art: ArtifactInfo, directory: Path
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
     """A deterministic input and the artifact's own output for it (None: no runtime for this arch here)."""
     from compiler.targets import host_arch
 
@@ -161,13 +188,21 @@ def _npy(arrays: dict[str, np.ndarray]) -> bytes:
     import io
 
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds badly
     return buf.getvalue()
 
 
-def build_image(artifact_dir: str | Path, *, board: str, key: str | Path, out: str | Path, version: str,
-                rollback_index: int = 0, add_keys: list[str | Path] = (),  # type: ignore[assignment]
-                reference: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None) -> Path:
+def build_image(
+    artifact_dir: str | Path,
+    *,
+    board: str,
+    key: str | Path,
+    out: str | Path,
+    version: str,
+    rollback_index: int = 0,
+    add_keys: list[str | Path] = (),  # type: ignore[assignment]
+    reference: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None,
+) -> Path:
     """Build and sign an image of ``artifact_dir`` for ``board``; refuses artifacts the board cannot run.
 
     ``reference`` overrides the health-check input/expected output (tests build failing images with it).
@@ -181,13 +216,17 @@ def build_image(artifact_dir: str | Path, *, board: str, key: str | Path, out: s
     new_keys = [keymod.public_pem(keymod.load_public(p)).decode() for p in add_keys]
     art = artifact_info(artifact_dir)
     if not b.accepts(art.preset) or art.arch != b.arch:
-        raise ImageError(f"the artifact is compiled for {art.preset} ({art.arch}); board {b.name} ({b.arch}) "
-                         f"runs only {b.name} or {b.arch} artifacts",
-                         hint=f"recompile with `fractal compile --target {b.name}` or choose a matching --board")
+        raise ImageError(
+            f"the artifact is compiled for {art.preset} ({art.arch}); board {b.name} ({b.arch}) "
+            f"runs only {b.name} or {b.arch} artifacts",
+            hint=f"recompile with `fractal compile --target {b.name}` or choose a matching --board",
+        )
     files: list[tuple[str, bytes | Path]] = [("artifact/manifest.json", artifact_dir / "manifest.json")]
     for rel in sorted(art.files):
         if not member_name_ok(rel):
-            raise ImageError(f"artifact file name {rel!r} is not allowed in an image", hint="recompile the artifact")
+            raise ImageError(
+                f"artifact file name {rel!r} is not allowed in an image", hint="recompile the artifact"
+            )
         files.append((f"artifact/{rel}", artifact_dir / rel))
     ref = reference if reference is not None else _reference(art, artifact_dir)
     if ref is not None:
@@ -199,22 +238,34 @@ def build_image(artifact_dir: str | Path, *, board: str, key: str | Path, out: s
         data_sha, size = _digest(src)
         members.append({"name": name, "size": size, "sha256": data_sha})
     manifest = {
-        "format": "fractal-image", "format_version": IMAGE_FORMAT,
-        "board": b.name, "arch": b.arch, "version": version, "rollback_index": rollback_index,
+        "format": "fractal-image",
+        "format_version": IMAGE_FORMAT,
+        "board": b.name,
+        "arch": b.arch,
+        "version": version,
+        "rollback_index": rollback_index,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "signer": keymod.key_id(priv.public_key()),
-        "artifact": art.manifest, "artifact_name": art.name, "artifact_preset": art.preset,
+        "artifact": art.manifest,
+        "artifact_name": art.name,
+        "artifact_preset": art.preset,
         "node_template": "node.toml.in",
         "runtime": {"arch": b.arch, **_RUNTIME.get(b.arch, {})},
-        "health": {"ready": "/v2/health/ready", "model": art.name,
-                   "input": "health/input.npz" if ref else None,
-                   "expected": "health/expected.npz" if ref else None, "atol": HEALTH_ATOL},
+        "health": {
+            "ready": "/v2/health/ready",
+            "model": art.name,
+            "input": "health/input.npz" if ref else None,
+            "expected": "health/expected.npz" if ref else None,
+            "atol": HEALTH_ATOL,
+        },
         "trust": {"add_keys": new_keys},
         "members": members,
     }
     mbytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     if len(mbytes) > MAX_MANIFEST:
-        raise ImageError("the image manifest is too large", hint="the artifact manifest must stay under 1 MiB")
+        raise ImageError(
+            "the image manifest is too large", hint="the artifact manifest must stay under 1 MiB"
+        )
     sig = keymod.sign(priv, mbytes)
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -254,16 +305,19 @@ def _digest(src: bytes | Path) -> tuple[str, int]:
 
 
 def _not_image(path: Path, why: str) -> ImageError:
-    return ImageError(f"{path} is not a fractal device image ({why})",
-                      hint="pass a file written by `fractal image build`")
+    return ImageError(
+        f"{path} is not a fractal device image ({why})", hint="pass a file written by `fractal image build`"
+    )
 
 
 def read_unverified(path: str | Path) -> tuple[dict[str, Any], bytes, bytes, int]:
     """Header, manifest and signature WITHOUT checking the signature (for ``image info`` only)."""
     path = Path(path)
     if not path.is_file() or path.is_symlink():
-        raise ImageError(f"image {str(path)!r} does not exist or is not a regular file",
-                         hint="pass the path of a file written by `fractal image build`")
+        raise ImageError(
+            f"image {str(path)!r} does not exist or is not a regular file",
+            hint="pass the path of a file written by `fractal image build`",
+        )
     size = path.stat().st_size
     with open(path, "rb") as fh:
         head = fh.read(_HEADER.size)
@@ -277,8 +331,10 @@ def read_unverified(path: str | Path) -> tuple[dict[str, Any], bytes, bytes, int
         mbytes = fh.read(mlen)
         sig = fh.read(slen)
     if len(mbytes) != mlen or len(sig) != slen:
-        raise ImageError(f"{path} is truncated (the manifest or signature is cut off)",
-                         hint="copy the image again; the download or copy was incomplete")
+        raise ImageError(
+            f"{path} is truncated (the manifest or signature is cut off)",
+            hint="copy the image again; the download or copy was incomplete",
+        )
     try:
         manifest = json.loads(mbytes)
     except ValueError:
@@ -291,10 +347,21 @@ def read_unverified(path: str | Path) -> tuple[dict[str, Any], bytes, bytes, int
 def _schema(path: Path, m: dict[str, Any]) -> tuple[Member, ...]:
     bad = ImageError(f"{path} has an invalid manifest", hint="rebuild the image with `fractal image build`")
     if m.get("format") != "fractal-image" or m.get("format_version") != IMAGE_FORMAT:
-        raise ImageError(f"{path} has image format {m.get('format_version')!r}, this build reads {IMAGE_FORMAT}",
-                         hint="rebuild the image with this version of fractal")
-    for k, t in (("board", str), ("arch", str), ("version", str), ("rollback_index", int), ("members", list),
-                 ("health", dict), ("trust", dict), ("artifact", dict), ("artifact_name", str)):
+        raise ImageError(
+            f"{path} has image format {m.get('format_version')!r}, this build reads {IMAGE_FORMAT}",
+            hint="rebuild the image with this version of fractal",
+        )
+    for k, t in (
+        ("board", str),
+        ("arch", str),
+        ("version", str),
+        ("rollback_index", int),
+        ("members", list),
+        ("health", dict),
+        ("trust", dict),
+        ("artifact", dict),
+        ("artifact_name", str),
+    ):
         if not isinstance(m.get(k), t):
             raise bad
     parse_version(m["version"])
@@ -310,10 +377,17 @@ def _schema(path: Path, m: dict[str, Any]) -> tuple[Member, ...]:
             raise bad
         name, msize, digest = e.get("name"), e.get("size"), e.get("sha256")
         if not member_name_ok(name) or not isinstance(name, str):
-            raise ImageError(f"{path} lists an unsafe member name {name!r}",
-                             hint="the image was crafted or corrupted; do not flash it")
-        if name.lower() in seen or not isinstance(msize, int) or not 0 <= msize <= MAX_MEMBER \
-                or not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise ImageError(
+                f"{path} lists an unsafe member name {name!r}",
+                hint="the image was crafted or corrupted; do not flash it",
+            )
+        if (
+            name.lower() in seen
+            or not isinstance(msize, int)
+            or not 0 <= msize <= MAX_MEMBER
+            or not isinstance(digest, str)
+            or not re.fullmatch(r"[0-9a-f]{64}", digest)
+        ):
             raise bad
         seen.add(name.lower())
         out.append(Member(name, msize, digest, offset))
@@ -331,10 +405,14 @@ def open_image(path: str | Path, trusted: list[Ed25519PublicKey]) -> Image:
     if total > MAX_IMAGE:
         raise ImageError(f"{path} is larger than {MAX_IMAGE >> 30} GiB", hint="images are limited to 4 GiB")
     if size < total:
-        raise ImageError(f"{path} is truncated ({size} of {total} bytes)",
-                         hint="copy the image again; the download or copy was incomplete")
+        raise ImageError(
+            f"{path} is truncated ({size} of {total} bytes)",
+            hint="copy the image again; the download or copy was incomplete",
+        )
     if size > total:
-        raise ImageError(f"{path} has {size - total} unexpected trailing bytes", hint="rebuild or re-copy the image")
+        raise ImageError(
+            f"{path} has {size - total} unexpected trailing bytes", hint="rebuild or re-copy the image"
+        )
     signer = keymod.verify_with(trusted, mbytes, sig)
     members = tuple(Member(m.name, m.size, m.sha256, base + m.offset) for m in members)
     img = Image(path, manifest, mbytes, sig, keymod.key_id(signer), members)
@@ -344,8 +422,10 @@ def open_image(path: str | Path, trusted: list[Ed25519PublicKey]) -> Image:
             for chunk in img.iter_member(fh, m):
                 h.update(chunk)
             if h.hexdigest() != m.sha256:
-                raise ImageError(f"image member {m.name!r} fails its sha256 check (tampered or corrupt)",
-                                 hint="do not flash it; rebuild or re-download the image")
+                raise ImageError(
+                    f"image member {m.name!r} fails its sha256 check (tampered or corrupt)",
+                    hint="do not flash it; rebuild or re-download the image",
+                )
     return img
 
 

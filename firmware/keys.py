@@ -16,8 +16,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from firmware.errors import FirmwareError, ImageError
 
-__all__ = ["keygen", "load_private", "load_public", "public_from_pem", "public_pem", "key_id", "sign",
-           "verify_with", "SIG_CONTEXT"]
+__all__ = [
+    "keygen",
+    "load_private",
+    "load_public",
+    "public_from_pem",
+    "public_pem",
+    "key_id",
+    "sign",
+    "verify_with",
+    "SIG_CONTEXT",
+]
 
 # Domain separation: a signature over an image manifest can never be replayed as anything else.
 SIG_CONTEXT = b"fractal-image-manifest-v1\0"
@@ -29,10 +38,13 @@ def keygen(out: str | Path) -> tuple[Path, Path]:
     priv_path, pub_path = Path(out), Path(f"{out}.pub")
     for p in (priv_path, pub_path):
         if p.exists():
-            raise FirmwareError(f"{p} already exists", hint="choose another --out or delete the old key first")
+            raise FirmwareError(
+                f"{p} already exists", hint="choose another --out or delete the old key first"
+            )
     key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     priv_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
@@ -44,9 +56,13 @@ def keygen(out: str | Path) -> tuple[Path, Path]:
 def _read_small(path: str | Path, what: str) -> bytes:
     p = Path(path)
     if not p.is_file():
-        raise FirmwareError(f"{what} {str(p)!r} does not exist", hint="create one with `fractal image keygen`")
+        raise FirmwareError(
+            f"{what} {str(p)!r} does not exist", hint="create one with `fractal image keygen`"
+        )
     if p.stat().st_size > _MAX_KEY_FILE:
-        raise FirmwareError(f"{what} {str(p)!r} is too large to be a key", hint="pass an ed25519 PEM key file")
+        raise FirmwareError(
+            f"{what} {str(p)!r} is too large to be a key", hint="pass an ed25519 PEM key file"
+        )
     return p.read_bytes()
 
 
@@ -55,8 +71,10 @@ def load_private(path: str | Path) -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError):
-        raise FirmwareError(f"{path} is not an unencrypted PEM private key",
-                            hint="pass the KEY written by `fractal image keygen` (not KEY.pub)") from None
+        raise FirmwareError(
+            f"{path} is not an unencrypted PEM private key",
+            hint="pass the KEY written by `fractal image keygen` (not KEY.pub)",
+        ) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise FirmwareError(f"{path} is not an ed25519 key", hint="create one with `fractal image keygen`")
     return key
@@ -66,10 +84,13 @@ def public_from_pem(data: bytes, source: str = "key") -> Ed25519PublicKey:
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError):
-        raise FirmwareError(f"{source} is not a PEM public key",
-                            hint="pass the KEY.pub written by `fractal image keygen`") from None
+        raise FirmwareError(
+            f"{source} is not a PEM public key", hint="pass the KEY.pub written by `fractal image keygen`"
+        ) from None
     if not isinstance(key, Ed25519PublicKey):
-        raise FirmwareError(f"{source} is not an ed25519 public key", hint="create one with `fractal image keygen`")
+        raise FirmwareError(
+            f"{source} is not an ed25519 public key", hint="create one with `fractal image keygen`"
+        )
     return key
 
 
@@ -98,6 +119,8 @@ def verify_with(keys: list[Ed25519PublicKey], manifest_bytes: bytes, signature: 
             return k
         except InvalidSignature:
             continue
-    raise ImageError("the image signature does not verify with any trusted key (tampered manifest or signature, "
-                     "or signed by an unknown key)",
-                     hint="sign the image with a key the device trusts (`fractal image build --key`)")
+    raise ImageError(
+        "the image signature does not verify with any trusted key (tampered manifest or signature, "
+        "or signed by an unknown key)",
+        hint="sign the image with a key the device trusts (`fractal image build --key`)",
+    )

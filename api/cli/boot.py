@@ -32,17 +32,31 @@ def boot(
     port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port of the node's HTTP API."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address the node listens on."),
     node_id: str = typer.Option("", "--node-id", help="Node id (default: the device directory's name)."),
-    once: bool = typer.Option(False, "--once", help="Stop the node after the health check (install checks, tests)."),
-    emulate_arm: bool = typer.Option(False, "--emulate-arm",
-                                     help="Run an aarch64 slot under qemu-user with the sysroot of `make sysroot`."),
-    health_timeout: float = typer.Option(120.0, "--health-timeout", min=1.0, help="Seconds to wait for readiness."),
+    once: bool = typer.Option(
+        False, "--once", help="Stop the node after the health check (install checks, tests)."
+    ),
+    emulate_arm: bool = typer.Option(
+        False, "--emulate-arm", help="Run an aarch64 slot under qemu-user with the sysroot of `make sysroot`."
+    ),
+    health_timeout: float = typer.Option(
+        120.0, "--health-timeout", min=1.0, help="Seconds to wait for readiness."
+    ),
 ) -> None:
     """Pick the slot, start the node from it, health-check it, mark it good or fall back."""
     from firmware.boot import boot as _boot
 
-    r = _boot(device, _launcher(emulate_arm), node_id=node_id, host=host, port=port,
-              health_timeout_s=health_timeout, log=lambda m: typer.echo(f"boot: {m}", err=True))
-    typer.echo(f"booted slot {r.slot} version {r.version}{' (after fallback)' if r.fell_back else ''}: {r.url}")
+    r = _boot(
+        device,
+        _launcher(emulate_arm),
+        node_id=node_id,
+        host=host,
+        port=port,
+        health_timeout_s=health_timeout,
+        log=lambda m: typer.echo(f"boot: {m}", err=True),
+    )
+    typer.echo(
+        f"booted slot {r.slot} version {r.version}{' (after fallback)' if r.fell_back else ''}: {r.url}"
+    )
     if once:
         r.process.terminate()
         r.process.wait(timeout=30)

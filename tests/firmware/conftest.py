@@ -15,10 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from api.cli import main; main()"]
 
 
-def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str | Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Run the real `fractal` CLI in a subprocess (this worktree's code first on the path)."""
     e = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=e, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, env=e, timeout=timeout, cwd=REPO
+    )
 
 
 def assert_refused(r: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -51,8 +55,9 @@ def fw_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def fw_image(tmp_path_factory: pytest.TempPathFactory, digits_artifact: Path,
-             fw_keys: dict[str, Path]) -> Callable[..., Path]:
+def fw_image(
+    tmp_path_factory: pytest.TempPathFactory, digits_artifact: Path, fw_keys: dict[str, Path]
+) -> Callable[..., Path]:
     """``fw_image(version, key='k1', board=host, rollback_index=0, add_keys=(), broken=False) -> path``.
 
     ``broken=True`` stores a wrong expected output, so the slot fails its health check. Cached.
@@ -66,8 +71,14 @@ def fw_image(tmp_path_factory: pytest.TempPathFactory, digits_artifact: Path,
     cache: dict[tuple, Path] = {}
     ref: list = []
 
-    def make(version: str, key: str = "k1", board: str | None = None, rollback_index: int = 0,
-             add_keys: tuple[str, ...] = (), broken: bool = False) -> Path:
+    def make(
+        version: str,
+        key: str = "k1",
+        board: str | None = None,
+        rollback_index: int = 0,
+        add_keys: tuple[str, ...] = (),
+        broken: bool = False,
+    ) -> Path:
         board = board or host_preset_name()
         k = (version, key, board, rollback_index, add_keys, broken)
         if k not in cache:
@@ -80,9 +91,16 @@ def fw_image(tmp_path_factory: pytest.TempPathFactory, digits_artifact: Path,
             if broken:
                 y = {n: v + 1.0 for n, v in y.items()}
             out = d / f"digits-{version}-{key}-{board}-{rollback_index}-{len(add_keys)}-{int(broken)}.img"
-            cache[k] = build_image(digits_artifact, board=board, key=fw_keys[key], out=out, version=version,
-                                   rollback_index=rollback_index,
-                                   add_keys=[Path(f"{fw_keys[a]}.pub") for a in add_keys], reference=(x, y))
+            cache[k] = build_image(
+                digits_artifact,
+                board=board,
+                key=fw_keys[key],
+                out=out,
+                version=version,
+                rollback_index=rollback_index,
+                add_keys=[Path(f"{fw_keys[a]}.pub") for a in add_keys],
+                reference=(x, y),
+            )
         return cache[k]
 
     return make

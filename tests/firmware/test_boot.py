@@ -62,8 +62,14 @@ def test_trial_boot_marks_good_and_a_failing_slot_falls_back(tmp_path, fw_image,
 
 def _start_boot(device: Path, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([*CLI, "boot", "--device", str(device), "--port", str(port)], env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [*CLI, "boot", "--device", str(device), "--port", str(port)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def test_trials_are_counted_across_crashes_then_the_previous_slot_boots(tmp_path, fw_image, fw_keys):
