@@ -10,7 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from api.fleet.routes import auth, events, nodes, page, rounds
+from api.fleet.images import ImageCatalogue
+from api.fleet.routes import auth, events, images, nodes, page, rounds
 from api.fleet.routes.page import STATIC
 from api.fleet.service import FleetService, LinkFactory
 from api.fleet.settings import FleetSettings
@@ -39,7 +40,9 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
     app.state.settings = settings
     app.state.fleet = fleet
     app.state.stopping = asyncio.Event()
-    for r in (auth, nodes, rounds, events, page):
+    images_dir, keys = settings.images_dir, settings.image_keys
+    app.state.images = ImageCatalogue(images_dir, keys) if images_dir else None
+    for r in (auth, nodes, rounds, images, events, page):
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -30,6 +30,9 @@ class FleetSettings(BaseSettings):
     max_steps: int = Field(default=10_000, ge=1)
     history: int = Field(default=200, ge=1)  # rounds kept in memory
     tick_s: float = Field(default=0.25, gt=0)  # how often deadlines and heartbeats are checked
+    # Device image catalogue (api/fleet/images.py): off when empty; uploads must verify with image_keys.
+    images_dir: str = ""
+    image_keys: list[str] = Field(default_factory=list)
 
     @field_validator("swarm")
     @classmethod

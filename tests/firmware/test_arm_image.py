@@ -26,24 +26,53 @@ def digits_arm(tmp_path_factory) -> Path:
 
     d = tmp_path_factory.mktemp("fw-arm")
     zoo.save("digits-mlp", d / "digits-mlp.onnx")
-    return compile_model(d / "digits-mlp.onnx", target="aarch64", out_dir=d / "digits-mlp-aarch64", progress=False)
+    return compile_model(
+        d / "digits-mlp.onnx", target="aarch64", out_dir=d / "digits-mlp-aarch64", progress=False
+    )
 
 
 def test_aarch64_image_boots_under_qemu_and_matches_x86(tmp_path, digits_arm, digits_artifact, fw_keys):
     from compiler.artifact import load_artifact
 
     img = tmp_path / "arm.img"
-    r = cli("image", "build", digits_arm, "--board", "rpi4", "--key", fw_keys["k1"], "--out", img,
-            "--version", "1.0.0", timeout=600)
+    r = cli(
+        "image",
+        "build",
+        digits_arm,
+        "--board",
+        "rpi4",
+        "--key",
+        fw_keys["k1"],
+        "--out",
+        img,
+        "--version",
+        "1.0.0",
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     device = tmp_path / "rpi4"
     r = cli("image", "flash", img, "--device", device, "--pubkey", f"{fw_keys['k1']}.pub")
     assert r.returncode == 0, r.stderr
     port = free_port()
     log = open(tmp_path / "boot.log", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([*CLI, "boot", "--device", str(device), "--port", str(port), "--emulate-arm",
-                             "--health-timeout", "400"], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "boot",
+            "--device",
+            str(device),
+            "--port",
+            str(port),
+            "--emulate-arm",
+            "--health-timeout",
+            "400",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 500
         while "booted slot a" not in (text := (tmp_path / "boot.log").read_text()):
@@ -58,8 +87,11 @@ def test_aarch64_image_boots_under_qemu_and_matches_x86(tmp_path, digits_arm, di
             assert resp.status == 200
         x = np.random.default_rng(7).random((1, 64)).astype(np.float32)
         body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/digits-mlp/infer",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/models/digits-mlp/infer",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=120) as resp:
             out = json.loads(resp.read())["outputs"][0]
         arm = np.asarray(out["data"], np.float32).reshape(out["shape"])
