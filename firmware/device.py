@@ -304,6 +304,18 @@ def flash(
                     hint="pass --allow-downgrade to install an older version on purpose",
                 )
         target = "a" if active is None else other(active)
+        prev = state["previous"]
+        if (
+            active is not None
+            and state["slots"][active]["state"] == SlotState.TRIAL
+            and prev == target
+            and state["slots"][target]["state"] == SlotState.GOOD
+        ):
+            # The inactive slot is the only known-good fallback while the active one is unconfirmed.
+            raise DeviceError(
+                f"slot {active} is still on trial and slot {target} is the only good fallback",
+                hint="boot the trial slot first (`fractal boot`) or `fractal image rollback`",
+            )
         if not dev.provisioned():
             dev.data.mkdir(parents=True, exist_ok=True)
             for k in given:

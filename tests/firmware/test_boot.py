@@ -49,6 +49,9 @@ def test_trial_boot_marks_good_and_a_failing_slot_falls_back(tmp_path, fw_image,
 
     flash(fw_image("2.0.0", broken=True), device)  # signed and intact, but its health check fails
     s = state(device)
+    # while b is unconfirmed, a is the only good fallback: another flash may not overwrite it
+    assert_refused(cli("image", "flash", fw_image("2.1.0"), "--device", device), "only good fallback")
+    assert state(device) == s
     assert (s["active"], s["previous"], s["slots"]["b"]["state"]) == ("b", "a", "trial")
     r = boot_once(device)
     assert r.returncode == 0, r.stderr
