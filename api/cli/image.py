@@ -178,3 +178,20 @@ def rollback(device: Path = typer.Option(..., "--device", help="The board's stor
 
     r = _rollback(device)
     typer.echo(f"rolled back: slot {r['slot']} (version {r['version']}) boots next")
+
+
+@image_app.command("stage")
+def stage(
+    url: str = typer.Argument(..., help="Image URL, e.g. FLEET/api/images/ID."),
+    device: Path = typer.Option(..., "--device", help="The board's storage directory (already provisioned)."),
+    token: str = typer.Option("", "--token", envvar="FRACTAL_FLEET_TOKEN", help="Fleet operator token."),
+    allow_downgrade: bool = typer.Option(False, "--allow-downgrade", help="Allow an older semantic version."),
+) -> None:
+    """Download an image (resuming after cuts with range requests) and flash it into the inactive slot."""
+    from firmware.ota import stage as _stage
+
+    stats, r = _stage(url, device, token=token or None, allow_downgrade=allow_downgrade)
+    typer.echo(
+        f"downloaded {stats.size} bytes in {stats.requests} request(s) ({stats.resumed} resumed); "
+        f"flashed version {r['version']} into slot {r['slot']}; it boots on trial at the next `fractal boot`"
+    )

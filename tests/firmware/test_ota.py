@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from firmware.ota import download, stage
+from firmware.ota import download
 from tests.firmware.conftest import cli
 from tests.fleet.conftest import TOKEN, broker, make_fleet  # noqa: F401 - fixtures
 
@@ -120,8 +120,16 @@ def test_download_resumes_after_a_cut_and_stages_into_the_inactive_slot(
             ).returncode
             == 0
         )
-        stats, result = stage(f"{image_fleet.url}/api/images/{entry['id']}", device, token=TOKEN)
-        assert result["slot"] == "b" and result["version"] == "2.0.0"
+        r = cli(
+            "image",
+            "stage",
+            f"{image_fleet.url}/api/images/{entry['id']}",
+            "--device",
+            device,
+            "--token",
+            TOKEN,
+        )
+        assert r.returncode == 0 and "flashed version 2.0.0 into slot b" in r.stdout, r.stderr
         st = json.loads(cli("image", "status", "--device", device, "--json").stdout)
         assert st["active"] == "b" and st["slots"]["b"]["verified"] is True
         assert not list((device / "data" / "downloads").iterdir())
