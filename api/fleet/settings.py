@@ -43,6 +43,9 @@ class FleetSettings(BaseSettings):
     # SQLite file of round history and operator actions; empty: the user data dir, per swarm.
     db: str = ""
     tick_s: float = Field(default=0.25, gt=0)  # how often deadlines and heartbeats are checked
+    # Device image catalogue (api/fleet/images.py): off when empty; uploads must verify with image_keys.
+    images_dir: str = ""
+    image_keys: list[str] = Field(default_factory=list)
 
     def db_path(self) -> Path:
         """Where the fleet keeps its durable state (``db``, or a per-swarm file in the user data dir)."""
