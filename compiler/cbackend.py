@@ -178,7 +178,8 @@ class _Emitter:
             name = f"fr_const{len(self.consts)}"
             raw = np.ascontiguousarray(arr).tobytes() or b"\0"
             body = ",".join(str(b) for b in raw)
-            self.consts.append(f"static uint8_t {name}[{len(raw)}] __attribute__((aligned({64}))) = {{{body}}};")
+            self.consts.append(f"static uint8_t {name}[{len(raw)}] __attribute__((aligned(64))) = "
+                               f"{{{body}}};")
             self.const_ids[key] = name
         return self._dltensor(name, TensorDesc(tuple(int(d) for d in arr.shape), str(arr.dtype)))
 
@@ -220,7 +221,8 @@ class _Emitter:
         if not isinstance(prim, tirx.PrimFunc):
             raise ModelError(f"the C backend cannot call the Relax function {gv.name_hint} from {self.fname}",
                              hint="inline it, or compile for an x86_64/aarch64 preset (Relax VM)")
-        sym = str(prim.attrs["global_symbol"]) if prim.attrs and "global_symbol" in prim.attrs else gv.name_hint
+        attrs = prim.attrs or {}
+        sym = str(attrs["global_symbol"]) if "global_symbol" in attrs else gv.name_hint
         self.kernels.add(sym)
         a = self._new("a")
         self.lines.append(f"  {{ fr_any {a}[{max(1, len(args))}];")
@@ -323,7 +325,8 @@ def _scalar(e: Any) -> int | float:
         if not hasattr(e, "value"):
             break
         e = e.value
-    raise ModelError(f"the C backend needs a constant here, got {e}", hint="fix the model's shapes with --shape")
+    raise ModelError(f"the C backend needs a constant here, got {e}",
+                     hint="fix the model's shapes with --shape")
 
 
 def _c_ident(name: str) -> str:
@@ -365,8 +368,12 @@ def generate_entry(low: Any, funcs: list[str], model_name: str) -> tuple[str, li
         outs = ", ".join(_desc_init(d) for d in s.outputs) or "{0}"
         out.append(f"static const fr_tensor_desc fr_ins_{ident}[] = {{{ins}}};")
         out.append(f"static const fr_tensor_desc fr_outs_{ident}[] = {{{outs}}};")
-    table = ",\n".join(f'  {{"{s.name}", {len(s.inputs)}, {len(s.outputs)}, fr_ins_{_c_ident(s.name)}, '
-                       f"fr_outs_{_c_ident(s.name)}, {s.workspace}u, fr_entry_{_c_ident(s.name)}}}" for s in sigs)
+    rows = []
+    for s in sigs:
+        ident = _c_ident(s.name)
+        rows.append(f'  {{"{s.name}", {len(s.inputs)}, {len(s.outputs)}, fr_ins_{ident}, fr_outs_{ident}, '
+                    f"{s.workspace}u, fr_entry_{ident}}}")
+    table = ",\n".join(rows)
     safe_name = model_name.replace("\\", "_").replace('"', "_")
     out += [f"static const fr_function fr_functions[] = {{\n{table}\n}};",
             f"int32_t fr_num_functions(void) {{ return {len(sigs)}; }}",
@@ -428,7 +435,8 @@ def _run(cmd: list[str], what: str) -> None:
         raise TargetError(f"{what} failed: {err}", hint=f"check the toolchain {cmd[0]}")
 
 
-def build_native(entry_c: str, kernels_o: Path, arch: str, cflags: tuple[str, ...], out_dir: Path) -> NativeBuild:
+def build_native(entry_c: str, kernels_o: Path, arch: str, cflags: tuple[str, ...],
+                 out_dir: Path) -> NativeBuild:
     """Compile the entry source + runtime + kernels into ``libmodel.so`` and ``fractal-run`` in
     ``out_dir``. Cached under .cache/cbackend by the sha256 of every input and the command."""
     import time
@@ -536,7 +544,8 @@ class CLibrary:
             self._lib = ctypes.CDLL(str(self.path))
         except OSError as exc:
             raise ArtifactError(f"cannot load {self.path.name}: {exc}",
-                                hint="the library was built for another machine or is damaged; recompile") from None
+                                hint="the library was built for another machine or is damaged; "
+                                     "recompile") from None
         self._lib.fr_num_functions.restype = ctypes.c_int32
         self._lib.fr_get_function.restype = ctypes.POINTER(_Func)
         self._lib.fr_get_function.argtypes = [ctypes.c_int32]
@@ -572,7 +581,8 @@ class CLibrary:
         for i, (a, d) in enumerate(zip(arrays, sig.inputs, strict=True)):
             a = np.asarray(a)
             if a.shape != d.shape or a.dtype != np.dtype(d.dtype):
-                raise InputError(f"{name} input {i} is {a.dtype}{list(a.shape)}, expected {d.dtype}{list(d.shape)}",
+                raise InputError(f"{name} input {i} is {a.dtype}{list(a.shape)}, "
+                                 f"expected {d.dtype}{list(d.shape)}",
                                  hint="pass arrays with the compiled shapes and dtypes")
             if not (a.flags.c_contiguous and a.dtype.isnative):
                 a = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("="), copy=False)

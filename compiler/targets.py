@@ -51,6 +51,9 @@ class TargetPreset:
     cross_compiler: str | None  # None: the build machine's own g++ (x86_64 presets here)
     qemu: str | None = None
     link_options: tuple[str, ...] = field(default_factory=tuple)
+    # "vm": a TVM library run by the Relax VM (needs the TVM runtime on the board);
+    # "c": the C backend (compiler/cbackend.py), a native library + runner needing no TVM runtime.
+    runtime: str = "vm"
 
     def tvm_target(self) -> Any:
         """The ``tvm.target.Target`` of this preset (imports tvm lazily)."""
@@ -76,6 +79,8 @@ def _riscv(name: str, march: str, extra_mattr: list[str], description: str) -> T
         cross_compiler="riscv64-linux-gnu-g++",
         qemu="qemu-riscv64",
         link_options=(f"-march={march}", "-mabi=lp64d"),
+        # PyPI has no riscv64 TVM wheel: riscv64 boards run ahead-of-time C, no TVM runtime.
+        runtime="c",
     )
 
 
