@@ -1,0 +1,235 @@
+"""The C backend (compiler/cbackend.py + compiler/cruntime): x86_64 natively against the Relax VM
+and onnxruntime, riscv64 / riscv64-rvv / aarch64 under qemu-user against onnxruntime, the RVV
+build's vector instructions, the runner's .npy contract and its errors, and training via ctypes.
+
+Artifacts are built once per session (lazily, per model and preset) and shared by the tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler import zoo
+from compiler.artifact import load_artifact, read_manifest
+from compiler.cbackend import LIB_NAME, RUNNER_NAME, CLibrary, compile_c, generate_entry, lower
+from compiler.emulate import run_c_runner, runner_command
+from compiler.errors import EmulationError, InputError, ModelError
+from compiler.targets import get_preset, host_preset_name
+from compiler.training import TrainSettings
+from compiler.verify import onnxruntime_reference, verify_artifact
+
+MLPS = ["sensor-mlp", "digits-mlp"]
+CNNS = [m for m in zoo.NAMES if m not in MLPS]
+TOL = 1e-4
+
+
+@pytest.fixture(scope="session")
+def cb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cbackend")
+
+
+@pytest.fixture(scope="session")
+def zoo_onnx(cb_dir: Path) -> Callable[[str], Path]:
+    def get(name: str) -> Path:
+        path = cb_dir / f"{name}.onnx"
+        if not path.exists():
+            zoo.save(name, path)
+        return path
+    return get
+
+
+@pytest.fixture(scope="session")
+def artifact(cb_dir: Path, zoo_onnx: Callable[[str], Path]) -> Callable[..., Path]:
+    """``artifact(model, preset, train=None)``: compile_model output, built once per session."""
+    from compiler import compile_model
+
+    def get(name: str, preset: str, train: TrainSettings | None = None) -> Path:
+        out = cb_dir / f"{name}-{preset}{'-train' if train else ''}"
+        if not (out / "manifest.json").exists():
+            compile_model(zoo_onnx(name), target=preset, out_dir=out, train=train, progress=False)
+        return out
+    return get
+
+
+@pytest.fixture(scope="session")
+def host_c(cb_dir: Path) -> Callable[[str], tuple[Path, list[np.ndarray]]]:
+    """``host_c(model)``: (directory with the host-arch libmodel.so + fractal-run, params)."""
+    from compiler.importer import import_model
+
+    built: dict[str, tuple[Path, list[np.ndarray]]] = {}
+
+    def get(name: str) -> tuple[Path, list[np.ndarray]]:
+        if name not in built:
+            imp = import_model(zoo.build(name))
+            out = cb_dir / f"{name}-host-c"
+            compile_c(imp.mod, get_preset(host_preset_name()), out, funcs=["main"], model_name=name)
+            built[name] = (out, imp.params)
+        return built[name]
+    return get
+
+
+def _x(name: str, n: int = 1, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(zoo.input_shape(name, batch=n)).astype(np.float32)
+
+
+def _check_host(name: str, host_c: Callable, zoo_onnx: Callable, artifact: Callable | None) -> None:
+    out, params = host_c(name)
+    lib = CLibrary(out / LIB_NAME)
+    x = _x(name)
+    got = lib.call("main", [x, *params])[0]
+    ref = onnxruntime_reference(zoo_onnx(name), {"x": x}, 1)
+    key = next(iter(ref))
+    assert got.shape == ref[key].shape
+    assert np.abs(got - ref[key]).max() <= TOL
+    if artifact is not None:  # the Relax VM on the same machine, same inputs
+        vm = load_artifact(artifact(name, host_preset_name())).infer({"x": x})[key]
+        assert np.abs(got - vm).max() <= TOL
+
+
+@pytest.mark.parametrize("name", MLPS)
+def test_host_c_matches_relax_vm_and_onnxruntime(name: str, host_c: Callable, zoo_onnx: Callable,
+                                                 artifact: Callable) -> None:
+    _check_host(name, host_c, zoo_onnx, artifact)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CNNS)
+def test_host_c_matches_onnxruntime_cnns(name: str, host_c: Callable, zoo_onnx: Callable) -> None:
+    _check_host(name, host_c, zoo_onnx, None)
+
+
+def test_runner_npy_contract_and_errors(host_c: Callable, tmp_path: Path) -> None:
+    out, params = host_c("sensor-mlp")
+    runner = out / RUNNER_NAME
+    listing = subprocess.run([str(runner), "--list"], capture_output=True, text=True, check=True).stdout
+    assert "main <f4(1, 16) <f4(16, 32)" in listing and "-> <f4(1, 3)" in listing
+    x = _x("sensor-mlp")
+    arch = get_preset(host_preset_name()).arch
+    via_runner = run_c_runner(runner, arch, "main", [x, *params])[0]
+    via_ctypes = CLibrary(out / LIB_NAME).call("main", [x, *params])[0]
+    assert np.array_equal(via_runner, via_ctypes)
+    # a wrong shape is refused with one error line naming the file, exit 1
+    ind, outd = tmp_path / "in", tmp_path / "out"
+    ind.mkdir()
+    outd.mkdir()
+    for i, a in enumerate([np.zeros((2, 16), np.float32), *params]):
+        np.save(ind / f"{i}.npy", a)
+    proc = subprocess.run([str(runner), "main", str(ind), str(outd)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: bad input") and "0.npy: shape differs" in proc.stderr
+    np.save(ind / "0.npy", np.zeros((1, 16), np.float64))
+    proc = subprocess.run([str(runner), "main", str(ind), str(outd)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "dtype is not <f4" in proc.stderr
+    (ind / "0.npy").write_bytes(b"not numpy")
+    proc = subprocess.run([str(runner), "main", str(ind), str(outd)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "is not a .npy file" in proc.stderr
+    proc = subprocess.run([str(runner), "nope", str(ind), str(outd)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "no such function" in proc.stderr
+    with pytest.raises(InputError, match="expected float32"):
+        CLibrary(out / LIB_NAME).call("main", [x.astype(np.float64), *params])
+
+
+def test_static_shapes_required() -> None:
+    """A symbolic dimension (here beyond the batch) is refused while generating, with one line."""
+    import tvm
+    from tvm import relax
+    from tvm.script import relax as R
+
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, n), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(R.nn.relu(x))
+        bb.emit_func_output(y)
+    low = lower(bb.get(), get_preset(host_preset_name()).tvm_target())
+    with pytest.raises(ModelError, match="static shapes.*symbolic dimension n"):
+        generate_entry(low, ["main"], "dyn")
+
+
+def _objdump_vector_ops(lib: Path) -> int:
+    text = subprocess.run(["riscv64-linux-gnu-objdump", "-d", str(lib)], capture_output=True, text=True,
+                          check=True).stdout
+    ops = ("vle32.v", "vse32.v", "vfmacc.v", "vfmadd.v", "vfadd.v", "vfmul.v", "vfmax.v", "vsetvli")
+    return sum(1 for ln in text.splitlines() if any(f"\t{op}" in ln for op in ops))
+
+
+@pytest.mark.emulate
+def test_rvv_build_has_vector_instructions(artifact: Callable) -> None:
+    rvv = artifact("digits-mlp", "riscv64-rvv") / LIB_NAME
+    plain = artifact("digits-mlp", "riscv64") / LIB_NAME
+    assert _objdump_vector_ops(rvv) > 20
+    assert _objdump_vector_ops(plain) == 0
+
+
+@pytest.mark.emulate
+@pytest.mark.parametrize("preset", ["riscv64", "riscv64-rvv"])
+@pytest.mark.parametrize("name", MLPS)
+def test_riscv_mlps_under_qemu(name: str, preset: str, artifact: Callable, zoo_onnx: Callable) -> None:
+    res = verify_artifact(artifact(name, preset), zoo_onnx(name), emulate=True)
+    assert res.ok and res.emulated, res
+
+
+@pytest.mark.emulate
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["riscv64", "riscv64-rvv"])
+@pytest.mark.parametrize("name", CNNS)
+def test_riscv_cnns_under_qemu(name: str, preset: str, artifact: Callable, zoo_onnx: Callable) -> None:
+    res = verify_artifact(artifact(name, preset), zoo_onnx(name), emulate=True, batches=1)
+    assert res.ok and res.emulated, res
+
+
+@pytest.mark.emulate
+@pytest.mark.parametrize("name", ["digits-mlp", "resnet8-cifar10"])
+def test_aarch64_c_backend_under_qemu(name: str, cb_dir: Path, zoo_onnx: Callable) -> None:
+    """The same route builds for aarch64 (one more backend, not a RISC-V special case)."""
+    from compiler.importer import import_model
+
+    imp = import_model(zoo.build(name))
+    out = cb_dir / f"{name}-aarch64-c"
+    build, _ = compile_c(imp.mod, get_preset("aarch64"), out, funcs=["main"], model_name=name)
+    assert runner_command(build.runner, "aarch64")[0] == "qemu-aarch64"
+    x = _x(name)
+    got = run_c_runner(build.runner, "aarch64", "main", [x, *imp.params])[0]
+    ref = next(iter(onnxruntime_reference(zoo_onnx(name), {"x": x}, 1).values()))
+    assert np.abs(got - ref).max() <= TOL
+
+
+def test_native_build_is_cached(host_c: Callable, cb_dir: Path) -> None:
+    from compiler.importer import import_model
+
+    host_c("sensor-mlp")
+    imp = import_model(zoo.build("sensor-mlp"))
+    build, _ = compile_c(imp.mod, get_preset(host_preset_name()), cb_dir / "again", funcs=["main"],
+                         model_name="sensor-mlp")
+    assert build.cached
+
+
+@pytest.mark.emulate
+def test_riscv_verify_cli(run_cli: Callable, artifact: Callable, zoo_onnx: Callable) -> None:
+    res = run_cli("verify", artifact("sensor-mlp", "riscv64-rvv"), "--model", zoo_onnx("sensor-mlp"),
+                  "--emulate")
+    assert res.code == 0, res.err
+    assert "emulated=true" in res.out and "OK" in res.out
+
+
+def test_manifest_records_c_libs(artifact: Callable) -> None:
+    man = read_manifest(artifact("sensor-mlp", "riscv64"))
+    assert man["libs"]["runtime"] == "c"
+    assert man["libs"]["infer"] == LIB_NAME and man["libs"]["runner"] == RUNNER_NAME
+    assert set(man["files"]) >= {LIB_NAME, RUNNER_NAME, "params.npz"}
+
+
+def test_missing_qemu_libc_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import compiler.emulate as emu
+
+    monkeypatch.setitem(emu._C_QEMU, "riscv64", ("qemu-riscv64", str(tmp_path / "nolibc"), ()))
+    with pytest.raises(EmulationError, match="no riscv64 C library"):
+        runner_command(tmp_path / "fractal-run", "riscv64")
+
+
