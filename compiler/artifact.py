@@ -275,10 +275,19 @@ class _Runtime:
         return self._from_dlpack(aligned_copy(arr), require_alignment=_ALIGN, require_contiguous=True)
 
 
+def _runtime_for(manifest: dict[str, Any], lib_path: Path) -> Any:
+    """The engine for a library: the Relax VM, or ctypes for the C backend (``libs.runtime == "c"``)."""
+    if manifest["libs"].get("runtime") == "c":
+        from compiler.clib import CRuntime
+
+        return CRuntime(lib_path)
+    return _Runtime(lib_path)
+
+
 class PreparedParams:
     """Parameters converted once to device tensors; pass to ``infer`` to skip per-call copies."""
 
-    def __init__(self, runtime: _Runtime, params: list[np.ndarray]) -> None:
+    def __init__(self, runtime: Any, params: list[np.ndarray]) -> None:
         self.arrays = list(params)
         # Copied once (aligned): the tensors must not change if the caller later writes to its arrays.
         self.tensors = [runtime.tensor(aligned_copy(p)) for p in self.arrays]
@@ -314,12 +323,12 @@ class Artifact:
         self.batch = int(manifest.get("batch", self.inputs[0].shape[0] if self.inputs else 1))
         self._input_dtypes = [np.dtype(s.dtype) for s in self.inputs]
         self._batched_out = all(o.shape and o.shape[0] == self.batch for o in self.outputs)
-        self._infer = _Runtime(directory / manifest["libs"]["infer"])
+        self._infer = _runtime_for(manifest, directory / manifest["libs"]["infer"])
         self._default = PreparedParams(self._infer, params)
         train_lib = manifest["libs"].get("train")
         self._trainer: Trainer | None = None
         if train_lib and manifest.get("training"):
-            self._trainer = Trainer(_Runtime(directory / train_lib), manifest["training"],
+            self._trainer = Trainer(_runtime_for(manifest, directory / train_lib), manifest["training"],
                                     self.inputs, param_names, params)
 
     @property
@@ -413,7 +422,7 @@ class Trainer:
     inputs give bit-identical outputs (the swarm compares parameter hashes).
     """
 
-    def __init__(self, runtime: _Runtime, settings: dict[str, Any], inputs: list[TensorSpec],
+    def __init__(self, runtime: Any, settings: dict[str, Any], inputs: list[TensorSpec],
                  param_names: list[str], params: list[np.ndarray]) -> None:
         self._rt = runtime
         self._lock = threading.Lock()

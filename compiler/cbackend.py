@@ -22,28 +22,24 @@ depth first; tuple results are returned flattened the same way.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import math
 import os
 import shutil
 import subprocess
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from compiler.errors import ArtifactError, CompilerError, InputError, ModelError, TargetError
+from compiler.clib import LIB_NAME, RUNNER_NAME, CLibrary, CSignature, TensorDesc
+from compiler.errors import CompilerError, ModelError, TargetError
 
 __all__ = ["CSignature", "TensorDesc", "generate_entry", "lower", "build_native", "compile_c",
            "CLibrary", "NativeBuild", "RUNTIME_DIR", "LIB_NAME", "RUNNER_NAME", "c_compiler_for"]
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "cruntime"
-LIB_NAME = "libmodel.so"
-RUNNER_NAME = "fractal-run"
 _CACHE_ENV = "FRACTAL_CBACKEND_CACHE"
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 _MAX_DIMS = 8
@@ -52,28 +48,6 @@ _C_CC = {"x86_64": "gcc", "aarch64": "aarch64-linux-gnu-gcc", "riscv64": "riscv6
 _DL_CODES = {"int": 0, "uint": 1, "float": 2, "bool": 6}
 _IGNORED_EXTERNS = {"vm.builtin.check_tensor_info", "vm.builtin.match_shape", "vm.builtin.check_tuple_info",
                     "vm.builtin.check_shape_info", "vm.builtin.check_prim_value_info"}
-
-
-@dataclass(frozen=True)
-class TensorDesc:
-    """Static shape and dtype of one flattened function input or output."""
-
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class CSignature:
-    """One generated entry point: flattened inputs, outputs and its workspace size in bytes."""
-
-    name: str
-    inputs: tuple[TensorDesc, ...]
-    outputs: tuple[TensorDesc, ...]
-    workspace: int
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,101 +477,3 @@ def compile_c(mod: Any, preset: Any, out_dir: Path, *, funcs: list[str], model_n
         shutil.move(str(build.lib), lib)
         shutil.move(str(build.runner), runner)
     return NativeBuild(lib, runner, build.cached, build.seconds), sigs
-
-
-# --------------------------------------------------------------------------------------------
-# ctypes
-
-
-class _Desc(ctypes.Structure):
-    _fields_ = [("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16), ("shape", ctypes.c_int64 * _MAX_DIMS)]
-
-
-_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
-                          ctypes.c_void_p)
-
-
-class _Func(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("n_in", ctypes.c_int32), ("n_out", ctypes.c_int32),
-                ("ins", ctypes.POINTER(_Desc)), ("outs", ctypes.POINTER(_Desc)),
-                ("workspace", ctypes.c_uint64), ("fn", _ENTRY)]
-
-
-_NP_DTYPE = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8",
-             (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64", (2, 16): "float16",
-             (2, 32): "float32", (2, 64): "float64", (6, 8): "bool"}
-
-
-def _desc_of(d: _Desc) -> TensorDesc:
-    return TensorDesc(tuple(int(d.shape[i]) for i in range(d.ndim)), _NP_DTYPE[(d.code, d.bits)])
-
-
-class CLibrary:
-    """A native model library loaded with ctypes: ``call(name, arrays) -> arrays``.
-
-    Thread-safe: each thread has its own workspace per function."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        try:
-            self._lib = ctypes.CDLL(str(self.path))
-        except OSError as exc:
-            raise ArtifactError(f"cannot load {self.path.name}: {exc}",
-                                hint="the library was built for another machine or is damaged; "
-                                     "recompile") from None
-        self._lib.fr_num_functions.restype = ctypes.c_int32
-        self._lib.fr_get_function.restype = ctypes.POINTER(_Func)
-        self._lib.fr_get_function.argtypes = [ctypes.c_int32]
-        self._lib.fr_last_error.restype = ctypes.c_char_p
-        self.functions: dict[str, tuple[_Func, CSignature]] = {}
-        for i in range(self._lib.fr_num_functions()):
-            f = self._lib.fr_get_function(i).contents
-            sig = CSignature(f.name.decode(), tuple(_desc_of(f.ins[k]) for k in range(f.n_in)),
-                             tuple(_desc_of(f.outs[k]) for k in range(f.n_out)), int(f.workspace))
-            self.functions[sig.name] = (f, sig)
-        self._local = threading.local()
-
-    def signature(self, name: str) -> CSignature:
-        return self._get(name)[1]
-
-    def _get(self, name: str) -> tuple[_Func, CSignature]:
-        try:
-            return self.functions[name]
-        except KeyError:
-            raise ArtifactError(f"{self.path.name} has no function {name!r}",
-                                hint=f"it has: {', '.join(self.functions)}") from None
-
-    def call(self, name: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """Run function ``name`` on its flattened inputs; fresh output arrays (owned by the caller)."""
-        from compiler.artifact import aligned_empty
-
-        f, sig = self._get(name)
-        if len(arrays) != len(sig.inputs):
-            raise InputError(f"{name} takes {len(sig.inputs)} tensors, got {len(arrays)}",
-                             hint="pass inputs then parameters in manifest order")
-        keep = []
-        ins = (ctypes.c_void_p * max(1, len(arrays)))()
-        for i, (a, d) in enumerate(zip(arrays, sig.inputs, strict=True)):
-            a = np.asarray(a)
-            if a.shape != d.shape or a.dtype != np.dtype(d.dtype):
-                raise InputError(f"{name} input {i} is {a.dtype}{list(a.shape)}, "
-                                 f"expected {d.dtype}{list(d.shape)}",
-                                 hint="pass arrays with the compiled shapes and dtypes")
-            if not (a.flags.c_contiguous and a.dtype.isnative):
-                a = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("="), copy=False)
-            keep.append(a)
-            ins[i] = a.ctypes.data
-        outs = [aligned_empty(d.shape, d.dtype) for d in sig.outputs]
-        outp = (ctypes.c_void_p * max(1, len(outs)))()
-        for i, o in enumerate(outs):
-            outp[i] = o.ctypes.data
-        wss: dict[str, np.ndarray] = self._local.__dict__.setdefault("ws", {})
-        ws = wss.get(name)
-        if ws is None:
-            ws = wss[name] = aligned_empty((max(1, sig.workspace),), np.uint8)
-        if f.fn(ins, outp, ctypes.c_void_p(ws.ctypes.data)) != 0:
-            msg = (self._lib.fr_last_error() or b"").decode(errors="replace")
-            raise InputError(f"{name} failed in {self.path.name}: {msg[:300]}",
-                             hint="check the inputs; recompile if the library is damaged")
-        return outs

@@ -102,7 +102,7 @@ def run_c_runner(runner: Path, arch: str, func: str, arrays: list[np.ndarray], *
         ind.mkdir()
         outd.mkdir()
         for i, a in enumerate(arrays):
-            np.save(ind / f"{i}.npy", np.ascontiguousarray(a))
+            np.save(ind / f"{i}.npy", np.require(a, requirements="C"))  # (keeps 0-d arrays 0-d)
         try:
             proc = subprocess.run([*cmd, func, str(ind), str(outd)], capture_output=True, text=True,
                                   timeout=timeout)

@@ -114,6 +114,14 @@ def _build_presets() -> dict[str, TargetPreset]:
                      {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76",
                       "mattr": ["+neon", "+dotprod"], "num-cores": 4},
                      "aarch64-linux-gnu-g++", "qemu-aarch64"),
+        # The C backend on the other arches: same kernels, no TVM runtime on the board.
+        TargetPreset("x86_64-c", "x86_64", "generic x86-64, ahead-of-time C (no TVM runtime needed)",
+                     {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64", "num-cores": host},
+                     None, runtime="c"),
+        TargetPreset("aarch64-c", "aarch64", "generic 64-bit ARM with NEON, ahead-of-time C",
+                     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic",
+                      "mattr": ["+neon"], "num-cores": 4},
+                     "aarch64-linux-gnu-g++", "qemu-aarch64", runtime="c"),
         _riscv("riscv64", "rv64gc", [], "64-bit RISC-V rv64gc (lp64d)"),
         _riscv("riscv64-rvv", "rv64gcv", ["+v"], "64-bit RISC-V rv64gcv with the vector extension"),
     ]
