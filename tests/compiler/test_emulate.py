@@ -1,5 +1,5 @@
 """aarch64 artifacts run under qemu-user in the aarch64 sysroot and match x86 (and onnxruntime);
-riscv64 artifacts are RISC-V ELF shared objects (no riscv64 TVM runtime for Python yet)."""
+riscv64 artifacts (C backend) are RISC-V ELF and run under qemu-riscv64 (see also test_cbackend.py)."""
 
 from __future__ import annotations
 
