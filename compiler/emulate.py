@@ -33,8 +33,12 @@ __all__ = ["sysroot_dir", "run_emulated", "elf_info", "ElfInfo", "EM_X86_64", "E
            "SYSROOT_ENV", "run_c_runner", "runner_command", "run_c_artifact"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SYSROOT_ENV = {"aarch64": "FRACTAL_SYSROOT_AARCH64"}
-_QEMU = {"aarch64": "qemu-aarch64"}
+SYSROOT_ENV = {"aarch64": "FRACTAL_SYSROOT_AARCH64", "riscv64": "FRACTAL_SYSROOT_RISCV64"}
+_QEMU = {"aarch64": "qemu-aarch64", "riscv64": "qemu-riscv64"}
+# The sysroot's interpreter (aarch64: bookworm + PyPI wheels; riscv64: trixie, numpy only, for
+# C-backend artifacts loaded with ctypes) and extra qemu flags (RVV on, 128-bit vectors).
+_PYTHON = {"aarch64": "usr/bin/python3.11", "riscv64": "usr/bin/python3.13"}
+_QEMU_CPU: dict[str, tuple[str, ...]] = {"riscv64": ("-cpu", "rv64,v=true,vlen=128")}
 DEFAULT_TIMEOUT = 900.0  # seconds; importing tvm under emulation alone takes ~20 s on 2 cores
 
 # ELF e_machine values (System V ABI)
@@ -53,19 +57,17 @@ def sysroot_dir(arch: str = "aarch64") -> Path:
 
 def _check_ready(arch: str) -> tuple[str, Path]:
     if arch not in _QEMU:
-        raise EmulationError(
-            f"cannot emulate a {arch} artifact: there is no {arch} TVM runtime for Python yet "
-            "(PyPI has no riscv64 wheel of apache-tvm)",
-            hint="riscv64 artifacts are checked as RISC-V ELF only; run them on the board")
+        raise EmulationError(f"cannot emulate a {arch} artifact", hint="run it on the board")
     qemu = shutil.which(_QEMU[arch])
     if qemu is None:
         raise EmulationError(f"{_QEMU[arch]} is not installed",
                              hint="install qemu-user (apt-get install qemu-user, "
                                   "or bash deploy/install-system-deps.sh)")
     root = sysroot_dir(arch)
-    if not (root / ".done").is_file() or not (root / "usr/bin/python3.11").exists():
+    if not (root / ".done").is_file() or not (root / _PYTHON[arch]).exists():
         raise EmulationError(f"no {arch} Python sysroot in {root}",
-                             hint="run `make sysroot` (Debian arm64 packages + aarch64 wheels)")
+                             hint=f"run `bash firmware/sysroot.sh {arch} {root}` "
+                                  "(`make sysroot` for aarch64)")
     return qemu, root
 
 
@@ -150,16 +152,18 @@ def _artifact_arch(artifact_dir: Path) -> str:
 
 
 def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
-                 timeout: float = DEFAULT_TIMEOUT) -> dict[str, np.ndarray]:
+                 timeout: float = DEFAULT_TIMEOUT, python: bool = False) -> dict[str, np.ndarray]:
     """Run ``artifact_dir``'s inference on ``inputs`` under qemu-user; returns its outputs.
 
-    Raises EmulationError when qemu or the sysroot is missing, for an arch without a runtime
-    (riscv64), and when the emulated run fails (its error line is relayed) or times out."""
+    C-backend artifacts run through their native runner; with ``python=True`` through
+    ``python -m compiler.runner`` in the arch's Python sysroot instead (the board-side Python path:
+    ``load_artifact`` + ctypes). Raises EmulationError when qemu or the sysroot is missing, and when
+    the emulated run fails (its error line is relayed) or times out."""
     from compiler.artifact import read_manifest
 
     artifact_dir = Path(artifact_dir).resolve()
     manifest = read_manifest(artifact_dir)
-    if manifest["libs"].get("runtime") == "c":
+    if manifest["libs"].get("runtime") == "c" and not python:
         return run_c_artifact(artifact_dir, manifest, inputs, timeout=timeout)
     arch = _artifact_arch(artifact_dir)
     qemu, root = _check_ready(arch)
@@ -177,8 +181,8 @@ def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
         inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         arrays: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
         np.savez(inp, **arrays)
-        cmd = [qemu, "-L", str(root), str(root / "usr/bin/python3.11"), "-m", "compiler.runner",
-               str(artifact_dir), str(inp), str(out)]
+        cmd = [qemu, "-L", str(root), *_QEMU_CPU.get(arch, ()), str(root / _PYTHON[arch]),
+               "-m", "compiler.runner", str(artifact_dir), str(inp), str(out)]
         try:
             proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

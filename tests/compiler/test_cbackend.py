@@ -325,3 +325,29 @@ def test_every_coverage_op_on_riscv64_rvv_under_qemu(cb_dir: Path) -> None:
         if got.shape != ref.shape or not err <= tol:
             failures.append(f"{name}: max abs error {err}")
     assert not failures, failures
+
+
+@pytest.fixture(scope="session")
+def riscv_sysroot() -> Path:
+    """The Debian trixie riscv64 Python sysroot (python3.13 + numpy), built once by firmware/sysroot.sh."""
+    from compiler.emulate import sysroot_dir
+
+    root = sysroot_dir("riscv64")
+    script = Path(__file__).resolve().parents[2] / "firmware" / "sysroot.sh"
+    subprocess.run(["bash", str(script), "riscv64", str(root)], check=True, capture_output=True, timeout=900)
+    return root
+
+
+@pytest.mark.emulate
+@pytest.mark.slow
+def test_riscv64_python_loads_c_artifact_with_ctypes(riscv_sysroot: Path, artifact: Callable) -> None:
+    """Python 3.13 on riscv64 (qemu, trixie sysroot) loads the riscv64-rvv artifact through
+    load_artifact + ctypes and gives the runner's outputs bit for bit: the board-side path a
+    riscv64 node uses, with no TVM installed."""
+    from compiler.emulate import run_emulated
+
+    art = artifact("sensor-mlp", "riscv64-rvv")
+    x = {"x": _x("sensor-mlp", 3, seed=9)}
+    via_python = run_emulated(art, x, python=True)
+    via_runner = run_emulated(art, x)
+    assert np.array_equal(via_python["logits"], via_runner["logits"])
