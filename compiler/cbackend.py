@@ -348,7 +348,7 @@ def generate_entry(low: Any, funcs: list[str], model_name: str) -> tuple[str, li
         rows.append(f'  {{"{s.name}", {len(s.inputs)}, {len(s.outputs)}, fr_ins_{ident}, fr_outs_{ident}, '
                     f"{s.workspace}u, fr_entry_{ident}}}")
     table = ",\n".join(rows)
-    safe_name = model_name.replace("\\", "_").replace('"', "_")
+    safe_name = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-+ ") else "_" for ch in model_name)
     out += [f"static const fr_function fr_functions[] = {{\n{table}\n}};",
             f"int32_t fr_num_functions(void) {{ return {len(sigs)}; }}",
             "const fr_function* fr_get_function(int32_t i) { return (i >= 0 && i < fr_num_functions()) ? "
