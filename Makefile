@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 CACHE   := .cache
 NODES   ?= 3
 
-.PHONY: install test test-fast demo bench check sysroot sysroot-aarch64 riscv-runtime clean
+.PHONY: install test test-fast demo bench check sysroot sysroot-aarch64 sysroot-riscv64 riscv-runtime clean
 
 install: $(STAMP)
 
@@ -17,10 +17,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # aarch64 Python sysroot for qemu-user (Debian arm64 packages + aarch64 wheels), cached in .cache/
-sysroot: sysroot-aarch64
+# riscv64: Debian trixie python3.13 + numpy (C-backend artifacts need no TVM), private apt config
+sysroot: sysroot-aarch64 sysroot-riscv64
 sysroot-aarch64: $(CACHE)/sysroot-aarch64/.done
 $(CACHE)/sysroot-aarch64/.done: firmware/sysroot.sh
 	bash firmware/sysroot.sh aarch64 $(CACHE)/sysroot-aarch64
+sysroot-riscv64: $(CACHE)/sysroot-riscv64/.done
+$(CACHE)/sysroot-riscv64/.done: firmware/sysroot.sh
+	bash firmware/sysroot.sh riscv64 $(CACHE)/sysroot-riscv64
 
 test: install sysroot
 	$(BIN)/pytest -q tests
