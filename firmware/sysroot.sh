@@ -47,6 +47,16 @@ if [ "$ARCH" = riscv64 ]; then
     libc6 libgcc-s1 libstdc++6 libgfortran5 libblas3 liblapack3 zlib1g libffi8 libexpat1 libssl3t64
     libbz2-1.0 liblzma5 libzstd1 libsqlite3-0 libuuid1 libncursesw6 libtinfo6 libreadline8t64
     libdb5.3t64 libmpdec4 media-types tzdata
+    # the node (`fractal node`): its Python dependencies as Debian packages, closure from
+    # `apt-cache depends --recurse` (zlib-ng and amqtt are optional imports and not packaged)
+    libuv1t64 python3-annotated-types python3-anyio python3-bcrypt python3-certifi python3-cffi-backend
+    python3-click python3-cryptography python3-decorator python3-dnspython python3-dotenv
+    python3-email-validator python3-exceptiongroup python3-fastapi python3-h11 python3-httpcore
+    python3-httpx python3-idna python3-linkify-it python3-markdown-it python3-mdurl python3-paho-mqtt
+    python3-platformdirs python3-prometheus-client python3-pydantic python3-pydantic-core
+    python3-pydantic-settings python3-pygments python3-rich python3-shellingham python3-sniffio
+    python3-starlette python3-typer python3-typing-extensions python3-uc-micro python3-uvicorn
+    python3-uvloop python3-wsproto python3-multipart
   )
   mkdir -p "$DEST/.apt/lists/partial" "$DEST/.apt/cache/archives/partial" "$DEST/.debs"
   DEST=$(cd "$DEST" && pwd)
@@ -72,7 +82,7 @@ if [ "$ARCH" = riscv64 ]; then
   [ -e "$DEST/lib" ] || ln -s usr/lib "$DEST/lib"
   if command -v qemu-riscv64 >/dev/null 2>&1; then
     qemu-riscv64 -L "$DEST" "$DEST/usr/bin/python3.13" -c \
-      "import numpy, ctypes; print('sysroot ok: numpy', numpy.__version__)"
+      "import numpy, ctypes, fastapi, uvicorn, pydantic; print('sysroot ok: numpy', numpy.__version__)"
   else
     echo "sysroot riscv64: warning: qemu-riscv64 not installed, skipped the smoke test" >&2
   fi

@@ -351,3 +351,57 @@ def test_riscv64_python_loads_c_artifact_with_ctypes(riscv_sysroot: Path, artifa
     via_python = run_emulated(art, x, python=True)
     via_runner = run_emulated(art, x)
     assert np.array_equal(via_python["logits"], via_runner["logits"])
+
+
+@pytest.mark.emulate
+@pytest.mark.slow
+def test_riscv64_node_serves_under_qemu(riscv_sysroot: Path, artifact: Callable, zoo_onnx: Callable,
+                                        tmp_path: Path) -> None:
+    """`fractal node` itself on riscv64 (qemu-riscv64, trixie Python, RVV on) serves a riscv64-rvv
+    artifact over the Open Inference Protocol and answers like onnxruntime."""
+    import socket
+    import time
+
+    import httpx
+
+    art = artifact("sensor-mlp", "riscv64-rvv")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "NODE.toml").write_text(f'node_id = "rv1"\nartifact = "{art}"\nport = {port}\n'
+                                        f'data_dir = "{tmp_path / "data"}"\n')
+    repo = Path(__file__).resolve().parents[2]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1",
+           "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    cmd = ["qemu-riscv64", "-L", str(riscv_sysroot), "-cpu", "rv64,v=true,vlen=128",
+           str(riscv_sysroot / "usr/bin/python3.13"), "-c", "from api.cli import main; main()",
+           "node", "--config", str(tmp_path / "NODE.toml")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240  # the emulated interpreter imports fastapi etc. slowly
+        while True:  # readiness is an HTTP event; poll it (the process gives no other signal)
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                if httpx.get(f"{base}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the riscv64 node did not become ready"
+            time.sleep(0.5)
+        info = httpx.get(f"{base}/v1/node", timeout=10).json()
+        assert info["arch"] == "riscv64" and info["board"] == "riscv64-rvv"
+        x = _x("sensor-mlp", 1, seed=12)
+        body = {"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]}
+        r = httpx.post(f"{base}/v2/models/sensor-mlp/infer", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        got = np.asarray(r.json()["outputs"][0]["data"], np.float32).reshape(1, 3)
+        ref = next(iter(onnxruntime_reference(zoo_onnx("sensor-mlp"), {"x": x}, 1).values()))
+        assert np.abs(got - ref).max() <= TOL
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
