@@ -8,7 +8,7 @@ NODES   ?= 3
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: install install-dev test test-fast demo bench soak check sysroot sysroot-aarch64 pycheck clean
+.PHONY: install install-dev test test-fast demo bench soak check sysroot sysroot-aarch64 sysroot-riscv64 pycheck clean
 
 install: $(RUNTIME)
 install-dev: $(DEV)
@@ -31,10 +31,14 @@ $(DEV): pyproject.toml $(RUNTIME)
 	touch $@
 
 # aarch64 Python sysroot for qemu-user (Debian arm64 packages + aarch64 wheels), cached in .cache/
-sysroot: sysroot-aarch64
+# riscv64: Debian trixie python3.13 + numpy (C-backend artifacts need no TVM), private apt config
+sysroot: sysroot-aarch64 sysroot-riscv64
 sysroot-aarch64: $(CACHE)/sysroot-aarch64/.done
 $(CACHE)/sysroot-aarch64/.done: firmware/sysroot.sh
 	bash firmware/sysroot.sh aarch64 $(CACHE)/sysroot-aarch64
+sysroot-riscv64: $(CACHE)/sysroot-riscv64/.done
+$(CACHE)/sysroot-riscv64/.done: firmware/sysroot.sh
+	bash firmware/sysroot.sh riscv64 $(CACHE)/sysroot-riscv64
 
 test: install-dev sysroot
 	$(BIN)/pytest -q tests

@@ -40,6 +40,7 @@ __all__ = [
     "PreparedParams",
     "Trainer",
     "check_inputs",
+    "load_params",
     "load_artifact",
     "file_sha256",
     "param_key",
@@ -55,7 +56,7 @@ def param_key(i: int) -> str:
     return f"p{i:04d}"
 
 
-def _load_params(directory: Path, manifest: Manifest) -> tuple[list[str], list[np.ndarray]]:
+def load_params(directory: Path, manifest: Manifest) -> tuple[list[str], list[np.ndarray]]:
     meta = manifest.params
     names = list(meta.names)
     with np.load(directory / meta.file, allow_pickle=False) as npz:
@@ -99,6 +100,15 @@ def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool) -> np.ndar
     if want.kind == "f" and arr.size and not np.isfinite(arr).all():
         raise InputError(f"input {name!r} holds NaN or infinity", hint="send finite numbers")
     return arr
+
+
+def _runtime_for(manifest: Manifest, lib_path: Path) -> Runtime:
+    """The engine for a library: the Relax VM, or ctypes for the C backend (``libs.runtime == "c"``)."""
+    if manifest.libs.runtime == "c":
+        from compiler.clib import CRuntime
+
+        return CRuntime(lib_path)  # type: ignore[return-value]  # same call/tensor surface
+    return Runtime(lib_path)
 
 
 def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any]) -> tuple[list[np.ndarray], int]:
@@ -154,12 +164,12 @@ class Artifact:
         self.params = params
         self.batch = manifest.batch
         self._batched_out = all(o.shape and o.shape[0] == self.batch for o in self.outputs)
-        self._infer = Runtime(directory / manifest.libs.infer)
+        self._infer = _runtime_for(manifest, directory / manifest.libs.infer)
         self._default = PreparedParams(self._infer, params)
         self._trainer: Trainer | None = None
         if manifest.libs.train and manifest.training is not None:
-            self._trainer = Trainer(Runtime(directory / manifest.libs.train), manifest.training,
-                                    self.inputs, param_names, params)
+            train_rt = _runtime_for(manifest, directory / manifest.libs.train)
+            self._trainer = Trainer(train_rt, manifest.training, self.inputs, param_names, params)
 
     @property
     def trainer(self) -> Trainer | None:
@@ -248,5 +258,5 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> Artifact:
     _check_cpu_features(manifest)
     if verify:
         manifest.verify_files(directory)
-    names, params = _load_params(directory, manifest)
+    names, params = load_params(directory, manifest)
     return Artifact(directory, manifest, names, params)

@@ -31,13 +31,21 @@ from compiler.manifest import (
     file_sha256,
 )
 from compiler.targets import TargetPreset, get_preset, linker_for
-from compiler.training import TrainSettings, build_training_module, optimizer_state_shapes
+from compiler.training import (
+    ADJOINT_FUNC,
+    OPTIMIZER_FUNC,
+    TrainSettings,
+    build_training_module,
+    optimizer_state_shapes,
+)
 
 __all__ = ["compile_model", "TrainSettings", "build_library"]
 
 INFER_LIB = "infer.so"
 TRAIN_LIB = "train.so"
 PARAMS_FILE = "params.npz"
+C_TRAIN_PREFIX = "train-"  # the C route's training library and runner: train-libmodel.so, train-fractal-run
+INFER_FUNC = "main"
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -76,6 +84,25 @@ def build_library(mod: Any, preset: TargetPreset, path: Path) -> Path:
         raise TargetError(f"linking {path.name} for {preset.name} failed: {' '.join(str(exc).split())[:300]}",
                           hint=f"check the cross toolchain {preset.cross_compiler or 'g++'}") from None
     return path
+
+
+def _build_c(mod: Any, preset: TargetPreset, out: Path, funcs: list[str], name: str,
+             prefix: str) -> list[str]:
+    """The C route (preset.runtime == "c"): native library + runner, file names in ``out``."""
+    from compiler.cbackend import compile_c
+
+    build, _ = compile_c(mod, preset, out, funcs=funcs, model_name=name, prefix=prefix)
+    return [build.lib.name, build.runner.name]
+
+
+def _libs(c_route: bool, train: bool) -> Libs:
+    """The manifest's ``libs``: which files hold inference and training, and how they run."""
+    if not c_route:
+        return Libs(INFER_LIB, TRAIN_LIB if train else None)
+    from compiler.cbackend import LIB_NAME, RUNNER_NAME
+
+    return Libs(LIB_NAME, f"{C_TRAIN_PREFIX}{LIB_NAME}" if train else None, "c", RUNNER_NAME,
+                f"{C_TRAIN_PREFIX}{RUNNER_NAME}" if train else None)
 
 
 def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Path | None,
@@ -128,7 +155,13 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
 
     t0 = time.perf_counter()
     preset = get_preset(target)
-    linker_for(preset)  # fail fast on a missing cross compiler, before minutes of work
+    c_route = preset.runtime == "c"
+    if c_route:
+        from compiler.cbackend import c_compiler_for
+
+        c_compiler_for(preset.arch)  # fail fast on a missing cross compiler, before minutes of work
+    else:
+        linker_for(preset)  # fail fast on a missing cross compiler, before minutes of work
     onnx_path = Path(onnx_path)
     out_dir = Path(out_dir)
     model = load_onnx(onnx_path)
@@ -144,9 +177,12 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
 
     tmp = _prepare_out(out_dir)
     try:
-        _say(progress, "building inference library")
-        build_library(mod, preset, tmp / INFER_LIB)
-        files = [INFER_LIB]
+        _say(progress, "building inference library" + (" (C backend)" if c_route else ""))
+        if c_route:
+            files = _build_c(mod, preset, tmp, [INFER_FUNC], name, "")
+        else:
+            build_library(mod, preset, tmp / INFER_LIB)
+            files = [INFER_LIB]
         training = None
         if train is not None:
             _say(progress, f"building training module (loss={train.loss}, optimizer={train.optimizer}, "
@@ -160,8 +196,11 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                 # than inference: their own database (keyed by workload), the same trial budget.
                 _say(progress, f"tuning the training module with MetaSchedule ({trials} trials)")
                 tmod, train_tuning = _tune(tmod, preset, trials, db_dir, progress)
-            build_library(tmod, preset, tmp / TRAIN_LIB)
-            files.append(TRAIN_LIB)
+            if c_route:
+                files += _build_c(tmod, preset, tmp, [ADJOINT_FUNC, OPTIMIZER_FUNC], name, C_TRAIN_PREFIX)
+            else:
+                build_library(tmod, preset, tmp / TRAIN_LIB)
+                files.append(TRAIN_LIB)
             out = timported.outputs[0]
             targets = (TensorSpec("targets", (train.batch,), "int64") if train.loss == "ce"
                        else TensorSpec("targets", tuple(out.shape), out.dtype))
@@ -188,7 +227,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             params=ParamsInfo(PARAMS_FILE, tuple(imported.param_names),
                               tuple(tuple(p.shape) for p in imported.params),
                               tuple(str(p.dtype) for p in imported.params)),
-            libs=Libs(INFER_LIB, TRAIN_LIB if train is not None else None),
+            libs=_libs(c_route, train is not None),
             files={f: file_sha256(tmp / f) for f in files},
             tuning=tuning_info,
             training=training,

@@ -187,13 +187,25 @@ class Libs:
 
     infer: str
     train: str | None = None
+    # "vm": TVM libraries run by the Relax VM; "c": the C backend (compiler/cbackend.py), a native
+    # library called through ctypes plus a standalone runner (``runner``, ``train_runner``).
+    runtime: str = "vm"
+    runner: str | None = None
+    train_runner: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"infer": self.infer, "train": self.train}
+        out: dict[str, Any] = {"infer": self.infer, "train": self.train}
+        if self.runtime != "vm":  # VM manifests keep their exact bytes
+            out.update(runtime=self.runtime, runner=self.runner, train_runner=self.train_runner)
+        return out
 
     @classmethod
     def parse(cls, r: _Reader) -> Libs:
-        return cls(r.text("infer"), r.text("train", required=False))
+        runtime = r.text("runtime", "vm", required=False)
+        if runtime not in ("vm", "c"):
+            raise _bad(f"{r.where}.runtime is {runtime!r}, expected 'vm' or 'c'")
+        return cls(r.text("infer"), r.text("train", required=False), runtime,
+                   r.text("runner", required=False), r.text("train_runner", required=False))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The one place the firmware layer reads a compiled artifact's manifest.
 
-Everything else in ``firmware/`` uses :class:`ArtifactInfo`; when the compiler's manifest
-becomes a typed object, only :func:`artifact_info` changes.
+Everything else in ``firmware/`` uses :class:`ArtifactInfo`, built from the compiler's typed
+manifest (``compiler.manifest.Manifest``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compiler.artifact import read_manifest
+from compiler.manifest import Manifest
 
 __all__ = ["ArtifactInfo", "artifact_info"]
 
@@ -28,13 +28,13 @@ class ArtifactInfo:
 
 def artifact_info(directory: str | Path) -> ArtifactInfo:
     """Read the artifact manifest in ``directory`` (ArtifactError when missing or malformed)."""
-    m = read_manifest(directory)
+    m = Manifest.read(directory)
     return ArtifactInfo(
-        name=str(m["name"]),
-        preset=str(m["target"]["preset"]),
-        arch=str(m["target"]["arch"]),
-        inputs=list(m["inputs"]),
-        outputs=list(m["outputs"]),
-        files=dict(m["files"]),
-        manifest=m,
+        name=m.name,
+        preset=m.preset,
+        arch=m.arch,
+        inputs=[s.to_json() for s in m.inputs],
+        outputs=[s.to_json() for s in m.outputs],
+        files=dict(m.files),
+        manifest=m.to_json(),
     )

@@ -59,7 +59,8 @@ def test_compile_every_preset(preset, tmp_path, mlp_onnx):
     p = get_preset(preset)
     train = TrainSettings(loss="ce", optimizer="sgd", batch=2) if preset in ("rpi4", "riscv64-rvv") else None
     out = compile_model(mlp_onnx, target=preset, out_dir=tmp_path / preset, train=train, progress=False)
-    libs = ["infer.so"] + (["train.so"] if train else [])
+    manifest = json.loads((out / "manifest.json").read_text())
+    libs = [manifest["libs"]["infer"]] + ([manifest["libs"]["train"]] if train else [])
     for lib in libs:
         e_type, e_machine, e_flags = _elf_header(out / lib)
         assert e_type == 3, "not a shared object"
@@ -68,9 +69,8 @@ def test_compile_every_preset(preset, tmp_path, mlp_onnx):
             assert e_flags & EF_RISCV_FLOAT_ABI_MASK == EF_RISCV_FLOAT_ABI_DOUBLE
             assert e_flags & EF_RISCV_RVC
     if shutil.which("file") and p.arch == "riscv64":
-        desc = subprocess.run(["file", "-b", str(out / "infer.so")], capture_output=True, text=True).stdout
+        desc = subprocess.run(["file", "-b", str(out / libs[0])], capture_output=True, text=True).stdout
         assert "RISC-V" in desc and "64-bit" in desc and "double-float ABI" in desc, desc
-    manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"]["preset"] == preset
     assert manifest["target"]["tvm_target"] == p.target
     if p.arch == host_arch() and can_measure(p.target)[0]:  # (needs this CPU's features, e.g. AVX-512)
