@@ -99,14 +99,14 @@ def _rules(fuse: bool | None) -> list[Any]:
             last = infos[-1].block_rv if r < len(infos) - 1 else None
             loops = sch.get_loops(red.block_rv)
             spatial, reduce = loops[:ns], loops[ns:]
-            keep = min(2, ns - 1)  # innermost spatial loops below the reduction
+            keep = max(1, min(2, ns - 1))  # innermost spatial loops below the reduction
             outer, inner = spatial[:ns - keep], spatial[ns - keep:]
             sch.reorder(*outer, *reduce, *inner)
-            par = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-            ext = _extent(sch, par)
+            par = (sch.fuse(*outer) if len(outer) > 1 else outer[0]) if outer else None
+            ext = _extent(sch, par) if par is not None else None
             if ext is not None and ext >= _MIN_PARALLEL:
                 sch.parallel(par)
-            if last is not None:
+            if last is not None and par is not None:
                 sch.reverse_compute_at(last, par, preserve_unit_loops=True)
                 ep = sch.get_loops(last)[1:]
                 if len(ep) > 1:
@@ -119,8 +119,8 @@ def _rules(fuse: bool | None) -> list[Any]:
                 tail = sch.get_loops(block)[-len(inner):]
                 if self.fuse and len(tail) > 1:
                     sch.fuse(*tail)
-                else:
-                    _vectorize_inner(sch, block, _vector_lanes(target))
+                elif block != red.block_rv:  # (TVM refuses to vectorise a decomposed update;
+                    _vectorize_inner(sch, block, _vector_lanes(target))  # LLVM does it there)
             return sch
 
     class RegisterTiled(CPUScheduleRule):
