@@ -31,8 +31,6 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.3)
     args = ap.parse_args()
 
-    import tvm_ffi
-
     from compiler import zoo
     from compiler.artifact import load_artifact
     from compiler.bench import _ort_session, measure, set_threads
@@ -47,12 +45,12 @@ def main() -> None:
         x = np.random.default_rng(0).standard_normal(zoo.input_shape(name)).astype(np.float32)
         sess = _ort_session(onnx_path, 1)
         ref = sess.run(None, {"x": x})[0]
-        calls = {"ort": lambda s=sess: s.run(None, {"x": x})}
+        calls = {"ort": lambda s=sess, x=x: s.run(None, {"x": x})}
         row: dict[str, object] = {"model": name, "target": args.target}
         for kind, default in (("naive", False), ("default", True)):
             t0 = time.perf_counter()
-            out = compile_model(onnx_path, target=args.target, out_dir=work / f"{name}-{kind}", progress=False,
-                                default_schedules=default)
+            out = compile_model(onnx_path, target=args.target, out_dir=work / f"{name}-{kind}",
+                                progress=False, default_schedules=default)
             row[f"compile_{kind}_s"] = round(time.perf_counter() - t0, 2)
             art = load_artifact(out)
             got = next(iter(art.infer({art.inputs[0].name: x}).values()))
