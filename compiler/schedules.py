@@ -61,7 +61,7 @@ def _vectorize_inner(sch: Any, block: Any, lanes: int) -> None:
         sch.vectorize(inner)
 
 
-def _rules(fuse: bool | None) -> list[Any]:
+def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -152,7 +152,7 @@ def _rules(fuse: bool | None) -> list[Any]:
             outer, (c, h, w), reduce = loops[:ns - 3], loops[ns - 3:ns], loops[ns:]
             lanes = _vector_lanes(target)
             ce, we = _extent(sch, c), _extent(sch, w)
-            if ce is None or we is None or we < _MIN_ROW:
+            if ce is None or we is None or we < min_row:
                 return None  # narrow rows: the spatial-reduction variants do better
             wb = max(d for d in range(1, min(we, lanes) + 1) if we % d == 0)
             cb = max(d for d in (1, 2, 4, 8) if ce % d == 0)
@@ -227,8 +227,10 @@ def _rules(fuse: bool | None) -> list[Any]:
 
     from tvm.s_tir import dlight as dl
 
-    spatial = RegisterTiled() if fuse is None else SpatialReduction(fuse)
-    rules = [dl.cpu.GEMV(), spatial, dl.cpu.Reduction(), Elementwise()]
+    # fuse=None: register tiling where it applies, else the fused spatial reduction (unmeasured
+    # default, e.g. for boards); True/False: only that spatial-reduction variant
+    spatial = [RegisterTiled(), SpatialReduction(True)] if fuse is None else [SpatialReduction(fuse)]
+    rules = [dl.cpu.GEMV(), *spatial, dl.cpu.Reduction(), Elementwise()]
     return [Safe(r) for r in rules]
 
 
@@ -294,9 +296,10 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
         tiled = dl.ApplyDefaultSchedule(*_rules(fuse=None)[1:2])(prepared.clone())
         fused = dl.ApplyDefaultSchedule(*_rules(fuse=True))(prepared.clone())
         rows = dl.ApplyDefaultSchedule(*_rules(fuse=False))(prepared.clone())
+        narrow = dl.ApplyDefaultSchedule(*_rules(fuse=None, min_row=2))(prepared.clone())
     names = [gv.name_hint for gv, f in prepared.functions.items()
              if isinstance(f, tirx.PrimFunc) and tiled[gv.name_hint].same_as(f)]
-    variants = [prepared, fused, rows]
+    variants = [prepared, fused, rows, narrow]
     times = []
     for v in variants:
         todo = {n: v[n] for n in names if v is prepared or not v[n].same_as(prepared[n])}
