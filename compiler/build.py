@@ -116,7 +116,7 @@ def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Pa
     tuned = tuning.apply(imported_mod, preset.tvm_target(), db_dir)
     info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(trials),
                       trials_run=result.trials_run, seconds=round(result.seconds, 3),
-                      db_dir=str(db_dir) if db_dir is not None else None)
+                      db_dir=str(db_dir) if db_dir is not None else None, schedule="tuned")
     return tuned, info
 
 
@@ -144,8 +144,12 @@ def _install(tmp: Path, out_dir: Path) -> None:
 
 def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, name: str | None = None,
                   tune: bool = False, trials: int = 64, db_dir: str | Path | None = None,
-                  train: TrainSettings | None = None, progress: bool = True) -> Path:
+                  train: TrainSettings | None = None, progress: bool = True,
+                  default_schedules: bool = True) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
+
+    Without ``tune`` the inference kernels get :mod:`compiler.schedules`' default CPU schedules
+    (``default_schedules=False``: TVM's naive lowering, for comparison).
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
     """
@@ -174,6 +178,12 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     if tune:
         _say(progress, f"tuning with MetaSchedule ({trials} trials)")
         mod, tuning_info = _tune(mod, preset, trials, db_dir, progress)
+    elif default_schedules:
+        from compiler import schedules
+
+        _say(progress, "scheduling kernels (default CPU schedules; --tune measures better ones)")
+        mod = schedules.apply(mod, preset.tvm_target())
+        tuning_info = TuningInfo(schedule="default")
 
     tmp = _prepare_out(out_dir)
     try:

@@ -219,11 +219,15 @@ class TuningInfo:
     seconds: float = 0.0
     reused: bool = False
     db_dir: str | None = None
+    # how the kernels were scheduled: "naive" (TVM's default lowering; artifacts before the
+    # default schedules), "default" (compiler.schedules), "tuned" (MetaSchedule records)
+    schedule: str = "naive"
 
     def to_json(self) -> dict[str, Any]:
         return {"tuned": self.tuned, "db_id": self.db_id, "trials": self.trials,
                 "trials_run": self.trials_run,
-                "seconds": self.seconds, "reused": self.reused, "db_dir": self.db_dir}
+                "seconds": self.seconds, "reused": self.reused, "db_dir": self.db_dir,
+                "schedule": self.schedule}
 
     @classmethod
     def parse(cls, r: _Reader) -> TuningInfo:
@@ -231,7 +235,8 @@ class TuningInfo:
                    r.integer("trials", 0, required=False),
                    r.integer("trials_run", 0, required=False),
                    float(r.typed("seconds", (int, float), 0.0, required=False)),
-                   bool(r.typed("reused", bool, False, required=False)), r.text("db_dir", required=False))
+                   bool(r.typed("reused", bool, False, required=False)), r.text("db_dir", required=False),
+                   r.text("schedule", "tuned" if r.typed("tuned", bool) else "naive", required=False))
 
 
 @dataclass(frozen=True)
