@@ -31,9 +31,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.3)
     args = ap.parse_args()
 
+    from compiler.bench import _ort_session, measure, set_threads
+
     from compiler import zoo
     from compiler.artifact import load_artifact
-    from compiler.bench import _ort_session, measure, set_threads
     from compiler.build import compile_model
 
     set_threads(1)
