@@ -2,41 +2,65 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed
 CACHE   := .cache
 NODES   ?= 3
+# Stamps: the runtime install (enough for `make demo`) and the dev extras (tests, torch, browsers).
+RUNTIME := $(VENV)/.installed-runtime
+DEV     := $(VENV)/.installed-dev
 
-.PHONY: install test test-fast demo bench check sysroot sysroot-aarch64 riscv-runtime clean
+.PHONY: install install-dev test test-fast demo bench soak check sysroot sysroot-aarch64 sysroot-riscv64 pycheck clean
 
-install: $(STAMP)
+install: $(RUNTIME)
+install-dev: $(DEV)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+# Refuse a Python older than 3.11 before creating anything.
+pycheck:
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null || { \
+	  echo "error: fractal-edge needs Python >= 3.11; '$(PY)' is $$($(PY) --version 2>/dev/null || echo 'not found') (help: pick another interpreter, e.g. make PY=python3.11 $(MAKECMDGOALS))" >&2; exit 1; }
+
+$(BIN)/python: | pycheck
+	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(DEV): pyproject.toml $(RUNTIME)
 	$(BIN)/pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $@
 
 # aarch64 Python sysroot for qemu-user (Debian arm64 packages + aarch64 wheels), cached in .cache/
-sysroot: sysroot-aarch64
+# riscv64: Debian trixie python3.13 + numpy (C-backend artifacts need no TVM), private apt config
+sysroot: sysroot-aarch64 sysroot-riscv64
 sysroot-aarch64: $(CACHE)/sysroot-aarch64/.done
 $(CACHE)/sysroot-aarch64/.done: firmware/sysroot.sh
 	bash firmware/sysroot.sh aarch64 $(CACHE)/sysroot-aarch64
+sysroot-riscv64: $(CACHE)/sysroot-riscv64/.done
+$(CACHE)/sysroot-riscv64/.done: firmware/sysroot.sh
+	bash firmware/sysroot.sh riscv64 $(CACHE)/sysroot-riscv64
 
-test: install sysroot
+test: install-dev sysroot
 	$(BIN)/pytest -q tests
 
-test-fast: install
+test-fast: install-dev
 	$(BIN)/pytest -q -m "not slow" tests
 
 demo: install
 	$(BIN)/fractal swarm --nodes $(NODES)
 
-bench: install sysroot
+bench: install-dev sysroot
 	$(BIN)/pytest -q -p no:cacheprovider --override-ini addopts= -m bench tests/bench
 
-check: install
-	$(BIN)/ruff check compiler federation edgenode api firmware deploy tests
-	$(BIN)/mypy compiler federation edgenode api firmware
+# Not part of `make test`: a 4-node swarm on namespaced hosts doing rounds for SOAK_MINUTES while
+# nodes are killed/restarted and junk MQTT messages are injected; prints a JSON report (needs root).
+SOAK_MINUTES ?= 5
+soak: install-dev
+	$(BIN)/python -m deploy.soak --minutes $(SOAK_MINUTES) --out $(CACHE)/soak-report.json
+
+check: install-dev
+	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy tests
+	$(BIN)/mypy fractal compiler federation edgenode api firmware tests/edgenode/fakes.py
 
 clean:
 	rm -rf $(VENV) $(CACHE) build *.egg-info

@@ -1,6 +1,6 @@
 """api: the node's HTTP face (Open Inference Protocol v2, samples, metrics) and the fleet service."""
 
-__version__ = "0.1.0"
+from fractal import __version__
 
 __all__ = ["__version__", "create_node_app"]
 

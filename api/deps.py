@@ -8,6 +8,9 @@ from typing import Annotated, Any, Protocol, TypeVar
 
 import numpy as np
 from fastapi import Depends, Request
+from prometheus_client import CollectorRegistry
+
+from edgenode.config import NodeConfig
 
 __all__ = ["NodeLike", "NodeDep", "get_node", "model_version", "run_inference"]
 
@@ -30,6 +33,19 @@ class NodeLike(Protocol):
 
     def info(self) -> dict[str, Any]: ...
 
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
+    @property
+    def model_version(self) -> int: ...
+
+    def readiness(self) -> str | None:
+        """Why the node cannot serve now (503 on /v2/health/ready), or None when ready."""
+        ...
+
 
 async def get_node(request: Request) -> NodeLike:
     """The node this app serves (set once by ``create_node_app``).
@@ -44,9 +60,8 @@ NodeDep = Annotated[NodeLike, Depends(get_node)]
 
 
 def model_version(node: NodeLike) -> str:
-    """The served model version as an OIP version string ("1" if the node does not say)."""
-    v = getattr(node, "model_version", None)
-    return str(v) if v is not None else "1"
+    """The served model version as an OIP version string."""
+    return str(node.model_version)
 
 
 T = TypeVar("T")

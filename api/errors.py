@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect
 from api.tensors import TensorError
 from edgenode.common import InvalidInput, NodeBusy, NodeError, StoreError
 
-__all__ = ["ApiError", "error_response", "install_error_handlers"]
+__all__ = ["ApiError", "error_response", "install_error_handlers", "install_common_handlers"]
 
 log = logging.getLogger("fractal.api")
 
@@ -63,14 +63,21 @@ def install_error_handlers(app: FastAPI) -> None:
         msg = str(exc) + (f" (help: {exc.hint})" if getattr(exc, "hint", None) else "")
         return error_response(_node_status(exc), msg)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
-
     @app.exception_handler(ClientDisconnect)
     async def _gone(_: Request, exc: ClientDisconnect) -> JSONResponse:
         # Nobody is left to read this; answering keeps the disconnect out of the error log.
         return error_response(400, "client disconnected before sending the whole body")
+
+    install_common_handlers(app)
+
+
+def install_common_handlers(app: FastAPI) -> None:
+    """The error body both apps (node and fleet) share: ``{"error": "..."}`` for HTTP errors and
+    for 422s, which name each bad field without echoing the input (it may not even be JSON)."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

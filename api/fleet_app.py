@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from api.fleet.routes import auth, events, nodes, page, rounds
+from api.errors import install_common_handlers
+from api.fleet.images import ImageCatalogue
+from api.fleet.routes import auth, events, images, nodes, page, rollback, rounds
 from api.fleet.routes.page import STATIC
 from api.fleet.service import FleetService, LinkFactory
 from api.fleet.settings import FleetSettings
+from api.middleware import BodyTimeoutMiddleware
 
 __all__ = ["create_fleet_app"]
 
@@ -35,21 +36,18 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
             app.state.stopping.set()
             fleet.stop()
 
-    app = FastAPI(title="fractal-edge fleet", version="1", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: the fleet's API is documented in the README, and an
+    # unauthenticated schema only helps an attacker map the service.
+    app = FastAPI(title="fractal-edge fleet", version="1", lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings = settings
     app.state.fleet = fleet
     app.state.stopping = asyncio.Event()
-    for r in (auth, nodes, rounds, events, page):
+    images_dir, keys = settings.images_dir, settings.image_keys
+    app.state.images = ImageCatalogue(images_dir, keys) if images_dir else None
+    for r in (auth, nodes, rounds, rollback, images, events, page):
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    install_common_handlers(app)  # error bodies are {"error": ...}, as on the node
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=30.0)  # slow bodies: 408, not a held worker
     return app
-
-
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    """422 naming each bad field. The offending input is not echoed back: it may not even be
-    JSON-serialisable (a bare ``Infinity`` body made FastAPI's default handler answer 500)."""
-    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-              for e in errors]
-    return JSONResponse({"detail": detail}, status_code=422)

@@ -6,6 +6,7 @@ a couple of dict lookups per request, with no extra task or body copy.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -15,8 +16,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-__all__ = ["BodyLimitMiddleware", "BearerAuthMiddleware", "InternalErrorMiddleware", "MetricsMiddleware",
-           "HttpMetrics", "BodyTooLarge"]
+__all__ = ["BodyLimitMiddleware", "BodyTimeoutMiddleware", "BearerAuthMiddleware", "InternalErrorMiddleware",
+           "MetricsMiddleware", "HttpMetrics", "BodyTooLarge", "BodyTooSlow"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -99,6 +100,58 @@ class BodyLimitMiddleware:
                 raise
             await _send_error(send, 413, f"request body exceeds the node's max_body_bytes ({limit}); "
                                          f"stopped reading after {seen} bytes")
+
+
+class BodyTooSlow(Exception):
+    """Raised from ``receive`` when the request body does not arrive in time."""
+
+
+class BodyTimeoutMiddleware:
+    """A request body must arrive within ``timeout_s`` (from the first ``receive``): a client
+    that trickles bytes (slowloris) gets 408 and the connection is closed, instead of holding a
+    worker forever. Only the body is timed: after it, ``receive`` waits for the disconnect of a
+    long response (the fleet's event stream) untimed.
+    """
+
+    def __init__(self, app: ASGIApp, timeout_s: float = 30.0) -> None:
+        self.app = app
+        self.timeout_s = float(timeout_s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        body_done = False
+        started = False
+
+        async def timed_receive() -> Message:
+            nonlocal deadline, body_done
+            if body_done:
+                return await receive()
+            if deadline is None:
+                deadline = loop.time() + self.timeout_s
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise BodyTooSlow() from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, tracking_send)
+        except BodyTooSlow:
+            if started:
+                raise
+            await _send_error(send, 408, f"request body did not arrive within {self.timeout_s:g} s")
 
 
 class InternalErrorMiddleware:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -20,6 +19,7 @@ from api.errors import error_response, install_error_handlers
 from api.middleware import (
     BearerAuthMiddleware,
     BodyLimitMiddleware,
+    BodyTimeoutMiddleware,
     HttpMetrics,
     InternalErrorMiddleware,
     MetricsMiddleware,
@@ -28,22 +28,16 @@ from api.routes import node as node_routes
 from api.routes import oip, samples
 from api.tensors import BatchTooLarge
 
-__all__ = ["create_node_app", "DEFAULT_MAX_BODY_BYTES"]
-
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-
-
-def _setting(node: Any, key: str, default: Any) -> Any:
-    value = getattr(getattr(node, "config", None), key, None)
-    return default if value is None else value
+__all__ = ["create_node_app"]
 
 
 def create_node_app(node: NodeLike, *, auth_token: str | None = None,
-                    max_body_bytes: int | None = None) -> FastAPI:
-    """The HTTP app serving ``node``; auth token and body limit default to ``node.config``."""
-    token = auth_token if auth_token is not None else _setting(node, "auth_token", None)
-    limit = int(max_body_bytes if max_body_bytes is not None
-                else _setting(node, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+                    max_body_bytes: int | None = None, body_timeout_s: float = 30.0) -> FastAPI:
+    """The HTTP app serving ``node``; auth token and body limit default to ``node.config``;
+    a request body slower than ``body_timeout_s`` gets 408."""
+    token = auth_token if auth_token is not None else node.config.auth_token
+    # One default for the body limit: NodeConfig's (NODE.toml max_body_bytes).
+    limit = int(max_body_bytes if max_body_bytes is not None else node.config.max_body_bytes)
     # FastAPI's native OpenTelemetry is off: the node exports Prometheus metrics (/metrics), and
     # the per-request "is OTel configured?" probes are pure overhead on a sub-millisecond path.
     app = FastAPI(title="fractal-edge node", version=__version__,
@@ -66,6 +60,7 @@ def create_node_app(node: NodeLike, *, auth_token: str | None = None,
     app.include_router(node_routes.router)
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=limit)
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=body_timeout_s)
     if token:
         app.add_middleware(BearerAuthMiddleware, token=token)
     app.add_middleware(InternalErrorMiddleware)

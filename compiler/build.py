@@ -17,16 +17,35 @@ from typing import Any
 
 import numpy as np
 
-from compiler.artifact import FORMAT_VERSION, MANIFEST, file_sha256, param_key, write_manifest
+from compiler.artifact import param_key
 from compiler.errors import ArtifactError, CompilerError, TargetError
+from compiler.manifest import (
+    MANIFEST,
+    Libs,
+    Manifest,
+    ParamsInfo,
+    TargetInfo,
+    TensorSpec,
+    TrainingInfo,
+    TuningInfo,
+    file_sha256,
+)
 from compiler.targets import TargetPreset, get_preset, linker_for
-from compiler.training import TrainSettings, build_training_module, optimizer_state_shapes
+from compiler.training import (
+    ADJOINT_FUNC,
+    OPTIMIZER_FUNC,
+    TrainSettings,
+    build_training_module,
+    optimizer_state_shapes,
+)
 
 __all__ = ["compile_model", "TrainSettings", "build_library"]
 
 INFER_LIB = "infer.so"
 TRAIN_LIB = "train.so"
 PARAMS_FILE = "params.npz"
+C_TRAIN_PREFIX = "train-"  # the C route's training library and runner: train-libmodel.so, train-fractal-run
+INFER_FUNC = "main"
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -68,8 +87,27 @@ def build_library(mod: Any, preset: TargetPreset, path: Path) -> Path:
     return path
 
 
+def _build_c(mod: Any, preset: TargetPreset, out: Path, funcs: list[str], name: str,
+             prefix: str) -> list[str]:
+    """The C route (preset.runtime == "c"): native library + runner, file names in ``out``."""
+    from compiler.cbackend import compile_c
+
+    build, _ = compile_c(mod, preset, out, funcs=funcs, model_name=name, prefix=prefix)
+    return [build.lib.name, build.runner.name]
+
+
+def _libs(c_route: bool, train: bool) -> Libs:
+    """The manifest's ``libs``: which files hold inference and training, and how they run."""
+    if not c_route:
+        return Libs(INFER_LIB, TRAIN_LIB if train else None)
+    from compiler.cbackend import LIB_NAME, RUNNER_NAME
+
+    return Libs(LIB_NAME, f"{C_TRAIN_PREFIX}{LIB_NAME}" if train else None, "c", RUNNER_NAME,
+                f"{C_TRAIN_PREFIX}{RUNNER_NAME}" if train else None)
+
+
 def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Path | None,
-          progress: bool) -> tuple[Any, dict[str, Any]]:
+          progress: bool) -> tuple[Any, TuningInfo]:
     try:
         from compiler import tuning
     except ImportError as exc:
@@ -77,15 +115,9 @@ def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Pa
                             hint="compile without --tune") from None
     result = tuning.tune(imported_mod, preset.tvm_target(), trials=trials, db_dir=db_dir, progress=progress)
     tuned = tuning.apply(imported_mod, preset.tvm_target(), db_dir)
-    info = {
-        "tuned": True,
-        "db_id": getattr(result, "db_id", None),
-        "reused": bool(getattr(result, "reused", False)),
-        "trials": int(trials),
-        "trials_run": int(getattr(result, "trials_run", 0) or 0),
-        "seconds": round(float(getattr(result, "seconds", 0.0) or 0.0), 3),
-        "db_dir": str(db_dir) if db_dir is not None else None,
-    }
+    info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(trials),
+                      trials_run=result.trials_run, seconds=round(result.seconds, 3),
+                      db_dir=str(db_dir) if db_dir is not None else None, schedule="tuned")
     return tuned, info
 
 
@@ -114,9 +146,11 @@ def _install(tmp: Path, out_dir: Path) -> None:
 def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, name: str | None = None,
                   tune: bool = False, trials: int = 64, db_dir: str | Path | None = None,
                   train: TrainSettings | None = None, progress: bool = True,
-                  input_shapes: dict[str, list[int]] | None = None) -> Path:
+                  default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
 
+    Without ``tune`` the inference kernels get :mod:`compiler.schedules`' default CPU schedules
+    (``default_schedules=False``: TVM's naive lowering, for comparison).
     ``input_shapes``: input name -> dims (``--shape``) fixing dynamic dimensions; -1 leaves one dynamic.
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
@@ -127,7 +161,13 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
 
     t0 = time.perf_counter()
     preset = get_preset(target)
-    linker_for(preset)  # fail fast on a missing cross compiler, before minutes of work
+    c_route = preset.runtime == "c"
+    if c_route:
+        from compiler.cbackend import c_compiler_for
+
+        c_compiler_for(preset.arch)  # fail fast on a missing cross compiler, before minutes of work
+    else:
+        linker_for(preset)  # fail fast on a missing cross compiler, before minutes of work
     onnx_path = Path(onnx_path)
     out_dir = Path(out_dir)
     model = load_onnx(onnx_path)
@@ -137,19 +177,26 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     if imported.prepared_steps:
         _say(progress, f"prepared the graph: {', '.join(imported.prepared_steps)}")
 
-    tuning_info: dict[str, Any] = {"tuned": False, "db_id": None, "trials": 0}
+    tuning_info = TuningInfo()
     mod = imported.mod
     if tune:
-        if trials < 1:
-            raise CompilerError(f"--trials must be >= 1, got {trials}", hint="e.g. --trials 64")
         _say(progress, f"tuning with MetaSchedule ({trials} trials)")
         mod, tuning_info = _tune(mod, preset, trials, db_dir, progress)
+    elif default_schedules:
+        from compiler import schedules
+
+        _say(progress, "scheduling kernels (default CPU schedules; --tune measures better ones)")
+        mod = schedules.apply(mod, preset.tvm_target())
+        tuning_info = TuningInfo(schedule="default")
 
     tmp = _prepare_out(out_dir)
     try:
-        _say(progress, "building inference library")
-        build_library(mod, preset, tmp / INFER_LIB)
-        files = [INFER_LIB]
+        _say(progress, "building inference library" + (" (C backend)" if c_route else ""))
+        if c_route:
+            files = _build_c(mod, preset, tmp, [INFER_FUNC], name, "")
+        else:
+            build_library(mod, preset, tmp / INFER_LIB)
+            files = [INFER_LIB]
         training = None
         if train is not None:
             _say(progress, f"building training module (loss={train.loss}, optimizer={train.optimizer}, "
@@ -157,57 +204,52 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             timported = import_model(model, batch=train.batch, shapes=input_shapes)
             tmod = build_training_module(timported.mod, num_inputs=len(timported.inputs),
                                          num_params=len(timported.params), settings=train)
-            train_tuning: dict[str, Any] = {"tuned": False, "db_id": None, "trials": 0}
+            train_tuning = TuningInfo()
             if tune:
                 # The backward and optimizer kernels are other workloads (other shapes and ops)
                 # than inference: their own database (keyed by workload), the same trial budget.
                 _say(progress, f"tuning the training module with MetaSchedule ({trials} trials)")
                 tmod, train_tuning = _tune(tmod, preset, trials, db_dir, progress)
-            build_library(tmod, preset, tmp / TRAIN_LIB)
-            files.append(TRAIN_LIB)
+            if c_route:
+                files += _build_c(tmod, preset, tmp, [ADJOINT_FUNC, OPTIMIZER_FUNC], name, C_TRAIN_PREFIX)
+            else:
+                build_library(tmod, preset, tmp / TRAIN_LIB)
+                files.append(TRAIN_LIB)
             out = timported.outputs[0]
-            targets = ({"name": "targets", "shape": [train.batch], "dtype": "int64"} if train.loss == "ce"
-                       else {"name": "targets", "shape": list(out.shape), "dtype": out.dtype})
+            targets = (TensorSpec("targets", (train.batch,), "int64") if train.loss == "ce"
+                       else TensorSpec("targets", tuple(out.shape), out.dtype))
             shapes = [tuple(p.shape) for p in imported.params]
-            training = {
-                **train.to_json(),
-                "param_names": imported.param_names,
-                "param_shapes": [list(s) for s in shapes],
-                "inputs": [s.to_json() for s in timported.inputs],
-                "targets": targets,
-                "optimizer_state": [{"shape": list(s), "dtype": d}
-                                    for s, d in optimizer_state_shapes(train.optimizer, shapes)],
-                "lr_input": True,
-                "tuned": bool(train_tuning["tuned"]),
-                "tuning": train_tuning,
-            }
+            training = TrainingInfo(
+                loss=train.loss, optimizer=train.optimizer, lr=train.lr, batch=train.batch,
+                inputs=tuple(timported.inputs), targets=targets,
+                optimizer_state=tuple(optimizer_state_shapes(train.optimizer, shapes)),
+                tuning=train_tuning)
         arrays = {param_key(i): p for i, p in enumerate(imported.params)}
         np.savez(tmp / PARAMS_FILE, **arrays)  # type: ignore[arg-type]  # (numpy stubs: **kwds vs allow_pickle)
         files.append(PARAMS_FILE)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "name": name,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "onnx_file": onnx_path.name,
-            "onnx_sha256": file_sha256(onnx_path),
-            "tvm_version": tvm.__version__,
-            "target": {"preset": preset.name, "arch": preset.arch, "tvm_target": dict(preset.target),
-                       "cross_compiler": preset.cross_compiler, "description": preset.description},
-            "batch": imported.batch,
-            "inputs": [s.to_json() for s in imported.inputs],
-            "compiled_shapes": {s.name: list(s.shape) for s in imported.inputs},
-            "prepared_steps": list(imported.prepared_steps),
-            "outputs": [s.to_json() for s in imported.outputs],
-            "params": {"file": PARAMS_FILE, "names": imported.param_names,
-                       "shapes": [list(p.shape) for p in imported.params],
-                       "dtypes": [str(p.dtype) for p in imported.params]},
-            "libs": {"infer": INFER_LIB, "train": TRAIN_LIB if train is not None else None},
-            "files": {f: file_sha256(tmp / f) for f in files},
-            "tuning": tuning_info,
-            "training": training,
-            "compile_seconds": round(time.perf_counter() - t0, 3),
-        }
-        write_manifest(tmp, manifest)
+        manifest = Manifest(
+            name=name,
+            created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            onnx_file=onnx_path.name,
+            onnx_sha256=file_sha256(onnx_path),
+            tvm_version=tvm.__version__,
+            target=TargetInfo(preset.name, preset.arch, dict(preset.target), preset.cross_compiler,
+                              preset.description),
+            batch=imported.batch,
+            inputs=tuple(imported.inputs),
+            outputs=tuple(imported.outputs),
+            params=ParamsInfo(PARAMS_FILE, tuple(imported.param_names),
+                              tuple(tuple(p.shape) for p in imported.params),
+                              tuple(str(p.dtype) for p in imported.params)),
+            libs=_libs(c_route, train is not None),
+            files={f: file_sha256(tmp / f) for f in files},
+            tuning=tuning_info,
+            training=training,
+            compile_seconds=round(time.perf_counter() - t0, 3),
+            compiled_shapes={s.name: tuple(s.shape) for s in imported.inputs},
+            prepared_steps=tuple(imported.prepared_steps),
+        )
+        manifest.write(tmp)
         _install(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

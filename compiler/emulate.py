@@ -8,8 +8,11 @@ with ``PYTHONPATH=SYSROOT/wheels:REPO`` (the aarch64 wheels of apache-tvm, apach
 numpy, and this repository for :mod:`compiler.runner` / :mod:`compiler.artifact`). The sysroot
 is ``$FRACTAL_SYSROOT_AARCH64`` or the repository's ``.cache/sysroot-aarch64``.
 
-riscv64: PyPI has no riscv64 TVM wheel, so there is no Python TVM runtime to emulate yet;
-riscv64 artifacts are checked as RISC-V ELF shared objects (:func:`elf_info`) instead.
+Artifacts of the C backend (manifest ``libs.runtime == "c"``, every riscv64 preset) need no
+Python at all: their runner ``fractal-run`` (compiler/cruntime/fractal_run.c) is started on .npy
+files, natively on a matching machine or as ``qemu-riscv64 -L /usr/riscv64-linux-gnu -cpu
+rv64,v=true,vlen=128 fractal-run main IN OUT`` (the cross libc of Debian's cross toolchain is the
+only sysroot needed; ``vlen=128`` with ``v=true`` makes RVV code really execute).
 """
 
 from __future__ import annotations
@@ -25,13 +28,18 @@ from typing import Any, Literal
 import numpy as np
 
 from compiler.errors import EmulationError
+from compiler.manifest import Manifest
 
 __all__ = ["sysroot_dir", "run_emulated", "elf_info", "ElfInfo", "EM_X86_64", "EM_AARCH64", "EM_RISCV",
-           "SYSROOT_ENV"]
+           "SYSROOT_ENV", "run_c_runner", "runner_command", "run_c_artifact"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SYSROOT_ENV = {"aarch64": "FRACTAL_SYSROOT_AARCH64"}
-_QEMU = {"aarch64": "qemu-aarch64"}
+SYSROOT_ENV = {"aarch64": "FRACTAL_SYSROOT_AARCH64", "riscv64": "FRACTAL_SYSROOT_RISCV64"}
+_QEMU = {"aarch64": "qemu-aarch64", "riscv64": "qemu-riscv64"}
+# The sysroot's interpreter (aarch64: bookworm + PyPI wheels; riscv64: trixie, numpy only, for
+# C-backend artifacts loaded with ctypes) and extra qemu flags (RVV on, 128-bit vectors).
+_PYTHON = {"aarch64": "usr/bin/python3.11", "riscv64": "usr/bin/python3.13"}
+_QEMU_CPU: dict[str, tuple[str, ...]] = {"riscv64": ("-cpu", "rv64,v=true,vlen=128")}
 DEFAULT_TIMEOUT = 900.0  # seconds; importing tvm under emulation alone takes ~20 s on 2 cores
 
 # ELF e_machine values (System V ABI)
@@ -50,35 +58,112 @@ def sysroot_dir(arch: str = "aarch64") -> Path:
 
 def _check_ready(arch: str) -> tuple[str, Path]:
     if arch not in _QEMU:
-        raise EmulationError(
-            f"cannot emulate a {arch} artifact: there is no {arch} TVM runtime for Python yet "
-            "(PyPI has no riscv64 wheel of apache-tvm)",
-            hint="riscv64 artifacts are checked as RISC-V ELF only; run them on the board")
+        raise EmulationError(f"cannot emulate a {arch} artifact", hint="run it on the board")
     qemu = shutil.which(_QEMU[arch])
     if qemu is None:
         raise EmulationError(f"{_QEMU[arch]} is not installed",
                              hint="install qemu-user (apt-get install qemu-user, "
                                   "or bash deploy/install-system-deps.sh)")
     root = sysroot_dir(arch)
-    if not (root / ".done").is_file() or not (root / "usr/bin/python3.11").exists():
+    if not (root / ".done").is_file() or not (root / _PYTHON[arch]).exists():
         raise EmulationError(f"no {arch} Python sysroot in {root}",
-                             hint="run `make sysroot` (Debian arm64 packages + aarch64 wheels)")
+                             hint=f"run `bash firmware/sysroot.sh {arch} {root}` "
+                                  "(`make sysroot` for aarch64)")
     return qemu, root
 
 
-def _artifact_arch(artifact_dir: Path) -> str:
-    from compiler.artifact import read_manifest
+# qemu-user settings for C-backend runners: the cross toolchain's libc as sysroot, and a CPU with
+# every extension a preset may use (RVV with 128-bit vectors; a superset runs rv64gc code too).
+_C_QEMU = {"aarch64": ("qemu-aarch64", "/usr/aarch64-linux-gnu", ()),
+           "riscv64": ("qemu-riscv64", "/usr/riscv64-linux-gnu", ("-cpu", "rv64,v=true,vlen=128"))}
 
-    return str(read_manifest(artifact_dir)["target"].get("arch"))
+
+def runner_command(runner: Path, arch: str) -> list[str]:
+    """How to start a C-backend ``runner`` built for ``arch`` here: directly, or under qemu-user."""
+    from compiler.targets import host_arch
+
+    if arch == host_arch():
+        return [str(runner)]
+    if arch not in _C_QEMU:
+        raise EmulationError(f"cannot run a {arch} program on this machine", hint="run it on the board")
+    qemu, libc, cpu = _C_QEMU[arch]
+    if shutil.which(qemu) is None:
+        raise EmulationError(f"{qemu} is not installed",
+                             hint="install qemu-user (bash deploy/install-system-deps.sh)")
+    if not Path(libc, "lib").is_dir():
+        raise EmulationError(f"no {arch} C library in {libc}",
+                             hint=f"install the cross toolchain (apt-get install gcc-{arch}-linux-gnu)")
+    return [qemu, "-L", libc, *cpu, str(runner)]
+
+
+def run_c_runner(runner: Path, arch: str, func: str, arrays: list[np.ndarray], *,
+                 timeout: float = DEFAULT_TIMEOUT) -> list[np.ndarray]:
+    """Run ``func`` of a C-backend runner on its flattened inputs (written as .npy); its outputs."""
+    cmd = runner_command(runner, arch)
+    with tempfile.TemporaryDirectory(prefix="fractal-run-") as tmp:
+        ind, outd = Path(tmp) / "in", Path(tmp) / "out"
+        ind.mkdir()
+        outd.mkdir()
+        for i, a in enumerate(arrays):
+            np.save(ind / f"{i}.npy", np.require(a, requirements="C"))  # (keeps 0-d arrays 0-d)
+        try:
+            proc = subprocess.run([*cmd, func, str(ind), str(outd)], capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise EmulationError(f"the {arch} runner did not finish in {timeout:.0f}s",
+                                 hint="the machine may be overloaded; retry, or run on the board") from None
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+            err = next((ln for ln in reversed(lines) if ln.startswith("error:")), lines[-1] if lines else "")
+            raise EmulationError(f"the {arch} runner failed (exit {proc.returncode}): "
+                                 f"{err.removeprefix('error: ')[:400]}",
+                                 hint="recompile the artifact; check qemu-user and the cross libc")
+        outs = sorted(outd.glob("*.npy"), key=lambda p: int(p.stem))
+        return [np.load(p) for p in outs]
+
+
+def run_c_artifact(artifact_dir: Path, manifest: Manifest, inputs: dict[str, np.ndarray], *,
+                   timeout: float = DEFAULT_TIMEOUT) -> dict[str, np.ndarray]:
+    """Inference of a C-backend artifact through its runner, in chunks of the compiled batch."""
+    from compiler.artifact import load_params
+
+    arch = manifest.arch
+    if manifest.libs.runner is None:
+        raise EmulationError(f"artifact {manifest.name!r} has no runner", hint="recompile the artifact")
+    runner = artifact_dir / manifest.libs.runner
+    _, params = load_params(artifact_dir, manifest)
+    specs = list(manifest.inputs)
+    names = [d.name for d in manifest.outputs]
+    batch = manifest.batch
+    n = next(iter(inputs.values())).shape[0] if inputs else batch
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
+    for start in range(0, n, batch):
+        chunk = [np.asarray(inputs[s.name][start:start + batch], dtype=s.dtype) for s in specs]
+        if chunk and chunk[0].shape[0] != batch:
+            raise EmulationError(f"{n} samples is not a multiple of the compiled batch {batch}",
+                                 hint=f"pass a multiple of {batch} samples")
+        outs = run_c_runner(runner, arch, "main", [*chunk, *params], timeout=timeout)
+        for k, v in zip(names, outs, strict=True):
+            parts[k].append(v)
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _artifact_arch(artifact_dir: Path) -> str:
+    return Manifest.read(artifact_dir).arch
 
 
 def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
-                 timeout: float = DEFAULT_TIMEOUT) -> dict[str, np.ndarray]:
+                 timeout: float = DEFAULT_TIMEOUT, python: bool = False) -> dict[str, np.ndarray]:
     """Run ``artifact_dir``'s inference on ``inputs`` under qemu-user; returns its outputs.
 
-    Raises EmulationError when qemu or the sysroot is missing, for an arch without a runtime
-    (riscv64), and when the emulated run fails (its error line is relayed) or times out."""
+    C-backend artifacts run through their native runner; with ``python=True`` through
+    ``python -m compiler.runner`` in the arch's Python sysroot instead (the board-side Python path:
+    ``load_artifact`` + ctypes). Raises EmulationError when qemu or the sysroot is missing, and when
+    the emulated run fails (its error line is relayed) or times out."""
     artifact_dir = Path(artifact_dir).resolve()
+    manifest = Manifest.read(artifact_dir)
+    if manifest.libs.runtime == "c" and not python:
+        return run_c_artifact(artifact_dir, manifest, inputs, timeout=timeout)
     arch = _artifact_arch(artifact_dir)
     qemu, root = _check_ready(arch)
     env = {
@@ -95,8 +180,8 @@ def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
         inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         arrays: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
         np.savez(inp, **arrays)
-        cmd = [qemu, "-L", str(root), str(root / "usr/bin/python3.11"), "-m", "compiler.runner",
-               str(artifact_dir), str(inp), str(out)]
+        cmd = [qemu, "-L", str(root), *_QEMU_CPU.get(arch, ()), str(root / _PYTHON[arch]),
+               "-m", "compiler.runner", str(artifact_dir), str(inp), str(out)]
         try:
             proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

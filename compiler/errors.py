@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from fractal import FractalError
+
 __all__ = [
     "CompilerError",
     "ModelError",
@@ -20,12 +22,8 @@ __all__ = [
 ]
 
 
-class CompilerError(Exception):
+class CompilerError(FractalError):
     """Base of every error the compiler raises on purpose."""
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 class ModelError(CompilerError):

@@ -13,7 +13,6 @@ frontend needs those as compile-time constants, and they are not something a swa
 from __future__ import annotations
 
 import copy
-import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from compiler.artifact import TensorSpec
 from compiler.errors import ModelError
+from compiler.manifest import TensorSpec
 
-__all__ = ["ImportedModel", "TensorSpec", "load_onnx", "import_model", "sha256_file", "supported_ops"]
+__all__ = ["ImportedModel", "TensorSpec", "load_onnx", "import_model", "supported_ops"]
 
 # (op_type -> input positions that are trainable weights). None = every input position.
 _TRAINABLE_POSITIONS: dict[str, tuple[int, ...] | None] = {
@@ -55,15 +54,6 @@ class ImportedModel:
     params: list[np.ndarray]
     batch: int
     prepared_steps: list[str] = field(default_factory=list)  # prepare steps that changed the graph
-
-
-def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def supported_ops() -> set[str]:

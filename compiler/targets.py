@@ -51,6 +51,9 @@ class TargetPreset:
     cross_compiler: str | None  # None: the build machine's own g++ (x86_64 presets here)
     qemu: str | None = None
     link_options: tuple[str, ...] = field(default_factory=tuple)
+    # "vm": a TVM library run by the Relax VM (needs the TVM runtime on the board);
+    # "c": the C backend (compiler/cbackend.py), a native library + runner needing no TVM runtime.
+    runtime: str = "vm"
 
     def tvm_target(self) -> Any:
         """The ``tvm.target.Target`` of this preset (imports tvm lazily)."""
@@ -76,6 +79,8 @@ def _riscv(name: str, march: str, extra_mattr: list[str], description: str) -> T
         cross_compiler="riscv64-linux-gnu-g++",
         qemu="qemu-riscv64",
         link_options=(f"-march={march}", "-mabi=lp64d"),
+        # PyPI has no riscv64 TVM wheel: riscv64 boards run ahead-of-time C, no TVM runtime.
+        runtime="c",
     )
 
 
@@ -109,6 +114,14 @@ def _build_presets() -> dict[str, TargetPreset]:
                      {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76",
                       "mattr": ["+neon", "+dotprod"], "num-cores": 4},
                      "aarch64-linux-gnu-g++", "qemu-aarch64"),
+        # The C backend on the other arches: same kernels, no TVM runtime on the board.
+        TargetPreset("x86_64-c", "x86_64", "generic x86-64, ahead-of-time C (no TVM runtime needed)",
+                     {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64", "num-cores": host},
+                     None, runtime="c"),
+        TargetPreset("aarch64-c", "aarch64", "generic 64-bit ARM with NEON, ahead-of-time C",
+                     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic",
+                      "mattr": ["+neon"], "num-cores": 4},
+                     "aarch64-linux-gnu-g++", "qemu-aarch64", runtime="c"),
         _riscv("riscv64", "rv64gc", [], "64-bit RISC-V rv64gc (lp64d)"),
         _riscv("riscv64-rvv", "rv64gcv", ["+v"], "64-bit RISC-V rv64gcv with the vector extension"),
     ]

@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import logging
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -108,8 +107,9 @@ def _target_key(target: Any) -> str:
 
 
 def _host_arch() -> str:
-    m = platform.machine().lower()
-    return _ARCH_ALIASES.get(m, m)
+    from compiler.targets import host_arch
+
+    return host_arch()
 
 
 def _cpu_flags() -> set[str]:
@@ -257,7 +257,7 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
     from tvm.s_tir import meta_schedule as ms
 
     if trials < 1:
-        raise CompilerError(f"trials must be >= 1, got {trials}", hint="pass --trials 8 or more")
+        raise CompilerError(f"--trials must be >= 1, got {trials}", hint="e.g. --trials 64")
     target = _as_target(target)
     ok, why = can_measure(target)
     if not ok:

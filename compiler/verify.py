@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from compiler.artifact import TensorSpec, file_sha256, load_artifact, read_manifest
+from compiler.artifact import load_artifact
 from compiler.errors import ArtifactError, EmulationError, InputError
+from compiler.manifest import Manifest, TensorSpec, file_sha256
 
 __all__ = ["VerifyResult", "verify_artifact", "random_inputs", "onnxruntime_reference", "DEFAULT_TOL"]
 
@@ -79,14 +80,14 @@ def verify_artifact(artifact_dir: str | Path, onnx_path: str | Path, *, emulate:
     from compiler.importer import load_onnx
 
     artifact_dir = Path(artifact_dir)
-    manifest = read_manifest(artifact_dir)
+    manifest = Manifest.read(artifact_dir)
     load_onnx(onnx_path)  # a clear ModelError for a bad file before anything runs
-    if file_sha256(onnx_path) != manifest.get("onnx_sha256"):
-        raise ArtifactError(f"{Path(onnx_path).name} is not the model {manifest['name']!r} was compiled "
+    if file_sha256(onnx_path) != manifest.onnx_sha256:
+        raise ArtifactError(f"{Path(onnx_path).name} is not the model {manifest.name!r} was compiled "
                             "from (onnx sha256 differs)",
                             hint="pass the same ONNX file given to `fractal compile`")
-    specs = [TensorSpec.from_json(d) for d in manifest["inputs"]]
-    b = int(manifest.get("batch", 1))
+    specs = list(manifest.inputs)
+    b = manifest.batch
     n = b * max(1, batches)
     inputs = random_inputs(specs, n, seed)
     if emulate:

@@ -27,7 +27,7 @@ __all__ = ["arm_python", "arm_site"]
 
 REPO = Path(__file__).resolve().parents[1]
 # Compiled packages the node imports that the sysroot lacks (pure-Python ones come from the venv).
-_NATIVE = ("pydantic_core",)
+_NATIVE = ("pydantic_core", "cryptography", "cffi")  # cryptography: signed swarms (edgenode/security.py)
 _BLOCKED = ("torch",)  # x86-only packages in the venv that aarch64 code would try to import
 _PLATFORMS = ("manylinux_2_17_aarch64", "manylinux2014_aarch64", "manylinux_2_28_aarch64")
 

@@ -173,7 +173,7 @@ def _free_port() -> int:
 
 
 def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, data_dir: Path, broker: str,
-                       swarm: str, token: str) -> None:
+                       swarm: str, token: str, keys: Path) -> None:
     # Written by hand: the demo's NODE.toml doubles as a readable example of the format.
     path.write_text(
         f'node_id = "{node_id}"\n'
@@ -183,6 +183,9 @@ def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, d
         f'broker = "{broker}"\n'
         f'swarm = "{swarm}"\n'
         f'auth_token = "{token}"\n'
+        "# signed swarm (python -m deploy.keys): only the fleet's key starts rounds\n"
+        f'key_file = "{keys / "keys" / f"{node_id}.key"}"\n'
+        f'keyring_file = "{keys / "keyring.json"}"\n'
         "\n[training]\n"
         'sync = "gradient"\n'
         "step_timeout_s = 30.0\n"
@@ -211,6 +214,10 @@ class Swarm:
     feeders: list[Feeder] = field(default_factory=list)
     _stopping: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def keys(self) -> Path:
+        return self.workdir / "keys"
+
     def start_broker(self) -> None:
         if self.opts.broker:
             self.broker_url = self.opts.broker
@@ -225,6 +232,11 @@ class Swarm:
     def start_nodes(self, artifacts: dict[str, Path], arm: tuple[list[str], dict[str, str]] | None) -> None:
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        # The demo swarm is a signed one (federation/PROTOCOL.md section 9): keys for every node
+        # and the fleet, made fresh in the work dir.
+        from deploy.keys import provision
+
+        provision(self.keys, self.opts.swarm, [f"node-{i + 1}" for i in range(self.opts.nodes)])
         for i in range(self.opts.nodes):
             node_id = f"node-{i + 1}"
             is_arm = arm is not None and i == self.opts.nodes - 1
@@ -233,7 +245,7 @@ class Swarm:
             cfg = self.workdir / f"{node_id}.toml"
             _write_node_config(cfg, node_id=node_id, artifact=artifacts[arch], port=port,
                                data_dir=self.workdir / "data" / node_id, broker=self.broker_url,
-                               swarm=self.opts.swarm, token=self.token)
+                               swarm=self.opts.swarm, token=self.token, keys=self.keys)
             if arm is not None and is_arm:
                 prefix, env = arm
                 argv = [*prefix, "node", "--config", str(cfg)]
@@ -309,10 +321,10 @@ def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: unwind and 
 
 def run_swarm(opts: SwarmOptions) -> None:
     """Run the demo until Ctrl-C/SIGTERM; everything started is stopped before returning."""
-    from api.cli.fleet import _check_port_free, serve_fleet
+    from api.fleet.serve import check_port_free, serve_fleet
     from api.fleet.settings import FleetSettings
 
-    _check_port_free(opts.host, opts.port)  # fail before minutes of work
+    check_port_free(opts.host, opts.port)  # fail before minutes of work
     token = opts.token or os.environ.get("FRACTAL_FLEET_TOKEN") or secrets.token_urlsafe(12)
     owns = opts.workdir is None
     if opts.workdir is not None:
@@ -338,15 +350,23 @@ def run_swarm(opts: SwarmOptions) -> None:
         swarm.start_feeders()
         swarm.watch_nodes()
         settings = FleetSettings(broker=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
-                                 token=token)
+                                 token=token, key_file=str(swarm.keys / "keys" / "fleet.key"),
+                                 keyring_file=str(swarm.keys / "keyring.json"))
+        if not settings.db:  # the demo keeps its history with its nodes (FRACTAL_FLEET_DB overrides)
+            settings = settings.model_copy(update={"db": str(workdir / "fleet.sqlite")})
 
         def banner() -> None:
             url = f"http://{opts.host}:{opts.port}/"
+            kept = "" if opts.workdir is not None else " (temp dir, removed at exit; keep one: --workdir)"
+            first = swarm.nodes[0]
             print(f"\nfractal swarm is up: {len(swarm.nodes)} nodes, broker {swarm.broker_url}\n"
                   f"  dashboard: {url}?token={token}\n"
-                  f"  token:     {token}\n"
+                  f"  token:     {token}  (the fleet's and every node's)\n"
                   f"  nodes:     " + ", ".join(f"{n.node_id} {n.url}" for n in swarm.nodes) + "\n"
-                  f"  logs:      {workdir / 'logs'}\n"
+                  f"  try:       curl -s -H 'Authorization: Bearer {token}' {first.url}/v1/node\n"
+                  f"  files:     {workdir}{kept}: node-N.toml (node configs), data/node-N/ (samples and\n"
+                  f"             parameter versions), logs/node-N.log (node logs)\n"
+                  f"  fleet db:  {settings.db_path()} (round history and operator actions)\n"
                   "Press Ctrl-C to stop everything.", flush=True)
 
         serve_fleet(settings, ready=banner)

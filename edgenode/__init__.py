@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "EdgeNode":  # lazy: edgenode.node imports numpy-heavy and MQTT modules
         from edgenode.node import EdgeNode
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fractal import FractalError
+
 __all__ = [
     "NodeError",
     "ConfigError",
@@ -27,16 +29,13 @@ __all__ = [
     "RoundFailed",
     "get_logger",
     "params_sha256",
+    "fsync_dir",
     "atomic_write_bytes",
 ]
 
 
-class NodeError(Exception):
+class NodeError(FractalError):
     """Base of every error the edge node raises on purpose (a user can act on it)."""
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 class ConfigError(NodeError):
@@ -90,7 +89,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory (a rename is only durable once its directory entry is on disk)."""
+    dir_fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

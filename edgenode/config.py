@@ -70,6 +70,12 @@ class TrainingConfig(_Section):
     # is background work: at equal priority it doubled-to-octupled the inference p99 (BENCHMARKS
     # "## serve"). 0 = same priority as inference; an unprivileged process cannot go below 0.
     nice: int = Field(default=10, ge=0, le=19)
+    # Share of the samples held back for validation (chosen by a hash of each sample's content, so
+    # a sample is always on the same side); evaluated before and after every committed round.
+    validation_share: float = Field(default=0.2, ge=0, lt=1)
+    # Committed parameter versions kept in data_dir/versions (plus the shipped version 0), so the
+    # swarm can roll back together.
+    keep_versions: int = Field(default=5, ge=1, le=1000)
 
 
 class StoreConfig(_Section):
@@ -95,6 +101,11 @@ class NodeConfig(_Section):
     api_url: str = ""  # advertised in NodeStatus; default http://{host}:{port}
     heartbeat_s: float = Field(default=5.0, gt=0)
     keepalive_s: int = Field(default=10, ge=1)
+    # Signed swarm (python -m deploy.keys): this node's key file and the swarm keyring. With both,
+    # everything it publishes is signed and it acts only on messages signed by their sender
+    # (commands: the fleet's key). Relative paths are relative to the config file.
+    key_file: Path | None = None
+    keyring_file: Path | None = None
     training: TrainingConfig = TrainingConfig()
     store: StoreConfig = StoreConfig()
 
@@ -128,10 +139,16 @@ class NodeConfig(_Section):
         except ValidationError as exc:
             raise _config_error(exc, source) from None
         if base is not None:
+            def rel(p: Path | None) -> Path | None:
+                return base / p if p is not None and not p.is_absolute() else p
+
             cfg = cfg.model_copy(update={
-                "artifact": (base / cfg.artifact) if not cfg.artifact.is_absolute() else cfg.artifact,
-                "data_dir": (base / cfg.data_dir) if not cfg.data_dir.is_absolute() else cfg.data_dir,
+                "artifact": rel(cfg.artifact), "data_dir": rel(cfg.data_dir),
+                "key_file": rel(cfg.key_file), "keyring_file": rel(cfg.keyring_file),
             })
+        if (cfg.key_file is None) != (cfg.keyring_file is None):
+            raise ConfigError(f"{source}: key_file and keyring_file go together",
+                              hint="make both with python -m deploy.keys")
         if not cfg.artifact.is_dir():
             raise ConfigError(f"{source}: artifact: {cfg.artifact} is not a directory",
                               hint="point `artifact` at a folder written by `fractal compile`")

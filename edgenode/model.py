@@ -12,13 +12,17 @@ from __future__ import annotations
 import io
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, get_logger, params_sha256
+from compiler.errors import InputError
+from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, fsync_dir, get_logger, params_sha256
+from edgenode.ports import Engine
+from edgenode.versions import ParamVersions
 
 __all__ = ["ParamsSnapshot", "ModelHolder", "flatten", "unflatten"]
 
@@ -68,19 +72,35 @@ def unflatten(vec: np.ndarray, like: list[np.ndarray] | tuple[np.ndarray, ...]) 
 class ModelHolder:
     """Holds ``artifact`` and its current parameters; see the module docstring for the contract."""
 
-    def __init__(self, artifact: Any, data_dir: str | Path) -> None:
+    def __init__(self, artifact: Engine, data_dir: str | Path, *, keep_versions: int = 5) -> None:
         self.artifact = artifact
         self.path = Path(data_dir) / "params.npz"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._swapping = False
         self._shapes = [tuple(np.shape(p)) for p in artifact.params]
+        # Staged parameters of a round whose decision this node never applied (it died between
+        # prepare and commit): discard them; the next round's start-version rule resyncs us.
+        if self.prepared_path.exists():
+            log.warning("discarding %s left by an interrupted commit", self.prepared_path)
+            self.prepared_path.unlink()
+        # Earlier versions for a swarm-wide rollback (version 0 is the artifact's own parameters).
+        self.versions = ParamVersions(Path(data_dir) / "versions", keep=keep_versions,
+                                      shipped=lambda: artifact.params)
         self._snap = self._prepare(self._restore() or ParamsSnapshot.make(list(artifact.params), 0))
+        if not self.versions.has(self._snap.version):  # data from before versions were kept
+            self.versions.save(self._snap.version, self._snap.params)
 
     # -- reading -------------------------------------------------------------------------------
     @property
     def snapshot(self) -> ParamsSnapshot:
         """The current committed parameters (one atomic reference read)."""
         return self._snap
+
+    @property
+    def swapping(self) -> bool:
+        """True while a new parameter set is being prepared, persisted and published."""
+        return self._swapping
 
     @property
     def version(self) -> int:
@@ -90,18 +110,14 @@ class ModelHolder:
     def sha256(self) -> str:
         return self._snap.sha256
 
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the artifact on one consistent parameter snapshot."""
         snap = self._snap  # read once: a concurrent commit replaces the reference, not our tuple
         try:
             return self.artifact.infer(inputs, params=snap.prepared if snap.prepared is not None
                                        else list(snap.params))
-        except NodeError:
-            raise
-        except Exception as exc:  # the compiler's InputError: same meaning at the node boundary
-            if type(exc).__name__ == "InputError":
-                raise InvalidInput(str(exc), hint=getattr(exc, "hint", None)) from exc
-            raise
+        except InputError as exc:  # the compiler validates inputs; the node's error says the same
+            raise InvalidInput(str(exc), hint=exc.hint) from exc
 
     # -- writing -------------------------------------------------------------------------------
     def commit(self, params: list[np.ndarray], version: int) -> ParamsSnapshot:
@@ -113,33 +129,88 @@ class ModelHolder:
         shapes = [tuple(np.shape(p)) for p in params]
         if shapes != self._shapes:
             raise NodeError(f"parameter shapes {shapes} do not match the artifact's {self._shapes}")
-        snap = self._prepare(ParamsSnapshot.make(params, version))
         with self._lock:
-            self._persist(snap)
-            self._snap = snap
+            self._swapping = True  # readiness: the node says "not ready" while parameters change
+            try:
+                snap = self._prepare(ParamsSnapshot.make(params, version))
+                self._persist(snap)
+                self._snap = snap
+            finally:
+                self._swapping = False
+            self.versions.save(snap.version, snap.params)
         log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
         return snap
 
+    # -- two-phase commit (edgenode/training.py) ----------------------------------------------------
+    @property
+    def prepared_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".prepared")
+
+    def prepare(self, params: list[np.ndarray], version: int) -> ParamsSnapshot:
+        """Phase 1: check ``params`` and write them durably beside the current file (fsynced), without
+        making them current. Raises NodeError (bad shapes, non-finite) or OSError (the disk)."""
+        shapes = [tuple(np.shape(p)) for p in params]
+        if shapes != self._shapes:
+            raise NodeError(f"parameter shapes {shapes} do not match the artifact's {self._shapes}")
+        snap = ParamsSnapshot.make(params, version)
+        if not all(np.isfinite(p).all() for p in snap.params):
+            raise NodeError("refusing to stage non-finite parameters")
+        self._write(snap, self.prepared_path)
+        return snap
+
+    def commit_prepared(self, snap: ParamsSnapshot) -> ParamsSnapshot:
+        """Phase 2: make the staged parameters current (atomic rename, then the in-memory swap)."""
+        import os
+
+        with self._lock:
+            self._swapping = True  # readiness: "not ready" while parameters change
+            try:
+                snap = self._prepare(snap)
+                os.replace(self.prepared_path, self.path)
+                fsync_dir(self.path.parent)
+                self._snap = snap
+            finally:
+                self._swapping = False
+            self.versions.save(snap.version, snap.params)  # a rollback target from now on
+        log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
+        return snap
+
+    def discard(self, _: ParamsSnapshot | None = None) -> None:
+        """Drop staged parameters (the round was not committed)."""
+        self.prepared_path.unlink(missing_ok=True)
+
+    def rollback(self, version: int) -> ParamsSnapshot:
+        """Make the kept ``version`` current again and forget the later ones (the next round
+        commits ``version + 1``); NodeError when it is not kept or is above the current one."""
+        if version > self.version:
+            raise NodeError(f"cannot roll forward from version {self.version} to {version}")
+        params = self.versions.load(version)
+        snap = self.commit(params, version)
+        self.versions.drop_after(version)
+        log.info("rolled back to params version %d", version)
+        return snap
+
     def _prepare(self, snap: ParamsSnapshot) -> ParamsSnapshot:
-        prep = getattr(self.artifact, "prepare_params", None)
-        if prep is None:
-            return snap
-        return ParamsSnapshot(snap.params, snap.version, snap.sha256, prep(list(snap.params)))
+        return ParamsSnapshot(snap.params, snap.version, snap.sha256,
+                              self.artifact.prepare_params(list(snap.params)))
 
     def reset(self) -> ParamsSnapshot:
         """Back to the artifact's shipped parameters (version 0), persisted."""
         return self.commit(list(self.artifact.params), 0)
 
     def _persist(self, snap: ParamsSnapshot) -> None:
-        meta = {"format": _PARAMS_FORMAT, "model": str(getattr(self.artifact, "name", "")),
+        self._write(snap, self.path)
+
+    def _write(self, snap: ParamsSnapshot, path: Path) -> None:
+        meta = {"format": _PARAMS_FORMAT, "model": self.artifact.name,
                 "version": snap.version, "sha256": snap.sha256,
-                "names": list(getattr(self.artifact, "param_names", [])),
+                "names": list(self.artifact.param_names),
                 "shapes": [list(s) for s in self._shapes]}
         buf = io.BytesIO()
         arrays: dict[str, Any] = {f"p{i}": p for i, p in enumerate(snap.params)}
         arrays["__meta__"] = np.array(json.dumps(meta))
         np.savez(buf, **arrays)
-        atomic_write_bytes(self.path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue())
 
     def _restore(self) -> ParamsSnapshot | None:
         if not self.path.exists():
@@ -153,7 +224,7 @@ class ModelHolder:
                         self.path, exc)
             return None
         if meta.get("format") != _PARAMS_FORMAT or [tuple(s) for s in meta["shapes"]] != self._shapes \
-                or meta.get("names") != list(getattr(self.artifact, "param_names", meta.get("names"))):
+                or meta.get("names") != list(self.artifact.param_names):
             log.warning("%s belongs to another model layout; starting from the artifact's parameters",
                         self.path)
             return None

@@ -5,11 +5,13 @@ It composes the artifact (``compiler.load_artifact``), the current parameters
 and, with a broker, the swarm side: an ``MqttLink`` whose Last Will is an offline NodeStatus, a
 retained status re-published on every change and every ``heartbeat_s``, the command topic, and
 a ``RingAllreduce`` over the link's transport. Training rounds run on one worker thread, one at
-a time; inference keeps running on the caller's threads from the last committed parameters.
+a time (:class:`~edgenode.rounds.RoundControl`, mixed in); inference keeps running on the
+caller's threads from the last committed parameters. Collaborators are typed by the Protocols
+of :mod:`edgenode.ports`.
 
 Surface used by the HTTP layer (``api.node_app``): ``config``, ``model_name``, ``model_version``,
 ``inputs``, ``outputs``, ``infer()``, ``add_samples()``, ``info()``, ``metrics``, ``registry``,
-``start()``, ``stop()``.
+``readiness()``, ``start()``, ``stop()``.
 """
 
 from __future__ import annotations
@@ -19,38 +21,39 @@ import os
 import platform
 import threading
 import time
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from prometheus_client import CollectorRegistry
 
-from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, get_logger
+from edgenode.common import ConfigError, get_logger
 from edgenode.config import NodeConfig
+from edgenode.devicefacts import DeviceFacts
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
+from edgenode.ports import Collective, Engine, Link, Publication, Spec, Trainer
+from edgenode.rounds import RoundControl
 from edgenode.store import SampleSpec, SampleStore
-from edgenode.training import RoundPlan, RoundResult, run_round
+from edgenode.training import RoundResult
 from federation import topics
 from federation.messages import (
-    EventKind,
+    ArtifactInfo,
     NodeState,
     NodeStatus,
-    RoundAbort,
-    RoundCommand,
     RoundEvent,
-    parse_command,
+    Validation,
 )
+from federation.transport import Transport
 
 __all__ = ["EdgeNode"]
 
 log = get_logger("agent")
 _STATUS_MIN_S = 1.0  # extra status publishes (sample count changes) are rate-limited to this
-_STEP_EVENT_MIN_S = 0.25  # STEP events are throttled: a 1000-step round must not flood the broker
 
 
-class EdgeNode:
+class EdgeNode(RoundControl):
     """One edge node. Build it, ``start()`` it, serve it with ``api.node_app``, ``stop()`` it.
 
     ``artifact`` (an already loaded Artifact) and ``transport`` (e.g. ``MemoryHub().transport(id)``
@@ -58,28 +61,34 @@ class EdgeNode:
     ``config.artifact`` and, when ``config.broker`` is set, the transport is the MQTT link's.
     """
 
-    def __init__(self, config: NodeConfig, *, artifact: Any = None, transport: Any = None) -> None:
+    def __init__(self, config: NodeConfig, *, artifact: Engine | None = None,
+                 transport: Transport | None = None) -> None:
         self.config = config
         if artifact is None:
             from compiler import load_artifact  # lazy: keeps `import edgenode` light
 
             artifact = load_artifact(config.artifact)
-        self.artifact = artifact
-        self.trainer = getattr(artifact, "trainer", None)
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.artifact: Engine = artifact
+        self.trainer: Trainer | None = artifact.trainer
+        _check_writable(config.data_dir)
         tb = config.training.batch
         if tb is not None and self.trainer is not None and int(self.trainer.batch) != tb:
             raise ConfigError(f"[training] batch = {tb} but the artifact's training module was compiled for "
                               f"batch {self.trainer.batch}",
                               hint=f"set batch = {self.trainer.batch} or recompile with --batch {tb}")
-        self.model = ModelHolder(artifact, config.data_dir)
+        self.model = ModelHolder(artifact, config.data_dir, keep_versions=config.training.keep_versions)
         self.store = SampleStore(config.data_dir / "samples.db", self._sample_spec(),
                                  max_samples=config.store.max_samples, retention=config.store.retention,
                                  num_classes=self._num_classes())
         self.metrics = NodeMetrics(lambda: self.store.count, lambda: self.model.version)
+        self.auth: Any = None  # edgenode.security.NodeAuth in a signed swarm
+        if config.key_file is not None and config.keyring_file is not None:
+            from edgenode.security import NodeAuth  # lazy: `cryptography` only for signed swarms
+
+            self.auth = NodeAuth(config.key_file, config.keyring_file, config.node_id, self.metrics.registry)
         self._transport = transport
-        self._ring: Any = None
-        self._link: Any = None
+        self._ring: Collective | None = None
+        self._link: Link | None = None
         self._lock = threading.Lock()  # guards state / round bookkeeping below
         self._state = NodeState.ONLINE
         self._round_id: str | None = None
@@ -93,6 +102,8 @@ class EdgeNode:
         self._last_status = 0.0
         self.last_result: RoundResult | None = None
         self.last_error: str | None = None
+        self.facts = DeviceFacts(config.data_dir)
+        self.validation: Validation | None = None  # after the last committed round or rollback
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -114,16 +125,28 @@ class EdgeNode:
         return self.model.sha256
 
     @property
-    def inputs(self) -> list[Any]:
+    def inputs(self) -> list[Spec]:
         """The artifact's input TensorSpecs (shape includes the compiled batch dim)."""
         return list(self.artifact.inputs)
 
     @property
-    def outputs(self) -> list[Any]:
+    def outputs(self) -> list[Spec]:
         return list(self.artifact.outputs)
 
+    def readiness(self) -> str | None:
+        """Why the node cannot serve right now, or None when it can (``/v2/health/ready``).
+
+        Not ready: before :meth:`start` or after :meth:`stop`, while a new parameter set is being
+        swapped in, or while the sample store is unavailable (closed, or its writes fail).
+        """
+        if not self._started:
+            return "the node is not started"
+        if self.model.swapping:
+            return "parameters are being swapped"
+        return self.store.problem()
+
     @property
-    def registry(self):
+    def registry(self) -> CollectorRegistry:
         """Prometheus ``CollectorRegistry`` with the node's counters (inferences, samples, rounds, loss)."""
         return self.metrics.registry
 
@@ -143,17 +166,7 @@ class EdgeNode:
     def board(self) -> str:
         if self.config.board:
             return self.config.board
-        m = getattr(self.artifact, "manifest", None)
-        target = m.get("target") if isinstance(m, dict) else None
-        if isinstance(target, dict) and isinstance(target.get("preset"), str):
-            return target["preset"]
-        for key in ("target_preset", "preset", "board"):
-            v = m.get(key) if isinstance(m, dict) else getattr(m, key, None)
-            if isinstance(v, str) and v:
-                return v
-            if isinstance(v, dict) and isinstance(v.get("name"), str):
-                return v["name"]
-        return ""
+        return self.artifact.manifest.preset
 
     def info(self) -> dict[str, Any]:
         """node_id, arch, board, model, model_version, params_sha256, round_id, samples, state, ..."""
@@ -166,52 +179,26 @@ class EdgeNode:
 
     def _sample_spec(self) -> SampleSpec:
         ins = tuple((s.name, tuple(int(d) for d in s.shape[1:]), str(np.dtype(s.dtype))) for s in self.inputs)
-        if self.trainer is not None and getattr(self.trainer, "loss", "ce") == "mse":
+        if self.trainer is not None and self.trainer.loss == "mse":
             out = self.outputs[0]
             return SampleSpec(ins, tuple(int(d) for d in out.shape[1:]), "float32")
         return SampleSpec(ins, (), "int64")
 
     def _num_classes(self) -> int | None:
-        if self.trainer is not None and getattr(self.trainer, "loss", "ce") == "mse":
+        if self.trainer is not None and self.trainer.loss == "mse":
             return None
         return int(self.outputs[0].shape[-1]) if self.outputs and self.outputs[0].shape else None
 
     # -- data plane --------------------------------------------------------------------------------
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the model on a batch (any leading N >= 1) with one consistent parameter snapshot.
 
-        Raises :class:`InvalidInput` naming the problem (missing/unknown input, shape, dtype).
+        Raises :class:`InvalidInput` naming the problem (missing/unknown input, shape, dtype):
+        the artifact validates (``compiler.artifact.check_inputs``, the one validator).
         """
-        arrays = self._check_inputs(inputs)
         t0 = time.perf_counter()
-        out = self.model.infer(arrays)
+        out = self.model.infer(inputs)
         self.metrics.inference(time.perf_counter() - t0)
-        return out
-
-    def _check_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = [s.name for s in self.inputs]
-        for n in names:
-            if n not in inputs:
-                raise InvalidInput(f"missing input {n!r}", hint=f"the model's inputs are {names}")
-        for n in inputs:
-            if n not in names:
-                raise InvalidInput(f"unknown input {n!r}", hint=f"the model's inputs are {names}")
-        out = {}
-        for s in self.inputs:
-            a = np.asarray(inputs[s.name])
-            want = [int(d) for d in s.shape[1:]]
-            if a.ndim != len(s.shape) or list(a.shape[1:]) != want or a.shape[0] < 1:
-                expected = ", ".join(["N", *map(str, want)])
-                raise InvalidInput(f"input {s.name!r}: shape {list(a.shape)}, expected [{expected}]",
-                                   hint="N >= 1 samples, each shaped like the model input without batch dim")
-            dt = np.dtype(s.dtype)
-            if a.dtype != dt:
-                ok = (dt.kind == "f" and a.dtype.kind in "fiub") or \
-                    (dt.kind in "iu" and a.dtype.kind in "iub")
-                if not ok:
-                    raise InvalidInput(f"input {s.name!r}: dtype {a.dtype}, expected {dt}", hint=f"send {dt}")
-                a = a.astype(dt)
-            out[s.name] = np.ascontiguousarray(a)
         return out
 
     def add_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray) -> int:
@@ -241,14 +228,17 @@ class EdgeNode:
 
             # The will is fixed at CONNECT: after later rounds it carries an older model_version.
             # Consumers must treat an offline status as "gone", not as the node's current version.
-            will = (topics.status(self.config.swarm, self.node_id),
-                    self._status(NodeState.OFFLINE).model_dump_json())
-            self._link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
-                                  will=will, keepalive=self.config.keepalive_s)
+            will_topic = topics.status(self.config.swarm, self.node_id)
+            will_payload: bytes | str = self._status(NodeState.OFFLINE).model_dump_json()
+            if self.auth is not None:
+                will_payload = self.auth.sign_will(will_topic, will_payload)
+            link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
+                            will=(will_topic, will_payload), keepalive=self.config.keepalive_s)
+            self._link = link if self.auth is None else self.auth.wrap(link)
             if self._transport is None:
                 self._transport = self._link.transport(self.node_id)
             # a restarted broker without persistence forgot our retained status: say it again
-            self._link.on_connect(lambda reconnected: reconnected and self.publish_status())
+            self._link.on_connect(self._on_connect)
             self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
         if self._transport is not None:
             from federation.ring import RingAllreduce
@@ -284,9 +274,8 @@ class EdgeNode:
         if self._link is not None:
             self._link.close()
             self._link = None
-        close = getattr(self._ring, "close", None)
-        if callable(close):
-            close()
+        if self._ring is not None:
+            self._ring.close()
         self.store.close()
         log.info("node %s stopped", self.node_id)
 
@@ -300,17 +289,24 @@ class EdgeNode:
     # -- status --------------------------------------------------------------------------------
     def _status(self, state: NodeState | None = None) -> NodeStatus:
         snap = self.model.snapshot
+        count = self.store.count
+        val = self.store.count_part("val", self.config.training.validation_share)
+        m = self.artifact.manifest
         return NodeStatus(node_id=self.node_id, state=state or self._state, arch=self.arch, board=self.board,
                           model=self.model_name, model_version=snap.version, params_sha256=snap.sha256,
-                          samples=self.store.count,
+                          samples=count,
                           round_id=self._round_id, api_url=self.config.advertised_url,
+                          artifact=ArtifactInfo(model=self.model_name, target=m.preset, tuned=m.tuning.tuned,
+                                                tvm_version=m.tvm_version),
+                          health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,
+                          validation=self.validation, versions=self.model.versions.available(),
                           heartbeat_s=self.config.heartbeat_s, keepalive_s=float(self.config.keepalive_s))
 
     def status(self) -> NodeStatus:
         """The NodeStatus this node publishes (retained) right now."""
         return self._status()
 
-    def publish_status(self) -> Any:
+    def publish_status(self) -> Publication | None:
         """Publish the retained status now (also done on every state change and heartbeat)."""
         link = self._link
         if link is None:
@@ -323,178 +319,27 @@ class EdgeNode:
             log.warning("status publish failed: %s", exc)
             return None
 
+    def _on_connect(self, reconnected: bool) -> None:
+        if reconnected:  # a restarted broker without persistence forgot our retained status
+            self.publish_status()
+
     def _heartbeat_loop(self) -> None:
         while not self._stopping.wait(self.config.heartbeat_s):
             self.publish_status()
 
-    # -- commands ----------------------------------------------------------------------------------
-    def add_event_listener(self, fn: Callable[[RoundEvent], None]) -> None:
-        """Call ``fn(event)`` for every RoundEvent this node emits (also published over MQTT)."""
-        self._listeners.append(fn)
 
-    def _on_command_message(self, topic: str, payload: bytes) -> None:
-        self.handle_command(payload)
-
-    def handle_command(self, command: bytes | str | RoundCommand | RoundAbort) -> None:
-        """Handle one command (non-blocking). Malformed payloads are rejected and counted."""
-        if not isinstance(command, BaseModel):
-            try:
-                command = parse_command(command)
-            except (ValidationError, ValueError) as exc:
-                self.metrics.rejected()
-                log.warning("rejected malformed command: %s", str(exc).splitlines()[0])
-                return
-        if isinstance(command, RoundAbort):
-            if command.round_id == self._round_id:
-                log.info("round %s: abort requested (%s)", command.round_id, command.reason)
-                self._abort.set()
-            return
-        if self.node_id not in command.participants:
-            return
-        try:
-            topics.validate_id(command.round_id, "round id")
-        except ValueError as exc:
-            self.metrics.rejected()
-            log.warning("rejected command: %s", exc)
-            return
-        if command.round_id in self._seen_rounds:  # QoS 1 redelivery: already run (or running)
-            log.info("ignoring duplicate command for round %s", command.round_id)
-            return
-        try:
-            self.start_round(command)
-        except NodeBusy as exc:
-            self.metrics.rejected()
-            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
-                                  reason=str(exc)))
-        except NodeError as exc:
-            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
-                                  reason=str(exc)))
-
-    def start_round(self, cmd: RoundCommand) -> threading.Thread:
-        """Run ``cmd`` on the worker thread; raises NodeBusy if a round is running."""
-        with self._lock:
-            if cmd.round_id in self._seen_rounds:  # QoS 1 redelivery of a command we already ran
-                raise NodeError(f"round {cmd.round_id} was already run by {self.node_id}")
-            if self._worker is not None and self._worker.is_alive():
-                raise NodeBusy(f"{self.node_id} is busy with round {self._round_id}",
-                               hint="wait for the running round or abort it")
-            if self._ring is None:
-                raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
-            self._seen_rounds[cmd.round_id] = None
-            while len(self._seen_rounds) > 256:
-                self._seen_rounds.popitem(last=False)
-            self._worker = threading.Thread(target=self._round_worker, args=(cmd,),
-                                            name=f"round-{self.node_id}", daemon=True)
-            self._worker.start()
-            return self._worker
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Block until no round runs (True) or ``timeout`` passes (False)."""
-        w = self._worker
-        if w is not None:
-            w.join(timeout)
-            return not w.is_alive()
-        return True
-
-    def _round_worker(self, cmd: RoundCommand) -> None:
-        _lower_thread_priority(self.config.training.nice)
-        try:
-            self.run_round(cmd)
-        except RoundFailed:
-            pass  # already reported as a FAILED event
-        except Exception:  # noqa: BLE001 - a worker thread must log, not die silently
-            log.exception("round %s crashed", cmd.round_id)
-
-    def run_round(self, cmd: RoundCommand) -> RoundResult:
-        """Run one round synchronously on the calling thread (the worker uses this).
-
-        Emits STEP/DONE/FAILED events; on failure raises RoundFailed and keeps the old parameters.
-        """
-        if self._ring is None:
-            raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
-        if self.trainer is None:
-            exc = RoundFailed(f"{self.node_id}: the artifact has no training module",
-                              hint="compile with `fractal compile --train`")
-            self.metrics.round_finished(False)
-            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
-                                  reason=str(exc)))
-            raise exc
-        tcfg = self.config.training
-        plan = RoundPlan.from_command(cmd, tcfg)
-        self._abort.clear()
-        with self._lock:
-            self._state, self._round_id = NodeState.TRAINING, cmd.round_id
-        self.metrics.training(True)
-        self.publish_status()
-        last_emit = [0.0]
-
-        def on_step(step: int, loss: float) -> None:
-            self.metrics.loss(loss)
-            now = time.monotonic()
-            if now - last_emit[0] >= _STEP_EVENT_MIN_S or step == plan.steps - 1:
-                last_emit[0] = now
-                self._emit(RoundEvent(kind=EventKind.STEP, round_id=cmd.round_id, node_id=self.node_id,
-                                      step=step, loss=loss if np.isfinite(loss) else None))
-
-        rng = np.random.default_rng([tcfg.seed, zlib.crc32(self.node_id.encode()),
-                                     zlib.crc32(cmd.round_id.encode())])
-        try:
-            budget = int(tcfg.round_memory_mb * 1024 * 1024)
-            samples = self.store.snapshot(limit=max(1, budget // max(1, self.store.sample_bytes)))
-            result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
-                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
-        except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
-            reset = getattr(self._ring, "reset_feedback", None)
-            if callable(reset):  # compression residuals of a void round must not leak into the next
-                reset()
-            self.last_error = str(exc)
-            self.metrics.round_finished(False)
-            log.warning("%s: %s", self.node_id, exc)
-            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
-                                  reason=str(exc) or type(exc).__name__))
-            if isinstance(exc, RoundFailed):
-                raise
-            raise RoundFailed(f"round {cmd.round_id} failed on {self.node_id}: {exc}") from exc
-        finally:
-            with self._lock:
-                self._state = NodeState.OFFLINE if self._stopping.is_set() else NodeState.ONLINE
-                self._round_id = None
-            self.metrics.training(False)
-        self.last_result, self.last_error = result, None
-        self.metrics.round_finished(True)
-        final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
-        self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
-                              step=plan.steps, loss=final, params_sha256=result.sha256,
-                              model_version=result.version))
-        self.publish_status()
-        return result
-
-    def _emit(self, event: RoundEvent) -> None:
-        for fn in list(self._listeners):
-            try:
-                fn(event)
-            except Exception:  # noqa: BLE001
-                log.exception("event listener failed")
-        link = self._link
-        if link is not None:
-            try:
-                topic = topics.round_events(self.config.swarm, event.round_id, self.node_id)
-                link.publish(topic, event, qos=1)
-            except Exception as exc:  # noqa: BLE001
-                log.warning("event publish failed: %s", exc)
-
-
-def _lower_thread_priority(nice: int) -> None:
-    """Give the CALLING thread Linux nice ``nice`` (threads have their own nice value).
-
-    Threads created afterwards from this thread (TVM's worker pool, started lazily by the first
-    parallel kernel of the training VM) inherit it, so a round never competes with inference
-    at equal priority. Best effort: other platforms or a refused change just log.
-    """
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
+def _check_writable(data_dir: Path) -> None:
+    """One clear error at start for a data directory the node cannot write (read-only file
+    system, permissions, a file in the way), instead of a SQLite error deep in the store."""
     try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        probe = data_dir / f".write-probe-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
     except OSError as exc:
-        log.warning("cannot lower the training thread's priority to nice %d: %s", nice, exc)
+        raise ConfigError(f"data_dir {data_dir} is not writable: {exc.strerror or exc}",
+                          hint="point data_dir at a writable directory (the node stores samples and "
+                               "parameters there)") from None

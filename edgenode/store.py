@@ -13,10 +13,16 @@ Retention (bound = ``max_samples``):
 
 Each row holds one sample: the raw bytes of every model input (in spec order, fixed shapes and
 dtypes recorded in a ``meta`` table so a store is never read with the wrong layout) and its label.
+
+Validation share: each row also keeps ``split`` = :func:`split_key` of its bytes, a number in
+[0, 1) fixed by the sample's content. With ``[training] validation_share = s`` the rows with
+``split < s`` are validation, the others training: the same sample is always on the same side
+(across restarts, on every node), and changing ``s`` needs no rewrite.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import threading
@@ -27,9 +33,14 @@ import numpy as np
 
 from edgenode.common import InvalidInput, StoreError
 
-__all__ = ["SampleSpec", "SampleStore", "Samples"]
+__all__ = ["SampleSpec", "SampleStore", "Samples", "Part", "split_key"]
 
 _SCHEMA_VERSION = 1
+
+
+def split_key(data: bytes) -> float:
+    """Where a sample falls in [0, 1) (a hash of its stored bytes): validation when below the share."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") / 2.0**64
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,9 @@ class Samples:
         return int(self.labels.shape[0])
 
 
+Part = str  # "train" or "val" (None in a call: every sample)
+
+
 class SampleStore:
     """Thread-safe SQLite store; :meth:`add` is durable when it returns."""
 
@@ -72,10 +86,12 @@ class SampleStore:
         self.spec = spec
         self.max_samples = int(max_samples)
         self.num_classes = num_classes  # class-id labels are checked against it
-        self.retention = str(getattr(retention, "value", retention))
+        self.retention = str(retention)  # (a StrEnum member's str() is its value)
         if self.retention not in ("drop-oldest", "reject"):
             raise StoreError(f"unknown retention policy {self.retention!r}", hint="use drop-oldest or reject")
         self._lock = threading.Lock()
+        self._closed = False
+        self._write_error: str | None = None  # the last write failure, until a write succeeds
         # check_same_thread=False: one connection shared by the API threads and the round worker,
         # every use serialized by self._lock (SQLite writes are serialized anyway).
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -85,7 +101,19 @@ class SampleStore:
         self._db.execute("CREATE TABLE IF NOT EXISTS samples (id INTEGER PRIMARY KEY AUTOINCREMENT,"
                          " data BLOB NOT NULL, label BLOB NOT NULL)")
         self._check_spec()
+        self._add_split_column()
         self._count = self._db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+
+    def _add_split_column(self) -> None:
+        """Stores written before the validation share get the column, computed from their rows."""
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(samples)")}
+        if "split" in cols:
+            return
+        with self._tx():
+            self._db.execute("ALTER TABLE samples ADD COLUMN split REAL")
+            rows = self._db.execute("SELECT id, data, label FROM samples").fetchall()
+            self._db.executemany("UPDATE samples SET split = ? WHERE id = ?",
+                                 [(split_key(d + lab), i) for i, d, lab in rows])
 
     def _check_spec(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
@@ -97,7 +125,7 @@ class SampleStore:
             raise StoreError(f"sample store {self.path} holds samples of another model layout",
                              hint="use a fresh data_dir for a different model, or delete samples.db")
 
-    def _tx(self):
+    def _tx(self) -> _Tx:
         return _Tx(self._db)
 
     @property
@@ -160,19 +188,36 @@ class SampleStore:
         """Insert a batch in ONE transaction, durable (fsynced) on return; returns the new count."""
         arrays, lab = self.validate(inputs, labels)
         n = lab.shape[0]
-        rows = [(b"".join(a[i].tobytes() for a in arrays), lab[i].tobytes()) for i in range(n)]
+        rows = []
+        for i in range(n):
+            data, label = b"".join(a[i].tobytes() for a in arrays), lab[i].tobytes()
+            rows.append((data, label, split_key(data + label)))
         with self._lock:
             if self.retention == "reject" and self._count + n > self.max_samples:
                 raise StoreError(f"sample store is full ({self._count}/{self.max_samples} samples)",
                                  hint="raise [store].max_samples or use retention = \"drop-oldest\"")
-            with self._tx():
-                self._db.executemany("INSERT INTO samples (data, label) VALUES (?, ?)", rows)
-                over = self._count + n - self.max_samples
-                if over > 0:  # drop-oldest: ids grow monotonically (AUTOINCREMENT), oldest = smallest
-                    self._db.execute("DELETE FROM samples WHERE id IN "
-                                     "(SELECT id FROM samples ORDER BY id LIMIT ?)", (over,))
+            try:
+                with self._tx():
+                    self._db.executemany("INSERT INTO samples (data, label, split) VALUES (?, ?, ?)", rows)
+                    over = self._count + n - self.max_samples
+                    if over > 0:  # drop-oldest: ids grow monotonically (AUTOINCREMENT), oldest = smallest
+                        self._db.execute("DELETE FROM samples WHERE id IN "
+                                         "(SELECT id FROM samples ORDER BY id LIMIT ?)", (over,))
+            except sqlite3.Error as exc:  # read-only or full disk, I/O error: nothing was stored
+                self._write_error = str(exc)
+                raise StoreError(f"the sample store cannot write ({exc}); nothing was stored",
+                                 hint="check the node's data_dir (permissions, free space)") from None
+            self._write_error = None
             self._count = min(self._count + n, self.max_samples)
             return self._count
+
+    def problem(self) -> str | None:
+        """Why the store cannot take samples now (closed, or its last write failed), or None."""
+        if self._closed:
+            return "the sample store is closed"
+        if self._write_error is not None:
+            return f"the sample store cannot write: {self._write_error}"
+        return None
 
     @property
     def sample_bytes(self) -> int:
@@ -181,15 +226,26 @@ class SampleStore:
         label = int(np.prod(self.spec.label_shape, dtype=np.int64)) * np.dtype(self.spec.label_dtype).itemsize
         return size + label
 
-    def snapshot(self, limit: int | None = None) -> Samples:
-        """All stored samples (or the newest ``limit``) as arrays; a consistent read."""
+    def snapshot(self, limit: int | None = None, *, part: Part | None = None, share: float = 0.0) -> Samples:
+        """The stored samples (or the newest ``limit``) as arrays; a consistent read. ``part``:
+        only the training (``split >= share``) or the validation (``split < share``) samples."""
+        where, args = _part_clause(part, share)
         with self._lock:
             if limit is None:
-                rows = self._db.execute("SELECT data, label FROM samples ORDER BY id").fetchall()
+                rows = self._db.execute(f"SELECT data, label FROM samples {where} ORDER BY id",
+                                        args).fetchall()
             else:
-                rows = self._db.execute("SELECT data, label FROM samples ORDER BY id DESC LIMIT ?",
-                                        (int(limit),)).fetchall()[::-1]
+                rows = self._db.execute(f"SELECT data, label FROM samples {where} ORDER BY id DESC LIMIT ?",
+                                        (*args, int(limit))).fetchall()[::-1]
         return self._decode(rows)
+
+    def count_part(self, part: Part, share: float) -> int:
+        """How many stored samples are training (``part="train"``) or validation (``"val"``)."""
+        where, args = _part_clause(part, share)
+        with self._lock:
+            if self._closed:
+                return 0
+            return int(self._db.execute(f"SELECT COUNT(*) FROM samples {where}", args).fetchone()[0])
 
     def _decode(self, rows: list[tuple[bytes, bytes]]) -> Samples:
         n = len(rows)
@@ -217,6 +273,7 @@ class SampleStore:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._db.close()
 
 
@@ -229,8 +286,18 @@ class _Tx:
     def __enter__(self) -> None:
         self.db.execute("BEGIN IMMEDIATE")
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _part_clause(part: Part | None, share: float) -> tuple[str, tuple[float, ...]]:
+    if part is None:
+        return "", ()
+    if part == "val":
+        return "WHERE split < ?", (float(share),)
+    if part == "train":
+        return "WHERE split >= ?", (float(share),)
+    raise ValueError(f"part must be 'train' or 'val', not {part!r}")
 
 
 def _castable(src: np.dtype, dst: np.dtype) -> bool:

@@ -6,8 +6,10 @@ never mixed into a new one):
 1. ``{round_id}/hello``: a SUM-allreduce in which each member fills only its own slot with
    (model_version, 64 bits of params_sha256 as four exact 16-bit floats, parameter count,
    has-samples). Afterwards every member knows the same facts about every other member.
-2. ``{round_id}/params``: only if the hashes differ, the member with the highest model_version
-   (ties: smallest id) broadcasts its parameters; everyone continues from them.
+2. ``{round_id}/params``: only if the hashes differ, one holder of the start parameters
+   broadcasts them and everyone continues from them. The start parameters are those the fleet
+   named in the signed command (``start_sha256``), else those a strict majority holds; never
+   the highest version claimed (a rogue member could claim any). No decision: the round fails.
 3. Steps ``{round_id}/{step}``:
    - ``gradient``: sample a batch, ``loss_and_grad``, allreduce(mean) of the flat gradient,
      ``apply`` -- Horovod-style synchronous SGD. Identical inputs to a deterministic optimizer
@@ -20,9 +22,16 @@ never mixed into a new one):
    session layer sends ABORT frames and its peers stop now instead of at the step deadline.
 4. ``{round_id}/commit``: a SUM-allreduce of every member's final params hash (barrier and
    agreement check in one). If the hashes differ (boards whose float code rounds differently),
-   ``{round_id}/final`` broadcasts the first member's parameters. Then everybody commits with
-   version = max(versions) + 1. Any failure before that point raises :class:`RoundFailed` and
-   nothing was applied: the node keeps its last committed parameters.
+   ``{round_id}/final`` broadcasts the first member's parameters.
+5. Two-phase commit. **Prepare**: every member checks the final parameters (all finite, update
+   norm within ``bounds.UPDATE_NORM_FACTOR`` x the start norm) and writes them durably next to
+   the current ones (``params.npz.prepared``, fsynced). **Vote** (``{round_id}/vote``, a
+   SUM-allreduce of one 1 per member that prepared, 0 otherwise): the decision is "commit" iff
+   the sum is n. Then each member renames the prepared file over ``params.npz`` and swaps its
+   parameters, version = start version + 1. Any failure before the decision (a timeout, a no
+   vote, a write error) discards the prepared file: nothing was applied anywhere. A member that
+   dies after the decision restarts on its old parameters (a leftover prepared file is
+   discarded at start) and is brought back by the next round's start-version rule.
 """
 
 from __future__ import annotations
@@ -37,11 +46,14 @@ from typing import Any
 import numpy as np
 
 from edgenode.common import RoundFailed, get_logger
-from edgenode.model import ModelHolder, flatten, unflatten
+from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
+from edgenode.ports import Collective, Trainer
 from edgenode.store import Samples
+from federation.bounds import UPDATE_NORM_FACTOR
+from federation.errors import RoundAborted
 from federation.messages import Compression, RoundCommand, SyncMode
 
-__all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "choose_root"]
+__all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "choose_start"]
 
 log = get_logger("training")
 _SLOT = 7  # hello values per member: version, 4 x 16-bit hash chunks, n_params mod 2^24, has_samples
@@ -59,6 +71,7 @@ class RoundPlan:
     group: tuple[str, ...]  # ring order = sorted(participants)
     compression: Compression = Compression.NONE
     step_timeout_s: float = 30.0
+    start_sha256: str | None = None  # the fleet's start-version decision (federation/startversion.py)
 
     @classmethod
     def from_command(cls, cmd: RoundCommand, defaults: Any = None) -> RoundPlan:
@@ -73,7 +86,8 @@ class RoundPlan:
 
         return cls(round_id=cmd.round_id, steps=cmd.steps, lr=pick("lr"), sync=SyncMode(pick("sync")),
                    local_steps=int(pick("local_steps")), group=tuple(sorted(set(cmd.participants))),
-                   compression=Compression(pick("compression")), step_timeout_s=float(pick("step_timeout_s")))
+                   compression=Compression(pick("compression")), step_timeout_s=float(pick("step_timeout_s")),
+                   start_sha256=cmd.start_sha256)
 
 
 @dataclass
@@ -107,17 +121,33 @@ class BatchSampler:
         return {k: v[idx] for k, v in self.samples.inputs.items()}, self.samples.labels[idx]
 
 
-def choose_root(versions: dict[str, int]) -> str:
-    """The member whose parameters everyone adopts: highest model_version, ties -> smallest id."""
-    return min(versions, key=lambda m: (-versions[m], m))
+def choose_start(hashes: dict[str, tuple[int, ...]], start_sha256: str | None) -> str:
+    """The member whose parameters the round starts from (the first in ring order among the
+    holders of the start parameters): those named by the fleet, else a strict majority's.
+    Raises RoundFailed when nobody holds the named parameters or there is no majority."""
+    if start_sha256:
+        want = tuple(int(c) for c in _hash_chunks(start_sha256))
+        holders = [m for m in sorted(hashes) if hashes[m] == want]
+        if not holders:
+            raise RoundFailed(f"no participant holds the start parameters {start_sha256[:12]} named by "
+                              "the fleet", hint="include a node that holds them")
+        return holders[0]
+    counts: dict[tuple[int, ...], list[str]] = {}
+    for m in sorted(hashes):
+        counts.setdefault(hashes[m], []).append(m)
+    best = max(counts.values(), key=len)
+    if 2 * len(best) <= len(hashes):
+        raise RoundFailed("participants hold different parameters and none has a majority",
+                          hint="start the round from the fleet, which names the start parameters")
+    return best[0]
 
 
 def _hash_chunks(sha: str) -> list[float]:
     return [float(int(sha[i * 4:(i + 1) * 4], 16)) for i in range(4)]  # each < 2^16: exact in float32
 
 
-def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any, samples: Samples,
-              ring: Any, rng: np.random.Generator | None = None, abort: threading.Event | None = None,
+def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Trainer, samples: Samples,
+              ring: Collective, rng: np.random.Generator | None = None, abort: threading.Event | None = None,
               on_step: Callable[[int, float], None] | None = None) -> RoundResult:
     """Run ``plan`` as member ``node_id``; commits to ``model`` only if every phase succeeded.
 
@@ -131,8 +161,12 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
     rng = rng or np.random.default_rng([zlib.crc32(node_id.encode()), zlib.crc32(plan.round_id.encode())])
     start = model.snapshot
     try:
+        if abort.is_set():
+            raise RoundFailed(f"round {plan.round_id} aborted")
         facts = _hello(plan, node_id, group, start, len(samples) > 0, ring)
         versions = {m: int(f[0]) for m, f in facts.items()}
+        hashes = {m: tuple(int(v) for v in f[1:5]) for m, f in facts.items()}
+        root = choose_start(hashes, plan.start_sha256)
         if len({int(f[5]) for f in facts.values()}) != 1:
             raise RoundFailed("participants run models with different parameter counts")
         contributors = sum(int(f[6]) for f in facts.values())
@@ -140,16 +174,15 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
             raise RoundFailed("no participant has training samples", hint="POST /v1/samples first")
         params = [np.array(p) for p in start.params]
         synced_from = None
-        if len({tuple(f[1:5]) for f in facts.values()}) > 1:
-            synced_from = choose_root(versions)
+        if len(set(hashes.values())) > 1:
+            synced_from = root
             mine = flatten(params) if synced_from == node_id else None
             vec = ring.broadcast(mine, root=synced_from, group=group, tag=f"{plan.round_id}/params",
                                  timeout=plan.step_timeout_s)
             params = unflatten(np.asarray(vec, np.float32), params)
-            reset = getattr(ring, "reset_feedback", None)
-            if callable(reset):  # residuals belong to the parameters we just replaced
-                reset()
+            ring.reset_feedback()  # residuals belong to the parameters we just replaced
             log.info("%s: round %s starts from %s's parameters", node_id, plan.round_id, synced_from)
+        start_flat = flatten(params)
         scale = len(group) / contributors  # undo the zeros of members without samples
         sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None
         losses: list[float] = []
@@ -159,8 +192,17 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
             if abort.is_set():
                 _abort_peers(ring, tag, group, node_id, "round aborted")
                 raise RoundFailed(f"round {plan.round_id} aborted")
-            step_fn = _gradient_step if plan.sync == SyncMode.GRADIENT else _local_sgd_step
-            loss, params, state = step_fn(plan, trainer, params, state, sampler, ring, group, tag, scale)
+            try:
+                if plan.sync == SyncMode.GRADIENT:
+                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, ring, group,
+                                                         tag, scale)
+                else:
+                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, ring, group,
+                                                          tag, scale, abort, node_id)
+            except Exception:
+                if abort.is_set():  # cancelled mid-step: peers already in the next step learn it too
+                    _abort_peers(ring, f"{plan.round_id}/{step + 1}", group, node_id, "round aborted")
+                raise
             losses.append(loss)
             if on_step is not None:
                 on_step(step, loss)
@@ -170,31 +212,64 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Any
         # Barrier + agreement check: nobody commits unless everybody got through the last step,
         # and everybody commits the same bits (see _agree).
         params, final_sync = _agree(plan, node_id, group, params, ring)
+        prepared = _prepare_and_vote(plan, node_id, group, model, params, start_flat,
+                                     versions[root] + 1, ring)
     except RoundFailed:
         raise
     except Exception as exc:  # RoundAborted, TransportError, trainer errors: the round is void
-        member = getattr(exc, "member", None)
+        member = exc.member if isinstance(exc, RoundAborted) else None
         raise RoundFailed(f"round {plan.round_id} failed: {exc}", member=member) from exc
-    snap = model.commit(params, max(versions.values()) + 1)
+    snap = model.commit_prepared(prepared)
     return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0,
                        final_sync)
 
 
-def _abort_peers(ring: Any, tag: str, group: list[str], node_id: str, reason: str) -> None:
-    """Open the collective ``tag`` and fail it at once: the session layer sends ABORT to every
-    peer, so members blocked in (or about to start) that step stop now instead of at the deadline."""
-    endpoint = getattr(ring, "endpoint", None)
-    if endpoint is None:
-        return
+def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: ModelHolder,
+                      params: list[np.ndarray], start_flat: np.ndarray, version: int, ring: Any) -> Any:
+    """Phase 1 of the commit: check and durably stage ``params``, then vote; returns the
+    prepared state only if every member voted yes (else RoundFailed, the staged file discarded)."""
+    prepared, why = None, ""
     try:
-        with endpoint.call(tag, [m for m in group if m != node_id], 1.0):
-            raise RoundFailed(reason)
-    except Exception:  # noqa: BLE001 - best effort: peers still time out on their own
-        pass
+        new = flatten(params)
+        if not np.isfinite(new).all():
+            why = f"{int(new.size - np.isfinite(new).sum())} non-finite parameter(s)"
+        else:
+            delta = float(np.linalg.norm((new - start_flat).astype(np.float64)))
+            limit = UPDATE_NORM_FACTOR * max(1.0, float(np.linalg.norm(start_flat.astype(np.float64))))
+            if delta > limit:
+                why = f"update norm {delta:.3g} exceeds {limit:.3g}"
+            else:
+                prepared = model.prepare(params, version)
+    except Exception as exc:  # noqa: BLE001 - e.g. a full or read-only disk: vote no, say why
+        why = f"cannot stage the new parameters: {exc}"
+    k = group.index(node_id)
+    vote = np.zeros(len(group), np.float32)
+    vote[k] = 1.0 if prepared is not None else 0.0
+    try:
+        out = np.asarray(ring.allreduce(vote, group=group, tag=f"{plan.round_id}/vote", op="sum",
+                                        timeout=plan.step_timeout_s))
+    except Exception:
+        if prepared is not None:
+            model.discard(prepared)
+        raise
+    no = [group[i] for i in range(len(group)) if out[i] != 1.0]
+    if no:
+        if prepared is not None:
+            model.discard(prepared)
+        mine = f" ({why})" if why else ""
+        raise RoundFailed(f"round {plan.round_id} not committed: {', '.join(no)} voted no{mine}",
+                          member=no[0])
+    return prepared
+
+
+def _abort_peers(ring: Collective, tag: str, group: list[str], node_id: str, reason: str) -> None:
+    """Void the collective ``tag`` for every peer, so members blocked in (or about to start)
+    that step stop now instead of at the deadline."""
+    ring.abort(tag, [m for m in group if m != node_id], reason)
 
 
 def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndarray],
-           ring: Any) -> tuple[list[np.ndarray], bool]:
+           ring: Collective) -> tuple[list[np.ndarray], bool]:
     """Exchange 64 bits of every member's final params_sha256 (exact SUM-allreduce, one slot each).
 
     Identical inputs give identical bits only if every member runs the same optimizer code on
@@ -218,8 +293,8 @@ def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndar
     return unflatten(np.asarray(vec, np.float32), params), True
 
 
-def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: Any, has_samples: bool,
-           ring: Any) -> dict[str, list[float]]:
+def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: ParamsSnapshot, has_samples: bool,
+           ring: Collective) -> dict[str, list[float]]:
     n_params = sum(int(p.size) for p in snap.params)
     vec = np.zeros(len(group) * _SLOT, np.float32)
     i = group.index(node_id) * _SLOT
@@ -231,13 +306,18 @@ def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: Any, has_sampl
     return {m: out[k * _SLOT:(k + 1) * _SLOT].tolist() for k, m in enumerate(group)}
 
 
-def _batch_xy(trainer: Any, sampler: BatchSampler) -> tuple[np.ndarray, np.ndarray]:
+def _batch_xy(trainer: Trainer, sampler: BatchSampler) -> tuple[np.ndarray, np.ndarray]:
     inputs, y = sampler.next()
     (x,) = inputs.values()  # training modules take one input tensor
     return x, y
 
 
-def _gradient_step(plan, trainer, params, state, sampler, ring, group, tag, scale):
+_Step = tuple[float, list[np.ndarray], list[np.ndarray]]
+
+
+def _gradient_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
+                   sampler: BatchSampler | None, ring: Collective, group: list[str], tag: str,
+                   scale: float) -> _Step:
     if sampler is not None:
         x, y = _batch_xy(trainer, sampler)
         loss, grads = trainer.loss_and_grad(params, x, y)
@@ -252,11 +332,17 @@ def _gradient_step(plan, trainer, params, state, sampler, ring, group, tag, scal
     return float(loss), [np.asarray(p, np.float32) for p in params], state
 
 
-def _local_sgd_step(plan, trainer, params, state, sampler, ring, group, tag, scale):
+def _local_sgd_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
+                    sampler: BatchSampler | None, ring: Collective, group: list[str], tag: str,
+                    scale: float, abort: threading.Event | None = None,
+                    node_id: str = "") -> _Step:
     start = flatten(params)
     losses = []
     if sampler is not None:
         for _ in range(plan.local_steps):
+            if abort is not None and abort.is_set():  # an abort frees the node within one local step
+                _abort_peers(ring, tag, group, node_id, "round aborted")
+                raise RoundFailed(f"round {plan.round_id} aborted")
             x, y = _batch_xy(trainer, sampler)
             loss, grads = trainer.loss_and_grad(params, x, y)
             params, state = trainer.apply(params, grads, state, lr=plan.lr)

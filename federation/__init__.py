@@ -10,7 +10,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from federation.errors import FederationError, FrameError, RoundAborted, TransportError, UpdateRejected
+from federation.errors import (
+    FederationError,
+    FrameError,
+    RetriesExhausted,
+    RoundAborted,
+    TransportError,
+    UpdateRejected,
+)
 from federation.memory import MemoryHub, MemoryTransport
 from federation.messages import Compression
 from federation.ring import ReduceOp, RingAllreduce
@@ -54,6 +61,7 @@ __all__ = [
     "Transport",
     "TransportError",
     "UpdateRejected",
+    "RetriesExhausted",
     "start_default",
     "start_embedded",
     "start_mosquitto",

@@ -4,20 +4,20 @@
     ├── TransportError      broker unreachable, connection lost, payload too large
     ├── FrameError          bad version, checksum mismatch, malformed frame (message rejected)
     ├── RoundAborted        deadline passed, member died, update rejected (reason names the member)
-    └── UpdateRejected      NaN/Inf or over-norm update (a RoundAborted)
+    ├── UpdateRejected      NaN/Inf or over-norm update (a RoundAborted)
+    └── RetriesExhausted    a frame stayed unacknowledged after ``max_retransmits`` (a RoundAborted)
 """
 
 from __future__ import annotations
 
-__all__ = ["FederationError", "TransportError", "FrameError", "RoundAborted", "UpdateRejected"]
+from fractal import FractalError
+
+__all__ = ["FederationError", "TransportError", "FrameError", "RoundAborted", "UpdateRejected",
+           "RetriesExhausted"]
 
 
-class FederationError(Exception):
+class FederationError(FractalError):
     """Base of every error the federation raises on purpose."""
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 class TransportError(FederationError):
@@ -36,3 +36,7 @@ class RoundAborted(FederationError):
 
 class UpdateRejected(RoundAborted):
     pass
+
+
+class RetriesExhausted(RoundAborted):
+    """A peer never acknowledged a frame after the endpoint's ``max_retransmits`` retransmissions."""

@@ -6,10 +6,13 @@ Binary allreduce frames are not here: see ``federation/framing.py``.
 from __future__ import annotations
 
 import enum
+import json
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from federation import bounds as b
 
 __all__ = [
     "FORMAT_VERSION",
@@ -21,6 +24,10 @@ __all__ = [
     "RoundCommand",
     "RoundAbort",
     "RoundEvent",
+    "RollbackCommand",
+    "ArtifactInfo",
+    "NodeHealth",
+    "Validation",
     "Command",
     "parse_command",
     "parse_status",
@@ -59,72 +66,153 @@ class _Msg(BaseModel):
     v: Literal[1] = FORMAT_VERSION
 
 
+class _Part(BaseModel):
+    """A nested object of a message (versioned with the message that carries it)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+
+class ArtifactInfo(_Part):
+    """What a node serves and trains, from its artifact's manifest."""
+
+    model: str = ""
+    target: str = ""  # target preset, e.g. x86_64-avx2
+    tuned: bool = False
+    tvm_version: str = ""
+
+
+class NodeHealth(_Part):
+    uptime_s: float = Field(ge=0)
+    cpu_percent: float = Field(ge=0)  # of one core; may exceed 100 on several cores
+    mem_rss_bytes: int = Field(ge=0)
+    mem_percent: float = Field(ge=0, le=100)  # of the machine's memory
+    disk_free_bytes: int = Field(ge=0)  # in the node's data directory
+
+
+class Validation(_Part):
+    """Loss (and accuracy for classification models) on a node's held-back validation samples."""
+
+    loss: b.Finite
+    accuracy: float | None = Field(default=None, ge=0, le=1)  # None for regression models
+    samples: b.Samples
+    model_version: b.ModelVersion | None = None  # the parameters it was measured on
+
+
 class NodeStatus(_Msg):
     """Retained at ``status/{node}``; the Last Will is the same with ``state=offline``."""
 
     kind: Literal["status"] = "status"
-    node_id: str
+    node_id: b.Id
     state: NodeState
-    arch: str = ""  # uname -m of the board, e.g. x86_64, aarch64, riscv64
-    board: str = ""  # target preset, e.g. rpi4
-    model: str = ""
-    model_version: int = 0  # increments with every committed round
-    params_sha256: str = ""
-    samples: int = 0
-    round_id: str | None = None
-    api_url: str = ""
-    heartbeat_s: float = 5.0  # a status is re-published at least this often
-    keepalive_s: float = 10.0  # MQTT keepalive: the Last Will fires within 1.5x of it
-    ts: float = Field(default_factory=time.time)
+    arch: b.Text = ""  # uname -m of the board, e.g. x86_64, aarch64, riscv64
+    board: b.Text = ""  # target preset, e.g. rpi4
+    model: b.Text = ""
+    model_version: b.ModelVersion = 0  # increments with every committed round
+    params_sha256: b.Sha256Hex = ""
+    samples: b.Samples = 0
+    round_id: b.Id | None = None
+    api_url: b.Url = ""
+    # Optional (older nodes leave them out): the device, for the fleet's node table.
+    artifact: ArtifactInfo | None = None
+    health: NodeHealth | None = None
+    samples_train: b.Samples | None = None
+    samples_val: b.Samples | None = None
+    validation: Validation | None = None  # after the last committed round (or rollback)
+    versions: list[b.ModelVersion] = Field(default_factory=list, max_length=1024)  # rollback targets
+    heartbeat_s: b.HeartbeatS = 5.0  # a status is re-published at least this often
+    keepalive_s: b.KeepaliveS = 10.0  # MQTT keepalive: the Last Will fires within 1.5x of it
+    ts: b.Finite = Field(default_factory=time.time)
 
 
 class RoundCommand(_Msg):
     """Published on ``cmd`` by the fleet: every listed participant runs the round."""
 
     kind: Literal["round.start"] = "round.start"
-    round_id: str
-    steps: int = Field(ge=1, le=100_000)
-    lr: float | None = Field(default=None, gt=0)
+    round_id: b.Id
+    steps: b.Steps
+    lr: b.Lr | None = None
     sync: SyncMode = SyncMode.GRADIENT
-    local_steps: int = Field(default=1, ge=1)
-    participants: list[str]  # ring order = sorted(participants)
+    local_steps: b.LocalSteps = 1
+    participants: b.Participants  # ring order = sorted(participants)
     compression: Compression = Compression.NONE
-    step_timeout_s: float = Field(default=30.0, gt=0)
-    issued_at: float = Field(default_factory=time.time)
+    step_timeout_s: b.StepTimeout = 30.0
+    issued_at: b.Finite = Field(default_factory=time.time)
+    # The parameters the round starts from (federation/startversion.py); None = the members decide.
+    start_sha256: b.Sha256Hex | None = None
+
+    @model_validator(mode="after")
+    def _round_work(self) -> RoundCommand:
+        b.check_round(self.steps, self.local_steps, self.step_timeout_s)
+        return self
 
 
 class RoundAbort(_Msg):
     kind: Literal["round.abort"] = "round.abort"
-    round_id: str
-    reason: str
+    round_id: b.Id
+    reason: b.Reason
 
 
-Command = Annotated[RoundCommand | RoundAbort, Field(discriminator="kind")]
-_command_adapter: TypeAdapter[RoundCommand | RoundAbort] = TypeAdapter(Command)
+class RollbackCommand(_Msg):
+    """Published on ``cmd`` by the fleet: every listed node restores the parameters it committed as
+    ``to_version`` and forgets its later versions (the next round commits ``to_version + 1``).
+    Nodes answer with their status (``model_version``, ``params_sha256``); not signed yet."""
+
+    kind: Literal["model.rollback"] = "model.rollback"
+    rollback_id: b.Id
+    nodes: b.Participants
+    to_version: b.ModelVersion
+    reason: b.Reason = ""
+    issued_at: b.Finite = Field(default_factory=time.time)
+
+
+Command = Annotated[RoundCommand | RoundAbort | RollbackCommand, Field(discriminator="kind")]
+_command_adapter: TypeAdapter[RoundCommand | RoundAbort | RollbackCommand] = TypeAdapter(Command)
 
 
 class RoundEvent(_Msg):
     """Published by each participant on ``rounds/{round_id}/events/{node}``."""
 
     kind: EventKind
-    round_id: str
-    node_id: str
-    step: int = 0
-    loss: float | None = None
-    params_sha256: str | None = None  # on DONE: the committed parameters
-    model_version: int | None = None
-    reason: str | None = None  # on FAILED
-    ts: float = Field(default_factory=time.time)
+    round_id: b.Id
+    node_id: b.Id
+    step: int = Field(default=0, ge=0, le=b.STEPS_MAX * b.LOCAL_STEPS_MAX)
+    loss: b.Loss = None  # NaN/Inf arrive as null
+    # STEP: the losses of the steps since the previous STEP event, the last one being ``step``
+    # (a node throttles events by time, not points); ``loss`` is the last of them.
+    losses: list[b.Loss] | None = Field(default=None, max_length=100_000)
+    params_sha256: b.Sha256Hex | None = None  # on DONE: the committed parameters
+    model_version: b.ModelVersion | None = None
+    reason: b.Reason | None = None  # on FAILED
+    # DONE: validation before the round (the parameters it started from) and after the commit.
+    val_before: Validation | None = None
+    val_after: Validation | None = None
+    ts: b.Finite = Field(default_factory=time.time)
 
 
-def parse_command(payload: bytes | str) -> RoundCommand | RoundAbort:
-    """Parse a ``cmd`` payload; raises ``pydantic.ValidationError`` on anything malformed."""
-    return _command_adapter.validate_json(payload)
+def _with_version(payload: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+    """The payload as a JSON object that carries ``v`` (a message without it is refused)."""
+    try:
+        doc = json.loads(bytes(payload) if isinstance(payload, (bytearray, memoryview)) else payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError.from_exception_data(
+            "message", [{"type": "json_invalid", "loc": (), "input": "",
+                         "ctx": {"error": str(exc)[:200]}}]) from None
+    if not isinstance(doc, dict) or "v" not in doc:
+        raise ValidationError.from_exception_data(
+            "message", [{"type": "missing", "loc": ("v",), "input": doc if isinstance(doc, dict) else {}}])
+    return doc
 
 
-def parse_status(payload: bytes | str) -> NodeStatus:
-    return NodeStatus.model_validate_json(payload)
+def parse_command(payload: bytes | bytearray | memoryview | str) -> (
+        RoundCommand | RoundAbort | RollbackCommand):
+    """Parse a ``cmd`` payload; raises ``pydantic.ValidationError`` on anything malformed or out
+    of bounds (``federation/bounds.py``) and on a payload without ``v``."""
+    return _command_adapter.validate_python(_with_version(payload))
 
 
-def parse_event(payload: bytes | str) -> RoundEvent:
-    return RoundEvent.model_validate_json(payload)
+def parse_status(payload: bytes | bytearray | memoryview | str) -> NodeStatus:
+    return NodeStatus.model_validate(_with_version(payload))
+
+
+def parse_event(payload: bytes | bytearray | memoryview | str) -> RoundEvent:
+    return RoundEvent.model_validate(_with_version(payload))

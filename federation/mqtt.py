@@ -5,8 +5,8 @@ It reconnects forever (with back-off) and re-subscribes every filter after a rec
 broker may have restarted and forgotten all sessions: we always connect with a clean session).
 Callbacks registered with :meth:`MqttLink.subscribe` run in a worker thread per subscription,
 never on paho's network thread, so a slow handler delays only itself: PUBACKs and keep-alives
-keep flowing. :meth:`MqttLink.transport` adds a flow-controlled allreduce transport on the same
-connection (see :mod:`federation.mqtt_transport`).
+keep flowing. :meth:`MqttLink.transport` adds an allreduce transport (a thin pipe; reliability is
+:mod:`federation.session`'s) on the same connection (see :mod:`federation.mqtt_transport`).
 
 URLs: ``mqtt://[user:pass@]host[:1883]`` and ``mqtts://[user:pass@]host[:8883]`` (TLS).
 """
@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as paho
@@ -31,9 +31,7 @@ from pydantic import BaseModel
 
 from federation import topics
 from federation.errors import TransportError
-
-if TYPE_CHECKING:
-    from federation.mqtt_transport import MqttTransport
+from federation.mqtt_transport import MqttTransport
 
 __all__ = ["MqttVersion", "BrokerAddress", "TlsOptions", "Subscription", "MqttLink", "parse_url"]
 
@@ -350,19 +348,15 @@ class MqttLink:
                     self._client.unsubscribe(sub.filter)
 
     # --- allreduce transport ----------------------------------------------------------------
-    def transport(self, member_id: str, *, max_payload: int = 256 * 1024, window: int = 16,
-                  retransmit_s: float = 3.0, flow_control: bool = False) -> MqttTransport:
+    def transport(self, member_id: str, *, max_payload: int = 256 * 1024) -> MqttTransport:
         """A :class:`~federation.transport.Transport` for ``member_id`` on this connection: its
         inbox is fed by ``topics.allreduce(swarm, member_id)``; sends never block on the receiver.
-        The ring engine does its own acks and flow control; ``flow_control=True`` adds a link
-        layer (at most ``window`` unacknowledged messages per peer, the rest wait here)."""
-        from federation.mqtt_transport import MqttTransport
-
+        The reliability (acks, windows, retransmission, de-duplication) is the session layer's
+        (:mod:`federation.session`), above this transport."""
         with self._lock:
             if member_id in self._transports and not self._transports[member_id].closed:
                 raise TransportError(f"member {member_id!r} already has a transport on this link")
-        t = MqttTransport(self, member_id, max_payload=max_payload, window=window, retransmit_s=retransmit_s,
-                          flow_control=flow_control)
+        t = MqttTransport(self, member_id, max_payload=max_payload)
         with self._lock:
             self._transports[member_id] = t
         return t

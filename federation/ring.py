@@ -60,6 +60,7 @@ Broadcast (``broadcast(vec_or_None, root=..., group=..., tag=...)``)
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Self
@@ -69,12 +70,14 @@ import numpy as np
 from federation import compression as comp
 from federation import schedule as sch
 from federation.checks import all_finite, check_finite, clip_l2
-from federation.errors import RoundAborted, UpdateRejected
+from federation.errors import RoundAborted, TransportError, UpdateRejected
 from federation.framing import Codec, Frame, FrameKind, Phase, encode
 from federation.messages import Compression
 from federation.session import Call, Endpoint
 from federation.stats import Stats
 from federation.transport import Transport
+
+log = logging.getLogger("fractal.federation.ring")
 
 __all__ = ["RingAllreduce", "ReduceOp"]
 
@@ -117,9 +120,11 @@ class _Collective:
     the error-feedback state of compressed rounds, and close/context-manager plumbing."""
 
     def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
-                 retransmit_after: float = 1.0, topk_ratio: float = 0.01, max_early_tags: int = 4) -> None:
+                 retransmit_after: float = 1.0, topk_ratio: float = 0.01, max_early_tags: int = 4,
+                 max_retransmits: int = 100) -> None:
         self.endpoint = Endpoint(transport, swarm=swarm, max_in_flight=max_in_flight,
-                                 retransmit_after=retransmit_after, max_early_tags=max_early_tags)
+                                 retransmit_after=retransmit_after, max_early_tags=max_early_tags,
+                                 max_retransmits=max_retransmits)
         self.member_id: str = transport.member_id
         self.swarm = swarm
         self.max_payload: int = int(transport.max_payload)
@@ -130,6 +135,30 @@ class _Collective:
     @property
     def stats(self) -> Stats:
         return self.endpoint.stats
+
+    @property
+    def feedback_residual(self) -> np.ndarray | None:
+        """A copy of this member's error-feedback residual (INT8 / TOPK rounds), or None."""
+        return None if self._feedback is None else self._feedback.residual.copy()
+
+    def reset_feedback(self) -> None:
+        """Forget error-feedback residuals (e.g. after the parameters were replaced)."""
+        self._feedback = None
+
+    def cancel(self, reason: str) -> bool:
+        """Fail the collective this member is blocked in right now (if any), e.g. when the fleet
+        aborts the round: its peers get ABORT frames. Returns whether one was running."""
+        return self.endpoint.cancel(reason)
+
+    def abort(self, tag: str, peers: list[str], reason: str) -> None:
+        """Void the collective ``tag`` at once: the session sends ABORT to every peer, so members
+        blocked in (or about to start) that collective stop now instead of at their deadline.
+        Best effort: a peer that misses it still times out on its own."""
+        try:
+            with self.endpoint.call(tag, [p for p in peers if p != self.member_id], 1.0):
+                raise RoundAborted(reason)
+        except (RoundAborted, TransportError, RuntimeError, ValueError) as exc:
+            log.debug("abort of %s: %s", tag, exc)
 
     def close(self) -> None:
         """Stop the receive thread and close the transport."""
@@ -148,15 +177,6 @@ class RingAllreduce(_Collective):
     ``transport.max_payload`` bounds every frame; all members of a swarm must use the same
     ``max_payload`` and ``topk_ratio``. ``stats`` counts bytes, frames, duplicates, rejects.
     """
-
-    @property
-    def feedback_residual(self) -> np.ndarray | None:
-        """A copy of this member's error-feedback residual (INT8 / TOPK rounds), or None."""
-        return None if self._feedback is None else self._feedback.residual.copy()
-
-    def reset_feedback(self) -> None:
-        """Forget error-feedback residuals (e.g. after the parameters were replaced)."""
-        self._feedback = None
 
     # -- allreduce ---------------------------------------------------------------------------
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: ReduceOp | str = "mean",

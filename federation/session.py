@@ -25,9 +25,13 @@ the call would otherwise wait), and is delivered to the algorithm once
 timeout (RTO) is sent again with exponential backoff (x2, at most 8x ``retransmit_after``); the
 receiver's de-duplication makes that safe. RTO = max(``retransmit_after``, 4 x smoothed RTT),
 capped at 8x ``retransmit_after``; RTT samples come only from frames sent once (Karn), so a
-loaded broker or machine is not mistaken for loss. Frames that fail verification are dropped
-unacknowledged and counted (``Stats.rejected``), so a corrupted frame is healed by the
-retransmit and never stalls the round by itself.
+loaded broker or machine is not mistaken for loss. Retransmissions are bounded: a frame still
+unacknowledged after ``max_retransmits`` retransmissions raises :class:`RetriesExhausted` (a
+``RoundAborted`` naming the silent peer, so the call tells the others with an ABORT); every
+retransmission is counted in ``Stats.retransmits`` and every give-up in
+``Stats.retries_exhausted``. Frames that fail verification are dropped and counted
+(``Stats.rejected``), so a corrupted frame is healed by the retransmit and never stalls the
+round by itself.
 
 Aborts. A member that rejects an update (NaN/Inf) sends ABORT(member, rejected=true) to every
 peer; receivers raise ``UpdateRejected`` at once. At the deadline a member sends
@@ -50,7 +54,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 
-from federation.errors import FrameError, RoundAborted, TransportError, UpdateRejected
+from federation.errors import (
+    FrameError,
+    RetriesExhausted,
+    RoundAborted,
+    TransportError,
+    UpdateRejected,
+)
 from federation.framing import Frame, FrameKind, abort_info, ack_keys, decode, encode_abort, encode_ack
 from federation.stats import Stats
 from federation.transport import Transport
@@ -67,16 +77,20 @@ class Endpoint:
     """One member's reliable frame layer on top of a :class:`Transport`."""
 
     def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
-                 retransmit_after: float = 1.0, max_early_tags: int = 4, stats: Stats | None = None) -> None:
+                 retransmit_after: float = 1.0, max_early_tags: int = 4, stats: Stats | None = None,
+                 max_retransmits: int = 100) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         if not retransmit_after > 0:
             raise ValueError("retransmit_after must be > 0")
+        if max_retransmits < 0:
+            raise ValueError("max_retransmits must be >= 0")
         self.transport = transport
         self.member_id: str = transport.member_id
         self.swarm = swarm
         self.max_in_flight = max_in_flight
         self.retransmit_after = retransmit_after
+        self.max_retransmits = max_retransmits
         self.max_early_tags = max_early_tags
         self.stats = stats or Stats()
         self._srtt: float | None = None
@@ -235,6 +249,18 @@ class Endpoint:
                 while len(self._done) > _DONE_TAGS:
                     self._done.popitem(last=False)
 
+    def cancel(self, reason: str) -> bool:
+        """Fail the running call now (e.g. the fleet aborted the round): its ``wait`` raises
+        RoundAborted, and the call's exit sends ABORT to every peer, so nobody waits for the
+        deadline. Returns whether a call was running. Thread-safe."""
+        with self._lock:
+            c = self._active
+            if c is None:
+                return False
+            c.cancelled = reason
+            c.inbox.put(None)
+            return True
+
     def close(self) -> None:
         """Stop the pump thread and close the transport."""
         self._stop.set()
@@ -253,11 +279,13 @@ class Call:
         self.peers = set(peers)
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.inbox: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: cancel() wakes us
+        self.cancelled: str | None = None
         self.abort_sent = False  # our ABORT already went out (or a peer's made it pointless)
         self._received: set[tuple] = set()
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
-        self._unacked: dict[tuple, list] = {}  # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None]
+        # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None, retransmissions so far]
+        self._unacked: dict[tuple, list] = {}
         self._inflight: dict[str, int] = {}
         # DATA frames received but not yet acknowledged, per sender: ACKs go out in batches
         # (half a window at most, or as soon as the inbox is empty), not one message per frame.
@@ -277,14 +305,21 @@ class Call:
                 data = build()
                 now = time.monotonic()
                 ep.send(dst, data, data_frames_sent=1)
-                self._unacked[(dst, key)] = [data, now, ep.rto(), now]
+                self._unacked[(dst, key)] = [data, now, ep.rto(), now, 0]
                 self._inflight[dst] = self._inflight.get(dst, 0) + 1
 
     def _retransmit(self) -> None:
         now = time.monotonic()
         cap = 8 * self.ep.retransmit_after
-        for (dst, _key), ent in self._unacked.items():
+        for (dst, key), ent in self._unacked.items():
             if now - ent[1] >= ent[2]:
+                if ent[4] >= self.ep.max_retransmits:
+                    self.ep.stats.add(retries_exhausted=1)
+                    raise RetriesExhausted(
+                        f"{dst} did not acknowledge frame {key} of {self.tag!r} after "
+                        f"{ent[4]} retransmissions", member=dst,
+                        hint="check that the peer is alive and reachable (max_retransmits bounds this)")
+                ent[4] += 1
                 self.ep.send(dst, ent[0], retransmits=1)
                 ent[1] = now
                 ent[2] = min(ent[2] * 2, max(cap, ent[2]))
@@ -312,6 +347,8 @@ class Call:
         short vote that names the member nobody heard from (see :meth:`_timeout_abort`); a
         peer's ABORT for a rejected update raises :class:`UpdateRejected` at once.
         """
+        if self.cancelled is not None:
+            raise RoundAborted(f"round {self.tag!r} cancelled: {self.cancelled}", member=self.ep.member_id)
         self._send_ready()
         if self._acks and self.inbox.empty():
             self.flush_acks()  # about to wait: nothing more to batch with
@@ -325,6 +362,8 @@ class Call:
             fr = self.inbox.get(timeout=max(0.0, min(self.deadline, due) - now))
         except queue.Empty:
             self._retransmit()
+            return None
+        if fr is None:  # cancel(): the next wait() raises
             return None
         if time.monotonic() >= due:
             self._retransmit()
@@ -399,7 +438,7 @@ class Call:
                 fr = self.inbox.get(timeout=left)
             except queue.Empty:
                 break
-            if fr.sender not in self.peers:
+            if fr is None or fr.sender not in self.peers:
                 continue
             alive.add(fr.sender)
             if fr.kind == FrameKind.ABORT:

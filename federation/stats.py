@@ -19,6 +19,7 @@ class Stats:
     acks_sent: int = 0
     aborts_sent: int = 0
     retransmits: int = 0
+    retries_exhausted: int = 0  # frames given up on after max_retransmits (the call raised RetriesExhausted)
     bytes_received: int = 0
     frames_received: int = 0
     duplicates: int = 0  # DATA frames received again (counted once, re-acknowledged)

@@ -1,4 +1,12 @@
-"""firmware: device images and the board-side runtime pieces.
+"""firmware: signed device images, the board's A/B slots, the boot supervisor, over-the-air staging.
+
+* :mod:`firmware.image` the image format (signed manifest + members), build and verify;
+  :mod:`firmware.keys` ed25519 keys; :mod:`firmware.boards` which artifacts a board runs;
+  :mod:`firmware.artifact_view` the one reader of a compiled artifact's manifest.
+* :mod:`firmware.device` the device directory: flash into the inactive slot, atomic boot state,
+  trusted keys, anti-rollback, rollback, status.
+* :mod:`firmware.boot` the boot supervisor (trial counter, health check, mark good, fallback).
+* :mod:`firmware.ota` resumable download (HTTP ranges) and staging.
 
 ``sysroot.sh ARCH DEST`` builds the foreign-arch Python sysroot (Debian arm64 packages plus the
 aarch64 wheels of apache-tvm, apache-tvm-ffi and numpy) that ``compiler.emulate`` runs artifacts

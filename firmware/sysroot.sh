@@ -5,7 +5,12 @@
 #   qemu-aarch64 -L DEST DEST/usr/bin/python3.11 -m compiler.runner ...
 # with PYTHONPATH=DEST/wheels:REPO.
 #
-# usage: bash firmware/sysroot.sh ARCH DEST        (ARCH: aarch64; riscv64 has no TVM wheel yet)
+# usage: bash firmware/sysroot.sh ARCH DEST        (ARCH: aarch64 or riscv64)
+#
+# riscv64: PyPI has no riscv64 TVM wheel and needs none: riscv64 artifacts are C-backend libraries
+# loaded with ctypes (compiler/clib.py). The sysroot is Debian trixie riscv64 (python3.13 and
+# python3-numpy as Debian packages), fetched with a private apt configuration under
+# DEST/.apt (the host's apt sources and dpkg architectures are left untouched; no root needed).
 # Idempotent: a finished sysroot has DEST/.done and is left alone. Needs root (or sudo) once
 # for `dpkg --add-architecture` + `apt-get update`; downloads go to DEST/.debs and DEST/.wheels.
 set -euo pipefail
@@ -18,7 +23,8 @@ PIP=${PIP:-"$REPO/.venv/bin/pip"}
 
 case "$ARCH" in
   aarch64) DEBARCH=arm64; WHEELPLAT=(manylinux_2_28_aarch64 manylinux_2_17_aarch64 manylinux2014_aarch64) ;;
-  *) echo "sysroot.sh: unsupported arch '$ARCH' (only aarch64: PyPI has no riscv64 TVM wheel)" >&2; exit 2 ;;
+  riscv64) DEBARCH=riscv64 ;;
+  *) echo "sysroot.sh: unsupported arch '$ARCH' (aarch64 or riscv64)" >&2; exit 2 ;;
 esac
 
 # .done records the hash of this script: a changed recipe rebuilds, an unchanged one is a no-op
@@ -32,6 +38,58 @@ if [ -f "$DEST/.done" ]; then
   fi
   echo "sysroot $ARCH: recipe changed, rebuilding $DEST"
   rm -rf "$DEST"
+fi
+
+if [ "$ARCH" = riscv64 ]; then
+  # Python 3.13 + numpy (reference BLAS/LAPACK) and the libraries they link, from Debian trixie.
+  RV_DEBS=(
+    python3.13-minimal libpython3.13-minimal libpython3.13-stdlib python3-numpy
+    libc6 libgcc-s1 libstdc++6 libgfortran5 libblas3 liblapack3 zlib1g libffi8 libexpat1 libssl3t64
+    libbz2-1.0 liblzma5 libzstd1 libsqlite3-0 libuuid1 libncursesw6 libtinfo6 libreadline8t64
+    libdb5.3t64 libmpdec4 media-types tzdata
+    # the node (`fractal node`): its Python dependencies as Debian packages, closure from
+    # `apt-cache depends --recurse` (zlib-ng and amqtt are optional imports and not packaged)
+    libuv1t64 python3-annotated-types python3-anyio python3-bcrypt python3-certifi python3-cffi-backend
+    python3-click python3-cryptography python3-decorator python3-dnspython python3-dotenv
+    python3-email-validator python3-exceptiongroup python3-fastapi python3-h11 python3-httpcore
+    python3-httpx python3-idna python3-linkify-it python3-markdown-it python3-mdurl python3-paho-mqtt
+    python3-platformdirs python3-prometheus-client python3-pydantic python3-pydantic-core
+    python3-pydantic-settings python3-pygments python3-rich python3-shellingham python3-sniffio
+    python3-starlette python3-typer python3-typing-extensions python3-uc-micro python3-uvicorn
+    python3-uvloop python3-wsproto python3-multipart
+  )
+  mkdir -p "$DEST/.apt/lists/partial" "$DEST/.apt/cache/archives/partial" "$DEST/.debs"
+  DEST=$(cd "$DEST" && pwd)
+  A="$DEST/.apt"
+  echo "deb [arch=riscv64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" > "$A/sources.list"
+  : > "$A/status"
+  APTOPTS=(-o "Dir::Etc::SourceList=$A/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+           -o "Dir::State::Lists=$A/lists" -o "Dir::Cache=$A/cache" -o "Dir::State::Status=$A/status"
+           -o APT::Architecture=riscv64 -o APT::Architectures::=riscv64)
+  echo "sysroot riscv64: apt update (trixie riscv64, private lists in $A)"
+  apt-get "${APTOPTS[@]}" update -qq
+  echo "sysroot riscv64: downloading ${#RV_DEBS[@]} Debian riscv64 packages"
+  ( cd "$DEST/.debs" && apt-get "${APTOPTS[@]}" download -qq "${RV_DEBS[@]}" )
+  for deb in "$DEST"/.debs/*.deb; do
+    dpkg -x "$deb" "$DEST"
+  done
+  # dpkg -x runs no maintainer scripts: make the links update-alternatives would have made.
+  ML="$DEST/usr/lib/riscv64-linux-gnu"
+  ln -sf blas/libblas.so.3 "$ML/libblas.so.3"
+  ln -sf lapack/liblapack.so.3 "$ML/liblapack.so.3"
+  ln -sf python3.13 "$DEST/usr/bin/python3"
+  # trixie is merged-/usr and base-files (not unpacked) owns the /lib -> usr/lib link
+  [ -e "$DEST/lib" ] || ln -s usr/lib "$DEST/lib"
+  if command -v qemu-riscv64 >/dev/null 2>&1; then
+    qemu-riscv64 -L "$DEST" "$DEST/usr/bin/python3.13" -c \
+      "import numpy, ctypes, fastapi, uvicorn, pydantic; print('sysroot ok: numpy', numpy.__version__)"
+  else
+    echo "sysroot riscv64: warning: qemu-riscv64 not installed, skipped the smoke test" >&2
+  fi
+  rm -rf "$DEST/.debs" "$A"
+  { echo "$STAMP"; date -u +%FT%TZ; } > "$DEST/.done"
+  echo "sysroot riscv64: done in $DEST"
+  exit 0
 fi
 
 # Python 3.11 and the shared libraries it, its stdlib extensions, numpy and libtvm link against.

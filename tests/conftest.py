@@ -7,3 +7,13 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 pytest_plugins = sorted(f"tests.{p.stem}" for p in _HERE.glob("fixtures_*.py"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fleet_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's fleet services (in process or spawned) keep their durable history in a file
+    of their own, not in the user's data dir, so no test sees another's rounds."""
+    monkeypatch.setenv("FRACTAL_FLEET_DB", str(tmp_path_factory.mktemp("fleetdb") / "fleet.sqlite"))

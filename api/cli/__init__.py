@@ -25,7 +25,7 @@ app = typer.Typer(
 )
 
 # Verb modules, imported for their side effect of registering commands on `app`.
-_VERB_MODULES = ("compile", "node", "fleet", "image", "bench")
+_VERB_MODULES = ("compile", "node", "fleet", "image", "boot", "bench")
 
 
 def _register() -> None:

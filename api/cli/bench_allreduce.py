@@ -21,10 +21,12 @@ def bench_allreduce(
     compression: str = typer.Option("none", "--compression", "-c", help="none, fp16, int8 or topk."),
     max_payload: int = typer.Option(256 * 1024, "--max-payload", help="Bytes per MQTT message."),
     repeats: int = typer.Option(3, "--repeats", help="Timed calls per engine (the median is reported)."),
+    signed: bool = typer.Option(False, "--signed", help="Also time the ring with ed25519-signed frames "
+                                "(same run; reports signed_seconds and signed_overhead)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Time one ring allreduce (and the star baseline) of --size floats across --nodes members."""
-    from federation.bench import run_allreduce_bench
+    from api.bench.allreduce import run_allreduce_bench
     from federation.errors import FederationError
     from federation.messages import Compression
 
@@ -34,7 +36,7 @@ def bench_allreduce(
         raise FederationError(f"unknown compression {compression!r}",
                               hint="use one of: " + ", ".join(c.value for c in Compression)) from None
     result = run_allreduce_bench(nodes, size, broker_url=broker, compression=compression,
-                                 max_payload=max_payload, repeats=repeats)
+                                 max_payload=max_payload, repeats=repeats, signed=signed)
     if as_json:
         typer.echo(json.dumps(result))
         return

@@ -30,7 +30,7 @@ def bench_compile(
     shape: list[str] = typer.Option([], "--shape", help="With --model: fix an input's dims, NAME=D0,D1,..."),
 ) -> None:
     """Latency of each zoo model in onnxruntime, TVM untuned and TVM tuned; tuning and recompile time."""
-    from compiler.bench import run_compile_bench
+    from api.bench.compile import run_compile_bench
     from compiler.errors import CompilerError
 
     if model is not None:
@@ -67,9 +67,9 @@ def bench_compile(
 
 def _bench_user_model(model: str, shape: list[str], trials: int, threads: int, target: str, db: str | None,
                       seconds: float, as_json: bool) -> None:
-    """`bench compile --model FILE`: one user model (compiler.bench_model)."""
+    """`bench compile --model FILE`: one user model (api.bench.model)."""
     from api.cli.compile import parse_shapes
-    from compiler.bench_model import bench_user_model
+    from api.bench.model import bench_user_model
 
     row = bench_user_model(model, shapes=parse_shapes(shape), trials=trials, threads=threads, target=target,
                            db_dir=db, min_seconds=seconds,

@@ -3,67 +3,15 @@
 from __future__ import annotations
 
 import secrets
-import signal
-import threading
 from pathlib import Path
 
 import typer
 
 from api.cli import app
-from api.cli.net import port_problem
 from api.fleet.errors import FleetError
+from api.fleet.serve import serve_fleet
 
-__all__ = ["fleet", "swarm", "serve_fleet"]
-
-
-def _check_port_free(host: str, port: int) -> None:
-    if (problem := port_problem(host, port)) is not None:
-        raise FleetError(problem, hint="pick another port with --port")
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def serve_fleet(settings, *, ready=None) -> None:
-    """Run the fleet app with uvicorn in this thread until SIGINT/SIGTERM.
-
-    ``ready`` (optional callable) runs once the server accepts connections.
-    """
-    import uvicorn
-
-    from api.fleet_app import create_fleet_app
-
-    _check_port_free(settings.host, settings.port)
-    fleet_app = create_fleet_app(settings)
-    fleet_app.state.fleet.start()  # connect now: a bad broker URL fails here with a clear error
-    config = uvicorn.Config(fleet_app, host=settings.host, port=settings.port, log_level="warning",
-                            timeout_graceful_shutdown=2, lifespan="on")
-    server = uvicorn.Server(config)
-    if ready is not None:
-
-        def notify() -> None:
-            while not server.started and not server.should_exit:
-                threading.Event().wait(0.05)
-            if server.started:
-                ready()
-
-        threading.Thread(target=notify, daemon=True).start()
-    # uvicorn handles SIGINT/SIGTERM, then re-raises the signal once it has shut down: make
-    # SIGTERM unwind like Ctrl-C so the MQTT link closes cleanly and the exit code is 0.
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        fleet_app.state.fleet.stop()
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
-    if not server.started:
-        raise FleetError(f"the fleet service did not start on {settings.host}:{settings.port}",
-                         hint="check the broker URL (--broker) and that the port is free")
+__all__ = ["fleet", "swarm", "serve_fleet"]  # serve_fleet: re-exported from api.fleet.serve
 
 
 def _settings(**flags):
@@ -90,10 +38,20 @@ def fleet(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0 for all)."),
     swarm_id: str = typer.Option("default", "--swarm", help="Swarm id (MQTT topic level)."),
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="CA certificate for an mqtts:// broker."),
+    db: Path | None = typer.Option(None, "--db", help="SQLite file of round history and operator actions "
+                                   "(default: $FRACTAL_FLEET_DB, else the user data dir, per swarm)."),
+    key: Path | None = typer.Option(None, "--key",
+                                    help="The fleet's signing key (deploy/keys.py: keys/fleet.key)."),
+    keyring: Path | None = typer.Option(None, "--keyring",
+                                        help="The swarm keyring (deploy/keys.py: keyring.json); with --key, "
+                                        "unsigned or forged member messages are dropped."),
 ) -> None:
     """Run the fleet service: node registry, training rounds, event stream and dashboard."""
+    if (key is None) != (keyring is None):
+        raise FleetError("--key and --keyring go together", hint="make both with python -m deploy.keys")
     settings = _settings(broker=broker, port=port, token=token, host=host, swarm=swarm_id,
-                         tls_ca=str(tls_ca) if tls_ca else None)
+                         tls_ca=str(tls_ca) if tls_ca else None, db=str(db) if db else None,
+                         key_file=str(key) if key else None, keyring_file=str(keyring) if keyring else None)
     if not settings.token:
         settings = settings.model_copy(update={"token": secrets.token_urlsafe(18)})
         typer.echo(f"operator token (generated): {settings.token}")

@@ -1,22 +1,7 @@
-"""Small network helpers shared by the verbs that serve HTTP."""
+"""Re-export of :mod:`api.net` for the CLI verbs (the helper lives outside the CLI so deploy/ can use it)."""
 
 from __future__ import annotations
 
-import socket
+from api.net import port_problem
 
 __all__ = ["port_problem"]
-
-
-def port_problem(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on, or None if it can.
-
-    uvicorn reports a busy port with a log line and ``sys.exit(1)``; the verbs check first so
-    the user gets the CLI's one-line error with a hint instead.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            return f"cannot listen on {host}:{port}: {exc.strerror}"
-    return None

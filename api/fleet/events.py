@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import math
 import threading
 from dataclasses import dataclass
 
-__all__ = ["EventBus", "EventType", "Subscription"]
+__all__ = ["EventBus", "EventType", "Subscription", "json_safe"]
 
 
 class EventType(enum.StrEnum):
     SNAPSHOT = "snapshot"  # first event of every stream: nodes + round history
     NODE = "node"  # one node's view changed
     ROUND = "round"  # one round changed (a step loss, done, failed)
+    ROLLBACK = "rollback"  # a rollback started, finished or failed (an operator action was recorded)
 
 
 @dataclass
@@ -59,7 +61,7 @@ class EventBus:
             return len(self._subs)
 
     def publish(self, kind: EventType, data: dict) -> None:
-        item = (kind.value, json.dumps(data, separators=(",", ":")))
+        item = (kind.value, json.dumps(json_safe(data), separators=(",", ":"), allow_nan=False))
         with self._lock:
             subs = list(self._subs)
         for sub in subs:
@@ -73,3 +75,15 @@ def _put_dropping_oldest(queue: asyncio.Queue, item: tuple[str, str]) -> None:
     if queue.full():
         queue.get_nowait()
     queue.put_nowait(item)
+
+
+def json_safe(value: object) -> object:
+    """``value`` with every NaN/Inf float replaced by ``None``: the stream is standard JSON, which
+    browsers' ``JSON.parse`` can read (a bare ``NaN`` made the dashboard drop the whole event)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

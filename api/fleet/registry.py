@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from federation.bounds import REGISTRY_MAX_NODES
 from federation.messages import NodeState, NodeStatus
 
 __all__ = ["NodeRegistry", "NodeEntry", "STALE_FACTOR"]
@@ -52,6 +53,13 @@ class NodeEntry:
             "samples": st.samples,
             "round_id": st.round_id,
             "api_url": st.api_url,
+            # Device facts newer nodes report (None when the node does not).
+            "artifact": st.artifact.model_dump() if st.artifact else None,
+            "health": st.health.model_dump() if st.health else None,
+            "samples_train": st.samples_train,
+            "samples_val": st.samples_val,
+            "validation": st.validation.model_dump() if st.validation else None,
+            "versions": list(st.versions),
             "keepalive_s": st.keepalive_s,
             "last_seen": self.last_seen,
             "age_s": round(max(0.0, now - self.last_seen), 3),
@@ -61,15 +69,19 @@ class NodeEntry:
 class NodeRegistry:
     """Thread-safe map node id -> latest status; MQTT callbacks write, HTTP handlers read."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_nodes: int = REGISTRY_MAX_NODES) -> None:
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeEntry] = {}
+        self.max_nodes = max_nodes
 
-    def update(self, status: NodeStatus, now: float) -> dict:
-        """Record a status; returns the node's new view."""
+    def update(self, status: NodeStatus, now: float) -> dict | None:
+        """Record a status; returns the node's new view, or ``None`` when the registry is full
+        and the node is new (ghost statuses must not grow it without limit)."""
         # A retained status may be old: trust its timestamp unless the node's clock runs ahead.
         seen = min(now, status.ts)
         with self._lock:
+            if status.node_id not in self._nodes and len(self._nodes) >= self.max_nodes:
+                return None
             entry = NodeEntry(status=status, last_seen=seen)
             self._nodes[status.node_id] = entry
             return entry.view(now)
@@ -94,6 +106,12 @@ class NodeRegistry:
     def online_ids(self, now: float) -> set[str]:
         with self._lock:
             return {nid for nid, e in self._nodes.items() if e.state(now) is not NodeState.OFFLINE}
+
+    def idle_ids(self, now: float) -> set[str]:
+        """Online and not busy with a round (a node still inside an aborted round is not idle:
+        a new round on it would fail at once with "busy")."""
+        with self._lock:
+            return {nid for nid, e in self._nodes.items() if e.state(now) is NodeState.ONLINE}
 
     def known(self, node_id: str) -> bool:
         with self._lock:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import bisect
 import enum
+import logging
+import math
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -22,10 +25,15 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.fleet.history import FleetHistory
 from federation import topics
-from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode
+from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode, Validation
+from federation.startversion import start_hash
 
-__all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager"]
+__all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager",
+           "swarm_validation", "regression"]
+
+log = logging.getLogger(__name__)
 
 
 class RoundState(enum.StrEnum):
@@ -57,11 +65,32 @@ class RoundRejected(Exception):
 @dataclass
 class _Progress:
     losses: dict[int, float] = field(default_factory=dict)
+    # (step, seconds since the round started) at the last step of each STEP event, in step order:
+    # the wall-time axis of the plot (steps between two anchors are interpolated).
+    times: list[tuple[int, float]] = field(default_factory=lambda: [(-1, 0.0)])
     last_event: float | None = None
     done: bool = False
     failed: str | None = None
     params_sha256: str | None = None
     model_version: int | None = None
+    val_before: Validation | None = None
+    val_after: Validation | None = None
+
+    def add_losses(self, first: int, losses: list[float | None], steps: int, t: float) -> int:
+        """Record losses of steps ``first, first+1, ...`` (only steps of the round, only finite
+        values: the history is strict JSON); returns how many values were dropped."""
+        dropped = 0
+        last = None
+        for i, v in enumerate(losses):
+            s = first + i
+            if not 0 <= s < steps or v is None or not math.isfinite(v):
+                dropped += v is not None
+                continue
+            self.losses[s] = float(v)
+            last = s
+        if last is not None and last > self.times[-1][0]:
+            self.times.append((last, max(t, self.times[-1][1])))
+        return dropped
 
 
 @dataclass
@@ -73,6 +102,9 @@ class Round:
     reason: str | None = None
     finished_at: float | None = None
     progress: dict[str, _Progress] = field(default_factory=dict)
+    rollback: dict | None = None  # set when a rollback undid this round (see api.fleet.rollback)
+    margin: float = 0.02  # how much worse validation may get (see regression)
+    judged: bool = False  # the fleet checked its validation after it ended (auto rollback)
 
     @property
     def round_id(self) -> str:
@@ -96,9 +128,22 @@ class Round:
         for s in steps:
             per = {n: p.losses[s] for n, p in sorted(self.progress.items()) if s in p.losses}
             values = [v for v in (_interpolate(c, s) for c in curves.values()) if v is not None]
+            times = [v for v in (_interpolate(p.times, s) for p in self.progress.values()) if v is not None]
             out.append({"step": s, "mean": sum(values) / len(values), "nodes": per,
-                        "complete": len(values) == len(self.progress)})
+                        "complete": len(values) == len(self.progress),
+                        "t": round(sum(times) / len(times), 4) if times else None})
         return out
+
+    def validation(self) -> dict:
+        """The swarm's validation result before and after the round (see swarm_validation)."""
+        return {"before": swarm_validation([p.val_before for p in self.progress.values()]),
+                "after": swarm_validation([p.val_after for p in self.progress.values()])}
+
+    def versions(self) -> tuple[int | None, int | None]:
+        """(version the round started from, version it committed); None before any DONE."""
+        after = max((p.model_version for p in self.progress.values() if p.model_version is not None),
+                    default=None)
+        return (None if after is None else max(0, after - 1)), after
 
     def hashes(self) -> dict[str, str]:
         return {n: p.params_sha256 for n, p in self.progress.items() if p.params_sha256}
@@ -109,6 +154,8 @@ class Round:
         if self.progress and len(hashes) == len(self.progress):
             agree = len(set(hashes.values())) == 1
         cmd = self.command
+        before, after = self.versions()
+        validation = self.validation()
         return {
             "round_id": cmd.round_id,
             "state": self.state.value,
@@ -123,12 +170,55 @@ class Round:
             "loss": self.loss_series(max_points),
             "nodes": {
                 n: {"last_step": max(p.losses, default=None), "done": p.done, "failed": p.failed,
-                    "params_sha256": p.params_sha256, "model_version": p.model_version}
+                    "params_sha256": p.params_sha256, "model_version": p.model_version,
+                    "val_before": _val(p.val_before), "val_after": _val(p.val_after)}
                 for n, p in sorted(self.progress.items())
             },
             "params_agree": agree,
             "params_sha256": next(iter(hashes.values())) if agree else None,
+            "version_before": before,
+            "version_after": after,
+            "validation": validation,
+            "regressed": regression(validation, self.margin) if self.state is RoundState.DONE else None,
+            "rollback": self.rollback,
         }
+
+
+def _val(v: Validation | None) -> dict | None:
+    return None if v is None else {"loss": v.loss, "accuracy": v.accuracy, "samples": v.samples}
+
+
+def swarm_validation(vals: list[Validation | None]) -> dict | None:
+    """The swarm's validation result: the mean over nodes weighted by their validation samples
+    (so it equals the result on the union of their validation sets); None when nobody reported.
+    ``accuracy`` is None unless every reporting node measured one; ``nodes`` counts reporters."""
+    got = [v for v in vals if v is not None and v.samples > 0]
+    if not got:
+        return None
+    n = sum(v.samples for v in got)
+    acc: float | None = 0.0
+    for v in got:
+        acc = None if acc is None or v.accuracy is None else acc + v.accuracy * v.samples
+    # Weights below 1 keep a diverged node's huge (finite) loss finite: the history is strict JSON.
+    loss = min(sum(v.loss * (v.samples / n) for v in got), sys.float_info.max)
+    return {"loss": loss, "accuracy": None if acc is None else acc / n, "samples": n, "nodes": len(got)}
+
+
+def regression(validation: dict, margin: float) -> str | None:
+    """Why a round's swarm validation got worse than before by more than ``margin`` (accuracy:
+    absolute drop, e.g. 0.02 = 2 points; loss-only models: relative rise), or None."""
+    before, after = validation.get("before"), validation.get("after")
+    if not before or not after:
+        return None
+    if before["accuracy"] is not None and after["accuracy"] is not None:
+        if after["accuracy"] < before["accuracy"] - margin:
+            return (f"validation accuracy fell from {before['accuracy']:.4f} to {after['accuracy']:.4f} "
+                    f"(more than the margin {margin:g})")
+        return None
+    if after["loss"] > before["loss"] * (1 + margin) + 1e-12:
+        return (f"validation loss rose from {before['loss']:.4g} to {after['loss']:.4g} "
+                f"(more than {margin:.0%})")
+    return None
 
 
 def _interpolate(curve: list[tuple[int, float]], step: int) -> float | None:
@@ -157,7 +247,8 @@ class RoundManager:
     """Thread-safe; ``publish(topic, message)`` sends on MQTT (injected so tests can capture it)."""
 
     def __init__(self, *, swarm: str, publish: Publish, start_timeout_s: float, idle_timeout_s: float,
-                 step_timeout_s: float = 30.0, max_steps: int = 10_000, history: int = 200) -> None:
+                 step_timeout_s: float = 30.0, max_steps: int = 10_000, history: int = 200,
+                 store: FleetHistory | None = None, margin: float = 0.02) -> None:
         self._swarm = swarm
         self._publish = publish
         self._start_timeout = start_timeout_s
@@ -165,13 +256,34 @@ class RoundManager:
         self._step_timeout = step_timeout_s
         self._max_steps = max_steps
         self._history = history
+        self._store = store  # durable history (rounds and their metrics); None: memory only
+        self._margin = margin
         self._lock = threading.Lock()
         self._rounds: OrderedDict[str, Round] = OrderedDict()
         self.ignored_events = 0  # events of rounds this fleet did not start
+        self.dropped_values = 0  # non-finite losses and steps outside the round
 
     # -- commands -------------------------------------------------------------------------
-    def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float) -> Round:
-        """Validate against the live swarm, publish the RoundCommand, return the new round."""
+    def running(self) -> str | None:
+        """The id of the running round, if one is."""
+        with self._lock:
+            return next((r.round_id for r in self._rounds.values() if r.state is RoundState.RUNNING), None)
+
+    def judge(self, round_id: str) -> tuple[Round, str] | None:
+        """Once per round, after it ended DONE: the round and why its validation regressed (else None)."""
+        with self._lock:
+            rnd = self._rounds.get(round_id)
+            if rnd is None or rnd.state is not RoundState.DONE or rnd.judged:
+                return None
+            rnd.judged = True
+            why = regression(rnd.validation(), rnd.margin)
+        return (rnd, why) if why else None
+
+    def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float,
+              holdings: dict[str, str] | None = None) -> Round:
+        """Validate against the live swarm, publish the RoundCommand, return the new round.
+        ``holdings`` (node -> params_sha256 of its last status) fixes the start parameters by
+        the start-version rule (federation/startversion.py), never by the highest version."""
         if req.steps > self._max_steps:
             raise RoundRejected(f"steps={req.steps} exceeds this fleet's limit of {self._max_steps}", 422)
         with self._lock:
@@ -190,16 +302,26 @@ class RoundManager:
             if len(participants) < 2:
                 have = ", ".join(participants) or "none"
                 raise RoundRejected(
-                    f"fewer than 2 nodes online among the requested participants (online: {have}); "
+                    f"fewer than 2 nodes online and idle among the requested participants (idle: {have}); "
                     "a round needs at least 2")
+            start = None
+            if holdings is not None:
+                last = next((r.to_dict().get("params_sha256") for r in reversed(self._rounds.values())
+                             if r.state is RoundState.DONE), None)
+                start = start_hash({p: holdings.get(p, "") for p in participants}, last_committed=last)
+                if start is None:
+                    raise RoundRejected(
+                        "the participants hold different parameters and none has a majority: choose the "
+                        "nodes to train (those holding the parameters you want) with \"nodes\"")
             cmd = RoundCommand(round_id=_new_round_id(), steps=req.steps, lr=req.lr,
                                sync=req.sync or SyncMode.GRADIENT, participants=participants,
-                               step_timeout_s=self._step_timeout, issued_at=now)
+                               step_timeout_s=self._step_timeout, issued_at=now, start_sha256=start)
             rnd = Round(command=cmd, started_at=now, skipped=skipped,
-                        progress={n: _Progress() for n in participants})
+                        progress={n: _Progress() for n in participants}, margin=self._margin)
             self._rounds[cmd.round_id] = rnd
             while len(self._rounds) > self._history:
                 self._rounds.popitem(last=False)
+            self._save(rnd)
         # Publish outside the lock: a slow broker must not block readers.
         self._publish(topics.command(self._swarm), cmd)
         return rnd
@@ -214,12 +336,15 @@ class RoundManager:
                 return None
             p = rnd.progress[ev.node_id]
             p.last_event = now
-            if ev.kind is EventKind.STEP and ev.loss is not None:
-                p.losses[ev.step] = float(ev.loss)
+            if ev.kind is EventKind.STEP:
+                losses = ev.losses if ev.losses is not None else [ev.loss]
+                first = ev.step - len(losses) + 1  # ``losses`` end at ``step``
+                self.dropped_values += p.add_losses(first, losses, rnd.command.steps, now - rnd.started_at)
             elif ev.kind is EventKind.DONE:
                 p.done = True
                 p.params_sha256 = ev.params_sha256
                 p.model_version = ev.model_version
+                p.val_before, p.val_after = ev.val_before, ev.val_after
             elif ev.kind is EventKind.FAILED:
                 p.failed = ev.reason or "failed"
             was_running = rnd.state is RoundState.RUNNING
@@ -244,6 +369,11 @@ class RoundManager:
 
     def _finish(self, rnd: Round, state: RoundState, reason: str | None, now: float) -> None:
         rnd.state, rnd.reason, rnd.finished_at = state, reason, now
+        self._save(rnd)
+
+    def _save(self, rnd: Round) -> None:
+        if self._store is not None:
+            self._store.save_round(rnd.to_dict(PLOT_POINTS))
 
     def node_offline(self, node_id: str, now: float) -> list[Round]:
         """A participant went offline: its running rounds fail (the ring cannot finish without it)."""
@@ -285,17 +415,53 @@ class RoundManager:
         try:
             self._publish(topics.command(self._swarm),
                           RoundAbort(round_id=rnd.round_id, reason=rnd.reason or "aborted by fleet"))
-        except Exception:  # best effort: the round is failed either way
-            pass
+        except Exception as exc:  # best effort: the round is failed either way
+            log.warning("round %s: could not publish the abort to the nodes: %s", rnd.round_id, exc)
+
+    def mark_rolled_back(self, nodes: set[str], to_version: int, info: dict) -> list[str]:
+        """Mark DONE rounds of ``nodes`` that committed a version above ``to_version`` as undone by
+        the rollback ``info``; their ids. Rounds of earlier fleet processes are updated in the store."""
+        marked = []
+        with self._lock:
+            for rnd in self._rounds.values():
+                after = rnd.versions()[1]
+                if rnd.state is RoundState.DONE and rnd.rollback is None and after is not None \
+                        and after > to_version and nodes & set(rnd.progress):
+                    rnd.rollback = dict(info)
+                    self._save(rnd)
+                    marked.append(rnd.round_id)
+            live = set(self._rounds)
+        if self._store is not None:
+            for d in self._store.rounds(self._history):
+                if d["round_id"] in live or d["state"] != RoundState.DONE.value or d.get("rollback"):
+                    continue
+                after = d.get("version_after")
+                if after is not None and after > to_version and nodes & set(d["participants"]):
+                    d["rollback"] = dict(info)
+                    self._store.save_round(d)
+                    marked.append(d["round_id"])
+        return marked
 
     # -- queries --------------------------------------------------------------------------
     def get(self, round_id: str, max_points: int | None = None) -> dict | None:
-        """One round; ``max_points`` thins the loss series (the event stream and history use it)."""
+        """One round; ``max_points`` thins the loss series (the event stream and history use it).
+        A round of an earlier fleet process comes from the store, thinned to PLOT_POINTS."""
         with self._lock:
             rnd = self._rounds.get(round_id)
-            return rnd.to_dict(max_points) if rnd else None
+            if rnd is not None:
+                return rnd.to_dict(max_points)
+        return self._store.get_round(round_id) if self._store is not None else None
 
-    def history(self, max_points: int | None = PLOT_POINTS) -> list[dict]:
-        """Newest first."""
+    def history(self, max_points: int | None = PLOT_POINTS, *, limit: int = 50,
+                before: float | None = None) -> list[dict]:
+        """Up to ``limit`` rounds started before ``before`` (a ``started_at``), newest first; from the
+        store when there is one (so rounds of earlier fleet processes are included)."""
         with self._lock:
-            return [r.to_dict(max_points) for r in reversed(self._rounds.values())]
+            live = {r.round_id: r.to_dict(max_points) for r in self._rounds.values()
+                    if before is None or r.started_at < before}
+        if self._store is None:
+            rows = sorted(live.values(), key=lambda d: (d["started_at"], d["round_id"]), reverse=True)
+            return rows[:limit]
+        # Rounds this process runs are fresher in memory than in the store (loss points arrive
+        # between saves).
+        return [live.get(d["round_id"], d) for d in self._store.rounds(limit, before)]

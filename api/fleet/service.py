@@ -8,17 +8,22 @@ import logging
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from api.fleet.events import EventBus, EventType
+from api.fleet.history import FleetHistory
 from api.fleet.registry import NodeRegistry
-from api.fleet.rounds import PLOT_POINTS, Round, RoundManager, RoundRequest, RoundState
+from api.fleet.rollback import Rollback, RollbackManager, RollbackRequest
+from api.fleet.rounds import PLOT_POINTS, Round, RoundManager, RoundRejected, RoundRequest, RoundState
 from api.fleet.settings import FleetSettings
 from federation import topics
-from federation.messages import EventKind, parse_event, parse_status
+from federation.auth import Reject
+from federation.messages import EventKind, NodeState, parse_event, parse_status
+from federation.signed import SignedLink, load_identity
 
 __all__ = ["FleetService", "Link", "LinkFactory"]
 
@@ -55,11 +60,18 @@ class FleetService:
         self.clock = clock
         self.bus = EventBus()
         self.registry = NodeRegistry()
+        self.history = FleetHistory(settings.db_path())
+        self.history.close_interrupted(clock())
         self.rounds = RoundManager(
             swarm=settings.swarm, publish=self._publish,
             start_timeout_s=settings.round_start_timeout_s, idle_timeout_s=settings.round_idle_timeout_s,
-            step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history)
+            step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history,
+            store=self.history, margin=settings.rollback_margin)
+        self.rollbacks = RollbackManager(swarm=settings.swarm, publish=self._publish,
+                                         timeout_s=settings.rollback_timeout_s, store=self.history)
         self.rejected_messages = 0
+        # per reason: federation.auth.Reject values, "malformed", "registry_full"
+        self.rejected: Counter[str] = Counter()
         self._link_factory = link_factory or default_link
         self._link: Link | None = None
         self._stop = threading.Event()
@@ -69,7 +81,11 @@ class FleetService:
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
-        self._link = self._link_factory(self.settings)
+        link = self._link_factory(self.settings)
+        if self.settings.key_file and self.settings.keyring_file:
+            ident = load_identity(self.settings.key_file, self.settings.keyring_file)
+            link = SignedLink(link, ident.signer, ident.verifier(), on_reject=self._auth_reject)
+        self._link = link
         self._link.subscribe(topics.status_all(self.settings.swarm), self._on_status)
         self._link.subscribe(topics.round_events_all(self.settings.swarm), self._on_event)
         self._stop.clear()
@@ -83,6 +99,7 @@ class FleetService:
         if self._link is not None:
             self._link.close()
             self._link = None
+        self.history.close()
 
     @property
     def connected(self) -> bool:
@@ -106,15 +123,25 @@ class FleetService:
             self._reject(topic, f"node_id {status.node_id!r} does not match the topic")
             return
         view = self.registry.update(status, now)
+        if view is None:
+            self._reject(topic, f"registry full ({self.registry.max_nodes} nodes)", "registry_full")
+            return
         self.bus.publish(EventType.NODE, view)
         if not view["online"]:
             self._rounds_changed(self.rounds.node_offline(node, now))
+        elif status.state is NodeState.ONLINE:  # a training node still reports its old version
+            rb = self.rollbacks.on_status(node, status.model_version, now)
+            if rb is not None:
+                self._rollback_changed(rb, now)
 
     def _on_event(self, topic: str, payload: bytes) -> None:
         try:
             ev = parse_event(payload)
         except ValidationError as exc:
             self._reject(topic, exc)
+            return
+        if topic != topics.round_events(self.settings.swarm, ev.round_id, ev.node_id):
+            self._reject(topic, f"event of {ev.node_id!r} for round {ev.round_id!r} on another topic")
             return
         rnd = self.rounds.on_event(ev, self.clock())
         if rnd is None:
@@ -126,10 +153,44 @@ class FleetService:
                 self._dirty.add(rnd.round_id)
         else:
             self._rounds_changed([rnd])
+            if rnd.state is RoundState.DONE:
+                self._judge(rnd)
 
-    def _reject(self, topic: str, why: object) -> None:
+    def _judge(self, rnd: Round) -> None:
+        """Roll a DONE round back when its validation got worse than the margin allows."""
+        verdict = self.rounds.judge(rnd.round_id)
+        if verdict is None:
+            return
+        _, why = verdict
+        if not self.settings.auto_rollback:
+            log.warning("round %s: %s (auto rollback is off)", rnd.round_id, why)
+            return
+        before, after = rnd.versions()
+        assert before is not None and after is not None  # a judged round is DONE
+        now = self.clock()
+        try:
+            rb = self.rollbacks.start(
+                RollbackRequest(nodes=list(rnd.command.participants), to_version=before),
+                nodes=self.nodes(), now=now, by="auto", round_id=rnd.round_id, why=why,
+                current={n: after for n in rnd.command.participants})
+        except Exception as exc:  # a node went offline, the broker is gone: say so, keep the round
+            log.warning("round %s: %s, but the rollback could not start: %s", rnd.round_id, why, exc)
+            self.history.record_action("rollback.skipped", {"round_id": rnd.round_id, "why": why,
+                                                            "reason": str(exc)}, now)
+            return
+        log.warning("round %s: %s; rolling back to v%d (%s)", rnd.round_id, why, before,
+                    rb.command.rollback_id)
+        self._rollback_changed(rb, now)
+
+    def _reject(self, topic: str, why: object, reason: str = "malformed") -> None:
         self.rejected_messages += 1
-        log.warning("rejected message on %s: %s", topic, str(why).splitlines()[0])
+        self.rejected[reason] += 1
+        log.warning("rejected message on %s: %s", topic[:200], str(why).splitlines()[0][:300])
+
+    def _auth_reject(self, topic: str, reason: Reject) -> None:
+        # Not logged at warning level: a flood of forgeries must not flood the log too.
+        self.rejected_messages += 1
+        self.rejected[reason.value] += 1
 
     # -- periodic checks ------------------------------------------------------------------
     def _tick_loop(self) -> None:
@@ -146,6 +207,9 @@ class FleetService:
             self.bus.publish(EventType.NODE, view)
             self._rounds_changed(self.rounds.node_offline(view["node_id"], now))
         self._rounds_changed(self.rounds.tick(now))
+        rb = self.rollbacks.tick(now)
+        if rb is not None:
+            self._rollback_changed(rb, now)
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         for rid in sorted(dirty):
@@ -156,6 +220,16 @@ class FleetService:
     def _rounds_changed(self, rounds: list[Round]) -> None:
         for rnd in rounds:
             self.bus.publish(EventType.ROUND, self.rounds.get(rnd.round_id, PLOT_POINTS) or {})
+
+    def _rollback_changed(self, rb: Rollback, now: float) -> None:
+        data = rb.to_dict()
+        if data["state"] == "done":  # the rounds it undid say so in the history
+            info = {k: data[k] for k in ("rollback_id", "by", "to_version", "why", "finished_at")}
+            for rid in self.rounds.mark_rolled_back(set(rb.command.nodes), rb.command.to_version, info):
+                data_r = self.rounds.get(rid, PLOT_POINTS)
+                if data_r is not None:
+                    self.bus.publish(EventType.ROUND, data_r)
+        self.bus.publish(EventType.ROLLBACK, data)
 
     # -- operations used by the HTTP routes -----------------------------------------------
     def _publish(self, topic: str, msg: BaseModel) -> None:
@@ -168,11 +242,30 @@ class FleetService:
 
     def start_round(self, req: RoundRequest) -> dict:
         now = self.clock()
-        rnd = self.rounds.start(req, online=self.registry.online_ids(now),
-                                known={n["node_id"] for n in self.nodes()}, now=now)
+        pending = self.rollbacks.pending()
+        if pending is not None:
+            raise RoundRejected(f"rollback {pending.command.rollback_id} is still pending; wait for it")
+        nodes = self.nodes()
+        rnd = self.rounds.start(req, online=self.registry.idle_ids(now),
+                                known={n["node_id"] for n in nodes}, now=now,
+                                holdings={n["node_id"]: n["params_sha256"] for n in nodes})
+        self.history.record_action("start_round", {"round_id": rnd.round_id,
+                                                   "request": req.model_dump(mode="json")}, now)
         data = rnd.to_dict(PLOT_POINTS)
         self.bus.publish(EventType.ROUND, data)
         return data
 
+    def rollback(self, req: RollbackRequest) -> dict:
+        """The operator's rollback (``POST /api/rollback``); RoundRejected when the swarm cannot."""
+        running = self.rounds.running()
+        if running is not None:
+            raise RoundRejected(f"round {running} is running; roll back after it ends")
+        now = self.clock()
+        rb = self.rollbacks.start(req, nodes=self.nodes(), now=now, by="operator")
+        self._rollback_changed(rb, now)
+        return rb.to_dict()
+
     def snapshot(self) -> dict:
-        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.rounds.history()}
+        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.rounds.history(),
+                "actions": self.history.actions(50), "margin": self.settings.rollback_margin,
+                "auto_rollback": self.settings.auto_rollback}

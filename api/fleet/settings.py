@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -23,13 +25,35 @@ class FleetSettings(BaseSettings):
     token: str = Field(default="", repr=False)
     tls_ca: str | None = None  # CA file for mqtts:// brokers with a private CA
     client_id: str = ""  # MQTT client id; empty = "fleet-<random>"
+    # Signed swarm (deploy/keys.py): the fleet's key file and the swarm keyring. With both set,
+    # every command is signed and statuses/events without a valid member signature are dropped.
+    key_file: str | None = None
+    keyring_file: str | None = None
     # A round fails when a participant sends nothing for this long (first event, then between events).
     round_start_timeout_s: float = Field(default=45.0, gt=0)
     round_idle_timeout_s: float = Field(default=60.0, gt=0)
     step_timeout_s: float = Field(default=30.0, gt=0)  # forwarded to nodes in RoundCommand
     max_steps: int = Field(default=10_000, ge=1)
-    history: int = Field(default=200, ge=1)  # rounds kept in memory
+    # A round whose swarm validation got worse by more than this is rolled back: accuracy, an
+    # absolute drop (0.02 = 2 points); regression models (loss only), a relative rise (0.02 = 2%).
+    rollback_margin: float = Field(default=0.02, ge=0, le=1)
+    auto_rollback: bool = True
+    rollback_timeout_s: float = Field(default=30.0, gt=0)  # every target at the version by then
+    history: int = Field(default=200, ge=1)  # rounds kept in memory (all of them are in the db)
+    # SQLite file of round history and operator actions; empty: the user data dir, per swarm.
+    db: str = ""
     tick_s: float = Field(default=0.25, gt=0)  # how often deadlines and heartbeats are checked
+    # Device image catalogue (api/fleet/images.py): off when empty; uploads must verify with image_keys.
+    images_dir: str = ""
+    image_keys: list[str] = Field(default_factory=list)
+
+    def db_path(self) -> Path:
+        """Where the fleet keeps its durable state (``db``, or a per-swarm file in the user data dir)."""
+        if self.db:
+            return Path(self.db)
+        import platformdirs
+
+        return Path(platformdirs.user_data_dir("fractal-edge")) / f"fleet-{self.swarm}.sqlite"
 
     @field_validator("swarm")
     @classmethod

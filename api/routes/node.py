@@ -26,7 +26,5 @@ async def node_info(node: NodeDep) -> dict[str, Any]:
 async def metrics(request: Request, node: NodeDep) -> Response:
     """HTTP metrics of this app followed by the node's own (inference, samples, rounds, loss)."""
     parts = [generate_latest(request.app.state.http_metrics.registry)]
-    registry = getattr(node, "registry", None)
-    if registry is not None:
-        parts.append(generate_latest(registry))
+    parts.append(generate_latest(node.registry))
     return Response(b"".join(parts), media_type=CONTENT_TYPE_LATEST)

@@ -53,15 +53,13 @@ def _check_model(node: NodeLike, name: str, version: str | None = None) -> None:
         raise ApiError(404, f"model '{name}' has no version '{version}' (serving {model_version(node)})")
 
 
-def _ready(node: NodeLike) -> bool:
-    return bool(getattr(node, "ready", True))
 
 
 # Registered first: the router tries routes in order and infer is the hot path.
 def _run_infer(node: NodeLike, name: str, body: bytes, header_length: str | None) -> tuple[bytes, int | None]:
     # Decode, run and encode in ONE worker-thread hop: the event loop only moves bytes.
     req = parse_infer_request(body, node.inputs, [s.name for s in node.outputs], header_length,
-                              getattr(getattr(node, "config", None), "max_batch", None))
+                              node.config.max_batch)
     results = node.infer(req.inputs)
     return encode_response(node.model_name, model_version(node), req, results)
 
@@ -101,9 +99,11 @@ async def live() -> dict[str, bool]:
 
 @router.get("/health/ready", summary="Server readiness", responses={503: _ERROR})
 async def ready(node: NodeDep) -> Response:
-    """200 once the model is loaded and can answer inference."""
-    if not _ready(node):
-        raise ApiError(503, "model not loaded yet")
+    """200 when the node can answer inference; 503 naming why not (not started, parameters
+    being swapped, sample store unavailable)."""
+    why = node.readiness()
+    if why is not None:
+        raise ApiError(503, f"not ready: {why}")
     return Response(b'{"ready":true}', media_type="application/json")
 
 
@@ -133,6 +133,7 @@ async def model_metadata(name: str, node: NodeDep, version: str | None = None) -
 async def model_ready(name: str, node: NodeDep, version: str | None = None) -> Response:
     """200 if the model is ready; 400 if loaded but not ready (as Triton does)."""
     _check_model(node, name, version)
-    if not _ready(node):
-        raise ApiError(400, f"model '{name}' is not ready")
+    why = node.readiness()
+    if why is not None:
+        raise ApiError(400, f"model '{name}' is not ready: {why}")
     return Response(b'{"ready":true}', media_type="application/json")

@@ -3,14 +3,38 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#e07b39", "#3aa17e", "#8e5bd0", "#d04f7a", "#3f8fd2", "#9a8a2e", "#5e6d7e", "#c2462d"];
-const state = {swarm: "", nodes: new Map(), rounds: new Map(), selected: null, es: null};
+const state = {swarm: "", nodes: new Map(), rounds: new Map(), selected: null, es: null, connected: false,
+  rollback: null, actions: [], margin: null};
 
-function showError(msg) { const e = $("error"); e.textContent = msg; e.hidden = !msg; }
+// ---- the error banner: dismissable, and it clears itself once its condition is gone -------------
+const banner = {resolved: null};
+function showError(msg, resolved) {
+  $("error-text").textContent = msg || "";
+  $("error").hidden = !msg;
+  banner.resolved = msg ? (resolved || null) : null;
+}
+function recheckBanner() {
+  if (!$("error").hidden && banner.resolved && banner.resolved()) showError("");
+}
+$("error-close").addEventListener("click", () => showError(""));
+
 function esc(s) { return String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`); }
 function ago(ts) {
   const s = Math.max(0, Date.now() / 1000 - ts);
   return s < 60 ? `${s.toFixed(0)}s ago` : s < 3600 ? `${(s / 60).toFixed(0)}m ago` : `${(s / 3600).toFixed(1)}h ago`;
 }
+function dur(s) {
+  if (s == null) return "";
+  return s < 60 ? `${s.toFixed(0)} s` : s < 3600 ? `${(s / 60).toFixed(0)} min` : s < 86400 ? `${(s / 3600).toFixed(1)} h` : `${(s / 86400).toFixed(1)} d`;
+}
+function bytes(n) {
+  if (n == null) return "";
+  const u = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(n >= 10 || i === 0 ? 0 : 1)} ${u[i]}`;
+}
+function pct(x) { return x == null ? "" : `${(100 * x).toFixed(1)}%`; }
 function nodeColor(id) { return COLORS[[...state.nodes.keys()].sort().indexOf(id) % COLORS.length] || "#888"; }
 
 async function api(method, path, body) {
@@ -19,14 +43,28 @@ async function api(method, path, body) {
   if (r.status === 401) { location.replace("/login"); throw new Error("not signed in"); }
   const data = await r.json().catch(() => ({}));
   if (!r.ok) {
-    let d = data.detail;
-    if (Array.isArray(d)) d = d.map((x) => `${(x.loc || []).slice(1).join(".")}: ${x.msg}`).join("; ");
-    throw new Error(`${r.status}: ${d || r.statusText}`);
+    const e = new Error(`${r.status}: ${data.error || r.statusText}`);
+    e.status = r.status;
+    throw e;
   }
   return data;
 }
 
 // ---- nodes ------------------------------------------------------------------------------
+function device(n) {
+  // board (target preset) and arch are often the same word: show it once.
+  const parts = [n.board, n.arch].filter(Boolean);
+  return [...new Set(parts)].join(" · ");
+}
+
+function artifact(n) {
+  const a = n.artifact;
+  if (!a) return esc(n.model);
+  const tuned = a.tuned ? `<span class="tag ok">tuned</span>` : `<span class="tag">untuned</span>`;
+  return `${esc(a.model || n.model)} <span class="muted">${esc(a.target)}</span> ${tuned}` +
+    (a.tvm_version ? ` <span class="muted">TVM ${esc(a.tvm_version)}</span>` : "");
+}
+
 function renderNodes() {
   const ids = [...state.nodes.keys()].sort();
   const online = ids.filter((id) => state.nodes.get(id).online).length;
@@ -34,15 +72,24 @@ function renderNodes() {
   $("no-nodes").hidden = ids.length > 0;
   $("nodes").querySelector("tbody").innerHTML = ids.map((id) => {
     const n = state.nodes.get(id);
-    const board = [n.board, n.arch].filter(Boolean).join(" / ");
-    return `<tr data-node-id="${esc(id)}" data-state="${esc(n.state)}">
-      <td><b>${esc(id)}</b></td><td>${esc(board)}</td>
+    const h = n.health;
+    const samples = n.samples_train != null ? `${n.samples_train} / ${n.samples_val ?? 0}` : `${n.samples}`;
+    const val = n.validation;
+    const url = n.api_url ? `<div class="muted small"><a href="${esc(n.api_url)}/v1/node" target="_blank" rel="noopener">${esc(n.api_url)}</a></div>` : "";
+    return `<tr data-node-id="${esc(id)}" data-state="${esc(n.state)}" data-version="${esc(n.model_version)}">
+      <td><b>${esc(id)}</b>${url}</td><td>${esc(device(n))}</td>
       <td><span class="badge ${esc(n.state)}" title="${esc(n.offline_reason || "")}">${esc(n.state)}</span></td>
-      <td>${esc(n.model)} <span class="muted">v${esc(n.model_version)}</span></td>
-      <td class="hash" title="${esc(n.params_sha256)}">${esc(n.params_short)}</td>
-      <td class="num">${esc(n.samples)}</td><td class="seen" data-ts="${n.last_seen}">${ago(n.last_seen)}</td></tr>`;
+      <td>${artifact(n)}</td>
+      <td class="version"><b>v${esc(n.model_version)}</b> <span class="hash" title="${esc(n.params_sha256)}">${esc(n.params_short)}</span></td>
+      <td class="num">${h ? dur(h.uptime_s) : ""}</td>
+      <td class="num">${h ? `${h.cpu_percent.toFixed(0)}% · ${bytes(h.mem_rss_bytes)}` : ""}</td>
+      <td class="num">${h ? bytes(h.disk_free_bytes) : ""}</td>
+      <td class="num">${esc(samples)}</td>
+      <td class="num val-acc" title="${val ? `loss ${val.loss.toFixed(4)} on ${val.samples} samples` : ""}">${val ? (val.accuracy != null ? pct(val.accuracy) : `loss ${val.loss.toFixed(3)}`) : ""}</td>
+      <td class="seen" data-ts="${n.last_seen}">${ago(n.last_seen)}</td></tr>`;
   }).join("");
   renderParticipants();
+  recheckBanner();
 }
 
 function renderParticipants() {
@@ -55,6 +102,12 @@ function renderParticipants() {
       ${esc(id)}</label>`;
   }).join("") || `<span class="muted">no nodes</span>`;
 }
+$("participants").addEventListener("change", recheckBanner);
+
+function selectedOnline() {
+  return [...$("participants").querySelectorAll("input:checked")].map((i) => i.value)
+    .filter((id) => state.nodes.get(id)?.online);
+}
 
 // ---- rounds -----------------------------------------------------------------------------
 function lastLoss(r) {
@@ -63,42 +116,91 @@ function lastLoss(r) {
   return l.length ? l[l.length - 1].mean : null;
 }
 
+function valText(v) {
+  if (!v) return "";
+  return v.accuracy != null ? pct(v.accuracy) : `loss ${v.loss.toFixed(3)}`;
+}
+
+function validationCell(r) {
+  const {before, after} = r.validation || {};
+  if (!before && !after) return "";
+  let delta = "";
+  if (before && after && before.accuracy != null && after.accuracy != null) {
+    const d = 100 * (after.accuracy - before.accuracy);
+    delta = ` <span class="${d < 0 ? "bad" : "ok"}">(${d >= 0 ? "+" : ""}${d.toFixed(1)})</span>`;
+  }
+  return `${valText(before)} &rarr; <b>${valText(after)}</b>${delta}`;
+}
+
+function outcome(r) {
+  let s = `<span class="badge ${esc(r.state)}">${esc(r.state)}</span>`;
+  if (r.finished_at) s += ` <span class="muted">${(r.finished_at - r.started_at).toFixed(1)} s</span>`;
+  if (r.rollback) s += ` <span class="badge rolled-back" title="${esc(r.rollback.why || "")}">rolled back (${esc(r.rollback.by)})</span>`;
+  else if (r.regressed) s += ` <span class="badge regressed" title="${esc(r.regressed)}">worse</span>`;
+  return s;
+}
+
 function renderRounds() {
   const rounds = [...state.rounds.values()].sort((a, b) => b.started_at - a.started_at);
   $("no-rounds").hidden = rounds.length > 0;
+  const busy = rounds.some((r) => r.state === "running") || state.rollback;
   $("rounds").querySelector("tbody").innerHTML = rounds.map((r) => {
     const ll = lastLoss(r);
     const agree = r.params_agree === null ? "" : r.params_agree ? `agree <span class="hash">${esc((r.params_sha256 || "").slice(0, 12))}</span>` : "DIFFER";
-    return `<tr data-round-id="${esc(r.round_id)}" data-state="${esc(r.state)}" class="${r.round_id === state.selected ? "selected" : ""}">
+    const versions = r.version_after != null ? `v${r.version_before} &rarr; v${r.version_after}` : "";
+    const canUndo = r.state === "done" && !r.rollback && r.version_after != null;
+    const undo = canUndo ? `<button class="undo secondary small" data-undo="${esc(r.round_id)}" ${busy ? "disabled" : ""}>roll back</button>` : "";
+    return `<tr data-round-id="${esc(r.round_id)}" data-state="${esc(r.state)}" data-rolled-back="${r.rollback ? "1" : ""}" class="${r.round_id === state.selected ? "selected" : ""}">
       <td class="hash">${esc(r.round_id)}</td><td>${new Date(r.started_at * 1000).toLocaleTimeString()}</td>
       <td>${esc(r.participants.join(", "))}</td><td class="num">${r.loss.length ? r.loss[r.loss.length - 1].step + 1 : 0}/${r.steps}</td>
-      <td><span class="badge ${esc(r.state)}">${esc(r.state)}</span>${r.finished_at ? ` <span class="muted">${(r.finished_at - r.started_at).toFixed(1)} s</span>` : ""}</td>
-      <td class="num">${ll === null ? "" : ll.toFixed(4)}</td><td>${agree}</td>
-      <td class="reason">${esc(r.reason || "")}</td></tr>`;
+      <td>${outcome(r)}</td>
+      <td class="num">${ll === null ? "" : ll.toFixed(4)}</td><td class="validation">${validationCell(r)}</td>
+      <td>${versions}</td><td>${agree}</td>
+      <td class="reason">${esc(r.reason || "")}</td><td>${undo}</td></tr>`;
   }).join("");
   renderPlot();
+  recheckBanner();
 }
 
 function renderPlot() {
   const r = state.rounds.get(state.selected);
   const canvas = $("loss-plot");
+  const byTime = $("xaxis").value === "time";
+  const smooth = parseFloat($("smooth").value);
+  const opts = {xlabel: byTime ? "wall time since the round started (s)" : "step", ylabel: "training loss",
+    xInteger: !byTime};
   canvas.dataset.round = r ? r.round_id : "";
   canvas.dataset.state = r ? r.state : "";
-  if (!r) { LossPlot.draw(canvas, [], {empty: "start a round to see its loss"}); $("legend").innerHTML = ""; $("plot-title").textContent = ""; return; }
+  canvas.dataset.xaxis = byTime ? "time" : "step";
+  if (!r) {
+    LossPlot.draw(canvas, [], {...opts, empty: "start a round to see its loss"});
+    $("legend").innerHTML = ""; $("plot-title").textContent = ""; canvas.dataset.smoothed = "0";
+    return;
+  }
   const last = r.loss.length ? r.loss[r.loss.length - 1].step + 1 : 0;
   $("plot-title").textContent = `round ${r.round_id} · ${r.state}` +
     (r.state === "running" ? ` · step ${last}/${r.steps}` : "") + ` · ${r.sync}`;
-  // Nodes throttle their STEP events independently: the mean is drawn over steps every node reported.
+  const x = (s) => (byTime ? s.t : s.step);
+  // Nodes report at their own pace: the mean is over steps every node covered (reported or interpolated).
   const complete = r.loss.filter((s) => s.complete);
-  const meanPts = (complete.length ? complete : r.loss).map((s) => [s.step, s.mean]);
-  const series = [{label: "mean", color: "#17202b", width: 2.5, points: meanPts, dots: meanPts.length < 30}];
+  const meanSrc = complete.length ? complete : r.loss;
+  const meanPts = meanSrc.map((s) => [x(s), s.mean]);
+  const smoothed = LossPlot.ema(meanSrc.map((s) => s.mean), smooth).map((y, i) => [meanPts[i][0], y]);
+  const series = [{label: smooth > 0 ? `mean, EMA ${smooth}` : "mean", color: "#17202b", width: 2.5, points: smoothed,
+    dots: smoothed.length < 2}];
+  series.push({label: "mean (raw)", color: "#17202b", width: 1, points: meanPts, line: false, dots: true, alpha: 0.35,
+    dotRadius: 1.8});
   for (const id of r.participants) {
-    series.push({label: id, color: nodeColor(id), width: 1.2,
-      points: r.loss.filter((s) => id in s.nodes).map((s) => [s.step, s.nodes[id]])});
+    series.push({label: id, color: nodeColor(id), width: 1, line: false, dots: true, alpha: 0.55, dotRadius: 1.6,
+      points: r.loss.filter((s) => id in s.nodes).map((s) => [x(s), s.nodes[id]])});
   }
-  LossPlot.draw(canvas, series, {empty: r.state === "running" ? "waiting for the first step…" : "no steps reported"});
-  $("legend").innerHTML = series.map((s) => `<span><i style="background:${s.color}"></i>${esc(s.label)}</span>`).join("");
+  LossPlot.draw(canvas, series, {...opts, empty: r.state === "running" ? "waiting for the first step…" : "no steps reported"});
+  canvas.dataset.points = String(meanPts.length);
+  canvas.dataset.smoothed = String(smoothed.length);
+  $("legend").innerHTML = series.map((s) => `<span><i style="background:${s.color};opacity:${s.alpha ?? 1}"></i>${esc(s.label)}</span>`).join("");
 }
+$("xaxis").addEventListener("change", renderPlot);
+$("smooth").addEventListener("change", renderPlot);
 
 function upsertRound(r) {
   const isNew = !state.rounds.has(r.round_id);
@@ -107,13 +209,60 @@ function upsertRound(r) {
   renderRounds();
 }
 
+// ---- operator actions -------------------------------------------------------------------
+function actionText(a) {
+  const d = a.detail || {};
+  if (a.action === "start_round") {
+    const q = d.request || {};
+    return `round <span class="hash">${esc(d.round_id)}</span>: ${esc(q.steps)} steps${q.lr ? `, lr ${esc(q.lr)}` : ""}`;
+  }
+  if (a.action.startsWith("rollback")) {
+    return `${esc((d.nodes || []).join(", "))} to v${esc(d.to_version)} (${esc(d.by || "")}` +
+      `${d.round_id ? `, round ${esc(d.round_id)}` : ""})${d.why ? `: ${esc(d.why)}` : ""}${d.reason ? ` <span class="bad">${esc(d.reason)}</span>` : ""}`;
+  }
+  return esc(JSON.stringify(d));
+}
+
+function renderActions() {
+  $("no-actions").hidden = state.actions.length > 0;
+  $("actions").querySelector("tbody").innerHTML = state.actions.map((a) =>
+    `<tr data-action="${esc(a.action)}"><td>${new Date(a.ts * 1000).toLocaleString()}</td><td>${esc(a.action)}</td>
+      <td>${actionText(a)}</td></tr>`).join("");
+}
+
+async function refreshActions() {
+  try { state.actions = (await api("GET", "/api/actions?limit=20")).actions; renderActions(); } catch (e) { /* next event retries */ }
+}
+
+function onRollback(rb) {
+  state.rollback = rb.state === "pending" ? rb : null;
+  $("rollback-note").textContent = rb.state === "pending" ? `rollback ${rb.rollback_id} to v${rb.to_version}: waiting for ${rb.nodes.join(", ")}…`
+    : rb.state === "failed" ? `rollback ${rb.rollback_id} failed: ${rb.reason}` : `rollback ${rb.rollback_id}: every node is at v${rb.to_version}`;
+  if (rb.state === "failed") showError(`Rollback failed: ${rb.reason}`, () => state.rollback !== null);
+  renderRounds();
+  refreshActions();
+}
+
+async function rollback(body) {
+  showError("");
+  try {
+    onRollback(await api("POST", "/api/rollback", body));
+  } catch (e) {
+    showError(`Not rolled back: ${e.message}`, () => false);
+  }
+}
+
 // ---- event stream -----------------------------------------------------------------------
 function connect() {
   const es = new EventSource("/api/events");  // the HttpOnly cookie authenticates it
   state.es = es;
-  es.addEventListener("open", () => { $("live").textContent = "live"; $("live").className = "pill on"; });
+  es.addEventListener("open", () => {
+    state.connected = true; $("live").textContent = "live"; $("live").className = "pill on"; recheckBanner();
+  });
   es.addEventListener("error", () => {
+    state.connected = false;
     $("live").textContent = "reconnecting…"; $("live").className = "pill off";
+    showError("Lost the connection to the fleet service; reconnecting…", () => state.connected);
     // A 401 closes the stream for good: find out and go to the login page.
     if (es.readyState === EventSource.CLOSED) api("GET", "/api/nodes").then(() => setTimeout(connect, 2000), () => {});
   });
@@ -122,8 +271,11 @@ function connect() {
     state.swarm = s.swarm; $("swarm").textContent = `swarm ${s.swarm}`;
     state.nodes = new Map(s.nodes.map((n) => [n.node_id, n]));
     state.rounds = new Map(s.rounds.map((r) => [r.round_id, r]));
+    state.actions = s.actions || [];
+    state.margin = s.margin;
+    if (s.margin != null) $("rollback-note").textContent = s.auto_rollback ? `A round whose validation gets worse by more than ${s.margin} is rolled back automatically.` : "Automatic rollback is off.";
     if (!state.rounds.has(state.selected)) state.selected = s.rounds.length ? s.rounds[0].round_id : null;
-    renderNodes(); renderRounds();
+    renderNodes(); renderRounds(); renderActions();
   });
   es.addEventListener("node", (ev) => {
     const n = JSON.parse(ev.data);
@@ -131,6 +283,7 @@ function connect() {
     renderNodes();
   });
   es.addEventListener("round", (ev) => upsertRound(JSON.parse(ev.data)));
+  es.addEventListener("rollback", (ev) => onRollback(JSON.parse(ev.data)));
 }
 
 // ---- actions ----------------------------------------------------------------------------
@@ -146,14 +299,33 @@ $("round-form").addEventListener("submit", async (ev) => {
     const r = await api("POST", "/api/rounds", body);
     state.selected = r.round_id;
     upsertRound(await api("GET", `/api/rounds/${encodeURIComponent(r.round_id)}`));
+    refreshActions();
   } catch (e) {
-    showError(`Round not started: ${e.message}`);
+    // The banner goes away by itself once what blocked the round is gone.
+    const m = e.message;
+    const resolved = /fewer than 2 nodes/.test(m) ? () => selectedOnline().length >= 2
+      : /is still running/.test(m) ? () => ![...state.rounds.values()].some((r) => r.state === "running")
+      : /rollback .* pending/.test(m) ? () => state.rollback === null
+      : /unknown node/.test(m) ? () => nodes.every((id) => state.nodes.has(id)) : null;
+    showError(`Round not started: ${m}`, resolved);
   } finally {
     $("start").disabled = false;
   }
 });
 
+$("rollback-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const v = $("to-version").value.trim();
+  rollback({nodes: null, to_version: v === "" ? null : parseInt(v, 10)});
+});
+
 $("rounds").addEventListener("click", (ev) => {
+  const undo = ev.target.closest("button[data-undo]");
+  if (undo) {
+    const r = state.rounds.get(undo.dataset.undo);
+    if (r) rollback({nodes: r.participants, to_version: r.version_before});
+    return;
+  }
   const tr = ev.target.closest("tr[data-round-id]");
   if (tr) { state.selected = tr.dataset.roundId; renderRounds(); }
 });

@@ -12,7 +12,7 @@ document.getElementById("login-form").addEventListener("submit", async (ev) => {
     });
     if (r.ok) { location.replace("/"); return; }
     const body = await r.json().catch(() => ({}));
-    err.textContent = r.status === 401 ? "Wrong operator token." : `Sign-in failed (${r.status}): ${body.detail || ""}`;
+    err.textContent = r.status === 401 ? "Wrong operator token." : `Sign-in failed (${r.status}): ${body.error || ""}`;
   } catch (e) {
     err.textContent = `Fleet service unreachable: ${e}`;
   }

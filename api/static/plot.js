@@ -1,5 +1,6 @@
 // A small line plot on <canvas>: no library, no network. window.LossPlot.draw(canvas, series, opts)
-// series: [{label, color, width, points: [[x, y], ...]}]; the first series is drawn last (on top).
+// series: [{label, color, width, points: [[x, y], ...], line (default true), dots, alpha}]; the first
+// series is drawn last (on top). opts: {xlabel, ylabel, xInteger, empty}. LossPlot.ema(ys, s) smooths.
 "use strict";
 (function () {
   function niceTicks(lo, hi, count) {
@@ -20,20 +21,29 @@
     return v.toPrecision(2);
   }
 
+  // Exponential moving average with the start-up bias removed (the first points are not pulled
+  // towards 0), as TensorBoard smooths scalars; s = 0 returns the values unchanged.
+  function ema(ys, s) {
+    let acc = 0, w = 0;
+    return ys.map((y) => { acc = s * acc + (1 - s) * y; w = s * w + (1 - s); return acc / w; });
+  }
+
   function draw(canvas, series, opts) {
     opts = opts || {};
     const dpr = window.devicePixelRatio || 1;
-    const cssW = canvas.clientWidth || canvas.width, cssH = Math.round(cssW * 0.47);
+    const cssW = canvas.clientWidth || canvas.width, cssH = Math.round(cssW * 0.5);
     canvas.width = Math.round(cssW * dpr); canvas.height = Math.round(cssH * dpr);
     canvas.style.height = cssH + "px";
     const g = canvas.getContext("2d");
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.clearRect(0, 0, cssW, cssH);
-    const pad = {l: 48, r: 12, t: 10, b: 30};
+    const pad = {l: 60, r: 12, t: 10, b: 40};
     const W = cssW - pad.l - pad.r, H = cssH - pad.t - pad.b;
-    const pts = series.flatMap((s) => s.points).filter((p) => Number.isFinite(p[1]));
+    const pts = series.flatMap((s) => s.points).filter((p) => Number.isFinite(p[0]) && Number.isFinite(p[1]));
     g.font = "11px system-ui, sans-serif";
     g.fillStyle = "#6b7785";
+    canvas.dataset.xlabel = opts.xlabel || "step";
+    canvas.dataset.ylabel = opts.ylabel || "loss";
     if (!pts.length) {
       g.textAlign = "center";
       g.fillText(opts.empty || "no data yet", pad.l + W / 2, pad.t + H / 2);
@@ -48,7 +58,7 @@
     const X = (x) => pad.l + ((x - x0) / (x1 - x0)) * W;
     const Y = (y) => pad.t + H - ((y - y0) / (y1 - y0)) * H;
 
-    // grid + axis labels
+    // grid, tick labels and axis titles
     g.strokeStyle = "#e6ebf0"; g.lineWidth = 1;
     g.textAlign = "right"; g.textBaseline = "middle";
     for (const t of niceTicks(y0, y1, 5)) {
@@ -56,26 +66,37 @@
       g.fillText(fmt(t), pad.l - 6, Y(t));
     }
     g.textAlign = "center"; g.textBaseline = "top";
-    for (const t of niceTicks(x0, x1, Math.min(8, Math.max(1, x1 - x0)))) {
-      if (!Number.isInteger(t)) continue;
-      g.fillText(String(t), X(t), pad.t + H + 6);
+    const xcount = opts.xInteger === false ? 8 : Math.min(8, Math.max(1, x1 - x0));
+    for (const t of niceTicks(x0, x1, xcount)) {
+      if (opts.xInteger !== false && !Number.isInteger(t)) continue;
+      g.fillText(fmt(t), X(t), pad.t + H + 6);
     }
     g.strokeStyle = "#9aa7b4";
     g.beginPath(); g.moveTo(pad.l, pad.t); g.lineTo(pad.l, pad.t + H); g.lineTo(pad.l + W, pad.t + H); g.stroke();
-    g.fillText(opts.xlabel || "step", pad.l + W / 2, pad.t + H + 17);
+    g.fillStyle = "#1d2733"; g.font = "12px system-ui, sans-serif";
+    g.fillText(canvas.dataset.xlabel, pad.l + W / 2, pad.t + H + 22);
+    g.save(); g.translate(14, pad.t + H / 2); g.rotate(-Math.PI / 2);
+    g.textBaseline = "middle"; g.fillText(canvas.dataset.ylabel, 0, 0); g.restore();
 
-    // lines, the first series on top
+    // series, the first on top
     for (const s of series.slice().reverse()) {
-      const p = s.points.filter((q) => Number.isFinite(q[1]));
+      const p = s.points.filter((q) => Number.isFinite(q[0]) && Number.isFinite(q[1]));
       if (!p.length) continue;
+      g.globalAlpha = s.alpha ?? 1;
       g.strokeStyle = s.color; g.fillStyle = s.color; g.lineWidth = s.width || 1.5;
-      g.beginPath();
-      p.forEach((q, i) => (i ? g.lineTo(X(q[0]), Y(q[1])) : g.moveTo(X(q[0]), Y(q[1]))));
-      g.stroke();
-      if (p.length === 1 || s.dots) p.forEach((q) => { g.beginPath(); g.arc(X(q[0]), Y(q[1]), 2.5, 0, 7); g.fill(); });
+      if (s.line !== false) {
+        g.beginPath();
+        p.forEach((q, i) => (i ? g.lineTo(X(q[0]), Y(q[1])) : g.moveTo(X(q[0]), Y(q[1]))));
+        g.stroke();
+      }
+      if (p.length === 1 || s.dots) {
+        const r = s.dotRadius || 2.2;
+        p.forEach((q) => { g.beginPath(); g.arc(X(q[0]), Y(q[1]), r, 0, 7); g.fill(); });
+      }
+      g.globalAlpha = 1;
     }
     canvas.dataset.points = String(series.length ? series[0].points.length : 0);
   }
 
-  window.LossPlot = {draw, niceTicks};
+  window.LossPlot = {draw, niceTicks, ema};
 })();

@@ -130,6 +130,7 @@ def run_project(case: Case, work: Path) -> dict[str, Any]:
     from compiler.artifact import load_artifact
     from compiler.build import compile_model
     from compiler.errors import CompilerError
+    from compiler.manifest import Manifest
 
     model = onnx.load(str(case.model))
     feeds, want = load_data(case, model)
@@ -144,7 +145,7 @@ def run_project(case: Case, work: Path) -> dict[str, Any]:
     except Exception as exc:
         return {"status": "error", "detail": "compile: " + _one_line(exc)}
     compile_s = round(time.perf_counter() - t0, 2)
-    steps = json.loads((out / "manifest.json").read_text()).get("prepared_steps", [])
+    steps = list(Manifest.read(out).prepared_steps)
     try:
         art = load_artifact(out)
         res = art.infer(feeds)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from compiler import PRESETS, TargetError, compile_model, get_preset, host_preset_name, load_artifact
-from compiler.artifact import file_sha256
+from compiler.manifest import file_sha256
 from compiler.targets import host_arch
 from compiler.tuning import can_measure
 
@@ -59,7 +59,8 @@ def test_compile_every_preset(preset, tmp_path, mlp_onnx):
     p = get_preset(preset)
     train = TrainSettings(loss="ce", optimizer="sgd", batch=2) if preset in ("rpi4", "riscv64-rvv") else None
     out = compile_model(mlp_onnx, target=preset, out_dir=tmp_path / preset, train=train, progress=False)
-    libs = ["infer.so"] + (["train.so"] if train else [])
+    manifest = json.loads((out / "manifest.json").read_text())
+    libs = [manifest["libs"]["infer"]] + ([manifest["libs"]["train"]] if train else [])
     for lib in libs:
         e_type, e_machine, e_flags = _elf_header(out / lib)
         assert e_type == 3, "not a shared object"
@@ -68,9 +69,8 @@ def test_compile_every_preset(preset, tmp_path, mlp_onnx):
             assert e_flags & EF_RISCV_FLOAT_ABI_MASK == EF_RISCV_FLOAT_ABI_DOUBLE
             assert e_flags & EF_RISCV_RVC
     if shutil.which("file") and p.arch == "riscv64":
-        desc = subprocess.run(["file", "-b", str(out / "infer.so")], capture_output=True, text=True).stdout
+        desc = subprocess.run(["file", "-b", str(out / libs[0])], capture_output=True, text=True).stdout
         assert "RISC-V" in desc and "64-bit" in desc and "double-float ABI" in desc, desc
-    manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"]["preset"] == preset
     assert manifest["target"]["tvm_target"] == p.target
     if p.arch == host_arch() and can_measure(p.target)[0]:  # (needs this CPU's features, e.g. AVX-512)
@@ -97,8 +97,8 @@ def test_manifest_contents(compiler_digits_artifact, compiler_digits_onnx):
     assert m["tuning"]["tuned"] is False
     t = m["training"]
     assert (t["loss"], t["optimizer"], t["lr"], t["batch"]) == ("ce", "sgd", 0.1, 32)
-    assert t["param_names"] == m["params"]["names"]
-    assert t["param_shapes"] == [[64, 64], [64], [64, 10], [10]]
+    assert m["params"]["shapes"] == [[64, 64], [64], [64, 10], [10]]
+    assert t["targets"] == {"name": "targets", "shape": [32], "dtype": "int64"}
     assert m["created"].startswith("20")
     art = load_artifact(compiler_digits_artifact)
     assert art.name == "digits-mlp"
@@ -114,7 +114,7 @@ def test_name_option_and_no_training(run_cli, tmp_path, mlp_onnx):
     art = load_artifact(tmp_path / "a")
     assert art.name == "sensor"
     assert art.trainer is None
-    assert art.manifest["training"] is None and "train.so" not in art.manifest["files"]
+    assert art.manifest.training is None and "train.so" not in art.manifest.files
 
 
 def test_symbolic_batch_model_compiles_and_takes_any_batch(tmp_path):

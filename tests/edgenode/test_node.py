@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from edgenode.common import ConfigError, InvalidInput, NodeError
 from edgenode.config import NodeConfig
 from edgenode.node import EdgeNode
-from edgenode.training import RoundPlan, choose_root
+from edgenode.training import RoundPlan, choose_start
 from federation.messages import Compression, RoundCommand, SyncMode
 from tests.edgenode.fakes import NumpyArtifact
 
@@ -28,28 +28,34 @@ def test_surface_and_metrics(tmp_path):
     try:
         assert node.model_name == "numpy-softmax" and node.model_version == 0
         assert [s.name for s in node.inputs] == ["x"] and [s.name for s in node.outputs] == ["logits"]
-        out = node.infer({"x": np.ones((3, 64), np.float64)})  # float64 is cast to float32
+        # One dtype rule (compiler.artifact.check_inputs): untyped numbers are converted, a typed
+        # array must have the model's dtype, as onnxruntime demands.
+        out = node.infer({"x": np.ones((3, 64), np.float32)})
         assert out["logits"].shape == (3, 10)
+        assert node.infer({"x": [[1] * 64]})["logits"].shape == (1, 10)
+        with pytest.raises(InvalidInput, match="dtype float64, expected float32"):
+            node.infer({"x": np.ones((3, 64), np.float64)})
         assert node.add_samples({"x": np.zeros((4, 64))}, np.array([1, 2, 3, 4])) == 4
         info = node.info()
         for key in ("node_id", "arch", "board", "model", "model_version", "params_sha256", "round_id",
                     "samples", "state"):
             assert key in info
         assert info["samples"] == 4 and info["state"] == "online" and info["board"] == "x86_64"
-        assert node.metrics.inferences == 1 and node.metrics.samples_added == 4
+        assert node.metrics.inferences == 2 and node.metrics.samples_added == 4
         text = generate_latest(node.registry).decode()
-        assert "fractal_node_inferences_total 1.0" in text and "fractal_node_samples 4.0" in text
+        assert "fractal_node_inferences_total 2.0" in text and "fractal_node_samples 4.0" in text
     finally:
         node.stop()
         node.stop()  # idempotent
 
 
 @pytest.mark.parametrize(("inputs", "needle"), [
-    ({}, "missing input 'x'"),
-    ({"x": np.zeros((1, 64)), "z": np.zeros(1)}, "unknown input 'z'"),
-    ({"x": np.zeros((1, 63))}, "expected [N, 64]"),
-    ({"x": np.zeros(64)}, "expected [N, 64]"),
-    ({"x": np.zeros((0, 64))}, "expected [N, 64]"),
+    ({}, "missing input(s) 'x'"),
+    ({"x": np.zeros((1, 64), np.float32), "z": np.zeros(1)}, "unknown input(s) 'z'"),
+    ({"x": np.zeros((1, 63), np.float32)}, "expected [N, 64]"),
+    ({"x": np.zeros(64, np.float32)}, "expected [N, 64]"),
+    ({"x": np.zeros((0, 64), np.float32)}, "expected [N, 64]"),
+    ({"x": [[float("nan")] * 64]}, "NaN or infinity"),
     ({"x": np.array([["a"] * 64])}, "dtype"),
 ])
 def test_infer_rejects_bad_input(tmp_path, inputs, needle):
@@ -89,9 +95,17 @@ def test_plan_takes_node_defaults_only_for_fields_the_command_omits(tmp_path):
     assert RoundPlan.from_command(null_lr, cfg.training).lr == 0.5
 
 
-def test_choose_root():
-    assert choose_root({"a": 1, "b": 3, "c": 3}) == "b"
-    assert choose_root({"z": 0, "y": 0}) == "y"
+def test_choose_start_majority_or_the_fleets_choice_never_the_highest_version():
+    from edgenode.common import RoundFailed
+
+    h1, h2 = (1, 2, 3, 4), (9, 9, 9, 9)
+    assert choose_start({"a": h1, "b": h1, "evil": h2}, None) == "a"
+    with pytest.raises(RoundFailed, match="majority"):
+        choose_start({"a": h1, "evil": h2}, None)
+    sha = "%04x" * 4 % h2 + "0" * 48  # the fleet named evil's parameters (e.g. a restore)
+    assert choose_start({"a": h1, "b": h1, "evil": h2}, sha) == "evil"
+    with pytest.raises(RoundFailed, match="no participant holds"):
+        choose_start({"a": h1, "b": h1}, sha)
 
 
 def test_round_on_an_artifact_without_trainer_reports_failed(tmp_path):

@@ -43,7 +43,7 @@ def test_nice_zero_keeps_training_at_inference_priority(node_factory, digits_art
 
 def test_threads_started_by_the_worker_inherit_its_nice():
     """Why niceing the worker is enough: TVM's pool threads are created from it and inherit."""
-    from edgenode.node import _lower_thread_priority
+    from edgenode.rounds import _lower_thread_priority
 
     got: list[int] = []
 

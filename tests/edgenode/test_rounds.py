@@ -74,19 +74,27 @@ def test_round_agrees_and_learns(swarm, digits_data, sync):
         assert n.metrics.rounds_ok == 1
 
 
-def test_diverged_params_are_synced_from_highest_version(swarm):
+def test_diverged_params_a_high_version_cannot_impose_itself(swarm):
     hub, nodes, events = swarm
     rng = np.random.default_rng(3)
     odd = nodes["n2"]
+    majority = [np.array(p) for p in nodes["n0"].model.snapshot.params]
     new = [rng.standard_normal(p.shape).astype(np.float32) * 0.1 for p in odd.model.snapshot.params]
-    odd.model.commit(new, 5)  # as if n2 had trained alone for 5 rounds
+    odd.model.commit(new, 1_000_000)  # a rogue (or stale) member claiming a huge version
     run(nodes, RoundCommand(round_id="sync", steps=1, lr=1e-6, participants=IDS, step_timeout_s=10))
-    assert {n.model_version for n in nodes.values()} == {6}
+    assert {n.model_version for n in nodes.values()} == {1}  # the majority's version + 1
     assert len({n.params_sha256 for n in nodes.values()}) == 1
-    # started from n2's parameters: after a tiny step they are still close to them
+    for a, b in zip(nodes["n2"].model.snapshot.params, majority, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-3)  # n2 was brought back to the majority's
+    assert nodes["n0"].last_result.synced_from == "n0"
+    # The fleet may name other start parameters (signed start_sha256): then everyone takes them.
+    odd.model.commit(new, 7)
+    sha = odd.params_sha256
+    run(nodes, RoundCommand(round_id="sync2", steps=1, lr=1e-6, participants=IDS, step_timeout_s=10,
+                            start_sha256=sha))
+    assert {n.model_version for n in nodes.values()} == {8}
     for a, b in zip(nodes["n0"].model.snapshot.params, new, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-3)
-    assert nodes["n0"].last_result.synced_from == "n2"
 
 
 def test_dead_member_rolls_back_everywhere(swarm):
@@ -98,7 +106,7 @@ def test_dead_member_rolls_back_everywhere(swarm):
             hub.kill("n1")
 
     nodes["n1"].add_event_listener(kill_at_step_3)
-    import edgenode.node as node_mod
+    import edgenode.rounds as node_mod
 
     old = node_mod._STEP_EVENT_MIN_S
     node_mod._STEP_EVENT_MIN_S = 0.0  # every step emits an event, so the kill lands mid-round

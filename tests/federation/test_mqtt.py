@@ -87,7 +87,10 @@ def test_reconnect_resubscribes_after_broker_restart(fresh_mosquitto, mqtt_link_
     fresh_mosquitto.restart(hard=True)  # a crash: no session survives (persistence off)
     assert reconnected.wait(10) and sub.connects == 2
     pub = mqtt_link_factory(fresh_mosquitto, "pub")
-    time.sleep(0.2)  # the re-SUBSCRIBE is sent right after CONNACK; give it a moment
+    # The re-SUBSCRIBE goes out in the CONNACK handler, before the hook above fired; the broker
+    # handles one client's packets in order, so once a later SUBSCRIBE is acknowledged
+    # (subscribe() waits for its SUBACK) the re-subscription is in place too.
+    sub.subscribe(f"fractal/v1/{swarm_id}/probe", lambda t, p: None, wait=5)
     pub.publish(f"fractal/v1/{swarm_id}/x", b"after restart")
     assert ev.wait(5) and got == [b"after restart"]
 
@@ -102,64 +105,6 @@ def test_transport_roundtrip_and_payload_limit(mosquitto, mqtt_link_factory):
     assert tb.recv(0.1) is None
     with pytest.raises(TransportError, match="max_payload"):
         ta.send("b", b"x" * 1025)
-
-
-def _slow_receiver(link, swarm, member, delay):
-    """Slow down the receiver's network thread: the broker's per-client queue then fills up."""
-    link.subscribe(topics.allreduce(swarm, member), lambda t, p: time.sleep(delay), inline=True)
-
-
-def test_flow_control_survives_a_tiny_broker_queue(fresh_mosquitto, mqtt_link_factory, swarm_id):
-    n, delay = 800, 0.002
-    # Control: raw QoS 1 publishes to a slow subscriber lose messages once the broker's queue
-    # (max_queued_messages=50) overflows, so this broker really would drop.
-    rx = mqtt_link_factory(fresh_mosquitto, "raw-rx")
-    count = [0]
-    rx.subscribe(topics.allreduce(swarm_id, "raw"), lambda t, p: count.__setitem__(0, count[0] + 1),
-                 inline=True)
-    _slow_receiver(rx, swarm_id, "raw", delay)
-    tx = mqtt_link_factory(fresh_mosquitto, "raw-tx")
-    for _ in range(n):
-        tx.publish(topics.allreduce(swarm_id, "raw"), b"y" * 256)
-    time.sleep(n * delay + 1.0)
-    assert count[0] < n, "the test broker did not drop anything: the flow-control check would prove nothing"
-
-    # The same burst through flow-controlled transports arrives complete and exactly once.
-    ra = mqtt_link_factory(fresh_mosquitto, "fa")
-    rb = mqtt_link_factory(fresh_mosquitto, "fb")
-    ta = ra.transport("a", max_payload=512, window=16, flow_control=True)
-    tb = rb.transport("b", max_payload=512, window=16, flow_control=True)
-    _slow_receiver(rb, swarm_id, "b", delay)
-    for i in range(n):
-        ta.send("b", i.to_bytes(4, "big") * 64)  # returns at once: the rest waits in the backlog
-    assert ta.pending("b") > 16
-    seen = []
-    deadline = time.monotonic() + 30
-    while len(seen) < n and time.monotonic() < deadline:
-        m = tb.recv(1)
-        if m is not None:
-            seen.append(int.from_bytes(m[:4], "big"))
-    assert sorted(seen) == list(range(n))
-    assert tb.recv(0.5) is None and tb.stats["rejected"] == 0
-
-
-def test_flow_control_retransmits_across_a_broker_crash(fresh_mosquitto, mqtt_link_factory):
-    kw = {"window": 4, "retransmit_s": 1.0, "flow_control": True}
-    ta = mqtt_link_factory(fresh_mosquitto, "ca").transport("a", **kw)
-    tb = mqtt_link_factory(fresh_mosquitto, "cb").transport("b", **kw)
-    _slow_receiver(tb.link, tb.link.swarm, "b", 0.05)
-    for i in range(40):
-        ta.send("b", bytes([i]) * 100)
-    time.sleep(0.3)
-    fresh_mosquitto.restart(hard=True)
-    got = set()
-    deadline = time.monotonic() + 30
-    while len(got) < 40 and time.monotonic() < deadline:
-        m = tb.recv(1)
-        if m is not None:
-            assert m[0] not in got, "duplicate delivered"
-            got.add(m[0])
-    assert got == set(range(40))
 
 
 def _make_certs(d):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from federation.bench import ideal_bytes_per_node
+from api.bench.allreduce import ideal_bytes_per_node
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,6 +3,7 @@ faults (duplicates, reordering, loss, corruption, death), NaN rejection, flow co
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -175,8 +176,11 @@ def test_early_frames_of_the_next_tag_are_buffered_and_stale_ones_ignored() -> N
         assert_identical(allreduce_all(engines, vecs, tag="a", timeout=10))
 
         def late(m):
-            if m == "m1":
-                time.sleep(0.3)  # the others start tag "b" first; their frames reach m1 early
+            if m == "m1":  # the others start tag "b" first: wait until their frames reached m1 early
+                deadline = time.monotonic() + 10
+                while engines["m1"].stats.early == 0 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                assert engines["m1"].stats.early > 0
             return engines[m].allreduce(vecs[m], group=ids(4), tag="b", op="sum", timeout=10)
 
         got = assert_identical(run_members({m: (lambda m=m: late(m)) for m in engines}))
@@ -204,14 +208,23 @@ def _first_data_frame(engine, vec, hub) -> bytes:
 
 
 class _Recorder:
-    """Wraps a transport and records decoded outgoing frames (for flow-control checks)."""
+    """Wraps a transport and records decoded outgoing frames (for flow-control checks); sets
+    ``retransmitted`` when a DATA frame goes out a second time."""
 
     def __init__(self, inner) -> None:
         self.inner, self.member_id, self.max_payload = inner, inner.member_id, inner.max_payload
         self.sent: list[tuple[float, str, object]] = []
+        self.retransmitted = threading.Event()
+        self.keys_before_retransmit: set | None = None
 
     def send(self, dst, payload):
-        self.sent.append((time.monotonic(), dst, decode(payload)))
+        fr = decode(payload)
+        if fr.kind == FrameKind.DATA and not self.retransmitted.is_set():
+            keys = {f.key for _, _, f in self.sent if f.kind == FrameKind.DATA}
+            if fr.key in keys:
+                self.keys_before_retransmit = keys
+                self.retransmitted.set()
+        self.sent.append((time.monotonic(), dst, fr))
         self.inner.send(dst, payload)
 
     def recv(self, timeout):
@@ -224,25 +237,28 @@ class _Recorder:
 def test_in_flight_frames_per_peer_are_bounded_by_the_window() -> None:
     hub = MemoryHub()
     rec = _Recorder(hub.transport("m0", max_payload=1024))
-    a = RingAllreduce(rec, max_in_flight=4, retransmit_after=5.0)
-    b = RingAllreduce(hub.transport("m1", max_payload=1024))
+    a = RingAllreduce(rec, max_in_flight=4, retransmit_after=0.2)
+    t1 = hub.transport("m1", max_payload=1024)  # nobody reads it yet: a's frames stay unacknowledged
+    engines = [a]
     try:
         x = np.ones(50_000, np.float32)
-        t0 = time.monotonic()
 
-        def slow_b():
-            time.sleep(0.4)  # b joins late: a must stop after max_in_flight unacknowledged frames
+        def late_b():
+            # b joins only once a retransmitted: by then a had every chance to send more than
+            # its window if flow control were broken. a's frames wait in t1's inbox meanwhile.
+            assert rec.retransmitted.wait(10)
+            b = RingAllreduce(t1)
+            engines.append(b)
             return b.allreduce(x, group=["m0", "m1"], tag="w", op="sum", timeout=10)
 
         res = run_members({"m0": lambda: a.allreduce(x, group=["m0", "m1"], tag="w", op="sum", timeout=10),
-                           "m1": slow_b})
+                           "m1": late_b})
         got = assert_identical(res)
         assert np.array_equal(got, np.full(50_000, 2, np.float32))
-        early = [f for t, _, f in rec.sent if t - t0 < 0.35 and f.kind == FrameKind.DATA]
-        assert 0 < len({f.key for f in early}) <= 4
+        assert rec.keys_before_retransmit is not None and len(rec.keys_before_retransmit) == 4
     finally:
-        a.close()
-        b.close()
+        for e in engines:
+            e.close()
 
 
 def test_bytes_sent_per_member_within_5_percent_of_ideal() -> None:

@@ -109,3 +109,35 @@ def test_bad_version_frames_during_a_round_are_counted_and_do_not_stall_it() -> 
         t.join()
         a.close()
         b.close()
+
+
+def test_retransmissions_are_bounded_counted_and_fail_with_a_typed_error() -> None:
+    from federation.errors import RetriesExhausted
+    from federation.session import Endpoint
+
+    hub = MemoryHub()
+    ep = Endpoint(hub.transport("a"), retransmit_after=0.01, max_retransmits=3)
+    silent = hub.transport("b")  # never acknowledges
+    try:
+        with pytest.raises(RetriesExhausted) as exc, ep.call("t", ["b"], timeout=30) as c:
+            c.queue("b", ("k", 0), lambda: _data("t", sender="a"))
+            while True:
+                c.wait("b")
+        assert isinstance(exc.value, RoundAborted) and exc.value.member == "b" and exc.value.hint
+        assert "after 3 retransmissions" in str(exc.value)
+        assert ep.stats.retransmits == 3 and ep.stats.retries_exhausted == 1
+        # b saw the frame once plus three retransmissions, then the call's ABORT naming it
+        kinds = []
+        while (buf := silent.recv(0.5)) is not None:
+            kinds.append(decode(buf).kind)
+        assert kinds == [FrameKind.DATA] * 4 + [FrameKind.ABORT]
+    finally:
+        ep.close()
+        silent.close()
+
+
+def test_max_retransmits_must_not_be_negative() -> None:
+    from federation.session import Endpoint
+
+    with pytest.raises(ValueError, match="max_retransmits"):
+        Endpoint(MemoryHub().transport("a"), max_retransmits=-1)

@@ -39,6 +39,12 @@ class Fleet:
     client: httpx.Client
     broker_url: str
     links: list = field(default_factory=list)
+    server: ServerThread | None = None
+
+    def stop(self) -> None:
+        """Stop this fleet service now (as a restart would); teardown stops the rest."""
+        if self.server is not None:
+            self.server.stop()
 
     def link(self, name: str, **kw) -> MqttLink:
         """A raw MQTT client on this fleet's swarm (closed at teardown)."""
@@ -50,8 +56,9 @@ class Fleet:
         """Publish a retained status for ``node_id`` from its own connection (with a Last Will)."""
         will = NodeStatus(node_id=node_id, state=NodeState.OFFLINE)
         ln = self.link(node_id, will=(topics.status(self.swarm, node_id), will))
-        status = NodeStatus(node_id=node_id, state=state, arch="x86_64", board="x86_64", model="digits-mlp",
-                            model_version=1, params_sha256="ab" * 32, samples=100, **kw)
+        fields = {"arch": "x86_64", "board": "x86_64", "model": "digits-mlp", "model_version": 1,
+                  "params_sha256": "ab" * 32, "samples": 100, **kw}
+        status = NodeStatus(node_id=node_id, state=state, **fields)
         ln.publish(topics.status(self.swarm, node_id), status, retain=True).wait_for_publish(5)
         return ln
 
@@ -90,7 +97,7 @@ def make_fleet(broker) -> Iterator[Callable[..., Fleet]]:
         app = create_fleet_app(settings)
         srv = ServerThread(app, lifespan="on", timeout_graceful_shutdown=1).start()
         client = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
-        fleet = Fleet(srv.url, swarm, app.state.fleet, client, broker.url)
+        fleet = Fleet(srv.url, swarm, app.state.fleet, client, broker.url, server=srv)
         started.append((srv, fleet))
         return fleet
 

@@ -19,11 +19,8 @@ import yaml
 
 from api.cli import app
 from edgenode.config import NodeConfig
-from federation import topics
 from federation.broker import free_port, mosquitto_path
-from federation.errors import TransportError
 from federation.mqtt import MqttLink
-from tests.fleet.conftest import collect
 
 try:  # recent typer vendors click; older releases use click itself
     from typer._click.exceptions import UsageError
@@ -156,38 +153,6 @@ def test_compose_mosquitto_conf_serves_anonymous_clients(tmp_path):
         MqttLink(f"mqtt://127.0.0.1:{port}", client_id="anon").close()
 
 
-def test_production_mosquitto_conf_enforces_passwords_and_acls(tmp_path):
-    port = free_port()
-    pw, acl = tmp_path / "passwd", tmp_path / "acl"
-    acl.write_text((ROOT / "deploy/mosquitto/acl").read_text())
-    for user in ("fleet", "node-1", "node-2"):
-        subprocess.run(["mosquitto_passwd", "-b", *(["-c"] if user == "fleet" else []), str(pw), user,
-                        f"pw-{user}"], check=True, capture_output=True)
-    conf = (ROOT / "deploy/mosquitto/mosquitto.conf").read_text()
-    conf = (conf.replace("/etc/mosquitto/fractal.passwd", str(pw))
-            .replace("/etc/mosquitto/fractal.acl", str(acl))
-            .replace("listener 1883 127.0.0.1", f"listener {port} 127.0.0.1").replace("log_dest syslog", ""))
-    url = "mqtt://{}@127.0.0.1:" + str(port)
-    with _mosquitto(tmp_path, conf):
-        with pytest.raises(TransportError, match="refused"):
-            MqttLink(f"mqtt://127.0.0.1:{port}", client_id="anon", connect_timeout=3)
-        fleet = MqttLink(url.format("fleet:pw-fleet"), client_id="fleet")
-        n1 = MqttLink(url.format("node-1:pw-node-1"), client_id="node-1")
-        try:
-            statuses = collect(fleet, topics.status_all("default"))
-            inbox = collect(n1, topics.allreduce("default", "node-2"))  # not node-1's inbox: denied
-            n1.publish(topics.status("default", "node-2"), b"forged").wait_for_publish(5)  # denied
-            n1.publish(topics.status("default", "node-1"), b"mine").wait_for_publish(5)
-            fleet.publish(topics.allreduce("default", "node-2"), b"frame").wait_for_publish(5)
-            assert statuses.get(timeout=5) == (topics.status("default", "node-1"), b"mine")
-            fleet.publish(topics.status("default", "fleet-probe"), b"end").wait_for_publish(5)
-            assert statuses.get(timeout=5)[1] == b"end"  # the forged status never arrived before it
-            assert inbox.empty()
-        finally:
-            fleet.close()
-            n1.close()
-
-
 class _mosquitto:
     def __init__(self, tmp_path: Path, conf: str) -> None:
         self.path = tmp_path / "mosquitto.conf"
@@ -212,26 +177,3 @@ class _mosquitto:
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(5)
-
-
-
-def test_certs_script_and_the_tls_listener_example(tmp_path):
-    certs = tmp_path / "certs"
-    subprocess.run(["bash", str(ROOT / "deploy/certs.sh"), str(certs), "broker.test"], check=True,
-                   capture_output=True, timeout=120)
-    for f in ("ca.crt", "ca.key", "server.crt", "server.key"):
-        assert (certs / f).is_file()
-    # Uncomment the TLS example of mosquitto.conf (not the mutual-TLS lines) and point it at the certs.
-    port = free_port()
-    lines = []
-    for line in (ROOT / "deploy/mosquitto/mosquitto.conf").read_text().splitlines():
-        m = re.match(r"#(listener 8883 .*|cafile .*|certfile .*|keyfile .*|tls_version .*)$", line)
-        if m:
-            lines.append(m.group(1).replace("/etc/mosquitto/certs", str(certs))
-                         .replace("listener 8883 0.0.0.0", f"listener {port} 127.0.0.1"))
-    assert len(lines) == 5, lines
-    conf = "per_listener_settings false\nallow_anonymous true\n" + "\n".join(lines) + "\n"
-    with _mosquitto(tmp_path, conf):
-        MqttLink(f"mqtts://localhost:{port}", client_id="tls-ok", tls={"ca": str(certs / "ca.crt")}).close()
-        with pytest.raises(TransportError):  # the system trust store does not know our CA
-            MqttLink(f"mqtts://localhost:{port}", client_id="tls-untrusted", connect_timeout=3)

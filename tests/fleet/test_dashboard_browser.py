@@ -51,8 +51,8 @@ def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(swarm3.url)  # the printed link: ?token= -> cookie -> dashboard
-    assert page.url == swarm3.base + "/"
+    page.goto(swarm3.url)  # the printed link: ?token= -> SameSite=Strict cookie -> refresh to /
+    page.wait_for_url(swarm3.base + "/", timeout=10_000)
     page.wait_for_selector("#live.on", timeout=10_000)
     rows = page.locator("#nodes tbody tr[data-state=online]")
     rows.nth(2).wait_for(timeout=10_000)
@@ -80,29 +80,78 @@ def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):
     try:
         page.wait_for_function("document.getElementById('error').hidden", timeout=5_000)
         page.wait_for_function("+document.getElementById('loss-plot').dataset.points >= 2", timeout=60_000)
-        page.wait_for_selector("#rounds tbody tr[data-state=done]", timeout=90_000)
+        # The plot follows the round just started (an earlier test's round may be done already).
+        page.wait_for_selector("#loss-plot[data-state=done]", timeout=90_000)
     except Exception:
         OUT.mkdir(exist_ok=True)
         page.screenshot(path=str(OUT / "dashboard-failed.png"), full_page=True)
         with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
             print(c.get(swarm3.base + "/api/rounds").text)
         raise
-    assert page.locator("#loss-plot").get_attribute("data-state") == "done"
-    row = page.locator("#rounds tbody tr").first.inner_text()
+    rid = page.locator("#loss-plot").get_attribute("data-round")
+    row = page.locator(f"#rounds tbody tr[data-round-id='{rid}']").inner_text()
     assert "done" in row and "agree" in row and "200/200" in row
 
     # The plotted numbers are the fleet's numbers, and training lowered the loss.
     with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-        rnd = c.get(swarm3.base + "/api/rounds").json()["rounds"][0]
+        rnd = c.get(swarm3.base + f"/api/rounds/{rid}").json()
     assert rnd["state"] == "done" and rnd["params_agree"]
     means = [s["mean"] for s in rnd["loss"] if s["complete"]]
     assert len(means) >= 2 and means[-1] < means[0], means
-    # Nodes report the new model version (the table updates from their statuses).
+    # Every step reaches the plot (nodes batch the losses between their throttled events).
+    assert len(rnd["loss"]) == 200 and page.locator("#loss-plot").get_attribute("data-points") == "200"
+    # Validation on each node's held-back share: measured before and after, better after.
+    val = rnd["validation"]
+    assert val["before"]["samples"] > 0 and val["after"]["accuracy"] > val["before"]["accuracy"], val
+    assert rnd["regressed"] is None and rnd["rollback"] is None
+    # Nodes report the new model version and its validation accuracy (from their statuses).
     page.wait_for_function(
-        "[...document.querySelectorAll('#nodes tbody tr')].every(tr => tr.innerText.includes('v1'))",
-        timeout=15_000)
+        "[...document.querySelectorAll('#nodes tbody tr')].every(tr => tr.dataset.version === '1'"
+        " && tr.querySelector('td.val-acc').innerText.endsWith('%'))", timeout=15_000)
+    cells = page.locator("#nodes tbody tr").first.locator("td").all_inner_texts()
+    assert " / " in cells[8] and "TVM" in cells[3] and cells[7].endswith("GB"), cells  # train / val samples
+    assert "→" in page.locator(f"#rounds tbody tr[data-round-id='{rid}'] td.validation").inner_text()
     OUT.mkdir(exist_ok=True)
     page.screenshot(path=str(OUT / "dashboard.png"), full_page=True)
+
+    # A round with a learning rate that wrecks the trained model: the fleet rolls it back on
+    # its own, to the version the round started from (v1).
+    page.fill("#steps", "20")
+    page.fill("#lr", "40")
+    page.click("#start")
+    page.wait_for_function("rid => { const p = document.getElementById('loss-plot');"
+                           " return p.dataset.round !== rid && p.dataset.state === 'done'; }", arg=rid,
+                           timeout=60_000)
+    bad = page.locator("#loss-plot").get_attribute("data-round")
+    try:
+        page.wait_for_selector(f"#rounds tbody tr[data-round-id='{bad}'][data-rolled-back='1']",
+                               timeout=30_000)
+    except Exception:
+        with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            r = c.get(swarm3.base + f"/api/rounds/{bad}").json()
+            print({k: r[k] for k in ("state", "validation", "regressed", "rollback", "nodes")})
+            print(c.get(swarm3.base + "/api/actions").json())
+        raise
+    assert "rolled back (auto)" in page.locator(f"#rounds tbody tr[data-round-id='{bad}']").inner_text()
+    page.wait_for_function(
+        "[...document.querySelectorAll('#nodes tbody tr')].every(tr => tr.dataset.version === '1')",
+        timeout=15_000)
+    with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        nodes = c.get(swarm3.base + "/api/nodes").json()["nodes"]
+        undone = c.get(swarm3.base + f"/api/rounds/{bad}").json()
+    assert {n["params_sha256"] for n in nodes} == {rnd["params_sha256"]}  # the first round's parameters
+    assert "fell" in undone["regressed"] and undone["rollback"]["to_version"] == 1
+    page.screenshot(path=str(OUT / "dashboard-auto-rollback.png"), full_page=True)
+
+    # Roll the round back from its row: every node returns to v0 together.
+    page.click(f"#rounds tbody tr[data-round-id='{rid}'] button[data-undo]")
+    page.wait_for_selector(f"#rounds tbody tr[data-round-id='{rid}'][data-rolled-back='1']", timeout=30_000)
+    page.wait_for_function(
+        "[...document.querySelectorAll('#nodes tbody tr')].every(tr => tr.dataset.version === '0')",
+        timeout=15_000)
+    with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        nodes = c.get(swarm3.base + "/api/nodes").json()["nodes"]
+    assert len({n["params_sha256"] for n in nodes}) == 1 and all(n["model_version"] == 0 for n in nodes)
     assert not errors, errors
     page.close()
 

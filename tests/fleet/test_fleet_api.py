@@ -174,7 +174,7 @@ def test_round_with_silent_participants_fails_at_deadline(make_fleet):
     rid = _round(fleet)
     # 409 while it runs: one round at a time.
     second = fleet.post("/api/rounds", json={"steps": 1})
-    assert second.status_code == 409 and rid in second.json()["detail"]
+    assert second.status_code == 409 and rid in second.json()["error"]
     got = fleet.wait_for(lambda: (g := fleet.get(f"/api/rounds/{rid}").json())["state"] == "failed" and g,
                          timeout=4, what="deadline failure")
     assert "deadline passed" in got["reason"] and "node-a" in got["reason"] and "node-b" in got["reason"]
@@ -197,14 +197,27 @@ def test_participant_offline_fails_the_round(fleet):
 
 def test_409_with_fewer_than_two_online_nodes(fleet):
     r = fleet.post("/api/rounds", json={"steps": 5})
-    assert r.status_code == 409 and "fewer than 2 nodes online" in r.json()["detail"]
+    assert r.status_code == 409 and "fewer than 2 nodes online" in r.json()["error"]
     fleet.announce("node-a")
     fleet.announce("node-b", state=NodeState.OFFLINE)
     fleet.wait_for(lambda: len(fleet.get("/api/nodes").json()["nodes"]) == 2, what="2 nodes")
     r = fleet.post("/api/rounds", json={"steps": 5, "nodes": ["node-a", "node-b"]})
-    assert r.status_code == 409 and "fewer than 2 nodes online" in r.json()["detail"], r.text
+    assert r.status_code == 409 and "fewer than 2 nodes online" in r.json()["error"], r.text
     r = fleet.post("/api/rounds", json={"steps": 5, "nodes": ["node-a", "ghost"]})
-    assert r.status_code == 404 and "ghost" in r.json()["detail"]
+    assert r.status_code == 404 and "ghost" in r.json()["error"]
+
+
+def test_nodes_still_training_are_not_picked(fleet):
+    """A node still inside an earlier (e.g. aborted) round would fail a new one at once as busy."""
+    fleet.announce("node-a")
+    fleet.announce("node-b", state=NodeState.TRAINING)
+    fleet.wait_for(lambda: len(fleet.get("/api/nodes").json()["nodes"]) == 2, what="2 nodes")
+    r = fleet.post("/api/rounds", json={"steps": 5})
+    assert r.status_code == 409 and "idle: node-a" in r.json()["error"], r.text
+    fleet.announce("node-b")  # back to idle
+    fleet.wait_for(lambda: fleet.node("node-b")["state"] == "online", what="node-b idle")
+    r = fleet.post("/api/rounds", json={"steps": 5})
+    assert r.status_code == 201 and r.json()["participants"] == ["node-a", "node-b"]
 
 
 @pytest.mark.parametrize("body", [
@@ -220,7 +233,7 @@ def test_422_for_bad_bodies(fleet, body):
 def test_steps_above_the_fleet_limit_are_422(make_fleet):
     fleet = make_fleet(max_steps=50)
     r = fleet.post("/api/rounds", json={"steps": 51})
-    assert r.status_code == 422 and "50" in r.json()["detail"]
+    assert r.status_code == 422 and "50" in r.json()["error"]
 
 
 def test_401_without_token_and_login_cookie(fleet):
@@ -243,10 +256,14 @@ def test_401_without_token_and_login_cookie(fleet):
     anon.post("/api/logout")
     anon.cookies.clear()
     assert anon.get("/api/nodes").status_code == 401
-    # ?token= on the page logs in and redirects to a clean URL.
+    # ?token= on the page logs in (SameSite=Strict, as documented) and hops to a clean URL.
     r = anon.get("/", params={"token": TOKEN}, follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"] == "/"
+    assert r.status_code == 200 and 'content="0;url=/"' in r.text
+    assert "samesite=strict" in r.headers["set-cookie"].lower()
     assert anon.get("/api/nodes").status_code == 200
+    # No public API schema or docs (with or without the token).
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert anon.get(path).status_code in (401, 404), path
     anon.close()
 
 

@@ -3,6 +3,8 @@ SIGINT stops everything (nodes, broker) with no orphan process left."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -26,7 +28,9 @@ def test_swarm_two_nodes_up_and_clean_shutdown(tmp_path_factory):
         assert sp.url == f"{sp.base}/?token=e2e-token"
         assert "token:     e2e-token" in sp.output()
         with httpx.Client(timeout=10, follow_redirects=True) as c:
-            page = c.get(sp.url)  # ?token= logs in (cookie) and lands on the dashboard
+            hop = c.get(sp.url)  # ?token= logs in (SameSite=Strict cookie) and refreshes to /
+            assert hop.status_code == 200 and 'content="0;url=/"' in hop.text
+            page = c.get(sp.base + "/")  # what the browser's refresh loads: the dashboard
             assert page.status_code == 200 and 'id="loss-plot"' in page.text
             assert c.get(sp.base + "/api/nodes", headers={"Authorization": "Bearer nope"}).status_code == 401
             deadline = time.monotonic() + 30
@@ -37,6 +41,11 @@ def test_swarm_two_nodes_up_and_clean_shutdown(tmp_path_factory):
                 assert time.monotonic() < deadline, nodes
                 time.sleep(0.5)
         assert [n["model"] for n in nodes] == ["digits-mlp"] * 2
+        # The printed curl line works as printed (the nodes take the operator token).
+        curl = next(ln.split("try:", 1)[1].strip() for ln in sp.lines if ln.strip().startswith("try:"))
+        out = subprocess.run(shlex.split(curl), capture_output=True, text=True, timeout=20, check=True)
+        assert json.loads(out.stdout)["node_id"] == "node-1", out
+        assert "fleet db:" in sp.output() and "logs/node-N.log" in sp.output()
         assert len({n["params_sha256"] for n in nodes}) == 1  # same initial parameters everywhere
         children = sp.descendants()
         names = sorted(p.name() for p in children)
@@ -51,7 +60,7 @@ def test_swarm_two_nodes_up_and_clean_shutdown(tmp_path_factory):
                 time.sleep(0.2)
             assert n2["node_id"] == "node-2" and n2["state"] == "offline"
             r = c.post(sp.base + "/api/rounds", json={"steps": 3})
-            assert r.status_code == 409 and "fewer than 2 nodes online" in r.json()["detail"]
+            assert r.status_code == 409 and "fewer than 2 nodes online" in r.json()["error"]
         deadline = time.monotonic() + 5
         while "node-2 exited unexpectedly" not in sp.output():
             assert time.monotonic() < deadline, sp.output()

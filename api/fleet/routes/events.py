@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from api.fleet.auth import Authenticated
 from api.fleet.deps import Service
-from api.fleet.events import EventType
+from api.fleet.events import EventType, json_safe
 
 router = APIRouter(prefix="/api", tags=["events"])
 
@@ -34,7 +34,8 @@ async def events(request: Request, _: Authenticated, fleet: Service) -> Streamin
     async def stream():
         idle = 0.0
         try:
-            yield "retry: 2000\n\n" + _frame(EventType.SNAPSHOT.value, json.dumps(fleet.snapshot()))
+            snap = json.dumps(json_safe(fleet.snapshot()), allow_nan=False)
+            yield "retry: 2000\n\n" + _frame(EventType.SNAPSHOT.value, snap)
             while not stopping.is_set():
                 item = await sub.get(timeout=1.0)
                 if item is None:

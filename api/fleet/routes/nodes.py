@@ -12,5 +12,6 @@ router = APIRouter(prefix="/api", tags=["nodes"])
 
 @router.get("/nodes")
 def list_nodes(_: Authenticated, fleet: Service) -> dict:
-    """Every node ever seen with its effective state (offline after Last Will or 1.5x keepalive)."""
-    return {"nodes": fleet.nodes()}
+    """Every node ever seen with its effective state (offline after Last Will or 1.5x keepalive),
+    and the MQTT messages the fleet dropped, per reason (forged, unsigned, malformed, ...)."""
+    return {"nodes": fleet.nodes(), "rejected": dict(fleet.rejected)}

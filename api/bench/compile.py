@@ -15,9 +15,7 @@ Also reported: ``vm_us`` (the bare VM call on ready device tensors) and ``artifa
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -28,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from api.bench.host import machine
 from compiler.errors import CompilerError
+from compiler.manifest import Manifest
 
-__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "machine_info", "NATIVE"]
+__all__ = ["run_compile_bench", "bench_model", "measure", "set_threads", "NATIVE"]
 
 FORMAT = 1
 NATIVE = "native"
@@ -48,23 +48,6 @@ def set_threads(threads: int) -> int:
         raise CompilerError(f"TVM runs {got} thread(s), the benchmark asked for {threads}",
                             hint=f"TVM's thread pool started earlier: run with TVM_NUM_THREADS={threads}")
     return got
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU model (from /proc/cpuinfo), logical CPUs, and the library versions measured."""
-    import onnxruntime
-    import tvm
-
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "logical_cpus": os.cpu_count(), "arch": platform.machine(),
-            "tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__}
 
 
 def measure(fn: Callable[[], Any], *, min_seconds: float = 1.0, min_runs: int = 20, max_runs: int = 5000,
@@ -154,10 +137,9 @@ def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str
     tuned = compile_model(onnx_path, target=target, out_dir=work / f"{name}-tuned", tune=True, trials=trials,
                           db_dir=db_dir, progress=False)
     row["compile_tuned_s"] = round(time.perf_counter() - t0, 2)
-    manifest = json.loads((tuned / "manifest.json").read_text())["tuning"]
-    row["tuning"] = {"trials": trials, "trials_run": manifest.get("trials_run"),
-                     "seconds": manifest.get("seconds"), "reused": manifest.get("reused"),
-                     "db_id": manifest.get("db_id")}
+    tuning = Manifest.read(tuned).tuning
+    row["tuning"] = {"trials": trials, "trials_run": tuning.trials_run, "seconds": tuning.seconds,
+                     "reused": tuning.reused, "db_id": tuning.db_id}
     lat, out = _tvm_latency(tuned, x, min_seconds)
     row["tvm_tuned"] = lat
     row["tuned_max_abs_err"] = float(np.abs(next(iter(out.values())) - ref).max())
@@ -167,7 +149,7 @@ def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str
     again = compile_model(onnx_path, target=target, out_dir=work / f"{name}-recompiled", tune=True,
                           trials=trials, db_dir=db_dir, progress=False)
     row["recompile_warm_db_s"] = round(time.perf_counter() - t0, 2)
-    row["recompile_reused"] = bool(json.loads((again / "manifest.json").read_text())["tuning"].get("reused"))
+    row["recompile_reused"] = Manifest.read(again).tuning.reused
 
     ort_us = row["onnxruntime"]["median_us"]
     row["ratio_untuned_vs_ort"] = round(row["tvm_untuned"]["median_us"] / ort_us, 3)
@@ -225,7 +207,7 @@ def _run(names: list[str], per_model: dict[str, int], threads: int, target: str,
     return {
         "format": FORMAT,
         "bench": "compile",
-        "machine": machine_info(),
+        "machine": machine(),
         "target": target,
         "threads": threads,
         "trials_per_model": per_model,

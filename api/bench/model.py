@@ -1,7 +1,7 @@
 """``bench_user_model``: latency of a user's own ONNX file in onnxruntime and TVM (untuned, tuned).
 
 Small and self-contained on purpose (``fractal bench compile --model FILE``): the zoo benchmark
-lives in compiler/bench.py; this reuses its timing (``measure``), thread setup (``set_threads``)
+lives in api/bench/compile.py; this reuses its timing (``measure``), thread setup (``set_threads``)
 and onnxruntime session options, so both engines run on the same number of threads.
 Latency here is ``Artifact.infer`` (the API a node serves through) on random inputs of the
 compiled shapes; the max abs error against onnxruntime is reported too.
@@ -9,7 +9,6 @@ compiled shapes; the max abs error against onnxruntime is reported too.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,7 +45,9 @@ def bench_user_model(model: str | Path, *, shapes: dict[str, list[int]] | None =
                      log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """onnxruntime vs TVM untuned (and tuned when ``trials`` > 0) on ``model``; returns one row."""
     from compiler.artifact import load_artifact
-    from compiler.bench import NATIVE, _ort_session, machine_info, measure, set_threads
+    from api.bench.compile import NATIVE, _ort_session, measure, set_threads
+    from api.bench.host import machine
+    from compiler.manifest import Manifest
     from compiler.build import compile_model
     from compiler.targets import best_host_preset_name
 
@@ -56,7 +57,7 @@ def bench_user_model(model: str | Path, *, shapes: dict[str, list[int]] | None =
     preset = best_host_preset_name() if target == NATIVE else target
     model = Path(model)
     row: dict[str, Any] = {"model": model.name, "threads": threads, "target": preset,
-                           "machine": machine_info()}
+                           "machine": machine()}
     with tempfile.TemporaryDirectory(prefix="fractal-bench-model-") as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
@@ -66,7 +67,7 @@ def bench_user_model(model: str | Path, *, shapes: dict[str, list[int]] | None =
         art = load_artifact(plain)
         feeds = _random_inputs(art.inputs)
         row["inputs"] = {k: list(v.shape) for k, v in feeds.items()}
-        row["prepared_steps"] = json.loads((plain / "manifest.json").read_text()).get("prepared_steps", [])
+        row["prepared_steps"] = list(Manifest.read(plain).prepared_steps)
         try:
             sess = _ort_session(model, threads)
             ref = sess.run(None, feeds)

@@ -1,38 +1,10 @@
-"""Shared benchmark helpers: machine description and compiled zoo artifacts."""
+"""Compiled zoo artifacts shared by the serve and train benchmarks (the host is :mod:`api.bench.host`)."""
 
 from __future__ import annotations
 
-import os
-import platform
 from pathlib import Path
-from typing import Any
 
-__all__ = ["machine", "zoo_artifact"]
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, core count, load average and library versions: the context of every figure."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(),
-                            "python": platform.python_version()}
-    try:
-        info["loadavg_1m"] = round(os.getloadavg()[0], 2)
-    except OSError:
-        pass
-    try:
-        import tvm
-
-        info["tvm"] = tvm.__version__
-    except ImportError:
-        pass
-    return info
+__all__ = ["zoo_artifact"]
 
 
 def zoo_artifact(name: str, work_dir: Path, *, batch: int = 32, lr: float = 0.01,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -24,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from api.bench.host import machine_line
 from federation.errors import FederationError
 
-__all__ = ["run_allreduce_bench", "raw_broker_throughput", "ideal_bytes_per_node", "machine"]
+__all__ = ["run_allreduce_bench", "raw_broker_throughput", "ideal_bytes_per_node"]
 
 _SEED = 1234
 
@@ -34,19 +34,6 @@ _SEED = 1234
 def ideal_bytes_per_node(nodes: int, elements: int, itemsize: int = 4) -> float:
     """What each member must send in a bandwidth-optimal allreduce: 2(N-1)/N x elements x 4 bytes."""
     return 2 * (nodes - 1) / nodes * elements * itemsize
-
-
-def machine() -> str:
-    """One line describing this host (CPU model, cores, Python)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}"
 
 
 def _vector(rank: int, elements: int) -> np.ndarray:
@@ -132,8 +119,22 @@ def _proc_cpu(pid: int | None) -> float:
         return 0.0
 
 
+def _bench_key(swarm: str, member: str):
+    """A deterministic ed25519 key per benchmark member (benchmark only: not a secret)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"{swarm}/{member}".encode()).digest())
+
+
+def _bench_dh(swarm: str, member: str):
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    return X25519PrivateKey.from_private_bytes(hashlib.sha256(f"dh/{swarm}/{member}".encode()).digest())
+
+
 def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compression: str, max_payload: int,
-            repeats: int, timeout: float, outdir: str, barrier, out, broker_pid: int | None = None) -> None:
+            repeats: int, timeout: float, outdir: str, barrier, out, broker_pid: int | None = None,
+            signed: bool = False) -> None:
     from federation.mqtt import MqttLink
     from federation.ring import RingAllreduce
     from federation.star import StarAllreduce
@@ -141,7 +142,7 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
     ids = [f"m{i}" for i in range(nodes)]
     me = ids[rank]
     vec = _vector(rank, elements)
-    report: dict[str, Any] = {"rank": rank, "ring": [], "star": []}
+    report: dict[str, Any] = {"rank": rank, "ring": [], "star": [], "signed": []}
     with MqttLink(url, swarm=swarm, client_id=f"{swarm}-{me}") as link:
         # Keep ~4 MiB unacknowledged per peer whatever the frame size: 16 x 1 MiB frames queue
         # so long behind each other that their ACKs outlive the 1 s retransmit timer.
@@ -152,6 +153,19 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
         barrier.wait(120)
         engines: list[tuple[str, Any, list[str]]] = [("ring", ring, ids),
                                                      ("star", star, [f"{i}-star" for i in ids])]
+        if signed:  # the same ring, every frame authenticated (federation/signed.py, ringmac.py)
+            from federation.auth import KeyEntry, Keyring, Role, Signer
+            from federation.signed import Identity
+
+            sig_ids = [f"{i}-sig" for i in ids]
+            keyring = Keyring([KeyEntry(f"{i}-k", i, Role.NODE, _bench_key(swarm, i).public_key(),
+                                        _bench_dh(swarm, i).public_key()) for i in sig_ids], swarm=swarm)
+            me_sig = f"{me}-sig"
+            slink = Identity(Signer(me_sig, f"{me_sig}-k", _bench_key(swarm, me_sig)), keyring,
+                             _bench_dh(swarm, me_sig)).link(link)
+            sring = RingAllreduce(slink.transport(f"{me}-sig", max_payload=max_payload), swarm=swarm,
+                                  max_in_flight=window)
+            engines.insert(1, ("signed", sring, sig_ids))
         for name, engine, group in engines:
             for rep in range(repeats):
                 before = engine.stats.bytes_sent
@@ -189,8 +203,9 @@ def _summarise(reports: list[dict], name: str) -> tuple[float, list[float], floa
 
 def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = None,
                         compression: str = "none", max_payload: int = 256 * 1024, repeats: int = 3,
-                        timeout: float | None = None) -> dict[str, Any]:
-    """Run the benchmark and return one JSON-able dict (see ``fractal bench allreduce --help``)."""
+                        timeout: float | None = None, signed: bool = False) -> dict[str, Any]:
+    """Run the benchmark and return one JSON-able dict (see ``fractal bench allreduce --help``).
+    ``signed``: also time the ring with signed frames (same members, same run)."""
     if not 2 <= nodes <= 64:
         raise FederationError(f"--nodes must be between 2 and 64, got {nodes}")
     if not 1 <= elements <= 200_000_000:
@@ -220,7 +235,7 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
             procs = [ctx.Process(target=_member, daemon=True,
                                  args=(broker_url, swarm, r, nodes, elements, compression, max_payload,
                                        repeats, timeout, outdir, barrier, out,
-                                       getattr(own, "pid", None))) for r in range(nodes)]
+                                       getattr(own, "pid", None), signed)) for r in range(nodes)]
             for p in procs:
                 p.start()
             reports: list[dict[str, Any]] = []
@@ -253,6 +268,7 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
 
     ring = _summarise(reports, "ring")
     star = _summarise(reports, "star")
+    sig = _summarise(reports, "signed")
     assert ring is not None
     seconds, ring_runs, per_node, identical, ring_cpu, ring_broker_cpu = ring
     ideal = ideal_bytes_per_node(nodes, elements)
@@ -285,9 +301,15 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
         "star_broker_cpu_s": round(star[5], 3) if star and own is not None else None,
         "star_runs_s": [round(s, 4) for s in star[1]] if star else None,
         "retransmits": sum(r["ring_stats"].get("retransmits", 0) for r in reports),
+        # --signed: the ring with ed25519-signed frames, and its cost over the unsigned ring.
+        "signed_seconds": round(sig[0], 4) if sig else None,
+        "signed_runs_s": [round(s, 4) for s in sig[1]] if sig else None,
+        "signed_cpu_s": round(sig[4], 3) if sig else None,
+        "signed_overhead": round(sig[0] / seconds - 1, 4) if sig else None,
+        "signed_cpu_overhead": round(sig[4] / ring_cpu - 1, 4) if sig and ring_cpu else None,
         "repeats": repeats,
         "max_payload": max_payload,
         "members": "process",
         "broker": "mosquitto (started by the benchmark)" if own is not None else broker_url.split("@")[-1],
-        "machine": machine(),
+        "machine": machine_line(),
     }

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from api.benchmarks.common import machine, zoo_artifact
+from api.bench.artifacts import zoo_artifact
+from api.bench.host import machine
 
 __all__ = ["run", "DEFAULT_MODELS", "batches"]
 
@@ -63,7 +64,7 @@ def _torch_run(onnx_path: Path, art: Any, data: list[tuple[np.ndarray, np.ndarra
     import onnx
     import torch
 
-    from api.benchmarks.onnx_torch import OnnxTorch
+    from api.bench.onnx_torch import OnnxTorch
 
     model = OnnxTorch(onnx.load(str(onnx_path)), art.param_names)
     # same starting point as TVM, checked rather than assumed

@@ -1,0 +1,52 @@
+"""The one description of the host a benchmark ran on (every figure's context)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+__all__ = ["cpu_model", "machine", "machine_line"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (else what ``platform`` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, CPU count, OS, Python, load average and the measured libraries' versions."""
+    cores = os.cpu_count()
+    info: dict[str, Any] = {"cpu": cpu_model(), "cores": cores, "logical_cpus": cores,
+                            "arch": platform.machine(), "os": f"{platform.system()} {platform.release()}",
+                            "python": platform.python_version()}
+    try:
+        info["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
+    try:
+        import tvm
+
+        info["tvm"] = tvm.__version__
+    except ImportError:
+        pass
+    try:
+        import onnxruntime
+
+        info["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def machine_line() -> str:
+    """One line describing this host (CPU model, cores, OS, Python), without importing any library."""
+    return (f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")

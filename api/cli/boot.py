@@ -1,0 +1,71 @@
+"""`fractal boot --device PATH`: the board's boot supervisor (see firmware/boot.py)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+import typer
+
+from api.cli import app
+
+__all__ = ["boot"]
+
+
+def _launcher(emulate: bool):  # -> firmware.boot.Launcher
+    from firmware.boot import Launcher
+
+    if not emulate:
+        return Launcher([sys.executable, "-c", "from api.cli import main; main()"])
+    from compiler.emulate import sysroot_dir
+    from deploy.armnode import arm_python
+
+    argv, env = arm_python(sysroot_dir("aarch64"))
+    return Launcher(argv, env)
+
+
+@app.command("boot")
+def boot(
+    device: Path = typer.Option(..., "--device", help="The board's storage directory."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port of the node's HTTP API."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address the node listens on."),
+    node_id: str = typer.Option("", "--node-id", help="Node id (default: the device directory's name)."),
+    once: bool = typer.Option(
+        False, "--once", help="Stop the node after the health check (install checks, tests)."
+    ),
+    emulate_arm: bool = typer.Option(
+        False, "--emulate-arm", help="Run an aarch64 slot under qemu-user with the sysroot of `make sysroot`."
+    ),
+    health_timeout: float = typer.Option(
+        120.0, "--health-timeout", min=1.0, help="Seconds to wait for readiness."
+    ),
+) -> None:
+    """Pick the slot, start the node from it, health-check it, mark it good or fall back."""
+    from firmware.boot import boot as _boot
+
+    r = _boot(
+        device,
+        _launcher(emulate_arm),
+        node_id=node_id,
+        host=host,
+        port=port,
+        health_timeout_s=health_timeout,
+        log=lambda m: typer.echo(f"boot: {m}", err=True),
+    )
+    typer.echo(
+        f"booted slot {r.slot} version {r.version}{' (after fallback)' if r.fell_back else ''}: {r.url}"
+    )
+    if once:
+        r.process.terminate()
+        r.process.wait(timeout=30)
+        return
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        r.process.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = r.process.wait()
+    raise typer.Exit(code if code >= 0 else 128 - code)

@@ -1,0 +1,119 @@
+"""Durable fleet state: round history, per-round metrics and the operator's actions in SQLite.
+
+One file per fleet (``FleetSettings.db``), WAL mode, written on every round state change and
+every operator action, read when the service starts, so a restarted fleet shows the same history.
+A round that was still running when the fleet stopped is closed as failed on the next start
+(its nodes were told nothing by a fleet that no longer exists, and their own timeouts ended it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from api.fleet.errors import FleetError
+
+__all__ = ["FleetHistory", "RESTARTED"]
+
+RESTARTED = "the fleet service restarted during the round"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rounds (
+    round_id   TEXT PRIMARY KEY,
+    started_at REAL NOT NULL,
+    state      TEXT NOT NULL,
+    body       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rounds_started ON rounds (started_at);
+CREATE TABLE IF NOT EXISTS actions (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts     REAL NOT NULL,
+    action TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+"""
+
+
+class FleetHistory:
+    """Thread-safe SQLite store of round dicts (as ``Round.to_dict`` makes them) and actions."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        with self._lock:
+            self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        """The connection, (re)opened on first use after :meth:`close` (a service may be restarted)."""
+        if self._conn is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+            except (OSError, sqlite3.Error) as exc:
+                raise FleetError(f"cannot open the fleet database {str(self.path)!r}: {exc}",
+                                 hint="pass a writable path with --db (or FRACTAL_FLEET_DB)") from None
+            self._conn = conn
+        return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- rounds ---------------------------------------------------------------------------------
+    def save_round(self, rnd: dict[str, Any]) -> None:
+        """Insert or replace one round (its latest state and metrics)."""
+        body = json.dumps(rnd, allow_nan=False, separators=(",", ":"))
+        with self._lock:
+            self._open().execute("INSERT OR REPLACE INTO rounds (round_id, started_at, state, body) "
+                             "VALUES (?, ?, ?, ?)", (rnd["round_id"], rnd["started_at"], rnd["state"], body))
+
+    def get_round(self, round_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._open().execute("SELECT body FROM rounds WHERE round_id = ?", (round_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def rounds(self, limit: int, before: float | None = None) -> list[dict[str, Any]]:
+        """Up to ``limit`` rounds started before ``before`` (all when None), newest first."""
+        with self._lock:
+            rows = self._open().execute(
+                "SELECT body FROM rounds WHERE started_at < ? "
+                "ORDER BY started_at DESC, round_id DESC LIMIT ?",
+                (float("inf") if before is None else before, limit)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def close_interrupted(self, now: float) -> list[str]:
+        """Mark rounds left running by a previous fleet process as failed; their ids."""
+        with self._lock:
+            rows = self._open().execute("SELECT body FROM rounds WHERE state = 'running'").fetchall()
+        closed = []
+        for (body,) in rows:
+            rnd = json.loads(body)
+            rnd.update(state="failed", reason=RESTARTED, finished_at=now)
+            self.save_round(rnd)
+            closed.append(rnd["round_id"])
+        return closed
+
+    # -- operator actions -----------------------------------------------------------------------
+    def record_action(self, action: str, detail: dict[str, Any], now: float | None = None) -> None:
+        with self._lock:
+            self._open().execute("INSERT INTO actions (ts, action, detail) VALUES (?, ?, ?)",
+                             (time.time() if now is None else now, action,
+                              json.dumps(detail, allow_nan=False, separators=(",", ":"))))
+
+    def actions(self, limit: int, before: int | None = None) -> list[dict[str, Any]]:
+        """Up to ``limit`` actions with an id below ``before`` (all when None), newest first."""
+        with self._lock:
+            rows = self._open().execute(
+                "SELECT id, ts, action, detail FROM actions WHERE id < ? ORDER BY id DESC LIMIT ?",
+                (2**63 - 1 if before is None else before, limit)).fetchall()
+        return [{"id": i, "ts": ts, "action": a, "detail": json.loads(d)} for i, ts, a, d in rows]

@@ -1,0 +1,86 @@
+"""The fleet's image catalogue: uploaded device images, verified before they are listed.
+
+Images live in ``images_dir`` as ``<sha256>.img`` next to ``catalogue.json`` (id, version,
+board, size, signer). An upload is streamed to a temp file with a size cap, then fully verified
+(:func:`firmware.image.open_image` against the fleet's trusted keys); only then is it renamed
+into the catalogue. Nodes download them with range requests (resumable, firmware/ota.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from firmware.image import MAX_IMAGE, open_image
+from firmware.keys import load_public
+
+__all__ = ["ImageCatalogue", "UploadTooLarge"]
+
+
+class UploadTooLarge(Exception):
+    pass
+
+
+class ImageCatalogue:
+    def __init__(self, directory: str | Path, key_files: list[str]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.keys = [load_public(p) for p in key_files]
+        self._lock = threading.Lock()
+        self._index = self.dir / "catalogue.json"
+
+    def list(self) -> list[dict[str, Any]]:
+        if not self._index.is_file():
+            return []
+        return list(json.loads(self._index.read_text()))
+
+    def path(self, image_id: str) -> Path | None:
+        if not any(e["id"] == image_id for e in self.list()):
+            return None
+        return self.dir / f"{image_id}.img"
+
+    async def add(self, chunks: AsyncIterator[bytes], max_bytes: int = MAX_IMAGE) -> dict[str, Any]:
+        """Store, verify and list an uploaded image; FirmwareError (-> 400) when it does not verify."""
+        tmp = self.dir / f".upload-{os.getpid()}-{threading.get_ident()}-{id(chunks)}"
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with open(tmp, "wb") as fh:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise UploadTooLarge(f"the upload exceeds {max_bytes} bytes")
+                    h.update(chunk)
+                    fh.write(chunk)
+            if not self.keys:
+                from firmware.errors import ImageError
+
+                raise ImageError(
+                    "the fleet trusts no image key",
+                    hint="set image_keys (FRACTAL_FLEET_IMAGE_KEYS) to the release KEY.pub files",
+                )
+            img = open_image(tmp, self.keys)
+            entry = {
+                "id": h.hexdigest()[:32],
+                "version": img.version,
+                "board": img.board,
+                "arch": img.manifest["arch"],
+                "size": size,
+                "signer": img.signer,
+                "rollback_index": img.rollback_index,
+                "artifact": img.manifest["artifact_name"],
+            }
+            with self._lock:
+                os.replace(tmp, self.dir / f"{entry['id']}.img")
+                entries = [e for e in self.list() if e["id"] != entry["id"]] + [entry]
+                tmp_index = self._index.with_suffix(".tmp")
+                tmp_index.write_text(json.dumps(entries, indent=1))
+                os.replace(tmp_index, self._index)
+            return entry
+        finally:
+            tmp.unlink(missing_ok=True)

@@ -1,0 +1,72 @@
+"""Serve the fleet app with uvicorn: shared by ``fractal fleet`` and the ``deploy.swarm`` launcher.
+
+Lives outside :mod:`api.cli` so deploy/ never imports the CLI.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from api.fleet.errors import FleetError
+from api.net import port_problem
+
+if TYPE_CHECKING:
+    from api.fleet.settings import FleetSettings
+
+__all__ = ["check_port_free", "serve_fleet"]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise a :class:`FleetError` with a hint if ``host:port`` cannot be listened on."""
+    if (problem := port_problem(host, port)) is not None:
+        raise FleetError(problem, hint="pick another port with --port")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def serve_fleet(settings: FleetSettings, *, ready: Callable[[], object] | None = None) -> None:
+    """Run the fleet app with uvicorn in this thread until SIGINT/SIGTERM.
+
+    ``ready`` (optional callable) runs once the server accepts connections.
+    """
+    import uvicorn
+
+    from api.fleet_app import create_fleet_app
+
+    check_port_free(settings.host, settings.port)
+    fleet_app = create_fleet_app(settings)
+    fleet_app.state.fleet.start()  # connect now: a bad broker URL fails here with a clear error
+    config = uvicorn.Config(fleet_app, host=settings.host, port=settings.port, log_level="warning",
+                            timeout_graceful_shutdown=2, lifespan="on")
+    server = uvicorn.Server(config)
+    if ready is not None:
+        notify_ready = ready
+
+        def notify() -> None:
+            while not server.started and not server.should_exit:
+                threading.Event().wait(0.05)
+            if server.started:
+                notify_ready()
+
+        threading.Thread(target=notify, daemon=True).start()
+    # uvicorn handles SIGINT/SIGTERM, then re-raises the signal once it has shut down: make
+    # SIGTERM unwind like Ctrl-C so the MQTT link closes cleanly and the exit code is 0.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # the normal way out: Ctrl-C or SIGTERM (see _interrupt)
+    finally:
+        fleet_app.state.fleet.stop()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+    if not server.started:
+        raise FleetError(f"the fleet service did not start on {settings.host}:{settings.port}",
+                         hint="check the broker URL (--broker) and that the port is free")

@@ -1,0 +1,405 @@
+"""The artifact manifest: one typed, versioned object, written and read only here.
+
+``manifest.json`` describes an artifact directory (see :mod:`compiler.artifact`): the model, the
+target it was compiled for, its inputs/outputs, the files with their sha256, the parameters,
+tuning and training settings. ``Manifest.write`` / ``Manifest.read`` are the only code that
+touches the JSON; everything else uses the typed fields. A manifest of a format version this
+build does not know (a newer ``fractal`` wrote it) is refused with a clear error.
+
+Standard library only (no pydantic): this module also runs on boards and under qemu-user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from compiler.errors import ArtifactError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "TensorSpec",
+    "TargetInfo",
+    "ParamsInfo",
+    "Libs",
+    "TuningInfo",
+    "TrainingInfo",
+    "Manifest",
+    "file_sha256",
+]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+T = TypeVar("T")
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file (read in 1 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _Reader:
+    """Typed access to one JSON object of the manifest; every problem is an ArtifactError naming the key."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise _bad(f"{where} is not an object")
+        self.data: dict[str, Any] = data
+        self.where = where
+
+    def _get(self, key: str, default: Any, required: bool) -> Any:
+        if key not in self.data:
+            if required:
+                raise _bad(f"{self.where} lacks the {key!r} field")
+            return default
+        return self.data[key]
+
+    def typed(self, key: str, kind: type[T] | tuple[type, ...], default: Any = None,
+              required: bool = True) -> Any:
+        value = self._get(key, default, required)
+        if value is None and not required:
+            return value
+        # bool is an int in Python; a manifest that says "batch": true is still malformed.
+        if isinstance(value, bool) and kind in (int, float, (int, float)):
+            raise _bad(f"{self.where}.{key} is a boolean, expected {_kind_name(kind)}")
+        if not isinstance(value, kind):
+            raise _bad(f"{self.where}.{key} is {type(value).__name__}, expected {_kind_name(kind)}")
+        return value
+
+    def text(self, key: str, default: str | None = None, required: bool = True) -> Any:
+        return self.typed(key, str, default, required)
+
+    def integer(self, key: str, default: int | None = None, required: bool = True) -> Any:
+        return self.typed(key, int, default, required)
+
+    def obj(self, key: str, parse: Callable[[_Reader], T], required: bool = True) -> T | None:
+        value = self._get(key, None, required)
+        if value is None:
+            return None
+        return parse(_Reader(value, f"{self.where}.{key}"))
+
+    def seq(self, key: str, parse: Callable[[Any, str], T], required: bool = True) -> tuple[T, ...]:
+        value = self._get(key, [], required)
+        if not isinstance(value, list):
+            raise _bad(f"{self.where}.{key} is {type(value).__name__}, expected a list")
+        return tuple(parse(v, f"{self.where}.{key}[{i}]") for i, v in enumerate(value))
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def _bad(message: str) -> ArtifactError:
+    return ArtifactError(f"malformed {MANIFEST}: {message}", hint="recompile the artifact with this fractal")
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in value):
+        raise _bad(f"{where} is not a shape (a list of non-negative integers)")
+    return tuple(value)
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise _bad(f"{where} is {type(value).__name__}, expected str")
+    return value
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape (batch dim included, as compiled) and dtype of one model input or output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "tensor") -> TensorSpec:
+        r = _Reader(d, where)
+        return cls(r.text("name"), _shape(r.data.get("shape"), f"{where}.shape"), r.text("dtype"))
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """The target preset the artifact was compiled for (see :mod:`compiler.targets`)."""
+
+    preset: str
+    arch: str
+    tvm_target: Mapping[str, Any]
+    cross_compiler: str | None = None
+    description: str = ""
+
+    @property
+    def mattr(self) -> tuple[str, ...]:
+        """LLVM ``-mattr`` features the code may use (e.g. ``+avx2``)."""
+        return tuple(str(f) for f in self.tvm_target.get("mattr", ()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"preset": self.preset, "arch": self.arch, "tvm_target": dict(self.tvm_target),
+                "cross_compiler": self.cross_compiler, "description": self.description}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> TargetInfo:
+        return cls(r.text("preset"), r.text("arch"), r.typed("tvm_target", dict),
+                   r.text("cross_compiler", required=False), r.text("description", "", required=False))
+
+
+@dataclass(frozen=True)
+class ParamsInfo:
+    """The parameter file and, in order, every parameter's name, shape and dtype."""
+
+    file: str
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.shapes) == len(self.dtypes):
+            raise _bad("params: names, shapes and dtypes differ in length")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "names": list(self.names), "shapes": [list(s) for s in self.shapes],
+                "dtypes": list(self.dtypes)}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> ParamsInfo:
+        return cls(r.text("file"), r.seq("names", _text), r.seq("shapes", _shape), r.seq("dtypes", _text))
+
+
+@dataclass(frozen=True)
+class Libs:
+    """File names of the compiled libraries (``train`` only with ``--train``)."""
+
+    infer: str
+    train: str | None = None
+    # "vm": TVM libraries run by the Relax VM; "c": the C backend (compiler/cbackend.py), a native
+    # library called through ctypes plus a standalone runner (``runner``, ``train_runner``).
+    runtime: str = "vm"
+    runner: str | None = None
+    train_runner: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"infer": self.infer, "train": self.train}
+        if self.runtime != "vm":  # VM manifests keep their exact bytes
+            out.update(runtime=self.runtime, runner=self.runner, train_runner=self.train_runner)
+        return out
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Libs:
+        runtime = r.text("runtime", "vm", required=False)
+        if runtime not in ("vm", "c"):
+            raise _bad(f"{r.where}.runtime is {runtime!r}, expected 'vm' or 'c'")
+        return cls(r.text("infer"), r.text("train", required=False), runtime,
+                   r.text("runner", required=False), r.text("train_runner", required=False))
+
+
+@dataclass(frozen=True)
+class TuningInfo:
+    """Whether MetaSchedule tuned the module, with which database and how many trials."""
+
+    tuned: bool = False
+    db_id: str | None = None
+    trials: int = 0
+    trials_run: int = 0
+    seconds: float = 0.0
+    reused: bool = False
+    db_dir: str | None = None
+    # how the kernels were scheduled: "naive" (TVM's default lowering; artifacts before the
+    # default schedules), "default" (compiler.schedules), "tuned" (MetaSchedule records)
+    schedule: str = "naive"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tuned": self.tuned, "db_id": self.db_id, "trials": self.trials,
+                "trials_run": self.trials_run,
+                "seconds": self.seconds, "reused": self.reused, "db_dir": self.db_dir,
+                "schedule": self.schedule}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> TuningInfo:
+        return cls(r.typed("tuned", bool), r.text("db_id", required=False),
+                   r.integer("trials", 0, required=False),
+                   r.integer("trials_run", 0, required=False),
+                   float(r.typed("seconds", (int, float), 0.0, required=False)),
+                   bool(r.typed("reused", bool, False, required=False)), r.text("db_dir", required=False),
+                   r.text("schedule", "tuned" if r.typed("tuned", bool) else "naive", required=False))
+
+
+@dataclass(frozen=True)
+class TrainingInfo:
+    """What ``--train`` compiled: loss, optimizer, default lr, batch, and the step's tensors."""
+
+    loss: str
+    optimizer: str
+    lr: float
+    batch: int
+    inputs: tuple[TensorSpec, ...]
+    targets: TensorSpec
+    optimizer_state: tuple[tuple[tuple[int, ...], str], ...]
+    tuning: TuningInfo = field(default_factory=TuningInfo)
+
+    @property
+    def tuned(self) -> bool:
+        return self.tuning.tuned
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loss": self.loss, "optimizer": self.optimizer, "lr": self.lr, "batch": self.batch,
+                "inputs": [s.to_json() for s in self.inputs], "targets": self.targets.to_json(),
+                "optimizer_state": [{"shape": list(s), "dtype": d} for s, d in self.optimizer_state],
+                "lr_input": True, "tuned": self.tuned, "tuning": self.tuning.to_json()}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> TrainingInfo:
+        def state(v: Any, where: str) -> tuple[tuple[int, ...], str]:
+            s = _Reader(v, where)
+            return _shape(s.data.get("shape"), f"{where}.shape"), s.text("dtype")
+
+        return cls(r.text("loss"), r.text("optimizer"), float(r.typed("lr", (int, float))),
+                   r.integer("batch"),
+                   r.seq("inputs", TensorSpec.from_json), TensorSpec.from_json(r.data.get("targets"),
+                                                                                f"{r.where}.targets"),
+                   r.seq("optimizer_state", state),
+                   r.obj("tuning", TuningInfo.parse, required=False) or TuningInfo())
+
+
+def _shapes_map(value: dict[Any, Any], where: str) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise _bad(f"compiled_shapes keys must be input names, got {k!r}")
+        out[k] = _shape(v, f"{where}: compiled_shapes[{k!r}]")
+    return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The typed content of ``manifest.json``."""
+
+    name: str
+    target: TargetInfo
+    batch: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    params: ParamsInfo
+    libs: Libs
+    files: Mapping[str, str]
+    onnx_sha256: str
+    onnx_file: str = ""
+    tvm_version: str = ""
+    created: str = ""
+    tuning: TuningInfo = field(default_factory=TuningInfo)
+    training: TrainingInfo | None = None
+    compile_seconds: float = 0.0
+    compiled_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # --shape result per input
+    prepared_steps: tuple[str, ...] = ()  # ONNX preparation steps that changed the graph
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def preset(self) -> str:
+        return self.target.preset
+
+    @property
+    def arch(self) -> str:
+        return self.target.arch
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version, "name": self.name, "created": self.created,
+            "onnx_file": self.onnx_file, "onnx_sha256": self.onnx_sha256, "tvm_version": self.tvm_version,
+            "target": self.target.to_json(), "batch": self.batch,
+            "inputs": [s.to_json() for s in self.inputs], "outputs": [s.to_json() for s in self.outputs],
+            "params": self.params.to_json(), "libs": self.libs.to_json(), "files": dict(self.files),
+            "tuning": self.tuning.to_json(),
+            "training": self.training.to_json() if self.training is not None else None,
+            "compile_seconds": self.compile_seconds,
+            "compiled_shapes": {k: list(v) for k, v in self.compiled_shapes.items()},
+            "prepared_steps": list(self.prepared_steps),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = MANIFEST) -> Manifest:
+        r = _Reader(data, where)
+        version = r.data.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise _bad(f"format_version is {version!r}")
+        if version > FORMAT_VERSION:
+            raise ArtifactError(f"{where} has format version {version}; this fractal reads up to "
+                                f"{FORMAT_VERSION}",
+                                hint="upgrade fractal, or recompile the artifact with this one")
+        files = r.typed("files", dict)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise _bad("files must map file names to sha256 strings")
+        target = r.obj("target", TargetInfo.parse)
+        params = r.obj("params", ParamsInfo.parse)
+        libs = r.obj("libs", Libs.parse)
+        assert target is not None and params is not None and libs is not None  # (required=True)
+        inputs = r.seq("inputs", TensorSpec.from_json)
+        batch = r.integer("batch", inputs[0].shape[0] if inputs and inputs[0].shape else 1, required=False)
+        return cls(
+            name=r.text("name"), target=target, batch=batch, inputs=inputs,
+            outputs=r.seq("outputs", TensorSpec.from_json), params=params, libs=libs, files=files,
+            onnx_sha256=r.text("onnx_sha256", "", required=False),
+            onnx_file=r.text("onnx_file", "", required=False),
+            tvm_version=r.text("tvm_version", "", required=False),
+            created=r.text("created", "", required=False),
+            tuning=r.obj("tuning", TuningInfo.parse, required=False) or TuningInfo(),
+            training=r.obj("training", TrainingInfo.parse, required=False),
+            compile_seconds=float(r.typed("compile_seconds", (int, float), 0.0, required=False)),
+            compiled_shapes=_shapes_map(r.typed("compiled_shapes", dict, {}, required=False), where),
+            prepared_steps=r.seq("prepared_steps", _text, required=False),
+            format_version=version,
+        )
+
+    def write(self, directory: str | Path) -> Path:
+        """Write ``manifest.json`` into ``directory`` (sorted keys: equal manifests are equal bytes)."""
+        path = Path(directory) / MANIFEST
+        path.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, directory: str | Path) -> Manifest:
+        """Read and validate ``DIR/manifest.json``; ArtifactError (with a hint) when missing or malformed."""
+        directory = Path(directory)
+        path = directory / MANIFEST
+        if not directory.is_dir():
+            raise ArtifactError(f"artifact directory {str(directory)!r} does not exist",
+                                hint="pass the --out directory of `fractal compile`")
+        if not path.is_file():
+            raise ArtifactError(f"{str(directory)!r} has no {MANIFEST}; it is not a compiled artifact",
+                                hint="pass the --out directory of `fractal compile`")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ArtifactError(f"{path} is not valid JSON ({exc})", hint="recompile the artifact") from None
+        return cls.from_json(data, str(path))
+
+    def verify_files(self, directory: str | Path) -> None:
+        """Check that every file the manifest lists exists in ``directory`` with its sha256."""
+        directory = Path(directory)
+        for rel, digest in self.files.items():
+            path = directory / rel
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise _bad(f"file name {rel!r} leaves the artifact directory")
+            if not path.is_file():
+                raise ArtifactError(f"artifact file {rel!r} is missing from {str(directory)!r}",
+                                    hint="copy the whole artifact directory or recompile")
+            actual = file_sha256(path)
+            if actual != digest:
+                raise ArtifactError(f"artifact file {rel!r} fails its sha256 check "
+                                    f"(manifest {digest[:12]}..., file {actual[:12]}...)",
+                                    hint="the file is corrupt or was modified; "
+                                         "recompile or re-copy the artifact")

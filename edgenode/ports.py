@@ -1,0 +1,145 @@
+"""What the edge node needs from its collaborators, stated as ``typing.Protocol``s.
+
+``EdgeNode``, ``ModelHolder`` and ``run_round`` are typed with these, not with the concrete
+classes, so a board can plug in another engine (e.g. the C runtime) and tests plug in fakes
+(``tests/edgenode/fakes.py`` is checked against them by mypy in ``make check``):
+
+* :class:`Engine`: a loaded artifact (``compiler.artifact.Artifact``): specs, parameters,
+  inference (validating inputs: ``compiler.artifact.check_inputs`` is the only validator) and
+  an optional :class:`Trainer`.
+* :class:`Trainer`: the compiled training step (``compiler.trainer.Trainer``).
+* :class:`Collective`: the allreduce among members (``federation.ring.RingAllreduce``).
+* :class:`Link`: the MQTT connection (``federation.mqtt.MqttLink``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "Link", "Publication"]
+
+
+class Spec(Protocol):
+    """Name, shape (batch dim included) and dtype of a model input or output."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+
+class TuningFacts(Protocol):
+    @property
+    def tuned(self) -> bool: ...
+
+
+class ManifestInfo(Protocol):
+    """The part of the artifact manifest the node reports."""
+
+    @property
+    def preset(self) -> str: ...
+
+    @property
+    def tvm_version(self) -> str: ...
+
+    @property
+    def tuning(self) -> TuningFacts: ...
+
+
+class Trainer(Protocol):
+    """Loss + gradients and the optimizer step at a fixed compiled batch."""
+
+    @property
+    def batch(self) -> int: ...
+
+    @property
+    def loss(self) -> str: ...  # "ce" or "mse"
+
+    def loss_and_grad(self, params: list[np.ndarray], x: Any,
+                      y: np.ndarray) -> tuple[float, list[np.ndarray]]: ...
+
+    def init_state(self, params: list[np.ndarray]) -> list[np.ndarray]: ...
+
+    def apply(self, params: list[np.ndarray], grads: list[np.ndarray], state: list[np.ndarray],
+              lr: float | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]: ...
+
+
+class Engine(Protocol):
+    """A loaded model: inference on a parameter set, and (optionally) its trainer."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def manifest(self) -> ManifestInfo: ...
+
+    @property
+    def inputs(self) -> Sequence[Spec]: ...
+
+    @property
+    def outputs(self) -> Sequence[Spec]: ...
+
+    @property
+    def param_names(self) -> list[str]: ...
+
+    @property
+    def params(self) -> list[np.ndarray]: ...
+
+    @property
+    def trainer(self) -> Trainer | None: ...
+
+    def prepare_params(self, params: list[np.ndarray]) -> Any:
+        """Convert a parameter set once for many ``infer`` calls (opaque to the node)."""
+        ...
+
+    def infer(self, inputs: Mapping[str, Any], params: Any = None) -> dict[str, np.ndarray]:
+        """Validate ``inputs`` (InputError naming the problem) and run the model on ``params``."""
+        ...
+
+
+class Collective(Protocol):
+    """Allreduce and broadcast among the members of a round (bit-identical results everywhere)."""
+
+    def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: Any = "mean",
+                  timeout: float = 30.0, compression: Any = ...,
+                  clip_norm: float | None = None) -> np.ndarray: ...
+
+    def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
+                  timeout: float = 30.0) -> np.ndarray: ...
+
+    def reset_feedback(self) -> None: ...
+
+    def abort(self, tag: str, peers: list[str], reason: str) -> None:
+        """Tell ``peers`` that the collective ``tag`` is void (they stop waiting at once)."""
+        ...
+
+    def cancel(self, reason: str) -> bool:
+        """Fail the collective running right now (a fleet abort frees a blocked member)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Publication(Protocol):
+    def wait_for_publish(self, timeout: float | None = None) -> None: ...
+
+
+class Link(Protocol):
+    """The broker connection: publish, subscribe, reconnect hook, a transport for the collective."""
+
+    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Publication: ...
+
+    def subscribe(self, filter: str, callback: Callable[[str, bytes], None]) -> Any: ...
+
+    def on_connect(self, hook: Callable[[bool], None]) -> None: ...
+
+    def transport(self, member_id: str) -> Any: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,303 @@
+"""Round control of an edge node: commands in, one training round at a time on a worker
+thread, STEP/DONE/FAILED events out. Mixed into :class:`edgenode.node.EdgeNode`, which owns
+the state declared below (the model, the store, the collective, the link and the metrics).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from edgenode.common import NodeBusy, NodeError, RoundFailed, get_logger
+from edgenode.config import NodeConfig
+from edgenode.metrics import NodeMetrics
+from edgenode.model import ModelHolder, ParamsSnapshot
+from edgenode.ports import Collective, Engine, Link, Publication, Trainer
+from edgenode.store import Samples, SampleStore
+from edgenode.training import RoundPlan, RoundResult, run_round
+from edgenode.validation import evaluate
+from federation import topics
+from federation.messages import (
+    EventKind,
+    NodeState,
+    RollbackCommand,
+    RoundAbort,
+    RoundCommand,
+    RoundEvent,
+    Validation,
+    parse_command,
+)
+
+__all__ = ["RoundControl"]
+
+log = get_logger("agent")
+_STEP_EVENT_MIN_S = 0.25  # STEP events are throttled: a 1000-step round must not flood the broker
+
+
+class RoundControl:
+    """Commands and rounds. The node provides the attributes and ``publish_status``."""
+
+    config: NodeConfig
+    artifact: Engine
+    model: ModelHolder
+    store: SampleStore
+    metrics: NodeMetrics
+    trainer: Trainer | None
+    _ring: Collective | None
+    _link: Link | None
+    _lock: threading.Lock
+    _state: NodeState
+    _round_id: str | None
+    _worker: threading.Thread | None
+    _abort: threading.Event
+    _stopping: threading.Event
+    _seen_rounds: collections.OrderedDict[str, None]
+    _listeners: list[Callable[[RoundEvent], None]]
+    last_result: RoundResult | None
+    last_error: str | None
+    validation: Validation | None
+
+    @property
+    def node_id(self) -> str:
+        return self.config.node_id
+
+    def publish_status(self) -> Publication | None:
+        raise NotImplementedError
+
+    # -- commands ----------------------------------------------------------------------------------
+    def add_event_listener(self, fn: Callable[[RoundEvent], None]) -> None:
+        """Call ``fn(event)`` for every RoundEvent this node emits (also published over MQTT)."""
+        self._listeners.append(fn)
+
+    def _on_command_message(self, topic: str, payload: bytes) -> None:
+        self.handle_command(payload)
+
+    def handle_command(self, command: bytes | str | RoundCommand | RoundAbort | RollbackCommand) -> None:
+        """Handle one command (non-blocking). Malformed payloads are rejected and counted."""
+        if not isinstance(command, BaseModel):
+            try:
+                command = parse_command(command)
+            except (ValidationError, ValueError) as exc:
+                self.metrics.rejected()
+                log.warning("rejected malformed command: %s", str(exc).splitlines()[0])
+                return
+        if isinstance(command, RoundAbort):
+            if command.round_id == self._round_id:
+                log.info("round %s: abort requested (%s)", command.round_id, command.reason)
+                self._abort.set()
+                # Also fail the collective we may be blocked in (e.g. waiting for a participant
+                # that never comes, up to step_timeout_s): freed now, peers told by ABORT frames.
+                if self._ring is not None:
+                    self._ring.cancel(f"aborted by the fleet: {command.reason}")
+            return
+        if isinstance(command, RollbackCommand):
+            if self.node_id in command.nodes:
+                self.rollback(command.to_version, command.rollback_id)
+            return
+        if self.node_id not in command.participants:
+            return
+        try:
+            topics.validate_id(command.round_id, "round id")
+        except ValueError as exc:
+            self.metrics.rejected()
+            log.warning("rejected command: %s", exc)
+            return
+        if command.round_id in self._seen_rounds:  # QoS 1 redelivery: already run (or running)
+            log.info("ignoring duplicate command for round %s", command.round_id)
+            return
+        try:
+            self.start_round(command)
+        except NodeBusy as exc:
+            self.metrics.rejected()
+            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
+                                  reason=str(exc)))
+        except NodeError as exc:
+            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
+                                  reason=str(exc)))
+
+    def rollback(self, to_version: int, rollback_id: str = "") -> bool:
+        """Return to the kept parameter ``to_version`` (a fleet rollback); False, logged, when the
+        node cannot (busy with a round, version not kept). The new status tells the fleet."""
+        w = self._worker
+        if w is not None and w.is_alive() and w is not threading.current_thread():
+            # The fleet rolls a round back as soon as every DONE event arrived: this node's worker
+            # may still be publishing its status. Give it the time a step may take.
+            w.join(self.config.training.step_timeout_s)
+        with self._lock:
+            if self._worker is not None and self._worker.is_alive():
+                log.warning("rollback %s refused: round %s is running", rollback_id, self._round_id)
+                self.metrics.rejected()
+                return False
+            try:
+                snap = self.model.rollback(to_version)
+            except NodeError as exc:
+                log.warning("rollback %s to version %d refused: %s", rollback_id, to_version, exc)
+                self.last_error = str(exc)
+                ok = False
+            else:
+                ok = True
+        if ok:
+            self.validation = self._evaluate(snap, self._validation_samples())
+        self.publish_status()
+        return ok
+
+    def _validation_samples(self) -> Samples:
+        tcfg = self.config.training
+        budget = int(tcfg.round_memory_mb * 1024 * 1024) // max(1, self.store.sample_bytes)
+        return self.store.snapshot(limit=max(1, budget), part="val", share=tcfg.validation_share)
+
+    def _evaluate(self, snap: ParamsSnapshot, samples: Samples) -> Validation | None:
+        """Loss/accuracy of ``snap`` on ``samples``; None without a training module or samples."""
+        if self.trainer is None or not len(samples):
+            return None
+        out = self.artifact.outputs[0].name
+        params = snap.prepared if snap.prepared is not None else list(snap.params)
+        try:
+            return evaluate(lambda x: self.artifact.infer(x, params=params)[out], samples,
+                            loss=self.trainer.loss, version=snap.version)
+        except Exception as exc:  # noqa: BLE001 - a failed evaluation must not fail the round
+            log.warning("validation failed: %s", exc)
+            return None
+
+    def start_round(self, cmd: RoundCommand) -> threading.Thread:
+        """Run ``cmd`` on the worker thread; raises NodeBusy if a round is running."""
+        with self._lock:
+            if cmd.round_id in self._seen_rounds:  # QoS 1 redelivery of a command we already ran
+                raise NodeError(f"round {cmd.round_id} was already run by {self.node_id}")
+            if self._worker is not None and self._worker.is_alive():
+                raise NodeBusy(f"{self.node_id} is busy with round {self._round_id}",
+                               hint="wait for the running round or abort it")
+            if self._ring is None:
+                raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
+            self._seen_rounds[cmd.round_id] = None
+            while len(self._seen_rounds) > 256:
+                self._seen_rounds.popitem(last=False)
+            self._worker = threading.Thread(target=self._round_worker, args=(cmd,),
+                                            name=f"round-{self.node_id}", daemon=True)
+            self._worker.start()
+            return self._worker
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no round runs (True) or ``timeout`` passes (False)."""
+        w = self._worker
+        if w is not None:
+            w.join(timeout)
+            return not w.is_alive()
+        return True
+
+    def _round_worker(self, cmd: RoundCommand) -> None:
+        _lower_thread_priority(self.config.training.nice)
+        try:
+            self.run_round(cmd)
+        except RoundFailed:
+            pass  # already reported as a FAILED event
+        except Exception:  # noqa: BLE001 - a worker thread must log, not die silently
+            log.exception("round %s crashed", cmd.round_id)
+
+    def run_round(self, cmd: RoundCommand) -> RoundResult:
+        """Run one round synchronously on the calling thread (the worker uses this).
+
+        Emits STEP/DONE/FAILED events; on failure raises RoundFailed and keeps the old parameters.
+        """
+        if self._ring is None:
+            raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
+        if self.trainer is None:
+            exc = RoundFailed(f"{self.node_id}: the artifact has no training module",
+                              hint="compile with `fractal compile --train`")
+            self.metrics.round_finished(False)
+            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
+                                  reason=str(exc)))
+            raise exc
+        tcfg = self.config.training
+        plan = RoundPlan.from_command(cmd, tcfg)
+        self._abort.clear()
+        with self._lock:
+            self._state, self._round_id = NodeState.TRAINING, cmd.round_id
+        self.metrics.training(True)
+        self.publish_status()
+        last_emit = [0.0]
+        pending: list[float | None] = []  # losses since the last STEP event (it carries them all)
+
+        def on_step(step: int, loss: float) -> None:
+            self.metrics.loss(loss)
+            pending.append(float(loss) if np.isfinite(loss) else None)
+            now = time.monotonic()
+            if now - last_emit[0] >= _STEP_EVENT_MIN_S or step == plan.steps - 1:
+                last_emit[0] = now
+                self._emit(RoundEvent(kind=EventKind.STEP, round_id=cmd.round_id, node_id=self.node_id,
+                                      step=step, loss=pending[-1], losses=list(pending)))
+                pending.clear()
+
+        rng = np.random.default_rng([tcfg.seed, zlib.crc32(self.node_id.encode()),
+                                     zlib.crc32(cmd.round_id.encode())])
+        try:
+            budget = int(tcfg.round_memory_mb * 1024 * 1024)
+            samples = self.store.snapshot(limit=max(1, budget // max(1, self.store.sample_bytes)),
+                                          part="train", share=tcfg.validation_share)
+            val_samples = self._validation_samples()
+            val_before = self._evaluate(self.model.snapshot, val_samples)
+            result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
+                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
+        except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
+            # compression residuals of a void round must not leak into the next
+            self._ring.reset_feedback()
+            self.last_error = str(exc)
+            self.metrics.round_finished(False)
+            log.warning("%s: %s", self.node_id, exc)
+            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
+                                  reason=str(exc) or type(exc).__name__))
+            if isinstance(exc, RoundFailed):
+                raise
+            raise RoundFailed(f"round {cmd.round_id} failed on {self.node_id}: {exc}") from exc
+        finally:
+            with self._lock:
+                self._state = NodeState.OFFLINE if self._stopping.is_set() else NodeState.ONLINE
+                self._round_id = None
+            self.metrics.training(False)
+        self.last_result, self.last_error = result, None
+        self.metrics.round_finished(True)
+        # The same validation samples before and after: the difference is the round's doing.
+        self.validation = self._evaluate(self.model.snapshot, val_samples)
+        final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
+        self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
+                              step=plan.steps, loss=final, params_sha256=result.sha256,
+                              model_version=result.version, val_before=val_before, val_after=self.validation))
+        self.publish_status()
+        return result
+
+    def _emit(self, event: RoundEvent) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(event)
+            except Exception:  # noqa: BLE001
+                log.exception("event listener failed")
+        link = self._link
+        if link is not None:
+            try:
+                topic = topics.round_events(self.config.swarm, event.round_id, self.node_id)
+                link.publish(topic, event, qos=1)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("event publish failed: %s", exc)
+
+
+def _lower_thread_priority(nice: int) -> None:
+    """Give the CALLING thread Linux nice ``nice`` (threads have their own nice value).
+
+    Threads created afterwards from this thread (TVM's worker pool, started lazily by the first
+    parallel kernel of the training VM) inherit it, so a round never competes with inference
+    at equal priority. Best effort: other platforms or a refused change just log.
+    """
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+    except OSError as exc:
+        log.warning("cannot lower the training thread's priority to nice %d: %s", nice, exc)

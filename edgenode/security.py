@@ -1,0 +1,51 @@
+"""The node's side of a signed swarm: its identity, the signed link, and the rejection counters.
+
+With ``key_file`` and ``keyring_file`` in NODE.toml (made by ``python -m deploy.keys``), every
+payload the node publishes is signed (its status, Last Will, round events, ring frames) and
+every payload it receives is verified first (commands must carry the fleet's signature; ring
+frames their sender's MAC); what fails is dropped and counted in ``/metrics`` as
+``fractal_node_messages_rejected_total{reason=...}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter
+
+from federation.auth import Reject
+from federation.signed import Identity, PubSub, SignedLink, load_identity
+
+__all__ = ["NodeAuth"]
+
+log = logging.getLogger(__name__)
+
+
+class NodeAuth:
+    """Load once at node start; ``wrap`` the MQTT link, ``sign_will`` before connecting."""
+
+    def __init__(self, key_file: str | Path, keyring_file: str | Path, node_id: str,
+                 registry: CollectorRegistry) -> None:
+        self.identity: Identity = load_identity(key_file, keyring_file)
+        if self.identity.signer.sender != node_id:
+            from edgenode.common import ConfigError
+
+            raise ConfigError(f"key_file {key_file} belongs to {self.identity.signer.sender!r}, "
+                              f"not to this node ({node_id!r})", hint="give each node its own keys/NODE.key")
+        self.rejected = Counter("fractal_node_messages_rejected", "MQTT messages dropped by reason "
+                                "(unsigned, forged, replayed, ...)", ["reason"], registry=registry)
+        for reason in Reject:  # export every reason, zeros included
+            self.rejected.labels(reason=reason.value)
+
+    def sign_will(self, topic: str, payload: bytes | str) -> bytes:
+        """The Last Will, signed now (the broker publishes it later; see federation/auth.py)."""
+        return self.identity.signer.sign(topic, payload.encode() if isinstance(payload, str) else payload,
+                                         will=True)
+
+    def wrap(self, link: PubSub) -> SignedLink:
+        return self.identity.link(link, on_reject=self._on_reject)
+
+    def _on_reject(self, topic: str, reason: Reject) -> None:
+        self.rejected.labels(reason=reason.value).inc()
+        log.debug("dropped message on %s: %s", topic, reason.value)

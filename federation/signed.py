@@ -1,0 +1,197 @@
+"""Signing and verification at the publish/subscribe seam (wraps any pub/sub link).
+
+:class:`SignedLink` takes a link with ``publish(topic, payload, retain=, qos=)`` and
+``subscribe(filter, callback)`` (``federation.mqtt.MqttLink``, or a test fake) and
+
+* signs every payload it publishes with the owner's key (``federation.auth.Signer``),
+* verifies every payload it delivers against the swarm keyring (``federation.auth.Verifier``)
+  and hands the callback only the verified payload; anything else is dropped and counted per
+  :class:`~federation.auth.Reject` reason (``rejected``), never delivered.
+
+It is itself a link of the kind :class:`federation.mqtt_transport.MqttTransport` runs on, so
+:meth:`SignedLink.transport` gives the ring a transport whose every frame (DATA, ACK, ABORT,
+broadcast) is signed by its member and verified by the receiver; a ring frame whose header names
+another sender than the key that signed it is dropped as WRONG_ROLE (impersonation).
+
+Empty payloads (an MQTT "clear the retained message") cannot be signed: they are dropped as
+UNSIGNED. A node is decommissioned by revoking its key, not by clearing its status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from pydantic import BaseModel
+
+from federation import framing
+from federation.auth import (
+    AuthRejected,
+    Keyring,
+    Reject,
+    Role,
+    Signer,
+    Verified,
+    Verifier,
+    load_dh_key,
+    load_private_key,
+)
+from federation.mqtt_transport import MqttTransport
+from federation.ringmac import RingMac, is_mac_envelope
+
+__all__ = ["PubSub", "SignedLink", "Identity", "load_identity"]
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[[str, bytes], None]
+
+
+class PubSub(Protocol):
+    def publish(self, topic: str, payload: Any, *, retain: bool = False, qos: int = 1) -> Any: ...
+    def subscribe(self, filter: str, callback: Callback) -> Any: ...
+    def close(self) -> None: ...
+
+
+def _frame_sender(payload: memoryview) -> str | None:
+    """The sender id in a ring frame's header (federation/framing.py), None if it is not one."""
+    if len(payload) < framing.HEADER.size or bytes(payload[:2]) != framing.MAGIC:
+        return None
+    swarm_len, tag_len, sender_len = payload[44], payload[45], payload[46]
+    start = framing.HEADER.size + swarm_len + tag_len
+    try:
+        return bytes(payload[start:start + sender_len]).decode()
+    except UnicodeDecodeError:
+        return None
+
+
+class Identity:
+    """Who we are (signer) and whom we trust (keyring): what a member or the fleet loads at start."""
+
+    def __init__(self, signer: Signer, keyring: Keyring, dh_key: X25519PrivateKey | None = None) -> None:
+        self.signer = signer
+        self.keyring = keyring
+        self.dh_key = dh_key
+
+    def verifier(self, **kw: Any) -> Verifier:
+        return Verifier(self.keyring, **kw)
+
+    def link(self, link: PubSub, *, on_reject: Callable[[str, Reject], None] | None = None,
+             **verifier_kw: Any) -> SignedLink:
+        """``link`` wrapped: signed publishing, verified delivery, ring frames MAC'd when we have
+        an X25519 key."""
+        verifier = self.verifier(**verifier_kw)
+        mac = None
+        if self.dh_key is not None:
+            mac = RingMac(self.signer, self.dh_key, verifier, str(getattr(link, "swarm", "")))
+        return SignedLink(link, self.signer, verifier, on_reject=on_reject, ring_mac=mac)
+
+
+def load_identity(key_file: str | Path, keyring_file: str | Path) -> Identity:
+    """Load ``deploy/keys.py``'s key file (ours) and keyring (everyone's public keys)."""
+    import json
+
+    doc = json.loads(Path(key_file).read_text())
+    signer = Signer(doc["sender"], doc["key_id"], load_private_key(key_file))
+    ring = Keyring.load(keyring_file)
+    entry = ring.get(signer.key_id)
+    if entry is None or entry.sender != signer.sender:
+        from federation.errors import FederationError
+
+        raise FederationError(f"key {signer.key_id!r} of {signer.sender!r} is not (or no longer) in "
+                              f"the keyring {keyring_file}", hint="re-provision with deploy/keys.py")
+    return Identity(signer, ring, load_dh_key(key_file))
+
+
+def _is_ring_topic(topic: str) -> bool:
+    parts = topic.split("/")
+    return len(parts) == 5 and parts[3] in ("ar", "ack")
+
+
+def _bytes(payload: Any) -> bytes:
+    if isinstance(payload, BaseModel):
+        return payload.model_dump_json().encode()
+    if isinstance(payload, str):
+        return payload.encode()
+    return bytes(payload)
+
+
+class SignedLink:
+    """A link whose every published payload is signed and every delivered payload verified."""
+
+    def __init__(self, link: PubSub, signer: Signer, verifier: Verifier,
+                 on_reject: Callable[[str, Reject], None] | None = None,
+                 ring_mac: RingMac | None = None) -> None:
+        self.link = link
+        self.signer = signer
+        self.verifier = verifier
+        self.ring_mac = ring_mac
+        self._on_reject = on_reject
+        self.swarm: str = str(getattr(link, "swarm", ""))  # fakes in the fleet's tests have none
+
+    @property
+    def rejected(self) -> Counter[Reject]:
+        return self.verifier.counts
+
+    @property
+    def connected(self) -> bool:
+        return bool(getattr(self.link, "connected", True))
+
+    def on_connect(self, hook: Callable[[bool], None]) -> None:
+        self.link.on_connect(hook)  # type: ignore[attr-defined]
+
+    def transport(self, member_id: str, *, max_payload: int = 256 * 1024) -> MqttTransport:
+        """A ring transport for ``member_id`` whose frames are signed and verified."""
+        if member_id != self.signer.sender:
+            from federation.errors import FederationError
+
+            raise FederationError(f"this link signs as {self.signer.sender!r}, not {member_id!r}")
+        return MqttTransport(self, member_id, max_payload=max_payload)
+
+    def sign(self, topic: str, payload: Any, *, will: bool = False) -> bytes:
+        return self.signer.sign(topic, _bytes(payload), will=will)
+
+    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Any:
+        if self.ring_mac is not None and _is_ring_topic(topic):
+            sealed = self.ring_mac.seal(topic, _bytes(payload))
+            return self.link.publish(topic, sealed, retain=retain, qos=qos)
+        return self.link.publish(topic, self.sign(topic, payload), retain=retain, qos=qos)
+
+    def subscribe(self, filter: str, callback: Callback, **kw: Any) -> Any:
+        """Like the link's ``subscribe`` (same keywords); the callback gets only verified payloads
+        (``copy=False``: a zero-copy view into the received buffer)."""
+        copy = kw.get("copy", True)
+
+        def verified(topic: str, data: bytes) -> None:
+            msg = self.verify(topic, data)
+            if msg is None:
+                return
+            sender = _frame_sender(msg.payload) if "/ar/" in topic else None
+            if sender is not None and sender != msg.sender:
+                self.verifier.counts[Reject.WRONG_ROLE] += 1
+                if self._on_reject is not None:
+                    self._on_reject(topic, Reject.WRONG_ROLE)
+                log.debug("dropped frame on %s: header names %r, signed by %r", topic, sender, msg.sender)
+                return
+            callback(topic, bytes(msg.payload) if copy else msg.payload)  # type: ignore[arg-type]
+
+        return self.link.subscribe(filter, verified, **kw)  # type: ignore[call-arg]
+
+    def verify(self, topic: str, data: bytes | bytearray | memoryview) -> Verified | None:
+        """The verified message, or ``None`` (dropped, counted, logged at debug level)."""
+        try:
+            if self.ring_mac is not None and is_mac_envelope(data):
+                sender, payload = self.ring_mac.open(topic, data)
+                return Verified(sender, "", Role.NODE, 0, 0, False, payload)
+            return self.verifier.verify(topic, data)
+        except AuthRejected as exc:
+            log.debug("dropped message on %s: %s", topic, exc)
+            if self._on_reject is not None:
+                self._on_reject(topic, exc.reason)
+            return None
+
+    def close(self) -> None:
+        self.link.close()

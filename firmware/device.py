@@ -1,0 +1,388 @@
+"""The board's storage, a directory: two slots, a data area, and the boot state.
+
+Layout::
+
+    DEVICE/a/, DEVICE/b/        slots: the image's members plus image.manifest.json + image.sig
+    DEVICE/data/                survives updates: node/ (samples, parameters), keys/ (trusted *.pub),
+                                node.extra.toml (device settings appended to the node config)
+    DEVICE/data/boot-state.json active/previous slot, per-slot state, trials, version floor
+    DEVICE/.lock                flock held while the boot state is read-modified-written
+
+Only the inactive slot is ever written. A flash first marks that slot ``writing`` (so nothing
+boots half-written files), writes and fsyncs every file and directory, re-verifies the slot
+from disk, then switches the boot state with write-temp, fsync, rename, fsync-dir. A SIGKILL at
+any point leaves either the old state (previous slot still active and intact) or the new one.
+
+Anti-rollback: every image carries an integer ``rollback_index``; the device keeps the highest
+index of any slot that passed its health check (``rollback_floor``) and refuses images below
+it even with ``--allow-downgrade`` (which only permits a lower semantic version). So a
+re-signed old image cannot roll the board back past a fixed vulnerability.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from firmware import keys as keymod
+from firmware.errors import DeviceError, FirmwareError, ImageError
+from firmware.image import Image, member_name_ok, open_image, parse_version
+
+__all__ = ["Device", "SLOTS", "SlotState", "flash", "rollback", "status", "verify_slot", "KILL_ENV"]
+
+SLOTS = ("a", "b")
+STATE_FORMAT = 1
+DEFAULT_TRIALS = 3
+SLOT_MANIFEST = "image.manifest.json"
+SLOT_SIG = "image.sig"
+# Test hook (tests/firmware): "bytes:N" SIGKILLs the flasher after N payload bytes are written,
+# "switch" right before the boot-state rename. Read in this one place only.
+KILL_ENV = "FRACTAL_FLASH_KILL_AT"
+
+
+class SlotState:
+    EMPTY = "empty"
+    WRITING = "writing"
+    TRIAL = "trial"
+    GOOD = "good"
+    BAD = "bad"
+
+
+def other(slot: str) -> str:
+    return "b" if slot == "a" else "a"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, before_rename: Any = None) -> None:
+    """write temp, fsync, (hook), rename over ``path``, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if before_rename is not None:
+        before_rename()
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+@dataclass
+class Device:
+    root: Path
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def state_path(self) -> Path:
+        return self.data / "boot-state.json"
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.data / "keys"
+
+    def slot(self, name: str) -> Path:
+        return self.root / name
+
+    def provisioned(self) -> bool:
+        return self.state_path.is_file()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DeviceError(
+                    f"device {self.root} is busy (another flash or boot holds its lock)",
+                    hint="wait for it to finish, then retry",
+                ) from None
+            yield
+        finally:
+            os.close(fd)
+
+    def load_state(self) -> dict[str, Any]:
+        if not self.provisioned():
+            raise DeviceError(
+                f"{self.root} is not a provisioned device (no {self.state_path.name})",
+                hint="flash a first image with `fractal image flash IMAGE --device PATH --pubkey KEY.pub`",
+            )
+        try:
+            state = json.loads(self.state_path.read_bytes())
+        except ValueError:
+            raise DeviceError(
+                f"the boot state of {self.root} is corrupt", hint="re-provision the device"
+            ) from None
+        if not isinstance(state, dict) or state.get("format_version") != STATE_FORMAT:
+            raise DeviceError(
+                f"the boot state of {self.root} has an unknown format", hint="re-provision the device"
+            )
+        return state
+
+    def save_state(self, state: dict[str, Any], *, before_rename: Any = None) -> None:
+        atomic_write(
+            self.state_path, json.dumps(state, indent=1, sort_keys=True).encode(), before_rename=before_rename
+        )
+
+    def trusted(self) -> list[Ed25519PublicKey]:
+        return [keymod.load_public(p) for p in sorted(self.keys_dir.glob("*.pub"))]
+
+    def add_key(self, key: Ed25519PublicKey) -> None:
+        self.keys_dir.mkdir(parents=True, exist_ok=True)
+        path = self.keys_dir / f"{keymod.key_id(key)}.pub"
+        if not path.exists():
+            atomic_write(path, keymod.public_pem(key))
+
+
+def _new_state(board: str, arch: str) -> dict[str, Any]:
+    return {
+        "format_version": STATE_FORMAT,
+        "board": board,
+        "arch": arch,
+        "active": None,
+        "previous": None,
+        "booted": None,
+        "trials_left": 0,
+        "trials_max": DEFAULT_TRIALS,
+        "rollback_floor": 0,
+        "slots": {s: {"state": SlotState.EMPTY} for s in SLOTS},
+    }
+
+
+def _kill_point() -> tuple[str, int]:
+    spec = os.environ.get(KILL_ENV, "")
+    if spec.startswith("bytes:"):
+        return "bytes", int(spec[6:])
+    return (spec, -1) if spec else ("", -1)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _write_slot(img: Image, slot_dir: Path) -> None:
+    """Replace ``slot_dir``'s contents with the image's members, every file and directory fsynced."""
+    kind, kill_at = _kill_point()
+    if slot_dir.is_symlink():
+        raise DeviceError(f"slot {slot_dir} is a symlink", hint="the device directory was tampered with")
+    shutil.rmtree(slot_dir, ignore_errors=True)
+    slot_dir.mkdir(parents=True)
+    written = 0
+    dirs = {slot_dir}
+    with open(img.path, "rb") as src:
+        for m in img.members:
+            dest = slot_dir / m.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dirs.add(dest.parent)
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as out:
+                for chunk in img.iter_member(src, m):
+                    if kind == "bytes" and written + len(chunk) > kill_at:
+                        out.write(chunk[: kill_at - written])
+                        out.flush()
+                        _die()
+                    out.write(chunk)
+                    written += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+    for name, data in ((SLOT_MANIFEST, img.manifest_bytes), (SLOT_SIG, img.signature)):
+        atomic_write(slot_dir / name, data)
+    for d in sorted(dirs, key=lambda p: -len(p.parts)):
+        _fsync_dir(d)
+    _fsync_dir(slot_dir.parent)
+
+
+def verify_slot(dev: Device, slot: str) -> dict[str, Any]:
+    """Re-verify a slot from disk (signature by a trusted key, every member's sha256); its manifest."""
+    d = dev.slot(slot)
+    try:
+        mbytes = (d / SLOT_MANIFEST).read_bytes()
+        sig = (d / SLOT_SIG).read_bytes()
+    except OSError:
+        raise DeviceError(f"slot {slot} holds no complete image", hint="flash an image into it") from None
+    keymod.verify_with(dev.trusted(), mbytes, sig)
+    manifest = json.loads(mbytes)
+    for m in manifest["members"]:
+        name = m["name"]
+        if not member_name_ok(name):
+            raise DeviceError(f"slot {slot} lists an unsafe member {name!r}", hint="flash the slot again")
+        path = d / name
+        if path.is_symlink() or not path.is_file():
+            raise DeviceError(f"slot {slot} misses file {name!r}", hint="flash the slot again")
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        if h.hexdigest() != m["sha256"]:
+            raise DeviceError(
+                f"slot {slot} file {name!r} fails its sha256 check", hint="flash the slot again"
+            )
+    return manifest
+
+
+def _slot_record(img: Image, state: str) -> dict[str, Any]:
+    return {
+        "state": state,
+        "version": img.version,
+        "rollback_index": img.rollback_index,
+        "signer": img.signer,
+        "artifact": img.manifest["artifact_name"],
+        "board": img.board,
+    }
+
+
+def flash(
+    image: str | Path,
+    device: str | Path,
+    pubkeys: list[str | Path],
+    *,
+    allow_downgrade: bool = False,
+    trials: int = DEFAULT_TRIALS,
+) -> dict[str, Any]:
+    """Verify ``image`` completely, write it into the inactive slot, switch to it for a trial boot."""
+    dev = Device(Path(device))
+    given = [keymod.load_public(p) for p in pubkeys]
+    with dev.locked():
+        if dev.provisioned():
+            state = dev.load_state()
+            trusted = dev.trusted()
+            ids = {keymod.key_id(k) for k in trusted}
+            for k in given:
+                if keymod.key_id(k) not in ids:
+                    raise DeviceError(
+                        f"public key {keymod.key_id(k)} is not trusted by this device",
+                        hint="a new key is added by an image signed with a key the device trusts",
+                    )
+        else:
+            if not given:
+                raise DeviceError(
+                    f"{dev.root} is not provisioned and no --pubkey was given",
+                    hint="pass --pubkey KEY.pub to provision the device with a trusted key",
+                )
+            state, trusted = None, given
+        img = open_image(image, trusted)  # everything verified before anything is written
+        if state is None:
+            state = _new_state(img.board, str(img.manifest["arch"]))
+        if img.board != state["board"]:
+            raise ImageError(
+                f"the image is for board {img.board}, this device is a {state['board']}",
+                hint=f"build the image with --board {state['board']}",
+            )
+        if img.rollback_index < int(state["rollback_floor"]):
+            raise DeviceError(
+                f"the image's rollback index {img.rollback_index} is below the device's floor "
+                f"{state['rollback_floor']} (anti-rollback)",
+                hint="flash an image built with a current --rollback-index",
+            )
+        active = state["active"]
+        if active is not None and not allow_downgrade:
+            cur = state["slots"][active].get("version")
+            if cur and parse_version(img.version) < parse_version(cur):
+                raise DeviceError(
+                    f"image version {img.version} is older than the running {cur}",
+                    hint="pass --allow-downgrade to install an older version on purpose",
+                )
+        target = "a" if active is None else other(active)
+        prev = state["previous"]
+        if (
+            active is not None
+            and state["slots"][active]["state"] == SlotState.TRIAL
+            and prev == target
+            and state["slots"][target]["state"] == SlotState.GOOD
+        ):
+            # The inactive slot is the only known-good fallback while the active one is unconfirmed.
+            raise DeviceError(
+                f"slot {active} is still on trial and slot {target} is the only good fallback",
+                hint="boot the trial slot first (`fractal boot`) or `fractal image rollback`",
+            )
+        if not dev.provisioned():
+            dev.data.mkdir(parents=True, exist_ok=True)
+            for k in given:
+                dev.add_key(k)
+            for s in SLOTS:
+                dev.slot(s).mkdir(exist_ok=True)
+        state["slots"][target] = {"state": SlotState.WRITING}
+        if state["previous"] == target:
+            state["previous"] = None
+        dev.save_state(state)
+        _write_slot(img, dev.slot(target))
+        verify_slot(dev, target)  # what is on disk, not what we meant to write
+        for pem in img.manifest["trust"].get("add_keys", []):  # key rotation, vouched for by a trusted signer
+            dev.add_key(keymod.public_from_pem(pem.encode(), "a key in the image"))
+        state["slots"][target] = _slot_record(img, SlotState.TRIAL)
+        state["previous"] = (
+            active if active is not None and state["slots"][active]["state"] == SlotState.GOOD else None
+        )
+        state["active"] = target
+        state["trials_left"] = state["trials_max"] = trials
+        kind, _ = _kill_point()
+        dev.save_state(state, before_rename=_die if kind == "switch" else None)
+        return {"slot": target, "version": img.version, "board": img.board, "signer": img.signer}
+
+
+def rollback(device: str | Path) -> dict[str, Any]:
+    """Switch the active slot back to the previous good slot (verified first)."""
+    dev = Device(Path(device))
+    with dev.locked():
+        state = dev.load_state()
+        prev = state["previous"]
+        if prev is None or state["slots"][prev]["state"] != SlotState.GOOD:
+            raise DeviceError(
+                "there is no previous good slot to roll back to",
+                hint="see `fractal image status`; flash an image instead",
+            )
+        verify_slot(dev, prev)
+        if int(state["slots"][prev].get("rollback_index", 0)) < int(state["rollback_floor"]):
+            raise DeviceError(
+                f"slot {prev} is below the device's rollback floor {state['rollback_floor']}",
+                hint="flash a current image instead",
+            )
+        cur = state["active"]
+        state["active"], state["previous"] = (
+            prev,
+            cur if state["slots"][cur]["state"] == SlotState.GOOD else None,
+        )
+        state["trials_left"] = 0
+        dev.save_state(state)
+        return {"slot": prev, "version": state["slots"][prev].get("version")}
+
+
+def status(device: str | Path) -> dict[str, Any]:
+    """The boot state plus, per slot, whether its files verify right now."""
+    dev = Device(Path(device))
+    state = dev.load_state()
+    out = dict(state)
+    out["slots"] = {}
+    for s in SLOTS:
+        rec = dict(state["slots"][s])
+        if rec["state"] in (SlotState.TRIAL, SlotState.GOOD):
+            try:
+                verify_slot(dev, s)
+                rec["verified"] = True
+            except FirmwareError as exc:
+                rec["verified"] = False
+                rec["problem"] = str(exc)
+        out["slots"][s] = rec
+    out["trusted_keys"] = sorted(keymod.key_id(k) for k in dev.trusted())
+    return out

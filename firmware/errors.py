@@ -1,0 +1,31 @@
+"""The firmware layer's error tree: one base with a ``hint`` (printed by the CLI as ``help:``).
+
+FirmwareError
+├── ImageError     the image file: not an image, truncated, tampered, bad signature, wrong board
+├── DeviceError    the device directory: not provisioned, unknown key, downgrade, locked
+└── BootError      the boot supervisor: no bootable slot, health check failed
+"""
+
+from __future__ import annotations
+
+__all__ = ["FirmwareError", "ImageError", "DeviceError", "BootError"]
+
+
+class FirmwareError(Exception):
+    """Base of every firmware error: a one-line message and an optional fix."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class ImageError(FirmwareError):
+    """The image file is unusable (format, integrity, signature, board)."""
+
+
+class DeviceError(FirmwareError):
+    """The device directory refuses the operation (trust, version, state)."""
+
+
+class BootError(FirmwareError):
+    """The boot supervisor found no slot it could start."""
