@@ -8,6 +8,11 @@ names the problem (the route turns it into a 400 with the OIP ``{"error": ...}``
 Supports the JSON tensor form (``data`` flat or nested, row-major) and Triton's binary tensor
 data extension (``Inference-Header-Content-Length`` header, ``binary_data_size`` /
 ``binary_data`` / ``binary_data_output`` parameters), which ``tritonclient.http`` uses by default.
+
+The codec only *decodes*: each tensor becomes a numpy array of the datatype and shape the request
+declares (data that does not fit its own declaration is a TensorError). Whether the tensors fit
+the model (names, shapes, dtypes) is decided in one place for every caller,
+``compiler.artifact.check_inputs``, behind ``node.infer`` (an InvalidInput, also a 400).
 """
 
 from __future__ import annotations
@@ -58,15 +63,6 @@ class BatchTooLarge(TensorError):
     request is too large for this server, like a body over ``max_body_bytes``)."""
 
 
-@dataclass(frozen=True)
-class TensorSpecLike:
-    """The part of a model tensor spec the codec needs (name, shape incl. batch dim, dtype)."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-
 @dataclass
 class InferRequest:
     """A decoded inference request."""
@@ -114,17 +110,14 @@ def _as_int(value: Any, what: str) -> int:
     return value
 
 
-def _check_shape(name: str, shape: Any, spec: TensorSpecLike) -> tuple[int, ...]:
+def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
+    """The declared shape: a non-empty list of non-negative integers (whether it fits the model is
+    the validator's business)."""
     if not isinstance(shape, list) or not shape:
         raise TensorError(f"input '{name}': 'shape' must be a non-empty list of integers")
     dims = tuple(_as_int(d, f"input '{name}': shape entry") for d in shape)
-    want = tuple(spec.shape)
-    if len(dims) != len(want) or dims[0] < 1 or any(
-        isinstance(w, int) and w >= 0 and d != w for d, w in zip(dims[1:], want[1:], strict=True)
-    ) or any(d < 0 for d in dims):
-        expect = [-1, *want[1:]]
-        raise TensorError(f"input '{name}': shape {list(dims)} does not match the model's {expect} "
-                          "(batch dim -1 = any N >= 1)")
+    if any(d < 0 for d in dims):
+        raise TensorError(f"input '{name}': shape {list(dims)} has a negative dimension")
     return dims
 
 
@@ -182,9 +175,9 @@ def _parse_outputs(req: dict[str, Any], output_names: Sequence[str],
     return names, binary
 
 
-def parse_infer_request(body: bytes, specs: Sequence[TensorSpecLike], output_names: Sequence[str],
-                        header_length: str | None = None, max_batch: int | None = None) -> InferRequest:
-    """Decode an OIP v2 infer request body against the model's input specs.
+def parse_infer_request(body: bytes, output_names: Sequence[str], header_length: str | None = None,
+                        max_batch: int | None = None) -> InferRequest:
+    """Decode an OIP v2 infer request body into arrays of the declared datatypes and shapes.
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header (binary extension):
     the first that many bytes are the JSON header and the rest are the inputs' raw bytes.
@@ -211,28 +204,24 @@ def parse_infer_request(body: bytes, specs: Sequence[TensorSpecLike], output_nam
     if not isinstance(params, dict):
         raise TensorError("'parameters' must be an object")
     if "inputs" not in req:
-        raise TensorError(f"missing 'inputs' (model inputs: {', '.join(s.name for s in specs)})")
+        raise TensorError("missing 'inputs' (a list of tensors)")
     raw_inputs = req["inputs"]
     if not isinstance(raw_inputs, list):
         raise TensorError("'inputs' must be a list of tensors")
-    by_name = {s.name: s for s in specs}
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for t in raw_inputs:
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise TensorError("each input must be an object with a string 'name'")
         name = t["name"]
-        spec = by_name.get(name)
-        if spec is None:
-            raise TensorError(f"unknown input '{name}' (model inputs: {', '.join(by_name)})")
         if name in inputs:
             raise TensorError(f"input '{name}' given twice")
-        dtype = np.dtype(spec.dtype)
-        want_dt = datatype_of(dtype)
-        if t.get("datatype") != want_dt:
-            raise TensorError(f"input '{name}': datatype {json.dumps(t.get('datatype'))} does not match "
-                              f"the model's {want_dt}")
-        dims = _check_shape(name, t.get("shape"), spec)
+        want_dt = t.get("datatype")
+        if not isinstance(want_dt, str) or want_dt not in DATATYPES:
+            raise TensorError(f"input '{name}': datatype {json.dumps(want_dt)[:40]} is not one of "
+                              f"{', '.join(DATATYPES)}")
+        dtype = DATATYPES[want_dt]
+        dims = _check_shape(name, t.get("shape"))
         if max_batch is not None and dims[0] > max_batch:
             raise BatchTooLarge(f"input '{name}': batch {dims[0]} exceeds the node's max_batch "
                                 f"({max_batch}); split the request into smaller batches")
@@ -260,12 +249,6 @@ def parse_infer_request(body: bytes, specs: Sequence[TensorSpecLike], output_nam
             inputs[name] = _from_json_data(name, t["data"], dims, dtype)
     if offset != len(blob):
         raise TensorError(f"{len(blob) - offset} bytes of binary data after the inputs are unaccounted for")
-    missing = [n for n in by_name if n not in inputs]
-    if missing:
-        raise TensorError(f"missing input(s): {', '.join(missing)}")
-    batches = {a.shape[0] for a in inputs.values()}
-    if len(batches) > 1:
-        raise TensorError(f"inputs disagree on the batch size: {sorted(batches)}")
     outs, binary = _parse_outputs(req, output_names, bool(params.get("binary_data_output", False)))
     return InferRequest(id=rid, inputs=inputs, outputs=outs, binary=binary)
 

@@ -140,12 +140,12 @@ class SampleStore:
                  labels: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
         """Check names, per-sample shapes, dtypes and label count; return arrays in spec order."""
         names = [n for n, _, _ in self.spec.inputs]
-        missing = [n for n in names if n not in inputs]
-        if missing:
-            raise InvalidInput(f"missing input {missing[0]!r}", hint=f"the model's inputs are {names}")
         extra = [n for n in inputs if n not in names]
         if extra:
             raise InvalidInput(f"unknown input {extra[0]!r}", hint=f"the model's inputs are {names}")
+        missing = [n for n in names if n not in inputs]
+        if missing:
+            raise InvalidInput(f"missing input {missing[0]!r}", hint=f"the model's inputs are {names}")
         arrays: list[np.ndarray] = []
         n = None
         for name, shape, dtype in self.spec.inputs:
@@ -160,7 +160,8 @@ class SampleStore:
             if n is not None and a.shape[0] != n:
                 raise InvalidInput(f"input {name!r} has {a.shape[0]} samples, other inputs have {n}")
             n = a.shape[0]
-            arrays.append(np.ascontiguousarray(a, dtype=dtype))
+            with np.errstate(over="ignore", invalid="ignore"):  # out of range -> inf, refused below
+                arrays.append(np.ascontiguousarray(a, dtype=dtype))
         lab = np.asarray(labels)
         if lab.shape != (n, *self.spec.label_shape):
             raise InvalidInput(f"labels: shape {list(lab.shape)}, expected {[n, *self.spec.label_shape]}",

@@ -41,7 +41,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,6 +59,21 @@ log = get_logger("training")
 _SLOT = 7  # hello values per member: version, 4 x 16-bit hash chunks, n_params mod 2^24, has_samples
 
 
+class RoundDefaults(Protocol):
+    """What a round command falls back to for the fields it leaves out (the node's ``[training]``)."""
+
+    @property
+    def lr(self) -> float | None: ...
+    @property
+    def sync(self) -> SyncMode: ...
+    @property
+    def local_steps(self) -> int: ...
+    @property
+    def compression(self) -> Compression: ...
+    @property
+    def step_timeout_s(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class RoundPlan:
     """A RoundCommand resolved against the node's defaults."""
@@ -74,19 +89,27 @@ class RoundPlan:
     start_sha256: str | None = None  # the fleet's start-version decision (federation/startversion.py)
 
     @classmethod
-    def from_command(cls, cmd: RoundCommand, defaults: Any = None) -> RoundPlan:
+    def from_command(cls, cmd: RoundCommand, defaults: RoundDefaults | None = None) -> RoundPlan:
         """Fields the command leaves out (absent from the JSON, or null) fall back to the node's
-        ``[training]`` table; an unset ``lr`` everywhere means the artifact's compiled rate."""
-        given = {k for k in cmd.model_fields_set if getattr(cmd, k) is not None}
-
-        def pick(name: str) -> Any:
-            if defaults is None or name in given or getattr(defaults, name, None) is None:
-                return getattr(cmd, name)
-            return getattr(defaults, name)
-
-        return cls(round_id=cmd.round_id, steps=cmd.steps, lr=pick("lr"), sync=SyncMode(pick("sync")),
-                   local_steps=int(pick("local_steps")), group=tuple(sorted(set(cmd.participants))),
-                   compression=Compression(pick("compression")), step_timeout_s=float(pick("step_timeout_s")),
+        ``[training]`` table (:class:`RoundDefaults`); an unset ``lr`` everywhere means the
+        artifact's compiled rate."""
+        given = set(cmd.model_dump(exclude_unset=True, exclude_none=True))
+        lr, sync, local_steps = cmd.lr, cmd.sync, cmd.local_steps
+        compression, step_timeout_s = cmd.compression, cmd.step_timeout_s
+        if defaults is not None:
+            if "lr" not in given and defaults.lr is not None:
+                lr = defaults.lr
+            if "sync" not in given:
+                sync = defaults.sync
+            if "local_steps" not in given:
+                local_steps = defaults.local_steps
+            if "compression" not in given:
+                compression = defaults.compression
+            if "step_timeout_s" not in given:
+                step_timeout_s = defaults.step_timeout_s
+        return cls(round_id=cmd.round_id, steps=cmd.steps, lr=lr, sync=SyncMode(sync),
+                   local_steps=int(local_steps), group=tuple(sorted(set(cmd.participants))),
+                   compression=Compression(compression), step_timeout_s=float(step_timeout_s),
                    start_sha256=cmd.start_sha256)
 
 

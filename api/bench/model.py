@@ -44,11 +44,11 @@ def bench_user_model(model: str | Path, *, shapes: dict[str, list[int]] | None =
                      db_dir: str | Path | None = None,
                      log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """onnxruntime vs TVM untuned (and tuned when ``trials`` > 0) on ``model``; returns one row."""
-    from compiler.artifact import load_artifact
     from api.bench.compile import NATIVE, _ort_session, measure, set_threads
     from api.bench.host import machine
-    from compiler.manifest import Manifest
+    from compiler.artifact import load_artifact
     from compiler.build import compile_model
+    from compiler.manifest import Manifest
     from compiler.targets import best_host_preset_name
 
     if threads < 1 or trials < 0:

@@ -68,8 +68,8 @@ def bench_compile(
 def _bench_user_model(model: str, shape: list[str], trials: int, threads: int, target: str, db: str | None,
                       seconds: float, as_json: bool) -> None:
     """`bench compile --model FILE`: one user model (api.bench.model)."""
-    from api.cli.compile import parse_shapes
     from api.bench.model import bench_user_model
+    from api.cli.compile import parse_shapes
 
     row = bench_user_model(model, shapes=parse_shapes(shape), trials=trials, threads=threads, target=target,
                            db_dir=db, min_seconds=seconds,

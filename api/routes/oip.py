@@ -58,8 +58,7 @@ def _check_model(node: NodeLike, name: str, version: str | None = None) -> None:
 # Registered first: the router tries routes in order and infer is the hot path.
 def _run_infer(node: NodeLike, name: str, body: bytes, header_length: str | None) -> tuple[bytes, int | None]:
     # Decode, run and encode in ONE worker-thread hop: the event loop only moves bytes.
-    req = parse_infer_request(body, node.inputs, [s.name for s in node.outputs], header_length,
-                              node.config.max_batch)
+    req = parse_infer_request(body, [s.name for s in node.outputs], header_length, node.config.max_batch)
     results = node.infer(req.inputs)
     return encode_response(node.model_name, model_version(node), req, results)
 
