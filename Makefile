@@ -8,7 +8,7 @@ NODES   ?= 3
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: install install-dev test test-fast demo bench soak check sysroot sysroot-aarch64 sysroot-riscv64 pycheck clean
+.PHONY: install install-dev test test-fast demo bench soak conformance check sysroot sysroot-aarch64 sysroot-riscv64 pycheck clean
 
 install: $(RUNTIME)
 install-dev: $(DEV)
@@ -57,6 +57,12 @@ bench: install-dev sysroot
 SOAK_MINUTES ?= 5
 soak: install-dev
 	$(BIN)/python -m deploy.soak --minutes $(SOAK_MINUTES) --out $(CACHE)/soak-report.json
+
+# Not part of `make test` in full: every ONNX backend test case and every light model-zoo network
+# through the project, onnxruntime and plain TVM (cached in .cache/conformance); prints the table.
+conformance: install-dev
+	CONFORMANCE_FULL=1 $(BIN)/pytest -q -s -p no:cacheprovider tests/compiler/test_conformance.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python -m tests.compiler.conformance report
 
 check: install-dev
 	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy tests
