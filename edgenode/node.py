@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -46,6 +46,9 @@ from federation.messages import (
     Validation,
 )
 from federation.transport import Transport
+
+if TYPE_CHECKING:  # the signing stack (cryptography) loads only in a signed swarm
+    from edgenode.security import NodeAuth
 
 __all__ = ["EdgeNode"]
 
@@ -81,7 +84,7 @@ class EdgeNode(RoundControl):
                                  max_samples=config.store.max_samples, retention=config.store.retention,
                                  num_classes=self._num_classes())
         self.metrics = NodeMetrics(lambda: self.store.count, lambda: self.model.version)
-        self.auth: Any = None  # edgenode.security.NodeAuth in a signed swarm
+        self.auth: NodeAuth | None = None  # set in a signed swarm
         if config.key_file is not None and config.keyring_file is not None:
             from edgenode.security import NodeAuth  # lazy: `cryptography` only for signed swarms
 
