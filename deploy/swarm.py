@@ -3,7 +3,9 @@
 Steps: compile (or reuse from ``.cache/swarm/``) the digits-mlp demo model with its training
 module; start a broker (Mosquitto when installed, else the embedded amqtt broker) unless one
 is given; write N ``NODE.toml`` files and start N ``fractal node`` processes (with
-``--emulate-arm`` the last one is an aarch64 node under qemu-user); feed each node its shard of
+``--emulate-arm`` the last one is an aarch64 node under qemu-user, with ``--emulate-riscv`` the
+last one, or the one before the aarch64 node, is a riscv64 node under qemu-user running the
+model's C-backend library); feed each node its shard of
 sklearn's digits from a simulated sensor; run the fleet service in this process and print the
 dashboard URL and the token. Ctrl-C or SIGTERM stops the feeders, the nodes (SIGTERM, then
 SIGKILL), the fleet and the broker, in that order; node processes also get PR_SET_PDEATHSIG
@@ -41,6 +43,8 @@ log = logging.getLogger("fractal.swarm")
 
 DEMO_MODEL = "digits-mlp"
 DEMO_TRAIN = {"loss": "ce", "optimizer": "sgd", "lr": 0.1, "batch": 32}
+# The riscv64 node's preset: rv64gc (every riscv64 Linux board; the C route, no TVM on the node).
+RISCV_PRESET = "riscv64"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -48,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 class SwarmOptions:
     nodes: int = 3
     emulate_arm: bool = False
+    emulate_riscv: bool = False
     port: int = 8080
     broker: str | None = None
     token: str | None = None
@@ -56,8 +61,14 @@ class SwarmOptions:
     feed_rate: float = 40.0
     host: str = "127.0.0.1"
     swarm: str = "default"
-    node_ready_timeout_s: float = 180.0  # an emulated aarch64 node needs ~30-60 s to import and load
+    # an emulated node needs ~30-90 s to import and load (two of them start at once on 2 cores)
+    node_ready_timeout_s: float = 300.0
     sysroot: Path | None = None  # default: CACHE_DIR/sysroot-aarch64 (made by `make sysroot`)
+    riscv_sysroot: Path | None = None  # default: CACHE_DIR/sysroot-riscv64 (`make sysroot-riscv64`)
+
+    def emulated(self) -> list[str]:
+        """The arches of the emulated nodes, in node order: they are the last nodes."""
+        return [a for a, on in (("riscv64", self.emulate_riscv), ("aarch64", self.emulate_arm)) if on]
 
 
 def _say(msg: str) -> None:
@@ -199,6 +210,13 @@ def _arm_node_env(sysroot: Path) -> tuple[list[str], dict[str, str]]:
     return arm_python(sysroot)
 
 
+def _riscv_node_env(sysroot: Path) -> tuple[list[str], dict[str, str]]:
+    """argv prefix and environment to run `fractal` as a riscv64 process under qemu-user."""
+    from deploy.riscvnode import riscv_python
+
+    return riscv_python(sysroot)
+
+
 # -- the swarm --------------------------------------------------------------------------------
 @dataclass
 class Swarm:
@@ -229,7 +247,9 @@ class Swarm:
         self.broker_url = self.broker.url
         _say(f"started {self.broker.kind.value} broker at {self.broker_url}")
 
-    def start_nodes(self, artifacts: dict[str, Path], arm: tuple[list[str], dict[str, str]] | None) -> None:
+    def start_nodes(self, artifacts: dict[str, Path],
+                    launchers: dict[str, tuple[list[str], dict[str, str]]]) -> None:
+        """Start the nodes; ``launchers`` maps an emulated arch to its argv prefix and environment."""
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         # The demo swarm is a signed one (federation/PROTOCOL.md section 9): keys for every node
@@ -237,17 +257,17 @@ class Swarm:
         from deploy.keys import provision
 
         provision(self.keys, self.opts.swarm, [f"node-{i + 1}" for i in range(self.opts.nodes)])
-        for i in range(self.opts.nodes):
+        emulated = self.opts.emulated()
+        arches = ["host"] * (self.opts.nodes - len(emulated)) + emulated
+        for i, arch in enumerate(arches):
             node_id = f"node-{i + 1}"
-            is_arm = arm is not None and i == self.opts.nodes - 1
-            arch = "aarch64" if is_arm else "host"
             port = _free_port()
             cfg = self.workdir / f"{node_id}.toml"
             _write_node_config(cfg, node_id=node_id, artifact=artifacts[arch], port=port,
                                data_dir=self.workdir / "data" / node_id, broker=self.broker_url,
                                swarm=self.opts.swarm, token=self.token, keys=self.keys)
-            if arm is not None and is_arm:
-                prefix, env = arm
+            if arch in launchers:
+                prefix, env = launchers[arch]
                 argv = [*prefix, "node", "--config", str(cfg)]
             else:
                 argv, env = [*fractal_argv(), "node", "--config", str(cfg)], None
@@ -337,15 +357,20 @@ def run_swarm(opts: SwarmOptions) -> None:
     try:
         from compiler import host_preset_name
 
-        arm = None
+        launchers: dict[str, tuple[list[str], dict[str, str]]] = {}
+        if opts.emulate_riscv:  # checked before minutes of compiling
+            launchers["riscv64"] = _riscv_node_env(Path(opts.riscv_sysroot or
+                                                        Path(opts.cache_dir) / "sysroot-riscv64"))
         if opts.emulate_arm:
             sysroot = Path(opts.sysroot or Path(opts.cache_dir) / "sysroot-aarch64")
-            arm = _arm_node_env(sysroot)
+            launchers["aarch64"] = _arm_node_env(sysroot)
         artifacts = {"host": demo_artifact(opts.cache_dir, host_preset_name()).resolve()}
         if opts.emulate_arm:
             artifacts["aarch64"] = demo_artifact(opts.cache_dir, "aarch64").resolve()
+        if opts.emulate_riscv:
+            artifacts["riscv64"] = demo_artifact(opts.cache_dir, RISCV_PRESET).resolve()
         swarm.start_broker()
-        swarm.start_nodes(artifacts, arm)
+        swarm.start_nodes(artifacts, launchers)
         swarm.wait_nodes_ready()
         swarm.start_feeders()
         swarm.watch_nodes()

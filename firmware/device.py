@@ -195,7 +195,8 @@ def _write_slot(img: Image, slot_dir: Path) -> None:
             dest = slot_dir / m.name
             dest.parent.mkdir(parents=True, exist_ok=True)
             dirs.add(dest.parent)
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            mode = 0o755 if m.executable else 0o644
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
             with os.fdopen(fd, "wb") as out:
                 for chunk in img.iter_member(src, m):
                     if kind == "bytes" and written + len(chunk) > kill_at:

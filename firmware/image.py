@@ -24,7 +24,7 @@ import re
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -75,7 +75,8 @@ port = @PORT@
 board = @BOARD@
 """
 
-# What a board needs to run the node from a slot, per architecture.
+# What a board needs to run the node from a slot, per architecture, for artifacts run by the
+# Relax VM (``libs.runtime == "vm"``) ...
 _RUNTIME = {
     "x86_64": {
         "python": "3.11+",
@@ -88,12 +89,27 @@ _RUNTIME = {
         "launcher": [],
         "emulate": "qemu-aarch64 with the sysroot of `make sysroot`",
     },
+}
+# ... and for C-backend artifacts (``libs.runtime == "c"``, every riscv64 one): the model is a
+# native library loaded with ctypes (plus a standalone runner); no TVM on the board.
+_C_RUNTIME = {
     "riscv64": {
-        "python": "3.11 (riscv64)",
-        "packages": ["fractal-edge", "TVM runtime built for riscv64"],
+        "python": "3.13 (riscv64, Debian trixie)",
+        "packages": ["fractal-edge", "python3-numpy", "the node's Python dependencies as Debian packages"],
         "launcher": [],
+        "emulate": "qemu-riscv64 -cpu rv64,v=true,vlen=128 with the sysroot of `make sysroot-riscv64`",
     },
 }
+_C_DEFAULT = {"python": "3.11+", "packages": ["fractal-edge", "numpy"], "launcher": []}
+
+
+def _runtime(art: ArtifactInfo, board_arch: str) -> dict[str, Any]:
+    """The image manifest's ``runtime`` section: what the board needs, and for a C-backend
+    artifact which members are its native library and runner."""
+    if art.runtime != "c":
+        return {"arch": board_arch, "kind": "vm", **_RUNTIME.get(board_arch, {})}
+    native = {role: f"artifact/{f}" for role, f in art.libraries.items()}
+    return {"arch": board_arch, "kind": "c", **_C_RUNTIME.get(board_arch, _C_DEFAULT), "native": native}
 
 
 def parse_version(text: str) -> tuple[int, int, int, int, str]:
@@ -117,6 +133,7 @@ class Member:
     size: int
     sha256: str
     offset: int  # in the image file
+    executable: bool = False  # flashed with mode 0755 (a C artifact's runners), else 0644
 
 
 @dataclass(frozen=True)
@@ -177,11 +194,11 @@ def _reference(
         from compiler.artifact import load_artifact
 
         return inputs, load_artifact(directory).infer(inputs)
-    if art.arch == "aarch64":
+    if art.arch == "aarch64" or art.runtime == "c":  # a C artifact: its own runner under qemu-user
         from compiler.emulate import run_emulated
 
         return inputs, run_emulated(directory, inputs)
-    return None  # riscv64: no emulated TVM runtime yet; the health check is readiness only
+    return None  # no way to run this artifact here: the health check is readiness only
 
 
 def _npy(arrays: dict[str, np.ndarray]) -> bytes:
@@ -221,6 +238,10 @@ def build_image(
             f"runs only {b.name} or {b.arch} artifacts",
             hint=f"recompile with `fractal compile --target {b.name}` or choose a matching --board",
         )
+    missing = sorted(f for f in art.libraries.values() if f not in art.files)
+    if missing:  # the image must carry what the board runs (library, runner), checked like every file
+        raise ImageError(f"the artifact's manifest names {', '.join(missing)} but lists no sha256 for it",
+                         hint="recompile the artifact")
     files: list[tuple[str, bytes | Path]] = [("artifact/manifest.json", artifact_dir / "manifest.json")]
     for rel in sorted(art.files):
         if not member_name_ok(rel):
@@ -233,10 +254,14 @@ def build_image(
         files += [("health/input.npz", _npy(ref[0])), ("health/expected.npz", _npy(ref[1]))]
     files.append(("node.toml.in", NODE_TEMPLATE.encode()))
 
+    # The runners are programs the board starts: their members say so (signed like the rest), and
+    # flashing gives them mode 0755. Readers before this key ignore it.
+    runners = {f"artifact/{art.libraries[r]}" for r in ("runner", "train_runner") if r in art.libraries}
     members = []
     for name, src in files:
         data_sha, size = _digest(src)
-        members.append({"name": name, "size": size, "sha256": data_sha})
+        members.append({"name": name, "size": size, "sha256": data_sha, **({"exec": True} if name in runners
+                                                                            else {})})
     manifest = {
         "format": "fractal-image",
         "format_version": IMAGE_FORMAT,
@@ -250,7 +275,7 @@ def build_image(
         "artifact_name": art.name,
         "artifact_preset": art.preset,
         "node_template": "node.toml.in",
-        "runtime": {"arch": b.arch, **_RUNTIME.get(b.arch, {})},
+        "runtime": _runtime(art, b.arch),
         "health": {
             "ready": "/v2/health/ready",
             "model": art.name,
@@ -376,6 +401,7 @@ def _schema(path: Path, m: dict[str, Any]) -> tuple[Member, ...]:
         if not isinstance(e, dict):
             raise bad
         name, msize, digest = e.get("name"), e.get("size"), e.get("sha256")
+        executable = e.get("exec", False)
         if not member_name_ok(name) or not isinstance(name, str):
             raise ImageError(
                 f"{path} lists an unsafe member name {name!r}",
@@ -387,10 +413,11 @@ def _schema(path: Path, m: dict[str, Any]) -> tuple[Member, ...]:
             or not 0 <= msize <= MAX_MEMBER
             or not isinstance(digest, str)
             or not re.fullmatch(r"[0-9a-f]{64}", digest)
+            or not isinstance(executable, bool)
         ):
             raise bad
         seen.add(name.lower())
-        out.append(Member(name, msize, digest, offset))
+        out.append(Member(name, msize, digest, offset, executable))
         offset += msize
     return tuple(out)
 
@@ -414,7 +441,7 @@ def open_image(path: str | Path, trusted: list[Ed25519PublicKey]) -> Image:
             f"{path} has {size - total} unexpected trailing bytes", hint="rebuild or re-copy the image"
         )
     signer = keymod.verify_with(trusted, mbytes, sig)
-    members = tuple(Member(m.name, m.size, m.sha256, base + m.offset) for m in members)
+    members = tuple(replace(m, offset=base + m.offset) for m in members)
     img = Image(path, manifest, mbytes, sig, keymod.key_id(signer), members)
     with open(path, "rb") as fh:
         for m in members:

@@ -14,15 +14,21 @@ from api.cli import app
 __all__ = ["boot"]
 
 
-def _launcher(emulate: bool):  # -> firmware.boot.Launcher
+def _launcher(emulate: str | None):  # -> firmware.boot.Launcher
     from firmware.boot import Launcher
 
-    if not emulate:
+    if emulate is None:
         return Launcher([sys.executable, "-c", "from api.cli import main; main()"])
     from compiler.emulate import sysroot_dir
-    from deploy.armnode import arm_python
 
-    argv, env = arm_python(sysroot_dir("aarch64"))
+    if emulate == "riscv64":
+        from deploy.riscvnode import riscv_python
+
+        argv, env = riscv_python(sysroot_dir("riscv64"))
+    else:
+        from deploy.armnode import arm_python
+
+        argv, env = arm_python(sysroot_dir("aarch64"))
     return Launcher(argv, env)
 
 
@@ -38,6 +44,10 @@ def boot(
     emulate_arm: bool = typer.Option(
         False, "--emulate-arm", help="Run an aarch64 slot under qemu-user with the sysroot of `make sysroot`."
     ),
+    emulate_riscv: bool = typer.Option(
+        False, "--emulate-riscv",
+        help="Run a riscv64 slot under qemu-user with the sysroot of `make sysroot-riscv64`.",
+    ),
     health_timeout: float = typer.Option(
         120.0, "--health-timeout", min=1.0, help="Seconds to wait for readiness."
     ),
@@ -45,9 +55,14 @@ def boot(
     """Pick the slot, start the node from it, health-check it, mark it good or fall back."""
     from firmware.boot import boot as _boot
 
+    if emulate_arm and emulate_riscv:
+        from firmware.errors import FirmwareError
+
+        raise FirmwareError("--emulate-arm and --emulate-riscv exclude each other",
+                            hint="a board has one architecture: pass the one of the image's board")
     r = _boot(
         device,
-        _launcher(emulate_arm),
+        _launcher("aarch64" if emulate_arm else "riscv64" if emulate_riscv else None),
         node_id=node_id,
         host=host,
         port=port,

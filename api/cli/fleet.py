@@ -64,6 +64,9 @@ def swarm(
     nodes: int = typer.Option(3, "--nodes", "-n", min=2, max=16, help="How many edge nodes to start."),
     emulate_arm: bool = typer.Option(False, "--emulate-arm", help="Run one node as aarch64 under qemu-user "
                                      "(needs the sysroot: make sysroot)."),
+    emulate_riscv: bool = typer.Option(False, "--emulate-riscv", help="Run one node as riscv64 under "
+                                       "qemu-user with the model's C library (needs make sysroot-riscv64); "
+                                       "combines with --emulate-arm."),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="HTTP port of the fleet dashboard."),
     broker: str | None = typer.Option(None, "--broker", help="Use this broker instead of starting one."),
     token: str | None = typer.Option(None, "--token", help="Operator token (default: random, printed)."),
@@ -75,13 +78,16 @@ def swarm(
                                     "from the simulated sensors."),
     sysroot: Path | None = typer.Option(None, "--sysroot", help="aarch64 sysroot for --emulate-arm "
                                         "(default: CACHE_DIR/sysroot-aarch64, made by `make sysroot`)."),
+    riscv_sysroot: Path | None = typer.Option(None, "--riscv-sysroot", help="riscv64 sysroot for "
+                                              "--emulate-riscv (default: CACHE_DIR/sysroot-riscv64, made by "
+                                              "`make sysroot-riscv64`)."),
 ) -> None:
     """The demo: a broker, N edge nodes fed by simulated sensors, and the fleet dashboard."""
     from deploy.swarm import SwarmOptions, run_swarm
 
-    run_swarm(SwarmOptions(nodes=nodes, emulate_arm=emulate_arm, port=port, broker=broker, token=token,
-                           workdir=workdir, cache_dir=cache_dir, feed_rate=feed_rate,
-                           sysroot=sysroot))
+    run_swarm(SwarmOptions(nodes=nodes, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv, port=port,
+                           broker=broker, token=token, workdir=workdir, cache_dir=cache_dir,
+                           feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot))
 
 
 @app.command()

@@ -82,6 +82,17 @@ def test_emulate_arm_without_sysroot_is_one_clear_error(tmp_path):
     assert last.startswith("error: the aarch64 sysroot is missing") and "make sysroot" in last, proc.stderr
 
 
+def test_emulate_riscv_without_sysroot_is_one_clear_error(tmp_path):
+    proc = subprocess.run([FRACTAL, "swarm", "--nodes", "3", "--emulate-riscv", "--port", str(free_port()),
+                           "--cache-dir", str(tmp_path), "--riscv-sysroot", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the riscv64 sysroot is missing") and "make sysroot-riscv64" in last, \
+        proc.stderr
+    assert not list(tmp_path.glob("swarm/*")), "refused before compiling anything"
+
+
 def _screenshot_mixed_swarm(sp) -> None:
     """The dashboard shows the mixed-architecture swarm (saved for people to look at)."""
     from playwright.sync_api import sync_playwright
@@ -131,5 +142,54 @@ def test_emulate_arm_mixed_swarm_trains_to_identical_params(tmp_path_factory):
         means = [s["mean"] for s in rnd["loss"] if s["complete"]]
         assert means[-1] < means[0], means
         _screenshot_mixed_swarm(sp)
+    finally:
+        assert sp.interrupt() in (0, 130), sp.output()
+
+
+@pytest.mark.emulate
+def test_three_arch_swarm_round_commits_bit_identical_params(tmp_path_factory):
+    """x86_64 (Relax VM) + riscv64 (the model's C library via ctypes, qemu-riscv64, trixie Python)
+    + aarch64 (Relax VM, qemu-aarch64): a gradient round commits on all three with one
+    params_sha256, and without the commit step's fallback broadcast: the averaged gradient is the
+    same bytes everywhere and the SGD update rounds identically on every ISA (the raw per-node
+    gradients do differ; see federation/PROTOCOL.md section 7)."""
+    arm_root = ROOT / ".cache" / "sysroot-aarch64"
+    rv_root = ROOT / ".cache" / "sysroot-riscv64"
+    for root in (arm_root, rv_root):
+        assert (root / ".done").is_file(), f"run `make sysroot` (make test depends on it): {root}"
+    work = tmp_path_factory.mktemp("swarm-3arch")
+    sp = start_swarm(3, tmp_path_factory.getbasetemp() / "swarm-cache", "rv-token", timeout=420,
+                     extra=("--emulate-arm", "--sysroot", str(arm_root), "--emulate-riscv",
+                            "--riscv-sysroot", str(rv_root), "--workdir", str(work)))
+    try:
+        with httpx.Client(headers={"Authorization": "Bearer rv-token"}, timeout=10) as c:
+            deadline = time.monotonic() + 60
+            while True:
+                nodes = c.get(sp.base + "/api/nodes").json()["nodes"]
+                if len(nodes) == 3 and all(n["online"] and n["samples"] >= 32 for n in nodes):
+                    break
+                assert time.monotonic() < deadline, nodes
+                time.sleep(0.5)
+            by_arch = {n["arch"]: n for n in nodes}
+            assert sorted(by_arch) == ["aarch64", "riscv64", "x86_64"], nodes
+            assert by_arch["riscv64"]["artifact"]["target"] == "riscv64"  # the C-backend artifact
+            rid = c.post(sp.base + "/api/rounds", json={"steps": 5, "lr": 0.1}).json()["round_id"]
+            deadline = time.monotonic() + 120
+            while (rnd := c.get(f"{sp.base}/api/rounds/{rid}").json())["state"] == "running":
+                assert time.monotonic() < deadline, rnd
+                time.sleep(0.5)
+            assert rnd["state"] == "done", rnd["reason"]
+            assert rnd["params_agree"] is True and rnd["version_after"] == 1
+            assert len({s["params_sha256"] for s in rnd["nodes"].values()}) == 1, rnd["nodes"]
+            assert len([s for s in rnd["loss"] if s["complete"]]) == 5
+            deadline = time.monotonic() + 30  # each node's status follows its round.done event
+            while {n["params_sha256"] for n in c.get(sp.base + "/api/nodes").json()["nodes"]} != \
+                    {rnd["params_sha256"]}:
+                assert time.monotonic() < deadline, c.get(sp.base + "/api/nodes").json()
+                time.sleep(0.5)
+        logs = {p.name: p.read_text(errors="replace") for p in (work / "logs").glob("node-*.log")}
+        assert len(logs) == 3
+        # No member ended with other bits than its peers (the _agree fallback logs this line).
+        assert not [k for k, v in logs.items() if "ended with differing parameters" in v], logs
     finally:
         assert sp.interrupt() in (0, 130), sp.output()
