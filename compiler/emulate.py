@@ -39,7 +39,7 @@ _QEMU = {"aarch64": "qemu-aarch64", "riscv64": "qemu-riscv64"}
 # The sysroot's interpreter (aarch64: bookworm + PyPI wheels; riscv64: trixie, numpy only, for
 # C-backend artifacts loaded with ctypes) and extra qemu flags (RVV on, 128-bit vectors).
 _PYTHON = {"aarch64": "usr/bin/python3.11", "riscv64": "usr/bin/python3.13"}
-_QEMU_CPU: dict[str, tuple[str, ...]] = {"riscv64": ("-cpu", "rv64,v=true,vlen=128")}
+_QEMU_CPU: dict[str, tuple[str, ...]] = {"riscv64": ("-cpu", "rv64,v=true,vlen=128,vext_spec=v1.0")}
 DEFAULT_TIMEOUT = 900.0  # seconds; importing tvm under emulation alone takes ~20 s on 2 cores
 
 # ELF e_machine values (System V ABI)
@@ -75,7 +75,7 @@ def _check_ready(arch: str) -> tuple[str, Path]:
 # qemu-user settings for C-backend runners: the cross toolchain's libc as sysroot, and a CPU with
 # every extension a preset may use (RVV with 128-bit vectors; a superset runs rv64gc code too).
 _C_QEMU = {"aarch64": ("qemu-aarch64", "/usr/aarch64-linux-gnu", ()),
-           "riscv64": ("qemu-riscv64", "/usr/riscv64-linux-gnu", ("-cpu", "rv64,v=true,vlen=128"))}
+           "riscv64": ("qemu-riscv64", "/usr/riscv64-linux-gnu", ("-cpu", "rv64,v=true,vlen=128,vext_spec=v1.0"))}
 
 
 def runner_command(runner: Path, arch: str) -> list[str]:

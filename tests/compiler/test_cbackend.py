@@ -377,7 +377,7 @@ def test_riscv64_node_serves_under_qemu(riscv_sysroot: Path, artifact: Callable,
     # without this, importing cryptography (message signing) is fatal.
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1",
            "HOME": str(tmp_path), "LANG": "C.UTF-8", "CRYPTOGRAPHY_OPENSSL_NO_LEGACY": "1"}
-    cmd = ["qemu-riscv64", "-L", str(riscv_sysroot), "-cpu", "rv64,v=true,vlen=128",
+    cmd = ["qemu-riscv64", "-L", str(riscv_sysroot), "-cpu", "rv64,v=true,vlen=128,vext_spec=v1.0",
            str(riscv_sysroot / "usr/bin/python3.13"), "-c", "from api.cli import main; main()",
            "node", "--config", str(tmp_path / "NODE.toml")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
