@@ -75,7 +75,7 @@ def _check_ready(arch: str) -> tuple[str, Path]:
 # qemu-user settings for C-backend runners: the cross toolchain's libc as sysroot, and a CPU with
 # every extension a preset may use (RVV with 128-bit vectors; a superset runs rv64gc code too).
 _C_QEMU = {"aarch64": ("qemu-aarch64", "/usr/aarch64-linux-gnu", ()),
-           "riscv64": ("qemu-riscv64", "/usr/riscv64-linux-gnu", ("-cpu", "rv64,v=true,vlen=128,vext_spec=v1.0"))}
+           "riscv64": ("qemu-riscv64", "/usr/riscv64-linux-gnu", _QEMU_CPU["riscv64"])}
 
 
 def runner_command(runner: Path, arch: str) -> list[str]:
