@@ -8,15 +8,14 @@ FirmwareError
 
 from __future__ import annotations
 
+from fractal import FractalError
+
 __all__ = ["FirmwareError", "ImageError", "DeviceError", "BootError"]
 
 
-class FirmwareError(Exception):
-    """Base of every firmware error: a one-line message and an optional fix."""
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
+class FirmwareError(FractalError):
+    """Base of every firmware error: a one-line message and an optional fix (under the project's
+    root error, so the CLI prints it as one line)."""
 
 
 class ImageError(FirmwareError):
