@@ -27,7 +27,8 @@ class Board:
     def log(self) -> str:
         """The supervisor's output and the node logs, for assertion messages."""
         out = [(self.device.parent / f"{self.node_id}.boot.log").read_text(errors="replace")]
-        out += [p.read_text(errors="replace")[-3000:] for p in sorted((self.device / "data").glob("node-*.log"))]
+        logs = sorted((self.device / "data").glob("node-*.log"))
+        out += [p.read_text(errors="replace")[-3000:] for p in logs]
         return "\n".join(out)
 
     def stop(self) -> None:

@@ -15,6 +15,7 @@ from tests.fleet.test_dashboard_ops_browser import CHROMIUM_ARGS
 pytestmark = [pytest.mark.browser, pytest.mark.mosquitto, pytest.mark.slow]
 
 OUT = Path(__file__).resolve().parents[2] / "test-output"
+DONE = "#rollout-progress[data-state='done'][data-kind='{}']"
 
 
 def _wait_images(page, version: str, timeout_ms: int = 240_000) -> None:
@@ -68,7 +69,7 @@ def test_upload_roll_out_and_roll_back_from_the_dashboard(make_fleet, fw_image, 
             page.wait_for_selector("#rollout-progress[data-state='running']", timeout=10_000)
             assert "canary: node-1" in page.inner_text("#rollout-progress")
             _wait_images(page, "2.0.0")
-            page.wait_for_selector("#rollout-progress[data-state='done'][data-kind='rollout']", timeout=30_000)
+            page.wait_for_selector(DONE.format("rollout"), timeout=30_000)
             assert page.locator("#rollout-progress .node-phase[data-phase='passed']").count() == 2
             assert "slot b" in page.inner_text("#nodes tbody tr:first-child td.image")
             OUT.mkdir(exist_ok=True)
@@ -76,10 +77,11 @@ def test_upload_roll_out_and_roll_back_from_the_dashboard(make_fleet, fw_image, 
 
             # roll both back to their previous image
             page.click("#image-rollback")
-            page.wait_for_selector("#rollout-progress[data-kind='rollback'], #error:not([hidden])", timeout=10_000)
+            page.wait_for_selector("#rollout-progress[data-kind='rollback'], #error:not([hidden])",
+                                   timeout=10_000)
             assert page.locator("#error").is_hidden(), page.inner_text("#error")
             _wait_images(page, "1.0.0")
-            page.wait_for_selector("#rollout-progress[data-state='done'][data-kind='rollback']", timeout=30_000)
+            page.wait_for_selector(DONE.format("rollback"), timeout=30_000)
             assert "slot a" in page.inner_text("#nodes tbody tr:first-child td.image")
             page.wait_for_selector("#actions tbody tr[data-action='image.rollback.done']", timeout=10_000)
             page.screenshot(path=str(OUT / "dashboard-ota-rollback.png"), full_page=True)

@@ -20,6 +20,12 @@ def _image(fleet, node_id: str) -> dict | None:
     return n["image"] if n and n["online"] else None
 
 
+def _passed(fleet, node_id: str) -> dict | None:
+    """The node's image once this boot's health check passed."""
+    i = _image(fleet, node_id)
+    return i if i and i["health"] == "passed" else None
+
+
 def _wait_rollout(fleet, rid: str, timeout: float = 300.0) -> dict:
     return fleet.wait_for(
         lambda: (r := fleet.get(f"/api/rollouts/{rid}").json())["state"] != "running" and r,
@@ -37,8 +43,7 @@ def test_canary_rollout_resume_operator_rollback_and_a_failing_image(make_fleet,
               for n in ("node-1", "node-2")]
     try:
         for b in boards:
-            img = fleet.wait_for(lambda b=b: (i := _image(fleet, b.node_id)) and i["health"] == "passed" and i,
-                                 240, f"{b.node_id} booted good\n{b.log()}")
+            img = fleet.wait_for(lambda b=b: _passed(fleet, b.node_id), 240, f"{b.node_id} booted\n{b.log()}")
             assert (img["version"], img["slot"], img["previous"]) == ("1.0.0", "a", None)
 
         good = fleet.post("/api/images", content=fw_image("2.0.0").read_bytes()).json()
@@ -102,7 +107,7 @@ def test_canary_rollout_resume_operator_rollback_and_a_failing_image(make_fleet,
         assert "canary node-1 rolled back by itself" in failed["reason"]
         assert "expected output" in failed["reason"], failed["reason"]
         assert failed["nodes"]["node-2"]["sent_at"] is None  # never asked
-        img = fleet.wait_for(lambda: (i := _image(fleet, "node-1")) and i["health"] == "passed" and i, 30, "node-1")
+        img = fleet.wait_for(lambda: _passed(fleet, "node-1"), 30, "node-1 booted")
         assert (img["version"], img["slot"], img["update"]["phase"]) == ("1.0.0", "a", "rolled_back")
         s = boards[0].state()
         assert s["slots"]["b"]["state"] == "bad" and s["slots"]["b"]["version"] == "3.0.0"
