@@ -195,6 +195,9 @@ class DeviceUpdates:
         dl_dir = self.dev.data / "downloads"
         dl_dir.mkdir(parents=True, exist_ok=True)
         dest = dl_dir / f"{image_id}.img"
+        for old in dl_dir.iterdir():  # one partial download at a time: commands cannot fill the disk
+            if old.name != f"{dest.name}.part" and old.is_file():
+                old.unlink()
         stats = download(url, dest, max_bytes=max_bytes)
         try:
             digest = _sha256(dest)

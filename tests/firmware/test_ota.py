@@ -37,7 +37,7 @@ def test_catalogue_verifies_uploads(image_fleet, fw_image, tmp_path):
         (fw_image("1.0.0", key="k2").read_bytes(), "trusted key"),
     ):
         r = image_fleet.post("/api/images", content=body)
-        assert r.status_code == 400 and word in r.json()["detail"], r.text
+        assert r.status_code == 400 and word in r.json()["error"], r.text
     assert [e["id"] for e in image_fleet.get("/api/images").json()["images"]] == [entry["id"]]
     assert (
         image_fleet.client.post(
