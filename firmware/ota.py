@@ -5,6 +5,10 @@ for ``Range: bytes=<have>-`` and appends, so no byte already on the board is fet
 A server that ignores the range (200 instead of 206) restarts the file from zero. The
 downloaded file is never trusted: ``stage`` hands it to :func:`firmware.device.flash`, which
 verifies everything before writing the inactive slot.
+
+``DeviceUpdates`` is the node's side of a fleet roll-out (edgenode/updates.py drives it): update
+or roll back for the next boot, keep a record in the data area, and report the outcome after the
+restart from that record and the boot state (``done``, ``trial``, ``rolled_back``, ``failed``).
 """
 
 from __future__ import annotations
