@@ -93,8 +93,13 @@ def download(
             else:
                 total = int(resp.headers.get("Content-Length", "-1"))
                 have, mode = 0, "wb"
-            if total < 0 or total > max_bytes:
-                raise FirmwareError(f"{url} has no usable size ({total})", hint="images are limited to 4 GiB")
+            if total < 0:
+                raise FirmwareError(f"{url} has no usable size", hint="the server sent no Content-Length")
+            if total > max_bytes:
+                raise FirmwareError(
+                    f"{url} is {total} bytes, more than the {max_bytes} expected",
+                    hint="images are limited to 4 GiB; a roll-out names the image's size",
+                )
             stats.size = total
             try:
                 with open(part, mode) as fh:
