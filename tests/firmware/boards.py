@@ -41,13 +41,15 @@ class Board:
                 self.proc.wait()
 
 
-def make_board(tmp: Path, node_id: str, image: Path, pubkey: Path, broker_url: str, swarm: str) -> Board:
-    """Flash ``image`` into a new device ``tmp/node_id`` and start ``fractal boot`` for it."""
+def make_board(tmp: Path, node_id: str, image: Path, pubkey: Path | str, broker_url: str, swarm: str,
+               extra: str = "") -> Board:
+    """Flash ``image`` into a new device ``tmp/node_id`` and start ``fractal boot`` for it
+    (``extra``: more NODE.toml lines for every slot, e.g. the signed swarm's key files)."""
     device = tmp / node_id
     r = cli("image", "flash", image, "--device", device, "--pubkey", pubkey)
     assert r.returncode == 0, r.stderr
     (device / "data" / "node.extra.toml").write_text(
-        f'broker = "{broker_url}"\nswarm = "{swarm}"\nheartbeat_s = 1.0\nkeepalive_s = 5\n'
+        f'broker = "{broker_url}"\nswarm = "{swarm}"\nheartbeat_s = 1.0\nkeepalive_s = 5\n{extra}'
     )
     board = Board(node_id, device, free_port())
     with open(tmp / f"{node_id}.boot.log", "wb") as logf:

@@ -1,13 +1,21 @@
 """Over the air, end to end: a real fleet with an image catalogue, a real Mosquitto, and two boards
-run by real `fractal boot` processes. A canary roll-out (the second node only after the first
-passed its health check) whose first download is cut mid-way and resumes with one range request;
-an operator image rollback; an image that fails its health check stops the roll-out, and the
-canary falls back by itself while the other node is never touched."""
+run by real `fractal boot` processes, in a signed swarm (deploy/keys.py). A canary roll-out (the
+second node only after the first passed its health check) whose first download is cut mid-way
+and resumes with one range request; an operator image rollback; an image that fails its health
+check stops the roll-out, and the canary falls back by itself while the other node is never
+touched. Unsigned or node-signed image commands on the command topic change nothing."""
 
 from __future__ import annotations
 
+import re
+
+import httpx
 import pytest
 
+from deploy.keys import provision
+from federation import topics
+from federation.messages import ImageRollbackCommand, ImageUpdateCommand
+from federation.signed import load_identity
 from tests.firmware.boards import make_board
 from tests.firmware.test_ota import CuttingProxy
 from tests.fleet.conftest import TOKEN, broker, make_fleet  # noqa: F401 - fixtures
@@ -26,6 +34,13 @@ def _passed(fleet, node_id: str) -> dict | None:
     return i if i and i["health"] == "passed" else None
 
 
+def _rejected(board, reason: str) -> float:
+    """The node's count of MQTT messages dropped for ``reason`` (its Prometheus metrics)."""
+    text = httpx.get(f"http://127.0.0.1:{board.port}/metrics", timeout=5).text
+    m = re.search(rf'^fractal_node_messages_rejected_total{{reason="{reason}"}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def _wait_rollout(fleet, rid: str, timeout: float = 300.0) -> dict:
     return fleet.wait_for(
         lambda: (r := fleet.get(f"/api/rollouts/{rid}").json())["state"] != "running" and r,
@@ -34,12 +49,17 @@ def _wait_rollout(fleet, rid: str, timeout: float = 300.0) -> dict:
 
 
 def test_canary_rollout_resume_operator_rollback_and_a_failing_image(make_fleet, fw_image, fw_keys, tmp_path):  # noqa: F811
+    swarm = f"ota-{tmp_path.name[-12:].strip('_-') or 'x'}"
+    keys = tmp_path / "swarm-keys"
+    provision(keys, swarm, ["node-1", "node-2"])
     proxy = CuttingProxy(None, cut=0)  # the fleet's public URL: nodes download through it
-    fleet = make_fleet(images_dir=str(tmp_path / "catalogue"), image_keys=[f"{fw_keys['k1']}.pub"],
-                       public_url=proxy.url, rollout_stage_timeout_s=180)
+    fleet = make_fleet(swarm=swarm, images_dir=str(tmp_path / "catalogue"),
+                       image_keys=[f"{fw_keys['k1']}.pub"], public_url=proxy.url, rollout_stage_timeout_s=180,
+                       key_file=str(keys / "keys/fleet.key"), keyring_file=str(keys / "keyring.json"))
     proxy.forward_to(fleet.url)
     pub = f"{fw_keys['k1']}.pub"
-    boards = [make_board(tmp_path, n, fw_image("1.0.0"), pub, fleet.broker_url, fleet.swarm)
+    boards = [make_board(tmp_path, n, fw_image("1.0.0"), pub, fleet.broker_url, fleet.swarm,
+                         extra=f'key_file = "{keys}/keys/{n}.key"\nkeyring_file = "{keys}/keyring.json"\n')
               for n in ("node-1", "node-2")]
     try:
         for b in boards:
@@ -49,6 +69,18 @@ def test_canary_rollout_resume_operator_rollback_and_a_failing_image(make_fleet,
         good = fleet.post("/api/images", content=fw_image("2.0.0").read_bytes()).json()
         broken = fleet.post("/api/images", content=fw_image("3.0.0", broken=True).read_bytes()).json()
         proxy.cut = good["size"] // 3
+
+        # forged image commands: unsigned, and signed by a node's key (only the fleet may command)
+        forged = ImageUpdateCommand(update_id="forged-1", nodes=["node-1", "node-2"], image_id=good["id"],
+                                    version="2.0.0", size=good["size"],
+                                    url=f"{fleet.url}/api/images/{good['id']}?token={TOKEN}")
+        raw = fleet.link("attacker")
+        raw.publish(topics.command(swarm), forged).wait_for_publish(5)
+        member = load_identity(keys / "keys/node-2.key", keys / "keyring.json").link(
+            fleet.link("node-2-impostor"))
+        member.publish(topics.command(swarm), forged.model_copy(update={"update_id": "forged-2"}))
+        rollback = ImageRollbackCommand(rollback_id="forged-3", nodes=["node-1"])
+        raw.publish(topics.command(swarm), rollback).wait_for_publish(5)
 
         # refusals: 4xx with the reason, nothing sent
         for body, code, word in (
@@ -66,6 +98,13 @@ def test_canary_rollout_resume_operator_rollback_and_a_failing_image(make_fleet,
         assert fleet.client.get(f"/api/images/{good['id']}", headers={"Authorization": ""}).status_code == 401
         assert fleet.client.get(f"/api/images/{good['id']}?exp=99999999999&grant={'0' * 64}",
                                 headers={"Authorization": ""}).status_code == 401
+
+        for b in boards:
+            fleet.wait_for(lambda b=b: _rejected(b, "unsigned") >= 2 and _rejected(b, "wrong_role") >= 1, 10,
+                           f"{b.node_id} dropped the forged commands")
+        for b in boards:  # nothing recorded, nothing flashed, nobody restarted
+            assert not (b.device / "data" / "ota-update.json").exists(), b.log()
+            assert b.state()["slots"]["b"]["state"] == "empty"
 
         # 1. canary roll-out of 2.0.0: node-1 first, node-2 only after node-1 passed
         r = fleet.post("/api/rollouts", json={"image": good["id"], "nodes": ["node-1", "node-2"]})
