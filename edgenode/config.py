@@ -106,6 +106,9 @@ class NodeConfig(_Section):
     # (commands: the fleet's key). Relative paths are relative to the config file.
     key_file: Path | None = None
     keyring_file: Path | None = None
+    # The device directory this node was booted from (written by `fractal boot`): with it, the node
+    # reports its image in its status and takes image updates / image rollbacks from the fleet.
+    device: Path | None = None
     training: TrainingConfig = TrainingConfig()
     store: StoreConfig = StoreConfig()
 
@@ -145,6 +148,7 @@ class NodeConfig(_Section):
             cfg = cfg.model_copy(update={
                 "artifact": rel(cfg.artifact), "data_dir": rel(cfg.data_dir),
                 "key_file": rel(cfg.key_file), "keyring_file": rel(cfg.keyring_file),
+                "device": rel(cfg.device),
             })
         if (cfg.key_file is None) != (cfg.keyring_file is None):
             raise ConfigError(f"{source}: key_file and keyring_file go together",
@@ -166,7 +170,7 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
     if kind == "extra_forbidden":
         return ConfigError(f"{source}: unknown key `{key}`",
                            hint="remove it or fix its spelling (keys: node_id, artifact, port, data_dir, "
-                                "broker, swarm, auth_token, max_body_bytes, max_batch, host, "
+                                "broker, swarm, auth_token, max_body_bytes, max_batch, host, device, "
                                 "[training], [store])")
     if kind == "enum":
         allowed = err.get("ctx", {}).get("expected", "")

@@ -33,10 +33,11 @@ from edgenode.config import NodeConfig
 from edgenode.devicefacts import DeviceFacts
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
-from edgenode.ports import Collective, Engine, Link, Publication, Spec, Trainer
+from edgenode.ports import Collective, Engine, Link, Publication, Spec, Trainer, Updater
 from edgenode.rounds import RoundControl
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.training import RoundResult
+from edgenode.updates import ImageControl
 from federation import topics
 from federation.messages import (
     ArtifactInfo,
@@ -56,7 +57,7 @@ log = get_logger("agent")
 _STATUS_MIN_S = 1.0  # extra status publishes (sample count changes) are rate-limited to this
 
 
-class EdgeNode(RoundControl):
+class EdgeNode(ImageControl, RoundControl):
     """One edge node. Build it, ``start()`` it, serve it with ``api.node_app``, ``stop()`` it.
 
     ``artifact`` (an already loaded Artifact) and ``transport`` (e.g. ``MemoryHub().transport(id)``
@@ -107,6 +108,14 @@ class EdgeNode(RoundControl):
         self.last_error: str | None = None
         self.facts = DeviceFacts(config.data_dir)
         self.validation: Validation | None = None  # after the last committed round or rollback
+        # Booted from a device (`fractal boot`): image updates from the fleet (edgenode/updates.py).
+        self.updater: Updater | None = None
+        if config.device is not None:
+            from firmware.ota import DeviceUpdates  # lazy: only nodes that run from a device image
+
+            self.updater = DeviceUpdates(config.device)
+        self.reboot_requested = threading.Event()  # set when a staged image waits for a restart
+        self._update_thread: threading.Thread | None = None
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -303,6 +312,7 @@ class EdgeNode(RoundControl):
                                                 tvm_version=m.tvm_version),
                           health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,
                           validation=self.validation, versions=self.model.versions.available(),
+                          image=self.image_info(),
                           heartbeat_s=self.config.heartbeat_s, keepalive_s=float(self.config.keepalive_s))
 
     def status(self) -> NodeStatus:
@@ -327,8 +337,19 @@ class EdgeNode(RoundControl):
             self.publish_status()
 
     def _heartbeat_loop(self) -> None:
-        while not self._stopping.wait(self.config.heartbeat_s):
-            self.publish_status()
+        if self.updater is None:
+            while not self._stopping.wait(self.config.heartbeat_s):
+                self.publish_status()
+            return
+        # Booted from a device: the supervisor marks the slot good (or not) after the node started;
+        # tell the fleet as soon as the boot state says so, not a heartbeat later.
+        poll = min(self.config.heartbeat_s, 0.25)
+        seen = self.image_info()
+        while not self._stopping.wait(poll):
+            now = self.image_info()
+            if now != seen or time.monotonic() - self._last_status >= self.config.heartbeat_s:
+                seen = now
+                self.publish_status()
 
 
 def _check_writable(data_dir: Path) -> None:

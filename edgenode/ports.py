@@ -10,6 +10,7 @@ classes, so a board can plug in another engine (e.g. the C runtime) and tests pl
 * :class:`Trainer`: the compiled training step (``compiler.trainer.Trainer``).
 * :class:`Collective`: the allreduce among members (``federation.ring.RingAllreduce``).
 * :class:`Link`: the MQTT connection (``federation.mqtt.MqttLink``).
+* :class:`Updater`: the device the node was booted from (``firmware.ota.DeviceUpdates``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "Link", "Publication"]
+__all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "Link", "Publication",
+           "Updater"]
 
 
 class Spec(Protocol):
@@ -143,3 +145,27 @@ class Link(Protocol):
     def transport(self, member_id: str) -> Any: ...
 
     def close(self) -> None: ...
+
+
+class Updater(Protocol):
+    """The device a node runs from: its image report, and updates that take effect at the next boot."""
+
+    def report(self) -> dict[str, Any] | None:
+        """{version, slot, state, previous, update} (``federation.messages.ImageInfo`` fields)."""
+        ...
+
+    def last_update_id(self) -> str | None: ...
+
+    def begin(self, update_id: str, kind: str, version: str) -> None: ...
+
+    def fail(self, update_id: str, kind: str, version: str, error: str | BaseException) -> None:
+        """Record a refusal (an exception is written as its message and how to fix it)."""
+        ...
+
+    def update(self, update_id: str, url: str, image_id: str, *, max_bytes: int = ...) -> Any:
+        """Download, verify and flash the image into the inactive slot (raises on any refusal)."""
+        ...
+
+    def rollback(self, rollback_id: str) -> dict[str, Any]:
+        """Make the previous good slot active (raises when there is none)."""
+        ...

@@ -25,7 +25,10 @@ from edgenode.training import RoundPlan, RoundResult, run_round
 from edgenode.validation import evaluate
 from federation import topics
 from federation.messages import (
+    AnyCommand,
     EventKind,
+    ImageRollbackCommand,
+    ImageUpdateCommand,
     NodeState,
     RollbackCommand,
     RoundAbort,
@@ -71,6 +74,14 @@ class RoundControl:
     def publish_status(self) -> Publication | None:
         raise NotImplementedError
 
+    def handle_image_command(self, cmd: ImageUpdateCommand | ImageRollbackCommand) -> None:
+        raise NotImplementedError  # edgenode.updates.ImageControl
+
+    def round_busy(self) -> bool:
+        """A round's worker thread is running."""
+        w = self._worker
+        return w is not None and w.is_alive()
+
     # -- commands ----------------------------------------------------------------------------------
     def add_event_listener(self, fn: Callable[[RoundEvent], None]) -> None:
         """Call ``fn(event)`` for every RoundEvent this node emits (also published over MQTT)."""
@@ -79,7 +90,7 @@ class RoundControl:
     def _on_command_message(self, topic: str, payload: bytes) -> None:
         self.handle_command(payload)
 
-    def handle_command(self, command: bytes | str | RoundCommand | RoundAbort | RollbackCommand) -> None:
+    def handle_command(self, command: bytes | str | AnyCommand) -> None:
         """Handle one command (non-blocking). Malformed payloads are rejected and counted."""
         if not isinstance(command, BaseModel):
             try:
@@ -100,6 +111,9 @@ class RoundControl:
         if isinstance(command, RollbackCommand):
             if self.node_id in command.nodes:
                 self.rollback(command.to_version, command.rollback_id)
+            return
+        if isinstance(command, (ImageUpdateCommand, ImageRollbackCommand)):
+            self.handle_image_command(command)
             return
         if self.node_id not in command.participants:
             return

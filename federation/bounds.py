@@ -41,6 +41,7 @@ __all__ = [
     "TEXT_MAX",
     "URL_MAX",
     "REASON_MAX",
+    "IMAGE_SIZE_MAX",
     "OutOfBounds",
     "Id",
     "Lr",
@@ -58,6 +59,11 @@ __all__ = [
     "Text",
     "Url",
     "Reason",
+    "ImageId",
+    "ImageVersion",
+    "ImageSize",
+    "HttpUrl",
+    "Slot",
     "valid_id",
     "check_id",
     "check_round",
@@ -90,6 +96,8 @@ SAMPLES_MAX = 2**48
 TEXT_MAX = 128  # arch, board, model name
 URL_MAX = 256
 REASON_MAX = 512
+# Device images (ImageUpdateCommand): the same cap as the image format (firmware/image.py MAX_IMAGE).
+IMAGE_SIZE_MAX = 4 << 30
 
 
 class OutOfBounds(FederationError, ValueError):
@@ -142,6 +150,12 @@ Sha256Hex = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")]
 Text = Annotated[str, StringConstraints(max_length=TEXT_MAX)]
 Url = Annotated[str, StringConstraints(max_length=URL_MAX)]
 Reason = Annotated[str, BeforeValidator(_truncate), StringConstraints(max_length=REASON_MAX)]
+# An image in the fleet's catalogue is named by the first 32 hex digits of its file's sha256.
+ImageId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+ImageVersion = Annotated[str, StringConstraints(pattern=r"^[0-9A-Za-z.+-]{1,64}$")]  # semantic version
+ImageSize = Annotated[int, Field(ge=1, le=IMAGE_SIZE_MAX)]
+HttpUrl = Annotated[str, StringConstraints(max_length=2 * URL_MAX, pattern=r"^https?://[^\s]+$")]
+Slot = Annotated[str, StringConstraints(pattern=r"^[ab]$")]
 
 
 def check_round(steps: int, local_steps: int, step_timeout_s: float) -> None:

@@ -25,10 +25,16 @@ __all__ = [
     "RoundAbort",
     "RoundEvent",
     "RollbackCommand",
+    "ImageUpdateCommand",
+    "ImageRollbackCommand",
+    "UpdatePhase",
+    "ImageUpdate",
+    "ImageInfo",
     "ArtifactInfo",
     "NodeHealth",
     "Validation",
     "Command",
+    "AnyCommand",
     "parse_command",
     "parse_status",
     "parse_event",
@@ -59,6 +65,17 @@ class EventKind(enum.StrEnum):
     STEP = "round.step"
     DONE = "round.done"
     FAILED = "round.failed"
+
+
+class UpdatePhase(enum.StrEnum):
+    """Where a node is with an image update or image rollback (reported in ``NodeStatus.image``)."""
+
+    DOWNLOADING = "downloading"  # fetching the image from the fleet (range requests, resumable)
+    REBOOTING = "rebooting"  # staged in the inactive slot; restarting through the boot supervisor
+    TRIAL = "trial"  # running from the new slot, its health check not passed yet
+    DONE = "done"  # the new slot passed its health check and is marked good
+    ROLLED_BACK = "rolled_back"  # the new slot failed its health check: the board fell back by itself
+    FAILED = "failed"  # refused before anything changed (download, verification, flash, busy)
 
 
 class _Msg(BaseModel):
@@ -98,6 +115,27 @@ class Validation(_Part):
     model_version: b.ModelVersion | None = None  # the parameters it was measured on
 
 
+class ImageUpdate(_Part):
+    """The node's latest image update or image rollback (kept across the restart it needs)."""
+
+    update_id: b.Id
+    kind: Literal["update", "rollback"] = "update"
+    phase: UpdatePhase
+    version: b.Text = ""  # the version being installed (an update) or returned to (a rollback)
+    error: b.Reason | None = None  # FAILED / ROLLED_BACK: why
+
+
+class ImageInfo(_Part):
+    """The device image a node runs from (nodes started by ``fractal boot``)."""
+
+    version: b.Text
+    slot: b.Slot
+    state: b.Text  # good | trial (firmware.device.SlotState)
+    health: b.Text = ""  # this boot's health check: pending | passed
+    previous: b.Text | None = None  # version in the previous good slot: what an image rollback returns to
+    update: ImageUpdate | None = None
+
+
 class NodeStatus(_Msg):
     """Retained at ``status/{node}``; the Last Will is the same with ``state=offline``."""
 
@@ -119,6 +157,7 @@ class NodeStatus(_Msg):
     samples_val: b.Samples | None = None
     validation: Validation | None = None  # after the last committed round (or rollback)
     versions: list[b.ModelVersion] = Field(default_factory=list, max_length=1024)  # rollback targets
+    image: ImageInfo | None = None  # None: the node does not run from a device image
     heartbeat_s: b.HeartbeatS = 5.0  # a status is re-published at least this often
     keepalive_s: b.KeepaliveS = 10.0  # MQTT keepalive: the Last Will fires within 1.5x of it
     ts: b.Finite = Field(default_factory=time.time)
@@ -165,8 +204,36 @@ class RollbackCommand(_Msg):
     issued_at: b.Finite = Field(default_factory=time.time)
 
 
-Command = Annotated[RoundCommand | RoundAbort | RollbackCommand, Field(discriminator="kind")]
-_command_adapter: TypeAdapter[RoundCommand | RoundAbort | RollbackCommand] = TypeAdapter(Command)
+class ImageUpdateCommand(_Msg):
+    """Published on ``cmd`` by the fleet (one per roll-out stage): every listed node downloads the
+    image from ``url`` (range requests), checks that its sha256 starts with ``image_id``, flashes it
+    into its inactive slot and restarts into it through its boot supervisor. Answered by the node's
+    status (``image.update`` with this ``update_id``)."""
+
+    kind: Literal["image.update"] = "image.update"
+    update_id: b.Id
+    nodes: b.Participants
+    image_id: b.ImageId
+    version: b.ImageVersion
+    size: b.ImageSize
+    url: b.HttpUrl
+    issued_at: b.Finite = Field(default_factory=time.time)
+
+
+class ImageRollbackCommand(_Msg):
+    """Published on ``cmd`` by the fleet: every listed node makes its previous good slot active and
+    restarts into it. Answered by the node's status (``image.update`` with ``kind: rollback``)."""
+
+    kind: Literal["image.rollback"] = "image.rollback"
+    rollback_id: b.Id
+    nodes: b.Participants
+    reason: b.Reason = ""
+    issued_at: b.Finite = Field(default_factory=time.time)
+
+
+AnyCommand = RoundCommand | RoundAbort | RollbackCommand | ImageUpdateCommand | ImageRollbackCommand
+Command = Annotated[AnyCommand, Field(discriminator="kind")]
+_command_adapter: TypeAdapter[AnyCommand] = TypeAdapter(Command)
 
 
 class RoundEvent(_Msg):
@@ -203,8 +270,7 @@ def _with_version(payload: bytes | bytearray | memoryview | str) -> dict[str, An
     return doc
 
 
-def parse_command(payload: bytes | bytearray | memoryview | str) -> (
-        RoundCommand | RoundAbort | RollbackCommand):
+def parse_command(payload: bytes | bytearray | memoryview | str) -> AnyCommand:
     """Parse a ``cmd`` payload; raises ``pydantic.ValidationError`` on anything malformed or out
     of bounds (``federation/bounds.py``) and on a payload without ``v``."""
     return _command_adapter.validate_python(_with_version(payload))

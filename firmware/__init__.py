@@ -6,7 +6,8 @@
 * :mod:`firmware.device` the device directory: flash into the inactive slot, atomic boot state,
   trusted keys, anti-rollback, rollback, status.
 * :mod:`firmware.boot` the boot supervisor (trial counter, health check, mark good, fallback).
-* :mod:`firmware.ota` resumable download (HTTP ranges) and staging.
+* :mod:`firmware.ota` resumable download (HTTP ranges) and staging; ``DeviceUpdates``, a running
+  node's handle on its device for fleet roll-outs (update, image rollback, report).
 
 ``sysroot.sh ARCH DEST`` builds the foreign-arch Python sysroot (Debian arm64 packages plus the
 aarch64 wheels of apache-tvm, apache-tvm-ffi and numpy) that ``compiler.emulate`` runs artifacts

@@ -12,6 +12,11 @@ One boot attempt:
    must match its expected output within ``atol``;
 4. pass: a trial slot is marked good and the rollback floor rises to its index. Fail: the
    node is stopped, a trial slot is marked bad and the previous good slot is booted instead.
+
+A node that has staged an update (or switched back to its previous slot) for the fleet exits
+with :data:`REBOOT_EXIT_CODE`; ``fractal boot`` then boots again (steps 1-4) instead of exiting,
+which is what a board's reboot would do. The node finds its device through ``device`` in the
+config written here.
 """
 
 from __future__ import annotations
@@ -31,9 +36,14 @@ import numpy as np
 from firmware.device import Device, SlotState, verify_slot
 from firmware.errors import BootError, FirmwareError
 
-__all__ = ["Launcher", "BootResult", "boot", "node_config", "health_check"]
+__all__ = ["Launcher", "BootResult", "boot", "node_config", "health_check", "REBOOT_EXIT_CODE"]
+
+# The node's way of asking its supervisor to boot again (into the slot the boot state now names):
+# EX_TEMPFAIL of sysexits.h, "try again". Any other exit code ends `fractal boot` with that code.
+REBOOT_EXIT_CODE = 75
 
 _MAX_ATTEMPTS = 4  # slots to try in one boot (active, then its fallback), with margin
+_LOCK_WAIT_S = 60.0  # the running node may be flashing an over-the-air update right now
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,8 @@ def node_config(dev: Device, slot: str, *, node_id: str, host: str, port: int, b
     }
     for k, v in values.items():
         template = template.replace(f"@{k}@", v)
+    # First line, so it stays a top-level key whatever tables the template or the extras open.
+    template = f"device = {_toml_str(str(dev.root.resolve()))}\n" + template
     extra = dev.data / "node.extra.toml"
     if extra.is_file():
         template += "\n# from data/node.extra.toml\n" + extra.read_text()
@@ -182,7 +194,7 @@ def _fall_back(state: dict[str, Any], slot: str, why: str, log: Callable[[str], 
 def _pick(dev: Device, log: Callable[[str], None]) -> tuple[str, dict[str, Any], bool]:
     """Under the lock: the slot to start now and its verified manifest; spends one trial."""
     fell_back = False
-    with dev.locked():
+    with dev.locked(_LOCK_WAIT_S):
         state = dev.load_state()
         for _ in range(_MAX_ATTEMPTS):
             slot = state["active"]
@@ -210,6 +222,7 @@ def _pick(dev: Device, log: Callable[[str], None]) -> tuple[str, dict[str, Any],
             if rec["state"] == SlotState.TRIAL:
                 state["trials_left"] -= 1
             state["booted"] = slot
+            state["health"] = "pending"  # this boot's health check (a running node reports it)
             dev.save_state(state)
             return slot, manifest, fell_back
     raise BootError("no slot passed verification", hint="flash an image again")
@@ -217,10 +230,11 @@ def _pick(dev: Device, log: Callable[[str], None]) -> tuple[str, dict[str, Any],
 
 def _settle(dev: Device, slot: str, why: str | None, log: Callable[[str], None]) -> bool:
     """Record the health-check outcome of ``slot``; True when another slot should be tried."""
-    with dev.locked():
+    with dev.locked(_LOCK_WAIT_S):
         state = dev.load_state()
         rec = state["slots"][slot]
         if why is None:
+            state["health"] = "passed"
             if rec["state"] == SlotState.TRIAL:
                 rec["state"] = SlotState.GOOD
                 state["trials_left"] = 0

@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,17 +108,24 @@ class Device:
         return self.state_path.is_file()
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self, wait_s: float = 0.0) -> Iterator[None]:
+        """Hold the device lock; wait up to ``wait_s`` for another holder (a CLI flash does not wait,
+        the boot supervisor and a node's over-the-air flash do: they run next to each other)."""
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise DeviceError(
-                    f"device {self.root} is busy (another flash or boot holds its lock)",
-                    hint="wait for it to finish, then retry",
-                ) from None
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise DeviceError(
+                            f"device {self.root} is busy (another flash or boot holds its lock)",
+                            hint="wait for it to finish, then retry",
+                        ) from None
+                    time.sleep(0.05)
             yield
         finally:
             os.close(fd)
@@ -260,11 +268,12 @@ def flash(
     *,
     allow_downgrade: bool = False,
     trials: int = DEFAULT_TRIALS,
+    lock_wait_s: float = 0.0,
 ) -> dict[str, Any]:
     """Verify ``image`` completely, write it into the inactive slot, switch to it for a trial boot."""
     dev = Device(Path(device))
     given = [keymod.load_public(p) for p in pubkeys]
-    with dev.locked():
+    with dev.locked(lock_wait_s):
         if dev.provisioned():
             state = dev.load_state()
             trusted = dev.trusted()
@@ -342,10 +351,10 @@ def flash(
         return {"slot": target, "version": img.version, "board": img.board, "signer": img.signer}
 
 
-def rollback(device: str | Path) -> dict[str, Any]:
+def rollback(device: str | Path, *, lock_wait_s: float = 0.0) -> dict[str, Any]:
     """Switch the active slot back to the previous good slot (verified first)."""
     dev = Device(Path(device))
-    with dev.locked():
+    with dev.locked(lock_wait_s):
         state = dev.load_state()
         prev = state["previous"]
         if prev is None or state["slots"][prev]["state"] != SlotState.GOOD:

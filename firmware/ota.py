@@ -5,10 +5,16 @@ for ``Range: bytes=<have>-`` and appends, so no byte already on the board is fet
 A server that ignores the range (200 instead of 206) restarts the file from zero. The
 downloaded file is never trusted: ``stage`` hands it to :func:`firmware.device.flash`, which
 verifies everything before writing the inactive slot.
+
+``DeviceUpdates`` is the node's side of a fleet roll-out (edgenode/updates.py drives it): update
+or roll back for the next boot, keep a record in the data area, and report the outcome after the
+restart from that record and the boot state (``done``, ``trial``, ``rolled_back``, ``failed``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import time
@@ -21,7 +27,7 @@ from typing import Any
 from firmware.device import flash
 from firmware.errors import FirmwareError
 
-__all__ = ["DownloadStats", "download", "stage", "MAX_DOWNLOAD"]
+__all__ = ["DownloadStats", "download", "stage", "MAX_DOWNLOAD", "DeviceUpdates", "Phase", "UPDATE_RECORD"]
 
 MAX_DOWNLOAD = 4 << 30
 _CHUNK = 1 << 16
@@ -87,8 +93,13 @@ def download(
             else:
                 total = int(resp.headers.get("Content-Length", "-1"))
                 have, mode = 0, "wb"
-            if total < 0 or total > max_bytes:
-                raise FirmwareError(f"{url} has no usable size ({total})", hint="images are limited to 4 GiB")
+            if total < 0:
+                raise FirmwareError(f"{url} has no usable size", hint="the server sent no Content-Length")
+            if total > max_bytes:
+                raise FirmwareError(
+                    f"{url} is {total} bytes, more than the {max_bytes} expected",
+                    hint="images are limited to 4 GiB; a roll-out names the image's size",
+                )
             stats.size = total
             try:
                 with open(part, mode) as fh:
@@ -126,3 +137,138 @@ def stage(
     finally:
         dest.unlink(missing_ok=True)
     return stats, result
+
+
+# -- the node's side of a fleet roll-out ---------------------------------------------------------
+
+UPDATE_RECORD = "ota-update.json"  # in the data area: survives the restart into the new slot
+
+
+class Phase:
+    """Phases of an update as the device reports them (``federation.messages.UpdatePhase`` values)."""
+
+    DOWNLOADING = "downloading"
+    REBOOTING = "rebooting"
+    TRIAL = "trial"
+    DONE = "done"
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"
+
+
+class DeviceUpdates:
+    """A running node's handle on the device it was booted from (``device`` in NODE.toml).
+
+    ``update`` / ``rollback`` change the boot state for the next start and leave a record in the
+    data area; the node then exits with :data:`firmware.boot.REBOOT_EXIT_CODE` and its boot
+    supervisor starts the new slot. :meth:`report` reads the record together with the boot state,
+    so after the restart the node can say whether the new slot passed (``done``), is still on
+    trial, or failed and the board fell back (``rolled_back``).
+    """
+
+    def __init__(self, device: str | Path) -> None:
+        from firmware.device import Device
+
+        self.dev = Device(Path(device))
+        self.record_path = self.dev.data / UPDATE_RECORD
+
+    def _record(self) -> dict[str, Any] | None:
+        try:
+            rec = json.loads(self.record_path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return rec if isinstance(rec, dict) and "update_id" in rec else None
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        from firmware.device import atomic_write
+
+        atomic_write(self.record_path, json.dumps(rec, sort_keys=True).encode())
+
+    def last_update_id(self) -> str | None:
+        rec = self._record()
+        return None if rec is None else str(rec["update_id"])
+
+    def begin(self, update_id: str, kind: str, version: str) -> None:
+        self._write({"update_id": update_id, "kind": kind, "version": version, "phase": Phase.DOWNLOADING})
+
+    def fail(self, update_id: str, kind: str, version: str, error: str | BaseException) -> None:
+        """Record a refusal; a FirmwareError is written as its one line plus ``(help: ...)``."""
+        if isinstance(error, FirmwareError) and error.hint:
+            error = f"{error} (help: {error.hint})"
+        self._write({"update_id": update_id, "kind": kind, "version": version, "phase": Phase.FAILED,
+                     "error": str(error)[:500]})
+
+    def update(
+        self, update_id: str, url: str, image_id: str, *, max_bytes: int = MAX_DOWNLOAD
+    ) -> DownloadStats:
+        """Download (resumable), check the file's sha256 against ``image_id``, flash the inactive slot."""
+        dl_dir = self.dev.data / "downloads"
+        dl_dir.mkdir(parents=True, exist_ok=True)
+        dest = dl_dir / f"{image_id}.img"
+        for old in dl_dir.iterdir():  # one partial download at a time: commands cannot fill the disk
+            if old.name != f"{dest.name}.part" and old.is_file():
+                old.unlink()
+        stats = download(url, dest, max_bytes=max_bytes)
+        try:
+            digest = _sha256(dest)
+            if not digest.startswith(image_id):
+                raise FirmwareError(
+                    f"the downloaded image's sha256 {digest[:32]} is not image {image_id}",
+                    hint="the fleet or a proxy served another file",
+                )
+            result = flash(dest, self.dev.root, [], lock_wait_s=60.0)
+        finally:
+            dest.unlink(missing_ok=True)
+        self._write({"update_id": update_id, "kind": "update", "version": result["version"],
+                     "phase": Phase.REBOOTING, "slot": result["slot"]})
+        return stats
+
+    def rollback(self, rollback_id: str) -> dict[str, Any]:
+        """Make the previous good slot active (firmware.device.rollback) and record it."""
+        from firmware.device import rollback
+
+        result = rollback(self.dev.root, lock_wait_s=60.0)
+        self._write({"update_id": rollback_id, "kind": "rollback", "version": result["version"],
+                     "phase": Phase.REBOOTING, "slot": result["slot"]})
+        return result
+
+    def report(self) -> dict[str, Any] | None:
+        """{version, slot, state, health, previous, update} of the slot this node runs from (None if
+        unknown); ``health`` is this boot's health check: pending or passed."""
+        try:
+            state = self.dev.load_state()
+        except FirmwareError:
+            return None
+        booted = state.get("booted")
+        if booted not in ("a", "b"):
+            return None
+        slots = state["slots"]
+        prev = state.get("previous")
+        out: dict[str, Any] = {
+            "version": str(slots[booted].get("version", "")),
+            "slot": booted,
+            "state": str(slots[booted]["state"]),
+            "health": str(state.get("health", "")),
+            "previous": str(slots[prev].get("version", "")) if prev in ("a", "b") else None,
+            "update": None,
+        }
+        rec = self._record()
+        if rec is not None:
+            upd = {k: rec.get(k) for k in ("update_id", "kind", "phase", "version", "error")}
+            if rec.get("phase") == Phase.REBOOTING and rec.get("slot") in ("a", "b"):
+                target = slots[rec["slot"]]
+                if target["state"] == "bad" and target.get("version") == rec.get("version"):
+                    upd["phase"] = Phase.ROLLED_BACK
+                    upd["error"] = str(target.get("problem", "the new slot failed"))[:500]
+                elif booted == rec["slot"]:
+                    passed = target["state"] == "good" and state.get("health") == "passed"
+                    upd["phase"] = Phase.DONE if passed else Phase.TRIAL
+            out["update"] = upd
+        return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

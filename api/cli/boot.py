@@ -52,7 +52,11 @@ def boot(
         120.0, "--health-timeout", min=1.0, help="Seconds to wait for readiness."
     ),
 ) -> None:
-    """Pick the slot, start the node from it, health-check it, mark it good or fall back."""
+    """Pick the slot, start the node from it, health-check it, mark it good or fall back.
+
+    When the node exits with the reboot code (it staged an image update from the fleet, or
+    switched back to its previous slot), boot again instead of exiting."""
+    from firmware.boot import REBOOT_EXIT_CODE
     from firmware.boot import boot as _boot
 
     if emulate_arm and emulate_riscv:
@@ -60,27 +64,41 @@ def boot(
 
         raise FirmwareError("--emulate-arm and --emulate-riscv exclude each other",
                             hint="a board has one architecture: pass the one of the image's board")
-    r = _boot(
-        device,
-        _launcher("aarch64" if emulate_arm else "riscv64" if emulate_riscv else None),
-        node_id=node_id,
-        host=host,
-        port=port,
-        health_timeout_s=health_timeout,
-        log=lambda m: typer.echo(f"boot: {m}", err=True),
-    )
-    typer.echo(
-        f"booted slot {r.slot} version {r.version}{' (after fallback)' if r.fell_back else ''}: {r.url}"
-    )
-    if once:
-        r.process.terminate()
-        r.process.wait(timeout=30)
-        return
+    arch = "aarch64" if emulate_arm else "riscv64" if emulate_riscv else None
+    current: list = []  # the running node process, for the signal handler
+    stopping: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        r.process.send_signal(signum)
+        stopping.append(signum)
+        if current and current[0].poll() is None:
+            current[0].send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    code = r.process.wait()
-    raise typer.Exit(code if code >= 0 else 128 - code)
+    if not once:
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+    while True:
+        r = _boot(
+            device,
+            _launcher(arch),
+            node_id=node_id,
+            host=host,
+            port=port,
+            health_timeout_s=health_timeout,
+            log=lambda m: typer.echo(f"boot: {m}", err=True),
+        )
+        typer.echo(
+            f"booted slot {r.slot} version {r.version}{' (after fallback)' if r.fell_back else ''}: {r.url}"
+        )
+        sys.stdout.flush()
+        if once:
+            r.process.terminate()
+            r.process.wait(timeout=30)
+            return
+        current[:] = [r.process]
+        if stopping:  # a signal arrived while the slot was being checked
+            r.process.send_signal(stopping[0])
+        code = r.process.wait()
+        if code == REBOOT_EXIT_CODE and not stopping:
+            typer.echo("boot: the node asked for a reboot (a new slot is staged); booting again", err=True)
+            continue
+        raise typer.Exit(code if code >= 0 else 128 - code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,8 +21,11 @@ def _check_port_free(host: str, port: int) -> None:
         raise NodeError(problem, hint="change `port` (or `host`) in NODE.toml")
 
 
-def serve_node(config_path: Path, *, log_level: str = "info") -> None:
-    """Load the config, build and start the EdgeNode, serve its API with uvicorn until SIGINT/SIGTERM."""
+def serve_node(config_path: Path, *, log_level: str = "info") -> int:
+    """Load the config, build and start the EdgeNode, serve its API with uvicorn until SIGINT/SIGTERM.
+
+    Returns the exit code: 0, or ``firmware.boot.REBOOT_EXIT_CODE`` when the node staged an image
+    update (or an image rollback) and its boot supervisor should start the other slot."""
     from edgenode.config import load_config
 
     cfg = load_config(config_path)  # ConfigError -> one line, exit 1 (api.cli.main)
@@ -41,6 +45,12 @@ def serve_node(config_path: Path, *, log_level: str = "info") -> None:
     server = uvicorn.Server(uvicorn.Config(create_node_app(cast(Any, node)), host=cfg.host, port=cfg.port,
                                            log_level="warning", timeout_graceful_shutdown=2))
     node.start()  # connect to the broker now: a bad broker fails before we listen
+
+    def reboot_when_asked() -> None:
+        node.reboot_requested.wait()
+        server.should_exit = True
+
+    threading.Thread(target=reboot_when_asked, name="reboot-watch", daemon=True).start()
     try:
         server.run()
         if not server.started:
@@ -48,6 +58,12 @@ def serve_node(config_path: Path, *, log_level: str = "info") -> None:
                             hint="is the port free? change `port` in NODE.toml")
     finally:
         node.stop()
+    if node.reboot_requested.is_set():
+        from firmware.boot import REBOOT_EXIT_CODE
+
+        logging.getLogger("fractal.node").info("restarting into the new slot (exit %d)", REBOOT_EXIT_CODE)
+        return REBOOT_EXIT_CODE
+    return 0
 
 
 @app.command("node")
@@ -56,4 +72,6 @@ def node(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Run one edge node: inference + samples over HTTP, training rounds over MQTT."""
-    serve_node(config, log_level=log_level)
+    code = serve_node(config, log_level=log_level)
+    if code:
+        raise typer.Exit(code)

@@ -23,6 +23,8 @@ class EventType(enum.StrEnum):
     NODE = "node"  # one node's view changed
     ROUND = "round"  # one round changed (a step loss, done, failed)
     ROLLBACK = "rollback"  # a rollback started, finished or failed (an operator action was recorded)
+    ROLLOUT = "rollout"  # an image roll-out or image rollback progressed
+    IMAGES = "images"  # the image catalogue changed (an upload)
 
 
 @dataclass

@@ -4,11 +4,15 @@ Images live in ``images_dir`` as ``<sha256>.img`` next to ``catalogue.json`` (id
 board, size, signer). An upload is streamed to a temp file with a size cap, then fully verified
 (:func:`firmware.image.open_image` against the fleet's trusted keys); only then is it renamed
 into the catalogue. Nodes download them with range requests (resumable, firmware/ota.py).
+
+Nodes do not hold the operator token: the download URL in an ImageUpdateCommand carries a grant,
+``?exp=T&grant=HMAC(key, "id:T")``, good for that one image until ``T`` (:data:`GRANT_S`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import threading
@@ -19,7 +23,9 @@ from typing import Any
 from firmware.image import MAX_IMAGE, open_image
 from firmware.keys import load_public
 
-__all__ = ["ImageCatalogue", "UploadTooLarge"]
+__all__ = ["ImageCatalogue", "UploadTooLarge", "GRANT_S"]
+
+GRANT_S = 7 * 24 * 3600.0  # a roll-out's download URL stays valid this long (slow, flaky links)
 
 
 class UploadTooLarge(Exception):
@@ -27,8 +33,10 @@ class UploadTooLarge(Exception):
 
 
 class ImageCatalogue:
-    def __init__(self, directory: str | Path, key_files: list[str]) -> None:
+    def __init__(self, directory: str | Path, key_files: list[str], *,
+                 grant_key: bytes | None = None) -> None:
         self.dir = Path(directory)
+        self._grant_key = grant_key or os.urandom(32)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keys = [load_public(p) for p in key_files]
         self._lock = threading.Lock()
@@ -38,6 +46,22 @@ class ImageCatalogue:
         if not self._index.is_file():
             return []
         return list(json.loads(self._index.read_text()))
+
+    def entry(self, image_id: str) -> dict[str, Any] | None:
+        return next((e for e in self.list() if e["id"] == image_id), None)
+
+    def _grant(self, image_id: str, exp: int) -> str:
+        return hmac.new(self._grant_key, f"{image_id}:{exp}".encode(), hashlib.sha256).hexdigest()
+
+    def grant_query(self, image_id: str, now: float) -> str:
+        """``exp=T&grant=G``: lets a node download ``image_id`` without the operator token."""
+        exp = int(now + GRANT_S)
+        return f"exp={exp}&grant={self._grant(image_id, exp)}"
+
+    def grant_ok(self, image_id: str, exp: str | None, grant: str | None, now: float) -> bool:
+        if not exp or not grant or not exp.isdigit() or len(exp) > 12 or int(exp) < now:
+            return False
+        return hmac.compare_digest(grant.encode(), self._grant(image_id, int(exp)).encode())
 
     def path(self, image_id: str) -> Path | None:
         if not any(e["id"] == image_id for e in self.list()):

@@ -60,6 +60,7 @@ class NodeEntry:
             "samples_val": st.samples_val,
             "validation": st.validation.model_dump() if st.validation else None,
             "versions": list(st.versions),
+            "image": st.image.model_dump(mode="json") if st.image else None,
             "keepalive_s": st.keepalive_s,
             "last_seen": self.last_seen,
             "age_s": round(max(0.0, now - self.last_seen), 3),

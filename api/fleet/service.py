@@ -4,6 +4,7 @@ the event bus. HTTP routes only call into this object.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import threading
@@ -16,8 +17,10 @@ from pydantic import BaseModel, ValidationError
 
 from api.fleet.events import EventBus, EventType
 from api.fleet.history import FleetHistory
+from api.fleet.images import ImageCatalogue
 from api.fleet.registry import NodeRegistry
 from api.fleet.rollback import Rollback, RollbackManager, RollbackRequest
+from api.fleet.rollouts import ImageRollbackRequest, Rollout, RolloutManager, RolloutRequest
 from api.fleet.rounds import PLOT_POINTS, Round, RoundManager, RoundRejected, RoundRequest, RoundState
 from api.fleet.settings import FleetSettings
 from federation import topics
@@ -69,6 +72,12 @@ class FleetService:
             store=self.history, margin=settings.rollback_margin)
         self.rollbacks = RollbackManager(swarm=settings.swarm, publish=self._publish,
                                          timeout_s=settings.rollback_timeout_s, store=self.history)
+        self.rollouts = RolloutManager(swarm=settings.swarm, publish=self._publish,
+                                       stage_timeout_s=settings.rollout_stage_timeout_s, store=self.history)
+        # Download grants for nodes are keyed by the operator token: a restarted fleet honours them.
+        grant_key = hashlib.sha256(b"fractal-edge image grant\0" + settings.token.encode()).digest()
+        self.images = (ImageCatalogue(settings.images_dir, settings.image_keys, grant_key=grant_key)
+                       if settings.images_dir else None)
         self.rejected_messages = 0
         # per reason: federation.auth.Reject values, "malformed", "registry_full"
         self.rejected: Counter[str] = Counter()
@@ -127,6 +136,10 @@ class FleetService:
             self._reject(topic, f"registry full ({self.registry.max_nodes} nodes)", "registry_full")
             return
         self.bus.publish(EventType.NODE, view)
+        if view["online"]:
+            ro = self.rollouts.on_status(node, view["image"], now)
+            if ro is not None:
+                self._rollout_changed(ro)
         if not view["online"]:
             self._rounds_changed(self.rounds.node_offline(node, now))
         elif status.state is NodeState.ONLINE:  # a training node still reports its old version
@@ -210,6 +223,9 @@ class FleetService:
         rb = self.rollbacks.tick(now)
         if rb is not None:
             self._rollback_changed(rb, now)
+        ro = self.rollouts.tick(now)
+        if ro is not None:
+            self._rollout_changed(ro)
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         for rid in sorted(dirty):
@@ -242,6 +258,9 @@ class FleetService:
 
     def start_round(self, req: RoundRequest) -> dict:
         now = self.clock()
+        ro = self.rollouts.running()
+        if ro is not None:
+            raise RoundRejected(f"image {ro.kind} {ro.rollout_id} is running; start the round after it")
         pending = self.rollbacks.pending()
         if pending is not None:
             raise RoundRejected(f"rollback {pending.command.rollback_id} is still pending; wait for it")
@@ -265,7 +284,42 @@ class FleetService:
         self._rollback_changed(rb, now)
         return rb.to_dict()
 
+    def _rollout_changed(self, ro: Rollout) -> None:
+        self.bus.publish(EventType.ROLLOUT, ro.to_dict())
+
+    def start_rollout(self, req: RolloutRequest, base_url: str) -> dict:
+        """Roll a catalogue image out to ``req.nodes``, the first one as the canary (``POST /api/rollouts``).
+        ``base_url``: how nodes reach this fleet (``public_url`` wins). RoundRejected when not possible."""
+        if self.images is None:
+            raise RoundRejected("this fleet has no image catalogue (start it with an images directory)", 404)
+        image = self.images.entry(req.image)
+        if image is None:
+            raise RoundRejected(f"unknown image {req.image!r}", 404)
+        running = self.rounds.running()
+        if running is not None:
+            raise RoundRejected(f"round {running} is running; roll out after it ends")
+        now = self.clock()
+        base = (self.settings.public_url or base_url).rstrip("/")
+        url = f"{base}/api/images/{image['id']}?{self.images.grant_query(image['id'], now)}"
+        ro = self.rollouts.start(req, image=image, url=url, nodes=self.nodes(), now=now)
+        self._rollout_changed(ro)
+        return ro.to_dict()
+
+    def image_rollback(self, req: ImageRollbackRequest) -> dict:
+        """Return ``req.nodes`` to their previous good slot (``POST /api/image-rollback``)."""
+        running = self.rounds.running()
+        if running is not None:
+            raise RoundRejected(f"round {running} is running; roll back after it ends")
+        ro = self.rollouts.start_rollback(req, nodes=self.nodes(), now=self.clock())
+        self._rollout_changed(ro)
+        return ro.to_dict()
+
+    def image_uploaded(self) -> None:
+        if self.images is not None:
+            self.bus.publish(EventType.IMAGES, {"images": self.images.list()})
+
     def snapshot(self) -> dict:
         return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.rounds.history(),
                 "actions": self.history.actions(50), "margin": self.settings.rollback_margin,
-                "auto_rollback": self.settings.auto_rollback}
+                "auto_rollback": self.settings.auto_rollback, "rollouts": self.rollouts.recent(),
+                "images": self.images.list() if self.images is not None else None}

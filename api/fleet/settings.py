@@ -46,6 +46,12 @@ class FleetSettings(BaseSettings):
     # Device image catalogue (api/fleet/images.py): off when empty; uploads must verify with image_keys.
     images_dir: str = ""
     image_keys: list[str] = Field(default_factory=list)
+    # Image roll-outs (api/fleet/rollouts.py): a stage (the canary, then the rest) fails when one of
+    # its nodes has not downloaded, flashed, restarted and passed its health check by then.
+    rollout_stage_timeout_s: float = Field(default=900.0, gt=0)
+    # The fleet's address as the nodes reach it (the download URL in image commands); empty: the
+    # address the operator's roll-out request came in on.
+    public_url: str = ""
 
     def db_path(self) -> Path:
         """Where the fleet keeps its durable state (``db``, or a per-swarm file in the user data dir)."""

@@ -4,7 +4,7 @@
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#e07b39", "#3aa17e", "#8e5bd0", "#d04f7a", "#3f8fd2", "#9a8a2e", "#5e6d7e", "#c2462d"];
 const state = {swarm: "", nodes: new Map(), rounds: new Map(), selected: null, es: null, connected: false,
-  rollback: null, actions: [], margin: null};
+  rollback: null, actions: [], margin: null, images: null, rollouts: new Map()};
 
 // ---- the error banner: dismissable, and it clears itself once its condition is gone -------------
 const banner = {resolved: null};
@@ -76,10 +76,13 @@ function renderNodes() {
     const samples = n.samples_train != null ? `${n.samples_train} / ${n.samples_val ?? 0}` : `${n.samples}`;
     const val = n.validation;
     const url = n.api_url ? `<div class="muted small"><a href="${esc(n.api_url)}/v1/node" target="_blank" rel="noopener">${esc(n.api_url)}</a></div>` : "";
-    return `<tr data-node-id="${esc(id)}" data-state="${esc(n.state)}" data-version="${esc(n.model_version)}">
+    const im = n.image;
+    return `<tr data-node-id="${esc(id)}" data-state="${esc(n.state)}" data-version="${esc(n.model_version)}"
+      data-image-version="${esc(im ? im.version : "")}" data-image-slot="${esc(im ? im.slot : "")}" data-image-health="${esc(im ? im.health : "")}">
       <td><b>${esc(id)}</b>${url}</td><td>${esc(device(n))}</td>
       <td><span class="badge ${esc(n.state)}" title="${esc(n.offline_reason || "")}">${esc(n.state)}</span></td>
       <td>${artifact(n)}</td>
+      <td class="image">${imageCell(im)}</td>
       <td class="version"><b>v${esc(n.model_version)}</b> <span class="hash" title="${esc(n.params_sha256)}">${esc(n.params_short)}</span></td>
       <td class="num">${h ? dur(h.uptime_s) : ""}</td>
       <td class="num">${h ? `${h.cpu_percent.toFixed(0)}% · ${bytes(h.mem_rss_bytes)}` : ""}</td>
@@ -89,12 +92,24 @@ function renderNodes() {
       <td class="seen" data-ts="${n.last_seen}">${ago(n.last_seen)}</td></tr>`;
   }).join("");
   renderParticipants();
+  renderRolloutNodes();
   recheckBanner();
 }
 
+function imageCell(im) {
+  if (!im) return `<span class="muted" title="not booted from a device image">&ndash;</span>`;
+  const health = im.health === "passed" ? "good" : im.state === "trial" ? "trial" : (im.health || im.state);
+  const upd = im.update;
+  const u = upd && !["done"].includes(upd.phase) ? ` <span class="badge ${esc(upd.phase)}" title="${esc(upd.error || "")}">${esc(upd.phase.replace("_", " "))}</span>` : "";
+  return `<b>${esc(im.version)}</b> <span class="muted">slot ${esc(im.slot)}</span> ` +
+    `<span class="badge ${esc(health)}" title="health check of this boot: ${esc(im.health || "unknown")}">${esc(health)}</span>` +
+    (im.previous ? ` <span class="muted small">prev ${esc(im.previous)}</span>` : "") + u;
+}
+
+const participantChoice = new Map();  // the operator's choices, kept while a node restarts
 function renderParticipants() {
   const box = $("participants");
-  const was = new Map([...box.querySelectorAll("input")].map((i) => [i.value, i.checked]));
+  const was = participantChoice;
   box.innerHTML = [...state.nodes.keys()].sort().map((id) => {
     const n = state.nodes.get(id);
     const checked = n.online && (was.has(id) ? was.get(id) : true);
@@ -102,7 +117,10 @@ function renderParticipants() {
       ${esc(id)}</label>`;
   }).join("") || `<span class="muted">no nodes</span>`;
 }
-$("participants").addEventListener("change", recheckBanner);
+$("participants").addEventListener("change", (ev) => {
+  if (ev.target.matches("input[type=checkbox]")) participantChoice.set(ev.target.value, ev.target.checked);
+  recheckBanner();
+});
 
 function selectedOnline() {
   return [...$("participants").querySelectorAll("input:checked")].map((i) => i.value)
@@ -209,12 +227,127 @@ function upsertRound(r) {
   renderRounds();
 }
 
+// ---- device images: catalogue, roll-outs, image rollbacks --------------------------------
+function renderImages() {
+  const card = $("images-card");
+  card.hidden = state.images === null;  // this fleet has no catalogue
+  const imgs = state.images || [];
+  $("no-images").hidden = imgs.length > 0;
+  $("images").querySelector("tbody").innerHTML = imgs.map((e) =>
+    `<tr data-image-id="${esc(e.id)}" data-version="${esc(e.version)}"><td><b>${esc(e.version)}</b></td><td>${esc(e.board)}</td>
+      <td>${esc(e.artifact)}</td><td class="num">${bytes(e.size)}</td><td class="hash">${esc(e.signer)}</td>
+      <td class="hash" title="${esc(e.id)}">${esc(e.id.slice(0, 12))}</td></tr>`).join("");
+  const sel = $("rollout-image");
+  const was = sel.value;
+  sel.innerHTML = imgs.map((e) => `<option value="${esc(e.id)}">${esc(e.version)} · ${esc(e.board)} · ${esc(e.id.slice(0, 8))}</option>`).join("");
+  if (imgs.some((e) => e.id === was)) sel.value = was;
+  else if (imgs.length) sel.value = imgs[imgs.length - 1].id;  // the newest upload
+}
+
+// The operator's choices, kept while a node is briefly offline (it restarts during an update).
+const rolloutChoice = new Map();
+function renderRolloutNodes() {
+  const box = $("rollout-nodes");
+  box.innerHTML = [...state.nodes.keys()].sort().map((id) => {
+    const n = state.nodes.get(id);
+    const ok = n.online && n.image;
+    const checked = ok && (rolloutChoice.has(id) ? rolloutChoice.get(id) : true);
+    return `<label title="${ok ? "" : "offline or not booted from a device image"}"><input type="checkbox" value="${esc(id)}" ${checked ? "checked" : ""} ${ok ? "" : "disabled"}>
+      ${esc(id)}</label>`;
+  }).join("") || `<span class="muted">no nodes</span>`;
+}
+
+$("rollout-nodes").addEventListener("change", (ev) => {
+  if (ev.target.matches("input[type=checkbox]")) rolloutChoice.set(ev.target.value, ev.target.checked);
+});
+
+function checkedRolloutNodes() {
+  return [...$("rollout-nodes").querySelectorAll("input:checked")].map((i) => i.value);
+}
+
+function renderRollout() {
+  const all = [...state.rollouts.values()].sort((a, b) => b.started_at - a.started_at);
+  const r = all[0];
+  const box = $("rollout-progress");
+  const running = all.some((x) => x.state === "running");
+  $("rollout").disabled = running;
+  $("image-rollback").disabled = running;
+  if (!r) { box.innerHTML = ""; box.dataset.state = ""; box.dataset.id = ""; return; }
+  box.dataset.state = r.state; box.dataset.id = r.rollout_id; box.dataset.kind = r.kind;
+  const what = r.kind === "rollout" ? `Roll-out of ${esc(r.version)}` : "Image rollback";
+  const stages = r.stages.map((stage, i) => `<li>${r.kind === "rollout" ? (i === 0 ? "canary: " : "then: ") : ""}` +
+    stage.map((n) => {
+      const p = r.nodes[n];
+      const phase = p.phase === "done" ? "passed" : p.phase;
+      return `<span class="node-phase" data-node="${esc(n)}" data-phase="${esc(phase)}">${esc(n)} <span class="badge ${esc(phase)}" title="${esc(p.error || "")}">${esc(phase.replace("_", " "))}</span></span>`;
+    }).join(", ") + `</li>`).join("");
+  box.innerHTML = `<div>${what} <span class="hash">${esc(r.rollout_id)}</span>: <span class="badge ${esc(r.state)}">${esc(r.state)}</span>` +
+    (r.finished_at ? ` <span class="muted">${(r.finished_at - r.started_at).toFixed(1)} s</span>` : "") + `</div>` +
+    `<ol>${stages}</ol>` + (r.reason ? `<div class="bad rollout-reason">${esc(r.reason)}</div>` : "");
+}
+
+function onRollout(r) {
+  const before = state.rollouts.get(r.rollout_id);
+  state.rollouts.set(r.rollout_id, r);
+  renderRollout();
+  if (r.state === "failed" && (!before || before.state !== "failed")) {
+    showError(`${r.kind === "rollout" ? "Roll-out" : "Image rollback"} stopped: ${r.reason}`, () => false);
+  }
+  if (r.state !== "running") refreshActions();
+}
+
+$("upload-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const file = $("image-file").files[0];
+  if (!file) return;
+  showError("");
+  $("upload").disabled = true;
+  try {
+    const r = await fetch("/api/images", {method: "POST", credentials: "same-origin",
+      headers: {"Content-Type": "application/octet-stream"}, body: file});
+    if (r.status === 401) { location.replace("/login"); return; }
+    const data = await r.json().catch(() => ({}));
+    if (!r.ok) throw new Error(`${r.status}: ${data.error || data.detail || r.statusText}`);
+    state.images = (state.images || []).filter((e) => e.id !== data.id).concat([data]);
+    renderImages();
+    $("rollout-image").value = data.id;
+    $("image-file").value = "";
+  } catch (e) {
+    showError(`Image not uploaded: ${e.message}`, () => false);
+  } finally {
+    $("upload").disabled = false;
+  }
+});
+
+$("rollout-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  showError("");
+  try {
+    onRollout(await api("POST", "/api/rollouts", {image: $("rollout-image").value, nodes: checkedRolloutNodes()}));
+  } catch (e) {
+    showError(`Not rolled out: ${e.message}`, () => false);
+  }
+});
+
+$("image-rollback").addEventListener("click", async () => {
+  showError("");
+  try {
+    onRollout(await api("POST", "/api/image-rollback", {nodes: checkedRolloutNodes()}));
+  } catch (e) {
+    showError(`Not rolled back: ${e.message}`, () => false);
+  }
+});
+
 // ---- operator actions -------------------------------------------------------------------
 function actionText(a) {
   const d = a.detail || {};
   if (a.action === "start_round") {
     const q = d.request || {};
     return `round <span class="hash">${esc(d.round_id)}</span>: ${esc(q.steps)} steps${q.lr ? `, lr ${esc(q.lr)}` : ""}`;
+  }
+  if (a.action.startsWith("image.")) {
+    const what = d.kind === "rollout" ? `${esc(d.version)}, canary ${esc(d.canary)}` : "previous slot";
+    return `${esc((d.stages || []).flat().join(", "))}: ${what}${d.reason ? ` <span class="bad">${esc(d.reason)}</span>` : ""}`;
   }
   if (a.action.startsWith("rollback")) {
     return `${esc((d.nodes || []).join(", "))} to v${esc(d.to_version)} (${esc(d.by || "")}` +
@@ -275,7 +408,9 @@ function connect() {
     state.margin = s.margin;
     if (s.margin != null) $("rollback-note").textContent = s.auto_rollback ? `A round whose validation gets worse by more than ${s.margin} is rolled back automatically.` : "Automatic rollback is off.";
     if (!state.rounds.has(state.selected)) state.selected = s.rounds.length ? s.rounds[0].round_id : null;
-    renderNodes(); renderRounds(); renderActions();
+    state.images = s.images ?? null;
+    state.rollouts = new Map((s.rollouts || []).map((r) => [r.rollout_id, r]));
+    renderNodes(); renderRounds(); renderActions(); renderImages(); renderRollout();
   });
   es.addEventListener("node", (ev) => {
     const n = JSON.parse(ev.data);
@@ -284,6 +419,8 @@ function connect() {
   });
   es.addEventListener("round", (ev) => upsertRound(JSON.parse(ev.data)));
   es.addEventListener("rollback", (ev) => onRollback(JSON.parse(ev.data)));
+  es.addEventListener("rollout", (ev) => onRollout(JSON.parse(ev.data)));
+  es.addEventListener("images", (ev) => { state.images = JSON.parse(ev.data).images; renderImages(); });
 }
 
 // ---- actions ----------------------------------------------------------------------------

@@ -52,14 +52,19 @@ def test_catalogue_verifies_uploads(image_fleet, fw_image, tmp_path):
 class CuttingProxy:
     """TCP proxy that closes the FIRST connection after ``cut`` response-body bytes (a dropped link)."""
 
-    def __init__(self, upstream: str, cut: int) -> None:
-        u = urlparse(upstream)
-        self.up = (u.hostname, u.port)
+    def __init__(self, upstream: str | None, cut: int) -> None:
+        self.up: tuple = ()
+        if upstream is not None:
+            self.forward_to(upstream)
         self.cut = cut
         self.body_bytes: list[int] = []  # response-body bytes relayed, per connection
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         threading.Thread(target=self._serve, daemon=True).start()
+
+    def forward_to(self, upstream: str) -> None:
+        u = urlparse(upstream)
+        self.up = (u.hostname, u.port)
 
     def _serve(self) -> None:
         while True:

@@ -109,7 +109,7 @@ def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):
         "[...document.querySelectorAll('#nodes tbody tr')].every(tr => tr.dataset.version === '1'"
         " && tr.querySelector('td.val-acc').innerText.endsWith('%'))", timeout=15_000)
     cells = page.locator("#nodes tbody tr").first.locator("td").all_inner_texts()
-    assert " / " in cells[8] and "TVM" in cells[3] and cells[7].endswith("GB"), cells  # train / val samples
+    assert " / " in cells[9] and "TVM" in cells[3] and cells[8].endswith("GB"), cells  # train / val samples
     assert "→" in page.locator(f"#rounds tbody tr[data-round-id='{rid}'] td.validation").inner_text()
     OUT.mkdir(exist_ok=True)
     page.screenshot(path=str(OUT / "dashboard.png"), full_page=True)

@@ -60,7 +60,7 @@ def test_round_validation_rollback_and_restart(make_fleet, browser, tmp_path):
         assert cells[1] == "x86_64", cells
         assert "TVM 0.19.0" in cells[3] and "untuned" in cells[3]
         assert "http://127.0.0.1:1/node-1" in cells[0]
-        assert cells[7] == "20 GB" and cells[8] == "80 / 20" and cells[9] == "60.0%", cells
+        assert cells[8] == "20 GB" and cells[9] == "80 / 20" and cells[10] == "60.0%", cells
         assert _versions(page) == ["0", "0", "0"]
 
         # The banner: shown for a refused round, dismissable, and gone by itself once it no longer applies.

@@ -1,5 +1,5 @@
 """Thin HTTP routers of the fleet service, one per resource."""
 
-from api.fleet.routes import auth, events, nodes, page, rollback, rounds
+from api.fleet.routes import auth, events, images, nodes, page, rollback, rollouts, rounds
 
-__all__ = ["auth", "events", "nodes", "page", "rollback", "rounds"]
+__all__ = ["auth", "events", "images", "nodes", "page", "rollback", "rollouts", "rounds"]

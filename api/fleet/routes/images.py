@@ -1,14 +1,17 @@
 """The image catalogue: POST /api/images (verified on upload), GET /api/images, GET /api/images/{id}
-(range requests, so a node's download resumes after a cut)."""
+(range requests, so a node's download resumes after a cut; the operator token or a node's
+download grant from an ImageUpdateCommand)."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse
 
-from api.fleet.auth import Authenticated
+from api.fleet.auth import Authenticated, check_token, token_from
+from api.fleet.deps import Service
 from api.fleet.images import ImageCatalogue, UploadTooLarge
 from firmware.errors import FirmwareError
 
@@ -16,7 +19,7 @@ router = APIRouter(prefix="/api", tags=["images"])
 
 
 def get_catalogue(request: Request) -> ImageCatalogue:
-    cat: ImageCatalogue | None = request.app.state.images
+    cat: ImageCatalogue | None = request.app.state.fleet.images
     if cat is None:
         raise HTTPException(404, "this fleet has no image catalogue (start it with an images directory)")
     return cat
@@ -26,10 +29,12 @@ Catalogue = Annotated[ImageCatalogue, Depends(get_catalogue)]
 
 
 @router.post("/images", status_code=201)
-async def upload_image(request: Request, _: Authenticated, cat: Catalogue) -> dict:
+async def upload_image(request: Request, _: Authenticated, cat: Catalogue, fleet: Service) -> dict:
     """Upload a device image (raw body); 400 when it does not verify with the fleet's keys."""
     try:
-        return await cat.add(request.stream())
+        entry = await cat.add(request.stream())
+        fleet.image_uploaded()
+        return entry
     except UploadTooLarge as exc:
         raise HTTPException(413, str(exc)) from None
     except FirmwareError as exc:
@@ -42,7 +47,12 @@ def list_images(_: Authenticated, cat: Catalogue) -> dict:
 
 
 @router.get("/images/{image_id}")
-def get_image(image_id: str, _: Authenticated, cat: Catalogue) -> FileResponse:
+def get_image(image_id: str, request: Request, cat: Catalogue) -> FileResponse:
+    q = request.query_params
+    if not (cat.grant_ok(image_id, q.get("exp"), q.get("grant"), time.time())
+            or check_token(request, token_from(request))):
+        raise HTTPException(401, "missing or wrong operator token or download grant",
+                            headers={"WWW-Authenticate": "Bearer"})
     path = cat.path(image_id)
     if path is None:
         raise HTTPException(404, f"unknown image {image_id!r}")
