@@ -116,8 +116,8 @@ def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):
 
     # A round with a learning rate that wrecks the trained model: the fleet rolls it back on
     # its own, to the version the round started from (v1).
-    page.fill("#steps", "20")
-    page.fill("#lr", "40")
+    page.fill("#steps", "3")
+    page.fill("#lr", "10")  # the bound (federation/bounds.py LR_MAX): wrecks the trained model
     page.click("#start")
     page.wait_for_function("rid => { const p = document.getElementById('loss-plot');"
                            " return p.dataset.round !== rid && p.dataset.state === 'done'; }", arg=rid,
