@@ -268,7 +268,8 @@ class RoundControl:
         final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
         self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
                               step=plan.steps, loss=final, params_sha256=result.sha256,
-                              model_version=result.version, val_before=val_before, val_after=self.validation))
+                              model_version=result.version, val_before=val_before, val_after=self.validation,
+                              excluded=sorted(result.excluded) or None))
         self.publish_status()
         return result
 

@@ -49,9 +49,11 @@ from edgenode.common import RoundFailed, get_logger
 from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
 from edgenode.ports import Collective, Trainer
 from edgenode.store import Samples
-from federation.bounds import UPDATE_NORM_FACTOR
+from federation import robust
+from federation.bounds import OUTLIER_FACTOR_DEFAULT, UPDATE_NORM_FACTOR
 from federation.errors import RoundAborted
 from federation.messages import Compression, RoundCommand, SyncMode
+from federation.robust import Aggregation
 
 __all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "choose_start"]
 
@@ -72,6 +74,8 @@ class RoundPlan:
     compression: Compression = Compression.NONE
     step_timeout_s: float = 30.0
     start_sha256: str | None = None  # the fleet's start-version decision (federation/startversion.py)
+    aggregation: Aggregation = Aggregation.MEAN  # federation/robust.py
+    outlier_factor: float = OUTLIER_FACTOR_DEFAULT  # 0 = no outlier screening
 
     @classmethod
     def from_command(cls, cmd: RoundCommand, defaults: Any = None) -> RoundPlan:
@@ -87,7 +91,13 @@ class RoundPlan:
         return cls(round_id=cmd.round_id, steps=cmd.steps, lr=pick("lr"), sync=SyncMode(pick("sync")),
                    local_steps=int(pick("local_steps")), group=tuple(sorted(set(cmd.participants))),
                    compression=Compression(pick("compression")), step_timeout_s=float(pick("step_timeout_s")),
-                   start_sha256=cmd.start_sha256)
+                   start_sha256=cmd.start_sha256,
+                   aggregation=Aggregation(pick("aggregation") or Aggregation.MEAN),
+                   outlier_factor=float(_or(pick("outlier_factor"), OUTLIER_FACTOR_DEFAULT)))
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 @dataclass
@@ -99,6 +109,7 @@ class RoundResult:
     synced_from: str | None = None  # root of the pre-round parameter broadcast, if one happened
     seconds: float = 0.0
     final_sync: bool = False  # members ended with different bits and adopted the first member's
+    excluded: dict[str, str] = field(default_factory=dict)  # member -> why (first excluded step)
 
 
 class BatchSampler:
@@ -183,7 +194,7 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
             ring.reset_feedback()  # residuals belong to the parameters we just replaced
             log.info("%s: round %s starts from %s's parameters", node_id, plan.round_id, synced_from)
         start_flat = flatten(params)
-        scale = len(group) / contributors  # undo the zeros of members without samples
+        reducer = _Reducer(plan, node_id, group, ring, [bool(int(facts[m][6])) for m in group])
         sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None
         losses: list[float] = []
         state = trainer.init_state(params)
@@ -194,11 +205,10 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
                 raise RoundFailed(f"round {plan.round_id} aborted")
             try:
                 if plan.sync == SyncMode.GRADIENT:
-                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, ring, group,
-                                                         tag, scale)
+                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, reducer, step)
                 else:
-                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, ring, group,
-                                                          tag, scale, abort, node_id)
+                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, reducer, step,
+                                                          abort)
             except Exception:
                 if abort.is_set():  # cancelled mid-step: peers already in the next step learn it too
                     _abort_peers(ring, f"{plan.round_id}/{step + 1}", group, node_id, "round aborted")
@@ -221,7 +231,7 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
         raise RoundFailed(f"round {plan.round_id} failed: {exc}", member=member) from exc
     snap = model.commit_prepared(prepared)
     return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0,
-                       final_sync)
+                       final_sync, dict(reducer.excluded))
 
 
 def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: ModelHolder,
@@ -316,42 +326,126 @@ _Step = tuple[float, list[np.ndarray], list[np.ndarray]]
 
 
 def _gradient_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
-                   sampler: BatchSampler | None, ring: Collective, group: list[str], tag: str,
-                   scale: float) -> _Step:
+                   sampler: BatchSampler | None, reducer: _Reducer, step: int) -> _Step:
     if sampler is not None:
         x, y = _batch_xy(trainer, sampler)
         loss, grads = trainer.loss_and_grad(params, x, y)
         flat = flatten(grads)
     else:
         loss, flat = float("nan"), np.zeros(sum(int(p.size) for p in params), np.float32)
-    avg = np.asarray(ring.allreduce(flat, group=group, tag=tag, op="mean", timeout=plan.step_timeout_s,
-                                    compression=plan.compression), np.float32)
-    if scale != 1.0:
-        avg = avg * np.float32(scale)
+    avg = reducer.reduce(flat, step)
     params, state = trainer.apply(params, unflatten(avg, params), state, lr=plan.lr)
     return float(loss), [np.asarray(p, np.float32) for p in params], state
 
 
 def _local_sgd_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
-                    sampler: BatchSampler | None, ring: Collective, group: list[str], tag: str,
-                    scale: float, abort: threading.Event | None = None,
-                    node_id: str = "") -> _Step:
+                    sampler: BatchSampler | None, reducer: _Reducer, step: int,
+                    abort: threading.Event | None = None) -> _Step:
     start = flatten(params)
     losses = []
+    tag = f"{plan.round_id}/{step}"
     if sampler is not None:
         for _ in range(plan.local_steps):
             if abort is not None and abort.is_set():  # an abort frees the node within one local step
-                _abort_peers(ring, tag, group, node_id, "round aborted")
+                _abort_peers(reducer.ring, tag, reducer.group, reducer.node_id, "round aborted")
                 raise RoundFailed(f"round {plan.round_id} aborted")
             x, y = _batch_xy(trainer, sampler)
             loss, grads = trainer.loss_and_grad(params, x, y)
             params, state = trainer.apply(params, grads, state, lr=plan.lr)
             losses.append(float(loss))
     delta = flatten(params) - start
-    avg = np.asarray(ring.allreduce(delta, group=group, tag=tag, op="mean", timeout=plan.step_timeout_s,
-                                    compression=plan.compression), np.float32)
-    if scale != 1.0:
-        avg = avg * np.float32(scale)
+    avg = reducer.reduce(delta, step)
     # start + avg is computed from bit-identical operands on every member -> identical params
     new = unflatten(start + avg, params)
     return (float(np.mean(losses)) if losses else float("nan")), new, state
+
+
+class _Reducer:
+    """Combines one step's updates of all members (federation/robust.py): screening of outliers
+    and non-finite updates, then the mean (ring allreduce with checked norm claims) or a robust
+    coordinate-wise aggregate (all-gather). Every member gets the same bits and the same
+    exclusions; ``excluded`` collects who was left out (and why) over the round."""
+
+    def __init__(self, plan: RoundPlan, node_id: str, group: list[str], ring: Collective,
+                 contributors: list[bool]) -> None:
+        self.plan, self.node_id, self.group, self.ring = plan, node_id, group, ring
+        self.contributors = contributors  # members with samples (the others send zeros)
+        self.k = group.index(node_id)
+        self.excluded: dict[str, str] = {}
+
+    def reduce(self, update: np.ndarray, step: int) -> np.ndarray:
+        update = np.asarray(update, np.float32)
+        if self.plan.aggregation != Aggregation.MEAN:
+            return self._robust(update, step)
+        if self.plan.outlier_factor > 0 and self.plan.compression in (Compression.NONE, Compression.FP16):
+            return self._screened_mean(update, step)
+        # No screening (off, or a codec with error feedback, whose frames no claim bounds): a
+        # non-finite update aborts the call, as the ring does for any NaN/Inf.
+        n, kept = len(self.group), sum(self.contributors)
+        return self._mean(update, step, None, n / kept)
+
+    def _mean(self, update: np.ndarray, step: int, claims: np.ndarray | None, scale: float) -> np.ndarray:
+        avg = np.asarray(self.ring.allreduce(update, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                             op="mean", timeout=self.plan.step_timeout_s,
+                                             compression=self.plan.compression, claims=claims), np.float32)
+        return avg * np.float32(scale) if scale != 1.0 else avg
+
+    def _screened_mean(self, update: np.ndarray, step: int) -> np.ndarray:
+        n, k = len(self.group), self.k
+        row = robust.chunk_norms(update, n) if self.contributors[k] else np.zeros(n, np.float32)
+        vec = np.zeros(n * n, np.float32)
+        vec[k * n:(k + 1) * n] = row
+        claims = np.asarray(self.ring.allreduce(vec, group=self.group, tag=f"{self.plan.round_id}/{step}/norms",
+                                                op="sum", timeout=self.plan.step_timeout_s),
+                            np.float32).reshape(n, n)
+        if not np.array_equal(claims[k], row):  # a member added into our slot: refuse the step
+            self._refuse(step, "its norm claims were altered in transit")
+        s = self._screen(robust.norms_from_claims(claims), step)
+        bounds = claims.astype(np.float64)
+        for j in range(n):
+            if j not in s.kept:
+                bounds[j] = 0.0  # excluded members and members without samples must send zeros
+        mine = update if k in s.kept else np.zeros_like(update)
+        return self._mean(mine, step, bounds, n / len(s.kept))
+
+    def _robust(self, update: np.ndarray, step: int) -> np.ndarray:
+        n, k, size = len(self.group), self.k, update.size
+        ok = self.contributors[k] and bool(np.isfinite(update).all())
+        mat = np.zeros(n * (size + 1), np.float32)  # row j = [finite flag, update of j]
+        if ok:
+            mat[k * (size + 1)] = 1.0
+            mat[k * (size + 1) + 1:(k + 1) * (size + 1)] = update
+        out = np.asarray(self.ring.allreduce(mat, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                             op="sum", timeout=self.plan.step_timeout_s),
+                         np.float32).reshape(n, size + 1)
+        if not np.array_equal(out[k], mat[k * (size + 1):(k + 1) * (size + 1)]):
+            self._refuse(step, "its update was altered in transit")
+        rows = out[:, 1:]
+        norms = [float(np.linalg.norm(rows[j].astype(np.float64))) if out[j, 0] == 1.0 else float("nan")
+                 for j in range(n)]
+        s = self._screen(norms, step)
+        return robust.aggregate(rows[list(s.kept)], self.plan.aggregation, robust.TRIM_FRACTION)
+
+    def _screen(self, norms: list[float], step: int) -> robust.Screening:
+        s = robust.screen(norms, self.contributors, self.plan.outlier_factor)
+        for j, why in s.excluded.items():
+            m = self.group[j]
+            if m not in self.excluded:
+                log.warning("%s: round %s step %d: excluding %s's update (%s)", self.node_id,
+                            self.plan.round_id, step, m, why)
+                self.excluded[m] = f"step {step}: {why}"
+        if not s.kept:
+            raise RoundFailed(f"round {self.plan.round_id} step {step}: every update was excluded "
+                              f"({', '.join(self.group[j] for j in s.excluded)})")
+        return s
+
+    def _refuse(self, step: int, why: str) -> None:
+        # The next collective of this step is the update's (screened mean) or the next step's /
+        # the commit (robust): abort both so the peers stop now, not at their deadline.
+        rid = self.plan.round_id
+        nxt = f"{rid}/{step + 1}" if step + 1 < self.plan.steps else f"{rid}/commit"
+        peers = [m for m in self.group if m != self.node_id]
+        for tag in (f"{rid}/{step}", nxt):
+            self.ring.abort(tag, peers, f"{self.node_id}: {why}")
+        raise RoundFailed(f"round {rid} step {step}: {self.node_id} refuses the step: {why}",
+                          member=self.node_id)

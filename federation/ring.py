@@ -68,6 +68,7 @@ from typing import Self
 import numpy as np
 
 from federation import compression as comp
+from federation import robust
 from federation import schedule as sch
 from federation.checks import all_finite, check_finite, clip_l2
 from federation.errors import RoundAborted, TransportError, UpdateRejected
@@ -181,18 +182,29 @@ class RingAllreduce(_Collective):
     # -- allreduce ---------------------------------------------------------------------------
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: ReduceOp | str = "mean",
                   timeout: float = 30.0, compression: Compression | str = Compression.NONE,
-                  clip_norm: float | None = None) -> np.ndarray:
+                  clip_norm: float | None = None, claims: np.ndarray | None = None) -> np.ndarray:
         """Sum or mean of every member's ``vec``; every member gets bit-identical bytes.
 
+        ``claims`` (n x n, rows in ``sorted(group)`` order, columns = ring chunks): the L2 norm
+        each member claimed for its contribution to each chunk (``federation.robust``); every
+        received partial sum is checked against the sum of its contributors' claims and a
+        violation aborts the call blaming the sender. Codecs F32 and F16 only (INT8/TOPK send
+        error-feedback residuals, which no claim covers).
+
         Raises :class:`RoundAborted` (deadline, dead member, peer abort) or
-        :class:`UpdateRejected` (NaN/Inf, naming the sender); on either nothing is committed.
+        :class:`UpdateRejected` (NaN/Inf or a broken claim, naming the sender); on either nothing
+        is committed.
         """
         x = as_vector(vec)
         op = ReduceOp(op)
         codec = comp.codec_for(compression)
         members = ordered_group(group, self.member_id)
+        if claims is not None:
+            claims = np.asarray(claims, np.float64).reshape(len(members), len(members))
+            if codec not in (Codec.F32, Codec.F16):
+                raise ValueError(f"claims cannot be checked with codec {codec.name} (error feedback)")
         with self._lock:
-            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm).run()
+            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm, claims).run()
 
     # -- broadcast ---------------------------------------------------------------------------
     def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
@@ -281,8 +293,11 @@ class _RingRun:
     """State of one allreduce call on one member."""
 
     def __init__(self, eng: RingAllreduce, x: np.ndarray, members: list[str], tag: str, op: ReduceOp,
-                 timeout: float, codec: Codec, clip_norm: float | None) -> None:
+                 timeout: float, codec: Codec, clip_norm: float | None,
+                 claims: np.ndarray | None = None) -> None:
         self.eng, self.x, self.members, self.tag, self.op = eng, x, members, tag, op
+        self.claims = claims
+        self._sq: dict[tuple[int, int], float] = {}  # (phase, step) -> sum of squares received so far
         self.timeout, self.codec, self.clip_norm = timeout, codec, clip_norm
         self.n = len(members)
         self.me = eng.member_id
@@ -345,6 +360,25 @@ class _RingRun:
         call.queue(self.succ, (Phase.ALL_GATHER, step, chunk, part),
                    lambda: self._build(Phase.ALL_GATHER, step, chunk, part, [payload]))
 
+    def _check_claim(self, fr: Frame, chunk: int, vals: np.ndarray) -> None:
+        """A partial sum can be no longer than the sum of its contributors' claimed norms."""
+        assert self.claims is not None
+        n = self.n
+        if fr.phase == Phase.REDUCE_SCATTER:  # step s carries ranks r-1, ..., r-1-s
+            bound = sum(self.claims[(self.rank - 1 - i) % n, chunk] for i in range(fr.step + 1))
+        else:  # all-gather carries the owner's finished chunk
+            bound = float(self.claims[:, chunk].sum()) / (n if self.op == ReduceOp.MEAN else 1)
+        key = (int(fr.phase), fr.step)
+        v = vals.astype(np.float64)
+        sq = self._sq.get(key, 0.0) + float(np.dot(v, v))
+        self._sq[key] = sq
+        limit = bound * robust.claims_tolerance(n, self.codec != Codec.F32)
+        if sq > limit * limit + 1e-30:
+            raise UpdateRejected(
+                f"round {self.tag!r}: {fr.phase.name.lower()} data from {fr.sender} has norm "
+                f"{sq ** 0.5:.3g}, above the {limit:.3g} its contributors claimed",
+                member=fr.sender, hint="that member lied about its update norm (or sent an excluded update)")
+
     def run(self) -> np.ndarray:
         ep = self.eng.endpoint
         peers = [m for m in self.members if m != self.me]
@@ -397,6 +431,8 @@ class _RingRun:
                     f"round {self.tag!r}: {fr.phase.name.lower()} data from {fr.sender} is not finite",
                     member=fr.sender, hint="that member's update diverged",
                 )
+            if self.claims is not None:
+                self._check_claim(fr, t.recv_chunk, vals)
             pending.discard(k)
             if fr.phase == Phase.REDUCE_SCATTER:
                 self.work[a:b] += vals

@@ -1,0 +1,97 @@
+"""Outlier screening, claim-checked allreduce and robust aggregation (federation/robust.py):
+pure functions against numpy, the claim check on a real in-memory ring (a member lying about its
+norm, an excluded member still sending data) and the aggregates against numpy's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from federation import robust
+from federation.errors import UpdateRejected
+from federation.schedule import chunk_bounds
+from tests.federation.ringutil import allreduce_all, assert_identical, close_all, ids, make_ring
+
+
+def test_chunk_norms_match_numpy_and_never_undercut():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=1001).astype(np.float32)
+    got = robust.chunk_norms(x, 4)
+    for c, (a, b) in enumerate(chunk_bounds(4, x.size)):
+        exact = np.linalg.norm(x[a:b].astype(np.float64))
+        assert float(got[c]) >= exact and float(got[c]) == pytest.approx(exact, rel=1e-6)
+    bad = x.copy()
+    bad[3] = np.inf
+    assert (robust.chunk_norms(bad, 4) == robust.NON_FINITE).all()
+    assert robust.chunk_norms(np.zeros(2, np.float32), 4).tolist() == [0, 0, 0, 0]  # empty chunks
+
+
+def test_screen_excludes_outliers_and_non_finite_only_among_contributors():
+    s = robust.screen([1.0, 1.2, 1000.0, 0.9, float("nan"), 0.0], [True] * 5 + [False], 10.0)
+    assert s.kept == (0, 1, 3) and set(s.excluded) == {2, 4}
+    assert "median" in s.excluded[2] and "non-finite" in s.excluded[4]
+    assert robust.screen([1.0, 1000.0, 1.0], [True] * 3, 0.0).kept == (0, 1, 2)  # factor 0 = off
+    # two members: the median sits between them, nobody is an outlier (documented limit)
+    assert robust.screen([1.0, 1000.0], [True, True], 10.0).kept == (0, 1)
+
+
+def test_aggregates_match_numpy():
+    rng = np.random.default_rng(1)
+    rows = rng.normal(size=(5, 33)).astype(np.float32)
+    np.testing.assert_array_equal(robust.aggregate(rows, "median"), np.median(rows, axis=0).astype(np.float32))
+    s = np.sort(rows, axis=0)
+    np.testing.assert_allclose(robust.aggregate(rows, "trimmed_mean", 0.2), s[1:4].mean(axis=0), rtol=1e-6)
+    rows[2] *= 1e3  # one wild row barely moves the robust aggregates
+    assert np.abs(robust.aggregate(rows, "median")).max() < 10
+    assert np.abs(robust.aggregate(rows, "trimmed_mean")).max() < 10
+    np.testing.assert_allclose(robust.aggregate(rows[:2], "trimmed_mean"), rows[:2].mean(axis=0), rtol=1e-6)
+
+
+def _claims(vecs, members):
+    return np.stack([robust.chunk_norms(vecs[m], len(members)) for m in members])
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_honest_claims_pass_and_the_sum_is_exact(compression):
+    members = ids(4)
+    rng = np.random.default_rng(2)
+    vecs = {m: rng.normal(size=5000).astype(np.float32) for m in members}
+    hub, eng = make_ring(4, max_payload=4096)  # several parts per chunk
+    try:
+        res = allreduce_all(eng, vecs, tag="t", op="mean", timeout=10, compression=compression,
+                            claims=_claims(vecs, members))
+        out = assert_identical(res)
+        np.testing.assert_allclose(out, np.mean(list(vecs.values()), axis=0), rtol=1e-2, atol=1e-3)
+    finally:
+        close_all(eng)
+
+
+@pytest.mark.parametrize("liar", ["m0", "m2"])
+def test_a_member_lying_about_its_norm_is_caught_and_named(liar):
+    members = ids(4)
+    rng = np.random.default_rng(3)
+    vecs = {m: rng.normal(size=2000).astype(np.float32) for m in members}
+    claims = _claims(vecs, members)  # the liar claims its honest norm ...
+    vecs[liar] = vecs[liar] * np.float32(1e3)  # ... and sends 1000x
+    hub, eng = make_ring(4)
+    try:
+        res = allreduce_all(eng, vecs, tag="t", op="mean", timeout=10, claims=claims)
+    finally:
+        close_all(eng)
+    for m in members:
+        assert isinstance(res[m], UpdateRejected), (m, res[m])
+        assert res[m].member == liar, (m, str(res[m]))
+
+
+def test_an_excluded_member_that_still_sends_is_caught():
+    members = ids(3)
+    rng = np.random.default_rng(4)
+    vecs = {m: rng.normal(size=300).astype(np.float32) for m in members}
+    claims = _claims(vecs, members)
+    claims[1] = 0  # everyone decided m1 is excluded (it must send zeros) ...
+    hub, eng = make_ring(3)
+    try:
+        res = allreduce_all(eng, vecs, tag="t", op="sum", timeout=10, claims=claims)
+    finally:
+        close_all(eng)
+    assert all(isinstance(res[m], UpdateRejected) and res[m].member == "m1" for m in members), res
