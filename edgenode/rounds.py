@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from edgenode.common import NodeBusy, NodeError, RoundFailed, get_logger
 from edgenode.config import NodeConfig
+from edgenode.faults import Faults
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder, ParamsSnapshot
 from edgenode.ports import Collective, Engine, Link, Publication, Trainer
@@ -51,6 +52,7 @@ class RoundControl:
     metrics: NodeMetrics
     trainer: Trainer | None
     _ring: Collective | None
+    faults: Faults
     _link: Link | None
     _lock: threading.Lock
     _state: NodeState
@@ -244,7 +246,8 @@ class RoundControl:
             val_samples = self._validation_samples()
             val_before = self._evaluate(self.model.snapshot, val_samples)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
-                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
+                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step,
+                               faults=self.faults)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
             # compression residuals of a void round must not leak into the next
             self._ring.reset_feedback()

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from edgenode.common import RoundFailed, get_logger
+from edgenode.faults import NO_FAULTS, Faults, Point
 from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
 from edgenode.ports import Collective, Trainer
 from edgenode.store import Samples
@@ -159,7 +160,7 @@ def _hash_chunks(sha: str) -> list[float]:
 
 def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Trainer, samples: Samples,
               ring: Collective, rng: np.random.Generator | None = None, abort: threading.Event | None = None,
-              on_step: Callable[[int, float], None] | None = None) -> RoundResult:
+              on_step: Callable[[int, float], None] | None = None, faults: Faults = NO_FAULTS) -> RoundResult:
     """Run ``plan`` as member ``node_id``; commits to ``model`` only if every phase succeeded.
 
     Raises :class:`RoundFailed` (nothing applied) on a dead member, deadline, abort, or bad data.
@@ -199,19 +200,20 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
         losses: list[float] = []
         state = trainer.init_state(params)
         for step in range(plan.steps):
-            tag = f"{plan.round_id}/{step}"
             if abort.is_set():
-                _abort_peers(ring, tag, group, node_id, "round aborted")
+                _abort_step(ring, plan.round_id, step, group, node_id)
                 raise RoundFailed(f"round {plan.round_id} aborted")
             try:
                 if plan.sync == SyncMode.GRADIENT:
-                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, reducer, step)
+                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, reducer,
+                                                         step)
                 else:
-                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, reducer, step,
-                                                          abort)
+                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, reducer,
+                                                          step, abort)
             except Exception:
                 if abort.is_set():  # cancelled mid-step: peers already in the next step learn it too
-                    _abort_peers(ring, f"{plan.round_id}/{step + 1}", group, node_id, "round aborted")
+                    _abort_step(ring, plan.round_id, step, group, node_id)
+                    _abort_step(ring, plan.round_id, step + 1, group, node_id)
                 raise
             losses.append(loss)
             if on_step is not None:
@@ -223,19 +225,31 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
         # and everybody commits the same bits (see _agree).
         params, final_sync = _agree(plan, node_id, group, params, ring)
         prepared = _prepare_and_vote(plan, node_id, group, model, params, start_flat,
-                                     versions[root] + 1, ring)
+                                     versions[root] + 1, ring, faults)
     except RoundFailed:
         raise
     except Exception as exc:  # RoundAborted, TransportError, trainer errors: the round is void
         member = exc.member if isinstance(exc, RoundAborted) else None
         raise RoundFailed(f"round {plan.round_id} failed: {exc}", member=member) from exc
-    snap = model.commit_prepared(prepared)
+    # Decided: commit. A failure from here on is the protocol's "failure after the decision": the
+    # others commit, this member keeps its old parameters (its staged file is dropped) and the next
+    # round's start-version rule brings it onto the committed ones.
+    try:
+        faults.at(Point.DECIDED, plan.round_id)
+        snap = model.commit_prepared(prepared)
+    except OSError as exc:
+        model.discard(prepared)
+        raise RoundFailed(f"round {plan.round_id} was committed by the swarm but not by {node_id}: {exc}",
+                          member=node_id, hint="the next round brings this node onto the committed "
+                                               "parameters") from exc
+    faults.at(Point.COMMITTED, plan.round_id)
     return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0,
                        final_sync, dict(reducer.excluded))
 
 
 def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: ModelHolder,
-                      params: list[np.ndarray], start_flat: np.ndarray, version: int, ring: Any) -> Any:
+                      params: list[np.ndarray], start_flat: np.ndarray, version: int, ring: Any,
+                      faults: Faults = NO_FAULTS) -> Any:
     """Phase 1 of the commit: check and durably stage ``params``, then vote; returns the
     prepared state only if every member voted yes (else RoundFailed, the staged file discarded)."""
     prepared, why = None, ""
@@ -249,9 +263,12 @@ def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: Mo
             if delta > limit:
                 why = f"update norm {delta:.3g} exceeds {limit:.3g}"
             else:
+                faults.at(Point.PREPARE, plan.round_id)
                 prepared = model.prepare(params, version)
     except Exception as exc:  # noqa: BLE001 - e.g. a full or read-only disk: vote no, say why
         why = f"cannot stage the new parameters: {exc}"
+    if prepared is not None:
+        faults.at(Point.VOTE, plan.round_id)
     k = group.index(node_id)
     vote = np.zeros(len(group), np.float32)
     vote[k] = 1.0 if prepared is not None else 0.0
@@ -270,6 +287,12 @@ def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: Mo
         raise RoundFailed(f"round {plan.round_id} not committed: {', '.join(no)} voted no{mine}",
                           member=no[0])
     return prepared
+
+
+def _abort_step(ring: Collective, round_id: str, step: int, group: list[str], node_id: str) -> None:
+    """Void every collective of ``step`` (the norm claims and the update) for every peer."""
+    for tag in (f"{round_id}/{step}/norms", f"{round_id}/{step}"):
+        _abort_peers(ring, tag, group, node_id, "round aborted")
 
 
 def _abort_peers(ring: Collective, tag: str, group: list[str], node_id: str, reason: str) -> None:
@@ -343,11 +366,10 @@ def _local_sgd_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray],
                     abort: threading.Event | None = None) -> _Step:
     start = flatten(params)
     losses = []
-    tag = f"{plan.round_id}/{step}"
     if sampler is not None:
         for _ in range(plan.local_steps):
             if abort is not None and abort.is_set():  # an abort frees the node within one local step
-                _abort_peers(reducer.ring, tag, reducer.group, reducer.node_id, "round aborted")
+                _abort_step(reducer.ring, plan.round_id, step, reducer.group, reducer.node_id)
                 raise RoundFailed(f"round {plan.round_id} aborted")
             x, y = _batch_xy(trainer, sampler)
             loss, grads = trainer.loss_and_grad(params, x, y)
@@ -395,9 +417,9 @@ class _Reducer:
         row = robust.chunk_norms(update, n) if self.contributors[k] else np.zeros(n, np.float32)
         vec = np.zeros(n * n, np.float32)
         vec[k * n:(k + 1) * n] = row
-        claims = np.asarray(self.ring.allreduce(vec, group=self.group, tag=f"{self.plan.round_id}/{step}/norms",
-                                                op="sum", timeout=self.plan.step_timeout_s),
-                            np.float32).reshape(n, n)
+        tag = f"{self.plan.round_id}/{step}/norms"
+        claims = np.asarray(self.ring.allreduce(vec, group=self.group, tag=tag, op="sum",
+                                                timeout=self.plan.step_timeout_s), np.float32).reshape(n, n)
         if not np.array_equal(claims[k], row):  # a member added into our slot: refuse the step
             self._refuse(step, "its norm claims were altered in transit")
         s = self._screen(robust.norms_from_claims(claims), step)

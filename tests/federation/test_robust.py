@@ -38,7 +38,8 @@ def test_screen_excludes_outliers_and_non_finite_only_among_contributors():
 def test_aggregates_match_numpy():
     rng = np.random.default_rng(1)
     rows = rng.normal(size=(5, 33)).astype(np.float32)
-    np.testing.assert_array_equal(robust.aggregate(rows, "median"), np.median(rows, axis=0).astype(np.float32))
+    want = np.median(rows, axis=0).astype(np.float32)
+    np.testing.assert_array_equal(robust.aggregate(rows, "median"), want)
     s = np.sort(rows, axis=0)
     np.testing.assert_allclose(robust.aggregate(rows, "trimmed_mean", 0.2), s[1:4].mean(axis=0), rtol=1e-6)
     rows[2] *= 1e3  # one wild row barely moves the robust aggregates
