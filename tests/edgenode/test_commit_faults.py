@@ -124,7 +124,8 @@ def test_two_phase_commit_under_kills_and_write_failures(mosquitto, swarm_id, mq
         for k, (i, p) in enumerate(procs.items()):
             wait_online(i, t0)
             body = {"inputs": {"x": x[k:600:3].tolist()}, "labels": y[k:600:3].tolist()}
-            assert httpx.post(f"http://127.0.0.1:{p.port}/v1/samples", json=body, timeout=30).status_code < 300
+            r = httpx.post(f"http://127.0.0.1:{p.port}/v1/samples", json=body, timeout=30)
+            assert r.status_code < 300, r.text
 
         def state() -> dict[str, tuple[int, str]]:
             return {i: (p.info()["model_version"], p.info()["params_sha256"]) for i, p in procs.items()}
@@ -153,7 +154,8 @@ def test_two_phase_commit_under_kills_and_write_failures(mosquitto, swarm_id, mq
             killed = spec.startswith("kill")
             outcome = run_round(rid, killed)
             point = spec.split("@")[1]
-            _wait(lambda: f"at {point} of round {rid}" in procs[victim].log.read_text(), 10,
+            mark = f"at {point} of round {rid}"
+            _wait(lambda mark=mark: mark in procs[victim].log.read_text(), 10,
                   f"the victim's log to show the injected fault of {rid}")
             survivors = [i for i in ids if i != victim]
             assert {outcome[i] for i in survivors} == {"done" if commits else "failed"}, (rid, outcome)
