@@ -114,6 +114,10 @@ class Collective(Protocol):
     def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
                   timeout: float = 30.0) -> np.ndarray: ...
 
+    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
+        """Every member's vector, sent directly to every other member: ``(n, L)`` in ring order."""
+        ...
+
     def reset_feedback(self) -> None: ...
 
     def abort(self, tag: str, peers: list[str], reason: str) -> None:

@@ -170,6 +170,11 @@ class RoundControl:
 
     def start_round(self, cmd: RoundCommand) -> threading.Thread:
         """Run ``cmd`` on the worker thread; raises NodeBusy if a round is running."""
+        w = self._worker
+        if w is not None and w.is_alive() and self._round_id is None:
+            # The previous round already ended (its DONE/FAILED event is out, so the fleet may
+            # start the next one at once); its worker is only publishing the status.
+            w.join(5.0)
         with self._lock:
             if cmd.round_id in self._seen_rounds:  # QoS 1 redelivery of a command we already ran
                 raise NodeError(f"round {cmd.round_id} was already run by {self.node_id}")

@@ -415,13 +415,10 @@ class _Reducer:
     def _screened_mean(self, update: np.ndarray, step: int) -> np.ndarray:
         n, k = len(self.group), self.k
         row = robust.chunk_norms(update, n) if self.contributors[k] else np.zeros(n, np.float32)
-        vec = np.zeros(n * n, np.float32)
-        vec[k * n:(k + 1) * n] = row
+        # One hop, each row from its own (in a signed swarm: authenticated) sender.
         tag = f"{self.plan.round_id}/{step}/norms"
-        claims = np.asarray(self.ring.allreduce(vec, group=self.group, tag=tag, op="sum",
-                                                timeout=self.plan.step_timeout_s), np.float32).reshape(n, n)
-        if not np.array_equal(claims[k], row):  # a member added into our slot: refuse the step
-            self._refuse(step, "its norm claims were altered in transit")
+        claims = np.asarray(self.ring.exchange(row, group=self.group, tag=tag,
+                                               timeout=self.plan.step_timeout_s), np.float32)
         s = self._screen(robust.norms_from_claims(claims), step)
         bounds = claims.astype(np.float64)
         for j in range(n):
@@ -431,20 +428,15 @@ class _Reducer:
         return self._mean(mine, step, bounds, n / len(s.kept))
 
     def _robust(self, update: np.ndarray, step: int) -> np.ndarray:
-        n, k, size = len(self.group), self.k, update.size
-        ok = self.contributors[k] and bool(np.isfinite(update).all())
-        mat = np.zeros(n * (size + 1), np.float32)  # row j = [finite flag, update of j]
+        ok = self.contributors[self.k] and bool(np.isfinite(update).all())
+        row = np.zeros(update.size + 1, np.float32)  # [1 = finite, the update]; zeros = nothing to add
         if ok:
-            mat[k * (size + 1)] = 1.0
-            mat[k * (size + 1) + 1:(k + 1) * (size + 1)] = update
-        out = np.asarray(self.ring.allreduce(mat, group=self.group, tag=f"{self.plan.round_id}/{step}",
-                                             op="sum", timeout=self.plan.step_timeout_s),
-                         np.float32).reshape(n, size + 1)
-        if not np.array_equal(out[k], mat[k * (size + 1):(k + 1) * (size + 1)]):
-            self._refuse(step, "its update was altered in transit")
+            row[0], row[1:] = 1.0, update
+        out = np.asarray(self.ring.exchange(row, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                            timeout=self.plan.step_timeout_s), np.float32)
         rows = out[:, 1:]
         norms = [float(np.linalg.norm(rows[j].astype(np.float64))) if out[j, 0] == 1.0 else float("nan")
-                 for j in range(n)]
+                 for j in range(len(self.group))]
         s = self._screen(norms, step)
         return robust.aggregate(rows[list(s.kept)], self.plan.aggregation, robust.TRIM_FRACTION)
 
@@ -460,14 +452,3 @@ class _Reducer:
             raise RoundFailed(f"round {self.plan.round_id} step {step}: every update was excluded "
                               f"({', '.join(self.group[j] for j in s.excluded)})")
         return s
-
-    def _refuse(self, step: int, why: str) -> None:
-        # The next collective of this step is the update's (screened mean) or the next step's /
-        # the commit (robust): abort both so the peers stop now, not at their deadline.
-        rid = self.plan.round_id
-        nxt = f"{rid}/{step + 1}" if step + 1 < self.plan.steps else f"{rid}/commit"
-        peers = [m for m in self.group if m != self.node_id]
-        for tag in (f"{rid}/{step}", nxt):
-            self.ring.abort(tag, peers, f"{self.node_id}: {why}")
-        raise RoundFailed(f"round {rid} step {step}: {self.node_id} refuses the step: {why}",
-                          member=self.node_id)

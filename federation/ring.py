@@ -206,6 +206,57 @@ class RingAllreduce(_Collective):
         with self._lock:
             return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm, claims).run()
 
+    # -- exchange ----------------------------------------------------------------------------
+    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
+        """Every member's float32 vector, sent **directly** to every other member (one hop, phase
+        EXCHANGE, chunk = the sender's rank, F32 parts); returns an ``(n, L)`` array in
+        ``sorted(group)`` order. Row j is exactly what member j sent (in a signed swarm: what its
+        authenticated sender sent; no other member can alter it, unlike a slot of a sum-allreduce).
+        NaN/Inf are carried as sent. Each member sends ``(n - 1) L`` floats: half of a ring
+        all-gather of the same rows, in one hop instead of ``2 (n - 1)``."""
+        x = as_vector(vec)
+        members = ordered_group(group, self.member_id)
+        with self._lock:
+            return self._exchange(x, members, tag, timeout)
+
+    def _exchange(self, x: np.ndarray, members: list[str], tag: str, timeout: float) -> np.ndarray:
+        n, me, size = len(members), self.member_id, x.size
+        rank = members.index(me)
+        per = comp.per_part(Codec.F32, self.max_payload)
+        parts = sch.part_bounds(0, size, per, at_least_one=True)
+        out = np.empty((n, size), np.float32)
+        out[rank] = x
+        peers = [m for m in members if m != me]
+        with self.endpoint.call(tag, peers, timeout) as call:
+            for dst in peers:
+                for p in range(len(parts)):
+                    call.queue(dst, (Phase.EXCHANGE, 0, rank, p),
+                               self._exchange_builder(tag, rank, p, parts, x))
+            pending = {(members.index(m), p) for m in peers for p in range(len(parts))}
+            while pending:
+                fr = call.wait(members[min(pending)[0]])
+                if fr is None:
+                    continue
+                j = members.index(fr.sender) if fr.sender in members else -1
+                if (fr.phase != Phase.EXCHANGE or fr.codec != Codec.F32 or fr.step != 0 or fr.chunk != j
+                        or fr.total != size or fr.nparts != len(parts) or (j, fr.part) not in pending
+                        or (fr.offset, fr.offset + fr.count) != parts[fr.part]):
+                    _violation(fr, "unexpected exchange frame")
+                a, b = parts[fr.part]
+                out[j, a:b] = comp.decode(Codec.F32, fr.payload, b - a)
+                pending.discard((j, fr.part))
+            call.drain()
+        return out
+
+    def _exchange_builder(self, tag: str, rank: int, part: int, parts: list[tuple[int, int]], x: np.ndarray):
+        a, b = parts[part]
+
+        def build() -> bytes:
+            return encode(FrameKind.DATA, Phase.EXCHANGE, swarm=self.swarm, tag=tag, sender=self.member_id,
+                          codec=Codec.F32, step=0, chunk=rank, part=part, nparts=len(parts), offset=a,
+                          count=b - a, total=x.size, payload=[x[a:b]])
+        return build
+
     # -- broadcast ---------------------------------------------------------------------------
     def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
                   timeout: float = 30.0) -> np.ndarray:

@@ -49,12 +49,10 @@ class LyingRing:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def allreduce(self, vec, *, group, tag, **kw):
+    def exchange(self, vec, *, group, tag, **kw):
         if tag.endswith("/norms"):
-            vec = np.array(vec, np.float32)
-            n, k = len(group), sorted(group).index(self.node_id)
-            vec[k * n:(k + 1) * n] /= self.factor
-        return self.inner.allreduce(vec, group=group, tag=tag, **kw)
+            vec = np.asarray(vec, np.float32) / self.factor
+        return self.inner.exchange(vec, group=group, tag=tag, **kw)
 
 
 def _wait(pred, timeout, what):
@@ -86,7 +84,7 @@ def swarm4(mosquitto, swarm_id, mqtt_link_factory, node_factory, digits_artifact
     return ids, nodes, fleet, watch, (x[1200:], y[1200:])
 
 
-def _run(fleet, watch, swarm_id, ids, cmd, timeout=120):
+def _run(fleet, watch, swarm_id, ids, nodes, cmd, timeout=120):
     fleet.publish(topics.command(swarm_id), cmd)
 
     def ended():
@@ -97,6 +95,8 @@ def _run(fleet, watch, swarm_id, ids, cmd, timeout=120):
         return done | failed == set(ids)
 
     _wait(ended, timeout, f"round {cmd.round_id} to end on every node")
+    for n in nodes.values():
+        assert n.wait_idle(10)
     with watch.lock:
         return [e for e in watch.events if e.round_id == cmd.round_id and e.kind != EventKind.STEP]
 
@@ -110,12 +110,12 @@ def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
     # the commit's update-norm bound keeps it from being committed (the whole round is lost).
     cmd = RoundCommand(round_id="unscreened", steps=40, lr=0.1, participants=ids, step_timeout_s=15,
                        outlier_factor=0)
-    evs = _run(fleet, watch, swarm_id, ids, cmd)
+    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
     assert len(evs) == 4 and all(e.kind == EventKind.FAILED and "update norm" in e.reason for e in evs), evs
     assert {n.model_version for n in nodes.values()} == {0}
 
     cmd = RoundCommand(round_id="outlier-1", steps=40, lr=0.1, participants=ids, step_timeout_s=15)
-    evs = _run(fleet, watch, swarm_id, ids, cmd)
+    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
     done = [e for e in evs if e.kind == EventKind.DONE]
     assert len(done) == 4, evs
     assert all(e.excluded == [hostile] for e in done), [e.excluded for e in done]
@@ -127,7 +127,7 @@ def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
     # fails the first step; the round fails everywhere naming it and nothing is committed.
     nodes[hostile]._ring = LyingRing(nodes[hostile]._ring, hostile, 1e3)
     state = {i: (n.model_version, n.params_sha256) for i, n in nodes.items()}
-    evs = _run(fleet, watch, swarm_id, ids, cmd.model_copy(update={"round_id": "liar-1"}))
+    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd.model_copy(update={"round_id": "liar-1"}))
     failed = [e for e in evs if e.kind == EventKind.FAILED]
     assert len(failed) == 4, evs
     assert all(hostile in e.reason for e in failed), [e.reason for e in failed]
@@ -143,7 +143,7 @@ def test_robust_aggregation_commits_with_a_hostile_member(swarm4, swarm_id, aggr
     # screening off: the robust aggregate alone must keep the hostile update out
     cmd = RoundCommand(round_id=f"robust-{aggregation}", steps=40, lr=0.1, participants=ids,
                        step_timeout_s=15, aggregation=aggregation, outlier_factor=0)
-    evs = _run(fleet, watch, swarm_id, ids, cmd)
+    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
     done = [e for e in evs if e.kind == EventKind.DONE]
     assert len(done) == 4, evs
     assert len({e.params_sha256 for e in done}) == 1

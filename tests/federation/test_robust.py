@@ -96,3 +96,23 @@ def test_an_excluded_member_that_still_sends_is_caught():
     finally:
         close_all(eng)
     assert all(isinstance(res[m], UpdateRejected) and res[m].member == "m1" for m in members), res
+
+
+@pytest.mark.parametrize("size", [0, 7, 5000])
+def test_exchange_gives_every_member_every_row_exactly(size):
+    members = ids(4)
+    rng = np.random.default_rng(5)
+    vecs = {m: rng.normal(size=size).astype(np.float32) for m in members}
+    vecs["m2"][:1] = np.nan  # carried as sent: screening decides what to do with it
+    hub, eng = make_ring(4, max_payload=4096)  # several parts per row
+    try:
+        from tests.federation.ringutil import run_members
+
+        res = run_members({m: (lambda m=m: eng[m].exchange(vecs[m], group=members, tag="x", timeout=10))
+                           for m in members})
+    finally:
+        close_all(eng)
+    want = np.stack([vecs[m] for m in members])
+    for m in members:
+        assert isinstance(res[m], np.ndarray), res[m]
+        assert res[m].tobytes() == want.tobytes()
