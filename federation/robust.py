@@ -5,7 +5,8 @@ update. The protocol (PROTOCOL.md section 7, "Outliers") therefore works on *cla
 
 1. Before a step's allreduce every member computes the L2 norm of its update on each of the n
    ring chunks (:func:`chunk_norms`; :data:`NON_FINITE` in every slot for a NaN/Inf update) and
-   the members exchange these n x n numbers with a small exact SUM-allreduce (one row each).
+   the members exchange these rows directly (``RingAllreduce.exchange``: one hop, each row from
+   its own sender, so nobody can alter another member's claim).
 2. Every member runs the same :func:`screen` on the same bits: a contributor whose claimed norm
    is non-finite or above ``factor`` x the median claimed norm of the contributors is excluded
    for this step; it contributes zeros and the divisor of the mean shrinks to the kept count.
@@ -21,9 +22,9 @@ chunk norms add up to more than the norm of their sum). Its influence is bounded
 the claims of the step, i.e. about ``n x factor x median``, never 1e3 x.
 
 Robust aggregation (``aggregation = "median" | "trimmed_mean"``) needs every update: it uses an
-all-gather (a SUM-allreduce of an n x L matrix, one row per member: n times the bytes of a mean
-allreduce), then screens on the *actual* norms and takes the coordinate-wise median or trimmed
-mean of the kept rows (:func:`aggregate`). Every member computes the same numbers from the same
+exchange of the updates ((n - 1) L floats sent per member, about n / 2 times a mean allreduce's),
+then screens on the *actual* norms and takes the coordinate-wise median or trimmed mean of the
+kept rows (:func:`aggregate`). Every member computes the same numbers from the same
 bits, so the result is bit-identical everywhere.
 """
 
