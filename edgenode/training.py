@@ -290,9 +290,8 @@ def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: Mo
 
 
 def _abort_step(ring: Collective, round_id: str, step: int, group: list[str], node_id: str) -> None:
-    """Void every collective of ``step`` (the norm claims and the update) for every peer."""
-    for tag in (f"{round_id}/{step}/norms", f"{round_id}/{step}"):
-        _abort_peers(ring, tag, group, node_id, "round aborted")
+    """Void the collective of ``step`` for every peer."""
+    _abort_peers(ring, f"{round_id}/{step}", group, node_id, "round aborted")
 
 
 def _abort_peers(ring: Collective, tag: str, group: list[str], node_id: str, reason: str) -> None:
@@ -415,17 +414,23 @@ class _Reducer:
     def _screened_mean(self, update: np.ndarray, step: int) -> np.ndarray:
         n, k = len(self.group), self.k
         row = robust.chunk_norms(update, n) if self.contributors[k] else np.zeros(n, np.float32)
-        # One hop, each row from its own (in a signed swarm: authenticated) sender.
-        tag = f"{self.plan.round_id}/{step}/norms"
-        claims = np.asarray(self.ring.exchange(row, group=self.group, tag=tag,
-                                               timeout=self.plan.step_timeout_s), np.float32)
-        s = self._screen(robust.norms_from_claims(claims), step)
-        bounds = claims.astype(np.float64)
-        for j in range(n):
-            if j not in s.kept:
-                bounds[j] = 0.0  # excluded members and members without samples must send zeros
-        mine = update if k in s.kept else np.zeros_like(update)
-        return self._mean(mine, step, bounds, n / len(s.kept))
+        kept: list[int] = []
+
+        def decide(claims: np.ndarray) -> tuple[np.ndarray, bool]:
+            # Every member gets the same rows (each straight from its sender) and decides alike.
+            s = self._screen(robust.norms_from_claims(claims), step)
+            kept.extend(s.kept)
+            bounds = claims.astype(np.float64)
+            for j in range(n):
+                if j not in s.kept:
+                    bounds[j] = 0.0  # excluded members and members without samples send zeros
+            return bounds, k in s.kept
+
+        avg = np.asarray(self.ring.allreduce(update, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                             op="mean", timeout=self.plan.step_timeout_s,
+                                             compression=self.plan.compression, screen=(row, decide)),
+                         np.float32)
+        return avg * np.float32(n / len(kept)) if len(kept) != n else avg
 
     def _robust(self, update: np.ndarray, step: int) -> np.ndarray:
         ok = self.contributors[self.k] and bool(np.isfinite(update).all())

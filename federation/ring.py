@@ -62,6 +62,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
@@ -80,7 +81,10 @@ from federation.transport import Transport
 
 log = logging.getLogger("fractal.federation.ring")
 
-__all__ = ["RingAllreduce", "ReduceOp"]
+__all__ = ["RingAllreduce", "ReduceOp", "Screen"]
+
+# (this member's claim row, decide(all rows) -> (claims to check, whether to send our vector))
+Screen = tuple[np.ndarray, Callable[[np.ndarray], tuple[np.ndarray, bool]]]
 
 
 class ReduceOp(enum.StrEnum):
@@ -182,7 +186,8 @@ class RingAllreduce(_Collective):
     # -- allreduce ---------------------------------------------------------------------------
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: ReduceOp | str = "mean",
                   timeout: float = 30.0, compression: Compression | str = Compression.NONE,
-                  clip_norm: float | None = None, claims: np.ndarray | None = None) -> np.ndarray:
+                  clip_norm: float | None = None, claims: np.ndarray | None = None,
+                  screen: Screen | None = None) -> np.ndarray:
         """Sum or mean of every member's ``vec``; every member gets bit-identical bytes.
 
         ``claims`` (n x n, rows in ``sorted(group)`` order, columns = ring chunks): the L2 norm
@@ -190,6 +195,12 @@ class RingAllreduce(_Collective):
         received partial sum is checked against the sum of its contributors' claims and a
         violation aborts the call blaming the sender. Codecs F32 and F16 only (INT8/TOPK send
         error-feedback residuals, which no claim covers).
+
+        ``screen = (claim, decide)``: the claims are exchanged inside this call first (one hop,
+        phase EXCHANGE, chunk = the sender's rank): ``claim`` is this member's row (n floats), and
+        ``decide(rows)`` (n x n, the same bits on every member) returns ``(claims, send)``: the
+        claims to check (as above) and whether this member contributes its ``vec`` (else zeros).
+        One call instead of an exchange and an allreduce: one set-up and one drain per step.
 
         Raises :class:`RoundAborted` (deadline, dead member, peer abort) or
         :class:`UpdateRejected` (NaN/Inf or a broken claim, naming the sender); on either nothing
@@ -203,8 +214,10 @@ class RingAllreduce(_Collective):
             claims = np.asarray(claims, np.float64).reshape(len(members), len(members))
             if codec not in (Codec.F32, Codec.F16):
                 raise ValueError(f"claims cannot be checked with codec {codec.name} (error feedback)")
+        if screen is not None and codec not in (Codec.F32, Codec.F16):
+            raise ValueError(f"claims cannot be checked with codec {codec.name} (error feedback)")
         with self._lock:
-            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm, claims).run()
+            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm, claims, screen).run()
 
     # -- exchange ----------------------------------------------------------------------------
     def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
@@ -345,9 +358,11 @@ class _RingRun:
 
     def __init__(self, eng: RingAllreduce, x: np.ndarray, members: list[str], tag: str, op: ReduceOp,
                  timeout: float, codec: Codec, clip_norm: float | None,
-                 claims: np.ndarray | None = None) -> None:
+                 claims: np.ndarray | None = None, screen: Screen | None = None) -> None:
         self.eng, self.x, self.members, self.tag, self.op = eng, x, members, tag, op
         self.claims = claims
+        self.screen = screen
+        self._stash: list[Frame] = []  # ring frames that arrived while we waited for the claims
         self._sq: dict[tuple[int, int], float] = {}  # (phase, step) -> sum of squares received so far
         self.timeout, self.codec, self.clip_norm = timeout, codec, clip_norm
         self.n = len(members)
@@ -434,6 +449,8 @@ class _RingRun:
         ep = self.eng.endpoint
         peers = [m for m in self.members if m != self.me]
         with ep.call(self.tag, peers, self.timeout) as call:
+            if self.screen is not None:
+                self._screen(call)
             check_finite(self.x, member=self.me)
             clipped, _ = clip_l2(self.x, self.clip_norm)
             self.work = np.array(clipped, dtype=np.float32, copy=True)
@@ -455,6 +472,41 @@ class _RingRun:
                                             self.eng.topk_ratio), self.residual)
         return self.result
 
+    def _screen(self, call: Call) -> None:
+        """Exchange the claims (one hop, inside this call), then let the caller decide."""
+        assert self.screen is not None
+        claim, decide = self.screen
+        row = as_vector(claim)
+        n = self.n
+        if row.size != n:
+            raise ValueError(f"a claim row has {n} values (one per ring chunk), got {row.size}")
+        rows = np.empty((n, n), np.float32)
+        rows[self.rank] = row
+        for dst in self.members:
+            if dst != self.me:
+                call.queue(dst, (Phase.EXCHANGE, 0, self.rank, 0), lambda: encode(
+                    FrameKind.DATA, Phase.EXCHANGE, swarm=self.eng.swarm, tag=self.tag, sender=self.me,
+                    codec=Codec.F32, step=0, chunk=self.rank, part=0, nparts=1, offset=0, count=n, total=n,
+                    payload=[row]))
+        pending = {j for j in range(n) if j != self.rank}
+        while pending:
+            fr = call.wait(self.members[min(pending)])
+            if fr is None:
+                continue
+            if fr.phase != Phase.EXCHANGE:
+                self._stash.append(fr)  # a predecessor that decided first already started
+                continue
+            j = self.members.index(fr.sender) if fr.sender in self.members else -1
+            if (j not in pending or fr.chunk != j or fr.codec != Codec.F32 or fr.step != 0
+                    or fr.total != n or fr.count != n or fr.nparts != 1):
+                _violation(fr, "unexpected claim frame")
+            rows[j] = comp.decode(Codec.F32, fr.payload, n)
+            pending.discard(j)
+        claims, send = decide(rows)
+        self.claims = np.asarray(claims, np.float64).reshape(n, n)
+        if not send:
+            self.x = np.zeros_like(self.x)
+
     def _exchange(self, call: Call) -> None:
         n, last = self.n, self.n - 2
         # Stage and Phase share codes, so (stage, step, part) matches (frame.phase, step, part).
@@ -463,7 +515,7 @@ class _RingRun:
         for p in range(len(self.parts[self.rs[0].send_chunk])):
             self._queue_rs(call, 0, p)
         while pending:
-            fr = call.wait(self.pred)
+            fr = self._stash.pop(0) if self._stash else call.wait(self.pred)
             if fr is None:
                 continue
             k = (fr.phase, fr.step, fr.part)

@@ -5,8 +5,9 @@ update. The protocol (PROTOCOL.md section 7, "Outliers") therefore works on *cla
 
 1. Before a step's allreduce every member computes the L2 norm of its update on each of the n
    ring chunks (:func:`chunk_norms`; :data:`NON_FINITE` in every slot for a NaN/Inf update) and
-   the members exchange these rows directly (``RingAllreduce.exchange``: one hop, each row from
-   its own sender, so nobody can alter another member's claim).
+   the members send these rows directly to each other as the first frames of the step's own
+   allreduce call (``RingAllreduce.allreduce(screen=...)``: one hop, each row from its own
+   sender, so nobody can alter another member's claim).
 2. Every member runs the same :func:`screen` on the same bits: a contributor whose claimed norm
    is non-finite or above ``factor`` x the median claimed norm of the contributors is excluded
    for this step; it contributes zeros and the divisor of the mean shrinks to the kept count.

@@ -49,10 +49,11 @@ class LyingRing:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def exchange(self, vec, *, group, tag, **kw):
-        if tag.endswith("/norms"):
-            vec = np.asarray(vec, np.float32) / self.factor
-        return self.inner.exchange(vec, group=group, tag=tag, **kw)
+    def allreduce(self, vec, *, screen=None, **kw):
+        if screen is not None:
+            row, decide = screen
+            screen = (np.asarray(row, np.float32) / self.factor, decide)
+        return self.inner.allreduce(vec, screen=screen, **kw)
 
 
 def _wait(pred, timeout, what):

@@ -116,3 +116,46 @@ def test_exchange_gives_every_member_every_row_exactly(size):
     for m in members:
         assert isinstance(res[m], np.ndarray), res[m]
         assert res[m].tobytes() == want.tobytes()
+
+
+def _screen_for(members, me, vec, factor=10.0):
+    """What a node passes as ``screen``: its claim row and the shared decision rule."""
+    n = len(members)
+
+    def decide(rows):
+        s = robust.screen(robust.norms_from_claims(rows), [True] * n, factor)
+        bounds = rows.astype(np.float64)
+        for j in range(n):
+            if j not in s.kept:
+                bounds[j] = 0
+        return bounds, members.index(me) in s.kept
+
+    return robust.chunk_norms(vec, n), decide
+
+
+@pytest.mark.parametrize("lie", [False, True])
+def test_screen_inside_the_allreduce_excludes_an_outlier_or_catches_a_liar(lie):
+    members = ids(4)
+    rng = np.random.default_rng(6)
+    vecs = {m: rng.normal(size=3000).astype(np.float32) for m in members}
+    vecs["m1"] = vecs["m1"] * np.float32(1e3)
+    screens = {}
+    for m in members:
+        row, decide = _screen_for(members, m, vecs[m])
+        if lie and m == "m1":
+            row = row / np.float32(1e3)  # claims its honest norm, sends 1000x
+        screens[m] = (row, decide)
+    hub, eng = make_ring(4, max_payload=4096)
+    try:
+        from tests.federation.ringutil import run_members
+
+        res = run_members({m: (lambda m=m: eng[m].allreduce(vecs[m], group=members, tag="s", op="sum",
+                                                            timeout=10, screen=screens[m])) for m in members})
+    finally:
+        close_all(eng)
+    if lie:
+        assert all(isinstance(res[m], UpdateRejected) and res[m].member == "m1" for m in members), res
+    else:
+        out = assert_identical(res)
+        want = sum(vecs[m].astype(np.float64) for m in members if m != "m1")
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
