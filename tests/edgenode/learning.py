@@ -182,8 +182,8 @@ def robust_table(artifact_dir: Path, epochs: int = 60) -> None:
         for agg in ("mean", "median", "trimmed_mean"):
             row = f"| {agg} | {factor:g} | {'x1e3' if hostile else 'none'} |"
             try:
-                out = run_experiment(artifact_dir, epochs=epochs, artifact=art, aggregation=agg, hostile=hostile,
-                                     outlier_factor=factor, baselines=False)
+                out = run_experiment(artifact_dir, epochs=epochs, artifact=art, aggregation=agg,
+                                     hostile=hostile, outlier_factor=factor, baselines=False)
             except Exception as exc:  # noqa: BLE001 - a failed round is a result of the table
                 print(f"{row} round failed: {str(exc)[:90]} | |", flush=True)
                 continue
