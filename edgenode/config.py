@@ -21,6 +21,8 @@ Example::
     step_timeout_s = 30.0
     compression = "none"                  # none | fp16 | int8 | topk
     round_memory_mb = 128                 # a round trains on the newest samples that fit in this
+    aggregation = "mean"                  # mean | median | trimmed_mean (federation/robust.py)
+    outlier_factor = 10.0                 # exclude updates above 10 x the median norm; 0 = off
     nice = 10                             # nice of the round thread (and its TVM threads): 0..19
 
     [store]
@@ -40,7 +42,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edgenode.common import ConfigError
+from federation.bounds import OUTLIER_FACTOR_DEFAULT, OutlierFactor
 from federation.messages import Compression, SyncMode
+from federation.robust import Aggregation
 from federation.topics import validate_id
 
 __all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "load_config"]
@@ -76,6 +80,12 @@ class TrainingConfig(_Section):
     # Committed parameter versions kept in data_dir/versions (plus the shipped version 0), so the
     # swarm can roll back together.
     keep_versions: int = Field(default=5, ge=1, le=1000)
+    # How a step combines the members' updates (federation/robust.py): "mean" (ring allreduce),
+    # "median" or "trimmed_mean" (coordinate-wise, over an all-gather: n x the bytes). A round
+    # command may override both; every member of a round must use the same values.
+    aggregation: Aggregation = Aggregation.MEAN
+    # Exclude a step's update whose norm is above this many times the median (0 = off).
+    outlier_factor: OutlierFactor = OUTLIER_FACTOR_DEFAULT
 
 
 class StoreConfig(_Section):

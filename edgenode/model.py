@@ -171,7 +171,10 @@ class ModelHolder:
                 self._snap = snap
             finally:
                 self._swapping = False
-            self.versions.save(snap.version, snap.params)  # a rollback target from now on
+            try:
+                self.versions.save(snap.version, snap.params)  # a rollback target from now on
+            except OSError as exc:  # committed all the same: only the rollback copy is missing
+                log.warning("committed version %d but could not keep a rollback copy: %s", snap.version, exc)
         log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
         return snap
 

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from edgenode.common import ConfigError, get_logger
 from edgenode.config import NodeConfig
 from edgenode.devicefacts import DeviceFacts
+from edgenode.faults import Faults, FaultyTransport, Point
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
 from edgenode.ports import Collective, Engine, Link, Publication, Spec, Trainer, Updater
@@ -90,6 +91,7 @@ class EdgeNode(ImageControl, RoundControl):
             from edgenode.security import NodeAuth  # lazy: `cryptography` only for signed swarms
 
             self.auth = NodeAuth(config.key_file, config.keyring_file, config.node_id, self.metrics.registry)
+        self.faults = Faults.from_env()  # process-level commit tests only (edgenode/faults.py)
         self._transport = transport
         self._ring: Collective | None = None
         self._link: Link | None = None
@@ -254,6 +256,9 @@ class EdgeNode(ImageControl, RoundControl):
             self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
         if self._transport is not None:
             from federation.ring import RingAllreduce
+
+            if any(r.point == Point.VOTED for r in self.faults.rules):
+                self._transport = FaultyTransport(self._transport, self.faults)
 
             self._ring = RingAllreduce(self._transport, swarm=self.config.swarm)
         self.publish_status()

@@ -111,10 +111,15 @@ class Collective(Protocol):
 
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: Any = "mean",
                   timeout: float = 30.0, compression: Any = ...,
-                  clip_norm: float | None = None) -> np.ndarray: ...
+                  clip_norm: float | None = None, claims: np.ndarray | None = None,
+                  screen: Any = None) -> np.ndarray: ...
 
     def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
                   timeout: float = 30.0) -> np.ndarray: ...
+
+    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
+        """Every member's vector, sent directly to every other member: ``(n, L)`` in ring order."""
+        ...
 
     def reset_feedback(self) -> None: ...
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from edgenode.common import NodeBusy, NodeError, RoundFailed, get_logger
 from edgenode.config import NodeConfig
+from edgenode.faults import Faults
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder, ParamsSnapshot
 from edgenode.ports import Collective, Engine, Link, Publication, Trainer
@@ -54,6 +55,7 @@ class RoundControl:
     metrics: NodeMetrics
     trainer: Trainer | None
     _ring: Collective | None
+    faults: Faults
     _link: Link | None
     _lock: threading.Lock
     _state: NodeState
@@ -182,6 +184,11 @@ class RoundControl:
 
     def start_round(self, cmd: RoundCommand) -> threading.Thread:
         """Run ``cmd`` on the worker thread; raises NodeBusy if a round is running."""
+        w = self._worker
+        if w is not None and w.is_alive() and self._round_id is None:
+            # The previous round already ended (its DONE/FAILED event is out, so the fleet may
+            # start the next one at once); its worker is only publishing the status.
+            w.join(5.0)
         with self._lock:
             if cmd.round_id in self._seen_rounds:  # QoS 1 redelivery of a command we already ran
                 raise NodeError(f"round {cmd.round_id} was already run by {self.node_id}")
@@ -258,7 +265,8 @@ class RoundControl:
             val_samples = self._validation_samples()
             val_before = self._evaluate(self.model.snapshot, val_samples)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
-                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
+                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step,
+                               faults=self.faults)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
             # compression residuals of a void round must not leak into the next
             self._ring.reset_feedback()
@@ -282,7 +290,8 @@ class RoundControl:
         final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
         self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
                               step=plan.steps, loss=final, params_sha256=result.sha256,
-                              model_version=result.version, val_before=val_before, val_after=self.validation))
+                              model_version=result.version, val_before=val_before, val_after=self.validation,
+                              excluded=sorted(result.excluded) or None))
         self.publish_status()
         return result
 

@@ -46,12 +46,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from edgenode.common import RoundFailed, get_logger
+from edgenode.faults import NO_FAULTS, Faults, Point
 from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
 from edgenode.ports import Collective, Trainer
 from edgenode.store import Samples
-from federation.bounds import UPDATE_NORM_FACTOR
+from federation import robust
+from federation.bounds import OUTLIER_FACTOR_DEFAULT, UPDATE_NORM_FACTOR
 from federation.errors import RoundAborted
 from federation.messages import Compression, RoundCommand, SyncMode
+from federation.robust import Aggregation
 
 __all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "choose_start"]
 
@@ -72,6 +75,10 @@ class RoundDefaults(Protocol):
     def compression(self) -> Compression: ...
     @property
     def step_timeout_s(self) -> float: ...
+    @property
+    def aggregation(self) -> Aggregation: ...
+    @property
+    def outlier_factor(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,8 @@ class RoundPlan:
     compression: Compression = Compression.NONE
     step_timeout_s: float = 30.0
     start_sha256: str | None = None  # the fleet's start-version decision (federation/startversion.py)
+    aggregation: Aggregation = Aggregation.MEAN  # federation/robust.py
+    outlier_factor: float = OUTLIER_FACTOR_DEFAULT  # 0 = no outlier screening
 
     @classmethod
     def from_command(cls, cmd: RoundCommand, defaults: RoundDefaults | None = None) -> RoundPlan:
@@ -96,6 +105,8 @@ class RoundPlan:
         given = set(cmd.model_dump(exclude_unset=True, exclude_none=True))
         lr, sync, local_steps = cmd.lr, cmd.sync, cmd.local_steps
         compression, step_timeout_s = cmd.compression, cmd.step_timeout_s
+        aggregation = cmd.aggregation or Aggregation.MEAN
+        outlier_factor = OUTLIER_FACTOR_DEFAULT if cmd.outlier_factor is None else cmd.outlier_factor
         if defaults is not None:
             if "lr" not in given and defaults.lr is not None:
                 lr = defaults.lr
@@ -107,10 +118,15 @@ class RoundPlan:
                 compression = defaults.compression
             if "step_timeout_s" not in given:
                 step_timeout_s = defaults.step_timeout_s
+            if "aggregation" not in given:
+                aggregation = defaults.aggregation
+            if "outlier_factor" not in given:
+                outlier_factor = defaults.outlier_factor
         return cls(round_id=cmd.round_id, steps=cmd.steps, lr=lr, sync=SyncMode(sync),
                    local_steps=int(local_steps), group=tuple(sorted(set(cmd.participants))),
                    compression=Compression(compression), step_timeout_s=float(step_timeout_s),
-                   start_sha256=cmd.start_sha256)
+                   start_sha256=cmd.start_sha256, aggregation=Aggregation(aggregation),
+                   outlier_factor=float(outlier_factor))
 
 
 @dataclass
@@ -122,6 +138,7 @@ class RoundResult:
     synced_from: str | None = None  # root of the pre-round parameter broadcast, if one happened
     seconds: float = 0.0
     final_sync: bool = False  # members ended with different bits and adopted the first member's
+    excluded: dict[str, str] = field(default_factory=dict)  # member -> why (first excluded step)
 
 
 class BatchSampler:
@@ -171,7 +188,7 @@ def _hash_chunks(sha: str) -> list[float]:
 
 def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Trainer, samples: Samples,
               ring: Collective, rng: np.random.Generator | None = None, abort: threading.Event | None = None,
-              on_step: Callable[[int, float], None] | None = None) -> RoundResult:
+              on_step: Callable[[int, float], None] | None = None, faults: Faults = NO_FAULTS) -> RoundResult:
     """Run ``plan`` as member ``node_id``; commits to ``model`` only if every phase succeeded.
 
     Raises :class:`RoundFailed` (nothing applied) on a dead member, deadline, abort, or bad data.
@@ -206,25 +223,25 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
             ring.reset_feedback()  # residuals belong to the parameters we just replaced
             log.info("%s: round %s starts from %s's parameters", node_id, plan.round_id, synced_from)
         start_flat = flatten(params)
-        scale = len(group) / contributors  # undo the zeros of members without samples
+        reducer = _Reducer(plan, node_id, group, ring, [bool(int(facts[m][6])) for m in group])
         sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None
         losses: list[float] = []
         state = trainer.init_state(params)
         for step in range(plan.steps):
-            tag = f"{plan.round_id}/{step}"
             if abort.is_set():
-                _abort_peers(ring, tag, group, node_id, "round aborted")
+                _abort_step(ring, plan.round_id, step, group, node_id)
                 raise RoundFailed(f"round {plan.round_id} aborted")
             try:
                 if plan.sync == SyncMode.GRADIENT:
-                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, ring, group,
-                                                         tag, scale)
+                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, reducer,
+                                                         step)
                 else:
-                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, ring, group,
-                                                          tag, scale, abort, node_id)
+                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, reducer,
+                                                          step, abort)
             except Exception:
                 if abort.is_set():  # cancelled mid-step: peers already in the next step learn it too
-                    _abort_peers(ring, f"{plan.round_id}/{step + 1}", group, node_id, "round aborted")
+                    _abort_step(ring, plan.round_id, step, group, node_id)
+                    _abort_step(ring, plan.round_id, step + 1, group, node_id)
                 raise
             losses.append(loss)
             if on_step is not None:
@@ -236,19 +253,31 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
         # and everybody commits the same bits (see _agree).
         params, final_sync = _agree(plan, node_id, group, params, ring)
         prepared = _prepare_and_vote(plan, node_id, group, model, params, start_flat,
-                                     versions[root] + 1, ring)
+                                     versions[root] + 1, ring, faults)
     except RoundFailed:
         raise
     except Exception as exc:  # RoundAborted, TransportError, trainer errors: the round is void
         member = exc.member if isinstance(exc, RoundAborted) else None
         raise RoundFailed(f"round {plan.round_id} failed: {exc}", member=member) from exc
-    snap = model.commit_prepared(prepared)
+    # Decided: commit. A failure from here on is the protocol's "failure after the decision": the
+    # others commit, this member keeps its old parameters (its staged file is dropped) and the next
+    # round's start-version rule brings it onto the committed ones.
+    try:
+        faults.at(Point.DECIDED, plan.round_id)
+        snap = model.commit_prepared(prepared)
+    except OSError as exc:
+        model.discard(prepared)
+        raise RoundFailed(f"round {plan.round_id} was committed by the swarm but not by {node_id}: {exc}",
+                          member=node_id, hint="the next round brings this node onto the committed "
+                                               "parameters") from exc
+    faults.at(Point.COMMITTED, plan.round_id)
     return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0,
-                       final_sync)
+                       final_sync, dict(reducer.excluded))
 
 
 def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: ModelHolder,
-                      params: list[np.ndarray], start_flat: np.ndarray, version: int, ring: Any) -> Any:
+                      params: list[np.ndarray], start_flat: np.ndarray, version: int, ring: Any,
+                      faults: Faults = NO_FAULTS) -> Any:
     """Phase 1 of the commit: check and durably stage ``params``, then vote; returns the
     prepared state only if every member voted yes (else RoundFailed, the staged file discarded)."""
     prepared, why = None, ""
@@ -262,9 +291,12 @@ def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: Mo
             if delta > limit:
                 why = f"update norm {delta:.3g} exceeds {limit:.3g}"
             else:
+                faults.at(Point.PREPARE, plan.round_id)
                 prepared = model.prepare(params, version)
     except Exception as exc:  # noqa: BLE001 - e.g. a full or read-only disk: vote no, say why
         why = f"cannot stage the new parameters: {exc}"
+    if prepared is not None:
+        faults.at(Point.VOTE, plan.round_id)
     k = group.index(node_id)
     vote = np.zeros(len(group), np.float32)
     vote[k] = 1.0 if prepared is not None else 0.0
@@ -283,6 +315,11 @@ def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: Mo
         raise RoundFailed(f"round {plan.round_id} not committed: {', '.join(no)} voted no{mine}",
                           member=no[0])
     return prepared
+
+
+def _abort_step(ring: Collective, round_id: str, step: int, group: list[str], node_id: str) -> None:
+    """Void the collective of ``step`` for every peer."""
+    _abort_peers(ring, f"{round_id}/{step}", group, node_id, "round aborted")
 
 
 def _abort_peers(ring: Collective, tag: str, group: list[str], node_id: str, reason: str) -> None:
@@ -339,42 +376,112 @@ _Step = tuple[float, list[np.ndarray], list[np.ndarray]]
 
 
 def _gradient_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
-                   sampler: BatchSampler | None, ring: Collective, group: list[str], tag: str,
-                   scale: float) -> _Step:
+                   sampler: BatchSampler | None, reducer: _Reducer, step: int) -> _Step:
     if sampler is not None:
         x, y = _batch_xy(trainer, sampler)
         loss, grads = trainer.loss_and_grad(params, x, y)
         flat = flatten(grads)
     else:
         loss, flat = float("nan"), np.zeros(sum(int(p.size) for p in params), np.float32)
-    avg = np.asarray(ring.allreduce(flat, group=group, tag=tag, op="mean", timeout=plan.step_timeout_s,
-                                    compression=plan.compression), np.float32)
-    if scale != 1.0:
-        avg = avg * np.float32(scale)
+    avg = reducer.reduce(flat, step)
     params, state = trainer.apply(params, unflatten(avg, params), state, lr=plan.lr)
     return float(loss), [np.asarray(p, np.float32) for p in params], state
 
 
 def _local_sgd_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
-                    sampler: BatchSampler | None, ring: Collective, group: list[str], tag: str,
-                    scale: float, abort: threading.Event | None = None,
-                    node_id: str = "") -> _Step:
+                    sampler: BatchSampler | None, reducer: _Reducer, step: int,
+                    abort: threading.Event | None = None) -> _Step:
     start = flatten(params)
     losses = []
     if sampler is not None:
         for _ in range(plan.local_steps):
             if abort is not None and abort.is_set():  # an abort frees the node within one local step
-                _abort_peers(ring, tag, group, node_id, "round aborted")
+                _abort_step(reducer.ring, plan.round_id, step, reducer.group, reducer.node_id)
                 raise RoundFailed(f"round {plan.round_id} aborted")
             x, y = _batch_xy(trainer, sampler)
             loss, grads = trainer.loss_and_grad(params, x, y)
             params, state = trainer.apply(params, grads, state, lr=plan.lr)
             losses.append(float(loss))
     delta = flatten(params) - start
-    avg = np.asarray(ring.allreduce(delta, group=group, tag=tag, op="mean", timeout=plan.step_timeout_s,
-                                    compression=plan.compression), np.float32)
-    if scale != 1.0:
-        avg = avg * np.float32(scale)
+    avg = reducer.reduce(delta, step)
     # start + avg is computed from bit-identical operands on every member -> identical params
     new = unflatten(start + avg, params)
     return (float(np.mean(losses)) if losses else float("nan")), new, state
+
+
+class _Reducer:
+    """Combines one step's updates of all members (federation/robust.py): screening of outliers
+    and non-finite updates, then the mean (ring allreduce with checked norm claims) or a robust
+    coordinate-wise aggregate (all-gather). Every member gets the same bits and the same
+    exclusions; ``excluded`` collects who was left out (and why) over the round."""
+
+    def __init__(self, plan: RoundPlan, node_id: str, group: list[str], ring: Collective,
+                 contributors: list[bool]) -> None:
+        self.plan, self.node_id, self.group, self.ring = plan, node_id, group, ring
+        self.contributors = contributors  # members with samples (the others send zeros)
+        self.k = group.index(node_id)
+        self.excluded: dict[str, str] = {}
+
+    def reduce(self, update: np.ndarray, step: int) -> np.ndarray:
+        update = np.asarray(update, np.float32)
+        if self.plan.aggregation != Aggregation.MEAN:
+            return self._robust(update, step)
+        if self.plan.outlier_factor > 0 and self.plan.compression in (Compression.NONE, Compression.FP16):
+            return self._screened_mean(update, step)
+        # No screening (off, or a codec with error feedback, whose frames no claim bounds): a
+        # non-finite update aborts the call, as the ring does for any NaN/Inf.
+        n, kept = len(self.group), sum(self.contributors)
+        return self._mean(update, step, None, n / kept)
+
+    def _mean(self, update: np.ndarray, step: int, claims: np.ndarray | None, scale: float) -> np.ndarray:
+        avg = np.asarray(self.ring.allreduce(update, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                             op="mean", timeout=self.plan.step_timeout_s,
+                                             compression=self.plan.compression, claims=claims), np.float32)
+        return avg * np.float32(scale) if scale != 1.0 else avg
+
+    def _screened_mean(self, update: np.ndarray, step: int) -> np.ndarray:
+        n, k = len(self.group), self.k
+        row = robust.chunk_norms(update, n) if self.contributors[k] else np.zeros(n, np.float32)
+        kept: list[int] = []
+
+        def decide(claims: np.ndarray) -> tuple[np.ndarray, bool]:
+            # Every member gets the same rows (each straight from its sender) and decides alike.
+            s = self._screen(robust.norms_from_claims(claims), step)
+            kept.extend(s.kept)
+            bounds = claims.astype(np.float64)
+            for j in range(n):
+                if j not in s.kept:
+                    bounds[j] = 0.0  # excluded members and members without samples send zeros
+            return bounds, k in s.kept
+
+        avg = np.asarray(self.ring.allreduce(update, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                             op="mean", timeout=self.plan.step_timeout_s,
+                                             compression=self.plan.compression, screen=(row, decide)),
+                         np.float32)
+        return avg * np.float32(n / len(kept)) if len(kept) != n else avg
+
+    def _robust(self, update: np.ndarray, step: int) -> np.ndarray:
+        ok = self.contributors[self.k] and bool(np.isfinite(update).all())
+        row = np.zeros(update.size + 1, np.float32)  # [1 = finite, the update]; zeros = nothing to add
+        if ok:
+            row[0], row[1:] = 1.0, update
+        out = np.asarray(self.ring.exchange(row, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                            timeout=self.plan.step_timeout_s), np.float32)
+        rows = out[:, 1:]
+        norms = [float(np.linalg.norm(rows[j].astype(np.float64))) if out[j, 0] == 1.0 else float("nan")
+                 for j in range(len(self.group))]
+        s = self._screen(norms, step)
+        return robust.aggregate(rows[list(s.kept)], self.plan.aggregation, robust.TRIM_FRACTION)
+
+    def _screen(self, norms: list[float], step: int) -> robust.Screening:
+        s = robust.screen(norms, self.contributors, self.plan.outlier_factor)
+        for j, why in s.excluded.items():
+            m = self.group[j]
+            if m not in self.excluded:
+                log.warning("%s: round %s step %d: excluding %s's update (%s)", self.node_id,
+                            self.plan.round_id, step, m, why)
+                self.excluded[m] = f"step {step}: {why}"
+        if not s.kept:
+            raise RoundFailed(f"round {self.plan.round_id} step {step}: every update was excluded "
+                              f"({', '.join(self.group[j] for j in s.excluded)})")
+        return s

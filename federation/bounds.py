@@ -31,6 +31,9 @@ __all__ = [
     "STEP_TIMEOUT_MAX_S",
     "PARTICIPANTS_MAX",
     "UPDATE_NORM_FACTOR",
+    "OUTLIER_FACTOR_DEFAULT",
+    "OUTLIER_FACTOR_MAX",
+    "OutlierFactor",
     "REGISTRY_MAX_NODES",
     "HEARTBEAT_MIN_S",
     "HEARTBEAT_MAX_S",
@@ -84,6 +87,10 @@ PARTICIPANTS_MAX = 64
 # A round's update (final - start parameters) may not exceed this many times the start norm
 # (at least 1): a member committing it would replace the model rather than train it.
 UPDATE_NORM_FACTOR = 100.0
+# A step's update whose norm exceeds this many times the median of the members' is excluded
+# (federation/robust.py); 0 = no screening. Below 1 honest members would be excluded.
+OUTLIER_FACTOR_DEFAULT = 10.0
+OUTLIER_FACTOR_MAX = 1e6
 
 # Statuses (NodeStatus) and the fleet's registry.
 REGISTRY_MAX_NODES = 256  # statuses of further unknown nodes are dropped and counted
@@ -130,6 +137,12 @@ def _truncate(x: object) -> object:
     return x[:REASON_MAX] if isinstance(x, str) else x
 
 
+def _outlier_factor(x: float) -> float:
+    if x != 0 and not 1.0 <= x <= OUTLIER_FACTOR_MAX:
+        raise ValueError(f"must be 0 (off) or between 1 and {OUTLIER_FACTOR_MAX:g}")
+    return x
+
+
 def _unique(ids: list[str]) -> list[str]:
     return list(dict.fromkeys(ids))  # a repeated participant is one member
 
@@ -140,6 +153,7 @@ Steps = Annotated[int, Field(ge=1, le=STEPS_MAX)]
 LocalSteps = Annotated[int, Field(ge=1, le=LOCAL_STEPS_MAX)]
 StepTimeout = Annotated[float, Field(ge=STEP_TIMEOUT_MIN_S, le=STEP_TIMEOUT_MAX_S, allow_inf_nan=False)]
 Participants = Annotated[list[Id], Field(min_length=1, max_length=PARTICIPANTS_MAX), AfterValidator(_unique)]
+OutlierFactor = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_outlier_factor)]
 HeartbeatS = Annotated[float, Field(ge=HEARTBEAT_MIN_S, le=HEARTBEAT_MAX_S, allow_inf_nan=False)]
 KeepaliveS = Annotated[float, Field(ge=KEEPALIVE_MIN_S, le=KEEPALIVE_MAX_S, allow_inf_nan=False)]
 ModelVersion = Annotated[int, Field(ge=0, le=MODEL_VERSION_MAX)]

@@ -101,6 +101,7 @@ class Phase(enum.IntEnum):
     BROADCAST = 3
     GATHER = 4
     SCATTER = 5
+    EXCHANGE = 6  # all-to-all: every member's own vector, sent directly to every other member
 
 
 class Codec(enum.IntEnum):

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from federation import bounds as b
+from federation.robust import Aggregation
 
 __all__ = [
     "FORMAT_VERSION",
@@ -178,6 +179,10 @@ class RoundCommand(_Msg):
     issued_at: b.Finite = Field(default_factory=time.time)
     # The parameters the round starts from (federation/startversion.py); None = the members decide.
     start_sha256: b.Sha256Hex | None = None
+    # How updates are combined and screened (federation/robust.py); None = the node's [training]
+    # default. Every member must use the same values: the fleet should set them.
+    aggregation: Aggregation | None = None
+    outlier_factor: b.OutlierFactor | None = None
 
     @model_validator(mode="after")
     def _round_work(self) -> RoundCommand:
@@ -253,6 +258,8 @@ class RoundEvent(_Msg):
     # DONE: validation before the round (the parameters it started from) and after the commit.
     val_before: Validation | None = None
     val_after: Validation | None = None
+    # DONE: members whose update was excluded from at least one step (outlier or non-finite).
+    excluded: list[b.Id] | None = Field(default=None, max_length=b.PARTICIPANTS_MAX)
     ts: b.Finite = Field(default_factory=time.time)
 
 

@@ -62,12 +62,14 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
 import numpy as np
 
 from federation import compression as comp
+from federation import robust
 from federation import schedule as sch
 from federation.checks import all_finite, check_finite, clip_l2
 from federation.errors import RoundAborted, TransportError, UpdateRejected
@@ -79,7 +81,10 @@ from federation.transport import Transport
 
 log = logging.getLogger("fractal.federation.ring")
 
-__all__ = ["RingAllreduce", "ReduceOp"]
+__all__ = ["RingAllreduce", "ReduceOp", "Screen"]
+
+# (this member's claim row, decide(all rows) -> (claims to check, whether to send our vector))
+Screen = tuple[np.ndarray, Callable[[np.ndarray], tuple[np.ndarray, bool]]]
 
 
 class ReduceOp(enum.StrEnum):
@@ -181,18 +186,89 @@ class RingAllreduce(_Collective):
     # -- allreduce ---------------------------------------------------------------------------
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: ReduceOp | str = "mean",
                   timeout: float = 30.0, compression: Compression | str = Compression.NONE,
-                  clip_norm: float | None = None) -> np.ndarray:
+                  clip_norm: float | None = None, claims: np.ndarray | None = None,
+                  screen: Screen | None = None) -> np.ndarray:
         """Sum or mean of every member's ``vec``; every member gets bit-identical bytes.
 
+        ``claims`` (n x n, rows in ``sorted(group)`` order, columns = ring chunks): the L2 norm
+        each member claimed for its contribution to each chunk (``federation.robust``); every
+        received partial sum is checked against the sum of its contributors' claims and a
+        violation aborts the call blaming the sender. Codecs F32 and F16 only (INT8/TOPK send
+        error-feedback residuals, which no claim covers).
+
+        ``screen = (claim, decide)``: the claims are exchanged inside this call first (one hop,
+        phase EXCHANGE, chunk = the sender's rank): ``claim`` is this member's row (n floats), and
+        ``decide(rows)`` (n x n, the same bits on every member) returns ``(claims, send)``: the
+        claims to check (as above) and whether this member contributes its ``vec`` (else zeros).
+        One call instead of an exchange and an allreduce: one set-up and one drain per step.
+
         Raises :class:`RoundAborted` (deadline, dead member, peer abort) or
-        :class:`UpdateRejected` (NaN/Inf, naming the sender); on either nothing is committed.
+        :class:`UpdateRejected` (NaN/Inf or a broken claim, naming the sender); on either nothing
+        is committed.
         """
         x = as_vector(vec)
         op = ReduceOp(op)
         codec = comp.codec_for(compression)
         members = ordered_group(group, self.member_id)
+        if claims is not None:
+            claims = np.asarray(claims, np.float64).reshape(len(members), len(members))
+            if codec not in (Codec.F32, Codec.F16):
+                raise ValueError(f"claims cannot be checked with codec {codec.name} (error feedback)")
+        if screen is not None and codec not in (Codec.F32, Codec.F16):
+            raise ValueError(f"claims cannot be checked with codec {codec.name} (error feedback)")
         with self._lock:
-            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm).run()
+            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm, claims, screen).run()
+
+    # -- exchange ----------------------------------------------------------------------------
+    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
+        """Every member's float32 vector, sent **directly** to every other member (one hop, phase
+        EXCHANGE, chunk = the sender's rank, F32 parts); returns an ``(n, L)`` array in
+        ``sorted(group)`` order. Row j is exactly what member j sent (in a signed swarm: what its
+        authenticated sender sent; no other member can alter it, unlike a slot of a sum-allreduce).
+        NaN/Inf are carried as sent. Each member sends ``(n - 1) L`` floats: half of a ring
+        all-gather of the same rows, in one hop instead of ``2 (n - 1)``."""
+        x = as_vector(vec)
+        members = ordered_group(group, self.member_id)
+        with self._lock:
+            return self._exchange(x, members, tag, timeout)
+
+    def _exchange(self, x: np.ndarray, members: list[str], tag: str, timeout: float) -> np.ndarray:
+        n, me, size = len(members), self.member_id, x.size
+        rank = members.index(me)
+        per = comp.per_part(Codec.F32, self.max_payload)
+        parts = sch.part_bounds(0, size, per, at_least_one=True)
+        out = np.empty((n, size), np.float32)
+        out[rank] = x
+        peers = [m for m in members if m != me]
+        with self.endpoint.call(tag, peers, timeout) as call:
+            for dst in peers:
+                for p in range(len(parts)):
+                    call.queue(dst, (Phase.EXCHANGE, 0, rank, p),
+                               self._exchange_builder(tag, rank, p, parts, x))
+            pending = {(members.index(m), p) for m in peers for p in range(len(parts))}
+            while pending:
+                fr = call.wait(members[min(pending)[0]])
+                if fr is None:
+                    continue
+                j = members.index(fr.sender) if fr.sender in members else -1
+                if (fr.phase != Phase.EXCHANGE or fr.codec != Codec.F32 or fr.step != 0 or fr.chunk != j
+                        or fr.total != size or fr.nparts != len(parts) or (j, fr.part) not in pending
+                        or (fr.offset, fr.offset + fr.count) != parts[fr.part]):
+                    _violation(fr, "unexpected exchange frame")
+                a, b = parts[fr.part]
+                out[j, a:b] = comp.decode(Codec.F32, fr.payload, b - a)
+                pending.discard((j, fr.part))
+            call.drain()
+        return out
+
+    def _exchange_builder(self, tag: str, rank: int, part: int, parts: list[tuple[int, int]], x: np.ndarray):
+        a, b = parts[part]
+
+        def build() -> bytes:
+            return encode(FrameKind.DATA, Phase.EXCHANGE, swarm=self.swarm, tag=tag, sender=self.member_id,
+                          codec=Codec.F32, step=0, chunk=rank, part=part, nparts=len(parts), offset=a,
+                          count=b - a, total=x.size, payload=[x[a:b]])
+        return build
 
     # -- broadcast ---------------------------------------------------------------------------
     def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
@@ -281,8 +357,13 @@ class _RingRun:
     """State of one allreduce call on one member."""
 
     def __init__(self, eng: RingAllreduce, x: np.ndarray, members: list[str], tag: str, op: ReduceOp,
-                 timeout: float, codec: Codec, clip_norm: float | None) -> None:
+                 timeout: float, codec: Codec, clip_norm: float | None,
+                 claims: np.ndarray | None = None, screen: Screen | None = None) -> None:
         self.eng, self.x, self.members, self.tag, self.op = eng, x, members, tag, op
+        self.claims = claims
+        self.screen = screen
+        self._stash: list[Frame] = []  # ring frames that arrived while we waited for the claims
+        self._sq: dict[tuple[int, int], float] = {}  # (phase, step) -> sum of squares received so far
         self.timeout, self.codec, self.clip_norm = timeout, codec, clip_norm
         self.n = len(members)
         self.me = eng.member_id
@@ -345,10 +426,31 @@ class _RingRun:
         call.queue(self.succ, (Phase.ALL_GATHER, step, chunk, part),
                    lambda: self._build(Phase.ALL_GATHER, step, chunk, part, [payload]))
 
+    def _check_claim(self, fr: Frame, chunk: int, vals: np.ndarray) -> None:
+        """A partial sum can be no longer than the sum of its contributors' claimed norms."""
+        assert self.claims is not None
+        n = self.n
+        if fr.phase == Phase.REDUCE_SCATTER:  # step s carries ranks r-1, ..., r-1-s
+            bound = sum(self.claims[(self.rank - 1 - i) % n, chunk] for i in range(fr.step + 1))
+        else:  # all-gather carries the owner's finished chunk
+            bound = float(self.claims[:, chunk].sum()) / (n if self.op == ReduceOp.MEAN else 1)
+        key = (int(fr.phase), fr.step)
+        v = vals.astype(np.float64)
+        sq = self._sq.get(key, 0.0) + float(np.dot(v, v))
+        self._sq[key] = sq
+        limit = bound * robust.claims_tolerance(n, self.codec != Codec.F32)
+        if sq > limit * limit + 1e-30:
+            raise UpdateRejected(
+                f"round {self.tag!r}: {fr.phase.name.lower()} data from {fr.sender} has norm "
+                f"{sq ** 0.5:.3g}, above the {limit:.3g} its contributors claimed",
+                member=fr.sender, hint="that member lied about its update norm (or sent an excluded update)")
+
     def run(self) -> np.ndarray:
         ep = self.eng.endpoint
         peers = [m for m in self.members if m != self.me]
         with ep.call(self.tag, peers, self.timeout) as call:
+            if self.screen is not None:
+                self._screen(call)
             check_finite(self.x, member=self.me)
             clipped, _ = clip_l2(self.x, self.clip_norm)
             self.work = np.array(clipped, dtype=np.float32, copy=True)
@@ -370,6 +472,41 @@ class _RingRun:
                                             self.eng.topk_ratio), self.residual)
         return self.result
 
+    def _screen(self, call: Call) -> None:
+        """Exchange the claims (one hop, inside this call), then let the caller decide."""
+        assert self.screen is not None
+        claim, decide = self.screen
+        row = as_vector(claim)
+        n = self.n
+        if row.size != n:
+            raise ValueError(f"a claim row has {n} values (one per ring chunk), got {row.size}")
+        rows = np.empty((n, n), np.float32)
+        rows[self.rank] = row
+        for dst in self.members:
+            if dst != self.me:
+                call.queue(dst, (Phase.EXCHANGE, 0, self.rank, 0), lambda: encode(
+                    FrameKind.DATA, Phase.EXCHANGE, swarm=self.eng.swarm, tag=self.tag, sender=self.me,
+                    codec=Codec.F32, step=0, chunk=self.rank, part=0, nparts=1, offset=0, count=n, total=n,
+                    payload=[row]))
+        pending = {j for j in range(n) if j != self.rank}
+        while pending:
+            fr = call.wait(self.members[min(pending)])
+            if fr is None:
+                continue
+            if fr.phase != Phase.EXCHANGE:
+                self._stash.append(fr)  # a predecessor that decided first already started
+                continue
+            j = self.members.index(fr.sender) if fr.sender in self.members else -1
+            if (j not in pending or fr.chunk != j or fr.codec != Codec.F32 or fr.step != 0
+                    or fr.total != n or fr.count != n or fr.nparts != 1):
+                _violation(fr, "unexpected claim frame")
+            rows[j] = comp.decode(Codec.F32, fr.payload, n)
+            pending.discard(j)
+        claims, send = decide(rows)
+        self.claims = np.asarray(claims, np.float64).reshape(n, n)
+        if not send:
+            self.x = np.zeros_like(self.x)
+
     def _exchange(self, call: Call) -> None:
         n, last = self.n, self.n - 2
         # Stage and Phase share codes, so (stage, step, part) matches (frame.phase, step, part).
@@ -378,7 +515,7 @@ class _RingRun:
         for p in range(len(self.parts[self.rs[0].send_chunk])):
             self._queue_rs(call, 0, p)
         while pending:
-            fr = call.wait(self.pred)
+            fr = self._stash.pop(0) if self._stash else call.wait(self.pred)
             if fr is None:
                 continue
             k = (fr.phase, fr.step, fr.part)
@@ -397,6 +534,8 @@ class _RingRun:
                     f"round {self.tag!r}: {fr.phase.name.lower()} data from {fr.sender} is not finite",
                     member=fr.sender, hint="that member's update diverged",
                 )
+            if self.claims is not None:
+                self._check_claim(fr, t.recv_chunk, vals)
             pending.discard(k)
             if fr.phase == Phase.REDUCE_SCATTER:
                 self.work[a:b] += vals

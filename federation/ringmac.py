@@ -5,13 +5,15 @@ receiver need to check a frame. Each pair of members (a, b) shares a key derived
 X25519 keys in the keyring, ``K_ab = HKDF-SHA256(X25519(a, B), salt=swarm,
 info="fractal-edge ring v1" + min(a,b) + 0x00 + max(a,b))``, which nobody else can compute, not
 even another member. A frame is authenticated with Poly1305 under a one-time key
-``ChaCha20(K_ab, nonce = seq || epoch[0:4] || direction || 0 x 3)[0:32]``; ``direction`` is 1
-when the sender is the smaller id, so the two directions never share a nonce.
+``BLAKE2b(key = K_ab, person = "fractal-ring-otk", digest 32 bytes)(seq || epoch[0:4] ||
+direction || 0 x 3)``; ``direction`` is 1 when the sender is the smaller id, so the two
+directions never share a one-time key. (Version 1 derived it with ChaCha20; building a cipher
+object per frame cost ~13 us on each side, BLAKE2b ~1 us.)
 
 Envelope (little-endian)::
 
     0  2  magic        b"FM"
-    2  1  version      1
+    2  1  version      2
     3  1  reserved     0
     4  8  seq          u64, strictly increasing per sender (as in federation/auth.py)
    12  8  epoch        u64, random per sender instance
@@ -33,13 +35,13 @@ Rejections use the same :class:`~federation.auth.Reject` reasons and the same re
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import threading
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
@@ -48,10 +50,10 @@ from federation.auth import AuthRejected, Keyring, Reject, Role, Signer, Verifie
 __all__ = ["MAGIC", "RingMac", "is_mac_envelope"]
 
 MAGIC = b"FM"
-VERSION = 1
+VERSION = 2
+_PERSON = b"fractal-ring-otk"  # BLAKE2b personalisation (16 bytes): one-time Poly1305 keys
 _HEAD = struct.Struct("<2sBBQQBH")
 TAG = 16
-_ZERO32 = bytes(32)
 
 
 def is_mac_envelope(data: bytes | bytearray | memoryview) -> bool:
@@ -107,7 +109,7 @@ class RingMac:
     def _otk(key: bytes, seq: int, epoch: int, sender: str, receiver: str) -> bytes:
         direction = 1 if sender < receiver else 2
         nonce = struct.pack("<QIB3x", seq, epoch & 0xFFFFFFFF, direction)
-        return Cipher(algorithms.ChaCha20(key, nonce), None).encryptor().update(_ZERO32)
+        return hashlib.blake2b(nonce, key=key, digest_size=32, person=_PERSON).digest()
 
     def seal(self, topic: str, payload: bytes | bytearray | memoryview) -> bytes:
         dst = _dst_of(topic)

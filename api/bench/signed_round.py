@@ -1,6 +1,6 @@
 """Cost of a signed swarm on a whole training round (issue 12's goal: under 5% of round time).
 
-    python -m api.bench.signed_round [--nodes 3] [--steps 100] [--repeats 3]
+    python -m api.bench.signed_round [--nodes 3] [--steps 100] [--repeats 3] [--outlier-factor F]
 
 N real ``EdgeNode``s (digits-mlp with its TVM training module, the demo's cached artifact) in
 one process, each with its own MQTT connection to a Mosquitto the benchmark starts; the same
@@ -58,7 +58,8 @@ def _swarm(tmp: Path, art_dir: Path, art: Any, broker_url: str, swarm: str, n: i
     return ids, nodes, fleet, link
 
 
-def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int) -> float:
+def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
+           outlier_factor: float | None = None) -> float:
     from federation import topics
     from federation.messages import EventKind, RoundCommand
 
@@ -77,7 +78,7 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int) -> float:
         nd.add_event_listener(listen)
     t0 = time.perf_counter()
     fleet.publish(topics.command(swarm), RoundCommand(round_id=rid, steps=steps, lr=0.05, participants=ids,
-                                                      step_timeout_s=30))
+                                                      step_timeout_s=30, outlier_factor=outlier_factor))
     if not done.wait(300):
         raise SystemExit(f"round {rid} did not finish")
     elapsed = time.perf_counter() - t0
@@ -86,7 +87,9 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int) -> float:
     return elapsed
 
 
-def run(nodes: int = 3, steps: int = 100, repeats: int = 3) -> dict[str, Any]:
+def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
+        outlier_factor: float | None = None) -> dict[str, Any]:
+    """``outlier_factor``: the rounds' screening (federation/robust.py); None = the nodes' default."""
     from compiler import host_preset_name, load_artifact
     from deploy.swarm import demo_artifact
     from federation.broker import start_mosquitto
@@ -105,7 +108,8 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3) -> dict[str, Any]:
             for rep in range(repeats):
                 for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
                     ids, nds, fleet, _ = swarms[kind]
-                    out[kind].append(_round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps))
+                    out[kind].append(_round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps,
+                                            outlier_factor))
             for _ids, nds, _, link in swarms.values():
                 for nd in nds:
                     nd.stop()
@@ -113,7 +117,8 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3) -> dict[str, Any]:
     finally:
         broker.close()
     plain, signed = statistics.median(out["plain"]), statistics.median(out["signed"])
-    return {"nodes": nodes, "steps": steps, "repeats": repeats, "plain_round_s": round(plain, 3),
+    return {"nodes": nodes, "steps": steps, "repeats": repeats, "outlier_factor": outlier_factor,
+            "plain_round_s": round(plain, 3),
             "signed_round_s": round(signed, 3), "overhead": round(signed / plain - 1, 4),
             "plain_runs_s": [round(v, 3) for v in out["plain"]],
             "signed_runs_s": [round(v, 3) for v in out["signed"]], "machine": machine()}
@@ -124,8 +129,9 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--outlier-factor", type=float, default=None, help="0 = no screening; default: the nodes'")
     a = p.parse_args()
-    print(json.dumps(run(a.nodes, a.steps, a.repeats)))
+    print(json.dumps(run(a.nodes, a.steps, a.repeats, a.outlier_factor)))
 
 
 if __name__ == "__main__":

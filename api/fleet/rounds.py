@@ -27,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.fleet.history import FleetHistory
 from federation import topics
+from federation.bounds import OutlierFactor
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode, Validation
+from federation.robust import Aggregation
 from federation.startversion import start_hash
 
 __all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager",
@@ -51,6 +53,9 @@ class RoundRequest(BaseModel):
     lr: float | None = Field(default=None, gt=0, le=100)
     sync: SyncMode | None = None
     nodes: list[str] | None = Field(default=None, max_length=1024)
+    # federation/robust.py; null = the nodes' [training] defaults
+    aggregation: Aggregation | None = None
+    outlier_factor: OutlierFactor | None = None
 
 
 class RoundRejected(Exception):
@@ -75,6 +80,7 @@ class _Progress:
     model_version: int | None = None
     val_before: Validation | None = None
     val_after: Validation | None = None
+    excluded: list[str] = field(default_factory=list)  # DONE: members whose update was left out
 
     def add_losses(self, first: int, losses: list[float | None], steps: int, t: float) -> int:
         """Record losses of steps ``first, first+1, ...`` (only steps of the round, only finite
@@ -175,6 +181,7 @@ class Round:
                 for n, p in sorted(self.progress.items())
             },
             "params_agree": agree,
+            "excluded": sorted({m for p in self.progress.values() for m in p.excluded}),
             "params_sha256": next(iter(hashes.values())) if agree else None,
             "version_before": before,
             "version_after": after,
@@ -315,7 +322,8 @@ class RoundManager:
                         "nodes to train (those holding the parameters you want) with \"nodes\"")
             cmd = RoundCommand(round_id=_new_round_id(), steps=req.steps, lr=req.lr,
                                sync=req.sync or SyncMode.GRADIENT, participants=participants,
-                               step_timeout_s=self._step_timeout, issued_at=now, start_sha256=start)
+                               step_timeout_s=self._step_timeout, issued_at=now, start_sha256=start,
+                               aggregation=req.aggregation, outlier_factor=req.outlier_factor)
             rnd = Round(command=cmd, started_at=now, skipped=skipped,
                         progress={n: _Progress() for n in participants}, margin=self._margin)
             self._rounds[cmd.round_id] = rnd
@@ -345,6 +353,7 @@ class RoundManager:
                 p.params_sha256 = ev.params_sha256
                 p.model_version = ev.model_version
                 p.val_before, p.val_after = ev.val_before, ev.val_after
+                p.excluded = list(ev.excluded or [])
             elif ev.kind is EventKind.FAILED:
                 p.failed = ev.reason or "failed"
             was_running = rnd.state is RoundState.RUNNING

@@ -80,9 +80,25 @@ def centralized(artifact: Any, x: np.ndarray, y: np.ndarray, *, epochs: int, lr:
     return params
 
 
+class _Scaled:
+    """A trainer whose gradients are multiplied by ``factor`` (a broken or hostile member)."""
+
+    def __init__(self, inner: Any, factor: float) -> None:
+        self.inner, self.factor = inner, np.float32(factor)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def loss_and_grad(self, params, x, y):
+        loss, grads = self.inner.loss_and_grad(params, x, y)
+        return loss, [np.asarray(g) * self.factor for g in grads]
+
+
 def swarm(artifact_dir: Path, artifact: Any, x: np.ndarray, y: np.ndarray, shards: list[np.ndarray], *,
-          epochs: int, lr: float, workdir: Path) -> tuple[list[Any], int, float]:
-    """Four real EdgeNodes on a MemoryHub, one gradient-sync round of ``epochs`` local epochs."""
+          epochs: int, lr: float, workdir: Path, aggregation: str = "mean", outlier_factor: float = 10.0,
+          hostile: float | None = None) -> tuple[list[Any], int, float]:
+    """Four real EdgeNodes on a MemoryHub, one gradient-sync round of ``epochs`` local epochs.
+    ``hostile``: node 1's gradients are scaled by this factor."""
     from edgenode.config import NodeConfig
     from edgenode.node import EdgeNode
     from federation.memory import MemoryHub
@@ -97,10 +113,12 @@ def swarm(artifact_dir: Path, artifact: Any, x: np.ndarray, y: np.ndarray, shard
         node = EdgeNode(cfg, artifact=artifact, transport=hub.transport(i))
         node.start()
         node.add_samples({"x": x[shards[k]]}, y[shards[k]])
+        if hostile is not None and k == 1:
+            node.trainer = _Scaled(node.trainer, hostile)
         nodes.append(node)
     steps = int(round(epochs * np.mean([len(s) for s in shards]) / artifact.trainer.batch))
     cmd = RoundCommand(round_id="lq", steps=steps, sync=SyncMode.GRADIENT, participants=ids,
-                       step_timeout_s=30)
+                       step_timeout_s=30, aggregation=aggregation, outlier_factor=outlier_factor)
     t0 = time.monotonic()
     results: dict[str, Any] = {}
     errors: list[BaseException] = []
@@ -123,7 +141,8 @@ def swarm(artifact_dir: Path, artifact: Any, x: np.ndarray, y: np.ndarray, shard
 
 
 def run_experiment(artifact_dir: Path, *, epochs: int = 40, lr: float = 0.1, workdir: Path | None = None,
-                   artifact: Any = None) -> Outcome:
+                   artifact: Any = None, aggregation: str = "mean", outlier_factor: float = 10.0,
+                   hostile: float | None = None, baselines: bool = True) -> Outcome:
     from compiler import load_artifact
 
     artifact = artifact or load_artifact(artifact_dir)
@@ -131,7 +150,8 @@ def run_experiment(artifact_dir: Path, *, epochs: int = 40, lr: float = 0.1, wor
     shards = non_iid_shards(ytr)
     with tempfile.TemporaryDirectory() as tmp:
         nodes, steps, seconds = swarm(artifact_dir, artifact, xtr, ytr, shards, epochs=epochs, lr=lr,
-                                      workdir=Path(workdir or tmp))
+                                      workdir=Path(workdir or tmp), aggregation=aggregation,
+                                      outlier_factor=outlier_factor, hostile=hostile)
         try:
             swarm_params = list(nodes[0].model.snapshot.params)
             shas = {n.params_sha256 for n in nodes}
@@ -140,15 +160,41 @@ def run_experiment(artifact_dir: Path, *, epochs: int = 40, lr: float = 0.1, wor
             for n in nodes:
                 n.stop()
     assert accuracy(artifact, swarm_params, xte, yte) == swarm_acc
-    central = centralized(artifact, xtr, ytr, epochs=epochs, lr=lr, accumulate=N_NODES)
-    small = centralized(artifact, xtr, ytr, epochs=epochs, lr=lr, accumulate=1)
-    return Outcome(epochs, lr, artifact.trainer.batch, swarm_acc, accuracy(artifact, central, xte, yte),
-                   accuracy(artifact, small, xte, yte), steps, seconds,
+    if baselines:
+        central = centralized(artifact, xtr, ytr, epochs=epochs, lr=lr, accumulate=N_NODES)
+        small = centralized(artifact, xtr, ytr, epochs=epochs, lr=lr, accumulate=1)
+        central_acc, small_acc = accuracy(artifact, central, xte, yte), accuracy(artifact, small, xte, yte)
+    else:
+        central_acc = small_acc = float("nan")
+    return Outcome(epochs, lr, artifact.trainer.batch, swarm_acc, central_acc, small_acc, steps, seconds,
                    [np.bincount(ytr[s], minlength=10).tolist() for s in shards], shas)
+
+
+def robust_table(artifact_dir: Path, epochs: int = 60) -> None:
+    """BENCHMARKS.md "robust aggregation": swarm accuracy per aggregation, honest and with one
+    member's gradients scaled by 1e3 (screening at its default, 10 x median)."""
+    from compiler import load_artifact
+
+    art = load_artifact(artifact_dir)
+    print("| aggregation | outlier_factor | hostile member | test accuracy | round s |")
+    print("|---|---|---|---|---|")
+    for hostile, factor in ((None, 10.0), (1e3, 10.0), (1e3, 0.0)):
+        for agg in ("mean", "median", "trimmed_mean"):
+            row = f"| {agg} | {factor:g} | {'x1e3' if hostile else 'none'} |"
+            try:
+                out = run_experiment(artifact_dir, epochs=epochs, artifact=art, aggregation=agg,
+                                     hostile=hostile, outlier_factor=factor, baselines=False)
+            except Exception as exc:  # noqa: BLE001 - a failed round is a result of the table
+                print(f"{row} round failed: {str(exc)[:90]} | |", flush=True)
+                continue
+            print(f"{row} {out.swarm_acc:.2%} | {out.swarm_seconds:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
     import sys
 
-    for e in [int(a) for a in sys.argv[2:]] or [40]:
-        print(run_experiment(Path(sys.argv[1]), epochs=e))
+    if sys.argv[2:3] == ["robust"]:
+        robust_table(Path(sys.argv[1]), *[int(a) for a in sys.argv[3:4]])
+    else:
+        for e in [int(a) for a in sys.argv[2:]] or [40]:
+            print(run_experiment(Path(sys.argv[1]), epochs=e))

@@ -46,6 +46,7 @@ def test_good_config_resolves_paths_and_types(tmp_path):
     assert cfg.training.sync is SyncMode.LOCAL_SGD and cfg.training.local_steps == 4
     assert cfg.training.lr == 0.05 and cfg.store.retention is Retention.REJECT
     assert cfg.advertised_url == "http://127.0.0.1:8099"
+    assert cfg.training.aggregation == "mean" and cfg.training.outlier_factor == 10.0  # defaults
 
 
 @pytest.mark.parametrize(("edit", "needle"), [
@@ -57,6 +58,10 @@ def test_good_config_resolves_paths_and_types(tmp_path):
     (lambda t: t.replace('artifact = "art"', 'artifact = "nope"'), "artifact"),
     (lambda t: t.replace('node_id = "node-1"', 'node_id = "a/b"'), "`node_id`"),
     (lambda t: t + "\n[[broken", "not valid TOML"),
+    (lambda t: t.replace("local_steps = 4", 'local_steps = 4\naggregation = "max"'),
+     "`training.aggregation` = 'max' is not"),
+    (lambda t: t.replace("local_steps = 4", "local_steps = 4\noutlier_factor = 0.5"),
+     "`training.outlier_factor` = 0.5: must be 0 (off) or between 1"),
 ])
 def test_bad_config_names_the_key(tmp_path, edit, needle):
     with pytest.raises(ConfigError) as ei:

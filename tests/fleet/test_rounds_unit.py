@@ -69,3 +69,21 @@ def test_long_round_aggregation_stays_fast():
     assert len(series) > 6000 and all(s["mean"] > 0 for s in series)
     thin = m.get(rnd.round_id, max_points=400)["loss"]
     assert len(thin) == 400 and thin[0] == series[0] and thin[-1] == series[-1]
+
+
+def test_robust_settings_reach_the_command_and_excluded_members_show_in_the_round():
+    from pydantic import ValidationError
+
+    sent = []
+    m = _manager(sent)
+    rnd = m.start(RoundRequest(steps=3, aggregation="median", outlier_factor=5), online={"a", "b", "c"},
+                  known={"a", "b", "c"}, now=0.0)
+    cmd = sent[0][1]
+    assert cmd.aggregation == "median" and cmd.outlier_factor == 5
+    for node in "abc":
+        m.on_event(RoundEvent(kind=EventKind.DONE, round_id=rnd.round_id, node_id=node, step=3,
+                              params_sha256="ab" * 32, model_version=1, excluded=["b"]), 1.0)
+    assert m.get(rnd.round_id)["excluded"] == ["b"]
+    for bad in ({"aggregation": "max"}, {"outlier_factor": 0.5}, {"outlier_factor": float("inf")}):
+        with pytest.raises(ValidationError):
+            RoundRequest(steps=3, **bad)
