@@ -106,20 +106,25 @@ def run_c_runner(runner: Path, arch: str, func: str, arrays: list[np.ndarray], *
         outd.mkdir()
         for i, a in enumerate(arrays):
             np.save(ind / f"{i}.npy", np.require(a, requirements="C"))  # (keeps 0-d arrays 0-d)
-        try:
-            proc = subprocess.run([*cmd, func, str(ind), str(outd)], capture_output=True, text=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise EmulationError(f"the {arch} runner did not finish in {timeout:.0f}s",
-                                 hint="the machine may be overloaded; retry, or run on the board") from None
-        if proc.returncode != 0:
-            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-            err = next((ln for ln in reversed(lines) if ln.startswith("error:")), lines[-1] if lines else "")
-            raise EmulationError(f"the {arch} runner failed (exit {proc.returncode}): "
-                                 f"{err.removeprefix('error: ')[:400]}",
-                                 hint="recompile the artifact; check qemu-user and the cross libc")
+        _run_emulated([*cmd, func, str(ind), str(outd)], None, None, timeout, f"the {arch} runner",
+                      "recompile the artifact; check qemu-user and the cross libc")
         outs = sorted(outd.glob("*.npy"), key=lambda p: int(p.stem))
         return [np.load(p) for p in outs]
+
+
+def _run_emulated(cmd: list[str], env: dict[str, str] | None, cwd: str | None, timeout: float, what: str,
+                  hint: str) -> None:
+    """Run an emulated command; EmulationError with its last ``error:`` line when it fails or hangs."""
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise EmulationError(f"{what} did not finish in {timeout:.0f}s",
+                             hint="the machine may be overloaded; retry, or run on the board") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        err = next((ln for ln in reversed(lines) if ln.startswith("error:")), lines[-1] if lines else "")
+        raise EmulationError(f"{what} failed (exit {proc.returncode}): {err.removeprefix('error: ')[:400]}",
+                             hint=hint)
 
 
 def run_c_artifact(artifact_dir: Path, manifest: Manifest, inputs: dict[str, np.ndarray], *,
@@ -182,17 +187,8 @@ def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
         np.savez(inp, **arrays)
         cmd = [qemu, "-L", str(root), *_QEMU_CPU.get(arch, ()), str(root / _PYTHON[arch]),
                "-m", "compiler.runner", str(artifact_dir), str(inp), str(out)]
-        try:
-            proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise EmulationError(f"the emulated {arch} run did not finish in {timeout:.0f}s",
-                                 hint="the machine may be overloaded; retry, or run on the board") from None
-        if proc.returncode != 0:
-            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-            err = next((ln for ln in reversed(lines) if ln.startswith("error:")), lines[-1] if lines else "")
-            raise EmulationError(f"the emulated {arch} run failed (exit {proc.returncode}): "
-                                 f"{err.removeprefix('error: ')[:400]}",
-                                 hint=f"rebuild the sysroot with `make sysroot` if it is broken ({root})")
+        _run_emulated(cmd, env, tmp, timeout, f"the emulated {arch} run",
+                      f"rebuild the sysroot with `make sysroot` if it is broken ({root})")
         with np.load(out) as npz:
             return {k: npz[k] for k in npz.files}
 

@@ -66,6 +66,22 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
+    def _one_reduction(rule: Any, func: Any, target: Any,
+                       pattern: str) -> tuple[Any, list[Any], int, Any, str] | None:
+        """The function's single reduction block whose loop kinds match ``pattern`` (normalised:
+        unit loops, e.g. a batch of 1, dropped), with the schedule and every block; else None."""
+        if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        reds = [i for i, b in enumerate(infos or []) if not b.is_injective()]
+        if len(reds) != 1:
+            return None
+        kind = infos[reds[0]].dom_kind()
+        if not re.fullmatch(pattern, kind):
+            return None
+        return sch, infos, reds[0], infos[reds[0]], kind
+
     class SpatialReduction(CPUScheduleRule):
         """One reduction block ``S+R+`` (plus injective prologue/epilogue blocks). ``fuse``: fuse
         the two innermost spatial loops into one (good for 1x1 kernels, whose index arithmetic
@@ -75,20 +91,10 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
             self.fuse = fuse
 
         def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            one = _one_reduction(self, func, target, "S+R+")
+            if one is None:
                 return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if not infos:
-                return None
-            reds = [i for i, b in enumerate(infos) if not b.is_injective()]
-            if len(reds) != 1:
-                return None
-            r = reds[0]
-            red = infos[r]
-            kind = red.dom_kind()
-            if not re.fullmatch("S+R+", kind):
-                return None
+            sch, infos, r, red, kind = one
             ns = kind.count("S")
             # The epilogue chain (injective blocks after the reduction): inline all but the last.
             for b in infos[r + 1:-1]:
@@ -130,20 +136,10 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
         direct-convolution schedule. Channel and column blocks are divisors of the extents."""
 
         def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            one = _one_reduction(self, func, target, "S{3,4}R+")
+            if one is None:
                 return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if not infos:
-                return None
-            reds = [i for i, b in enumerate(infos) if not b.is_injective()]
-            if len(reds) != 1:
-                return None
-            r = reds[0]
-            red = infos[r]
-            kind = red.dom_kind()  # (unit loops, e.g. a batch of 1, are dropped by normalize)
-            if not re.fullmatch("S{3,4}R+", kind):
-                return None
+            sch, infos, r, red, kind = one
             ns = kind.count("S")
             for b in infos[r + 1:-1]:
                 sch.compute_inline(b.block_rv)
