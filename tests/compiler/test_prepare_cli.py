@@ -53,3 +53,36 @@ def test_bench_compile_user_model(run_cli: Callable, tmp_path: Path) -> None:
     assert row["onnxruntime"]["median_us"] > 0 and row["tvm_untuned"]["median_us"] > 0
     assert row["tvm_untuned_max_abs_err"] < 1e-4
     assert "tvm_tuned" not in row
+
+
+def test_node_metadata_reports_the_compiled_shapes(run_cli: Callable, tmp_path: Path) -> None:
+    """`--shape` fixed the dims: a node serving the artifact says so in its OIP model metadata
+    (batch as -1) and answers a request of that shape."""
+    from fastapi.testclient import TestClient
+
+    from api.node_app import create_node_app
+    from edgenode.config import load_config
+    from edgenode.node import EdgeNode
+    from tests.fixtures_node import write_node_toml
+
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_reshape_model(), path)
+    res = run_cli("compile", path, "--target", "x86_64", "--out", tmp_path / "a", "--shape", "x=?,2,3,4")
+    assert res.code == 0, res.err
+    cfg = write_node_toml(tmp_path / "NODE.toml", {"node_id": "shape-node", "artifact": str(tmp_path / "a"),
+                                                   "port": 0, "data_dir": str(tmp_path / "data")})
+    node = EdgeNode(load_config(cfg))
+    node.start()
+    try:
+        with TestClient(create_node_app(node)) as client:
+            meta = client.get(f"/v2/models/{node.model_name}").json()
+            assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 2, 3, 4]}]
+            body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2, 3, 4], "data": [1.0] * 48}]}
+            r = client.post(f"/v2/models/{node.model_name}/infer", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["data"] == [24.0] * 10
+            wrong = dict(body, inputs=[dict(body["inputs"][0], shape=[2, 4, 3, 2])])
+            r = client.post(f"/v2/models/{node.model_name}/infer", json=wrong)
+            assert r.status_code == 400 and "has shape [2, 4, 3, 2]" in r.json()["error"], r.text
+    finally:
+        node.stop()
