@@ -21,7 +21,9 @@ Example::
     step_timeout_s = 30.0
     compression = "none"                  # none | fp16 | int8 | topk
     round_memory_mb = 128                 # a round trains on the newest samples that fit in this
-    nice = 10                             # nice of the round thread (and its TVM threads): 0..19
+    nice = 10                             # nice of the round thread / training worker: 0..19
+    isolation = "process"                 # or "thread": where the training step computes
+    worker_threads = 1                    # TVM threads of the training worker process
 
     [store]
     max_samples = 100000
@@ -43,12 +45,17 @@ from edgenode.common import ConfigError
 from federation.messages import Compression, SyncMode
 from federation.topics import validate_id
 
-__all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "load_config"]
+__all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "Isolation", "load_config"]
 
 
 class Retention(enum.StrEnum):
     DROP_OLDEST = "drop-oldest"  # keep the newest max_samples: sensors drift, recent data matters most
     REJECT = "reject"  # refuse new samples once full (the API answers 507-ish 4xx)
+
+
+class Isolation(enum.StrEnum):
+    PROCESS = "process"  # the training step computes in a worker process (edgenode/trainproc.py)
+    THREAD = "thread"  # in the node process, on the round thread (shares the GIL with inference)
 
 
 class _Section(BaseModel):
@@ -70,6 +77,14 @@ class TrainingConfig(_Section):
     # is background work: at equal priority it doubled-to-octupled the inference p99 (BENCHMARKS
     # "## serve"). 0 = same priority as inference; an unprivileged process cannot go below 0.
     nice: int = Field(default=10, ge=0, le=19)
+    # Where a round's training step (loss + gradients, optimizer) computes. "process": a worker
+    # process (no GIL shared with the inference threads; BENCHMARKS "## serve" has the figures).
+    # "thread": on the round thread in the node process. The round's control flow, collectives
+    # and the atomic parameter swap stay in the node either way.
+    isolation: Isolation = Isolation.PROCESS
+    # TVM threads of the training worker process: 1 leaves the other core(s) of a small board
+    # to inference (more threads speed a large model's step but compete with serving).
+    worker_threads: int = Field(default=1, ge=1, le=64)
     # Share of the samples held back for validation (chosen by a hash of each sample's content, so
     # a sample is always on the same side); evaluated before and after every committed round.
     validation_share: float = Field(default=0.2, ge=0, lt=1)

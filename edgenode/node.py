@@ -29,7 +29,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from edgenode.common import ConfigError, get_logger
-from edgenode.config import NodeConfig
+from edgenode.config import Isolation, NodeConfig
 from edgenode.devicefacts import DeviceFacts
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
@@ -37,6 +37,7 @@ from edgenode.ports import Collective, Engine, Link, Publication, Spec, Trainer
 from edgenode.rounds import RoundControl
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.training import RoundResult
+from edgenode.trainproc import ProcessTrainer
 from federation import topics
 from federation.messages import (
     ArtifactInfo,
@@ -64,12 +65,24 @@ class EdgeNode(RoundControl):
     def __init__(self, config: NodeConfig, *, artifact: Engine | None = None,
                  transport: Transport | None = None) -> None:
         self.config = config
+        loaded_here = artifact is None
         if artifact is None:
             from compiler import load_artifact  # lazy: keeps `import edgenode` light
 
             artifact = load_artifact(config.artifact)
         self.artifact: Engine = artifact
         self.trainer: Trainer | None = artifact.trainer
+        # [training] isolation = "process": the training step computes in a worker process that
+        # loads config.artifact's training module (edgenode/trainproc.py). Only for the artifact
+        # the node loaded itself: an embedder's `artifact=` object (a fake, a shared instance)
+        # may not be what config.artifact holds, so its trainer runs in-thread as given.
+        self._train_proc: ProcessTrainer | None = None
+        if loaded_here and self.trainer is not None and config.training.isolation == Isolation.PROCESS:
+            tc = config.training
+            self._train_proc = ProcessTrainer(config.artifact, self.trainer, nice=tc.nice,
+                                              threads=tc.worker_threads,
+                                              call_timeout_s=max(30.0, 2 * tc.step_timeout_s))
+            self.trainer = self._train_proc
         _check_writable(config.data_dir)
         tb = config.training.batch
         if tb is not None and self.trainer is not None and int(self.trainer.batch) != tb:
@@ -264,6 +277,8 @@ class EdgeNode(RoundControl):
             w.join(timeout)
         if self._heartbeat is not None:
             self._heartbeat.join(timeout)
+        if self._train_proc is not None:
+            self._train_proc.close()
         self._state = NodeState.OFFLINE
         info = self.publish_status()
         if info is not None:  # let the offline status reach the broker before we disconnect

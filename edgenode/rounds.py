@@ -22,6 +22,7 @@ from edgenode.model import ModelHolder, ParamsSnapshot
 from edgenode.ports import Collective, Engine, Link, Publication, Trainer
 from edgenode.store import Samples, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
+from edgenode.trainproc import ProcessTrainer
 from edgenode.validation import evaluate
 from federation import topics
 from federation.messages import (
@@ -50,6 +51,7 @@ class RoundControl:
     store: SampleStore
     metrics: NodeMetrics
     trainer: Trainer | None
+    _train_proc: ProcessTrainer | None  # the trainer's worker process ([training] isolation)
     _ring: Collective | None
     _link: Link | None
     _lock: threading.Lock
@@ -179,6 +181,8 @@ class RoundControl:
             self._seen_rounds[cmd.round_id] = None
             while len(self._seen_rounds) > 256:
                 self._seen_rounds.popitem(last=False)
+            if self._train_proc is not None:  # boots (TVM import) while the round says hello
+                self._train_proc.start()
             self._worker = threading.Thread(target=self._round_worker, args=(cmd,),
                                             name=f"round-{self.node_id}", daemon=True)
             self._worker.start()

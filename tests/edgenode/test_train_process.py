@@ -1,0 +1,167 @@
+"""``[training] isolation = "process"`` (the default): the training step computes in a worker
+process (edgenode/trainproc.py). Real TVM digits-mlp, real RingAllreduce on the in-memory hub.
+
+* a 3-node round in process mode commits the same parameters on every node, bit-identical to
+  the same round computed in-thread;
+* a worker killed with SIGKILL mid-round fails the round with a reason naming the kill, the node
+  keeps serving, and the next round (on a fresh worker) commits;
+* inference answers while the worker is mid-step (frozen with SIGSTOP: the round thread waits on
+  it), so serving does not depend on the training process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+
+from edgenode.trainproc import ProcessTrainer
+from federation.memory import MemoryHub
+from federation.messages import EventKind, RoundCommand
+
+IDS = ["p0", "p1", "p2"]
+
+
+def _swarm(node_factory, digits_artifact, digits_data, isolation):
+    hub = MemoryHub()
+    x, y = digits_data
+    nodes, events = {}, {}
+    for k, i in enumerate(IDS):
+        n = node_factory(i, digits_artifact, transport=hub.transport(i), data_dir=f"{isolation}-{i}",
+                         training={"isolation": isolation, "step_timeout_s": 20.0})
+        n.add_samples({"x": x[k:600:3]}, y[k:600:3])
+        events[i] = []
+        n.add_event_listener(events[i].append)
+        nodes[i] = n
+    return nodes, events
+
+
+def _run(nodes, cmd):
+    for n in nodes.values():
+        n.handle_command(cmd.model_dump_json())
+    for n in nodes.values():
+        assert n.wait_idle(120), f"{n.node_id} still busy"
+
+
+def test_process_round_commits_identical_params_bit_equal_to_thread_mode(node_factory, digits_artifact,
+                                                                         digits_data):
+    shas = {}
+    for mode in ("process", "thread"):  # same ids, samples and round id: same batches drawn
+        nodes, events = _swarm(node_factory, digits_artifact, digits_data, mode)
+        for n in nodes.values():
+            assert isinstance(n.trainer, ProcessTrainer) == (mode == "process")
+        cmd = RoundCommand(round_id="r-iso", steps=12, lr=0.1, participants=IDS, step_timeout_s=20)
+        _run(nodes, cmd)
+        done = [e for ev in events.values() for e in ev if e.kind == EventKind.DONE]
+        assert len(done) == 3, {i: [(e.kind, e.reason) for e in ev] for i, ev in events.items()}
+        got = {n.params_sha256 for n in nodes.values()}
+        assert len(got) == 1 and {n.model_version for n in nodes.values()} == {1}
+        assert {e.params_sha256 for e in done} == got
+        if mode == "process":
+            pids = {n.trainer.pid for n in nodes.values()}
+            assert None not in pids and os.getpid() not in pids and len(pids) == 3
+        shas[mode] = got.pop()
+        for n in nodes.values():
+            n.stop()
+    assert shas["process"] == shas["thread"]
+
+
+def test_process_and_thread_compute_the_same_bits(node_factory, digits_artifact, digits_data):
+    """One node, one round, same id, same samples: the worker's step is the in-thread step."""
+    x, y = digits_data
+    got = {}
+    for mode in ("process", "thread"):
+        n = node_factory("same", digits_artifact, transport=MemoryHub().transport("same"),
+                         data_dir=f"{mode}-data", training={"isolation": mode})
+        n.add_samples({"x": x[:200]}, y[:200])
+        n.start_round(RoundCommand(round_id="r-same", steps=15, lr=0.1, participants=["same"])).join(120)
+        assert n.model_version == 1, n.last_error
+        got[mode] = n.params_sha256
+        n.stop()
+    assert got["process"] == got["thread"]
+
+
+def test_sigkill_of_the_worker_fails_the_round_and_the_next_round_commits(node_factory, digits_artifact,
+                                                                         digits_data):
+    x, y = digits_data
+    node = node_factory("k", digits_artifact, transport=MemoryHub().transport("k"))
+    node.add_samples({"x": x[:300]}, y[:300])
+    trainer = node.trainer
+    assert isinstance(trainer, ProcessTrainer)
+    stepping, finished = threading.Event(), threading.Event()
+    events = []
+
+    def listen(ev):
+        events.append(ev)
+        if ev.kind == EventKind.STEP:
+            stepping.set()
+        if ev.kind in (EventKind.DONE, EventKind.FAILED):
+            finished.set()
+
+    node.add_event_listener(listen)
+    sha0 = node.params_sha256
+    node.start_round(RoundCommand(round_id="r-kill", steps=100_000, lr=0.1, participants=["k"]))
+    assert stepping.wait(120), "no STEP event"
+    pid = trainer.pid
+    assert pid is not None and pid != os.getpid()
+    os.kill(pid, signal.SIGKILL)
+    assert finished.wait(60) and node.wait_idle(60)
+    failed = [e for e in events if e.kind == EventKind.FAILED]
+    assert len(failed) == 1, events[-3:]
+    assert "training worker" in failed[0].reason and "SIGKILL" in failed[0].reason, failed[0].reason
+    # nothing applied, still serving, the state is back to online
+    assert node.params_sha256 == sha0 and node.model_version == 0
+    assert node.infer({"x": x[:3]})["logits"].shape == (3, 10)
+    assert node.state.value == "online"
+    # the next round runs on a fresh worker and commits
+    finished.clear()
+    events.clear()
+    node.start_round(RoundCommand(round_id="r-after", steps=5, lr=0.1, participants=["k"]))
+    assert finished.wait(120) and node.wait_idle(60)
+    assert [e.kind for e in events if e.kind != EventKind.STEP] == [EventKind.DONE], events
+    assert node.model_version == 1 and trainer.restarts == 1
+    assert trainer.pid not in (None, pid)
+
+
+def test_inference_answers_while_the_worker_is_mid_step(node_factory, digits_artifact, digits_data):
+    import httpx
+
+    from api.node_app import create_node_app
+    from api.serving import ServerThread
+
+    x, y = digits_data
+    node = node_factory("busy", digits_artifact, transport=MemoryHub().transport("busy"))
+    node.add_samples({"x": x[:300]}, y[:300])
+    trainer = node.trainer
+    assert isinstance(trainer, ProcessTrainer)
+    frozen = threading.Event()
+    events = []
+
+    def listen(ev):  # on the round thread: freeze the worker once, between two steps
+        events.append(ev)
+        if ev.kind == EventKind.STEP and not frozen.is_set():
+            os.kill(trainer.pid, signal.SIGSTOP)
+            frozen.set()
+
+    node.add_event_listener(listen)
+    node.start_round(RoundCommand(round_id="r-busy", steps=50, lr=0.1, participants=["busy"]))
+    assert frozen.wait(120), "no STEP event"
+    try:
+        body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": x[0].tolist()}]}
+        with ServerThread(create_node_app(node)) as srv, httpx.Client() as client:
+            # The round thread is now blocked on the frozen worker's answer: the round is running.
+            assert node.state.value == "training" and node.round_id == "r-busy"
+            for _ in range(20):
+                r = client.post(f"http://127.0.0.1:{srv.port}/v2/models/{node.model_name}/infer",
+                                json=body, timeout=10)
+                assert r.status_code == 200, r.text
+            want = node.infer({"x": x[:1]})["logits"][0]
+            np.testing.assert_allclose(r.json()["outputs"][0]["data"], want, rtol=1e-6)
+            assert node.state.value == "training"  # still blocked on the worker: it did the waiting
+    finally:
+        os.kill(trainer.pid, signal.SIGCONT)
+    assert node.wait_idle(120)
+    assert [e.kind for e in events if e.kind != EventKind.STEP] == [EventKind.DONE], events[-2:]
+    assert node.model_version == 1
