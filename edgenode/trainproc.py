@@ -4,14 +4,15 @@ Why: in the node process a round's Python and TVM work share the GIL (and the co
 slots at the same process) with the FastAPI inference threads, which pushed the inference p99
 during a round to 1.3-8.7x the idle p99 (BENCHMARKS.md "## serve"). The heavy part of a step --
 ``loss_and_grad`` and ``apply`` on the compiled training module -- runs here in a worker process
-(``multiprocessing`` "spawn": a fresh interpreter, no TVM threads or locks inherited by fork) at
-``[training] nice`` with ``[training] worker_threads`` TVM threads. The round's control flow
+(``python -m edgenode.trainproc``: a fresh interpreter, so no TVM threads or locks are inherited
+as with fork, and unlike multiprocessing's "spawn" the embedding program's ``__main__`` is never
+re-imported) at ``[training] nice`` with ``[training] worker_threads`` TVM threads. The round's control flow
 (collectives, two-phase commit, the parameter swap) stays in the node: the node's
 :class:`~edgenode.model.ModelHolder` still swaps one immutable snapshot, so serving sees the old or
 the new parameters, never a mix, and the worker never touches the committed parameters.
 
-Protocol on a ``multiprocessing`` pipe (pickled tuples; arrays travel as pickled numpy buffers,
-a few hundred KB at most for the zoo models, well under a millisecond against a step):
+Protocol on a socket pair wrapped in ``multiprocessing.connection.Connection`` (pickled tuples;
+arrays travel as pickled numpy buffers, a few hundred KB at most for the zoo models):
 
     worker -> node   ("ready", pid) once the training module is loaded, or ("error", text)
     node -> worker   ("grad", params, x, y) | ("apply", params, grads, state, lr)
@@ -26,12 +27,14 @@ flag between calls, and a call lasts one step.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +64,8 @@ class ProcessTrainer:
         self._local = local
         self._nice, self._threads = int(nice), int(threads)
         self.call_timeout_s = float(call_timeout_s)
-        self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()  # one call at a time; start/stop under it too
-        self._proc: Any = None  # multiprocessing.process.BaseProcess (spawn context)
+        self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._ready = False
         self._fallback: str | None = None  # why training runs in the node process instead
@@ -103,7 +105,7 @@ class ProcessTrainer:
     def pid(self) -> int | None:
         """The worker's process id while one runs (None before the first start or in fallback)."""
         p = self._proc
-        return int(p.pid) if p is not None and p.is_alive() else None
+        return int(p.pid) if p is not None and p.poll() is None else None
 
     @property
     def isolated(self) -> bool:
@@ -122,24 +124,28 @@ class ProcessTrainer:
             self._start_locked()
 
     def _start_locked(self) -> None:
-        if self._closed or self._fallback is not None or (self._proc is not None and self._proc.is_alive()):
+        if self._closed or self._fallback is not None:
+            return
+        if self._proc is not None and self._proc.poll() is None:
             return
         self._reap_locked()
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, str(self.artifact_dir), self._nice,
-                                                            self._threads),
-                                 name="fractal-train-worker", daemon=True)
+        mine, theirs = socket.socketpair()
+        # The worker imports this checkout's modules, as the node does (sys.path, not site config).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        cmd = [sys.executable, "-m", "edgenode.trainproc", str(theirs.fileno()), str(self.artifact_dir),
+               str(self._nice), str(self._threads)]
         try:
-            proc.start()
+            proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)  # a Ctrl-C to the node is the node's
         except OSError as exc:
-            parent.close()
-            child.close()
-            self._fallback = f"cannot start a worker process: {exc}"
-            log.warning("training isolation unavailable (%s); training runs in the node process",
+            mine.close()
+            theirs.close()
+            self._fallback = f"cannot start a worker process ({sys.executable}): {exc}"
+            log.warning("training isolation unavailable: %s; training runs in the node process",
                         self._fallback)
             return
-        child.close()  # the child's end lives in the child only: its death reads as EOF here
-        self._proc, self._conn, self._ready = proc, parent, False
+        theirs.close()  # the worker's end lives in the worker only: its death reads as EOF here
+        self._proc, self._conn, self._ready = proc, Connection(mine.detach()), False
         log.info("training worker started (pid %d)", proc.pid)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -161,12 +167,13 @@ class ProcessTrainer:
     def _stop_locked(self, timeout: float) -> None:
         proc, conn = self._proc, self._conn
         if conn is not None:
-            conn.close()
+            conn.close()  # EOF: the worker exits its loop
         if proc is not None:
-            proc.join(timeout)
-            if proc.is_alive():
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.join(timeout)
+                proc.wait(timeout)
         self._proc, self._conn, self._ready = None, None, False
 
     def _reap_locked(self) -> None:
@@ -210,28 +217,30 @@ class ProcessTrainer:
                 raise TrainerWorkerError(f"the training worker (pid {proc.pid}) did not answer within "
                                          f"{timeout:g} s while {doing}; it was killed",
                                          hint="raise [training] step_timeout_s for slow boards")
-            ready = wait([conn, proc.sentinel], left)
-            if conn in ready:
+            if conn.poll(min(left, 0.5)):
                 try:
                     kind, *rest = conn.recv()
                 except (EOFError, OSError):
-                    proc.join(2.0)
-                    raise TrainerWorkerError(_death(proc.pid, proc.exitcode, doing)) from None
+                    raise TrainerWorkerError(_death(proc, doing)) from None
                 if kind == "error":
                     if not self._ready:  # it could not load the module and exits
                         raise TrainerWorkerError(f"training worker: {rest[0]}")
                     raise _RemoteError(rest[0])
                 return rest[0]
-            if proc.sentinel in ready:
-                proc.join(2.0)
-                raise TrainerWorkerError(_death(proc.pid, proc.exitcode, doing))
+            if proc.poll() is not None:  # dead without closing the socket (cannot happen on Linux)
+                raise TrainerWorkerError(_death(proc, doing))
 
 
 class _RemoteError(Exception):
     """A call raised inside the worker (which keeps running)."""
 
 
-def _death(pid: int, code: int | None, doing: str) -> str:
+def _death(proc: subprocess.Popen[bytes], doing: str) -> str:
+    try:
+        code: int | None = proc.wait(2.0)
+    except subprocess.TimeoutExpired:
+        code = None
+    pid = proc.pid
     if code is not None and code < 0:
         try:
             how = f"was killed by {signal.Signals(-code).name}"
@@ -247,7 +256,7 @@ def _plain(arrays: Any) -> list[np.ndarray]:
 
 
 def _worker_main(conn: Connection, artifact_dir: str, nice: int, threads: int) -> None:
-    """The worker: load the training module, then answer calls until the pipe closes."""
+    """The worker: load the training module, then answer calls until the socket closes."""
     # Before TVM creates its thread pool (lazily, at the first parallel kernel).
     os.environ["TVM_NUM_THREADS"] = str(max(1, threads))
     if nice > 0:
@@ -255,7 +264,6 @@ def _worker_main(conn: Connection, artifact_dir: str, nice: int, threads: int) -
             os.nice(max(0, nice - os.nice(0)))
         except OSError:
             pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the node's to handle (it closes us)
     try:
         from compiler import load_artifact  # the node verified every file's sha256 already
 
@@ -285,3 +293,8 @@ def _worker_main(conn: Connection, artifact_dir: str, nice: int, threads: int) -
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
             continue
         conn.send(("ok", out))
+
+
+if __name__ == "__main__":  # python -m edgenode.trainproc FD ARTIFACT_DIR NICE THREADS (ProcessTrainer)
+    _fd, _dir, _nice, _threads = sys.argv[1:5]
+    _worker_main(Connection(int(_fd)), _dir, int(_nice), int(_threads))

@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--round-steps", type=int, default=200)
     ap.add_argument("--train-nice", type=int, default=None,
                     help="[training] nice of the node (default: the node's own default)")
+    ap.add_argument("--isolation", choices=("process", "thread"), default=None,
+                    help="[training] isolation of the node (default: the node's own default)")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="experiment: sys.setswitchinterval of the node process")
     args = ap.parse_args(argv)
@@ -64,7 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     from edgenode.node import EdgeNode
     from federation.memory import MemoryHub
 
-    training = {} if args.train_nice is None else {"nice": args.train_nice}
+    training: dict[str, object] = {} if args.train_nice is None else {"nice": args.train_nice}
+    if args.isolation is not None:
+        training["isolation"] = args.isolation
     cfg = NodeConfig.from_dict({"node_id": "bench", "artifact": str(args.artifact),
                                 "data_dir": str(args.data_dir), "port": 0, "training": training})
     if args.switch_interval_ms is not None:

@@ -24,6 +24,10 @@ def bench_serve(
                                           help="[training] nice of the node (default: the node's default)."),
     switch_ms: float | None = typer.Option(None, "--switch-interval-ms",
                                            help="Experiment: sys.setswitchinterval of the node process."),
+    isolation: list[str] = typer.Option(["process", "thread"], "--isolation",
+                                        help="[training] isolation of the node, measured in this order "
+                                             "(repeatable; default both: process = node default, "
+                                             "thread = the same-run baseline)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """p50/p99 and req/s of /v2/models/NAME/infer at 1 and 8 clients: direct, HTTP idle, HTTP training."""
@@ -33,11 +37,14 @@ def bench_serve(
     for m in models:
         if m not in zoo.NAMES:
             raise typer.BadParameter(f"unknown model {m!r}; choose from {', '.join(zoo.NAMES)}")
+    bad = [i for i in isolation if i not in ("process", "thread")]
+    if bad:
+        raise typer.BadParameter(f"unknown --isolation {bad[0]!r}; choose process or thread")
     if duration <= 0 or any(c < 1 for c in clients):
         raise typer.BadParameter("--duration must be > 0 and --clients >= 1")
     result = serve.run(tuple(models), duration=duration, clients=tuple(clients), work_dir=work_dir,
                        tvm_threads=tvm_threads, train_nice=train_nice, switch_interval_ms=switch_ms,
-                       progress=True)
+                       isolations=tuple(isolation), progress=True)
     if as_json:
         print(json.dumps(result))
         return
