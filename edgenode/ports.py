@@ -10,6 +10,8 @@ classes, so a board can plug in another engine (e.g. the C runtime) and tests pl
 * :class:`Trainer`: the compiled training step (``compiler.trainer.Trainer``).
 * :class:`Collective`: the allreduce among members (``federation.ring.RingAllreduce``).
 * :class:`Link`: the MQTT connection (``federation.mqtt.MqttLink``).
+* :class:`StepRunner`: runs a round's steps elsewhere (``edgenode.trainproc.TrainingWorker``, a
+  worker process that also hosts the node's collective).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "Link", "Publication"]
+__all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "StepRunner", "Link",
+           "Publication"]
 
 
 class Spec(Protocol):
@@ -125,6 +128,16 @@ class Collective(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class StepRunner(Protocol):
+    """Phase 3 of a round (``edgenode.training.train_steps``) run elsewhere, with its own trainer
+    and collective: same inputs, same bits as running it on the round thread."""
+
+    def run_steps(self, plan: Any, *, node_id: str, params: list[np.ndarray], samples: Any,
+                  rng: np.random.Generator, scale: float, abort: Any,
+                  on_step: Callable[[int, float], None] | None = None
+                  ) -> tuple[list[np.ndarray], list[float]]: ...
 
 
 class Publication(Protocol):

@@ -19,10 +19,9 @@ from edgenode.common import NodeBusy, NodeError, RoundFailed, get_logger
 from edgenode.config import NodeConfig
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder, ParamsSnapshot
-from edgenode.ports import Collective, Engine, Link, Publication, Trainer
+from edgenode.ports import Collective, Engine, Link, Publication, StepRunner, Trainer
 from edgenode.store import Samples, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
-from edgenode.trainproc import ProcessTrainer
 from edgenode.validation import evaluate
 from federation import topics
 from federation.messages import (
@@ -51,7 +50,7 @@ class RoundControl:
     store: SampleStore
     metrics: NodeMetrics
     trainer: Trainer | None
-    _train_proc: ProcessTrainer | None  # the trainer's worker process ([training] isolation)
+    _steps: StepRunner | None  # the training worker process ([training] isolation = "process")
     _ring: Collective | None
     _link: Link | None
     _lock: threading.Lock
@@ -181,8 +180,6 @@ class RoundControl:
             self._seen_rounds[cmd.round_id] = None
             while len(self._seen_rounds) > 256:
                 self._seen_rounds.popitem(last=False)
-            if self._train_proc is not None:  # boots (TVM import) while the round says hello
-                self._train_proc.start()
             self._worker = threading.Thread(target=self._round_worker, args=(cmd,),
                                             name=f"round-{self.node_id}", daemon=True)
             self._worker.start()
@@ -248,7 +245,8 @@ class RoundControl:
             val_samples = self._validation_samples()
             val_before = self._evaluate(self.model.snapshot, val_samples)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
-                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step)
+                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step,
+                               steps=self._steps)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
             # compression residuals of a void round must not leak into the next
             self._ring.reset_feedback()

@@ -1,5 +1,6 @@
-"""``[training] isolation = "process"`` (the default): the training step computes in a worker
-process (edgenode/trainproc.py). Real TVM digits-mlp, real RingAllreduce on the in-memory hub.
+"""``[training] isolation = "process"`` (the default): a worker process runs the rounds' steps and
+hosts the node's ring (edgenode/trainproc.py). Real TVM digits-mlp, real RingAllreduce whose
+frames the nodes relay over the in-memory hub.
 
 * a 3-node round in process mode commits the same parameters on every node, bit-identical to
   the same round computed in-thread;
@@ -17,7 +18,7 @@ import threading
 
 import numpy as np
 
-from edgenode.trainproc import ProcessTrainer
+from edgenode.trainproc import TrainingWorker
 from federation.memory import MemoryHub
 from federation.messages import EventKind, RoundCommand
 
@@ -51,7 +52,7 @@ def test_process_round_commits_identical_params_bit_equal_to_thread_mode(node_fa
     for mode in ("process", "thread"):  # same ids, samples and round id: same batches drawn
         nodes, events = _swarm(node_factory, digits_artifact, digits_data, mode)
         for n in nodes.values():
-            assert isinstance(n.trainer, ProcessTrainer) == (mode == "process")
+            assert isinstance(n.training_worker, TrainingWorker) == (mode == "process")
         cmd = RoundCommand(round_id="r-iso", steps=12, lr=0.1, participants=IDS, step_timeout_s=20)
         _run(nodes, cmd)
         done = [e for ev in events.values() for e in ev if e.kind == EventKind.DONE]
@@ -60,7 +61,7 @@ def test_process_round_commits_identical_params_bit_equal_to_thread_mode(node_fa
         assert len(got) == 1 and {n.model_version for n in nodes.values()} == {1}
         assert {e.params_sha256 for e in done} == got
         if mode == "process":
-            pids = {n.trainer.pid for n in nodes.values()}
+            pids = {n.training_worker.pid for n in nodes.values()}
             assert None not in pids and os.getpid() not in pids and len(pids) == 3
         shas[mode] = got.pop()
         for n in nodes.values():
@@ -88,8 +89,8 @@ def test_sigkill_of_the_worker_fails_the_round_and_the_next_round_commits(node_f
     x, y = digits_data
     node = node_factory("k", digits_artifact, transport=MemoryHub().transport("k"))
     node.add_samples({"x": x[:300]}, y[:300])
-    trainer = node.trainer
-    assert isinstance(trainer, ProcessTrainer)
+    worker = node.training_worker
+    assert isinstance(worker, TrainingWorker)
     stepping, finished = threading.Event(), threading.Event()
     events = []
 
@@ -104,7 +105,7 @@ def test_sigkill_of_the_worker_fails_the_round_and_the_next_round_commits(node_f
     sha0 = node.params_sha256
     node.start_round(RoundCommand(round_id="r-kill", steps=100_000, lr=0.1, participants=["k"]))
     assert stepping.wait(120), "no STEP event"
-    pid = trainer.pid
+    pid = worker.pid
     assert pid is not None and pid != os.getpid()
     os.kill(pid, signal.SIGKILL)
     assert finished.wait(60) and node.wait_idle(60)
@@ -121,8 +122,8 @@ def test_sigkill_of_the_worker_fails_the_round_and_the_next_round_commits(node_f
     node.start_round(RoundCommand(round_id="r-after", steps=5, lr=0.1, participants=["k"]))
     assert finished.wait(120) and node.wait_idle(60)
     assert [e.kind for e in events if e.kind != EventKind.STEP] == [EventKind.DONE], events
-    assert node.model_version == 1 and trainer.restarts == 1
-    assert trainer.pid not in (None, pid)
+    assert node.model_version == 1 and worker.restarts == 1
+    assert worker.pid not in (None, pid)
 
 
 def test_inference_answers_while_the_worker_is_mid_step(node_factory, digits_artifact, digits_data):
@@ -134,15 +135,15 @@ def test_inference_answers_while_the_worker_is_mid_step(node_factory, digits_art
     x, y = digits_data
     node = node_factory("busy", digits_artifact, transport=MemoryHub().transport("busy"))
     node.add_samples({"x": x[:300]}, y[:300])
-    trainer = node.trainer
-    assert isinstance(trainer, ProcessTrainer)
+    worker = node.training_worker
+    assert isinstance(worker, TrainingWorker)
     frozen = threading.Event()
     events = []
 
     def listen(ev):  # on the round thread: freeze the worker once, between two steps
         events.append(ev)
         if ev.kind == EventKind.STEP and not frozen.is_set():
-            os.kill(trainer.pid, signal.SIGSTOP)
+            os.kill(worker.pid, signal.SIGSTOP)
             frozen.set()
 
     node.add_event_listener(listen)
@@ -161,7 +162,7 @@ def test_inference_answers_while_the_worker_is_mid_step(node_factory, digits_art
             np.testing.assert_allclose(r.json()["outputs"][0]["data"], want, rtol=1e-6)
             assert node.state.value == "training"  # still blocked on the worker: it did the waiting
     finally:
-        os.kill(trainer.pid, signal.SIGCONT)
+        os.kill(worker.pid, signal.SIGCONT)
     assert node.wait_idle(120)
     assert [e.kind for e in events if e.kind != EventKind.STEP] == [EventKind.DONE], events[-2:]
     assert node.model_version == 1
