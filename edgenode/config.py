@@ -24,6 +24,7 @@ Example::
     nice = 10                             # nice of the round thread / training worker: 0..19
     isolation = "process"                 # or "thread": where the training step computes
     worker_threads = 1                    # TVM threads of the training worker process
+    worker_priority = "nice"              # or "idle": the worker runs only on otherwise idle cores
 
     [store]
     max_samples = 100000
@@ -45,7 +46,8 @@ from edgenode.common import ConfigError
 from federation.messages import Compression, SyncMode
 from federation.topics import validate_id
 
-__all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "Isolation", "load_config"]
+__all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "Isolation", "WorkerPriority",
+           "load_config"]
 
 
 class Retention(enum.StrEnum):
@@ -56,6 +58,11 @@ class Retention(enum.StrEnum):
 class Isolation(enum.StrEnum):
     PROCESS = "process"  # the training step computes in a worker process (edgenode/trainproc.py)
     THREAD = "thread"  # in the node process, on the round thread (shares the GIL with inference)
+
+
+class WorkerPriority(enum.StrEnum):
+    NICE = "nice"  # the worker process runs at [training] nice
+    IDLE = "idle"  # Linux SCHED_IDLE: only when a core has nothing else to run (may starve a round)
 
 
 class _Section(BaseModel):
@@ -85,6 +92,10 @@ class TrainingConfig(_Section):
     # TVM threads of the training worker process: 1 leaves the other core(s) of a small board
     # to inference (more threads speed a large model's step but compete with serving).
     worker_threads: int = Field(default=1, ge=1, le=64)
+    # CPU class of the worker process. "idle" (Linux SCHED_IDLE) gives serving every cycle it
+    # wants, but on a saturated board the round's steps stall until peers time out
+    # (step_timeout_s): for boards whose serving load leaves idle time.
+    worker_priority: WorkerPriority = WorkerPriority.NICE
     # Share of the samples held back for validation (chosen by a hash of each sample's content, so
     # a sample is always on the same side); evaluated before and after every committed round.
     validation_share: float = Field(default=0.2, ge=0, lt=1)

@@ -29,7 +29,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from edgenode.common import ConfigError, get_logger
-from edgenode.config import Isolation, NodeConfig
+from edgenode.config import Isolation, NodeConfig, WorkerPriority
 from edgenode.devicefacts import DeviceFacts
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
@@ -273,7 +273,7 @@ class EdgeNode(RoundControl):
             return None
         tc = self.config.training
         worker = TrainingWorker(self.config.artifact, transport, swarm=self.config.swarm, nice=tc.nice,
-                                threads=tc.worker_threads,
+                                threads=tc.worker_threads, idle=tc.worker_priority == WorkerPriority.IDLE,
                                 call_timeout_s=max(60.0, 2 * tc.step_timeout_s + 30))
         try:
             worker.start()

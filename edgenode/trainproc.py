@@ -20,7 +20,9 @@ snapshot (serving sees old or new parameters, never a mix; the worker never touc
 
 Worker (``python -m edgenode.trainproc FD ...``: a fresh interpreter, so no TVM threads or locks
 are inherited as with fork, and unlike multiprocessing's "spawn" the embedding program's
-``__main__`` is never re-imported) runs at ``[training] nice`` with ``worker_threads`` TVM threads.
+``__main__`` is never re-imported) runs at ``[training] nice`` (or, with ``worker_priority =
+"idle"``, in Linux's SCHED_IDLE class: only on an otherwise idle core) with ``worker_threads``
+TVM threads.
 Messages on a socket pair (``multiprocessing.connection.Connection``, pickled tuples):
 
     worker -> node  ("ready", pid) | ("frame", dst, bytes) | ("steps", [(step, loss), ...])
@@ -74,11 +76,11 @@ class TrainingWorker:
     both served by one worker process (see the module docstring). ``transport`` is the node's."""
 
     def __init__(self, artifact_dir: Path, transport: Transport, *, swarm: str, nice: int = 10,
-                 threads: int = 1, call_timeout_s: float = 90.0) -> None:
+                 threads: int = 1, idle: bool = False, call_timeout_s: float = 90.0) -> None:
         self.artifact_dir = Path(artifact_dir)
         self.transport = transport
         self.swarm = swarm
-        self._nice, self._threads = int(nice), int(threads)
+        self._nice, self._threads, self._idle = int(nice), int(threads), bool(idle)
         self.call_timeout_s = float(call_timeout_s)
         self._call_lock = threading.Lock()  # one call at a time (the round thread)
         self._send_lock = threading.Lock()  # writers: the round thread, the pump, cancel()
@@ -121,7 +123,8 @@ class TrainingWorker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         max_payload = int(self.transport.max_payload)
         cmd = [sys.executable, "-m", "edgenode.trainproc", str(theirs.fileno()), str(self.artifact_dir),
-               self.transport.member_id, self.swarm, str(max_payload), str(self._nice), str(self._threads)]
+               self.transport.member_id, self.swarm, str(max_payload), str(self._nice), str(self._threads),
+               "idle" if self._idle else "nice"]
         try:
             proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)  # a Ctrl-C to the node is the node's
@@ -379,7 +382,7 @@ def _picklable(exc: Exception) -> Exception | None:
 
 
 def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str, max_payload: int,
-                 nice: int, threads: int) -> None:
+                 nice: int, threads: int, idle: bool) -> None:
     """Load the training module, host the member's ring, answer calls until the socket closes."""
     os.environ["TVM_NUM_THREADS"] = str(max(1, threads))  # before TVM creates its pool (lazily)
     if nice > 0:
@@ -387,6 +390,11 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
             os.nice(max(0, nice - os.nice(0)))
         except OSError:
             pass
+    if idle:  # Linux SCHED_IDLE: runs only on an otherwise idle core; serving always goes first
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError) as exc:
+            print(f"training worker: cannot use SCHED_IDLE ({exc}); nice {nice} only", file=sys.stderr)
     lock = threading.Lock()
 
     def send(msg: tuple[Any, ...]) -> None:
@@ -457,6 +465,7 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
     ring.close()
 
 
-if __name__ == "__main__":  # python -m edgenode.trainproc FD ARTIFACT MEMBER SWARM MAX_PAYLOAD NICE THREADS
-    _a = sys.argv[1:8]
-    _worker_main(Connection(int(_a[0])), _a[1], _a[2], _a[3], int(_a[4]), int(_a[5]), int(_a[6]))
+if __name__ == "__main__":  # FD ARTIFACT MEMBER SWARM MAX_PAYLOAD NICE THREADS nice|idle (TrainingWorker)
+    _a = sys.argv[1:9]
+    _worker_main(Connection(int(_a[0])), _a[1], _a[2], _a[3], int(_a[4]), int(_a[5]), int(_a[6]),
+                 _a[7] == "idle")

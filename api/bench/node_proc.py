@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="[training] nice of the node (default: the node's own default)")
     ap.add_argument("--isolation", choices=("process", "thread"), default=None,
                     help="[training] isolation of the node (default: the node's own default)")
+    ap.add_argument("--worker-priority", choices=("nice", "idle"), default=None,
+                    help="[training] worker_priority of the node (default: the node's own default)")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="experiment: sys.setswitchinterval of the node process")
     args = ap.parse_args(argv)
@@ -69,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     training: dict[str, object] = {} if args.train_nice is None else {"nice": args.train_nice}
     if args.isolation is not None:
         training["isolation"] = args.isolation
+    if args.worker_priority is not None:
+        training["worker_priority"] = args.worker_priority
     cfg = NodeConfig.from_dict({"node_id": "bench", "artifact": str(args.artifact),
                                 "data_dir": str(args.data_dir), "port": 0, "training": training})
     if args.switch_interval_ms is not None:
@@ -79,21 +83,24 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     trainer = None
     resume, idle = threading.Event(), threading.Event()
+    steps: list[int] = []  # steps reported by STEP events (each carries the losses since the last)
     resume.set()
     if args.train:
         _seed_samples(node)
+        node.add_event_listener(lambda ev: steps.append(len(ev.losses or [])) if ev.losses else None)
         trainer = threading.Thread(target=_trainer_loop, args=(node, stop, args.round_steps, resume, idle),
                                    daemon=True)
         trainer.start()
     with ServerThread(create_node_app(node)) as srv:
         print(f"READY {srv.port}", flush=True)
-        # Control lines: "pause" (finish the running round, then idle) -> "PAUSED"; "train" ->
+        # Control lines: "pause" (finish the running round, then idle) -> "PAUSED <steps trained so
+        # far>"; "train" ->
         # "TRAINING" once a round runs again. EOF (the parent closes stdin) stops the node.
         for line in sys.stdin:
             if line.strip() == "pause":
                 resume.clear()
                 idle.wait(120)
-                print("PAUSED", flush=True)
+                print(f"PAUSED {sum(steps)}", flush=True)
             elif line.strip() == "train":
                 resume.set()
                 while idle.is_set() and args.train:

@@ -48,7 +48,7 @@ def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray],
 @contextmanager
 def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int | None,
                   train_nice: int | None = None, switch_interval_ms: float | None = None,
-                  isolation: str | None = None):
+                  isolation: str | None = None, worker_priority: str | None = None):
     env = dict(os.environ)
     if tvm_threads:
         env["TVM_NUM_THREADS"] = str(tvm_threads)
@@ -59,6 +59,8 @@ def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int 
             cmd += ["--train-nice", str(train_nice)]
         if isolation is not None:
             cmd += ["--isolation", isolation]
+        if worker_priority is not None:
+            cmd += ["--worker-priority", worker_priority]
     if switch_interval_ms is not None:
         cmd += ["--switch-interval-ms", str(switch_interval_ms)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -68,13 +70,14 @@ def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int 
         line = proc.stdout.readline()
         if not line.startswith("READY "):
             raise RuntimeError(f"benchmark node did not start: {line!r} {proc.stderr.read()[-2000:]}")
-        def control(word: str) -> None:  # "pause" / "train": see node_proc
+        def control(word: str) -> int:  # "pause" / "train": see node_proc; steps trained so far
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(word + "\n")
             proc.stdin.flush()
-            answer = proc.stdout.readline().strip()
-            if answer not in ("PAUSED", "TRAINING"):
+            answer = proc.stdout.readline().split()
+            if not answer or answer[0] not in ("PAUSED", "TRAINING"):
                 raise RuntimeError(f"benchmark node answered {answer!r} to {word!r}")
+            return int(answer[1]) if len(answer) > 1 else -1
 
         yield int(line.split()[1]), control
     finally:
@@ -101,7 +104,8 @@ def _http(port: int, name: str, body: bytes, clients: int, duration: float,
 def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[int, ...],
                 progress: bool, tvm_threads: int | None = None, train_nice: int | None = None,
                 switch_interval_ms: float | None = None,
-                isolations: tuple[str, ...] = ISOLATIONS) -> dict[str, Any]:
+                isolations: tuple[str, ...] = ISOLATIONS,
+                worker_priority: str | None = None) -> dict[str, Any]:
     """All measurements for one zoo model. ``http_idle``/``http_training`` are those of the first
     isolation; ``isolation[iso]`` holds the pair for each one measured."""
     from compiler import load_artifact
@@ -122,31 +126,38 @@ def bench_model(name: str, work_dir: Path, *, duration: float, clients: tuple[in
     for iso in isolations:
         res["isolation"][iso] = _idle_vs_training(name, path, body, iso, duration=duration, clients=clients,
                                                   say=say, tvm_threads=tvm_threads, train_nice=train_nice,
-                                                  switch_interval_ms=switch_interval_ms)
+                                                  switch_interval_ms=switch_interval_ms,
+                                                  worker_priority=worker_priority)
     res.update(res["isolation"][isolations[0]])
     return res
 
 
 def _idle_vs_training(name: str, path: Path, body: bytes, isolation: str, *, duration: float,
                       clients: tuple[int, ...], say: Any, tvm_threads: int | None, train_nice: int | None,
-                      switch_interval_ms: float | None) -> dict[str, Any]:
+                      switch_interval_ms: float | None, worker_priority: str | None = None) -> dict[str, Any]:
     # One node process; idle and training segments alternate (AB_SEGMENTS of each per point,
     # pooled), so load from other jobs on a shared machine hits both modes alike and the ratio
     # compares like with like (separate runs minutes apart swung the idle p99 by 5x here).
-    out: dict[str, Any] = {"http_idle": {}, "http_training": {}}
+    out: dict[str, Any] = {"http_idle": {}, "http_training": {}, "train_steps_per_s": {}}
     with tempfile.TemporaryDirectory(prefix="bench-node-") as data_dir, \
             _node_process(path, Path(data_dir), True, tvm_threads, train_nice,
-                          switch_interval_ms, isolation) as (port, control):
+                          switch_interval_ms, isolation, worker_priority) as (port, control):
         time.sleep(1.0)  # let the first round get going (in process mode: the worker boot)
         for c in clients:
             say(f"isolation={isolation}: http idle/training interleaved, {c} client(s)")
             pooled: dict[str, list[float]] = {"http_idle": [], "http_training": []}
-            for _ in range(AB_SEGMENTS):
+            first = control("pause")
+            for k in range(AB_SEGMENTS):
                 for key, word in (("http_idle", "pause"), ("http_training", "train")):
-                    control(word)
+                    if k or word == "train":
+                        last = control(word)
                     _http(port, name, body, c, duration / AB_SEGMENTS, keep=pooled[key])
+            last = control("pause")
             for key, lat in pooled.items():
                 out[key][f"c{c}"] = summarize(lat, duration)
+            # Steps the node trained (the rounds running during the training segments, each
+            # finished before the next idle segment): training is not starved to buy the p99.
+            out["train_steps_per_s"][f"c{c}"] = round((last - first) / duration, 1)
     return out
 
 
@@ -180,20 +191,23 @@ def _goals(models: dict[str, Any]) -> dict[str, Any]:
 def run(models: tuple[str, ...] = DEFAULT_MODELS, *, duration: float = 3.0,
         clients: tuple[int, ...] = (1, 8), work_dir: Path | None = None, tvm_threads: int | None = None,
         train_nice: int | None = None, switch_interval_ms: float | None = None,
-        isolations: tuple[str, ...] = ISOLATIONS, progress: bool = True) -> dict[str, Any]:
+        isolations: tuple[str, ...] = ISOLATIONS, worker_priority: str | None = None,
+        progress: bool = True) -> dict[str, Any]:
     """Run the serving benchmark; returns one JSON-serialisable dict."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fractal-bench-serve-") as tmp:
         wd = Path(work_dir) if work_dir else Path(tmp)
         results = {m: bench_model(m, wd, duration=duration, clients=clients, progress=progress,
                                   tvm_threads=tvm_threads, train_nice=train_nice,
-                                  switch_interval_ms=switch_interval_ms, isolations=isolations)
+                                  switch_interval_ms=switch_interval_ms, isolations=isolations,
+                                  worker_priority=worker_priority)
                    for m in models}
     return {"benchmark": "serve", "machine": machine(), "duration_s_per_point": duration,
             "client": "raw keep-alive socket per client (TCP_NODELAY), closed loop, OIP JSON tensors",
             "serve_batch": SERVE_BATCH,
             "tvm_num_threads": tvm_threads or os.environ.get("TVM_NUM_THREADS") or "default",
             "ab_segments": AB_SEGMENTS, "isolations": list(isolations),
+            "worker_priority": worker_priority or "node default",
             "train_nice": "node default" if train_nice is None else train_nice,
             "switch_interval_ms": switch_interval_ms or "default",
             "models": results, "goals": _goals(results), "wall_s": round(time.perf_counter() - t0, 1)}
@@ -205,10 +219,13 @@ def format_table(result: dict[str, Any]) -> str:
     for name, r in result["models"].items():
         modes = [("direct", r["direct"])]
         for iso, pair in r.get("isolation", {}).items():
-            modes += [(f"{k} ({iso})", v) for k, v in pair.items()]
+            modes += [(f"{k} ({iso})", v) for k, v in pair.items() if k.startswith("http_")]
         for mode, per in modes:
             for c, s in per.items():
                 rows.append(f"{name:<14} {mode:<24} {c[1:]:>7} {s['p50_ms']:>9.3f} {s['p99_ms']:>9.3f} "
                             f"{s['req_per_s']:>9.0f}")
+    for name, r in result["models"].items():
+        for iso, pair in r.get("isolation", {}).items():
+            rows.append(f"{name}: training steps/s while serving ({iso}): {pair['train_steps_per_s']}")
     rows.append(json.dumps(result["goals"]))
     return "\n".join(rows)
