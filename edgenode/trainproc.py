@@ -86,6 +86,7 @@ class TrainingWorker:
         self._send_lock = threading.Lock()  # writers: the round thread, the pump, cancel()
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
+        self._sock: socket.socket | None = None  # the node's end (``_conn`` reads a dup of it)
         self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._ready = False
         self._busy = False
@@ -134,9 +135,10 @@ class TrainingWorker:
             raise TrainerWorkerError(f"cannot start a training worker process ({sys.executable}): {exc}",
                                      hint='set [training] isolation = "thread"') from None
         theirs.close()  # the worker's end lives in the worker only: its death reads as EOF here
-        conn = Connection(mine.detach())
+        conn = Connection(os.dup(mine.fileno()))
         self._inbox = queue.Queue()
-        self._proc, self._conn, self._ready, self._last_heard = proc, conn, False, time.monotonic()
+        self._proc, self._conn, self._sock = proc, conn, mine
+        self._ready, self._last_heard = False, time.monotonic()
         threading.Thread(target=self._read, args=(conn, self._inbox), name="train-relay-out",
                          daemon=True).start()
         log.info("training worker started (pid %d)", proc.pid)
@@ -158,11 +160,19 @@ class TrainingWorker:
             self._pump.join(timeout)
 
     def _stop(self, timeout: float) -> None:
-        proc, conn = self._proc, self._conn
-        self._proc, self._conn, self._ready = None, None, False
+        proc, conn, sock = self._proc, self._conn, self._sock
+        self._proc, self._conn, self._sock, self._ready = None, None, None, False
+        if sock is not None:
+            # shutdown, not just close: our reader thread is blocked in recv on this socket, and a
+            # close would neither wake it nor send the worker its EOF.
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
         if conn is not None:
             with self._send_lock:
-                conn.close()  # EOF: the worker leaves its loop
+                conn.close()  # the worker reads EOF and leaves its loop
         if proc is not None:
             try:
                 proc.wait(timeout)
