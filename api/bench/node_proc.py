@@ -93,19 +93,20 @@ def main(argv: list[str] | None = None) -> None:
         trainer.start()
     with ServerThread(create_node_app(node)) as srv:
         print(f"READY {srv.port}", flush=True)
-        # Control lines: "pause" (finish the running round, then idle) -> "PAUSED <steps trained so
-        # far>"; "train" ->
+        # Control lines: "pause" (finish the running round, then idle) -> "PAUSED <steps trained
+        # when the pause arrived>"; "train" -> "TRAINING <steps>"
         # "TRAINING" once a round runs again. EOF (the parent closes stdin) stops the node.
         for line in sys.stdin:
             if line.strip() == "pause":
+                trained = sum(steps)  # now, not after the running round finishes
                 resume.clear()
                 idle.wait(120)
-                print(f"PAUSED {sum(steps)}", flush=True)
+                print(f"PAUSED {trained}", flush=True)
             elif line.strip() == "train":
                 resume.set()
                 while idle.is_set() and args.train:
                     time.sleep(0.005)
-                print("TRAINING", flush=True)
+                print(f"TRAINING {sum(steps)}", flush=True)
         stop.set()
         node.stop(timeout=30)
     if trainer is not None:
