@@ -143,6 +143,12 @@ class TrainingWorker:
                          daemon=True).start()
         log.info("training worker started (pid %d)", proc.pid)
 
+    def wait_ready(self) -> int:
+        """Block until the worker has loaded the training module (booting it if needed); its pid."""
+        self._call(None)
+        assert self._proc is not None
+        return int(self._proc.pid)
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the worker (EOF on its socket; killed if it does not exit within ``timeout``).
         A call in progress fails at once; nothing restarts the worker afterwards."""
@@ -262,7 +268,7 @@ class TrainingWorker:
         return list(new), list(losses)
 
     # -- calls -------------------------------------------------------------------------------------
-    def _call(self, msg: tuple[Any, ...], *, abort: threading.Event | None = None,
+    def _call(self, msg: tuple[Any, ...] | None, *, abort: threading.Event | None = None,
               on_step: Callable[[int, float], None] | None = None, silence: float | None = None) -> Any:
         with self._call_lock:
             if self._closed.is_set():
@@ -276,6 +282,8 @@ class TrainingWorker:
                 if not self._ready:
                     self._wait(proc, _BOOT_TIMEOUT_S, "loading the training module")
                     self._ready = True
+                if msg is None:  # wait_ready
+                    return None
                 self._last_heard = time.monotonic()
                 if not self._send(msg):
                     raise TrainerWorkerError(_death(proc, f"receiving {msg[0]!r}"))

@@ -166,3 +166,44 @@ def test_inference_answers_while_the_worker_is_mid_step(node_factory, digits_art
     assert node.wait_idle(120)
     assert [e.kind for e in events if e.kind != EventKind.STEP] == [EventKind.DONE], events[-2:]
     assert node.model_version == 1
+
+
+def test_abort_stops_a_process_round_within_a_step(node_factory, digits_artifact, digits_data):
+    from federation.messages import RoundAbort
+
+    x, y = digits_data
+    node = node_factory("ab", digits_artifact, transport=MemoryHub().transport("ab"))
+    node.add_samples({"x": x[:300]}, y[:300])
+    stepping, finished = threading.Event(), threading.Event()
+    events = []
+
+    def listen(ev):
+        events.append(ev)
+        if ev.kind == EventKind.STEP:
+            stepping.set()
+        if ev.kind in (EventKind.DONE, EventKind.FAILED):
+            finished.set()
+
+    node.add_event_listener(listen)
+    node.start_round(RoundCommand(round_id="r-ab", steps=100_000, lr=0.1, participants=["ab"]))
+    assert stepping.wait(120), "no STEP event"
+    node.handle_command(RoundAbort(round_id="r-ab", reason="operator").model_dump_json())
+    assert finished.wait(30) and node.wait_idle(30)
+    failed = [e for e in events if e.kind == EventKind.FAILED]
+    assert len(failed) == 1 and "aborted" in failed[0].reason, failed
+    steps = [s for e in events if e.kind == EventKind.STEP for s in (e.losses or [])]
+    assert len(steps) < 100_000 and node.model_version == 0
+    assert node.training_worker.pid is not None  # the same worker serves the next round
+
+
+def test_worker_process_runs_at_the_configured_priority(node_factory, digits_artifact):
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    nice = node_factory("pn", digits_artifact, transport=MemoryHub().transport("pn"))
+    idle = node_factory("pi", digits_artifact, transport=MemoryHub().transport("pi"),
+                        training={"worker_priority": "idle", "nice": 5})
+    for node, want_nice, policy in ((nice, 10, os.SCHED_OTHER), (idle, 5, os.SCHED_IDLE)):
+        w = node.training_worker
+        w.wait_ready()  # the worker set its priority before it loaded the module
+        assert os.getpriority(os.PRIO_PROCESS, w.pid) == max(base, want_nice)
+        assert os.sched_getscheduler(w.pid) == policy
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the node process itself is untouched
