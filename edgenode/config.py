@@ -24,7 +24,7 @@ Example::
     nice = 10                             # nice of the round thread / training worker: 0..19
     isolation = "process"                 # or "thread": where the training step computes
     worker_threads = 1                    # TVM threads of the training worker process
-    worker_priority = "nice"              # or "idle": the worker runs only on otherwise idle cores
+    worker_priority = "idle"              # SCHED_IDLE: the worker runs only on otherwise idle cores
 
     [store]
     max_samples = 100000
@@ -92,10 +92,12 @@ class TrainingConfig(_Section):
     # TVM threads of the training worker process: 1 leaves the other core(s) of a small board
     # to inference (more threads speed a large model's step but compete with serving).
     worker_threads: int = Field(default=1, ge=1, le=64)
-    # CPU class of the worker process. "idle" (Linux SCHED_IDLE) gives serving every cycle it
-    # wants, but on a saturated board the round's steps stall until peers time out
-    # (step_timeout_s): for boards whose serving load leaves idle time.
-    worker_priority: WorkerPriority = WorkerPriority.NICE
+    # CPU class of the worker process. "idle" (Linux SCHED_IDLE): it runs only when a core has
+    # nothing else to run, so serving gets every cycle it wants (at nice 10 the worker still took
+    # CPU time from the inference threads: BENCHMARKS "## serve"). A board saturated by serving
+    # for longer than step_timeout_s stalls its rounds' steps until they time out; "nice" then
+    # shares the CPU by [training] nice instead.
+    worker_priority: WorkerPriority = WorkerPriority.IDLE
     # Share of the samples held back for validation (chosen by a hash of each sample's content, so
     # a sample is always on the same side); evaluated before and after every committed round.
     validation_share: float = Field(default=0.2, ge=0, lt=1)

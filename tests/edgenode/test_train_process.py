@@ -198,10 +198,10 @@ def test_abort_stops_a_process_round_within_a_step(node_factory, digits_artifact
 
 def test_worker_process_runs_at_the_configured_priority(node_factory, digits_artifact):
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    nice = node_factory("pn", digits_artifact, transport=MemoryHub().transport("pn"))
-    idle = node_factory("pi", digits_artifact, transport=MemoryHub().transport("pi"),
-                        training={"worker_priority": "idle", "nice": 5})
-    for node, want_nice, policy in ((nice, 10, os.SCHED_OTHER), (idle, 5, os.SCHED_IDLE)):
+    idle = node_factory("pi", digits_artifact, transport=MemoryHub().transport("pi"))  # the default
+    nice = node_factory("pn", digits_artifact, transport=MemoryHub().transport("pn"),
+                        training={"worker_priority": "nice", "nice": 5})
+    for node, want_nice, policy in ((idle, 10, os.SCHED_IDLE), (nice, 5, os.SCHED_OTHER)):
         w = node.training_worker
         w.wait_ready()  # the worker set its priority before it loaded the module
         assert os.getpriority(os.PRIO_PROCESS, w.pid) == max(base, want_nice)
