@@ -243,8 +243,12 @@ class TrainingWorker:
         return np.asarray(self._call(("broadcast", arr, kw), silence=timeout + _COLLECTIVE_MARGIN_S))
 
     def reset_feedback(self) -> None:
-        if self._ready:  # a worker that is not up yet (or a fresh one) has no residuals
+        if not self._ready:  # a worker that is not up yet (or a fresh one) has no residuals
+            return
+        try:
             self._call(("reset_feedback",))
+        except TrainerWorkerError as exc:  # it died: its successor starts without residuals anyway
+            log.warning("reset_feedback: %s", exc)
 
     def abort(self, tag: str, peers: list[str], reason: str) -> None:
         try:
