@@ -207,3 +207,20 @@ def test_worker_process_runs_at_the_configured_priority(node_factory, digits_art
         assert os.getpriority(os.PRIO_PROCESS, w.pid) == max(base, want_nice)
         assert os.sched_getscheduler(w.pid) == policy
     assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the node process itself is untouched
+
+
+def test_a_python_that_cannot_start_a_worker_trains_in_thread(node_factory, digits_artifact, digits_data,
+                                                             tmp_path, monkeypatch):
+    """As an emulated aarch64 node under qemu-user (exec of its own Python: ENOEXEC)."""
+    import sys
+
+    not_exec = tmp_path / "python3.11"
+    not_exec.write_bytes(b"\x7fELF not for this machine")
+    not_exec.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(not_exec))
+    x, y = digits_data
+    node = node_factory("fb", digits_artifact, transport=MemoryHub().transport("fb"))
+    assert node.training_worker is None
+    node.add_samples({"x": x[:100]}, y[:100])
+    node.start_round(RoundCommand(round_id="r-fb", steps=3, lr=0.1, participants=["fb"])).join(60)
+    assert node.model_version == 1, node.last_error
