@@ -23,7 +23,10 @@ Example::
     round_memory_mb = 128                 # a round trains on the newest samples that fit in this
     aggregation = "mean"                  # mean | median | trimmed_mean (federation/robust.py)
     outlier_factor = 10.0                 # exclude updates above 10 x the median norm; 0 = off
-    nice = 10                             # nice of the round thread (and its TVM threads): 0..19
+    nice = 10                             # nice of the round thread / training worker: 0..19
+    isolation = "process"                 # or "thread": where the training step computes
+    worker_threads = 1                    # TVM threads of the training worker process
+    worker_priority = "idle"              # SCHED_IDLE: the worker runs only on otherwise idle cores
 
     [store]
     max_samples = 100000
@@ -47,12 +50,23 @@ from federation.messages import Compression, SyncMode
 from federation.robust import Aggregation
 from federation.topics import validate_id
 
-__all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "load_config"]
+__all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "Isolation", "WorkerPriority",
+           "load_config"]
 
 
 class Retention(enum.StrEnum):
     DROP_OLDEST = "drop-oldest"  # keep the newest max_samples: sensors drift, recent data matters most
     REJECT = "reject"  # refuse new samples once full (the API answers 507-ish 4xx)
+
+
+class Isolation(enum.StrEnum):
+    PROCESS = "process"  # the training step computes in a worker process (edgenode/trainproc.py)
+    THREAD = "thread"  # in the node process, on the round thread (shares the GIL with inference)
+
+
+class WorkerPriority(enum.StrEnum):
+    NICE = "nice"  # the worker process runs at [training] nice
+    IDLE = "idle"  # Linux SCHED_IDLE: only when a core has nothing else to run (may starve a round)
 
 
 class _Section(BaseModel):
@@ -74,6 +88,20 @@ class TrainingConfig(_Section):
     # is background work: at equal priority it doubled-to-octupled the inference p99 (BENCHMARKS
     # "## serve"). 0 = same priority as inference; an unprivileged process cannot go below 0.
     nice: int = Field(default=10, ge=0, le=19)
+    # Where a round's training step (loss + gradients, optimizer) computes. "process": a worker
+    # process (no GIL shared with the inference threads; BENCHMARKS "## serve" has the figures).
+    # "thread": on the round thread in the node process. The round's control flow, collectives
+    # and the atomic parameter swap stay in the node either way.
+    isolation: Isolation = Isolation.PROCESS
+    # TVM threads of the training worker process: 1 leaves the other core(s) of a small board
+    # to inference (more threads speed a large model's step but compete with serving).
+    worker_threads: int = Field(default=1, ge=1, le=64)
+    # CPU class of the worker process. "idle" (Linux SCHED_IDLE): it runs only when a core has
+    # nothing else to run, so serving gets every cycle it wants (at nice 10 the worker still took
+    # CPU time from the inference threads: BENCHMARKS "## serve"). A board saturated by serving
+    # for longer than step_timeout_s stalls its rounds' steps until they time out; "nice" then
+    # shares the CPU by [training] nice instead.
+    worker_priority: WorkerPriority = WorkerPriority.IDLE
     # Share of the samples held back for validation (chosen by a hash of each sample's content, so
     # a sample is always on the same side); evaluated before and after every committed round.
     validation_share: float = Field(default=0.2, ge=0, lt=1)

@@ -29,15 +29,16 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from edgenode.common import ConfigError, get_logger
-from edgenode.config import NodeConfig
+from edgenode.config import Isolation, NodeConfig, WorkerPriority
 from edgenode.devicefacts import DeviceFacts
 from edgenode.faults import Faults, FaultyTransport, Point
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
-from edgenode.ports import Collective, Engine, Link, Publication, Spec, Trainer, Updater
+from edgenode.ports import Collective, Engine, Link, Publication, Spec, StepRunner, Trainer, Updater
 from edgenode.rounds import RoundControl
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.training import RoundResult
+from edgenode.trainproc import TrainerWorkerError, TrainingWorker
 from edgenode.updates import ImageControl
 from federation import topics
 from federation.messages import (
@@ -69,12 +70,21 @@ class EdgeNode(ImageControl, RoundControl):
     def __init__(self, config: NodeConfig, *, artifact: Engine | None = None,
                  transport: Transport | None = None) -> None:
         self.config = config
+        loaded_here = artifact is None
         if artifact is None:
             from compiler import load_artifact  # lazy: keeps `import edgenode` light
 
             artifact = load_artifact(config.artifact)
         self.artifact: Engine = artifact
         self.trainer: Trainer | None = artifact.trainer
+        # [training] isolation = "process": a worker process runs the rounds' steps and hosts the
+        # collective (edgenode/trainproc.py), started with the swarm transport in start(). Only
+        # for the artifact the node loaded itself: an embedder's `artifact=` object (a fake, a
+        # shared instance) may not be what config.artifact holds, so it trains in-thread as given.
+        self._isolate = (loaded_here and self.trainer is not None
+                         and config.training.isolation == Isolation.PROCESS)
+        self._steps: StepRunner | None = None
+        self._training_worker: TrainingWorker | None = None
         _check_writable(config.data_dir)
         tb = config.training.batch
         if tb is not None and self.trainer is not None and int(self.trainer.batch) != tb:
@@ -255,18 +265,39 @@ class EdgeNode(ImageControl, RoundControl):
             self._link.on_connect(self._on_connect)
             self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
         if self._transport is not None:
-            from federation.ring import RingAllreduce
-
             if any(r.point == Point.VOTED for r in self.faults.rules):
                 self._transport = FaultyTransport(self._transport, self.faults)
+            self._ring = self._start_training_worker(self._transport)
+            if self._ring is None:
+                from federation.ring import RingAllreduce
 
-            self._ring = RingAllreduce(self._transport, swarm=self.config.swarm)
+                self._ring = RingAllreduce(self._transport, swarm=self.config.swarm)
         self.publish_status()
         if self._link is not None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"hb-{self.node_id}",
                                                daemon=True)
             self._heartbeat.start()
         log.info("node %s started (model %s v%d)", self.node_id, self.model_name, self.model_version)
+
+    @property
+    def training_worker(self) -> TrainingWorker | None:
+        """The worker process running this node's rounds, or None (isolation = "thread", no swarm)."""
+        return self._training_worker
+
+    def _start_training_worker(self, transport: Transport) -> TrainingWorker | None:
+        if not self._isolate:
+            return None
+        tc = self.config.training
+        worker = TrainingWorker(self.config.artifact, transport, swarm=self.config.swarm, nice=tc.nice,
+                                threads=tc.worker_threads, idle=tc.worker_priority == WorkerPriority.IDLE,
+                                call_timeout_s=max(60.0, 2 * tc.step_timeout_s + 30))
+        try:
+            worker.start()
+        except TrainerWorkerError as exc:  # e.g. an emulated node that cannot exec its own Python
+            log.warning("%s; training runs in the node process", exc)
+            return None
+        self._training_worker = self._steps = worker
+        return worker
 
     def stop(self, timeout: float = 10.0) -> None:
         """Abort a running round, publish the offline status, disconnect, close the store. Idempotent."""

@@ -11,6 +11,8 @@ classes, so a board can plug in another engine (e.g. the C runtime) and tests pl
 * :class:`Collective`: the allreduce among members (``federation.ring.RingAllreduce``).
 * :class:`Link`: the MQTT connection (``federation.mqtt.MqttLink``).
 * :class:`Updater`: the device the node was booted from (``firmware.ota.DeviceUpdates``).
+* :class:`StepRunner`: runs a round's steps elsewhere (``edgenode.trainproc.TrainingWorker``, a
+  worker process that also hosts the node's collective).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "Link", "Publication",
-           "Updater"]
+__all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "StepRunner", "Link",
+           "Publication", "Updater"]
 
 
 class Spec(Protocol):
@@ -132,6 +134,16 @@ class Collective(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class StepRunner(Protocol):
+    """Phase 3 of a round (``edgenode.training.train_steps``) run elsewhere, with its own trainer
+    and collective: same inputs, same bits as running it on the round thread."""
+
+    def run_steps(self, plan: Any, *, node_id: str, params: list[np.ndarray], samples: Any,
+                  rng: np.random.Generator, contributors: list[bool], abort: Any,
+                  on_step: Callable[[int, float], None] | None = None
+                  ) -> tuple[list[np.ndarray], list[float], dict[str, str]]: ...
 
 
 class Publication(Protocol):

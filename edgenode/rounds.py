@@ -20,7 +20,7 @@ from edgenode.config import NodeConfig
 from edgenode.faults import Faults
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder, ParamsSnapshot
-from edgenode.ports import Collective, Engine, Link, Publication, Trainer
+from edgenode.ports import Collective, Engine, Link, Publication, StepRunner, Trainer
 from edgenode.store import Samples, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
 from edgenode.validation import evaluate
@@ -54,6 +54,7 @@ class RoundControl:
     store: SampleStore
     metrics: NodeMetrics
     trainer: Trainer | None
+    _steps: StepRunner | None  # the training worker process ([training] isolation = "process")
     _ring: Collective | None
     faults: Faults
     _link: Link | None
@@ -266,7 +267,7 @@ class RoundControl:
             val_before = self._evaluate(self.model.snapshot, val_samples)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
                                samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step,
-                               faults=self.faults)
+                               faults=self.faults, steps=self._steps)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
             # compression residuals of a void round must not leak into the next
             self._ring.reset_feedback()

@@ -48,7 +48,7 @@ import numpy as np
 from edgenode.common import RoundFailed, get_logger
 from edgenode.faults import NO_FAULTS, Faults, Point
 from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
-from edgenode.ports import Collective, Trainer
+from edgenode.ports import Collective, StepRunner, Trainer
 from edgenode.store import Samples
 from federation import robust
 from federation.bounds import OUTLIER_FACTOR_DEFAULT, UPDATE_NORM_FACTOR
@@ -56,7 +56,7 @@ from federation.errors import RoundAborted
 from federation.messages import Compression, RoundCommand, SyncMode
 from federation.robust import Aggregation
 
-__all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "choose_start"]
+__all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "train_steps", "choose_start"]
 
 log = get_logger("training")
 _SLOT = 7  # hello values per member: version, 4 x 16-bit hash chunks, n_params mod 2^24, has_samples
@@ -188,8 +188,12 @@ def _hash_chunks(sha: str) -> list[float]:
 
 def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Trainer, samples: Samples,
               ring: Collective, rng: np.random.Generator | None = None, abort: threading.Event | None = None,
-              on_step: Callable[[int, float], None] | None = None, faults: Faults = NO_FAULTS) -> RoundResult:
+              on_step: Callable[[int, float], None] | None = None, faults: Faults = NO_FAULTS,
+              steps: StepRunner | None = None) -> RoundResult:
     """Run ``plan`` as member ``node_id``; commits to ``model`` only if every phase succeeded.
+
+    The steps (phase 3) run on this thread with ``trainer`` and ``ring`` (:func:`train_steps`),
+    or in ``steps`` when given (a worker process that runs the same function).
 
     Raises :class:`RoundFailed` (nothing applied) on a dead member, deadline, abort, or bad data.
     """
@@ -223,29 +227,15 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
             ring.reset_feedback()  # residuals belong to the parameters we just replaced
             log.info("%s: round %s starts from %s's parameters", node_id, plan.round_id, synced_from)
         start_flat = flatten(params)
-        reducer = _Reducer(plan, node_id, group, ring, [bool(int(facts[m][6])) for m in group])
-        sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None
-        losses: list[float] = []
-        state = trainer.init_state(params)
-        for step in range(plan.steps):
-            if abort.is_set():
-                _abort_step(ring, plan.round_id, step, group, node_id)
-                raise RoundFailed(f"round {plan.round_id} aborted")
-            try:
-                if plan.sync == SyncMode.GRADIENT:
-                    loss, params, state = _gradient_step(plan, trainer, params, state, sampler, reducer,
-                                                         step)
-                else:
-                    loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, reducer,
-                                                          step, abort)
-            except Exception:
-                if abort.is_set():  # cancelled mid-step: peers already in the next step learn it too
-                    _abort_step(ring, plan.round_id, step, group, node_id)
-                    _abort_step(ring, plan.round_id, step + 1, group, node_id)
-                raise
-            losses.append(loss)
-            if on_step is not None:
-                on_step(step, loss)
+        contributing = [bool(int(facts[m][6])) for m in group]  # members with samples
+        if steps is None:
+            params, losses, excluded = train_steps(plan, node_id=node_id, trainer=trainer, params=params,
+                                                   samples=samples, ring=ring, rng=rng,
+                                                   contributors=contributing, abort=abort, on_step=on_step)
+        else:  # e.g. edgenode.trainproc.TrainingWorker: the same loop, in a worker process
+            params, losses, excluded = steps.run_steps(plan, node_id=node_id, params=params, samples=samples,
+                                                       rng=rng, contributors=contributing, abort=abort,
+                                                       on_step=on_step)
         if abort.is_set():
             _abort_peers(ring, f"{plan.round_id}/commit", group, node_id, "round aborted")
             raise RoundFailed(f"round {plan.round_id} aborted")
@@ -272,7 +262,44 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
                                                "parameters") from exc
     faults.at(Point.COMMITTED, plan.round_id)
     return RoundResult(plan.round_id, snap.version, snap.sha256, losses, synced_from, time.monotonic() - t0,
-                       final_sync, dict(reducer.excluded))
+                       final_sync, excluded)
+
+
+def train_steps(plan: RoundPlan, *, node_id: str, trainer: Trainer, params: list[np.ndarray],
+                samples: Samples, ring: Collective, rng: np.random.Generator, contributors: list[bool],
+                abort: threading.Event, on_step: Callable[[int, float], None] | None = None
+                ) -> tuple[list[np.ndarray], list[float], dict[str, str]]:
+    """Phase 3: ``plan.steps`` synchronous steps from ``params``; returns (params, losses, the
+    members excluded as outliers with the reason). ``contributors``: which members (in ring order)
+    have samples (the others send zeros).
+
+    Checks ``abort`` before every step (and local step): an aborted round stops within one step
+    and tells its peers. Deterministic for equal inputs (the swarm compares parameter hashes).
+    """
+    group = list(plan.group)
+    reducer = _Reducer(plan, node_id, group, ring, contributors)
+    sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None
+    losses: list[float] = []
+    state = trainer.init_state(params)
+    for step in range(plan.steps):
+        if abort.is_set():
+            _abort_step(ring, plan.round_id, step, group, node_id)
+            raise RoundFailed(f"round {plan.round_id} aborted")
+        try:
+            if plan.sync == SyncMode.GRADIENT:
+                loss, params, state = _gradient_step(plan, trainer, params, state, sampler, reducer, step)
+            else:
+                loss, params, state = _local_sgd_step(plan, trainer, params, state, sampler, reducer,
+                                                      step, abort)
+        except Exception:
+            if abort.is_set():  # cancelled mid-step: peers already in the next step learn it too
+                _abort_step(ring, plan.round_id, step, group, node_id)
+                _abort_step(ring, plan.round_id, step + 1, group, node_id)
+            raise
+        losses.append(loss)
+        if on_step is not None:
+            on_step(step, loss)
+    return params, losses, dict(reducer.excluded)
 
 
 def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: ModelHolder,

@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--round-steps", type=int, default=200)
     ap.add_argument("--train-nice", type=int, default=None,
                     help="[training] nice of the node (default: the node's own default)")
+    ap.add_argument("--isolation", choices=("process", "thread"), default=None,
+                    help="[training] isolation of the node (default: the node's own default)")
+    ap.add_argument("--worker-priority", choices=("nice", "idle"), default=None,
+                    help="[training] worker_priority of the node (default: the node's own default)")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="experiment: sys.setswitchinterval of the node process")
     args = ap.parse_args(argv)
@@ -64,7 +68,11 @@ def main(argv: list[str] | None = None) -> None:
     from edgenode.node import EdgeNode
     from federation.memory import MemoryHub
 
-    training = {} if args.train_nice is None else {"nice": args.train_nice}
+    training: dict[str, object] = {} if args.train_nice is None else {"nice": args.train_nice}
+    if args.isolation is not None:
+        training["isolation"] = args.isolation
+    if args.worker_priority is not None:
+        training["worker_priority"] = args.worker_priority
     cfg = NodeConfig.from_dict({"node_id": "bench", "artifact": str(args.artifact),
                                 "data_dir": str(args.data_dir), "port": 0, "training": training})
     if args.switch_interval_ms is not None:
@@ -75,26 +83,30 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     trainer = None
     resume, idle = threading.Event(), threading.Event()
+    steps: list[int] = []  # steps reported by STEP events (each carries the losses since the last)
     resume.set()
     if args.train:
         _seed_samples(node)
+        node.add_event_listener(lambda ev: steps.append(len(ev.losses or [])) if ev.losses else None)
         trainer = threading.Thread(target=_trainer_loop, args=(node, stop, args.round_steps, resume, idle),
                                    daemon=True)
         trainer.start()
     with ServerThread(create_node_app(node)) as srv:
         print(f"READY {srv.port}", flush=True)
-        # Control lines: "pause" (finish the running round, then idle) -> "PAUSED"; "train" ->
+        # Control lines: "pause" (finish the running round, then idle) -> "PAUSED <steps trained
+        # when the pause arrived>"; "train" -> "TRAINING <steps>"
         # "TRAINING" once a round runs again. EOF (the parent closes stdin) stops the node.
         for line in sys.stdin:
             if line.strip() == "pause":
+                trained = sum(steps)  # now, not after the running round finishes
                 resume.clear()
                 idle.wait(120)
-                print("PAUSED", flush=True)
+                print(f"PAUSED {trained}", flush=True)
             elif line.strip() == "train":
                 resume.set()
                 while idle.is_set() and args.train:
                     time.sleep(0.005)
-                print("TRAINING", flush=True)
+                print(f"TRAINING {sum(steps)}", flush=True)
         stop.set()
         node.stop(timeout=30)
     if trainer is not None:
