@@ -7,6 +7,7 @@ in a temporary sibling and renamed into place, so a failed compile never leaves 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import shutil
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler import prepack as _prepack
 from compiler.artifact import param_key
 from compiler.errors import ArtifactError, CompilerError, TargetError
 from compiler.manifest import (
@@ -107,14 +109,15 @@ def _libs(c_route: bool, train: bool) -> Libs:
 
 
 def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Path | None,
-          progress: bool) -> tuple[Any, TuningInfo]:
+          progress: bool, prepack: bool = False) -> tuple[Any, TuningInfo]:
     try:
         from compiler import tuning
     except ImportError as exc:
         raise CompilerError(f"tuning is not available in this build ({exc})",
                             hint="compile without --tune") from None
-    result = tuning.tune(imported_mod, preset.tvm_target(), trials=trials, db_dir=db_dir, progress=progress)
-    tuned = tuning.apply(imported_mod, preset.tvm_target(), db_dir)
+    result = tuning.tune(imported_mod, preset.tvm_target(), trials=trials, db_dir=db_dir, progress=progress,
+                         prepack=prepack)
+    tuned = tuning.apply(imported_mod, preset.tvm_target(), db_dir, prepack=prepack)
     info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(trials),
                       trials_run=result.trials_run, seconds=round(result.seconds, 3),
                       db_dir=str(db_dir) if db_dir is not None else None, schedule="tuned")
@@ -146,11 +149,15 @@ def _install(tmp: Path, out_dir: Path) -> None:
 def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, name: str | None = None,
                   tune: bool = False, trials: int = 64, db_dir: str | Path | None = None,
                   train: TrainSettings | None = None, progress: bool = True,
-                  default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None) -> Path:
+                  default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None,
+                  prepack: bool = True) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
 
     Without ``tune`` the inference kernels get :mod:`compiler.schedules`' default CPU schedules
     (``default_schedules=False``: TVM's naive lowering, for comparison).
+    ``prepack`` (VM targets, tuned or default-scheduled): BatchNorm folded into the convolutions
+    and the parameter-only work (with tuning: the weight layout rewrites) lifted into a
+    transform run once per parameter set (:mod:`compiler.prepack`); training is unaffected.
     ``input_shapes``: input name -> dims (``--shape``) fixing dynamic dimensions; -1 leaves one dynamic.
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
@@ -179,15 +186,25 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
 
     tuning_info = TuningInfo()
     mod = imported.mod
+    prepack = prepack and not c_route and (tune or default_schedules)
+    if prepack:
+        mod = _prepack.fold_batchnorm(mod)
     if tune:
         _say(progress, f"tuning with MetaSchedule ({trials} trials)")
-        mod, tuning_info = _tune(mod, preset, trials, db_dir, progress)
+        mod, tuning_info = _tune(mod, preset, trials, db_dir, progress, prepack)
     elif default_schedules:
         from compiler import schedules
 
         _say(progress, "scheduling kernels (default CPU schedules; --tune measures better ones)")
         mod = schedules.apply(mod, preset.tvm_target())
+        if prepack:
+            mod = _prepack.after_tuning()(mod)
         tuning_info = TuningInfo(schedule="default")
+    transform = None
+    if prepack and _prepack.has_transform(mod):
+        transform = _prepack.TRANSFORM_FUNC
+        _say(progress, "parameter-only work (BatchNorm folding, weight layouts) moved to "
+                       f"{transform}, run once per parameter set")
 
     tmp = _prepare_out(out_dir)
     try:
@@ -241,7 +258,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             params=ParamsInfo(PARAMS_FILE, tuple(imported.param_names),
                               tuple(tuple(p.shape) for p in imported.params),
                               tuple(str(p.dtype) for p in imported.params)),
-            libs=_libs(c_route, train is not None),
+            libs=dataclasses.replace(_libs(c_route, train is not None), transform=transform),
             files={f: file_sha256(tmp / f) for f in files},
             tuning=tuning_info,
             training=training,

@@ -192,11 +192,17 @@ class Libs:
     runtime: str = "vm"
     runner: str | None = None
     train_runner: str | None = None
+    # the inference library's parameter transform (compiler/prepack.py): a VM function taking the
+    # parameters (manifest order) and returning the packed ones ``main`` takes; run once per
+    # parameter set. None: ``main`` takes the parameters as they are.
+    transform: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"infer": self.infer, "train": self.train}
         if self.runtime != "vm":  # VM manifests keep their exact bytes
             out.update(runtime=self.runtime, runner=self.runner, train_runner=self.train_runner)
+        if self.transform is not None:
+            out["transform"] = self.transform
         return out
 
     @classmethod
@@ -204,8 +210,11 @@ class Libs:
         runtime = r.text("runtime", "vm", required=False)
         if runtime not in ("vm", "c"):
             raise _bad(f"{r.where}.runtime is {runtime!r}, expected 'vm' or 'c'")
+        transform = r.text("transform", required=False)
+        if transform is not None and runtime != "vm":
+            raise _bad(f"{r.where}.transform is only valid for the 'vm' runtime")
         return cls(r.text("infer"), r.text("train", required=False), runtime,
-                   r.text("runner", required=False), r.text("train_runner", required=False))
+                   r.text("runner", required=False), r.text("train_runner", required=False), transform)
 
 
 @dataclass(frozen=True)

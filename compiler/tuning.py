@@ -182,10 +182,14 @@ def _make_builder(timeout: float) -> Any:
     return LocalBuilder(f_build=build, timeout_sec=timeout)
 
 
-def prepare(mod: Any, target: Any) -> Any:
+def prepare(mod: Any, target: Any, *, prepack: bool = False) -> Any:
     """Lower a Relax module to fused TIR: the form MetaSchedule extracts tasks from and applies
-    records to (same passes as ``relax.pipeline.static_shape_tuning_pipeline``)."""
+    records to (same passes as ``relax.pipeline.static_shape_tuning_pipeline``). ``prepack``:
+    mark the weights layout-free, so tuned schedules may read them in a rewritten layout
+    (:mod:`compiler.prepack`; another workload, hence another database)."""
     from tvm import relax, transform
+
+    from compiler import prepack as _prepack
 
     target = _as_target(target)
     with target:
@@ -193,6 +197,7 @@ def prepare(mod: Any, target: Any) -> Any:
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.pipeline.zero_pipeline(),
+            *([_prepack.before_tuning()] if prepack else []),
         ])(mod)
 
 
@@ -201,10 +206,10 @@ def _workload_hash(prepared: Any) -> str:
     return hashlib.sha256(prepared.script(show_meta=False).encode()).hexdigest()[:16]
 
 
-def database_path(mod: Any, target: Any, db_dir: str | Path | None = None) -> Path:
+def database_path(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False) -> Path:
     """The directory holding the database of ``mod`` (a Relax module) for ``target``."""
     target = _as_target(target)
-    return _db_path(prepare(mod, target), target, db_dir)
+    return _db_path(prepare(mod, target, prepack=prepack), target, db_dir)
 
 
 def _db_path(prepared: Any, target: Any, db_dir: str | Path | None) -> Path:
@@ -250,7 +255,7 @@ def _progress_callback(total: int, progress: bool) -> tuple[Any, Any, list[int]]
 
 
 def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None,
-         progress: bool = True, seed: int = 0) -> TuneResult:
+         progress: bool = True, seed: int = 0, prepack: bool = False) -> TuneResult:
     """Tune ``mod`` (a Relax IRModule, params as inputs) for ``target`` with up to ``trials``
     measured candidates, or reuse the cached database when it already holds as many."""
     import tvm
@@ -265,7 +270,7 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
                           hint="compile without --tune (MetaSchedule must time candidates on the "
                                "target itself), or pass --db with a database tuned on the board")
     t0 = time.perf_counter()
-    prepared = prepare(mod, target)
+    prepared = prepare(mod, target, prepack=prepack)
     path = _db_path(prepared, target, db_dir)
     db_id = f"{path.parent.name}/{path.name}"
     meta = _read_meta(path)
@@ -340,22 +345,27 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
     return TuneResult(db_id, False, count[0], seconds, len(anchors), str(path))
 
 
-def apply(mod: Any, target: Any, db_dir: str | Path | None = None) -> Any:
+def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False) -> Any:
     """``mod`` lowered to fused TIR with the best tuned schedules of its database applied.
 
     The result goes straight to ``relax.build(result, target)``; functions without a record keep
-    the default schedule. Raises CompilerError if the database was never built."""
+    the default schedule. ``prepack`` (the database must be tuned with it): the weight layout
+    rewrites the schedules need are lifted into ``main_transform_params`` (see
+    :mod:`compiler.prepack`). Raises CompilerError if the database was never built."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
+    from compiler import prepack as _prepack
+
     target = _as_target(target)
-    prepared = prepare(mod, target)
+    prepared = prepare(mod, target, prepack=prepack)
     path = _db_path(prepared, target, db_dir)
     if not (path / "database_tuning_record.json").is_file():
         raise CompilerError(f"no tuning database for this model and target in {path.parent.parent}",
                             hint="tune first (fractal compile --tune) or point --db at the right directory")
     database = ms.database.JSONDatabase(work_dir=str(path), allow_missing=False)
     with target, database, tvm.transform.PassContext(opt_level=3):
-        return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared)
+        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared)
+        return _prepack.after_tuning()(tuned) if prepack else tuned
 
