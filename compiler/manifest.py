@@ -231,21 +231,30 @@ class TuningInfo:
     # how the kernels were scheduled: "naive" (TVM's default lowering; artifacts before the
     # default schedules), "default" (compiler.schedules), "tuned" (MetaSchedule records)
     schedule: str = "naive"
+    time_budget: float | None = None  # --time-budget seconds, if tuning had one
+    measured_on: str | None = None  # --rpc HOST:PORT of the board that timed the candidates
 
     def to_json(self) -> dict[str, Any]:
-        return {"tuned": self.tuned, "db_id": self.db_id, "trials": self.trials,
-                "trials_run": self.trials_run,
-                "seconds": self.seconds, "reused": self.reused, "db_dir": self.db_dir,
-                "schedule": self.schedule}
+        out = {"tuned": self.tuned, "db_id": self.db_id, "trials": self.trials,
+               "trials_run": self.trials_run,
+               "seconds": self.seconds, "reused": self.reused, "db_dir": self.db_dir,
+               "schedule": self.schedule}
+        if self.time_budget is not None:
+            out["time_budget"] = self.time_budget
+        if self.measured_on is not None:
+            out["measured_on"] = self.measured_on
+        return out
 
     @classmethod
     def parse(cls, r: _Reader) -> TuningInfo:
+        budget = r.typed("time_budget", (int, float), None, required=False)
         return cls(r.typed("tuned", bool), r.text("db_id", required=False),
                    r.integer("trials", 0, required=False),
                    r.integer("trials_run", 0, required=False),
                    float(r.typed("seconds", (int, float), 0.0, required=False)),
                    bool(r.typed("reused", bool, False, required=False)), r.text("db_dir", required=False),
-                   r.text("schedule", "tuned" if r.typed("tuned", bool) else "naive", required=False))
+                   r.text("schedule", "tuned" if r.typed("tuned", bool) else "naive", required=False),
+                   None if budget is None else float(budget), r.text("measured_on", required=False))
 
 
 @dataclass(frozen=True)
