@@ -419,24 +419,25 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
         raise CompilerError(f"--time-budget must be > 0 seconds, got {time_budget}",
                             hint="e.g. --time-budget 600")
     target = _as_target(target)
-    if remote is None:
-        ok, why = can_measure(target)
-        if not ok:
-            raise TargetError(f"cannot tune for this target here: {why}",
-                              hint="tune on the board: run `fractal rpc-server` there and pass --rpc "
-                                   "HOST:PORT (MetaSchedule must time candidates on the target itself), or "
-                                   "pass --db with a database tuned on the board")
     t0 = time.perf_counter()
     prepared = prepare(mod, target, prepack=prepack)
     path = _db_path(prepared, target, db_dir)
     db_id = f"{path.parent.name}/{path.name}"
     meta = _read_meta(path)
-    if _reusable(meta, trials, time_budget):
+    ok, why = (True, "") if remote is not None else can_measure(target)
+    # a database tuned on the board (fractal tune --rpc) is applied as it is when this machine
+    # cannot measure for more
+    if _reusable(meta, trials, time_budget) or (meta is not None and not ok):
         assert meta is not None
         if progress:
             print(f"tuning: reusing database {db_id} ({meta.get('trials')} trials recorded, none run)",
                   file=sys.stderr, flush=True)
         return TuneResult(db_id, True, 0, time.perf_counter() - t0, meta.get("tasks", 0), str(path))
+    if not ok:
+        raise TargetError(f"cannot tune for this target here: {why}",
+                          hint="tune on the board: run `fractal rpc-server` there and pass --rpc "
+                               "HOST:PORT (MetaSchedule must time candidates on the target itself), or "
+                               "pass --db with a database tuned on the board")
     if remote is not None:
         check_remote(remote)
 
