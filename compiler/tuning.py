@@ -140,13 +140,17 @@ def _cpu_flags() -> set[str]:
     return cpu_flags()
 
 
+def _target_arch(target: Any) -> str:
+    triple = str(_target_dict(_as_target(target)).get("mtriple") or "")
+    return _ARCH_ALIASES.get(triple.split("-")[0], triple.split("-")[0]) if triple else _host_arch()
+
+
 def can_measure(target: Any) -> tuple[bool, str]:
     """Whether candidates for ``target`` can be timed on this machine, and why not."""
     d = _target_dict(_as_target(target))
     if d.get("kind") != "llvm":
         return False, f"target kind {d.get('kind')!r} is not a CPU target"
-    triple = str(d.get("mtriple") or "")
-    arch = _ARCH_ALIASES.get(triple.split("-")[0], triple.split("-")[0]) if triple else _host_arch()
+    arch = _target_arch(target)
     if arch != _host_arch():
         return False, f"target architecture {arch} cannot run on this {_host_arch()} host"
     flags = _cpu_flags()
@@ -448,7 +452,7 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
     if not anchors:
         raise CompilerError("nothing to tune: the model has no TIR tasks", hint="compile without --tune")
     path.mkdir(parents=True, exist_ok=True)
-    _cpu_intrinsics_only(_host_arch())
+    _cpu_intrinsics_only(_target_arch(target))
     max_global, per_iter, per_task = _plan(todo, len(anchors))
     # a small budget gets a small population: sampling and evolving 512 candidates per task
     # costs more than measuring a handful of them on 2 cores
