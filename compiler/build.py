@@ -168,8 +168,6 @@ def tune_model(onnx_path: str | Path, *, target: str, budget: TuneBudget, db_dir
     linker_for(preset)  # fail fast on a missing cross compiler
     remote = _remote(budget, preset)
     mod = import_model(load_onnx(Path(onnx_path)), shapes=input_shapes).mod
-    if prepack:
-        mod = _prepack.fold_batchnorm(mod)
     _say(progress, f"tuning {Path(onnx_path).name} for {preset.name} ({budget.describe()})")
     return tuning.tune(mod, preset.tvm_target(), trials=budget.trials, time_budget=budget.time_budget,
                        db_dir=db_dir, progress=progress, prepack=prepack, remote=remote)
@@ -242,8 +240,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     tuning_info = TuningInfo()
     mod = imported.mod
     prepack = prepack and not c_route and (tune or default_schedules)
-    if prepack:
-        mod = _prepack.fold_batchnorm(mod)
+    if prepack and not tune:
+        mod = _prepack.fold_batchnorm(mod)  # (tuning folds it in tuning.prepare)
     budget = TuneBudget(trials, time_budget, rpc)
     if tune:
         _say(progress, f"tuning with MetaSchedule ({budget.describe()})")

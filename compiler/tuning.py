@@ -265,13 +265,16 @@ def check_remote(remote: Remote) -> None:
 def prepare(mod: Any, target: Any, *, prepack: bool = False) -> Any:
     """Lower a Relax module to fused TIR: the form MetaSchedule extracts tasks from and applies
     records to (same passes as ``relax.pipeline.static_shape_tuning_pipeline``). ``prepack``:
-    mark the weights layout-free, so tuned schedules may read them in a rewritten layout
-    (:mod:`compiler.prepack`; another workload, hence another database)."""
+    BatchNorm folded into the convolutions and the weights marked layout-free, so tuned schedules
+    may read them in a rewritten layout (:mod:`compiler.prepack`; another workload, hence
+    another database)."""
     from tvm import relax, transform
 
     from compiler import prepack as _prepack
 
     target = _as_target(target)
+    if prepack:
+        mod = _prepack.fold_batchnorm(mod)
     with target:
         return transform.Sequential([
             relax.transform.DecomposeOpsForInference(),

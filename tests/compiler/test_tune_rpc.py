@@ -17,7 +17,6 @@ import pytest
 from compiler import tuning, zoo
 from compiler.emulate import python_command
 from compiler.importer import import_model
-from compiler.prepack import fold_batchnorm
 from compiler.rpc_server import READY
 from compiler.targets import get_preset
 
@@ -70,7 +69,7 @@ def test_tune_on_emulated_board_then_compile_applies_records(board_rpc, run_cli,
     path = Path(res.out.strip().splitlines()[-1])
     # stored under the board's target (Cortex-A72), keyed like any database
     target = get_preset("rpi4").tvm_target()
-    mod = fold_batchnorm(import_model(zoo.build("digits-mlp")).mod)
+    mod = import_model(zoo.build("digits-mlp")).mod
     assert path == tuning.database_path(mod, target, db, prepack=True)
     assert path.parent.name.startswith("llvm-aarch64-cortex-a72-")
     records = (path / "database_tuning_record.json").read_text().splitlines()
