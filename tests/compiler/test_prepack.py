@@ -62,10 +62,13 @@ def test_default_build_packs_params_and_follows_a_trained_round(cnn_artifact, cn
     new, _ = trainer.apply(art.params, grads, trainer.init_state(art.params), lr=0.5)
     assert [p.shape for p in new] == [p.shape for p in art.params]
     holder = ModelHolder(art, tmp_path / "node")
+    before = holder.snapshot.prepared  # what an inference in flight during the swap still uses
     holder.commit(new, 1)
     want = _ort(model, x, dict(zip(art.param_names, new, strict=True)))
     assert not np.allclose(want, _ort(model, x), atol=1e-3)  # the round really changed the model
     np.testing.assert_allclose(holder.infer({"x": x})["logits"], want, atol=1e-4)
+    # the new packed set is fresh memory: the old one is untouched
+    np.testing.assert_allclose(art.infer({"x": x}, params=before)["logits"], _ort(model, x), atol=1e-4)
 
 
 @pytest.mark.slow
