@@ -54,7 +54,7 @@ def _fold_in(func: Any) -> Any:
     # ONNX Conv with a bias imports as conv2d + reshape(bias, [1, C, 1, 1])
     conv_bias = is_op("relax.add")(conv, is_op("relax.reshape")(cbias, wildcard()))
 
-    def rewriter(with_bias: bool) -> Any:
+    def rewriter(with_bias: bool, bn: Any) -> Any:
         def rewrite(expr: Any, m: Any) -> Any:
             c, b = m[conv], m[bn]
             ca, ba = c.attrs, b.attrs
@@ -80,7 +80,7 @@ def _fold_in(func: Any) -> Any:
 
     for with_bias in (True, False):
         bn = is_op("relax.nn.batch_norm")(conv_bias if with_bias else conv, gamma, beta, mean, var)
-        func = rewrite_call(TupleGetItemPattern(bn, 0), rewriter(with_bias), func)
+        func = rewrite_call(TupleGetItemPattern(bn, 0), rewriter(with_bias, bn), func)
     return func
 
 
