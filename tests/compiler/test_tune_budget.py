@@ -50,15 +50,19 @@ def test_trials_are_shared_and_progress_is_per_task(tmp_path, capfd):
 
 
 @pytest.mark.slow
-def test_time_budget_stops_tuning_and_is_reused(tmp_path, capfd):
+def test_time_budget_stops_tuning_and_is_reused(tmp_path, run_cli):
     onnx_path = zoo.save("digits-mlp", tmp_path / "digits.onnx")
-    budget = TuneBudget(trials=None, time_budget=1.0)
-    res = tune_model(onnx_path, target="x86_64", budget=budget, db_dir=tmp_path / "db")
-    err = capfd.readouterr().err
-    assert "time budget of 1 s spent after" in err
-    meta = json.loads((tuning.Path(res.path) / "tune.json").read_text())
+    res = run_cli("compile", onnx_path, "--target", "x86_64", "--tune", "--time-budget", "1", "--db",
+                  tmp_path / "db", "--out", tmp_path / "art")
+    assert res.code == 0, res.err
+    assert "time budget of 1 s spent after" in res.err
+    info = json.loads((tmp_path / "art" / "manifest.json").read_text())["tuning"]
+    assert info["time_budget"] == 1.0 and info["trials"] == 0 and not info["reused"]
     # MetaSchedule's first round gives each task one batch of 8 before it checks the clock
-    assert 1 <= res.trials_run <= 16 and meta["trials"] == res.trials_run
-    assert (tuning.Path(res.path) / "database_tuning_record.json").read_text().strip()
+    assert 1 <= info["trials_run"] <= 16
+    path = tuning.Path(tmp_path / "db") / info["db_id"]
+    assert json.loads((path / "tune.json").read_text())["trials"] == info["trials_run"]
+    assert (path / "database_tuning_record.json").read_text().strip()
+    budget = TuneBudget(trials=None, time_budget=1.0)
     again = tune_model(onnx_path, target="x86_64", budget=budget, db_dir=tmp_path / "db", progress=False)
     assert again.reused and again.trials_run == 0
