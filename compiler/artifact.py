@@ -7,7 +7,9 @@ Layout of an artifact directory::
 
     manifest.json   format version, model, target, inputs/outputs, files + sha256, tuning, training
                     (typed and versioned by compiler.manifest.Manifest, its only reader and writer)
-    infer.so        inference: main(*inputs, *params) at the compiled batch
+    infer.so        inference: main(*inputs, *params) at the compiled batch; with
+                    ``libs.transform`` main takes the packed parameters that
+                    main_transform_params(params) returns (compiler/prepack.py)
     train.so        (with --train) backbone_loss_adjoint(*inputs, *params, targets) and
                     optimizer(params, grads, states, lr)
     params.npz      the initial parameters, keys p0000.. in manifest order
@@ -165,7 +167,8 @@ class Artifact:
         self.batch = manifest.batch
         self._batched_out = all(o.shape and o.shape[0] == self.batch for o in self.outputs)
         self._infer = _runtime_for(manifest, directory / manifest.libs.infer)
-        self._default = PreparedParams(self._infer, params)
+        self._transform = manifest.libs.transform  # packed parameters (compiler/prepack.py) or None
+        self._default = PreparedParams(self._infer, params, self._transform)
         self._trainer: Trainer | None = None
         if manifest.libs.train and manifest.training is not None:
             train_rt = _runtime_for(manifest, directory / manifest.libs.train)
@@ -183,7 +186,8 @@ class Artifact:
 
     def prepare_params(self, params: list[np.ndarray]) -> PreparedParams:
         """Validate and convert a parameter list once, for many ``infer`` calls."""
-        return PreparedParams(self._infer, check_params(params, self.param_names, self.params))
+        checked = check_params(params, self.param_names, self.params)
+        return PreparedParams(self._infer, checked, self._transform)
 
     def infer(self, inputs: dict[str, np.ndarray],
               params: list[np.ndarray] | PreparedParams | None = None) -> dict[str, np.ndarray]:

@@ -7,16 +7,19 @@ in a temporary sibling and renamed into place, so a failed compile never leaves 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from compiler import prepack as _prepack
 from compiler.artifact import param_key
 from compiler.errors import ArtifactError, CompilerError, TargetError
 from compiler.manifest import (
@@ -39,7 +42,7 @@ from compiler.training import (
     optimizer_state_shapes,
 )
 
-__all__ = ["compile_model", "TrainSettings", "build_library"]
+__all__ = ["compile_model", "tune_model", "TuneBudget", "TrainSettings", "build_library"]
 
 INFER_LIB = "infer.so"
 TRAIN_LIB = "train.so"
@@ -106,19 +109,68 @@ def _libs(c_route: bool, train: bool) -> Libs:
                 f"{C_TRAIN_PREFIX}{RUNNER_NAME}" if train else None)
 
 
-def _tune(imported_mod: Any, preset: TargetPreset, trials: int, db_dir: str | Path | None,
-          progress: bool) -> tuple[Any, TuningInfo]:
+@dataclass(frozen=True)
+class TuneBudget:
+    """How much tuning to do and where to measure: ``trials`` in total (an equal share per task)
+    and/or ``time_budget`` seconds; ``rpc`` "HOST:PORT" of a board's RPC server that times the
+    candidates (default: this machine)."""
+
+    trials: int | None = 64
+    time_budget: float | None = None
+    rpc: str | None = None
+
+    def describe(self) -> str:
+        parts = ([f"{self.trials} trials"] if self.trials is not None else []) + \
+                ([f"{self.time_budget:g} s"] if self.time_budget is not None else [])
+        return " / ".join(parts) + (f", measured on {self.rpc}" if self.rpc else "")
+
+
+def _remote(budget: TuneBudget, preset: TargetPreset) -> Any:
+    if budget.rpc is None:
+        return None
+    from compiler import tuning
+
+    return tuning.Remote.parse(budget.rpc, linker=linker_for(preset), link_options=tuple(preset.link_options))
+
+
+def _tune(imported_mod: Any, preset: TargetPreset, budget: TuneBudget, db_dir: str | Path | None,
+          progress: bool, prepack: bool = False) -> tuple[Any, TuningInfo]:
     try:
         from compiler import tuning
     except ImportError as exc:
         raise CompilerError(f"tuning is not available in this build ({exc})",
                             hint="compile without --tune") from None
-    result = tuning.tune(imported_mod, preset.tvm_target(), trials=trials, db_dir=db_dir, progress=progress)
-    tuned = tuning.apply(imported_mod, preset.tvm_target(), db_dir)
-    info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(trials),
+    remote = _remote(budget, preset)
+    result = tuning.tune(imported_mod, preset.tvm_target(), trials=budget.trials,
+                         time_budget=budget.time_budget, db_dir=db_dir, progress=progress, prepack=prepack,
+                         remote=remote)
+    tuned = tuning.apply(imported_mod, preset.tvm_target(), db_dir, prepack=prepack)
+    info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(budget.trials or 0),
                       trials_run=result.trials_run, seconds=round(result.seconds, 3),
-                      db_dir=str(db_dir) if db_dir is not None else None, schedule="tuned")
+                      db_dir=str(db_dir) if db_dir is not None else None, schedule="tuned",
+                      time_budget=budget.time_budget, measured_on=budget.rpc)
     return tuned, info
+
+
+def tune_model(onnx_path: str | Path, *, target: str, budget: TuneBudget, db_dir: str | Path | None = None,
+               progress: bool = True, prepack: bool = True,
+               input_shapes: dict[str, list[int]] | None = None) -> Any:
+    """Tune the inference module of ``onnx_path`` for ``target`` into its database, building no
+    artifact (``fractal tune``); a later ``compile_model(..., tune=True)`` with the same database
+    and budget runs no trials. Returns the :class:`compiler.tuning.TuneResult`."""
+    from compiler import tuning
+    from compiler.importer import import_model, load_onnx
+
+    preset = get_preset(target)
+    if preset.runtime == "c":
+        raise TargetError(f"preset {preset.name!r} uses the C backend, which is not tuned",
+                          hint="tune a VM preset of the same board (e.g. aarch64 or rpi4)")
+    linker_for(preset)  # fail fast on a missing cross compiler
+    remote = _remote(budget, preset)
+    mod = import_model(load_onnx(Path(onnx_path)), shapes=input_shapes).mod
+    _say(progress, f"tuning {Path(onnx_path).name} for {preset.name} ({budget.describe()})")
+    return tuning.tune(mod, preset.tvm_target(), trials=budget.trials, time_budget=budget.time_budget,
+                       db_dir=db_dir, progress=progress, prepack=prepack, remote=remote)
 
 
 def _prepare_out(out_dir: Path) -> Path:
@@ -144,14 +196,20 @@ def _install(tmp: Path, out_dir: Path) -> None:
 
 
 def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, name: str | None = None,
-                  tune: bool = False, trials: int = 64, db_dir: str | Path | None = None,
+                  tune: bool = False, trials: int | None = 64, db_dir: str | Path | None = None,
                   train: TrainSettings | None = None, progress: bool = True,
-                  default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None) -> Path:
+                  default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None,
+                  prepack: bool = True, time_budget: float | None = None, rpc: str | None = None) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
 
     Without ``tune`` the inference kernels get :mod:`compiler.schedules`' default CPU schedules
     (``default_schedules=False``: TVM's naive lowering, for comparison).
+    ``prepack`` (VM targets, tuned or default-scheduled): BatchNorm folded into the convolutions
+    and the parameter-only work (with tuning: the weight layout rewrites) lifted into a
+    transform run once per parameter set (:mod:`compiler.prepack`); training is unaffected.
     ``input_shapes``: input name -> dims (``--shape``) fixing dynamic dimensions; -1 leaves one dynamic.
+    Tuning budget: ``trials`` (total, an equal share per task) and/or ``time_budget`` seconds;
+    ``rpc`` "HOST:PORT": measure on the board's RPC server (any preset of the board's arch).
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
     """
@@ -161,6 +219,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
 
     t0 = time.perf_counter()
     preset = get_preset(target)
+    if (rpc is not None or time_budget is not None) and not tune:
+        raise CompilerError("--rpc and --time-budget apply to tuning", hint="add --tune")
     c_route = preset.runtime == "c"
     if c_route:
         from compiler.cbackend import c_compiler_for
@@ -179,15 +239,26 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
 
     tuning_info = TuningInfo()
     mod = imported.mod
+    prepack = prepack and not c_route and (tune or default_schedules)
+    if prepack and not tune:
+        mod = _prepack.fold_batchnorm(mod)  # (tuning folds it in tuning.prepare)
+    budget = TuneBudget(trials, time_budget, rpc)
     if tune:
-        _say(progress, f"tuning with MetaSchedule ({trials} trials)")
-        mod, tuning_info = _tune(mod, preset, trials, db_dir, progress)
+        _say(progress, f"tuning with MetaSchedule ({budget.describe()})")
+        mod, tuning_info = _tune(mod, preset, budget, db_dir, progress, prepack)
     elif default_schedules:
         from compiler import schedules
 
         _say(progress, "scheduling kernels (default CPU schedules; --tune measures better ones)")
         mod = schedules.apply(mod, preset.tvm_target())
+        if prepack:
+            mod = _prepack.after_tuning()(mod)
         tuning_info = TuningInfo(schedule="default")
+    transform = None
+    if prepack and _prepack.has_transform(mod):
+        transform = _prepack.TRANSFORM_FUNC
+        _say(progress, "parameter-only work (BatchNorm folding, weight layouts) moved to "
+                       f"{transform}, run once per parameter set")
 
     tmp = _prepare_out(out_dir)
     try:
@@ -208,8 +279,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             if tune:
                 # The backward and optimizer kernels are other workloads (other shapes and ops)
                 # than inference: their own database (keyed by workload), the same trial budget.
-                _say(progress, f"tuning the training module with MetaSchedule ({trials} trials)")
-                tmod, train_tuning = _tune(tmod, preset, trials, db_dir, progress)
+                _say(progress, f"tuning the training module with MetaSchedule ({budget.describe()})")
+                tmod, train_tuning = _tune(tmod, preset, budget, db_dir, progress)
             if c_route:
                 files += _build_c(tmod, preset, tmp, [ADJOINT_FUNC, OPTIMIZER_FUNC], name, C_TRAIN_PREFIX)
             else:
@@ -241,7 +312,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             params=ParamsInfo(PARAMS_FILE, tuple(imported.param_names),
                               tuple(tuple(p.shape) for p in imported.params),
                               tuple(str(p.dtype) for p in imported.params)),
-            libs=_libs(c_route, train is not None),
+            libs=dataclasses.replace(_libs(c_route, train is not None), transform=transform),
             files={f: file_sha256(tmp / f) for f in files},
             tuning=tuning_info,
             training=training,

@@ -31,7 +31,7 @@ from compiler.errors import EmulationError
 from compiler.manifest import Manifest
 
 __all__ = ["sysroot_dir", "run_emulated", "elf_info", "ElfInfo", "EM_X86_64", "EM_AARCH64", "EM_RISCV",
-           "SYSROOT_ENV", "run_c_runner", "runner_command", "run_c_artifact"]
+           "SYSROOT_ENV", "run_c_runner", "runner_command", "run_c_artifact", "python_command"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SYSROOT_ENV = {"aarch64": "FRACTAL_SYSROOT_AARCH64", "riscv64": "FRACTAL_SYSROOT_RISCV64"}
@@ -157,6 +157,25 @@ def _artifact_arch(artifact_dir: Path) -> str:
     return Manifest.read(artifact_dir).arch
 
 
+def python_command(arch: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) running the ``arch`` sysroot's Python on ``args`` under qemu-user,
+    with the sysroot's wheels and this repository importable (e.g. ``["-m",
+    "compiler.rpc_server"]``: an emulated board's RPC server). EmulationError when not ready."""
+    qemu, root = _check_ready(arch)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": f"{root / 'wheels'}{os.pathsep}{REPO_ROOT}",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",  # leave no aarch64-interpreter pyc files in the repo
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "LANG": "C.UTF-8",
+        "CRYPTOGRAPHY_OPENSSL_NO_LEGACY": "1",  # trixie ships the legacy provider apart; unused here
+    }
+    if "TVM_NUM_THREADS" in os.environ:
+        env["TVM_NUM_THREADS"] = os.environ["TVM_NUM_THREADS"]
+    return [qemu, "-L", str(root), *_QEMU_CPU.get(arch, ()), str(root / _PYTHON[arch]), *args], env
+
+
 def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
                  timeout: float = DEFAULT_TIMEOUT, python: bool = False) -> dict[str, np.ndarray]:
     """Run ``artifact_dir``'s inference on ``inputs`` under qemu-user; returns its outputs.
@@ -170,25 +189,13 @@ def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
     if manifest.libs.runtime == "c" and not python:
         return run_c_artifact(artifact_dir, manifest, inputs, timeout=timeout)
     arch = _artifact_arch(artifact_dir)
-    qemu, root = _check_ready(arch)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "PYTHONPATH": f"{root / 'wheels'}{os.pathsep}{REPO_ROOT}",
-        "PYTHONNOUSERSITE": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",  # leave no aarch64-interpreter pyc files in the repo
-        "HOME": os.environ.get("HOME", "/tmp"),
-        "LANG": "C.UTF-8",
-    }
-    if "TVM_NUM_THREADS" in os.environ:
-        env["TVM_NUM_THREADS"] = os.environ["TVM_NUM_THREADS"]
     with tempfile.TemporaryDirectory(prefix="fractal-emu-") as tmp:
         inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         arrays: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
         np.savez(inp, **arrays)
-        cmd = [qemu, "-L", str(root), *_QEMU_CPU.get(arch, ()), str(root / _PYTHON[arch]),
-               "-m", "compiler.runner", str(artifact_dir), str(inp), str(out)]
+        cmd, env = python_command(arch, ["-m", "compiler.runner", str(artifact_dir), str(inp), str(out)])
         _run_emulated(cmd, env, tmp, timeout, f"the emulated {arch} run",
-                      f"rebuild the sysroot with `make sysroot` if it is broken ({root})")
+                      f"rebuild the sysroot with `make sysroot` if it is broken ({sysroot_dir(arch)})")
         with np.load(out) as npz:
             return {k: npz[k] for k in npz.files}
 

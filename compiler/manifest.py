@@ -192,11 +192,17 @@ class Libs:
     runtime: str = "vm"
     runner: str | None = None
     train_runner: str | None = None
+    # the inference library's parameter transform (compiler/prepack.py): a VM function taking the
+    # parameters (manifest order) and returning the packed ones ``main`` takes; run once per
+    # parameter set. None: ``main`` takes the parameters as they are.
+    transform: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"infer": self.infer, "train": self.train}
         if self.runtime != "vm":  # VM manifests keep their exact bytes
             out.update(runtime=self.runtime, runner=self.runner, train_runner=self.train_runner)
+        if self.transform is not None:
+            out["transform"] = self.transform
         return out
 
     @classmethod
@@ -204,8 +210,11 @@ class Libs:
         runtime = r.text("runtime", "vm", required=False)
         if runtime not in ("vm", "c"):
             raise _bad(f"{r.where}.runtime is {runtime!r}, expected 'vm' or 'c'")
+        transform = r.text("transform", required=False)
+        if transform is not None and runtime != "vm":
+            raise _bad(f"{r.where}.transform is only valid for the 'vm' runtime")
         return cls(r.text("infer"), r.text("train", required=False), runtime,
-                   r.text("runner", required=False), r.text("train_runner", required=False))
+                   r.text("runner", required=False), r.text("train_runner", required=False), transform)
 
 
 @dataclass(frozen=True)
@@ -222,21 +231,30 @@ class TuningInfo:
     # how the kernels were scheduled: "naive" (TVM's default lowering; artifacts before the
     # default schedules), "default" (compiler.schedules), "tuned" (MetaSchedule records)
     schedule: str = "naive"
+    time_budget: float | None = None  # --time-budget seconds, if tuning had one
+    measured_on: str | None = None  # --rpc HOST:PORT of the board that timed the candidates
 
     def to_json(self) -> dict[str, Any]:
-        return {"tuned": self.tuned, "db_id": self.db_id, "trials": self.trials,
-                "trials_run": self.trials_run,
-                "seconds": self.seconds, "reused": self.reused, "db_dir": self.db_dir,
-                "schedule": self.schedule}
+        out = {"tuned": self.tuned, "db_id": self.db_id, "trials": self.trials,
+               "trials_run": self.trials_run,
+               "seconds": self.seconds, "reused": self.reused, "db_dir": self.db_dir,
+               "schedule": self.schedule}
+        if self.time_budget is not None:
+            out["time_budget"] = self.time_budget
+        if self.measured_on is not None:
+            out["measured_on"] = self.measured_on
+        return out
 
     @classmethod
     def parse(cls, r: _Reader) -> TuningInfo:
+        budget = r.typed("time_budget", (int, float), None, required=False)
         return cls(r.typed("tuned", bool), r.text("db_id", required=False),
                    r.integer("trials", 0, required=False),
                    r.integer("trials_run", 0, required=False),
                    float(r.typed("seconds", (int, float), 0.0, required=False)),
                    bool(r.typed("reused", bool, False, required=False)), r.text("db_dir", required=False),
-                   r.text("schedule", "tuned" if r.typed("tuned", bool) else "naive", required=False))
+                   r.text("schedule", "tuned" if r.typed("tuned", bool) else "naive", required=False),
+                   None if budget is None else float(budget), r.text("measured_on", required=False))
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,17 @@ class Runtime:
             out.append(arr)
         return out
 
+    def transform(self, name: str, tensors: list[Any]) -> list[Any]:
+        """Run the parameter transform ``name`` (params tuple -> packed params tuple) once.
+
+        The packed tensors are fresh, aliases of ``tensors`` (parameters it passes through), or
+        constants the VM holds; inference only reads them, so none is copied."""
+        try:
+            return _flatten(self.func(name)(list(tensors)), [])
+        except Exception as exc:
+            raise ArtifactError(f"parameter transform {name} failed: {' '.join(str(exc).split())[:200]}",
+                                hint="the library does not match its manifest; recompile") from None
+
     def tensor(self, arr: np.ndarray, slot: int | None = None) -> Any:
         """A CPU tensor over ``arr``'s memory (DLPack, no copy) when ``arr`` is a C-contiguous,
         writable, native-order ndarray with 64-byte aligned data; otherwise over an aligned copy.
@@ -147,12 +158,19 @@ class Runtime:
 
 
 class PreparedParams:
-    """Parameters converted once to device tensors; pass to ``infer`` to skip per-call copies."""
+    """Parameters converted once to device tensors; pass to ``infer`` to skip per-call copies.
 
-    def __init__(self, runtime: Runtime, params: list[np.ndarray]) -> None:
+    With ``transform`` (the artifact's ``main_transform_params``, see :mod:`compiler.prepack`)
+    the tensors handed to inference are the packed ones it returns: folded BatchNorm and the
+    weight layouts the tuned kernels read, computed once here instead of on every call.
+    ``arrays`` stay the original (ONNX-layout) parameters, the ones training and the swarm use.
+    """
+
+    def __init__(self, runtime: Runtime, params: list[np.ndarray], transform: str | None = None) -> None:
         self.arrays = list(params)
         # Copied once (aligned): the tensors must not change if the caller later writes to its arrays.
-        self.tensors = [runtime.tensor(aligned_copy(p)) for p in self.arrays]
+        self.originals = [runtime.tensor(aligned_copy(p)) for p in self.arrays]
+        self.tensors = self.originals if transform is None else runtime.transform(transform, self.originals)
 
 
 def check_params(params: list[np.ndarray], names: list[str], ref: list[np.ndarray]) -> list[np.ndarray]:

@@ -37,7 +37,8 @@ from typing import Any
 
 from compiler.errors import CompilerError, TargetError
 
-__all__ = ["TuneResult", "tune", "apply", "default_db_dir", "database_path", "can_measure", "prepare"]
+__all__ = ["TuneResult", "Remote", "tune", "apply", "default_db_dir", "database_path", "can_measure",
+           "prepare", "check_remote"]
 
 FORMAT = 1
 _ARCH_ALIASES = {"amd64": "x86_64", "x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
@@ -68,6 +69,27 @@ class TuneResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A board that times candidates itself, through TVM's RPC server (:mod:`compiler.rpc_server`).
+
+    ``linker`` links each candidate for the board (the preset's cross C++ driver; None: host g++)."""
+
+    host: str
+    port: int
+    linker: str | None = None
+    link_options: tuple[str, ...] = ()
+    timeout: float = 600.0  # seconds per RPC session (one candidate); boards and emulators are slow
+
+    @classmethod
+    def parse(cls, text: str, **kw: Any) -> Remote:
+        """``HOST:PORT`` -> Remote; CompilerError on anything else."""
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CompilerError(f"--rpc {text!r} is not HOST:PORT", hint="e.g. --rpc 192.168.1.20:9190")
+        return cls(host.strip("[]"), int(port), **kw)
 
 
 def default_db_dir() -> Path:
@@ -118,13 +140,17 @@ def _cpu_flags() -> set[str]:
     return cpu_flags()
 
 
+def _target_arch(target: Any) -> str:
+    triple = str(_target_dict(_as_target(target)).get("mtriple") or "")
+    return _ARCH_ALIASES.get(triple.split("-")[0], triple.split("-")[0]) if triple else _host_arch()
+
+
 def can_measure(target: Any) -> tuple[bool, str]:
     """Whether candidates for ``target`` can be timed on this machine, and why not."""
     d = _target_dict(_as_target(target))
     if d.get("kind") != "llvm":
         return False, f"target kind {d.get('kind')!r} is not a CPU target"
-    triple = str(d.get("mtriple") or "")
-    arch = _ARCH_ALIASES.get(triple.split("-")[0], triple.split("-")[0]) if triple else _host_arch()
+    arch = _target_arch(target)
     if arch != _host_arch():
         return False, f"target architecture {arch} cannot run on this {_host_arch()} host"
     flags = _cpu_flags()
@@ -159,8 +185,10 @@ def _cpu_intrinsics_only(arch: str) -> None:
         importlib.import_module(f"{name}.{sub}")
 
 
-def _make_builder(timeout: float) -> Any:
-    """A LocalBuilder whose workers skip the slow intrinsics import (see above)."""
+def _make_builder(timeout: float, remote: Remote | None = None) -> Any:
+    """A LocalBuilder whose workers skip the slow intrinsics import (see above); for a ``remote``
+    board, candidates are linked into shared libraries with the board's (cross) linker, ready
+    for the board's RPC server to ``dlopen``."""
     from tvm.s_tir.meta_schedule.builder import LocalBuilder
 
     def build(mod: Any, target: Any, _params: Any) -> Any:
@@ -179,20 +207,80 @@ def _make_builder(timeout: float) -> Any:
 
         return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
-    return LocalBuilder(f_build=build, timeout_sec=timeout)
+    if remote is None:
+        return LocalBuilder(f_build=build, timeout_sec=timeout)
+    linker, options = remote.linker, list(remote.link_options)
+
+    def export(mod: Any) -> str:
+        import os
+        import tempfile
+
+        from tvm.support import cc
+
+        path = os.path.join(tempfile.mkdtemp(prefix="fractal-ms-"), "candidate.so")
+        if linker is None:
+            mod.export_library(path)
+        else:
+            mod.export_library(path, fcompile=cc.cross_compiler(linker, options=list(options)))
+        return path
+
+    return LocalBuilder(f_build=build, f_export=export, timeout_sec=timeout)
 
 
-def prepare(mod: Any, target: Any) -> Any:
+def _make_runner(remote: Remote | None) -> Any:
+    """Time candidates here (LocalRunner) or on ``remote`` through its TVM RPC server."""
+    from tvm.s_tir import meta_schedule as ms
+
+    evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=50, enable_cpu_cache_flush=False)
+    if remote is None:
+        return ms.runner.LocalRunner(timeout_sec=_RUN_TIMEOUT, evaluator_config=evaluator)
+    host, port, timeout = remote.host, remote.port, remote.timeout
+
+    def create_session(_config: Any) -> Any:
+        # a direct connection (MetaSchedule's default asks an RPC tracker for a device)
+        from tvm import rpc
+
+        return rpc.connect(host, port, session_timeout=timeout)
+
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key="direct",
+                                 session_timeout_sec=int(timeout))
+    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, f_create_session=create_session,
+                               max_workers=1)
+
+
+def check_remote(remote: Remote) -> None:
+    """Connect once to ``remote`` and fail fast with a clear error when it does not answer."""
+    from tvm import rpc
+
+    try:
+        sess = rpc.connect(remote.host, remote.port, session_timeout=60)
+        sess.cpu(0)
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the board is the same user error
+        detail = " ".join(str(exc).split())[:160]
+        raise TargetError(f"cannot reach the TVM RPC server at {remote.host}:{remote.port} ({detail})",
+                          hint="start it on the board: `fractal rpc-server --host 0.0.0.0 --port PORT` "
+                               "(or python3 -m compiler.rpc_server) and check the address") from None
+
+
+def prepare(mod: Any, target: Any, *, prepack: bool = False) -> Any:
     """Lower a Relax module to fused TIR: the form MetaSchedule extracts tasks from and applies
-    records to (same passes as ``relax.pipeline.static_shape_tuning_pipeline``)."""
+    records to (same passes as ``relax.pipeline.static_shape_tuning_pipeline``). ``prepack``:
+    BatchNorm folded into the convolutions and the weights marked layout-free, so tuned schedules
+    may read them in a rewritten layout (:mod:`compiler.prepack`; another workload, hence
+    another database)."""
     from tvm import relax, transform
 
+    from compiler import prepack as _prepack
+
     target = _as_target(target)
+    if prepack:
+        mod = _prepack.fold_batchnorm(mod)
     with target:
         return transform.Sequential([
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.pipeline.zero_pipeline(),
+            *([_prepack.before_tuning()] if prepack else []),
         ])(mod)
 
 
@@ -201,10 +289,10 @@ def _workload_hash(prepared: Any) -> str:
     return hashlib.sha256(prepared.script(show_meta=False).encode()).hexdigest()[:16]
 
 
-def database_path(mod: Any, target: Any, db_dir: str | Path | None = None) -> Path:
+def database_path(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False) -> Path:
     """The directory holding the database of ``mod`` (a Relax module) for ``target``."""
     target = _as_target(target)
-    return _db_path(prepare(mod, target), target, db_dir)
+    return _db_path(prepare(mod, target, prepack=prepack), target, db_dir)
 
 
 def _db_path(prepared: Any, target: Any, db_dir: str | Path | None) -> Path:
@@ -220,87 +308,165 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
     return meta if meta.get("format") == FORMAT else None
 
 
-def _progress_callback(total: int, progress: bool) -> tuple[Any, Any, list[int]]:
-    """A MeasureCallback counting measured candidates (and driving a rich bar on stderr)."""
+class _TimeUp(Exception):
+    """Raised by the progress callback to stop MetaSchedule once the time budget is spent."""
+
+
+@dataclass
+class _Progress:
+    """What the measure callback saw: trials per task, best time per task, whether time ran out."""
+
+    names: list[str]
+    trials: list[int]
+    best_us: list[float]
+    total: int = 0
+    timed_out: bool = False
+
+
+def _progress_callback(names: list[str], total: int | None, deadline: float | None,
+                       progress: bool) -> tuple[Any, Any, _Progress]:
+    """A MeasureCallback counting measured candidates per task, printing one line per measured
+    round on stderr (task, its trials, its best time) under a rich bar, and raising
+    :class:`_TimeUp` after the first round that ends past ``deadline`` (time.monotonic())."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
-    count = [0]
+    state = _Progress(list(names), [0] * len(names), [float("inf")] * len(names))
+    t0 = time.monotonic()
     bar: Any = None
-    task_id: Any = None
+    bar_id: Any = None
+    console: Any = None
     if progress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        bar = Progress(TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
-                       TimeElapsedColumn(), TextColumn("{task.description}"),
-                       console=Console(stderr=True), transient=False)
-        task_id = bar.add_task("", total=total)
+        console = Console(stderr=True)
+        columns = [TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
+                   TimeElapsedColumn(), TextColumn("{task.description}")]
+        bar = Progress(*columns, console=console, transient=False)
+        bar_id = bar.add_task("", total=total)
 
     @derived_object
     class _Count(PyMeasureCallback):
         def apply(self, task_scheduler, task_id_, measure_candidates, builder_results, runner_results):
-            count[0] += len(runner_results)
+            i = int(task_id_)
+            n = len(runner_results)
+            state.total += n
+            state.trials[i] += n
+            for r in runner_results:
+                if r.error_msg is None and r.run_secs:
+                    secs = [float(x.value if hasattr(x, "value") else x) for x in r.run_secs]
+                    state.best_us[i] = min(state.best_us[i], 1e6 * sum(secs) / len(secs))
             if bar is not None:
-                name = task_scheduler.tasks_[task_id_].ctx.task_name if hasattr(
-                    task_scheduler, "tasks_") else ""
-                bar.update(task_id, completed=min(count[0], total), description=str(name)[:40])
+                best = f"{state.best_us[i]:.1f} us" if state.best_us[i] < float("inf") else "no valid run"
+                name = state.names[i] if i < len(state.names) else f"task {i}"
+                bar.console.print(f"tuning: task {i + 1}/{len(state.names)} {name}: {state.trials[i]} "
+                                  f"trials, best {best} ({state.total} in {time.monotonic() - t0:.0f}s)",
+                                  highlight=False)
+                bar.update(bar_id, completed=state.total if total is None else min(state.total, total),
+                           description=name[:40])
+            if deadline is not None and time.monotonic() >= deadline:
+                state.timed_out = True
+                raise _TimeUp()
 
-    return _Count(), bar, count
+    return _Count(), bar, state
 
 
-def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None,
-         progress: bool = True, seed: int = 0) -> TuneResult:
-    """Tune ``mod`` (a Relax IRModule, params as inputs) for ``target`` with up to ``trials``
-    measured candidates, or reuse the cached database when it already holds as many."""
+# Without a trial budget (--time-budget alone) MetaSchedule gets this ceiling and small rounds,
+# so the budget is checked often.
+_UNLIMITED = 1_000_000
+_TIMED_PER_ITER = 8
+
+
+def _plan(todo: int | None, n: int) -> tuple[int, int, int | None]:
+    """(max_trials_global, num_trials_per_iter, max_trials_per_task) for ``todo`` trials on ``n`` tasks.
+
+    Every task's share is capped at ceil(todo / n): MetaSchedule's gradient scheduler otherwise
+    spends a small budget on the first tasks it likes and leaves others with the naive schedule.
+    Several rounds per task when the budget allows: the first round samples blindly (the cost
+    model has no data yet), later ones are guided by the model trained on the measurements.
+    """
+    if todo is None:
+        return _UNLIMITED, _TIMED_PER_ITER, None
+    share = -(-todo // n)
+    per_iter = max(todo // (_ROUNDS * n), min(_MIN_PER_ITER, max(1, todo // n)))
+    return todo, min(_MAX_PER_ITER, per_iter, share), share
+
+
+def _reusable(meta: dict[str, Any] | None, trials: int | None, time_budget: float | None) -> bool:
+    """Whether a database already holds the requested budget: as many trials, or (time budget
+    alone) as many seconds of tuning."""
+    if meta is None:
+        return False
+    if trials is not None:
+        return int(meta.get("trials", 0)) >= trials
+    return float(meta.get("seconds", 0.0)) >= float(time_budget or 0.0)
+
+
+def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path | None = None,
+         progress: bool = True, seed: int = 0, prepack: bool = False, time_budget: float | None = None,
+         remote: Remote | None = None) -> TuneResult:
+    """Tune ``mod`` (a Relax IRModule, params as inputs) for ``target`` and store the records in
+    its database (keyed by target and workload); reuse the database when it already holds the
+    budget.
+
+    Budget: ``trials`` measured candidates in total, each task getting an equal share; or
+    ``time_budget`` seconds (``trials=None``), stopping after the first measured round past it;
+    with both, whichever ends first. ``remote``: time the candidates on a board through its RPC
+    server instead of on this machine (then any target of the board's architecture can be tuned).
+    """
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    if trials < 1:
+    if trials is None and time_budget is None:
+        raise CompilerError("tuning needs a budget", hint="pass --trials N or --time-budget SECONDS")
+    if trials is not None and trials < 1:
         raise CompilerError(f"--trials must be >= 1, got {trials}", hint="e.g. --trials 64")
+    if time_budget is not None and not time_budget > 0:
+        raise CompilerError(f"--time-budget must be > 0 seconds, got {time_budget}",
+                            hint="e.g. --time-budget 600")
     target = _as_target(target)
-    ok, why = can_measure(target)
-    if not ok:
-        raise TargetError(f"cannot tune for this target here: {why}",
-                          hint="compile without --tune (MetaSchedule must time candidates on the "
-                               "target itself), or pass --db with a database tuned on the board")
     t0 = time.perf_counter()
-    prepared = prepare(mod, target)
+    prepared = prepare(mod, target, prepack=prepack)
     path = _db_path(prepared, target, db_dir)
     db_id = f"{path.parent.name}/{path.name}"
     meta = _read_meta(path)
-    if meta is not None and meta.get("trials", 0) >= trials:
+    ok, why = (True, "") if remote is not None else can_measure(target)
+    # a database tuned on the board (fractal tune --rpc) is applied as it is when this machine
+    # cannot measure for more
+    if _reusable(meta, trials, time_budget) or (meta is not None and not ok):
+        assert meta is not None
         if progress:
             print(f"tuning: reusing database {db_id} ({meta.get('trials')} trials recorded, none run)",
                   file=sys.stderr, flush=True)
         return TuneResult(db_id, True, 0, time.perf_counter() - t0, meta.get("tasks", 0), str(path))
+    if not ok:
+        raise TargetError(f"cannot tune for this target here: {why}",
+                          hint="tune on the board: run `fractal rpc-server` there and pass --rpc "
+                               "HOST:PORT (MetaSchedule must time candidates on the target itself), or "
+                               "pass --db with a database tuned on the board")
+    if remote is not None:
+        check_remote(remote)
 
     done = int((meta or {}).get("trials", 0))
-    todo = trials - done  # a database with fewer trials is extended, not restarted
+    todo = None if trials is None else trials - done  # a database with fewer trials is extended
     tasks = ms.relax_integration.extract_tasks(prepared, target)
     anchors = [t for t in tasks if any(op in t.task_name for op in _ANCHOR_OPS)] or list(tasks)
     if not anchors:
         raise CompilerError("nothing to tune: the model has no TIR tasks", hint="compile without --tune")
     path.mkdir(parents=True, exist_ok=True)
-    _cpu_intrinsics_only(_host_arch())
-    # several rounds per task when the budget allows: the first round samples blindly (the cost
-    # model has no data yet), later ones are guided by the model trained on the measurements
-    # ... but never so large that some task gets no round at all: the gradient scheduler starts
-    # round-robin, and a task left out keeps the naive schedule (10x slower on a conv). With 64
-    # trials a 20-task MobileNet gets rounds of 3, not 16 rounds of 4 for 16 of its 20 tasks.
-    n = len(anchors)
-    per_iter = max(todo // (_ROUNDS * n), min(_MIN_PER_ITER, max(1, todo // n)))
-    per_iter = min(_MAX_PER_ITER, per_iter)
+    _cpu_intrinsics_only(_target_arch(target))
+    max_global, per_iter, per_task = _plan(todo, len(anchors))
     # a small budget gets a small population: sampling and evolving 512 candidates per task
     # costs more than measuring a handful of them on 2 cores
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=min(512, max(_MIN_POPULATION, 16 * per_iter)))
-    callback, bar, count = _progress_callback(todo, progress)
+    deadline = None if time_budget is None else time.monotonic() + float(time_budget)
+    callback, bar, state = _progress_callback([t.task_name for t in anchors], todo, deadline, progress)
     callbacks = [*ms.measure_callback.MeasureCallback.create("default"), callback]
     # generous timeouts: the machine is shared and a loaded core makes builds slow
-    builder = _make_builder(timeout=_BUILD_TIMEOUT)
-    runner = ms.runner.LocalRunner(timeout_sec=_RUN_TIMEOUT, evaluator_config=ms.runner.EvaluatorConfig(
-        number=3, repeat=1, min_repeat_ms=50, enable_cpu_cache_flush=False))
+    builder = _make_builder(timeout=_BUILD_TIMEOUT, remote=remote)
+    runner = _make_runner(remote)
     mslog = logging.getLogger("tvm.s_tir.meta_schedule")
     old_level = mslog.level
     mslog.setLevel(logging.WARNING)  # the per-iteration tables go to db/logs, not the terminal
@@ -310,6 +476,11 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
     unnamed = [h for h in mslog.handlers if h.get_name() is None]
     for h in unnamed:
         mslog.removeHandler(h)
+    if progress:
+        budget = " and ".join(([f"{todo} trials ({per_task} per task)"] if todo is not None else [])
+                              + ([f"{time_budget:g} s"] if time_budget is not None else []))
+        where = f" on {remote.host}:{remote.port}" if remote is not None else ""
+        print(f"tuning: {len(anchors)} tasks, budget {budget}{where}", file=sys.stderr, flush=True)
     try:
         with contextlib.ExitStack() as stack:
             # MetaSchedule binds a console handler to sys.stdout when it configures its loggers
@@ -320,42 +491,58 @@ def tune(mod: Any, target: Any, *, trials: int, db_dir: str | Path | None = None
                 stack.enter_context(bar)
             ms.tune.tune_tasks(
                 tasks=contexts, task_weights=weights, work_dir=str(path),
-                max_trials_global=todo, num_trials_per_iter=per_iter,
+                max_trials_global=max_global, max_trials_per_task=per_task, num_trials_per_iter=per_iter,
                 builder=builder, runner=runner, measure_callbacks=callbacks,
                 database=ms.database.JSONDatabase(work_dir=str(path)),
             )
-    except RuntimeError as exc:  # (TVM errors are RuntimeError subclasses; tvm.error.TVMError is gone)
-        raise CompilerError(f"MetaSchedule tuning failed: {' '.join(str(exc).split())[:300]}",
-                            hint=f"see the logs in {path / 'logs'}; retry without --tune") from None
+    except Exception as exc:  # (TVM errors are RuntimeError subclasses; tvm.error.TVMError is gone)
+        if not state.timed_out:  # the time budget stops MetaSchedule by raising from the callback
+            if not isinstance(exc, RuntimeError):
+                raise
+            raise CompilerError(f"MetaSchedule tuning failed: {' '.join(str(exc).split())[:300]}",
+                                hint=f"see the logs in {path / 'logs'}; retry without --tune") from None
     finally:
         mslog.setLevel(old_level)
         for h in unnamed:
             mslog.addHandler(h)
     seconds = time.perf_counter() - t0
-    meta = {"format": FORMAT, "target": _target_dict(target), "trials": done + todo,
-            "trials_run": count[0] + int((meta or {}).get("trials_run", 0)), "tasks": len(anchors),
+    if progress and state.timed_out:
+        print(f"tuning: time budget of {time_budget:g} s spent after {state.total} trials",
+              file=sys.stderr, flush=True)
+    # the trial count a later run compares against: the budget asked for, or (stopped by the
+    # clock, or a time budget alone) the trials really measured
+    reached = done + (todo if todo is not None and not state.timed_out else state.total)
+    meta = {"format": FORMAT, "target": _target_dict(target), "trials": reached,
+            "trials_run": state.total + int((meta or {}).get("trials_run", 0)), "tasks": len(anchors),
+            "per_task": {n: c for n, c in zip(state.names, state.trials, strict=True)},
             "seconds": round(seconds + float((meta or {}).get("seconds", 0.0)), 3),
+            "measured_on": f"rpc://{remote.host}:{remote.port}" if remote is not None else "local",
             "tvm": tvm.__version__, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (path / "tune.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
-    return TuneResult(db_id, False, count[0], seconds, len(anchors), str(path))
+    return TuneResult(db_id, False, state.total, seconds, len(anchors), str(path))
 
 
-def apply(mod: Any, target: Any, db_dir: str | Path | None = None) -> Any:
+def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False) -> Any:
     """``mod`` lowered to fused TIR with the best tuned schedules of its database applied.
 
     The result goes straight to ``relax.build(result, target)``; functions without a record keep
-    the default schedule. Raises CompilerError if the database was never built."""
+    the default schedule. ``prepack`` (the database must be tuned with it): the weight layout
+    rewrites the schedules need are lifted into ``main_transform_params`` (see
+    :mod:`compiler.prepack`). Raises CompilerError if the database was never built."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
+    from compiler import prepack as _prepack
+
     target = _as_target(target)
-    prepared = prepare(mod, target)
+    prepared = prepare(mod, target, prepack=prepack)
     path = _db_path(prepared, target, db_dir)
     if not (path / "database_tuning_record.json").is_file():
         raise CompilerError(f"no tuning database for this model and target in {path.parent.parent}",
                             hint="tune first (fractal compile --tune) or point --db at the right directory")
     database = ms.database.JSONDatabase(work_dir=str(path), allow_missing=False)
     with target, database, tvm.transform.PassContext(opt_level=3):
-        return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared)
+        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared)
+        return _prepack.after_tuning()(tuned) if prepack else tuned
 

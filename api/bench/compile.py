@@ -9,8 +9,10 @@ Both engines run on the same number of threads (``threads``; onnxruntime
 which must be set before TVM starts its pool, so :func:`set_threads` runs first). Latency is the
 median of timed calls after a warm-up, numpy in and numpy out on both sides:
 ``InferenceSession.run`` vs the artifact's Relax VM ``main`` called on zero-copy DLPack views.
-Also reported: ``vm_us`` (the bare VM call on ready device tensors) and ``artifact_infer_us``
-(``Artifact.infer``: input checks, outputs owned by the caller; ~5 us over the bare call here).
+Also reported: ``vm_us`` (the bare VM call on ready device tensors), ``artifact_infer_us``
+(``Artifact.infer``: input checks, outputs owned by the caller; ~5 us over the bare call here)
+and ``param_swap_us`` (``Artifact.prepare_params``: what a parameter swap costs, including the
+pre-packing transform). ``prepack=False`` compiles without pre-packing, for comparison.
 """
 
 from __future__ import annotations
@@ -107,11 +109,16 @@ def _tvm_latency(art_dir: Path, x: np.ndarray, min_seconds: float) -> tuple[dict
     ready = [runtime.tensor(x), *params]
     lat["vm_us"] = measure(lambda: main(*ready), min_seconds=min_seconds / 2)["median_us"]
     lat["artifact_infer_us"] = measure(lambda: art.infer(inputs), min_seconds=min_seconds / 2)["median_us"]
+    # what a parameter swap (a committed round) costs: checks, aligned copies, and with pre-packing
+    # main_transform_params (BatchNorm folding, weight layout rewrites)
+    lat["param_swap_us"] = measure(lambda: art.prepare_params(art.params), min_seconds=min_seconds / 4,
+                                   min_runs=10)["median_us"]
     return lat, out
 
 
 def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str, db_dir: Path,
-                min_seconds: float = 1.0, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+                min_seconds: float = 1.0, log: Callable[[str], None] = lambda s: None,
+                prepack: bool = True) -> dict[str, Any]:
     """Benchmark one zoo model (see the module docstring); returns its row."""
     from compiler import zoo
     from compiler.build import compile_model
@@ -126,7 +133,8 @@ def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str
     log(f"{name}: onnxruntime {row['onnxruntime']['median_us']} us")
 
     t0 = time.perf_counter()
-    plain = compile_model(onnx_path, target=target, out_dir=work / f"{name}-untuned", progress=False)
+    plain = compile_model(onnx_path, target=target, out_dir=work / f"{name}-untuned", progress=False,
+                          prepack=prepack)
     row["compile_untuned_s"] = round(time.perf_counter() - t0, 2)
     lat, out = _tvm_latency(plain, x, min_seconds)
     row["tvm_untuned"] = lat
@@ -135,7 +143,7 @@ def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str
 
     t0 = time.perf_counter()
     tuned = compile_model(onnx_path, target=target, out_dir=work / f"{name}-tuned", tune=True, trials=trials,
-                          db_dir=db_dir, progress=False)
+                          db_dir=db_dir, progress=False, prepack=prepack)
     row["compile_tuned_s"] = round(time.perf_counter() - t0, 2)
     tuning = Manifest.read(tuned).tuning
     row["tuning"] = {"trials": trials, "trials_run": tuning.trials_run, "seconds": tuning.seconds,
@@ -147,7 +155,7 @@ def bench_model(name: str, work: Path, *, trials: int, threads: int, target: str
 
     t0 = time.perf_counter()
     again = compile_model(onnx_path, target=target, out_dir=work / f"{name}-recompiled", tune=True,
-                          trials=trials, db_dir=db_dir, progress=False)
+                          trials=trials, db_dir=db_dir, progress=False, prepack=prepack)
     row["recompile_warm_db_s"] = round(time.perf_counter() - t0, 2)
     row["recompile_reused"] = Manifest.read(again).tuning.reused
 
@@ -162,7 +170,7 @@ def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 64,
                       trials_for: Mapping[str, int] | None = None, threads: int = 1, target: str = NATIVE,
                       db_dir: str | Path | None = None, min_seconds: float = 1.0,
                       work_dir: str | Path | None = None,
-                      log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+                      log: Callable[[str], None] = lambda s: None, prepack: bool = True) -> dict[str, Any]:
     """Run the benchmark over ``models`` (default: every zoo model); one JSON-able dict.
 
     ``trials`` per model unless ``trials_for`` names the model; ``target`` a preset name or
@@ -184,13 +192,15 @@ def run_compile_bench(models: Sequence[str] | None = None, *, trials: int = 64,
     if target == NATIVE:
         target = best_host_preset_name()
     preset = get_preset(target)
-    result = _run(names, per_model, threads, target, db_dir, min_seconds, work_dir, log)
+    result = _run(names, per_model, threads, target, db_dir, min_seconds, work_dir, log, prepack)
     result["target"] = {"preset": target, "tvm_target": dict(preset.target)}
+    result["prepack"] = prepack
     return result
 
 
 def _run(names: list[str], per_model: dict[str, int], threads: int, target: str, db_dir: str | Path | None,
-         min_seconds: float, work_dir: str | Path | None, log: Callable[[str], None]) -> dict[str, Any]:
+         min_seconds: float, work_dir: str | Path | None, log: Callable[[str], None],
+         prepack: bool = True) -> dict[str, Any]:
     own_work = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="fractal-bench-compile-")) if work_dir is None else Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -198,7 +208,7 @@ def _run(names: list[str], per_model: dict[str, int], threads: int, target: str,
     t0 = time.perf_counter()
     try:
         rows = [bench_model(n, work, trials=per_model[n], threads=threads, target=target, db_dir=db,
-                            min_seconds=min_seconds, log=log) for n in names]
+                            min_seconds=min_seconds, log=log, prepack=prepack) for n in names]
     finally:
         if own_work:
             shutil.rmtree(work, ignore_errors=True)

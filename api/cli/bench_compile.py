@@ -28,6 +28,8 @@ def bench_compile(
     model: str | None = typer.Option(None, "--model", help="Benchmark this ONNX file instead of the zoo "
                                      "(--trials 0: untuned only)."),
     shape: list[str] = typer.Option([], "--shape", help="With --model: fix an input's dims, NAME=D0,D1,..."),
+    no_prepack: bool = typer.Option(False, "--no-prepack", help="Compile without weight pre-packing "
+                                    "(BatchNorm and weight layouts recomputed per call), for comparison."),
 ) -> None:
     """Latency of each zoo model in onnxruntime, TVM untuned and TVM tuned; tuning and recompile time."""
     from api.bench.compile import run_compile_bench
@@ -46,7 +48,7 @@ def bench_compile(
         overrides[model.strip()] = int(n)
     result = run_compile_bench(names, trials=trials, trials_for=overrides, threads=threads, target=target,
                                db_dir=db,
-                               min_seconds=seconds,
+                               min_seconds=seconds, prepack=not no_prepack,
                                log=lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
     if as_json:
         typer.echo(json.dumps(result))

@@ -1,4 +1,4 @@
-"""`fractal compile | predict | verify | targets`: the compiler's verbs."""
+"""`fractal compile | tune | rpc-server | inspect | predict | verify | targets`: the compiler's verbs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import typer
 
 from api.cli import app
 
-__all__ = ["compile_cmd", "inspect_cmd", "predict_cmd", "verify_cmd", "targets_cmd"]
+__all__ = ["compile_cmd", "tune_cmd", "rpc_server_cmd", "inspect_cmd", "predict_cmd", "verify_cmd",
+           "targets_cmd"]
 
 
 @app.command("compile")
@@ -19,7 +20,14 @@ def compile_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Artifact directory to write."),
     name: str | None = typer.Option(None, "--name", help="Model name (default: the ONNX file's stem)."),
     tune: bool = typer.Option(False, "--tune", help="Autotune with MetaSchedule (host-runnable targets)."),
-    trials: int = typer.Option(64, "--trials", help="MetaSchedule trials with --tune."),
+    trials: int | None = typer.Option(None, "--trials", help="MetaSchedule trials with --tune, in total: "
+                                      "an equal share per task (default 64; none with --time-budget)."),
+    time_budget: float | None = typer.Option(None, "--time-budget", help="Tune for about this many seconds "
+                                             "(with --trials: whichever ends first)."),
+    rpc: str | None = typer.Option(None, "--rpc", help="HOST:PORT of a board's `fractal rpc-server`: time "
+                                   "candidates there (tunes any preset of the board's arch)."),
+    no_prepack: bool = typer.Option(False, "--no-prepack", help="Keep BatchNorm and weight layouts in every "
+                                    "inference call (for comparison)."),
     db: Path | None = typer.Option(None, "--db", help="Tuning database directory (default: user cache)."),
     train: bool = typer.Option(False, "--train", help="Also build the training module."),
     loss: str = typer.Option("ce", "--loss", help="Training loss: ce or mse."),
@@ -44,9 +52,57 @@ def compile_cmd(
         except ValueError as exc:
             raise CompilerError(f"bad training settings: {exc}",
                                 hint="--loss ce|mse, --optimizer sgd|adam, --lr > 0, --batch >= 1") from None
-    out_dir = compile_model(model, target=target, out_dir=out, name=name, tune=tune, trials=trials,
-                            db_dir=db, train=settings, progress=not quiet, input_shapes=shapes)
+    out_dir = compile_model(model, target=target, out_dir=out, name=name, tune=tune,
+                            trials=default_trials(trials, time_budget), time_budget=time_budget, rpc=rpc,
+                            db_dir=db, train=settings, progress=not quiet, input_shapes=shapes,
+                            prepack=not no_prepack)
     typer.echo(str(out_dir))
+
+
+def default_trials(trials: int | None, time_budget: float | None) -> int | None:
+    """--trials as given; 64 when neither it nor --time-budget is."""
+    return 64 if trials is None and time_budget is None else trials
+
+
+@app.command("tune")
+def tune_cmd(
+    model: Path = typer.Argument(..., help="ONNX model file."),
+    target: str = typer.Option(..., "--target", "-t", help="Target preset of the board (`fractal targets`)."),
+    rpc: str | None = typer.Option(None, "--rpc", help="HOST:PORT of the board's `fractal rpc-server` "
+                                   "(default: measure on this machine, for host presets)."),
+    trials: int | None = typer.Option(None, "--trials", help="Trials in total, an equal share per task "
+                                      "(default 64, or none with --time-budget)."),
+    time_budget: float | None = typer.Option(None, "--time-budget", help="Seconds of tuning "
+                                             "(with --trials: whichever ends first)."),
+    db: Path | None = typer.Option(None, "--db", help="Tuning database directory (default: user cache)."),
+    shape: list[str] = typer.Option([], "--shape", help="Fix an input's dims: NAME=D0,D1,..."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Tune a model for a board into the tuning database (no artifact); `fractal compile --tune`
+    with the same --target, --db and budget then applies the records without running trials."""
+    from compiler.build import TuneBudget, tune_model
+
+    result = tune_model(model, target=target, db_dir=db, progress=not quiet, input_shapes=parse_shapes(shape),
+                        budget=TuneBudget(default_trials(trials, time_budget), time_budget, rpc))
+    typer.echo(result.path)
+
+
+@app.command("rpc-server")
+def rpc_server_cmd(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (0.0.0.0: every interface; the "
+                             "server runs any code a client sends: private networks only)."),
+    port: int = typer.Option(9190, "--port", help="Port to listen on."),
+) -> None:
+    """Run TVM's RPC server on this board so a host can tune for it (`fractal tune --rpc`).
+    Without the fractal CLI on the board: `python3 -m compiler.rpc_server --host H --port P`."""
+    from compiler.rpc_server import serve
+
+    try:
+        serve(host, port)
+    except OSError as exc:
+        from compiler.errors import CompilerError
+
+        raise CompilerError(f"cannot listen on {host}:{port}: {exc}", hint="choose another --port") from None
 
 
 @app.command("inspect")

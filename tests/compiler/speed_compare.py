@@ -1,9 +1,10 @@
-"""Same-run latency of onnxruntime vs untuned TVM builds, naive lowering vs default schedules.
+"""Same-run latency of onnxruntime vs untuned TVM builds: naive lowering, default schedules,
+default schedules with weight pre-packing (BatchNorm folded, compiler/prepack.py; the default).
 
     PYTHONPATH=. .venv/bin/python tests/compiler/speed_compare.py [--target x86_64-avx512] [MODEL ...]
 
 Both sides on 1 thread (TVM_NUM_THREADS=1, onnxruntime intra_op_num_threads=1, sequential).
-Per model: compile both artifacts (timed), then 3 interleaved rounds of ort / naive / default,
+Per model: compile the artifacts (timed), then 3 interleaved rounds of ort / naive / default / prepacked,
 each >= 0.3 s of calls; prints medians of the three round medians, ratios to onnxruntime
 measured in the same rounds, compile seconds and the load average. Not a test (no test_ prefix).
 """
@@ -31,8 +32,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.3)
     args = ap.parse_args()
 
-    from compiler.bench import _ort_session, measure, set_threads
-
+    from api.bench.compile import _ort_session, measure, set_threads
     from compiler import zoo
     from compiler.artifact import load_artifact
     from compiler.build import compile_model
@@ -48,10 +48,11 @@ def main() -> None:
         ref = sess.run(None, {"x": x})[0]
         calls = {"ort": lambda s=sess, x=x: s.run(None, {"x": x})}
         row: dict[str, object] = {"model": name, "target": args.target}
-        for kind, default in (("naive", False), ("default", True)):
+        for kind, default, prepack in (("naive", False, False), ("default", True, False),
+                                       ("prepacked", True, True)):
             t0 = time.perf_counter()
             out = compile_model(onnx_path, target=args.target, out_dir=work / f"{name}-{kind}",
-                                progress=False, default_schedules=default)
+                                progress=False, default_schedules=default, prepack=prepack)
             row[f"compile_{kind}_s"] = round(time.perf_counter() - t0, 2)
             art = load_artifact(out)
             got = next(iter(art.infer({art.inputs[0].name: x}).values()))

@@ -17,14 +17,14 @@ def test_tune_wiring_and_manifest(tmp_path, mlp_onnx, monkeypatch):
 
     calls = {}
 
-    def fake_tune(mod, target, *, trials, db_dir, progress):
-        calls["tune"] = (target.kind.name, trials, db_dir)
+    def fake_tune(mod, target, *, trials, db_dir, progress, time_budget, prepack, remote):
+        calls["tune"] = (target.kind.name, trials, db_dir, time_budget, prepack, remote)
         assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
         return tuning.TuneResult("llvm-test/abc123", False, trials, 1.5)
 
-    def fake_apply(mod, target, db_dir):
+    def fake_apply(mod, target, db_dir, *, prepack):
         calls["apply"] = db_dir
-        return tuning.prepare(mod, target)  # the form apply() returns, without records
+        return tuning.prepare(mod, target, prepack=prepack)  # the form apply() returns, without records
 
     monkeypatch.setattr(tuning, "tune", fake_tune)
     monkeypatch.setattr(tuning, "apply", fake_apply)
@@ -37,7 +37,8 @@ def test_tune_wiring_and_manifest(tmp_path, mlp_onnx, monkeypatch):
         db_dir=tmp_path / "db",
         progress=False,
     )
-    assert calls["tune"] == ("llvm", 12, tmp_path / "db") and calls["apply"] == tmp_path / "db"
+    assert calls["tune"] == ("llvm", 12, tmp_path / "db", None, True, None)
+    assert calls["apply"] == tmp_path / "db"
     t = json.loads((out / "manifest.json").read_text())["tuning"]
     assert t["tuned"] is True and t["db_id"] == "llvm-test/abc123" and t["trials"] == 12
     assert t["trials_run"] == 12 and t["reused"] is False

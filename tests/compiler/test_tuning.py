@@ -69,7 +69,8 @@ def test_tune_compile_reuse(tmp_path, capfd):
     np.testing.assert_allclose(load_artifact(first).infer({"x": x})["logits"], want, rtol=0, atol=1e-4)
     assert _scheduled(
         tuning.apply(
-            import_model(zoo.build("digits-mlp")).mod, get_preset(host_preset_name()).tvm_target(), db
+            import_model(zoo.build("digits-mlp")).mod, get_preset(host_preset_name()).tvm_target(), db,
+            prepack=True,  # (compile_model pre-packs tuned inference builds)
         )
     )
 
