@@ -84,13 +84,8 @@ def test_process_and_thread_compute_the_same_bits(node_factory, digits_artifact,
     assert got["process"] == got["thread"]
 
 
-def test_sigkill_of_the_worker_fails_the_round_and_the_next_round_commits(node_factory, digits_artifact,
-                                                                         digits_data):
-    x, y = digits_data
-    node = node_factory("k", digits_artifact, transport=MemoryHub().transport("k"))
-    node.add_samples({"x": x[:300]}, y[:300])
-    worker = node.training_worker
-    assert isinstance(worker, TrainingWorker)
+def _watch(node):
+    """(events, set at the first STEP, set at DONE/FAILED) for ``node``'s round events."""
     stepping, finished = threading.Event(), threading.Event()
     events = []
 
@@ -102,6 +97,17 @@ def test_sigkill_of_the_worker_fails_the_round_and_the_next_round_commits(node_f
             finished.set()
 
     node.add_event_listener(listen)
+    return events, stepping, finished
+
+
+def test_sigkill_of_the_worker_fails_the_round_and_the_next_round_commits(node_factory, digits_artifact,
+                                                                         digits_data):
+    x, y = digits_data
+    node = node_factory("k", digits_artifact, transport=MemoryHub().transport("k"))
+    node.add_samples({"x": x[:300]}, y[:300])
+    worker = node.training_worker
+    assert isinstance(worker, TrainingWorker)
+    events, stepping, finished = _watch(node)
     sha0 = node.params_sha256
     node.start_round(RoundCommand(round_id="r-kill", steps=100_000, lr=0.1, participants=["k"]))
     assert stepping.wait(120), "no STEP event"
@@ -174,17 +180,7 @@ def test_abort_stops_a_process_round_within_a_step(node_factory, digits_artifact
     x, y = digits_data
     node = node_factory("ab", digits_artifact, transport=MemoryHub().transport("ab"))
     node.add_samples({"x": x[:300]}, y[:300])
-    stepping, finished = threading.Event(), threading.Event()
-    events = []
-
-    def listen(ev):
-        events.append(ev)
-        if ev.kind == EventKind.STEP:
-            stepping.set()
-        if ev.kind in (EventKind.DONE, EventKind.FAILED):
-            finished.set()
-
-    node.add_event_listener(listen)
+    events, stepping, finished = _watch(node)
     node.start_round(RoundCommand(round_id="r-ab", steps=100_000, lr=0.1, participants=["ab"]))
     assert stepping.wait(120), "no STEP event"
     node.handle_command(RoundAbort(round_id="r-ab", reason="operator").model_dump_json())
