@@ -86,6 +86,7 @@ class FleetService:
         self._stop = threading.Event()
         self._dirty: set[str] = set()  # running rounds with step updates not yet published
         self._dirty_lock = threading.Lock()
+        self._round_events = threading.Lock()  # one reader+publisher of round states at a time
         self._ticker: threading.Thread | None = None
 
     # -- life cycle -----------------------------------------------------------------------
@@ -229,22 +230,27 @@ class FleetService:
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         for rid in sorted(dirty):
-            data = self.rounds.get(rid, PLOT_POINTS)
+            self._publish_round(rid)
+
+    def _publish_round(self, round_id: str) -> None:
+        """Publish the round's current state. Read and publish under one lock: threads (MQTT
+        callbacks, the ticker, HTTP routes) then publish a round's states in the order they were
+        read, so a stale copy read before a change can never reach the dashboard after it."""
+        with self._round_events:
+            data = self.rounds.get(round_id, PLOT_POINTS)
             if data is not None:
                 self.bus.publish(EventType.ROUND, data)
 
     def _rounds_changed(self, rounds: list[Round]) -> None:
         for rnd in rounds:
-            self.bus.publish(EventType.ROUND, self.rounds.get(rnd.round_id, PLOT_POINTS) or {})
+            self._publish_round(rnd.round_id)
 
     def _rollback_changed(self, rb: Rollback, now: float) -> None:
         data = rb.to_dict()
         if data["state"] == "done":  # the rounds it undid say so in the history
             info = {k: data[k] for k in ("rollback_id", "by", "to_version", "why", "finished_at")}
             for rid in self.rounds.mark_rolled_back(set(rb.command.nodes), rb.command.to_version, info):
-                data_r = self.rounds.get(rid, PLOT_POINTS)
-                if data_r is not None:
-                    self.bus.publish(EventType.ROUND, data_r)
+                self._publish_round(rid)
         self.bus.publish(EventType.ROLLBACK, data)
 
     # -- operations used by the HTTP routes -----------------------------------------------
@@ -270,9 +276,8 @@ class FleetService:
                                 holdings={n["node_id"]: n["params_sha256"] for n in nodes})
         self.history.record_action("start_round", {"round_id": rnd.round_id,
                                                    "request": req.model_dump(mode="json")}, now)
-        data = rnd.to_dict(PLOT_POINTS)
-        self.bus.publish(EventType.ROUND, data)
-        return data
+        self._publish_round(rnd.round_id)
+        return rnd.to_dict(PLOT_POINTS)
 
     def rollback(self, req: RollbackRequest) -> dict:
         """The operator's rollback (``POST /api/rollback``); RoundRejected when the swarm cannot."""
