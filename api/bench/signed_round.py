@@ -12,8 +12,10 @@ ed25519 statuses/events/commands, Poly1305 ring frames). Reports the median roun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -94,7 +96,8 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
     from deploy.swarm import demo_artifact
     from federation.broker import start_mosquitto
 
-    art_dir = demo_artifact(Path(".cache"), host_preset_name()).resolve()
+    with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout carries only the JSON
+        art_dir = demo_artifact(Path(".cache"), host_preset_name()).resolve()
     art = load_artifact(art_dir)
     broker = start_mosquitto()
     out: dict[str, list[float]] = {"plain": [], "signed": []}
