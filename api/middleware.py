@@ -41,6 +41,20 @@ async def _send_error(send: Send, status: int, message: str,
     await send({"type": "http.response.body", "body": body})
 
 
+class _TrackingSend:
+    """``send`` that remembers whether the response has started (after that, an error can only
+    drop the connection: no status line can be sent any more)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
 class BodyTooLarge(Exception):
     """Raised from ``receive`` once the streamed body passes the limit (caught by the middleware)."""
 
@@ -76,7 +90,7 @@ class BodyLimitMiddleware:
                     return
                 break
         seen = 0
-        started = False
+        tracking_send = _TrackingSend(send)
 
         async def limited_receive() -> Message:
             nonlocal seen
@@ -87,16 +101,10 @@ class BodyLimitMiddleware:
                     raise BodyTooLarge()
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
         try:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
-            if started:  # nothing sane left to say on this connection
+            if tracking_send.started:  # nothing sane left to say on this connection
                 raise
             await _send_error(send, 413, f"request body exceeds the node's max_body_bytes ({limit}); "
                                          f"stopped reading after {seen} bytes")
@@ -124,7 +132,7 @@ class BodyTimeoutMiddleware:
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         body_done = False
-        started = False
+        tracking_send = _TrackingSend(send)
 
         async def timed_receive() -> Message:
             nonlocal deadline, body_done
@@ -140,16 +148,10 @@ class BodyTimeoutMiddleware:
                 body_done = True
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
         try:
             await self.app(scope, timed_receive, tracking_send)
         except BodyTooSlow:
-            if started:
+            if tracking_send.started:
                 raise
             await _send_error(send, 408, f"request body did not arrive within {self.timeout_s:g} s")
 
@@ -168,19 +170,13 @@ class InternalErrorMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        tracking_send = _TrackingSend(send)
 
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:
             log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
-            if started:
+            if tracking_send.started:
                 raise
             body = json.dumps({"error": f"internal error: {type(exc).__name__}"}).encode()
             await send({"type": "http.response.start", "status": 500,
