@@ -17,6 +17,11 @@ def pub(key: Path) -> Path:
     return Path(f"{key}.pub")
 
 
+def build_cli(artifact: Path, board: str, key: Path, out: Path, version: str):
+    """`fractal image build ARTIFACT --board B --key K --out O --version V` (a real CLI process)."""
+    return cli("image", "build", artifact, "--board", board, "--key", key, "--out", out, "--version", version)
+
+
 def test_keygen_writes_a_private_0600_key_and_refuses_to_overwrite(tmp_path):
     r = cli("image", "keygen", "--out", tmp_path / "k")
     assert r.returncode == 0, r.stderr
@@ -29,19 +34,7 @@ def test_keygen_writes_a_private_0600_key_and_refuses_to_overwrite(tmp_path):
 
 def test_build_verify_info_round_trip(tmp_path, digits_artifact, fw_keys):
     out = tmp_path / "d.img"
-    r = cli(
-        "image",
-        "build",
-        digits_artifact,
-        "--board",
-        "x86_64",
-        "--key",
-        fw_keys["k1"],
-        "--out",
-        out,
-        "--version",
-        "1.2.3",
-    )
+    r = build_cli(digits_artifact, "x86_64", fw_keys["k1"], out, "1.2.3")
     assert r.returncode == 0, r.stderr
     r = cli("image", "verify", out, "--pubkey", pub(fw_keys["k1"]))
     assert r.returncode == 0 and "ok:" in r.stdout, r.stderr
@@ -69,53 +62,17 @@ def test_build_refuses_an_artifact_the_board_cannot_run(tmp_path, digits_artifac
     for board in ("rpi4", "riscv64"):
         out = tmp_path / f"{board}.img"
         assert_refused(
-            cli(
-                "image",
-                "build",
-                digits_artifact,
-                "--board",
-                board,
-                "--key",
-                fw_keys["k1"],
-                "--out",
-                out,
-                "--version",
-                "1.0.0",
-            ),
+            build_cli(digits_artifact, board, fw_keys["k1"], out, "1.0.0"),
             "board",
             board,
         )
         assert not out.exists() and list(tmp_path.iterdir()) == []
     assert_refused(
-        cli(
-            "image",
-            "build",
-            digits_artifact,
-            "--board",
-            "vax",
-            "--key",
-            fw_keys["k1"],
-            "--out",
-            tmp_path / "x.img",
-            "--version",
-            "1.0.0",
-        ),
+        build_cli(digits_artifact, "vax", fw_keys["k1"], tmp_path / "x.img", "1.0.0"),
         "unknown board",
     )
     assert_refused(
-        cli(
-            "image",
-            "build",
-            digits_artifact,
-            "--board",
-            "x86_64",
-            "--key",
-            fw_keys["k1"],
-            "--out",
-            tmp_path / "x.img",
-            "--version",
-            "one",
-        ),
+        build_cli(digits_artifact, "x86_64", fw_keys["k1"], tmp_path / "x.img", "one"),
         "semantic version",
     )
     assert list(tmp_path.iterdir()) == []
