@@ -37,7 +37,7 @@ sysroot-aarch64: $(CACHE)/sysroot-aarch64/.done
 $(CACHE)/sysroot-aarch64/.done: firmware/sysroot.sh
 	bash firmware/sysroot.sh aarch64 $(CACHE)/sysroot-aarch64
 sysroot-riscv64: $(CACHE)/sysroot-riscv64/.done
-$(CACHE)/sysroot-riscv64/.done: firmware/sysroot.sh
+$(CACHE)/sysroot-riscv64/.done: firmware/sysroot.sh firmware/sysroot-riscv64.lock firmware/debs.py
 	bash firmware/sysroot.sh riscv64 $(CACHE)/sysroot-riscv64
 
 test: install-dev sysroot

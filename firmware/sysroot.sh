@@ -27,9 +27,11 @@ case "$ARCH" in
   *) echo "sysroot.sh: unsupported arch '$ARCH' (aarch64 or riscv64)" >&2; exit 2 ;;
 esac
 
-# .done records the hash of this script: a changed recipe rebuilds, an unchanged one is a no-op
+# .done records the hash of this script and the arch's lock file: a changed recipe rebuilds, an unchanged one is a no-op
 # (touching .done so make sees it newer than the script).
-STAMP="recipe $(sha256sum "$0" | cut -c1-16)"
+LOCK="$REPO/firmware/sysroot-$ARCH.lock"
+RECIPE=("$0"); [ -f "$LOCK" ] && RECIPE+=("$LOCK")
+STAMP="recipe $(cat "${RECIPE[@]}" | sha256sum | cut -c1-16)"
 if [ -f "$DEST/.done" ]; then
   if grep -qx "$STAMP" "$DEST/.done"; then
     touch "$DEST/.done"
@@ -66,10 +68,23 @@ if [ "$ARCH" = riscv64 ]; then
   APTOPTS=(-o "Dir::Etc::SourceList=$A/sources.list" -o Dir::Etc::SourceParts=/nonexistent
            -o "Dir::State::Lists=$A/lists" -o "Dir::Cache=$A/cache" -o "Dir::State::Status=$A/status"
            -o APT::Architecture=riscv64 -o APT::Architectures::=riscv64)
-  echo "sysroot riscv64: apt update (trixie riscv64, private lists in $A)"
-  apt-get "${APTOPTS[@]}" update -qq
-  echo "sysroot riscv64: downloading ${#RV_DEBS[@]} Debian riscv64 packages"
-  ( cd "$DEST/.debs" && apt-get "${APTOPTS[@]}" download -qq "${RV_DEBS[@]}" )
+  # First the pinned files (firmware/sysroot-riscv64.lock: pool path, size, sha256 of each
+  # package; no index needed, so a mirror mid-sync cannot break the build). A pin Debian has
+  # since removed from the pool falls back to apt's index, retried a few times.
+  echo "sysroot riscv64: fetching ${#RV_DEBS[@]} pinned Debian riscv64 packages ($LOCK)"
+  if ! python3 "$REPO/firmware/debs.py" fetch --lock "$LOCK" --dest "$DEST/.debs" \
+      --packages "${RV_DEBS[@]}"; then
+    echo "sysroot riscv64: pinned download failed, falling back to apt (trixie riscv64, private lists in $A)"
+    rm -f "$DEST"/.debs/*.deb
+    ok=0
+    for attempt in 1 2 3; do
+      if apt-get "${APTOPTS[@]}" update -qq; then ok=1; break; fi
+      echo "sysroot riscv64: apt update failed (attempt $attempt of 3)" >&2
+      sleep $((attempt * 20))  # back-off for a mirror that is mid-sync
+    done
+    [ "$ok" = 1 ] || { echo "sysroot riscv64: error: Debian trixie riscv64 index unavailable" >&2; exit 1; }
+    ( cd "$DEST/.debs" && apt-get "${APTOPTS[@]}" download -qq "${RV_DEBS[@]}" )
+  fi
   for deb in "$DEST"/.debs/*.deb; do
     dpkg -x "$deb" "$DEST"
   done
