@@ -27,6 +27,9 @@ class NodeLike(Protocol):
     @property
     def outputs(self) -> Sequence[Any]: ...
 
+    @property
+    def batched(self) -> bool: ...  # False: the model's inputs have no batch dimension
+
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def add_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray) -> Any: ...

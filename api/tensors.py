@@ -81,10 +81,11 @@ def datatype_of(dtype: Any) -> str:
         raise TensorError(f"dtype {dtype} has no Open Inference Protocol datatype") from exc
 
 
-def metadata_shape(shape: Sequence[int | None | str]) -> list[int]:
-    """Model-metadata shape: the leading batch dim is variable (-1); symbolic dims are -1 too."""
+def metadata_shape(shape: Sequence[int | None | str], *, batched: bool = True) -> list[int]:
+    """Model-metadata shape: the leading batch dim is variable (-1) when the model has one;
+    symbolic dims are -1 too."""
     dims = [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
-    if dims:
+    if dims and batched:
         dims[0] = -1
     return dims
 

@@ -113,7 +113,8 @@ def _runtime_for(manifest: Manifest, lib_path: Path) -> Runtime:
     return Runtime(lib_path)
 
 
-def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any]) -> tuple[list[np.ndarray], int]:
+def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
+                 batched: bool = True) -> tuple[list[np.ndarray], int]:
     """Validate a batch of inputs against the model's specs: names, shapes ([N, *spec.shape[1:]] with
     the same N >= 1 for every input) and dtypes (numpy arrays exactly; lists converted, see
     :func:`_convert`). Returns the arrays in spec
@@ -139,6 +140,15 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any]) -> tupl
             except (ValueError, TypeError) as exc:
                 raise InputError(f"input {spec.name!r} is not a rectangular array of numbers ({exc})",
                                  hint="send a nested list or array of the model's shape") from None
+        if not batched:  # a model without a batch dimension takes exactly its compiled shapes
+            if arr.shape != tuple(spec.shape):
+                raise InputError(f"input {spec.name!r} has shape {list(arr.shape)}, expected "
+                                 f"{list(spec.shape)}",
+                                 hint="this model's inputs have no batch dimension: send exactly "
+                                      "the shapes of its metadata")
+            arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed))
+            n = 1
+            continue
         want = spec.shape[1:]
         if arr.ndim != len(spec.shape) or arr.shape[1:] != want or arr.shape[0] < 1:
             raise InputError(f"input {spec.name!r} has shape {list(arr.shape)}, expected [N, "
@@ -165,7 +175,9 @@ class Artifact:
         self.param_names = param_names
         self.params = params
         self.batch = manifest.batch
-        self._batched_out = all(o.shape and o.shape[0] == self.batch for o in self.outputs)
+        self.batched = manifest.batched
+        self._batched_out = manifest.batched and all(o.shape and o.shape[0] == self.batch
+                                                     for o in self.outputs)
         self._infer = _runtime_for(manifest, directory / manifest.libs.infer)
         self._transform = manifest.libs.transform  # packed parameters (compiler/prepack.py) or None
         self._default = PreparedParams(self._infer, params, self._transform)
@@ -192,22 +204,28 @@ class Artifact:
     def infer(self, inputs: dict[str, np.ndarray],
               params: list[np.ndarray] | PreparedParams | None = None) -> dict[str, np.ndarray]:
         """Run the model on a batch of any size N >= 1; returns {output name: array [N, ...]}.
+        A model without a batch dimension (``manifest.batched`` False) takes exactly its compiled
+        shapes.
 
         Thread-safe: each calling thread gets its own VM. ``params`` default to the artifact's own.
         """
-        arrays, n = check_inputs(self.inputs, inputs)
+        arrays, n = check_inputs(self.inputs, inputs, batched=self.batched)
         if params is None:
             prepared = self._default
         elif isinstance(params, PreparedParams):
             prepared = params
         else:
             prepared = self.prepare_params(params)
+        rt = self._infer
+        if not self.batched:  # exactly the compiled shapes, one call
+            ins = [rt.tensor(arr, i) for i, arr in enumerate(arrays)]
+            outs = rt.call(INFER_FUNC, (*ins, *prepared.tensors), [*ins, *prepared.tensors])
+            return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
         b = self.batch
         batched_out = self._batched_out
         if n != b and not batched_out:
             raise InputError(f"this model's outputs have no batch dimension; send exactly {b} sample(s)",
                              hint=f"use batch {b}")
-        rt = self._infer
         chunks: list[list[np.ndarray]] = [[] for _ in self.outputs]
         # The library is compiled for batch b: run ceil(n/b) calls, zero-padding the last one.
         # Inputs and outputs cross by DLPack (no copy); see Runtime.tensor and Runtime.call.

@@ -319,6 +319,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             compile_seconds=round(time.perf_counter() - t0, 3),
             compiled_shapes={s.name: tuple(s.shape) for s in imported.inputs},
             prepared_steps=tuple(imported.prepared_steps),
+            batched=imported.batched,
         )
         manifest.write(tmp)
         _install(tmp, out_dir)

@@ -139,6 +139,10 @@ def run_c_artifact(artifact_dir: Path, manifest: Manifest, inputs: dict[str, np.
     _, params = load_params(artifact_dir, manifest)
     specs = list(manifest.inputs)
     names = [d.name for d in manifest.outputs]
+    if not manifest.batched:  # exactly the compiled shapes, one run
+        chunk = [np.asarray(inputs[s.name], dtype=s.dtype) for s in specs]
+        outs = run_c_runner(runner, arch, "main", [*chunk, *params], timeout=timeout)
+        return dict(zip(names, outs, strict=True))
     batch = manifest.batch
     n = next(iter(inputs.values())).shape[0] if inputs else batch
     parts: dict[str, list[np.ndarray]] = {k: [] for k in names}

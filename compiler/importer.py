@@ -54,6 +54,7 @@ class ImportedModel:
     params: list[np.ndarray]
     batch: int
     prepared_steps: list[str] = field(default_factory=list)  # prepare steps that changed the graph
+    batched: bool = True  # False: the inputs share no leading batch dimension (fixed shapes)
 
 
 def supported_ops() -> set[str]:
@@ -119,8 +120,11 @@ def _elem_dtype(value_info: Any) -> str:
     return str(onnx.helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type))
 
 
-def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int]:
-    """Static input specs; the leading dim may be symbolic (it becomes ``batch``)."""
+def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int, bool]:
+    """Static input specs, the model's own batch and whether the inputs share a leading batch
+    dimension. The leading dim may be symbolic (it becomes ``batch``). Inputs whose static leading
+    dims differ (``mm``: [2, 3] and [3, 4]) have no batch dimension: they are compiled for exactly
+    their shapes (``batched`` False) and inference takes exactly those shapes."""
     specs: list[TensorSpec] = []
     model_batch: int | None = None
     for inp in _graph_inputs(model):
@@ -146,13 +150,21 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int]
     leading = {s.name: s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
     if len(set(leading.values())) > 1:
         shown = ", ".join(f"{k}: {v}" for k, v in leading.items())
-        raise ModelError(f"the inputs disagree on the leading (batch) dimension ({shown}); an artifact's "
-                         "inputs share one batch dimension",
-                         hint="export the model so every input starts with the batch dimension")
+        dynamic = [s.name for s in specs if s.shape and s.shape[0] < 0]
+        if dynamic:
+            raise ModelError(f"input {dynamic[0]!r} has a dynamic leading dimension and the other inputs "
+                             f"disagree on theirs ({shown}), so there is no batch dimension to give it",
+                             hint=f"fix it with --shape {dynamic[0]}=D0,D1,...")
+        if batch is not None:
+            raise ModelError(f"the inputs have no common batch dimension ({shown}); the model compiles "
+                             f"for exactly these shapes, not for batch {batch}",
+                             hint="compile without --train/--batch, or export the model with a "
+                                  "leading batch dimension on every input")
+        return specs, 1, False
     base = model_batch or 1
     target = batch or base
     out = [TensorSpec(s.name, (target, *s.shape[1:]) if s.shape else s.shape, s.dtype) for s in specs]
-    return out, base
+    return out, base, True
 
 
 def _trainable(model: Any) -> set[str]:
@@ -251,6 +263,19 @@ def _model_batch(model: Any, shapes: dict[str, list[int]] | None) -> int | None:
     return None
 
 
+def _static_leading(model: Any, shapes: dict[str, list[int]] | None) -> set[int]:
+    """The distinct static leading dims of the inputs (user shapes first)."""
+    out = set()
+    for inp in _graph_inputs(model):
+        user = (shapes or {}).get(inp.name)
+        dims = inp.type.tensor_type.shape.dim
+        if user and user[0] > 0:
+            out.add(user[0])
+        elif dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            out.add(int(dims[0].dim_value))
+    return out
+
+
 def import_model(model: Any, *, batch: int | None = None,
                  shapes: dict[str, list[int]] | None = None) -> ImportedModel:
     """Prepare (compiler.prepare) and import an ONNX model into Relax with parameters as trailing
@@ -265,13 +290,18 @@ def import_model(model: Any, *, batch: int | None = None,
     from compiler.prepare import prepare
 
     own = _model_batch(model, shapes)
-    model, steps = prepare(model, shapes=shapes, batch=batch or own or 1)
+    # Inputs whose static leading dims differ have no batch dimension: a dynamic leading dim
+    # among them is left dynamic here (and refused by name below) rather than guessed.
+    fill = (batch or own or 1) if len(_static_leading(model, shapes)) <= 1 else batch
+    model, steps = prepare(model, shapes=shapes, batch=fill)
     _check_ops(model)
     _check_constructs(model)
-    specs, base = _input_shapes(model, batch)
+    specs, base, batched = _input_shapes(model, batch)
     keep = _trainable(model)
     param_names = [t.name for t in model.graph.initializer if t.name in keep]
-    prepared = _rebatch(_constants_to_nodes(model, keep), specs, base, batch or base)
+    prepared = _constants_to_nodes(model, keep)
+    if batched:
+        prepared = _rebatch(prepared, specs, base, batch or base)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     try:
         with warnings.catch_warnings():
@@ -291,7 +321,7 @@ def import_model(model: Any, *, batch: int | None = None,
                          hint="report this model as a bug")
     outputs = _output_specs(mod, model)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
-                         params=params, batch=batch or base, prepared_steps=steps)
+                         params=params, batch=batch or base, prepared_steps=steps, batched=batched)
 
 
 # op -> input positions that decide an output *shape*; TVM needs them known at compile time

@@ -324,6 +324,9 @@ class Manifest:
     compile_seconds: float = 0.0
     compiled_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # --shape result per input
     prepared_steps: tuple[str, ...] = ()  # ONNX preparation steps that changed the graph
+    # False: the inputs share no leading batch dimension; inference takes exactly the compiled
+    # shapes in one call (no batch chunking), and there is no training module.
+    batched: bool = True
     format_version: int = FORMAT_VERSION
 
     @property
@@ -346,6 +349,7 @@ class Manifest:
             "compile_seconds": self.compile_seconds,
             "compiled_shapes": {k: list(v) for k, v in self.compiled_shapes.items()},
             "prepared_steps": list(self.prepared_steps),
+            "batched": self.batched,
         }
 
     @classmethod
@@ -379,6 +383,7 @@ class Manifest:
             compile_seconds=float(r.typed("compile_seconds", (int, float), 0.0, required=False)),
             compiled_shapes=_shapes_map(r.typed("compiled_shapes", dict, {}, required=False), where),
             prepared_steps=r.seq("prepared_steps", _text, required=False),
+            batched=r.typed("batched", bool, True, required=False),
             format_version=version,
         )
 

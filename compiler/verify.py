@@ -57,14 +57,17 @@ def random_inputs(specs: list[TensorSpec], n: int, seed: int = 0) -> dict[str, n
 
 
 def onnxruntime_reference(onnx_path: str | Path, inputs: dict[str, np.ndarray],
-                          batch: int) -> dict[str, np.ndarray]:
-    """onnxruntime outputs, run in chunks of the compiled ``batch`` (the ONNX model may fix it)."""
+                          batch: int | None) -> dict[str, np.ndarray]:
+    """onnxruntime outputs, run in chunks of the compiled ``batch`` (the ONNX model may fix it);
+    ``batch`` None: one run on the inputs as they are (a model without a batch dimension)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
+    if batch is None:
+        return {k: np.asarray(v) for k, v in zip(names, sess.run(names, inputs), strict=True)}
     n = next(iter(inputs.values())).shape[0]
     parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
     for start in range(0, n, batch):
@@ -89,7 +92,11 @@ def verify_artifact(artifact_dir: str | Path, onnx_path: str | Path, *, emulate:
     specs = list(manifest.inputs)
     b = manifest.batch
     n = b * max(1, batches)
-    inputs = random_inputs(specs, n, seed)
+    if manifest.batched:
+        inputs = random_inputs(specs, n, seed)
+    else:  # no batch dimension: one set of inputs of exactly the compiled shapes
+        inputs = {k: v[0] for k, v in random_inputs([TensorSpec(s.name, (1, *s.shape), s.dtype)
+                                                     for s in specs], 1, seed).items()}
     if emulate:
         try:
             from compiler.emulate import run_emulated
@@ -99,7 +106,7 @@ def verify_artifact(artifact_dir: str | Path, onnx_path: str | Path, *, emulate:
         got: dict[str, Any] = run_emulated(artifact_dir, inputs)
     else:
         got = load_artifact(artifact_dir).infer(inputs)
-    ref = onnxruntime_reference(onnx_path, inputs, b)
+    ref = onnxruntime_reference(onnx_path, inputs, b if manifest.batched else None)
     per = {}
     for name, want in ref.items():
         if name not in got:

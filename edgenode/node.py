@@ -157,6 +157,11 @@ class EdgeNode(ImageControl, RoundControl):
     def outputs(self) -> list[Spec]:
         return list(self.artifact.outputs)
 
+    @property
+    def batched(self) -> bool:
+        """Whether the inputs' leading dimension is a batch (False: exactly the compiled shapes)."""
+        return bool(self.artifact.manifest.batched)
+
     def readiness(self) -> str | None:
         """Why the node cannot serve right now, or None when it can (``/v2/health/ready``).
 

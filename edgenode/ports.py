@@ -56,6 +56,9 @@ class ManifestInfo(Protocol):
     @property
     def tuning(self) -> TuningFacts: ...
 
+    @property
+    def batched(self) -> bool: ...  # False: the inputs have no batch dimension (exact shapes)
+
 
 class Trainer(Protocol):
     """Loss + gradients and the optimizer step at a fixed compiled batch."""

@@ -112,18 +112,20 @@ async def server_metadata() -> dict[str, Any]:
     return {"name": "fractal-edge", "version": __version__, "extensions": ["binary_tensor_data"]}
 
 
-def _tensor_meta(specs: Any) -> list[dict[str, Any]]:
-    return [{"name": s.name, "datatype": datatype_of(s.dtype), "shape": metadata_shape(s.shape)}
-            for s in specs]
+def _tensor_meta(specs: Any, batched: bool) -> list[dict[str, Any]]:
+    return [{"name": s.name, "datatype": datatype_of(s.dtype),
+             "shape": metadata_shape(s.shape, batched=batched)} for s in specs]
 
 
 @router.get("/models/{name}", summary="Model metadata", responses=_ERRORS)
 @router.get("/models/{name}/versions/{version}", summary="Model metadata (versioned)", responses=_ERRORS)
 async def model_metadata(name: str, node: NodeDep, version: str | None = None) -> dict[str, Any]:
-    """Inputs and outputs with OIP datatypes; the batch dimension is -1 (any N >= 1)."""
+    """Inputs and outputs with OIP datatypes; the batch dimension is -1 (any N >= 1), a model
+    without one (inputs with different leading dimensions) reports its exact shapes."""
     _check_model(node, name, version)
     return {"name": node.model_name, "versions": [model_version(node)], "platform": "tvm",
-            "inputs": _tensor_meta(node.inputs), "outputs": _tensor_meta(node.outputs)}
+            "inputs": _tensor_meta(node.inputs, node.batched),
+            "outputs": _tensor_meta(node.outputs, node.batched)}
 
 
 @router.get("/models/{name}/ready", summary="Model readiness", responses=_ERRORS)

@@ -98,8 +98,12 @@ PASSING: frozenset[str] = frozenset({
     "pytorch-converted/test_log_softmax_lastdim",
     "pytorch-converted/test_softmax_functional_dim3",
     "pytorch-converted/test_softmax_lastdim",
+    "pytorch-operator/test_operator_add_broadcast",
     "pytorch-operator/test_operator_add_size1_broadcast",
+    "pytorch-operator/test_operator_add_size1_right_broadcast",
+    "pytorch-operator/test_operator_add_size1_singleton_broadcast",
     "pytorch-operator/test_operator_addconstant",
+    "pytorch-operator/test_operator_addmm",
     "pytorch-operator/test_operator_basic",
     "pytorch-operator/test_operator_chunk",
     "pytorch-operator/test_operator_clip",
@@ -112,6 +116,7 @@ PASSING: frozenset[str] = frozenset({
     "pytorch-operator/test_operator_max",
     "pytorch-operator/test_operator_maxpool",
     "pytorch-operator/test_operator_min",
+    "pytorch-operator/test_operator_mm",
     "pytorch-operator/test_operator_non_float_params",
     "pytorch-operator/test_operator_pad",
     "pytorch-operator/test_operator_params",
@@ -128,6 +133,7 @@ PASSING: frozenset[str] = frozenset({
     "pytorch-operator/test_operator_symbolic_override",
     "pytorch-operator/test_operator_symbolic_override_nested",
     "pytorch-operator/test_operator_view",
+    "simple/test_sequence_model1",
     "simple/test_sequence_model2",
     "simple/test_sequence_model4",
     "simple/test_sequence_model5",
@@ -144,7 +150,6 @@ REFUSED: dict[str, str] = {
     "simple/test_expand_shape_model3": "output shapes decided at run time are not supported",
     "simple/test_sequence_model3": "negative position",
     "simple/test_strnorm_model_nostopwords_nochangecase": "unsupported operator 'StringNormalizer'",
-    "pytorch-operator/test_operator_mm": "share one batch dimension",
 }
 
 BAD = ("wrong", "error", "crash", "refused-at-run")

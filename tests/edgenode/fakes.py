@@ -58,6 +58,7 @@ class FakeManifest:
     preset: str = "x86_64"
     tvm_version: str = "none (numpy fake)"
     tuning: FakeTuning = FakeTuning()
+    batched: bool = True
 
 
 class NumpyArtifact:
