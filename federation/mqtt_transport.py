@@ -48,6 +48,10 @@ class MqttTransport:
         self.member_id = topics.validate_id(member_id, "member id")
         self.max_payload = int(max_payload)
         self.closed = False
+        # A link that authenticates every frame end to end (federation/signed.py's SignedLink):
+        # the frame layer skips its CRC check, and skips computing it when frames are MAC'd.
+        self.authenticated = bool(getattr(link, "authenticates_frames", False))
+        self.frame_crc = not getattr(link, "macs_frames", False)
         self.stats = {"sent": 0, "sent_bytes": 0, "payload_bytes": 0, "received": 0}
         self._inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._receiver: Callable[[bytes], None] | None = None
