@@ -164,9 +164,12 @@ def encode(
     total: int = 0,
     payload: Sequence[Any] = (),
     crc: bool = True,
+    room: int = 0,
 ) -> bytes:
     """Build one frame. ``payload`` is a sequence of bytes-like pieces, joined without extra copies.
-    ``crc=False``: leave the checksum 0 (the transport authenticates every frame end to end)."""
+    ``crc=False``: leave the checksum 0 (the transport authenticates every frame end to end).
+    ``room > 0``: a ``bytearray`` with ``room`` zero bytes after the frame, for a transport that
+    seals it in place (``federation.ringmac.RingMac.seal_into``); the frame is ``buf[:-room]``."""
     sw, tg, sd = _id_bytes(swarm, "swarm id"), _id_bytes(tag, "tag"), _id_bytes(sender, "sender id")
     pieces = [memoryview(p).cast("B") if not isinstance(p, bytes) else p for p in payload]
     plen = sum(len(p) for p in pieces)
@@ -178,21 +181,30 @@ def encode(
         head += _PADS[-len(head) % 8]
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from e
+    if room:
+        tail = _CRC.pack(_crc(head, pieces)) if crc else _NO_CRC
+        # A bytearray reads like the bytes every caller expects; only the sealing transport writes it.
+        return bytearray().join([head, *pieces, tail, bytes(room)])  # type: ignore[return-value]
     if not crc:
         return b"".join([head, *pieces, _NO_CRC])
+    return b"".join([head, *pieces, _CRC.pack(_crc(head, pieces))])
+
+
+def _crc(head: bytes, pieces: list) -> int:
     c = crc32(head)
     for p in pieces:
         c = crc32(p, c)
-    return b"".join([head, *pieces, _CRC.pack(c)])
+    return c
 
 
-def encode_ack(data: Frame, *, sender: str, more: Sequence[Frame] = (), crc: bool = True) -> bytes:
+def encode_ack(data: Frame, *, sender: str, more: Sequence[Frame] = (), crc: bool = True,
+               room: int = 0) -> bytes:
     """The ACK for a received DATA frame, and for the DATA frames ``more`` (same tag and sender)."""
     return encode(
         FrameKind.ACK, data.phase, swarm=data.swarm, tag=data.tag, sender=sender, codec=data.codec,
         step=data.step, chunk=data.chunk, part=data.part, nparts=data.nparts, offset=data.offset,
         count=data.count, total=data.total,
-        payload=[b"".join([ACK_KEY.pack(*f.key) for f in more])] if more else (), crc=crc,
+        payload=[b"".join([ACK_KEY.pack(*f.key) for f in more])] if more else (), crc=crc, room=room,
     )
 
 
@@ -202,12 +214,12 @@ def ack_keys(frame: Frame) -> list[tuple[int, int, int, int]]:
 
 
 def encode_abort(*, swarm: str, tag: str, sender: str, member: str | None, reason: str,
-                 rejected: bool = False, crc: bool = True) -> bytes:
+                 rejected: bool = False, crc: bool = True, room: int = 0) -> bytes:
     """An ABORT for round ``tag`` blaming ``member`` (None when nobody is to blame);
     ``rejected`` marks an update rejected by the checks (NaN/Inf) rather than a timeout."""
     body = json.dumps({"member": member, "reason": reason, "rejected": rejected}).encode()
     return encode(FrameKind.ABORT, Phase.REDUCE_SCATTER, swarm=swarm, tag=tag, sender=sender, payload=[body],
-                  crc=crc)
+                  crc=crc, room=room)
 
 
 def abort_info(frame: Frame) -> tuple[str | None, str, bool]:

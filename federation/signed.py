@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel
 
-from federation import framing
+from federation import framing, topics
 from federation.auth import (
     AuthRejected,
     Keyring,
@@ -41,8 +41,7 @@ from federation.auth import (
     load_private_key,
 )
 from federation.mqtt_transport import MqttTransport
-from federation.ringmac import MAGIC as MAC_MAGIC
-from federation.ringmac import RingMac, is_mac_envelope
+from federation.ringmac import RingMac, is_mac_envelope, room_for
 
 __all__ = ["PubSub", "SignedLink", "Identity", "load_identity"]
 
@@ -143,6 +142,19 @@ class SignedLink:
         return self.ring_mac is not None
 
     @property
+    def frame_room(self) -> int:
+        """Spare bytes a ring frame needs after it to be MAC'd in place (0: no ring MACs)."""
+        if self.ring_mac is None:
+            return 0
+        return room_for(self.signer.sender, topics.allreduce(self.swarm, ""))
+
+    def publish_frame(self, topic: str, frame: bytearray, room: int) -> Any:
+        """Publish a ring frame built with ``room`` spare bytes after it, sealed in place."""
+        if self.ring_mac is None or not _is_ring_topic(topic):
+            return self.publish(topic, memoryview(frame)[:len(frame) - room])
+        return self.link.publish(topic, self.ring_mac.seal_into(topic, frame, room), qos=1)
+
+    @property
     def rejected(self) -> Counter[Reject]:
         return self.verifier.counts
 
@@ -185,7 +197,7 @@ class SignedLink:
 
         def verified(topic: str, data: bytes) -> None:
             payload: memoryview
-            if mac is not None and data[:2] == MAC_MAGIC:  # a ring frame: the fast path
+            if mac is not None and is_mac_envelope(data):  # a ring frame: the fast path
                 try:
                     signer, payload = mac.open(topic, data)
                 except AuthRejected as exc:
