@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel
 
 from federation import framing, topics
+from federation.auth import MAGIC as ED_MAGIC
 from federation.auth import (
     AuthRejected,
     Keyring,
@@ -58,12 +59,11 @@ class PubSub(Protocol):
 
 def _frame_sender(payload: memoryview) -> str | None:
     """The sender id in a ring frame's header (federation/framing.py), None if it is not one."""
-    if len(payload) < framing.HEADER.size or bytes(payload[:2]) != framing.MAGIC:
+    if len(payload) < framing.HEADER.size or payload[:2] != framing.MAGIC:
         return None
-    swarm_len, tag_len, sender_len = payload[44], payload[45], payload[46]
-    start = framing.HEADER.size + swarm_len + tag_len
+    start = framing.HEADER.size + payload[44] + payload[45]  # + swarm and tag lengths
     try:
-        return bytes(payload[start:start + sender_len]).decode()
+        return str(payload[start:start + payload[46]], "utf-8")
     except UnicodeDecodeError:
         return None
 
@@ -150,7 +150,7 @@ class SignedLink:
 
     def publish_frame(self, topic: str, frame: bytearray, room: int) -> Any:
         """Publish a ring frame built with ``room`` spare bytes after it, sealed in place."""
-        if self.ring_mac is None or not _is_ring_topic(topic):
+        if self.ring_mac is None or not self._is_ring(topic):
             return self.publish(topic, memoryview(frame)[:len(frame) - room])
         return self.link.publish(topic, self.ring_mac.seal_into(topic, frame, room), qos=1)
 
@@ -176,13 +176,16 @@ class SignedLink:
     def sign(self, topic: str, payload: Any, *, will: bool = False) -> bytes:
         return self.signer.sign(topic, _bytes(payload), will=will)
 
-    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Any:
+    def _is_ring(self, topic: str) -> bool:
         ring = self._ring_topics.get(topic)
         if ring is None:
-            ring = self._ring_topics[topic] = self.ring_mac is not None and _is_ring_topic(topic)
-            if len(self._ring_topics) > 4096:
+            if len(self._ring_topics) >= 4096:
                 self._ring_topics.clear()
-        if ring:
+            ring = self._ring_topics[topic] = _is_ring_topic(topic)
+        return ring
+
+    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Any:
+        if self.ring_mac is not None and self._is_ring(topic):
             sealed = self.ring_mac.seal(topic, payload if isinstance(payload, (bytes, bytearray, memoryview))  # type: ignore[union-attr]
                                         else _bytes(payload))
             return self.link.publish(topic, sealed, retain=retain, qos=qos)
@@ -197,7 +200,8 @@ class SignedLink:
 
         def verified(topic: str, data: bytes) -> None:
             payload: memoryview
-            if mac is not None and is_mac_envelope(data):  # a ring frame: the fast path
+            # Not an ed25519 envelope: a MAC'd ring frame, or dropped by open() as unsigned.
+            if mac is not None and data[:2] != ED_MAGIC:
                 try:
                     signer, payload = mac.open(topic, data)
                 except AuthRejected as exc:
