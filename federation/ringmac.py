@@ -33,6 +33,12 @@ verifies over a memoryview of the received buffer and hands the frame on as a vi
 is taken for a ring MAC envelope when it does not start with the ed25519 envelope's b"FS" and
 has b"FM" before its last 16 bytes (anything else that does is dropped as malformed or forged).
 
+Why GMAC: with AES-NI and carry-less multiply it runs at ~27 GB/s here (9.4 us per 256 KiB),
+Poly1305 at ~13 GB/s (19.7 us), and it needs no per-frame key derivation: one AESGCM object per
+peer and direction, created once. Version 2 (header first, Poly1305 under a keyed-BLAKE2b
+one-time key per frame, the frame copied into a new buffer) and version 1 (ChaCha20-derived
+one-time keys, ~13 us per frame) are rejected as MALFORMED.
+
 Why not ed25519 here: per 256 KiB frame, sign + verify cost ~510 us (SHA-256 pre-hash twice plus
 the curve operations, ~100 us even for an empty frame), which doubled the ring's time in
 ``fractal bench allreduce --signed``. Commands, statuses and round events stay ed25519-signed:
