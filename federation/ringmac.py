@@ -37,7 +37,7 @@ Why GMAC: with AES-NI and carry-less multiply it runs at ~27 GB/s here (9.4 us p
 Poly1305 at ~13 GB/s (19.7 us), and it needs no per-frame key derivation: one AESGCM object per
 peer and direction, created once. Version 2 (header first, Poly1305 under a keyed-BLAKE2b
 one-time key per frame, the frame copied into a new buffer) and version 1 (ChaCha20-derived
-one-time keys, ~13 us per frame) are rejected as MALFORMED.
+one-time keys, ~13 us per frame) are rejected (their header-first layout reads as UNSIGNED).
 
 Why not ed25519 here: per 256 KiB frame, sign + verify cost ~510 us (SHA-256 pre-hash twice plus
 the curve operations, ~100 us even for an empty frame), which doubled the ring's time in
