@@ -72,6 +72,7 @@ TAG = 16
 _TAIL = _FOOT.size + TAG
 _MAX_RX_CACHE = 1024  # (topic, sender+topic ids) combinations remembered as valid
 _ED_MAGIC = b"FS"  # federation/auth.py's envelope
+_M0, _M1 = MAGIC
 
 
 def room_for(sender: str, topic_prefix: str, max_dst: int = 64) -> int:
@@ -167,17 +168,16 @@ class RingMac:
             raise AuthRejected(Reject.MALFORMED, f"frame of {len(frame)} bytes has no {room}-byte room")
         if tx.need > room:  # a topic longer than the room was sized for
             return self.seal(topic, memoryview(frame)[:body])
-        if frame[-TAG - 2:-TAG] == MAGIC:
+        if frame[-TAG - 1] == _M1 and frame[-TAG - 2] == _M0:  # sealed before: seal a copy
             frame = bytearray(frame)
+            frame[body:] = bytes(room)
         return self._seal(tx, frame, body, room)
 
     def _seal(self, tx: _Tx, buf: bytearray, body: int, room: int) -> bytearray:
         seq = self.signer._next_seq()
         epoch = self.signer.epoch
-        pad = room - tx.need
+        pad = room - tx.need  # zero bytes: the room of a fresh frame is zeroed
         ids_at = body + pad
-        if pad:
-            buf[body:ids_at] = bytes(pad)
         end = len(buf) - TAG
         buf[ids_at:end - _FOOT.size] = tx.ids
         _FOOT.pack_into(buf, end - _FOOT.size, seq, epoch, tx.slen, tx.tlen, pad, VERSION, MAGIC)
@@ -216,7 +216,7 @@ class RingMac:
 
     def _open(self, topic: str, view: memoryview) -> tuple[str, memoryview]:
         n = len(view)
-        if n < _TAIL or view[:2] == _ED_MAGIC or view[n - TAG - 2:n - TAG] != MAGIC:
+        if n < _TAIL or view[n - TAG - 2] != _M0 or view[n - TAG - 1] != _M1 or view[:2] == _ED_MAGIC:
             raise AuthRejected(Reject.UNSIGNED, f"frame on {topic} has no MAC")
         end = n - TAG
         seq, epoch, slen, tlen, pad, version, _ = _FOOT.unpack_from(view, end - _FOOT.size)

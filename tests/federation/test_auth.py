@@ -346,3 +346,28 @@ def test_ring_mac_seal_into_never_changes_a_buffer_handed_on(clock):
     # Too little room: sealed into a new buffer, same format.
     env = m["a"].seal_into(to_b, bytearray(b"FE x") + bytearray(8), 8)
     assert m["b"].open(to_b, bytes(env))[1].tobytes() == b"FE x"
+
+
+def test_admit_in_order_fast_path_keeps_the_replay_window(clock):
+    """In-order seqs take admit()'s fast path; out-of-order ones, replays, stale ones and a
+    full window still get the full checks."""
+    v = Verifier(Keyring([]), clock=clock, window=4)
+    t0 = int(clock.t * 1e6)
+    for seq in (t0 + 10, t0 + 20, t0 + 30):
+        v.admit("a", seq, 1)
+    v.admit("a", t0 + 15, 1)  # late but unseen: accepted (slow path)
+    for seq in (t0 + 20, t0 + 15):
+        with pytest.raises(AuthRejected) as info:
+            v.admit("a", seq, 1)
+        assert info.value.reason == Reject.REPLAYED
+    v.admit("a", t0 + 40, 1)  # window full (4 entries): slow path evicts and raises the floor
+    with pytest.raises(AuthRejected) as info:
+        v.admit("a", t0 + 5, 1)  # below the floor now
+    assert info.value.reason == Reject.REPLAYED
+    clock.t += 61  # everything seen so far is older than max_age
+    with pytest.raises(AuthRejected) as info:
+        v.admit("a", t0 + 50, 1)
+    assert info.value.reason == Reject.STALE
+    v.admit("a", int(clock.t * 1e6), 1)  # fresh, in order: the old seqs are evicted
+    assert list(v._windows["a"].seen) == [int(clock.t * 1e6)]
+    assert v.accepted == 6 and v.counts[Reject.REPLAYED] == 3 and v.counts[Reject.STALE] == 1
