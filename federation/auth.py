@@ -429,6 +429,20 @@ class Verifier:
     def admit(self, sender: str, seq: int, epoch: int, will: bool = False) -> None:
         """Freshness and replay checks alone (for callers that authenticated the sender
         another way, e.g. :mod:`federation.ringmac`); raises :class:`AuthRejected`, counted."""
+        if not will:  # fast path: the next seq of a known sender, fresh, window not full
+            now = int(self._clock() * 1e6)
+            with self._lock:
+                w = self._windows.get(sender)
+                fresh = now - self.max_age_us <= seq <= now + self.max_skew_us
+                if w is not None and seq > w.newest and fresh and len(w.seen) < self.window:
+                    seen = w.seen
+                    seen[seq] = None  # newer than every seq seen: neither REPLAYED nor below the floor
+                    horizon = now - self.max_age_us
+                    while next(iter(seen)) < horizon:  # seq itself is >= horizon: the loop ends
+                        del seen[next(iter(seen))]
+                    w.newest, w.epoch = seq, epoch
+                    self.accepted += 1
+                    return
         try:
             self._admit(sender, seq, epoch, will)
         except AuthRejected as exc:

@@ -24,7 +24,9 @@ Every transport message is exactly one frame. All integers are little-endian.
     47      ..   swarm, tag, sender (in that order, no separators)
     ..      0-7  pad           zero bytes up to the next multiple of 8 (so float payloads are aligned)
     ..      ..   payload       payload_len bytes, starting at offset align8(47 + ids)
-    end-4   4    crc32         zlib.crc32 (IEEE 802.3) of every byte before it
+    end-4   4    crc32         zlib.crc32 (IEEE 802.3) of every byte before it; 0 (not computed,
+                               not checked) for frames carried in a ring MAC envelope (version 3 of
+                               federation/ringmac.py), whose tag already covers every byte
 
 Payloads by kind:
 * DATA: ``count`` elements encoded by ``codec`` (byte layouts in :mod:`federation.compression`).
@@ -83,6 +85,7 @@ ACK_KEY = struct.Struct("<BxHII")  # phase, step, chunk, part of one more acknow
 # Worst-case bytes of a frame that are not payload: header, three 255-byte ids, pad, crc.
 MAX_OVERHEAD = HEADER.size + 3 * 255 + 7 + _CRC.size
 _PADS = [bytes(i) for i in range(8)]
+_NO_CRC = bytes(_CRC.size)
 
 
 def _align8(n: int) -> int:
@@ -160,8 +163,13 @@ def encode(
     count: int = 0,
     total: int = 0,
     payload: Sequence[Any] = (),
+    crc: bool = True,
+    room: int = 0,
 ) -> bytes:
-    """Build one frame. ``payload`` is a sequence of bytes-like pieces, joined without extra copies."""
+    """Build one frame. ``payload`` is a sequence of bytes-like pieces, joined without extra copies.
+    ``crc=False``: leave the checksum 0 (the transport authenticates every frame end to end).
+    ``room > 0``: a ``bytearray`` with ``room`` zero bytes after the frame, for a transport that
+    seals it in place (``federation.ringmac.RingMac.seal_into``); the frame is ``buf[:-room]``."""
     sw, tg, sd = _id_bytes(swarm, "swarm id"), _id_bytes(tag, "tag"), _id_bytes(sender, "sender id")
     pieces = [memoryview(p).cast("B") if not isinstance(p, bytes) else p for p in payload]
     plen = sum(len(p) for p in pieces)
@@ -173,19 +181,30 @@ def encode(
         head += _PADS[-len(head) % 8]
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from e
-    crc = crc32(head)
+    if room:
+        tail = _CRC.pack(_crc(head, pieces)) if crc else _NO_CRC
+        # A bytearray reads like the bytes every caller expects; only the sealing transport writes it.
+        return bytearray().join([head, *pieces, tail, bytes(room)])  # type: ignore[return-value]
+    if not crc:
+        return b"".join([head, *pieces, _NO_CRC])
+    return b"".join([head, *pieces, _CRC.pack(_crc(head, pieces))])
+
+
+def _crc(head: bytes, pieces: list) -> int:
+    c = crc32(head)
     for p in pieces:
-        crc = crc32(p, crc)
-    return b"".join([head, *pieces, _CRC.pack(crc)])
+        c = crc32(p, c)
+    return c
 
 
-def encode_ack(data: Frame, *, sender: str, more: Sequence[Frame] = ()) -> bytes:
+def encode_ack(data: Frame, *, sender: str, more: Sequence[Frame] = (), crc: bool = True,
+               room: int = 0) -> bytes:
     """The ACK for a received DATA frame, and for the DATA frames ``more`` (same tag and sender)."""
     return encode(
         FrameKind.ACK, data.phase, swarm=data.swarm, tag=data.tag, sender=sender, codec=data.codec,
         step=data.step, chunk=data.chunk, part=data.part, nparts=data.nparts, offset=data.offset,
         count=data.count, total=data.total,
-        payload=[b"".join([ACK_KEY.pack(*f.key) for f in more])] if more else (),
+        payload=[b"".join([ACK_KEY.pack(*f.key) for f in more])] if more else (), crc=crc, room=room,
     )
 
 
@@ -195,11 +214,12 @@ def ack_keys(frame: Frame) -> list[tuple[int, int, int, int]]:
 
 
 def encode_abort(*, swarm: str, tag: str, sender: str, member: str | None, reason: str,
-                 rejected: bool = False) -> bytes:
+                 rejected: bool = False, crc: bool = True, room: int = 0) -> bytes:
     """An ABORT for round ``tag`` blaming ``member`` (None when nobody is to blame);
     ``rejected`` marks an update rejected by the checks (NaN/Inf) rather than a timeout."""
     body = json.dumps({"member": member, "reason": reason, "rejected": rejected}).encode()
-    return encode(FrameKind.ABORT, Phase.REDUCE_SCATTER, swarm=swarm, tag=tag, sender=sender, payload=[body])
+    return encode(FrameKind.ABORT, Phase.REDUCE_SCATTER, swarm=swarm, tag=tag, sender=sender, payload=[body],
+                  crc=crc, room=room)
 
 
 def abort_info(frame: Frame) -> tuple[str | None, str, bool]:
@@ -214,8 +234,9 @@ def abort_info(frame: Frame) -> tuple[str | None, str, bool]:
         raise FrameError(f"malformed ABORT payload from {frame.sender}") from e
 
 
-def decode(buf: bytes | bytearray | memoryview) -> Frame:
-    """Parse and verify one frame; raises :class:`FrameError` on anything malformed."""
+def decode(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Frame:
+    """Parse and verify one frame; raises :class:`FrameError` on anything malformed.
+    ``check_crc=False``: the transport already authenticated every byte (a MAC or signature)."""
     mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) or buf.format != "B" else buf
     n = len(mv)
     if n < HEADER.size + _CRC.size:
@@ -231,9 +252,10 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
     start = _align8(body)
     if start + plen + _CRC.size != n:
         raise FrameError(f"frame length mismatch: header says {start + plen + _CRC.size} bytes, got {n}")
-    (crc,) = _CRC.unpack_from(mv, n - _CRC.size)
-    if crc32(mv[: n - _CRC.size]) != crc:
-        raise FrameError("frame checksum mismatch")
+    if check_crc:
+        (crc,) = _CRC.unpack_from(mv, n - _CRC.size)
+        if crc32(mv[: n - _CRC.size]) != crc:
+            raise FrameError("frame checksum mismatch")
     try:
         kind, phase, codec = FrameKind(kind), Phase(phase), Codec(codec)
     except ValueError as e:

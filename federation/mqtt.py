@@ -102,7 +102,11 @@ def parse_url(url: str) -> BrokerAddress:
     )
 
 
-def _to_bytes(payload: bytes | bytearray | memoryview | str | BaseModel) -> bytes:
+def _to_bytes(payload: bytes | bytearray | memoryview | str | BaseModel) -> bytes | bytearray:
+    """A ``bytearray`` is handed to paho as is (no copy): the caller gives the buffer up and must
+    not change it afterwards (``federation.ringmac`` seals each frame into a fresh one)."""
+    if isinstance(payload, (bytes, bytearray)):
+        return payload
     if isinstance(payload, BaseModel):
         return payload.model_dump_json().encode()
     if isinstance(payload, str):

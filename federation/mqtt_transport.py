@@ -48,6 +48,13 @@ class MqttTransport:
         self.member_id = topics.validate_id(member_id, "member id")
         self.max_payload = int(max_payload)
         self.closed = False
+        # A link that authenticates every frame end to end (federation/signed.py's SignedLink):
+        # the frame layer skips its CRC check, and skips computing it when frames are MAC'd.
+        self.authenticated = bool(getattr(link, "authenticates_frames", False))
+        self.frame_crc = not getattr(link, "macs_frames", False)
+        # Spare bytes the frame layer leaves after each frame so that the link can seal it in
+        # place (``publish_frame``); not part of the frame, not counted against max_payload.
+        self.frame_room = int(getattr(link, "frame_room", 0))
         self.stats = {"sent": 0, "sent_bytes": 0, "payload_bytes": 0, "received": 0}
         self._inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._receiver: Callable[[bytes], None] | None = None
@@ -60,14 +67,20 @@ class MqttTransport:
         """Publish ``payload`` to ``dst`` (never blocks on the receiver)."""
         if self.closed:
             raise TransportError(f"transport of {self.member_id} is closed")
-        if len(payload) > self.max_payload:
+        room = self.frame_room
+        if room and not isinstance(payload, bytearray):
+            raise TransportError("frames for this transport need their seal room (framing.encode(room=))")
+        if len(payload) - room > self.max_payload:
             raise TransportError(f"payload of {len(payload)} bytes exceeds max_payload={self.max_payload}",
                                  hint="split it with the framing layer")
         if dst == self.member_id:  # a ring of one, or a root broadcasting to itself
-            self._deliver(bytes(payload))
+            self._deliver(bytes(payload[:len(payload) - room]))
             return
         self.stats["payload_bytes"] += len(payload)
-        self.link.publish(topics.allreduce(self.link.swarm, dst), bytes(payload), qos=1)
+        if room:
+            self.link.publish_frame(topics.allreduce(self.link.swarm, dst), payload, room)  # type: ignore[attr-defined]
+        else:
+            self.link.publish(topics.allreduce(self.link.swarm, dst), bytes(payload), qos=1)
         self.stats["sent"] += 1
         self.stats["sent_bytes"] += len(payload)
 

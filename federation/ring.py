@@ -267,7 +267,7 @@ class RingAllreduce(_Collective):
         def build() -> bytes:
             return encode(FrameKind.DATA, Phase.EXCHANGE, swarm=self.swarm, tag=tag, sender=self.member_id,
                           codec=Codec.F32, step=0, chunk=rank, part=part, nparts=len(parts), offset=a,
-                          count=b - a, total=x.size, payload=[x[a:b]])
+                          count=b - a, total=x.size, payload=[x[a:b]], **self.endpoint.frame_kw)
         return build
 
     # -- broadcast ---------------------------------------------------------------------------
@@ -341,7 +341,7 @@ class RingAllreduce(_Collective):
         def build() -> bytes:
             return encode(FrameKind.DATA, Phase.BROADCAST, swarm=self.swarm, tag=tag, sender=self.member_id,
                           codec=Codec.F32, step=step, chunk=0, part=part, nparts=nparts, offset=a,
-                          count=b - a, total=total, payload=pieces)
+                          count=b - a, total=total, payload=pieces, **self.endpoint.frame_kw)
         return build
 
 
@@ -389,7 +389,7 @@ class _RingRun:
         a, b = self.parts[chunk][part]
         return encode(FrameKind.DATA, phase, swarm=self.eng.swarm, tag=self.tag, sender=self.me,
                       codec=self.codec, step=step, chunk=chunk, part=part, nparts=len(self.parts[chunk]),
-                      offset=a, count=b - a, total=self.L, payload=pieces)
+                      offset=a, count=b - a, total=self.L, payload=pieces, **self.eng.endpoint.frame_kw)
 
     def _queue_rs(self, call: Call, step: int, part: int) -> None:
         chunk = self.rs[step].send_chunk
@@ -487,7 +487,7 @@ class _RingRun:
                 call.queue(dst, (Phase.EXCHANGE, 0, self.rank, 0), lambda: encode(
                     FrameKind.DATA, Phase.EXCHANGE, swarm=self.eng.swarm, tag=self.tag, sender=self.me,
                     codec=Codec.F32, step=0, chunk=self.rank, part=0, nparts=1, offset=0, count=n, total=n,
-                    payload=[row]))
+                    payload=[row], **self.eng.endpoint.frame_kw))
         pending = {j for j in range(n) if j != self.rank}
         while pending:
             fr = call.wait(self.members[min(pending)])

@@ -53,6 +53,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from federation.errors import (
     FrameError,
@@ -93,6 +94,12 @@ class Endpoint:
         self.max_retransmits = max_retransmits
         self.max_early_tags = max_early_tags
         self.stats = stats or Stats()
+        # A transport that authenticates every frame end to end (federation/signed.py) makes the
+        # frame CRC redundant: not checked on receipt; not computed when ``frame_crc`` is False.
+        self.check_crc = not getattr(transport, "authenticated", False)
+        # ``frame_room``: spare bytes after each frame, for a transport that seals it in place.
+        self.frame_kw: dict[str, Any] = {"crc": bool(getattr(transport, "frame_crc", True)),
+                                         "room": int(getattr(transport, "frame_room", 0))}
         self._srtt: float | None = None
         self._lock = threading.Lock()
         self._active: Call | None = None
@@ -150,7 +157,7 @@ class Endpoint:
             return
         self.stats.add(frames_received=1, bytes_received=len(buf))
         try:
-            fr = decode(buf)
+            fr = decode(buf, check_crc=self.check_crc)
             if fr.swarm != self.swarm:
                 self.stats.reject(f"frame for swarm {fr.swarm!r} from {fr.sender}")
                 return
@@ -173,14 +180,15 @@ class Endpoint:
                 reason = self._done[fr.tag]
                 if fr.kind == FrameKind.DATA:
                     if reason is None:
-                        reply, counters = encode_ack(fr, sender=self.member_id), {"acks_sent": 1}
+                        reply = encode_ack(fr, sender=self.member_id, **self.frame_kw)
+                        counters = {"acks_sent": 1}
                     elif (fr.tag, fr.sender) not in self._abort_replied:
                         if len(self._abort_replied) > 4096:  # bound memory; worst case one more reply
                             self._abort_replied.clear()
                         self._abort_replied.add((fr.tag, fr.sender))
                         why = f"{self.member_id} already aborted: {reason}"
                         reply = encode_abort(swarm=self.swarm, tag=fr.tag, sender=self.member_id,
-                                             member=None, reason=why)
+                                             member=None, reason=why, **self.frame_kw)
                         counters = {"aborts_sent": 1}
             elif fr.kind == FrameKind.ACK:
                 self.stats.add(stale=1)  # an ACK for a call we are not in: nothing to do
@@ -409,7 +417,8 @@ class Call:
         me = self.ep.member_id
         while frames:
             batch, frames = frames[:_MAX_ACK_KEYS], frames[_MAX_ACK_KEYS:]
-            self.ep.send(sender, encode_ack(batch[0], sender=me, more=batch[1:]), acks_sent=1)
+            ack = encode_ack(batch[0], sender=me, more=batch[1:], **self.ep.frame_kw)
+            self.ep.send(sender, ack, acks_sent=1)
 
     def _timeout_abort(self, waiting_for: str | None, first: tuple[str, str | None, str] | None) -> None:
         """Abort on a deadline (ours or a peer's) and name the member that is really gone.
@@ -471,7 +480,7 @@ class Call:
             return
         self.abort_sent = True
         data = encode_abort(swarm=self.ep.swarm, tag=self.tag, sender=self.ep.member_id, member=member,
-                            reason=reason, rejected=rejected)
+                            reason=reason, rejected=rejected, **self.ep.frame_kw)
         for p in sorted(self.peers):
             self.ep.send(p, data, aborts_sent=1)
 

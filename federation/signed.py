@@ -28,7 +28,8 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel
 
-from federation import framing
+from federation import framing, topics
+from federation.auth import MAGIC as ED_MAGIC
 from federation.auth import (
     AuthRejected,
     Keyring,
@@ -41,7 +42,7 @@ from federation.auth import (
     load_private_key,
 )
 from federation.mqtt_transport import MqttTransport
-from federation.ringmac import RingMac, is_mac_envelope
+from federation.ringmac import RingMac, is_mac_envelope, room_for
 
 __all__ = ["PubSub", "SignedLink", "Identity", "load_identity"]
 
@@ -58,12 +59,11 @@ class PubSub(Protocol):
 
 def _frame_sender(payload: memoryview) -> str | None:
     """The sender id in a ring frame's header (federation/framing.py), None if it is not one."""
-    if len(payload) < framing.HEADER.size or bytes(payload[:2]) != framing.MAGIC:
+    if len(payload) < framing.HEADER.size or payload[:2] != framing.MAGIC:
         return None
-    swarm_len, tag_len, sender_len = payload[44], payload[45], payload[46]
-    start = framing.HEADER.size + swarm_len + tag_len
+    start = framing.HEADER.size + payload[44] + payload[45]  # + swarm and tag lengths
     try:
-        return bytes(payload[start:start + sender_len]).decode()
+        return str(payload[start:start + payload[46]], "utf-8")
     except UnicodeDecodeError:
         return None
 
@@ -131,6 +131,28 @@ class SignedLink:
         self.ring_mac = ring_mac
         self._on_reject = on_reject
         self.swarm: str = str(getattr(link, "swarm", ""))  # fakes in the fleet's tests have none
+        self._ring_topics: dict[str, bool] = {}
+
+    # Every frame this link delivers was authenticated end to end (ed25519 or a ring MAC), so
+    # the frame layer's CRC is redundant; MAC'd frames (ringmac v3) are sent without one.
+    authenticates_frames = True
+
+    @property
+    def macs_frames(self) -> bool:
+        return self.ring_mac is not None
+
+    @property
+    def frame_room(self) -> int:
+        """Spare bytes a ring frame needs after it to be MAC'd in place (0: no ring MACs)."""
+        if self.ring_mac is None:
+            return 0
+        return room_for(self.signer.sender, topics.allreduce(self.swarm, ""))
+
+    def publish_frame(self, topic: str, frame: bytearray, room: int) -> Any:
+        """Publish a ring frame built with ``room`` spare bytes after it, sealed in place."""
+        if self.ring_mac is None or not self._is_ring(topic):
+            return self.publish(topic, memoryview(frame)[:len(frame) - room])
+        return self.link.publish(topic, self.ring_mac.seal_into(topic, frame, room), qos=1)
 
     @property
     def rejected(self) -> Counter[Reject]:
@@ -154,9 +176,18 @@ class SignedLink:
     def sign(self, topic: str, payload: Any, *, will: bool = False) -> bytes:
         return self.signer.sign(topic, _bytes(payload), will=will)
 
+    def _is_ring(self, topic: str) -> bool:
+        ring = self._ring_topics.get(topic)
+        if ring is None:
+            if len(self._ring_topics) >= 4096:
+                self._ring_topics.clear()
+            ring = self._ring_topics[topic] = _is_ring_topic(topic)
+        return ring
+
     def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Any:
-        if self.ring_mac is not None and _is_ring_topic(topic):
-            sealed = self.ring_mac.seal(topic, _bytes(payload))
+        if self.ring_mac is not None and self._is_ring(topic):
+            sealed = self.ring_mac.seal(topic, payload if isinstance(payload, (bytes, bytearray, memoryview))  # type: ignore[union-attr]
+                                        else _bytes(payload))
             return self.link.publish(topic, sealed, retain=retain, qos=qos)
         return self.link.publish(topic, self.sign(topic, payload), retain=retain, qos=qos)
 
@@ -165,18 +196,32 @@ class SignedLink:
         (``copy=False``: a zero-copy view into the received buffer)."""
         copy = kw.get("copy", True)
 
+        mac = self.ring_mac
+
         def verified(topic: str, data: bytes) -> None:
-            msg = self.verify(topic, data)
-            if msg is None:
-                return
-            sender = _frame_sender(msg.payload) if "/ar/" in topic else None
-            if sender is not None and sender != msg.sender:
-                self.verifier.counts[Reject.WRONG_ROLE] += 1
+            payload: memoryview
+            # Not an ed25519 envelope: a MAC'd ring frame, or dropped by open() as unsigned.
+            if mac is not None and data[:2] != ED_MAGIC:
+                try:
+                    signer, payload = mac.open(topic, data)
+                except AuthRejected as exc:
+                    log.debug("dropped message on %s: %s", topic, exc)
+                    if self._on_reject is not None:
+                        self._on_reject(topic, exc.reason)
+                    return
+            else:
+                msg = self.verify(topic, data)
+                if msg is None:
+                    return
+                signer, payload = msg.sender, msg.payload
+            named = _frame_sender(payload) if "/ar/" in topic else None
+            if named is not None and named != signer:
+                self.verifier.count(Reject.WRONG_ROLE)
                 if self._on_reject is not None:
                     self._on_reject(topic, Reject.WRONG_ROLE)
-                log.debug("dropped frame on %s: header names %r, signed by %r", topic, sender, msg.sender)
+                log.debug("dropped frame on %s: header names %r, signed by %r", topic, named, signer)
                 return
-            callback(topic, bytes(msg.payload) if copy else msg.payload)  # type: ignore[arg-type]
+            callback(topic, bytes(payload) if copy else payload)  # type: ignore[arg-type]
 
         return self.link.subscribe(filter, verified, **kw)  # type: ignore[call-arg]
 

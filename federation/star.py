@@ -56,7 +56,7 @@ class _StarRun:
         a, b = self.parts[part]
         return encode(FrameKind.DATA, phase, swarm=self.eng.swarm, tag=self.tag, sender=self.me,
                       codec=self.codec, part=part, nparts=len(self.parts), offset=a, count=b - a,
-                      total=self.L, payload=pieces)
+                      total=self.L, payload=pieces, **self.eng.endpoint.frame_kw)
 
     def _encode(self, part: int) -> list:
         a, b = self.parts[part]

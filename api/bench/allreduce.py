@@ -166,22 +166,26 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
             sring = RingAllreduce(slink.transport(f"{me}-sig", max_payload=max_payload), swarm=swarm,
                                   max_in_flight=window)
             engines.insert(1, ("signed", sring, sig_ids))
-        for name, engine, group in engines:
-            for rep in range(repeats):
-                before = engine.stats.bytes_sent
-                barrier.wait(300)
-                b0 = _proc_cpu(broker_pid) if rank == 0 else 0.0
-                c0, t0 = time.process_time(), time.time()
-                res = engine.allreduce(vec, group=group, tag=f"{name}-{rep}", op="mean", timeout=timeout,
-                                       compression=compression)
-                t1, c1 = time.time(), time.process_time()
-                b1 = _proc_cpu(broker_pid) if rank == 0 else 0.0
-                report[name].append({"start": t0, "end": t1, "bytes": engine.stats.bytes_sent - before,
-                                     "cpu": c1 - c0, "broker_cpu": b1 - b0,
-                                     "sha256": hashlib.sha256(res.tobytes()).hexdigest()})
-            if rank == 0:
-                np.save(Path(outdir) / f"{name}.npy", res)
-            report[f"{name}_stats"] = {k: v for k, v in vars(engine.stats).items() if isinstance(v, int)}
+        # Plain and signed rings alternate repeat by repeat (ring, signed, ring, signed, ...) so a
+        # change in the machine's load hits both alike; the star runs after them.
+        order = [(rep, e) for rep in range(repeats) for e in engines if e[0] != "star"]
+        order += [(rep, e) for rep in range(repeats) for e in engines if e[0] == "star"]
+        for rep, (name, engine, group) in order:
+            before = engine.stats.bytes_sent
+            barrier.wait(300)
+            b0 = _proc_cpu(broker_pid) if rank == 0 else 0.0
+            c0, t0 = time.process_time(), time.time()
+            res = engine.allreduce(vec, group=group, tag=f"{name}-{rep}", op="mean", timeout=timeout,
+                                   compression=compression)
+            t1, c1 = time.time(), time.process_time()
+            b1 = _proc_cpu(broker_pid) if rank == 0 else 0.0
+            report[name].append({"start": t0, "end": t1, "bytes": engine.stats.bytes_sent - before,
+                                 "cpu": c1 - c0, "broker_cpu": b1 - b0,
+                                 "sha256": hashlib.sha256(res.tobytes()).hexdigest()})
+            if rep == repeats - 1:
+                if rank == 0:
+                    np.save(Path(outdir) / f"{name}.npy", res)
+                report[f"{name}_stats"] = {k: v for k, v in vars(engine.stats).items() if isinstance(v, int)}
         barrier.wait(300)  # nobody leaves while a peer may still need an ACK from it
     out.put(report)
 

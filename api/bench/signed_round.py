@@ -5,8 +5,10 @@
 N real ``EdgeNode``s (digits-mlp with its TVM training module, the demo's cached artifact) in
 one process, each with its own MQTT connection to a Mosquitto the benchmark starts; the same
 rounds run alternately on an unsigned swarm and on a signed one (keys from ``deploy.keys``:
-ed25519 statuses/events/commands, Poly1305 ring frames). Reports the median round time of each
-(command published -> every node's DONE event) and the overhead. One JSON object on stdout.
+ed25519 statuses/events/commands, AES-GMAC ring frames). Reports the median round time of each
+(command published -> every node's DONE event), the median CPU seconds this process spent in it
+(every node's MQTT, MAC and ring work; not the training steps, which run in worker processes) and the
+overheads. One JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -61,7 +64,7 @@ def _swarm(tmp: Path, art_dir: Path, art: Any, broker_url: str, swarm: str, n: i
 
 
 def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
-           outlier_factor: float | None = None) -> float:
+           outlier_factor: float | None = None) -> tuple[float, float]:
     from federation import topics
     from federation.messages import EventKind, RoundCommand
 
@@ -78,15 +81,15 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
 
     for nd in nodes:
         nd.add_event_listener(listen)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     fleet.publish(topics.command(swarm), RoundCommand(round_id=rid, steps=steps, lr=0.05, participants=ids,
                                                       step_timeout_s=30, outlier_factor=outlier_factor))
     if not done.wait(300):
         raise SystemExit(f"round {rid} did not finish")
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     for nd in nodes:  # DONE is emitted just before the worker thread ends: let it end
         nd.wait_idle(30)
-    return elapsed
+    return elapsed, cpu
 
 
 def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
@@ -101,6 +104,7 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
     art = load_artifact(art_dir)
     broker = start_mosquitto()
     out: dict[str, list[float]] = {"plain": [], "signed": []}
+    cpu: dict[str, list[float]] = {"plain": [], "signed": []}
     try:
         with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
             swarms = {kind: _swarm(Path(tmp), art_dir, art, broker.url, f"b{kind}", nodes, kind == "signed")
@@ -111,8 +115,9 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
             for rep in range(repeats):
                 for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
                     ids, nds, fleet, _ = swarms[kind]
-                    out[kind].append(_round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps,
-                                            outlier_factor))
+                    wall, c = _round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps, outlier_factor)
+                    out[kind].append(wall)
+                    cpu[kind].append(c)
             for _ids, nds, _, link in swarms.values():
                 for nd in nds:
                     nd.stop()
@@ -120,11 +125,15 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
     finally:
         broker.close()
     plain, signed = statistics.median(out["plain"]), statistics.median(out["signed"])
+    pcpu, scpu = statistics.median(cpu["plain"]), statistics.median(cpu["signed"])
     return {"nodes": nodes, "steps": steps, "repeats": repeats, "outlier_factor": outlier_factor,
             "plain_round_s": round(plain, 3),
             "signed_round_s": round(signed, 3), "overhead": round(signed / plain - 1, 4),
             "plain_runs_s": [round(v, 3) for v in out["plain"]],
-            "signed_runs_s": [round(v, 3) for v in out["signed"]], "machine": machine()}
+            "signed_runs_s": [round(v, 3) for v in out["signed"]],
+            "plain_cpu_s": round(pcpu, 3), "signed_cpu_s": round(scpu, 3),
+            "cpu_overhead": round(scpu / pcpu - 1, 4) if pcpu else None,
+            "load_average": [round(v, 2) for v in os.getloadavg()], "machine": machine()}
 
 
 def main() -> None:

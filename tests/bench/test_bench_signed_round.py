@@ -27,3 +27,4 @@ def test_signed_round_bench_json():
     assert all(t > 0 for t in r["plain_runs_s"] + r["signed_runs_s"])
     # (round times are rounded to ms, the overhead is not)
     assert r["overhead"] == pytest.approx(r["signed_round_s"] / r["plain_round_s"] - 1, abs=0.01)
+    assert r["plain_cpu_s"] > 0 and r["signed_cpu_s"] > 0 and len(r["load_average"]) == 3

@@ -288,3 +288,86 @@ def test_ring_mac_round_trip_and_rejections(clock):
     assert _mac_reject(m["b"], to_b, fresh) == Reject.UNKNOWN_KEY
     counts = m["b"].verifier.counts
     assert counts[Reject.BAD_SIGNATURE] == 2 and counts[Reject.UNSIGNED] == 1 and counts[Reject.STALE] == 1
+
+
+def test_ring_mac_v3_trailer_every_byte_is_covered(clock):
+    """Version 3 is a trailer after the frame; flipping any bit of the frame, the pad, the ids,
+    the seq/epoch footer or the tag is refused, and older versions are MALFORMED."""
+    from federation import framing
+    from federation.ringmac import TAG, VERSION, room_for
+
+    _, m, _ = _mac_swarm(clock)
+    to_b = topics.allreduce(SWARM, "b")
+    room = room_for("a", topics.allreduce(SWARM, ""))
+    frame = framing.encode(framing.FrameKind.DATA, framing.Phase.REDUCE_SCATTER, swarm=SWARM, tag="t",
+                           sender="a", count=2, total=2, payload=[b"\x00" * 8], crc=False, room=room)
+    assert isinstance(frame, bytearray) and bytes(frame[-room:]) == bytes(room)
+    body = len(frame) - room
+    env = bytes(m["a"].seal_into(to_b, frame, room))
+    assert len(env) == body + room  # sealed in place: no new bytes, the room holds pad + trailer
+    (seq, epoch, slen, tlen, pad, version, magic) = struct.unpack_from("<QQBHHB2s", env, len(env) - TAG - 24)
+    assert (slen, tlen, version, magic) == (1, len(to_b), VERSION, b"FM") and pad == room - 1 - len(to_b) - 40
+    for i in [0, 5, body - 1, body, body + pad, len(env) - TAG - 24, len(env) - TAG - 3, len(env) - 1]:
+        bad = bytearray(env)
+        bad[i] ^= 0x01
+        assert _mac_reject(m["b"], to_b, bytes(bad)) != Reject.REPLAYED, i  # refused, never accepted
+    sender, payload = m["b"].open(to_b, env)
+    assert sender == "a" and bytes(payload) == bytes(frame[:body])
+    # The frame's CRC is 0 (the MAC covers it): checked, it fails; on an authenticated link it is not.
+    with pytest.raises(framing.FrameError):
+        framing.decode(payload)
+    assert framing.decode(payload, check_crc=False).payload.tobytes() == b"\x00" * 8
+    for old in (1, 2):  # older envelope versions
+        bad = bytearray(env)
+        bad[len(env) - TAG - 3] = old
+        assert _mac_reject(m["b"], to_b, bytes(bad)) == Reject.MALFORMED
+
+
+def test_ring_mac_seal_into_never_changes_a_buffer_handed_on(clock):
+    """A retransmission (or an ABORT to several peers) re-seals a copy: the first envelope, which
+    the MQTT client may still hold for a resend, stays valid; the copy has a fresh seq."""
+    from federation.ringmac import room_for
+
+    _, m, _ = _mac_swarm(clock)
+    to_b, to_c = topics.allreduce(SWARM, "b"), topics.allreduce(SWARM, "c")
+    room = room_for("a", topics.allreduce(SWARM, ""))
+    frame = bytearray(b"FE frame bytes") + bytearray(room)
+    first = m["a"].seal_into(to_b, frame, room)
+    snapshot = bytes(first)
+    again = m["a"].seal_into(to_b, first, room)
+    other = m["a"].seal_into(to_c, first, room)
+    assert again is not first and other is not first and bytes(first) == snapshot
+    assert m["b"].open(to_b, snapshot)[1].tobytes() == b"FE frame bytes"
+    assert m["b"].open(to_b, bytes(again))[1].tobytes() == b"FE frame bytes"  # fresh seq: not a replay
+    assert m["c"].open(to_c, bytes(other))[1].tobytes() == b"FE frame bytes"
+    assert _mac_reject(m["b"], to_b, snapshot) == Reject.REPLAYED
+    # A sealed frame for b is no frame for c, not even with c's own room re-sealed by c.
+    assert _mac_reject(m["c"], to_c, snapshot) == Reject.WRONG_TOPIC
+    # Too little room: sealed into a new buffer, same format.
+    env = m["a"].seal_into(to_b, bytearray(b"FE x") + bytearray(8), 8)
+    assert m["b"].open(to_b, bytes(env))[1].tobytes() == b"FE x"
+
+
+def test_admit_in_order_fast_path_keeps_the_replay_window(clock):
+    """In-order seqs take admit()'s fast path; out-of-order ones, replays, stale ones and a
+    full window still get the full checks."""
+    v = Verifier(Keyring([]), clock=clock, window=4)
+    t0 = int(clock.t * 1e6)
+    for seq in (t0 + 10, t0 + 20, t0 + 30):
+        v.admit("a", seq, 1)
+    v.admit("a", t0 + 15, 1)  # late but unseen: accepted (slow path)
+    for seq in (t0 + 20, t0 + 15):
+        with pytest.raises(AuthRejected) as info:
+            v.admit("a", seq, 1)
+        assert info.value.reason == Reject.REPLAYED
+    v.admit("a", t0 + 40, 1)  # window full (4 entries): slow path evicts and raises the floor
+    with pytest.raises(AuthRejected) as info:
+        v.admit("a", t0 + 5, 1)  # below the floor now
+    assert info.value.reason == Reject.REPLAYED
+    clock.t += 61  # everything seen so far is older than max_age
+    with pytest.raises(AuthRejected) as info:
+        v.admit("a", t0 + 50, 1)
+    assert info.value.reason == Reject.STALE
+    v.admit("a", int(clock.t * 1e6), 1)  # fresh, in order: the old seqs are evicted
+    assert list(v._windows["a"].seen) == [int(clock.t * 1e6)]
+    assert v.accepted == 6 and v.counts[Reject.REPLAYED] == 3 and v.counts[Reject.STALE] == 1

@@ -32,6 +32,10 @@ def swarm(request, mosquitto, mqtt_link_factory, swarm_id):
         links[m] = ident.link(mqtt_link_factory(mosquitto, m))
         assert (links[m].ring_mac is not None) == bool(dh)
         rings[m] = RingAllreduce(links[m].transport(m, max_payload=16 * 1024), swarm=swarm_id)
+        # Every delivered frame is authenticated: no CRC check; MAC'd frames carry no CRC and are
+        # built with room for the MAC trailer (sealed in place, ringmac v3).
+        ep = rings[m].endpoint
+        assert not ep.check_crc and ep.frame_kw["crc"] == (not dh) and (ep.frame_kw["room"] > 0) == bool(dh)
     return links, rings, keys, mqtt_link_factory(mosquitto, "attacker")
 
 
