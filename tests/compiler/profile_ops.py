@@ -2,8 +2,9 @@
 
     PYTHONPATH=. .venv/bin/python tests/compiler/profile_ops.py [--target x86_64-avx512] [MODEL ...]
 
-TVM side: every fused PrimFunc of the inference ``main`` (the module ``compile_model`` builds without
-``--tune``), timed alone with ``time_evaluator`` on random inputs (best of 5 repeats, 1 thread).
+TVM side: every fused PrimFunc the inference ``main`` calls (the module ``compile_model`` builds
+without ``--tune``; ``--nchw``: without the channels-last conversion), timed alone with
+``time_evaluator`` on random inputs (best of 5 repeats, 1 thread), with its calls per inference.
 onnxruntime side: ``SessionOptions.enable_profiling`` on the same model (1 thread, sequential), the
 median per-node ``kernel_time`` over the profiled runs. Prints, per model, TVM's kernels sorted by
 time and onnxruntime's nodes sorted by time (JSON lines). Not a test (no test_ prefix).
@@ -25,8 +26,12 @@ os.environ["TVM_NUM_THREADS"] = "1"
 import numpy as np  # noqa: E402
 
 
-def tvm_kernels(onnx_path: Path, target_name: str) -> list[tuple[str, float, str]]:
-    """(fused function, us, one-line shape summary) for every PrimFunc of the default build."""
+def tvm_kernels(onnx_path: Path, target_name: str, nchw: bool = False) -> list[tuple[str, float, int, str]]:
+    """(fused function, us per call, calls per inference, one-line shape summary) for every
+    PrimFunc the default build's ``main`` calls (``nchw``: without the channels-last conversion,
+    the previous default). Functions only the parameter transform calls are left out."""
+    import re
+
     from tvm import tirx
 
     from compiler import prepack, schedules
@@ -38,9 +43,19 @@ def tvm_kernels(onnx_path: Path, target_name: str) -> list[tuple[str, float, str
     target = preset.tvm_target()
     mod = import_model(load_onnx(onnx_path)).mod
     mod = prepack.fold_batchnorm(mod)
-    mod = schedules.apply(mod, target)
+    keep = schedules._wants_channels_last
+    if nchw:
+        schedules._wants_channels_last = lambda _t: False
+    try:
+        mod = schedules.apply(mod, target)
+    finally:
+        schedules._wants_channels_last = keep
     mod = prepack.after_tuning()(mod)
-    funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    main_text = mod["main"].script()
+    calls = {gv.name_hint: len(re.findall(rf"\bcls\.{re.escape(gv.name_hint)}\b", main_text))
+             for gv in mod.functions}
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items()
+             if isinstance(f, tirx.PrimFunc) and calls[gv.name_hint]}
     times = _time_all(funcs, target)
 
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -48,7 +63,7 @@ def tvm_kernels(onnx_path: Path, target_name: str) -> list[tuple[str, float, str
     def shapes(f: object) -> str:
         return " ".join("x".join(str(d) for d in a.shape) for a in ArgInfo.from_prim_func(f))
 
-    return sorted(((n, t, shapes(funcs[n])) for n, t in times.items()), key=lambda r: -r[1])
+    return sorted(((n, t, calls[n], shapes(funcs[n])) for n, t in times.items()), key=lambda r: -r[1] * r[2])
 
 
 def ort_nodes(onnx_path: Path, x: np.ndarray, runs: int = 200) -> list[tuple[str, str, float]]:
@@ -79,6 +94,8 @@ def main() -> None:
     ap.add_argument("models", nargs="*")
     ap.add_argument("--target", default="x86_64-avx512")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--nchw", action="store_true",
+                    help="profile the build without the channels-last conversion")
     args = ap.parse_args()
 
     from api.bench.compile import set_threads
@@ -89,14 +106,15 @@ def main() -> None:
     for name in args.models or ["ds-cnn-kws", "mobilenet-v1-0.25-vww"]:
         onnx_path = zoo.save(name, work / f"{name}.onnx")
         x = np.random.default_rng(0).standard_normal(zoo.input_shape(name)).astype(np.float32)
-        tvm_rows = tvm_kernels(onnx_path, args.target)
+        tvm_rows = tvm_kernels(onnx_path, args.target, nchw=args.nchw)
         ort_rows = ort_nodes(onnx_path, x)
         print(json.dumps({"model": name, "target": args.target,
-                          "tvm_total_us": round(sum(r[1] for r in tvm_rows), 1),
+                          "layout": "NCHW" if args.nchw else "default",
+                          "tvm_total_us": round(sum(r[1] * r[2] for r in tvm_rows), 1),
                           "ort_total_us": round(sum(r[2] for r in ort_rows), 1),
                           "load1": round(os.getloadavg()[0], 2)}))
-        for n, t, s in tvm_rows[: args.top]:
-            print(json.dumps({"side": "tvm", "func": n, "us": round(t, 2), "buffers": s}))
+        for n, t, k, s in tvm_rows[: args.top]:
+            print(json.dumps({"side": "tvm", "func": n, "us": round(t, 2), "calls": k, "buffers": s}))
         for n, op, t in ort_rows[: args.top]:
             print(json.dumps({"side": "ort", "node": n, "op": op, "us": round(t, 2)}))
 
