@@ -27,6 +27,7 @@ __all__ = ["apply"]
 
 _MIN_ROW = 8  # register tiling wants at least this many output columns per row
 _MAX_COLS = 8  # channels-last register tile: at most this many output columns (x 1 vector)
+_TILES = ((1, _MAX_COLS), (2, 6))  # channels-last tiles tried when measuring: (vectors, columns)
 _MIN_PARALLEL = 4  # do not parallelise tiny outer loops (thread-pool launch costs ~1-2 us)
 
 
@@ -62,7 +63,7 @@ def _vectorize_inner(sch: Any, block: Any, lanes: int) -> None:
         sch.vectorize(inner)
 
 
-def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
+def _rules(fuse: bool | None, min_row: int = _MIN_ROW, tile: tuple[int, int] | None = None) -> list[Any]:
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -186,7 +187,12 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
         columns x one vector of output channels kept in registers while the reduction runs,
         the epilogue (bias, ReLU) applied on them before the store. A pointwise convolution is
         then a GEMM with the output channels vectorised (input pixel broadcast x weight vector),
-        a depthwise one reads input and weights as channel vectors: no narrow-row problem."""
+        a depthwise one reads input and weights as channel vectors: no narrow-row problem.
+        ``tile``: (channel vectors, at most this many columns); default 2 x 6 where there are 32
+        vector registers (AVX-512), else 1 x 8; measured builds try both (:func:`apply`)."""
+
+        def __init__(self, tile: tuple[int, int] | None = None) -> None:
+            self.tile = tile
 
         def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
             one = _one_reduction(self, func, target, "S{3,4}R+")
@@ -208,10 +214,12 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
             ce, we = _extent(sch, c), _extent(sch, w)
             if ce is None or we is None:
                 return None
-            cb = lanes if ce % lanes == 0 else (ce if ce < lanes else 0)
+            vecs, cols = self.tile or ((2, 6) if lanes >= 16 else (1, _MAX_COLS))
+            cb = next((lanes * v for v in range(vecs, 0, -1) if ce % (lanes * v) == 0),
+                      ce if ce < lanes else 0)
             if cb < 2:
                 return None
-            wb = max(d for d in range(1, min(we, _MAX_COLS) + 1) if we % d == 0)
+            wb = max(d for d in range(1, min(we, cols) + 1) if we % d == 0)
             co, ci = sch.split(c, factors=[None, cb])
             wo, wi = sch.split(w, factors=[None, wb])
             sch.reorder(*outer, h, co, wo, *reduce, wi, ci)
@@ -288,7 +296,7 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
     # fuse=None: register tiling where it applies, else the fused spatial reduction (unmeasured
     # default, e.g. for boards); True/False: only that spatial-reduction variant
     spatial = [RegisterTiled(), SpatialReduction(True)] if fuse is None else [SpatialReduction(fuse)]
-    rules = [ChannelsLast(), dl.cpu.GEMV(), *spatial, dl.cpu.Reduction(), Elementwise()]
+    rules = [ChannelsLast(tile), dl.cpu.GEMV(), *spatial, dl.cpu.Reduction(), Elementwise()]
     return [Safe(r) for r in rules]
 
 
@@ -375,6 +383,7 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
         fused = dl.ApplyDefaultSchedule(*_rules(fuse=True))(prepared.clone())
         rows = dl.ApplyDefaultSchedule(*_rules(fuse=False))(prepared.clone())
         narrow = dl.ApplyDefaultSchedule(*_rules(fuse=None, min_row=2))(prepared.clone())
+        last = [dl.ApplyDefaultSchedule(_rules(fuse=None, tile=t)[0])(prepared.clone()) for t in _TILES]
     names = [gv.name_hint for gv, f in prepared.functions.items()
              if isinstance(f, tirx.PrimFunc) and tiled[gv.name_hint].same_as(f)]
     variants = [prepared, fused, rows, narrow]
@@ -386,4 +395,13 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
         timed = [(t[n], i) for i, t in enumerate(times) if n in t]
         if timed:
             scheduled[n] = variants[min(timed)[1]][n]
+    # channels-last convolutions: each register tile timed, the fastest kept
+    conv = [gv.name_hint for gv, f in prepared.functions.items()
+            if isinstance(f, tirx.PrimFunc) and not last[0][gv.name_hint].same_as(f)]
+    if conv:
+        ctimes = [_time_all({n: v[n] for n in conv}, target) for v in last]
+        for n in conv:
+            timed = [(t[n], i) for i, t in enumerate(ctimes) if n in t]
+            if timed:
+                scheduled[n] = last[min(timed)[1]][n]
     return scheduled

@@ -52,7 +52,7 @@ def tvm_kernels(onnx_path: Path, target_name: str, nchw: bool = False) -> list[t
         schedules._wants_channels_last = keep
     mod = prepack.after_tuning()(mod)
     main_text = mod["main"].script()
-    calls = {gv.name_hint: len(re.findall(rf"\bcls\.{re.escape(gv.name_hint)}\b", main_text))
+    calls = {gv.name_hint: len(re.findall(rf"call_tir\((?:cls\.)?{re.escape(gv.name_hint)}\b", main_text))
              for gv in mod.functions}
     funcs = {gv.name_hint: f for gv, f in mod.functions.items()
              if isinstance(f, tirx.PrimFunc) and calls[gv.name_hint]}
