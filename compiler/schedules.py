@@ -5,6 +5,12 @@ reduction loops innermost (kernel width, extent 1-3), so LLVM can neither vector
 anything in registers, and untuned builds ran 9-54x slower than onnxruntime. :func:`apply`
 gives each fused function a reasonable schedule before ``relax.build``:
 
+- x86_64 targets first convert every conv2d to channels-last (NHWC activations, HWIO weights,
+  :func:`channels_last`; the weight transposes depend on parameters only, so pre-packing moves
+  them out of inference) and :class:`ChannelsLast` register-tiles those convolutions with the
+  output channels vectorised (what onnxruntime's blocked NCHWc kernels get from their layout:
+  pointwise convolutions become GEMMs, depthwise ones read channel vectors, narrow rows do not
+  matter any more);
 - the dlight CPU rules where they apply (matrix-vector products, row reductions);
 - :class:`SpatialReduction`, the project's rule for any function with one reduction block
   ``S+R+`` (convolutions, depthwise convolutions, pooling, batched matmul): reduction loops
