@@ -5,6 +5,12 @@ reduction loops innermost (kernel width, extent 1-3), so LLVM can neither vector
 anything in registers, and untuned builds ran 9-54x slower than onnxruntime. :func:`apply`
 gives each fused function a reasonable schedule before ``relax.build``:
 
+- x86_64 targets first convert every conv2d to channels-last (NHWC activations, HWIO weights,
+  :func:`channels_last`; the weight transposes depend on parameters only, so pre-packing moves
+  them out of inference) and :class:`ChannelsLast` register-tiles those convolutions with the
+  output channels vectorised (what onnxruntime's blocked NCHWc kernels get from their layout:
+  pointwise convolutions become GEMMs, depthwise ones read channel vectors, narrow rows do not
+  matter any more);
 - the dlight CPU rules where they apply (matrix-vector products, row reductions);
 - :class:`SpatialReduction`, the project's rule for any function with one reduction block
   ``S+R+`` (convolutions, depthwise convolutions, pooling, batched matmul): reduction loops
@@ -26,6 +32,8 @@ from typing import Any
 __all__ = ["apply"]
 
 _MIN_ROW = 8  # register tiling wants at least this many output columns per row
+_MAX_COLS = 8  # channels-last register tile: at most this many output columns (x 1 vector)
+_TILES = ((1, _MAX_COLS), (2, 6))  # channels-last tiles tried when measuring: (vectors, columns)
 _MIN_PARALLEL = 4  # do not parallelise tiny outer loops (thread-pool launch costs ~1-2 us)
 
 
@@ -61,7 +69,7 @@ def _vectorize_inner(sch: Any, block: Any, lanes: int) -> None:
         sch.vectorize(inner)
 
 
-def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
+def _rules(fuse: bool | None, min_row: int = _MIN_ROW, tile: tuple[int, int] | None = None) -> list[Any]:
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -178,6 +186,74 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
                     sch.unroll(lp[-2])
             return sch
 
+    class ChannelsLast(CPUScheduleRule):
+        """A channels-last convolution (``conv2d_nhwc``, ``group_conv2d_nhwc``: spatial loops
+        ``[N] H W C``, reduction over the kernel window and input channels; weights ``HWIO``, so
+        output channels are contiguous in the weights too): accumulators for ``wb`` output
+        columns x one vector of output channels kept in registers while the reduction runs,
+        the epilogue (bias, ReLU) applied on them before the store. A pointwise convolution is
+        then a GEMM with the output channels vectorised (input pixel broadcast x weight vector),
+        a depthwise one reads input and weights as channel vectors: no narrow-row problem.
+        ``tile``: (channel vectors, at most this many columns); default 2 x 6 where there are 32
+        vector registers (AVX-512), else 1 x 8; measured builds try both (:func:`apply`)."""
+
+        def __init__(self, tile: tuple[int, int] | None = None) -> None:
+            self.tile = tile
+
+        def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+            one = _one_reduction(self, func, target, "S{3,4}R+")
+            if one is None:
+                return None
+            sch, infos, r, red, kind = one
+            if "nhwc" not in sch.get(red.block_rv).name_hint:
+                return None
+            ns = kind.count("S")
+            for b in infos[:r]:  # the padding prologue: computed per output row (below)
+                if not b.is_injective():
+                    return None
+            for b in infos[r + 1:-1]:
+                sch.compute_inline(b.block_rv)
+            last = infos[-1].block_rv if r < len(infos) - 1 else None
+            loops = sch.get_loops(red.block_rv)
+            outer, (h, w, c), reduce = loops[:ns - 3], loops[ns - 3:ns], loops[ns:]
+            lanes = _vector_lanes(target)
+            ce, we = _extent(sch, c), _extent(sch, w)
+            if ce is None or we is None:
+                return None
+            vecs, cols = self.tile or ((2, 6) if lanes >= 16 else (1, _MAX_COLS))
+            cb = next((lanes * v for v in range(vecs, 0, -1) if ce % (lanes * v) == 0),
+                      ce if ce < lanes else 0)
+            if cb < 2:
+                return None
+            wb = max(d for d in range(1, min(we, cols) + 1) if we % d == 0)
+            co, ci = sch.split(c, factors=[None, cb])
+            wo, wi = sch.split(w, factors=[None, wb])
+            sch.reorder(*outer, h, co, wo, *reduce, wi, ci)
+            par = sch.fuse(*outer, h) if outer else h
+            ext = _extent(sch, par)
+            if ext is not None and ext >= _MIN_PARALLEL:
+                sch.parallel(par)
+            for b in infos[:r]:
+                sch.compute_at(b.block_rv, par, preserve_unit_loops=True)
+                _vectorize_inner(sch, b.block_rv, lanes)
+            acc = sch.cache_write(red.block_rv, 0, "local")
+            sch.reverse_compute_at(acc, wo, preserve_unit_loops=True)
+            if last is not None:
+                sch.reverse_compute_inline(last)
+            init = sch.decompose_reduction(red.block_rv, reduce[0])
+            for block in (init, acc):
+                lp = sch.get_loops(block)
+                sch.vectorize(lp[-1])
+                if wb > 1:
+                    sch.unroll(lp[-2])
+            lp = sch.get_loops(red.block_rv)
+            # (TVM refuses to vectorise inside the update of a decomposed reduction: unrolled,
+            # LLVM's SLP vectoriser packs the channel lanes)
+            sch.unroll(lp[-1])
+            if wb > 1:
+                sch.unroll(lp[-2])
+            return sch
+
     class Elementwise(CPUScheduleRule):
         """Functions made only of injective blocks: fused, parallel, vectorised."""
 
@@ -226,7 +302,7 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW) -> list[Any]:
     # fuse=None: register tiling where it applies, else the fused spatial reduction (unmeasured
     # default, e.g. for boards); True/False: only that spatial-reduction variant
     spatial = [RegisterTiled(), SpatialReduction(True)] if fuse is None else [SpatialReduction(fuse)]
-    rules = [dl.cpu.GEMV(), *spatial, dl.cpu.Reduction(), Elementwise()]
+    rules = [ChannelsLast(tile), dl.cpu.GEMV(), *spatial, dl.cpu.Reduction(), Elementwise()]
     return [Safe(r) for r in rules]
 
 
@@ -262,6 +338,23 @@ def _time_all(funcs: dict[str, Any], target: Any) -> dict[str, float]:
 
 
 
+def channels_last(mod: Any) -> Any:
+    """``mod`` (Relax) with every conv2d in NHWC/HWIO (``relax.transform.ConvertLayout``): the
+    activations are transposed once at the graph's edges, the weight transposes depend on
+    parameters only (``compiler.prepack`` lifts them into the per-parameter-set transform)."""
+    from tvm import relax, transform
+
+    return transform.Sequential([
+        relax.transform.FoldConstant(),  # (ConvertLayout crashes on add(constant, prim value))
+        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]}),
+        relax.transform.DeadCodeElimination(),
+    ])(mod)
+
+
+def _wants_channels_last(target: Any) -> bool:
+    return "x86_64" in str(target.attrs.get("mtriple", ""))
+
+
 def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
     """``mod`` (a Relax module) lowered to fused TIR with default CPU schedules (see above).
 
@@ -279,6 +372,8 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
     target = _as_target(target)
     if target.kind.name != "llvm":
         return mod
+    if _wants_channels_last(target):
+        mod = channels_last(mod)
     prepared = prepare(mod, target)
     # (ApplyDefaultSchedule writes into the module it is given: each variant gets a clone)
     with target, tvm.transform.PassContext(opt_level=3):
@@ -290,10 +385,11 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
     # Register-tiled convolutions are trusted (10-60x faster than naive in every case measured);
     # the other functions try both spatial-reduction variants and the naive lowering, timed.
     with target, tvm.transform.PassContext(opt_level=3):
-        tiled = dl.ApplyDefaultSchedule(*_rules(fuse=None)[1:2])(prepared.clone())
+        tiled = dl.ApplyDefaultSchedule(*_rules(fuse=None)[:3:2])(prepared.clone())
         fused = dl.ApplyDefaultSchedule(*_rules(fuse=True))(prepared.clone())
         rows = dl.ApplyDefaultSchedule(*_rules(fuse=False))(prepared.clone())
         narrow = dl.ApplyDefaultSchedule(*_rules(fuse=None, min_row=2))(prepared.clone())
+        last = [dl.ApplyDefaultSchedule(_rules(fuse=None, tile=t)[0])(prepared.clone()) for t in _TILES]
     names = [gv.name_hint for gv, f in prepared.functions.items()
              if isinstance(f, tirx.PrimFunc) and tiled[gv.name_hint].same_as(f)]
     variants = [prepared, fused, rows, narrow]
@@ -305,4 +401,13 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
         timed = [(t[n], i) for i, t in enumerate(times) if n in t]
         if timed:
             scheduled[n] = variants[min(timed)[1]][n]
+    # channels-last convolutions: each register tile timed, the fastest kept
+    conv = [gv.name_hint for gv, f in prepared.functions.items()
+            if isinstance(f, tirx.PrimFunc) and not last[0][gv.name_hint].same_as(f)]
+    if conv:
+        ctimes = [_time_all({n: v[n] for n in conv}, target) for v in last]
+        for n in conv:
+            timed = [(t[n], i) for i, t in enumerate(ctimes) if n in t]
+            if timed:
+                scheduled[n] = last[min(timed)[1]][n]
     return scheduled

@@ -49,6 +49,32 @@ def test_default_schedules_match_onnxruntime(tmp_path, name, batch):
     np.testing.assert_allclose(got, _ort(onnx_path, x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["x86_64", "x86_64-avx512"])
+def test_channels_last_mobilenet_matches_onnxruntime(tmp_path, target):
+    """x86_64 untuned builds convert convolutions to NHWC/HWIO (compiler.schedules.channels_last)
+    and register-tile them (ChannelsLast): mobilenet exercises strided depthwise convolutions,
+    8 output channels (fewer than an AVX-512 vector) and pointwise ones on 3x3 rows; the weight
+    transposes go to the per-parameter-set transform. Matches onnxruntime."""
+    from compiler import schedules
+    from compiler.importer import import_model
+
+    name = "mobilenet-v1-0.25-vww"
+    onnx_path = zoo.save(name, tmp_path / f"{name}.onnx")
+    # the conversion really happens and every convolution kernel gets the channels-last rule
+    converted = schedules.channels_last(import_model(zoo.build(name)).mod)
+    text = converted["main"].script()
+    assert 'data_layout="NHWC"' in text and 'data_layout="NCHW"' not in text
+    done = _scheduled(schedules.apply(import_model(zoo.build(name)).mod, get_preset(target).tvm_target(),
+                                      measure=False))
+    assert all(s for n, s in done.items() if "conv2d" in n), done
+    out = compile_model(onnx_path, target=target, out_dir=tmp_path / "art", progress=False)
+    art = load_artifact(out)
+    x = np.random.default_rng(5).standard_normal(zoo.input_shape(name)).astype(np.float32)
+    got = next(iter(art.infer({"x": x}).values()))
+    np.testing.assert_allclose(got, _ort(onnx_path, x), rtol=1e-4, atol=1e-4)
+
+
 def test_every_conv_and_dense_kernel_is_scheduled():
     """Without measuring (as for a board this machine cannot run), every convolution and
     matmul of the CNN and MLP zoo models gets a rule's schedule, not the naive lowering."""
