@@ -657,3 +657,30 @@ def truncate_database(src: str | Path, dst: str | Path, records: int) -> Path:
     meta = _read_meta(src) or {"format": FORMAT}
     (dst / "tune.json").write_text(json.dumps({**meta, "trials": min(records, len(lines))}, indent=1))
     return dst
+
+
+def export_zoo_databases(src_root: str | Path, dst_root: str | Path | None = None,
+                         presets: tuple[str, ...] = ("x86_64", "x86_64-avx2", "x86_64-avx512")) -> list[Path]:
+    """Export (:func:`export_database`) every database in ``src_root`` that belongs to a zoo
+    model (pre-packed, batch 1) on one of ``presets`` into ``dst_root`` (default: the shipped
+    databases), naming the model, the preset and this CPU in ``tune.json``. How the shipped
+    databases are made: ``fractal tune`` each zoo model ``--db SRC``, then this."""
+    from compiler import zoo
+    from compiler.importer import import_model
+    from compiler.targets import cpu_model, get_preset
+
+    out = []
+    for name in zoo.NAMES:
+        mod = import_model(zoo.build(name)).mod
+        for preset in presets:
+            target = get_preset(preset).tvm_target()
+            prepared = prepare(mod, target, prepack=True)
+            wl = _workload_hash(prepared)
+            # any target key of the same target minus num-cores (older keys included it)
+            for src in sorted(Path(src_root).glob(f"*/{wl}")):
+                meta = _read_meta(src)
+                if meta is None or _target_key(meta["target"]) != _target_key(target):
+                    continue
+                out.append(export_database(src, dst_root if dst_root is not None else shipped_db_dir(),
+                                           model=name, preset=preset, cpu=cpu_model()))
+    return out
