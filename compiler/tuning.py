@@ -52,7 +52,7 @@ from compiler.errors import CompilerError, TargetError
 
 __all__ = ["TuneResult", "Remote", "tune", "apply", "default_db_dir", "database_path", "can_measure",
            "prepare", "check_remote", "shipped_db_dir", "export_database", "truncate_database",
-           "scheduled_count"]
+           "scheduled_count", "apply_counted"]
 
 FORMAT = 1
 _ARCH_ALIASES = {"amd64": "x86_64", "x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
@@ -562,8 +562,16 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
 
 
 def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
-          shipped: bool | None = None, prefer: str = "user") -> Any:
-    """``mod`` lowered to fused TIR with the best tuned schedules of its database applied.
+          shipped: bool | None = None, prefer: str = "user", defaults: bool = True) -> Any:
+    """:func:`apply_counted` without the count."""
+    return apply_counted(mod, target, db_dir, prepack=prepack, shipped=shipped, prefer=prefer,
+                         defaults=defaults)[0]
+
+
+def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
+                  shipped: bool | None = None, prefer: str = "user",
+                  defaults: bool = True) -> tuple[Any, int]:
+    """``mod`` lowered to fused TIR with the best tuned schedules of its database(s) applied.
 
     The result goes straight to ``relax.build(result, target)``; functions without a record keep
     the default schedule. ``prepack`` (the database must be tuned with it): the weight layout
@@ -571,7 +579,10 @@ def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: b
     :mod:`compiler.prepack`). ``shipped`` (default: only without ``db_dir``): the shipped
     database of the model joins the user one; ``prefer`` ("user" or "shipped", what
     :func:`tune` returned as ``source``) is read first, the other fills the tasks it lacks.
-    Raises CompilerError if neither database exists."""
+    ``defaults``: functions no record covers get :mod:`compiler.schedules`' default rules
+    (unmeasured) rather than TVM's naive lowering. Returns the module and how many of its
+    functions got a tuned schedule from a record. Raises CompilerError if neither database
+    exists."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -592,7 +603,19 @@ def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: b
     database = dbs[0] if len(dbs) == 1 else ms.database.OrderedUnionDatabase(*dbs)
     with target, database, tvm.transform.PassContext(opt_level=3):
         tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared)
-        return _prepack.after_tuning()(tuned) if prepack else tuned
+    applied = scheduled_count(tuned)
+    if defaults:
+        # kernels without a record (a time budget that ran out, a truncated database) get the
+        # untuned build's default schedules instead of TVM's naive loops; dlight skips the
+        # functions MetaSchedule scheduled
+        from tvm.s_tir import dlight as dl
+
+        from compiler.schedules import _rules
+
+        with target, tvm.transform.PassContext(opt_level=3):
+            tuned = dl.ApplyDefaultSchedule(*_rules(fuse=None))(tuned)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return (_prepack.after_tuning()(tuned) if prepack else tuned), applied
 
 
 def scheduled_count(mod: Any) -> int:
@@ -660,11 +683,14 @@ def truncate_database(src: str | Path, dst: str | Path, records: int) -> Path:
 
 
 def export_zoo_databases(src_root: str | Path, dst_root: str | Path | None = None,
-                         presets: tuple[str, ...] = ("x86_64", "x86_64-avx2", "x86_64-avx512")) -> list[Path]:
+                         presets: tuple[str, ...] = ("x86_64", "x86_64-avx2", "x86_64-avx512"),
+                         min_trials: int = 64) -> list[Path]:
     """Export (:func:`export_database`) every database in ``src_root`` that belongs to a zoo
     model (pre-packed, batch 1) on one of ``presets`` into ``dst_root`` (default: the shipped
     databases), naming the model, the preset and this CPU in ``tune.json``. How the shipped
-    databases are made: ``fractal tune`` each zoo model ``--db SRC``, then this."""
+    databases are made: ``fractal tune`` each zoo model ``--db SRC``, then this. Databases
+    with fewer than ``min_trials`` (the default ``--trials`` of ``fractal compile --tune``,
+    which must find them sufficient) are left out."""
     from compiler import zoo
     from compiler.importer import import_model
     from compiler.targets import cpu_model, get_preset
@@ -679,7 +705,8 @@ def export_zoo_databases(src_root: str | Path, dst_root: str | Path | None = Non
             # any target key of the same target minus num-cores (older keys included it)
             for src in sorted(Path(src_root).glob(f"*/{wl}")):
                 meta = _read_meta(src)
-                if meta is None or _target_key(meta["target"]) != _target_key(target):
+                if (meta is None or _target_key(meta["target"]) != _target_key(target)
+                        or int(meta.get("trials", 0)) < min_trials):
                     continue
                 out.append(export_database(src, dst_root if dst_root is not None else shipped_db_dir(),
                                            model=name, preset=preset, cpu=cpu_model()))

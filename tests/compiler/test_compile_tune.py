@@ -25,10 +25,10 @@ def test_tune_wiring_and_manifest(tmp_path, mlp_onnx, monkeypatch):
     def fake_apply(mod, target, db_dir, *, prepack, prefer):
         calls["apply"] = db_dir
         assert prefer == "user"  # the database tune() used is read first
-        return tuning.prepare(mod, target, prepack=prepack)  # the form apply() returns, without records
+        return tuning.prepare(mod, target, prepack=prepack), 0  # the form apply() returns, no records
 
     monkeypatch.setattr(tuning, "tune", fake_tune)
-    monkeypatch.setattr(tuning, "apply", fake_apply)
+    monkeypatch.setattr(tuning, "apply_counted", fake_apply)
     out = compile_model(
         mlp_onnx,
         target=host_preset_name(),

@@ -76,7 +76,7 @@ def test_shipped_database_matches_its_zoo_model(model, preset):
     path = tuning.database_path(mod, target, SHIPPED, prepack=True)
     meta = json.loads((path / "tune.json").read_text())
     assert (meta["model"], meta["preset"]) == (model, preset)
-    applied = tuning.scheduled_count(tuning.apply(mod, target, SHIPPED, prepack=True))
+    _, applied = tuning.apply_counted(mod, target, SHIPPED, prepack=True)
     assert applied >= meta["records"] >= 1
 
 
@@ -105,8 +105,7 @@ def test_explicit_db_ignores_the_shipped_databases(tmp_path):
     mod = import_model(zoo.build("digits-mlp")).mod
     with pytest.raises(tuning.CompilerError, match="no tuning database"):
         tuning.apply(mod, "x86_64", tmp_path / "db", prepack=True)
-    with_shipped = tuning.apply(mod, "x86_64", tmp_path / "db", prepack=True, shipped=True)
-    assert tuning.scheduled_count(with_shipped) >= 2
+    assert tuning.apply_counted(mod, "x86_64", tmp_path / "db", prepack=True, shipped=True)[1] >= 2
 
 
 def _funcs(mod) -> dict[str, object]:
@@ -138,18 +137,21 @@ def test_user_tuning_extends_and_wins_over_the_shipped_database(tmp_path, user_c
     again = tuning.tune(mod, "x86_64", trials=4, prepack=True, progress=False)
     assert again.reused and again.trials_run == 0 and again.source == "user"
 
-    only_user = _funcs(tuning.apply(mod, "x86_64", user_cache, prepack=True, shipped=False))
-    only_shipped = _funcs(tuning.apply(mod, "x86_64", shipped, prepack=True, shipped=False))
-    both = _funcs(tuning.apply(mod, "x86_64", prepack=True, prefer="user"))
+    def funcs(db_dir, **kw):
+        return _funcs(tuning.apply(mod, "x86_64", db_dir, prepack=True, defaults=False, **kw))
+
+    only_user = funcs(user_cache, shipped=False)
+    only_shipped = funcs(shipped, shipped=False)
+    both = funcs(None, prefer="user")
     assert both.keys() == only_user.keys() == only_shipped.keys()
     for name, f in both.items():
         assert tvm.ir.structural_equal(f, only_user[name]), name
     # the user database loses one task's records: the shipped record fills it in
     lines = (user / "database_tuning_record.json").read_text().splitlines(keepends=True)
     (user / "database_tuning_record.json").write_text("".join(x for x in lines if x.startswith("[0,")))
-    assert tuning.scheduled_count(tuning.apply(mod, "x86_64", user_cache, prepack=True, shipped=False)) == 1
-    both = _funcs(tuning.apply(mod, "x86_64", prepack=True, prefer="user"))
-    partial = _funcs(tuning.apply(mod, "x86_64", user_cache, prepack=True, shipped=False))
+    assert tuning.apply_counted(mod, "x86_64", user_cache, prepack=True, shipped=False)[1] == 1
+    both = funcs(None, prefer="user")
+    partial = funcs(user_cache, shipped=False)
     taken = {n for n, f in both.items() if tvm.ir.structural_equal(f, partial[n])
              and bool(f.attrs.get("tirx.is_scheduled", 0))}
     filled = {n for n, f in both.items() if n not in taken and tvm.ir.structural_equal(f, only_shipped[n])
