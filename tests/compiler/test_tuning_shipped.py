@@ -118,7 +118,7 @@ def _funcs(mod) -> dict[str, object]:
 def test_user_tuning_extends_and_wins_over_the_shipped_database(tmp_path, user_cache, monkeypatch):
     """A budget beyond the shipped one tunes into the user cache; the user's records win for
     the tasks they cover, the shipped ones fill the rest; the user database is then reused."""
-    import tvm
+    import tvm_ffi
 
     shipped = tmp_path / "shipped"
     mod = import_model(zoo.build("digits-mlp")).mod
@@ -144,16 +144,19 @@ def test_user_tuning_extends_and_wins_over_the_shipped_database(tmp_path, user_c
     only_shipped = funcs(shipped, shipped=False)
     both = funcs(None, prefer="user")
     assert both.keys() == only_user.keys() == only_shipped.keys()
+    # (4 trials vs the shipped best: the two databases schedule some kernel differently)
+    assert any(not tvm_ffi.structural_equal(f, only_shipped[n]) for n, f in only_user.items())
     for name, f in both.items():
-        assert tvm.ir.structural_equal(f, only_user[name]), name
+        assert tvm_ffi.structural_equal(f, only_user[name]), name
     # the user database loses one task's records: the shipped record fills it in
     lines = (user / "database_tuning_record.json").read_text().splitlines(keepends=True)
     (user / "database_tuning_record.json").write_text("".join(x for x in lines if x.startswith("[0,")))
     assert tuning.apply_counted(mod, "x86_64", user_cache, prepack=True, shipped=False)[1] == 1
     both = funcs(None, prefer="user")
     partial = funcs(user_cache, shipped=False)
-    taken = {n for n, f in both.items() if tvm.ir.structural_equal(f, partial[n])
-             and bool(f.attrs.get("tirx.is_scheduled", 0))}
-    filled = {n for n, f in both.items() if n not in taken and tvm.ir.structural_equal(f, only_shipped[n])
-              and bool(f.attrs.get("tirx.is_scheduled", 0))}
-    assert len(taken) == 1 and len(filled) == 1, (taken, filled)
+    scheduled = {n for n, f in both.items() if bool(f.attrs.get("tirx.is_scheduled", 0))
+                 and not n.endswith("_weight_prepack")}  # (the layout rewrites of a schedule)
+    taken = {n for n in scheduled if n in partial and tvm_ffi.structural_equal(both[n], partial[n])}
+    filled = {n for n in scheduled - taken
+              if n in only_shipped and tvm_ffi.structural_equal(both[n], only_shipped[n])}
+    assert len(taken) == 1 and len(filled) == 1, (scheduled, taken, filled)
