@@ -684,19 +684,20 @@ def truncate_database(src: str | Path, dst: str | Path, records: int) -> Path:
 
 def export_zoo_databases(src_root: str | Path, dst_root: str | Path | None = None,
                          presets: tuple[str, ...] = ("x86_64", "x86_64-avx2", "x86_64-avx512"),
-                         min_trials: int = 64) -> list[Path]:
+                         min_trials: int = 64, models: tuple[str, ...] | None = None) -> list[Path]:
     """Export (:func:`export_database`) every database in ``src_root`` that belongs to a zoo
     model (pre-packed, batch 1) on one of ``presets`` into ``dst_root`` (default: the shipped
     databases), naming the model, the preset and this CPU in ``tune.json``. How the shipped
     databases are made: ``fractal tune`` each zoo model ``--db SRC``, then this. Databases
     with fewer than ``min_trials`` (the default ``--trials`` of ``fractal compile --tune``,
-    which must find them sufficient) are left out."""
+    which must find them sufficient) are left out; ``models``: only these zoo models. Ship a
+    database only when its build beats the untuned one (``fractal bench compile --db``)."""
     from compiler import zoo
     from compiler.importer import import_model
     from compiler.targets import cpu_model, get_preset
 
     out = []
-    for name in zoo.NAMES:
+    for name in models or zoo.NAMES:
         mod = import_model(zoo.build(name)).mod
         for preset in presets:
             target = get_preset(preset).tvm_target()
