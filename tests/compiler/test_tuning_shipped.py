@@ -56,7 +56,7 @@ def test_target_key_ignores_num_cores_only(tmp_path):
 # What this checkout ships (BENCHMARKS.md, "shipped tuning databases"); extend with the tuning.
 EXPECTED = {
     ("ds-cnn-kws", "x86_64-avx512"), ("resnet8-cifar10", "x86_64-avx512"),
-    ("digits-mlp", "x86_64"),
+    *((mlp, preset) for mlp in ("sensor-mlp", "digits-mlp") for preset in X86),
 }
 
 
