@@ -233,6 +233,8 @@ class TuningInfo:
     schedule: str = "naive"
     time_budget: float | None = None  # --time-budget seconds, if tuning had one
     measured_on: str | None = None  # --rpc HOST:PORT of the board that timed the candidates
+    database: str | None = None  # which database tuning used: "user" (--db / user cache) or "shipped"
+    applied: int | None = None  # kernels that got a tuned schedule from the database
 
     def to_json(self) -> dict[str, Any]:
         out = {"tuned": self.tuned, "db_id": self.db_id, "trials": self.trials,
@@ -243,6 +245,10 @@ class TuningInfo:
             out["time_budget"] = self.time_budget
         if self.measured_on is not None:
             out["measured_on"] = self.measured_on
+        if self.database is not None:
+            out["database"] = self.database
+        if self.applied is not None:
+            out["applied"] = self.applied
         return out
 
     @classmethod
@@ -254,7 +260,8 @@ class TuningInfo:
                    float(r.typed("seconds", (int, float), 0.0, required=False)),
                    bool(r.typed("reused", bool, False, required=False)), r.text("db_dir", required=False),
                    r.text("schedule", "tuned" if r.typed("tuned", bool) else "naive", required=False),
-                   None if budget is None else float(budget), r.text("measured_on", required=False))
+                   None if budget is None else float(budget), r.text("measured_on", required=False),
+                   r.text("database", required=False), r.integer("applied", None, required=False))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ __all__ = [
     "host_preset_name",
     "best_host_preset_name",
     "cpu_flags",
+    "cpu_model",
     "host_arch",
     "linker_for",
     "ARCHES",
@@ -168,6 +169,17 @@ def cpu_flags() -> set[str]:
         if line.startswith(("flags", "Features")):
             return set(line.split(":", 1)[1].split())
     return set()
+
+
+def cpu_model() -> str:
+    """This CPU's model name from /proc/cpuinfo (else ``platform.machine()``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def best_host_preset_name() -> str:

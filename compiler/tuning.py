@@ -8,7 +8,20 @@ Layout of a database directory (``db_dir``, default ``user_cache_dir("fractal-ed
                                         logs/                          MetaSchedule's own logs
 
 ``<target key>`` is readable (``llvm-x86_64-x86-64-<hash>``) and hashes the canonical target
-dict; ``<workload hash>`` hashes the fused TIR module that tuning sees. Parameters are runtime
+dict without ``num-cores``; ``<workload hash>`` hashes the fused TIR module that tuning sees.
+``num-cores`` (the host's core count in the x86_64 presets) only bounds how much parallelism
+MetaSchedule's parallel rule tries while searching; a record is a schedule trace replayed on the
+workload, whose parallel loops TVM's thread pool spreads over however many cores run it. So a
+database tuned on 2 cores is valid (if not re-timed) on a 4-core machine of the same target,
+and one key serves both.
+
+Shipped databases: ``compiler/tuned/`` (:func:`shipped_db_dir`) holds databases for the zoo
+models on the x86_64 presets, tuned by the project and pruned to the best record per task
+(:func:`export_database`). Without an explicit ``db_dir`` (no ``--db``), :func:`tune` uses the
+user database when it holds the budget, else the shipped one when it does (no trials run),
+else tunes into the user database; :func:`apply` reads the chosen database first and the other
+one for the tasks it lacks, so a user's own tuning wins over and adds to the shipped records.
+An explicit ``db_dir`` is self-contained: the shipped databases are not consulted. Parameters are runtime
 inputs of the imported module (see ``compiler.importer``), so two models of the same
 architecture with different weights share one database. :func:`tune` reuses a database that
 already holds at least the requested number of trials and runs none; :func:`apply` rewrites the
@@ -38,7 +51,8 @@ from typing import Any
 from compiler.errors import CompilerError, TargetError
 
 __all__ = ["TuneResult", "Remote", "tune", "apply", "default_db_dir", "database_path", "can_measure",
-           "prepare", "check_remote"]
+           "prepare", "check_remote", "shipped_db_dir", "export_database", "truncate_database",
+           "scheduled_count", "apply_counted"]
 
 FORMAT = 1
 _ARCH_ALIASES = {"amd64": "x86_64", "x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
@@ -66,6 +80,7 @@ class TuneResult:
     seconds: float
     tasks: int = 0
     path: str = ""
+    source: str = "user"  # "user" (db_dir / the user cache) or "shipped" (compiler/tuned)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +114,15 @@ def default_db_dir() -> Path:
     return Path(platformdirs.user_cache_dir("fractal-edge")) / "tuning"
 
 
+def shipped_db_dir() -> Path:
+    """The databases shipped with the project: ``compiler/tuned`` (package data)."""
+    return Path(__file__).resolve().parent / "tuned"
+
+
+def _use_shipped(db_dir: str | Path | None, shipped: bool | None) -> bool:
+    return db_dir is None if shipped is None else shipped
+
+
 def _as_target(target: Any) -> Any:
     """A ``tvm.target.Target`` from a Target, a target dict, or a preset name."""
     import tvm
@@ -121,6 +145,7 @@ def _target_dict(target: Any) -> dict[str, Any]:
 
 def _target_key(target: Any) -> str:
     d = _target_dict(target)
+    d.pop("num-cores", None)  # schedules stay valid on any core count (module docstring)
     canon = json.dumps(d, sort_keys=True, separators=(",", ":"))
     triple = str(d.get("mtriple") or "host").split("-")[0]
     readable = "-".join(str(p) for p in (d.get("kind", "target"), triple, d.get("mcpu") or "generic"))
@@ -405,7 +430,7 @@ def _reusable(meta: dict[str, Any] | None, trials: int | None, time_budget: floa
 
 def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path | None = None,
          progress: bool = True, seed: int = 0, prepack: bool = False, time_budget: float | None = None,
-         remote: Remote | None = None) -> TuneResult:
+         remote: Remote | None = None, shipped: bool | None = None) -> TuneResult:
     """Tune ``mod`` (a Relax IRModule, params as inputs) for ``target`` and store the records in
     its database (keyed by target and workload); reuse the database when it already holds the
     budget.
@@ -414,6 +439,9 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
     ``time_budget`` seconds (``trials=None``), stopping after the first measured round past it;
     with both, whichever ends first. ``remote``: time the candidates on a board through its RPC
     server instead of on this machine (then any target of the board's architecture can be tuned).
+    ``shipped`` (default: only without ``db_dir``): a shipped database (:func:`shipped_db_dir`)
+    holding the budget is used as it is (``source="shipped"``, no trials) when the user
+    database does not hold it.
     """
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -440,6 +468,17 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
             print(f"tuning: reusing database {db_id} ({meta.get('trials')} trials recorded, none run)",
                   file=sys.stderr, flush=True)
         return TuneResult(db_id, True, 0, time.perf_counter() - t0, meta.get("tasks", 0), str(path))
+    if _use_shipped(db_dir, shipped):
+        spath = _db_path(prepared, target, shipped_db_dir())
+        smeta = _read_meta(spath)
+        if _reusable(smeta, trials, time_budget) or (smeta is not None and meta is None and not ok):
+            assert smeta is not None
+            if progress:
+                print(f"tuning: using the shipped database {db_id} ({smeta.get('trials')} trials "
+                      f"recorded on {smeta.get('cpu', 'the project machine')}, none run)",
+                      file=sys.stderr, flush=True)
+            return TuneResult(db_id, True, 0, time.perf_counter() - t0, smeta.get("tasks", 0), str(spath),
+                              source="shipped")
     if not ok:
         raise TargetError(f"cannot tune for this target here: {why}",
                           hint="tune on the board: run `fractal rpc-server` there and pass --rpc "
@@ -522,13 +561,28 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
     return TuneResult(db_id, False, state.total, seconds, len(anchors), str(path))
 
 
-def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False) -> Any:
-    """``mod`` lowered to fused TIR with the best tuned schedules of its database applied.
+def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
+          shipped: bool | None = None, prefer: str = "user", defaults: bool = True) -> Any:
+    """:func:`apply_counted` without the count."""
+    return apply_counted(mod, target, db_dir, prepack=prepack, shipped=shipped, prefer=prefer,
+                         defaults=defaults)[0]
+
+
+def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
+                  shipped: bool | None = None, prefer: str = "user",
+                  defaults: bool = True) -> tuple[Any, int]:
+    """``mod`` lowered to fused TIR with the best tuned schedules of its database(s) applied.
 
     The result goes straight to ``relax.build(result, target)``; functions without a record keep
     the default schedule. ``prepack`` (the database must be tuned with it): the weight layout
     rewrites the schedules need are lifted into ``main_transform_params`` (see
-    :mod:`compiler.prepack`). Raises CompilerError if the database was never built."""
+    :mod:`compiler.prepack`). ``shipped`` (default: only without ``db_dir``): the shipped
+    database of the model joins the user one; ``prefer`` ("user" or "shipped", what
+    :func:`tune` returned as ``source``) is read first, the other fills the tasks it lacks.
+    ``defaults``: functions no record covers get :mod:`compiler.schedules`' default rules
+    (unmeasured) rather than TVM's naive lowering. Returns the module and how many of its
+    functions got a tuned schedule from a record. Raises CompilerError if neither database
+    exists."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -537,12 +591,124 @@ def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: b
 
     target = _as_target(target)
     prepared = prepare(mod, target, prepack=prepack)
-    path = _db_path(prepared, target, db_dir)
-    if not (path / "database_tuning_record.json").is_file():
-        raise CompilerError(f"no tuning database for this model and target in {path.parent.parent}",
+    paths = {"user": _db_path(prepared, target, db_dir)}
+    if _use_shipped(db_dir, shipped):
+        paths["shipped"] = _db_path(prepared, target, shipped_db_dir())
+    order = sorted(paths, key=lambda k: k != prefer)
+    found = [paths[k] for k in order if (paths[k] / "database_tuning_record.json").is_file()]
+    if not found:
+        raise CompilerError(f"no tuning database for this model and target in {paths['user'].parent.parent}",
                             hint="tune first (fractal compile --tune) or point --db at the right directory")
-    database = ms.database.JSONDatabase(work_dir=str(path), allow_missing=False)
+    dbs = [ms.database.JSONDatabase(work_dir=str(p), allow_missing=False) for p in found]
+    database = dbs[0] if len(dbs) == 1 else ms.database.OrderedUnionDatabase(*dbs)
     with target, database, tvm.transform.PassContext(opt_level=3):
         tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared)
-        return _prepack.after_tuning()(tuned) if prepack else tuned
+    applied = scheduled_count(tuned)
+    if defaults:
+        # kernels without a record (a time budget that ran out, a truncated database) get the
+        # untuned build's default schedules instead of TVM's naive loops; dlight skips the
+        # functions MetaSchedule scheduled
+        from tvm.s_tir import dlight as dl
 
+        from compiler.schedules import _rules
+
+        with target, tvm.transform.PassContext(opt_level=3):
+            tuned = dl.ApplyDefaultSchedule(*_rules(fuse=None))(tuned)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return (_prepack.after_tuning()(tuned) if prepack else tuned), applied
+
+
+def scheduled_count(mod: Any) -> int:
+    """How many TIR functions of ``mod`` carry a schedule (``tirx.is_scheduled``): after
+    :func:`apply`, the kernels a database record was applied to."""
+    import tvm
+
+    return sum(1 for f in mod.functions.values()
+               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
+               and bool(f.attrs.get("tirx.is_scheduled", 0)))
+
+
+def _best_per_workload(lines: list[str]) -> dict[int, tuple[float, str]]:
+    best: dict[int, tuple[float, str]] = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        idx, rec = json.loads(line)
+        secs = [float(x) for x in (rec[1] or [])]
+        if not secs or any(x >= 1e9 for x in secs):  # no valid run (MetaSchedule stores 1e10 on error)
+            continue
+        mean = sum(secs) / len(secs)
+        if idx not in best or mean < best[idx][0]:
+            best[idx] = (mean, json.dumps(rec, separators=(",", ":")))
+    return best
+
+
+def export_database(src: str | Path, dst_root: str | Path, **extra: Any) -> Path:
+    """Copy the database directory ``src`` (``<target key>/<workload hash>``) into ``dst_root``
+    (e.g. :func:`shipped_db_dir`) pruned to the best valid record per task, under the target
+    key of its ``tune.json`` (so older keys are re-keyed); ``extra`` goes into the copied
+    ``tune.json`` (model, preset, cpu). Returns the new directory."""
+    src = Path(src)
+    meta = _read_meta(src)
+    if meta is None:
+        raise CompilerError(f"{src} is not a tuning database (no tune.json)",
+                            hint="pass a <target key>/<workload hash> directory")
+    workloads = (src / "database_workload.json").read_text().splitlines()
+    best = _best_per_workload((src / "database_tuning_record.json").read_text().splitlines())
+    dst = Path(dst_root) / _target_key(meta["target"]) / src.name
+    dst.mkdir(parents=True, exist_ok=True)
+    keep = sorted(best)
+    (dst / "database_workload.json").write_text("".join(f"{workloads[i]}\n" for i in keep))
+    (dst / "database_tuning_record.json").write_text(
+        "".join(f"[{n},{best[i][1]}]\n" for n, i in enumerate(keep)))
+    meta = {**meta, **extra, "records": len(keep),
+            "best_us": [round(1e6 * best[i][0], 2) for i in keep]}
+    meta.pop("per_task", None)
+    (dst / "tune.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return dst
+
+
+def truncate_database(src: str | Path, dst: str | Path, records: int) -> Path:
+    """A copy of the database ``src`` holding only its first ``records`` tuning records (they
+    are appended in the order they were measured: the database a ``records``-trial run would
+    have left, up to the budget split). For the trials-vs-latency curve."""
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "database_workload.json").write_text((src / "database_workload.json").read_text())
+    lines = (src / "database_tuning_record.json").read_text().splitlines(keepends=True)
+    (dst / "database_tuning_record.json").write_text("".join(lines[:records]))
+    meta = _read_meta(src) or {"format": FORMAT}
+    (dst / "tune.json").write_text(json.dumps({**meta, "trials": min(records, len(lines))}, indent=1))
+    return dst
+
+
+def export_zoo_databases(src_root: str | Path, dst_root: str | Path | None = None,
+                         presets: tuple[str, ...] = ("x86_64", "x86_64-avx2", "x86_64-avx512"),
+                         min_trials: int = 64, models: tuple[str, ...] | None = None) -> list[Path]:
+    """Export (:func:`export_database`) every database in ``src_root`` that belongs to a zoo
+    model (pre-packed, batch 1) on one of ``presets`` into ``dst_root`` (default: the shipped
+    databases), naming the model, the preset and this CPU in ``tune.json``. How the shipped
+    databases are made: ``fractal tune`` each zoo model ``--db SRC``, then this. Databases
+    with fewer than ``min_trials`` (the default ``--trials`` of ``fractal compile --tune``,
+    which must find them sufficient) are left out; ``models``: only these zoo models. Ship a
+    database only when its build beats the untuned one (``fractal bench compile --db``)."""
+    from compiler import zoo
+    from compiler.importer import import_model
+    from compiler.targets import cpu_model, get_preset
+
+    out = []
+    for name in models or zoo.NAMES:
+        mod = import_model(zoo.build(name)).mod
+        for preset in presets:
+            target = get_preset(preset).tvm_target()
+            prepared = prepare(mod, target, prepack=True)
+            wl = _workload_hash(prepared)
+            # any target key of the same target minus num-cores (older keys included it)
+            for src in sorted(Path(src_root).glob(f"*/{wl}")):
+                meta = _read_meta(src)
+                if (meta is None or _target_key(meta["target"]) != _target_key(target)
+                        or int(meta.get("trials", 0)) < min_trials):
+                    continue
+                out.append(export_database(src, dst_root if dst_root is not None else shipped_db_dir(),
+                                           model=name, preset=preset, cpu=cpu_model()))
+    return out

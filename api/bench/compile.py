@@ -91,9 +91,12 @@ def _tvm_latency(art_dir: Path, x: np.ndarray, min_seconds: float) -> tuple[dict
     ``Artifact.infer`` (the artifact API with its input checks)."""
     import tvm_ffi
 
-    from compiler.artifact import load_artifact
+    from compiler.artifact import aligned_copy, load_artifact
 
     art = load_artifact(art_dir)
+    # TVM's kernels may assume 64-byte aligned buffers (a tuned resnet8-cifar10 segfaulted on a
+    # numpy array's 16-byte alignment): the zero-copy call gets an aligned input, as infer() makes
+    x = aligned_copy(x)
     inputs = {art.inputs[0].name: x}
     out = art.infer(inputs)
     runtime = art._infer  # benchmark internals on purpose: the VM under the artifact API

@@ -1,4 +1,5 @@
-"""`fractal bench compile`: onnxruntime vs TVM untuned vs TVM tuned on the zoo models."""
+"""`fractal bench compile`: onnxruntime vs TVM untuned vs TVM tuned on the zoo models; `fractal bench
+curve`: trials vs latency from one tuning run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import typer
 
 from api.cli.bench import bench_app
 
-__all__ = ["bench_compile"]
+__all__ = ["bench_compile", "bench_curve"]
 
 
 @bench_app.command("compile")
@@ -86,3 +87,31 @@ def _bench_user_model(model: str, shape: list[str], trials: int, threads: int, t
     typer.echo(f"{'model':<28}{'inputs':<28}{'ort us':>10}{'untuned':>10}{'tuned':>10}{'trials':>7}")
     typer.echo(f"{row['model']:<28}{json.dumps(row['inputs']):<28}{ort_us:>10}"
                f"{row['tvm_untuned']['median_us']:>10}{tuned:>10}{row.get('trials', 0):>7}")
+
+
+@bench_app.command("curve")
+def bench_curve(
+    model: str = typer.Argument(..., help="Zoo model whose tuning database to sample."),
+    db: str = typer.Option(..., "--db", help="Tuning database dir holding one long run for the model."),
+    points: str = typer.Option("64,256,1024", "--points", help="Trial counts, comma-separated."),
+    target: str = typer.Option("native", "--target",
+                               help="Preset the database was tuned for ('native': this CPU)."),
+    threads: int = typer.Option(1, "--threads", help="Threads for both onnxruntime and TVM."),
+    seconds: float = typer.Option(1.0, "--seconds", help="Minimum timing window per latency figure."),
+) -> None:
+    """Trials-vs-latency from one tuning run: compile with its first K records, time next to onnxruntime."""
+    from api.bench.curve import run_trials_curve
+    from compiler.errors import CompilerError
+    from compiler.targets import best_host_preset_name
+
+    try:
+        ks = [int(p) for p in points.split(",") if p.strip()]
+    except ValueError:
+        raise CompilerError(f"bad --points {points!r}", hint="e.g. --points 64,256,1024") from None
+    if not ks or min(ks) < 1 or threads < 1:
+        raise CompilerError("--points and --threads must be >= 1",
+                            hint="e.g. --points 64,256,1024 --threads 1")
+    result = run_trials_curve(model, db, ks, target=best_host_preset_name() if target == "native" else target,
+                              threads=threads, min_seconds=seconds,
+                              log=lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
+    typer.echo(json.dumps(result))

@@ -28,7 +28,8 @@ def compile_cmd(
                                    "candidates there (tunes any preset of the board's arch)."),
     no_prepack: bool = typer.Option(False, "--no-prepack", help="Keep BatchNorm and weight layouts in every "
                                     "inference call (for comparison)."),
-    db: Path | None = typer.Option(None, "--db", help="Tuning database directory (default: user cache)."),
+    db: Path | None = typer.Option(None, "--db", help="Tuning database directory (default: the user cache, "
+                                   "then the databases shipped for the zoo models; --db uses only DIR)."),
     train: bool = typer.Option(False, "--train", help="Also build the training module."),
     loss: str = typer.Option("ce", "--loss", help="Training loss: ce or mse."),
     optimizer: str = typer.Option("sgd", "--optimizer", help="Optimizer: sgd or adam."),
@@ -74,7 +75,8 @@ def tune_cmd(
                                       "(default 64, or none with --time-budget)."),
     time_budget: float | None = typer.Option(None, "--time-budget", help="Seconds of tuning "
                                              "(with --trials: whichever ends first)."),
-    db: Path | None = typer.Option(None, "--db", help="Tuning database directory (default: user cache)."),
+    db: Path | None = typer.Option(None, "--db", help="Tuning database directory (default: the user cache, "
+                                   "then the databases shipped for the zoo models; --db uses only DIR)."),
     shape: list[str] = typer.Option([], "--shape", help="Fix an input's dims: NAME=D0,D1,..."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:

@@ -22,12 +22,13 @@ def test_tune_wiring_and_manifest(tmp_path, mlp_onnx, monkeypatch):
         assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
         return tuning.TuneResult("llvm-test/abc123", False, trials, 1.5)
 
-    def fake_apply(mod, target, db_dir, *, prepack):
+    def fake_apply(mod, target, db_dir, *, prepack, prefer):
         calls["apply"] = db_dir
-        return tuning.prepare(mod, target, prepack=prepack)  # the form apply() returns, without records
+        assert prefer == "user"  # the database tune() used is read first
+        return tuning.prepare(mod, target, prepack=prepack), 0  # the form apply() returns, no records
 
     monkeypatch.setattr(tuning, "tune", fake_tune)
-    monkeypatch.setattr(tuning, "apply", fake_apply)
+    monkeypatch.setattr(tuning, "apply_counted", fake_apply)
     out = compile_model(
         mlp_onnx,
         target=host_preset_name(),
@@ -42,6 +43,7 @@ def test_tune_wiring_and_manifest(tmp_path, mlp_onnx, monkeypatch):
     t = json.loads((out / "manifest.json").read_text())["tuning"]
     assert t["tuned"] is True and t["db_id"] == "llvm-test/abc123" and t["trials"] == 12
     assert t["trials_run"] == 12 and t["reused"] is False
+    assert t["database"] == "user" and t["applied"] == 0  # (the fake applies no records)
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     sess = ort.InferenceSession(str(mlp_onnx), providers=["CPUExecutionProvider"])
     want = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(4)])
