@@ -123,9 +123,15 @@ class TrainingWorker:
         # The worker imports this checkout's modules, as the node does (sys.path, not site config).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         max_payload = int(self.transport.max_payload)
+        # The worker's frames go out on this transport and its frames come in from it: the worker
+        # builds and checks frames the way this transport's link wants them (an authenticated
+        # link: no CRC check, MAC'd frames carry CRC 0 and need seal room after the frame).
+        framing = (f"{int(bool(getattr(self.transport, 'authenticated', False)))},"
+                   f"{int(bool(getattr(self.transport, 'frame_crc', True)))},"
+                   f"{int(getattr(self.transport, 'frame_room', 0))}")
         cmd = [sys.executable, "-m", "edgenode.trainproc", str(theirs.fileno()), str(self.artifact_dir),
                self.transport.member_id, self.swarm, str(max_payload), str(self._nice), str(self._threads),
-               "idle" if self._idle else "nice"]
+               "idle" if self._idle else "nice", framing]
         try:
             proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)  # a Ctrl-C to the node is the node's
@@ -364,12 +370,16 @@ def _death(proc: subprocess.Popen[bytes], doing: str) -> str:
 class _RelayTransport:
     """The worker's side of the node's transport: frames travel over the socket pair."""
 
-    def __init__(self, member_id: str, max_payload: int, send: Callable[[tuple[Any, ...]], None]) -> None:
+    def __init__(self, member_id: str, max_payload: int, send: Callable[[tuple[Any, ...]], None], *,
+                 authenticated: bool = False, frame_crc: bool = True, frame_room: int = 0) -> None:
         self.member_id, self.max_payload, self._send = member_id, max_payload, send
+        # mirrored from the node's transport (see MqttTransport): read by the frame layer
+        self.authenticated, self.frame_crc, self.frame_room = authenticated, frame_crc, frame_room
         self.inbox: queue.Queue[bytes] = queue.Queue()
 
-    def send(self, dst: str, payload: bytes) -> None:
-        self._send(("frame", dst, bytes(payload)))
+    def send(self, dst: str, payload: bytes | bytearray) -> None:
+        # a bytearray carries the seal room after the frame (pickle keeps the type)
+        self._send(("frame", dst, payload if isinstance(payload, bytearray) else bytes(payload)))
 
     def recv(self, timeout: float) -> bytes | None:
         try:
@@ -410,7 +420,7 @@ def _picklable(exc: Exception) -> Exception | None:
 
 
 def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str, max_payload: int,
-                 nice: int, threads: int, idle: bool) -> None:
+                 nice: int, threads: int, idle: bool, framing: str = "0,1,0") -> None:
     """Load the training module, host the member's ring, answer calls until the socket closes."""
     os.environ["TVM_NUM_THREADS"] = str(max(1, threads))  # before TVM creates its pool (lazily)
     if nice > 0:
@@ -440,7 +450,9 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
     except Exception as exc:  # noqa: BLE001 - reported to the node, which fails the round with it
         send(("error", None, f"cannot load the training module: {type(exc).__name__}: {exc}"))
         return
-    relay = _RelayTransport(member_id, max_payload, send)
+    auth, crc, room = (int(v) for v in framing.split(","))
+    relay = _RelayTransport(member_id, max_payload, send, authenticated=bool(auth), frame_crc=bool(crc),
+                            frame_room=room)
     ring = RingAllreduce(relay, swarm=swarm)
     calls: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
     abort = threading.Event()
@@ -496,7 +508,7 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
     ring.close()
 
 
-if __name__ == "__main__":  # FD ARTIFACT MEMBER SWARM MAX_PAYLOAD NICE THREADS nice|idle (TrainingWorker)
-    _a = sys.argv[1:9]
+if __name__ == "__main__":  # FD ARTIFACT MEMBER SWARM MAX_PAYLOAD NICE THREADS nice|idle AUTH,CRC,ROOM
+    _a = sys.argv[1:10]
     _worker_main(Connection(int(_a[0])), _a[1], _a[2], _a[3], int(_a[4]), int(_a[5]), int(_a[6]),
-                 _a[7] == "idle")
+                 _a[7] == "idle", *_a[8:9])

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from compiler import load_artifact
 from deploy.keys import provision
 from federation import topics
 from federation.messages import EventKind, NodeState, NodeStatus, RoundAbort, RoundCommand
@@ -33,13 +32,14 @@ def _rejected(node, reason: str) -> float:
 def test_forged_messages_do_no_harm_to_a_signed_swarm(mosquitto, swarm_id, mqtt_link_factory, node_factory,
                                                        digits_artifact, digits_data, tmp_path):
     x, y = digits_data
-    art = load_artifact(digits_artifact)
     ids = [f"{swarm_id}-n{k}" for k in range(2)]
     keys = tmp_path / "keys"
     provision(keys, swarm_id, ids)
     nodes = []
     for k, i in enumerate(ids):
-        n = node_factory(i, digits_artifact, artifact=art, broker=mosquitto.url, swarm=swarm_id,
+        # each node loads the artifact itself: the default process isolation (a training worker
+        # hosts the ring, the node relays its frames over the signed, MAC'd link), as deployed
+        n = node_factory(i, digits_artifact, broker=mosquitto.url, swarm=swarm_id,
                          key_file=str(keys / f"keys/{i}.key"), keyring_file=str(keys / "keyring.json"))
         n.add_samples({"x": x[k:400:2]}, y[k:400:2])
         nodes.append(n)
@@ -86,6 +86,7 @@ def test_forged_messages_do_no_harm_to_a_signed_swarm(mosquitto, swarm_id, mqtt_
     failed = [e for e in watch.events if e.kind == EventKind.FAILED]
     assert not failed, failed
     assert {n.model_version for n in nodes} == {1}
+    assert all(n.training_worker is not None for n in nodes)  # the round ran in worker processes
     assert len({n.params_sha256 for n in nodes}) == 1
     assert _rejected(nodes[0], "unsigned") >= 5  # the forged aborts
     # the node's /metrics exports the counters by reason
