@@ -144,8 +144,10 @@ def _tune(imported_mod: Any, preset: TargetPreset, budget: TuneBudget, db_dir: s
     result = tuning.tune(imported_mod, preset.tvm_target(), trials=budget.trials,
                          time_budget=budget.time_budget, db_dir=db_dir, progress=progress, prepack=prepack,
                          remote=remote)
+    from compiler.schedules import default_rules
+
     tuned, applied = tuning.apply_counted(imported_mod, preset.tvm_target(), db_dir, prepack=prepack,
-                                          prefer=result.source)
+                                          prefer=result.source, defaults=default_rules())
     info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(budget.trials or 0),
                       trials_run=result.trials_run, seconds=round(result.seconds, 3),
                       db_dir=str(db_dir) if db_dir is not None else None, schedule="tuned",

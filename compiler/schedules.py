@@ -69,6 +69,11 @@ def _vectorize_inner(sch: Any, block: Any, lanes: int) -> None:
         sch.vectorize(inner)
 
 
+def default_rules() -> list[Any]:
+    """The dlight rules of untuned builds, unmeasured (for kernels a tuning database lacks)."""
+    return _rules(fuse=None)
+
+
 def _rules(fuse: bool | None, min_row: int = _MIN_ROW, tile: tuple[int, int] | None = None) -> list[Any]:
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import normalize_prim_func

@@ -44,6 +44,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -562,7 +563,7 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
 
 
 def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
-          shipped: bool | None = None, prefer: str = "user", defaults: bool = True) -> Any:
+          shipped: bool | None = None, prefer: str = "user", defaults: Sequence[Any] | None = None) -> Any:
     """:func:`apply_counted` without the count."""
     return apply_counted(mod, target, db_dir, prepack=prepack, shipped=shipped, prefer=prefer,
                          defaults=defaults)[0]
@@ -570,7 +571,7 @@ def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: b
 
 def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
                   shipped: bool | None = None, prefer: str = "user",
-                  defaults: bool = True) -> tuple[Any, int]:
+                  defaults: Sequence[Any] | None = None) -> tuple[Any, int]:
     """``mod`` lowered to fused TIR with the best tuned schedules of its database(s) applied.
 
     The result goes straight to ``relax.build(result, target)``; functions without a record keep
@@ -579,10 +580,11 @@ def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, pr
     :mod:`compiler.prepack`). ``shipped`` (default: only without ``db_dir``): the shipped
     database of the model joins the user one; ``prefer`` ("user" or "shipped", what
     :func:`tune` returned as ``source``) is read first, the other fills the tasks it lacks.
-    ``defaults``: functions no record covers get :mod:`compiler.schedules`' default rules
-    (unmeasured) rather than TVM's naive lowering. Returns the module and how many of its
-    functions got a tuned schedule from a record. Raises CompilerError if neither database
-    exists."""
+    ``defaults``: dlight rules for the functions no record covers (the compiler passes
+    :func:`compiler.schedules.default_rules`, unmeasured) instead of TVM's naive lowering; this
+    module does not import :mod:`compiler.schedules`, which builds on it. Returns the module and
+    how many of its functions got a tuned schedule from a record. Raises CompilerError if neither
+    database exists."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -610,10 +612,8 @@ def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, pr
         # functions MetaSchedule scheduled
         from tvm.s_tir import dlight as dl
 
-        from compiler.schedules import _rules
-
         with target, tvm.transform.PassContext(opt_level=3):
-            tuned = dl.ApplyDefaultSchedule(*_rules(fuse=None))(tuned)
+            tuned = dl.ApplyDefaultSchedule(*defaults)(tuned)
     with target, tvm.transform.PassContext(opt_level=3):
         return (_prepack.after_tuning()(tuned) if prepack else tuned), applied
 

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 from typing import Any
 
+from compiler.targets import cpu_model  # one reader of /proc/cpuinfo's model name
+
 __all__ = ["cpu_model", "machine", "machine_line"]
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (else what ``platform`` knows)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine() -> dict[str, Any]:

@@ -22,9 +22,10 @@ def test_tune_wiring_and_manifest(tmp_path, mlp_onnx, monkeypatch):
         assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
         return tuning.TuneResult("llvm-test/abc123", False, trials, 1.5)
 
-    def fake_apply(mod, target, db_dir, *, prepack, prefer):
+    def fake_apply(mod, target, db_dir, *, prepack, prefer, defaults):
         calls["apply"] = db_dir
         assert prefer == "user"  # the database tune() used is read first
+        assert defaults  # kernels without a record get the default schedules
         return tuning.prepare(mod, target, prepack=prepack), 0  # the form apply() returns, no records
 
     monkeypatch.setattr(tuning, "tune", fake_tune)

@@ -156,10 +156,12 @@ def test_apply_foreign_target_database_needs_no_measurement(digits_mod, tmp_path
     path.mkdir(parents=True)
     (path / "database_workload.json").write_text("")
     (path / "database_tuning_record.json").write_text("")
-    mod = tuning.apply(digits_mod, "rpi4", tmp_path, defaults=False)
+    mod = tuning.apply(digits_mod, "rpi4", tmp_path)
     assert _scheduled(mod) == [] and "main" in [gv.name_hint for gv in mod.get_global_vars()]
-    # by default the kernels no record covers get the untuned build's default schedules
-    mod, applied = tuning.apply_counted(digits_mod, "rpi4", tmp_path)
+    # with the compiler's default rules the kernels no record covers get the untuned build's schedules
+    from compiler.schedules import default_rules
+
+    mod, applied = tuning.apply_counted(digits_mod, "rpi4", tmp_path, defaults=default_rules())
     assert applied == 0 and _scheduled(mod)
 
 

@@ -146,7 +146,7 @@ def test_user_tuning_extends_and_wins_over_the_shipped_database(tmp_path, user_c
     assert again.reused and again.trials_run == 0 and again.source == "user"
 
     def funcs(db_dir, **kw):
-        return _funcs(tuning.apply(mod, "x86_64", db_dir, prepack=True, defaults=False, **kw))
+        return _funcs(tuning.apply(mod, "x86_64", db_dir, prepack=True, **kw))
 
     only_user = funcs(user_cache, shipped=False)
     only_shipped = funcs(shipped, shipped=False)
