@@ -346,14 +346,23 @@ def _time_all(funcs: dict[str, Any], target: Any) -> dict[str, float]:
 def channels_last(mod: Any) -> Any:
     """``mod`` (Relax) with every conv2d in NHWC/HWIO (``relax.transform.ConvertLayout``): the
     activations are transposed once at the graph's edges, the weight transposes depend on
-    parameters only (``compiler.prepack`` lifts them into the per-parameter-set transform)."""
+    parameters only (``compiler.prepack`` lifts them into the per-parameter-set transform).
+
+    A module without a conv2d is returned as it is, and so is one ConvertLayout cannot handle
+    (this TVM build's layout inference fails on some broadcasting elementwise ops, e.g. Max of a
+    [2, 3] and a [3] input): the conversion is an optimisation, the NCHW build is still correct."""
     from tvm import relax, transform
 
-    return transform.Sequential([
-        relax.transform.FoldConstant(),  # (ConvertLayout crashes on add(constant, prim value))
-        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]}),
-        relax.transform.DeadCodeElimination(),
-    ])(mod)
+    if "R.nn.conv2d" not in mod.script(show_meta=False):
+        return mod
+    try:
+        return transform.Sequential([
+            relax.transform.FoldConstant(),  # (ConvertLayout crashes on add(constant, prim value))
+            relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]}),
+            relax.transform.DeadCodeElimination(),
+        ])(mod)
+    except Exception:  # noqa: BLE001 - TVM's InternalError from layout inference: keep NCHW
+        return mod
 
 
 def _wants_channels_last(target: Any) -> bool:
