@@ -353,7 +353,7 @@ def channels_last(mod: Any) -> Any:
     [2, 3] and a [3] input): the conversion is an optimisation, the NCHW build is still correct."""
     from tvm import relax, transform
 
-    if "R.nn.conv2d" not in mod.script(show_meta=False):
+    if not _has_conv2d(mod):
         return mod
     try:
         return transform.Sequential([
@@ -363,6 +363,22 @@ def channels_last(mod: Any) -> Any:
         ])(mod)
     except Exception:  # noqa: BLE001 - TVM's InternalError from layout inference: keep NCHW
         return mod
+
+
+def _has_conv2d(mod: Any) -> bool:
+    """Whether a Relax function of ``mod`` binds a ``relax.nn.conv2d`` call (the imported form:
+    bindings in the functions' top-level blocks; no printing of the whole module)."""
+    from tvm import ir, relax
+
+    conv = ir.Op.get("relax.nn.conv2d")
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for block in func.body.blocks:
+            for b in block.bindings:
+                if isinstance(b.value, relax.Call) and b.value.op.same_as(conv):
+                    return True
+    return False
 
 
 def _wants_channels_last(target: Any) -> bool:
