@@ -87,6 +87,7 @@ class FleetService:
         self._dirty: set[str] = set()  # running rounds with step updates not yet published
         self._dirty_lock = threading.Lock()
         self._round_events = threading.Lock()  # one reader+publisher of round states at a time
+        self._round_seq = 0  # bumped by every published round state (see round_view)
         self._ticker: threading.Thread | None = None
 
     # -- life cycle -----------------------------------------------------------------------
@@ -239,7 +240,30 @@ class FleetService:
         with self._round_events:
             data = self.rounds.get(round_id, PLOT_POINTS)
             if data is not None:
+                self._round_seq += 1
+                data["seq"] = self._round_seq
                 self.bus.publish(EventType.ROUND, data)
+
+    def round_view(self, round_id: str, max_points: int | None = None) -> dict | None:
+        """One round as the HTTP API shows it, stamped with ``seq``: the number of the last round
+        event published before it was read. A client that reads a round over HTTP while it also
+        follows the event stream keeps the copy with the higher ``seq`` (ties: the later read).
+        The two arrive over different connections, so an HTTP answer read before a change can
+        reach the browser after the event of that change."""
+        with self._round_events:
+            data = self.rounds.get(round_id, max_points)
+            if data is not None:
+                data["seq"] = self._round_seq
+        return data
+
+    def round_history(self, max_points: int | None = PLOT_POINTS, *, limit: int = 50,
+                      before: float | None = None) -> list[dict]:
+        """A page of the round history, every round stamped with ``seq`` like :meth:`round_view`."""
+        with self._round_events:
+            rounds = self.rounds.history(max_points, limit=limit, before=before)
+            for r in rounds:
+                r["seq"] = self._round_seq
+        return rounds
 
     def _rounds_changed(self, rounds: list[Round]) -> None:
         for rnd in rounds:
@@ -324,7 +348,7 @@ class FleetService:
             self.bus.publish(EventType.IMAGES, {"images": self.images.list()})
 
     def snapshot(self) -> dict:
-        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.rounds.history(),
+        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.round_history(),
                 "actions": self.history.actions(50), "margin": self.settings.rollback_margin,
                 "auto_rollback": self.settings.auto_rollback, "rollouts": self.rollouts.recent(),
                 "images": self.images.list() if self.images is not None else None}

@@ -221,7 +221,11 @@ $("xaxis").addEventListener("change", renderPlot);
 $("smooth").addEventListener("change", renderPlot);
 
 function upsertRound(r) {
-  const isNew = !state.rounds.has(r.round_id);
+  // A round read over HTTP can arrive after the event of a later change (two connections): keep
+  // the newer copy by the fleet's event sequence number.
+  const cur = state.rounds.get(r.round_id);
+  if (cur && cur.seq > r.seq) return;
+  const isNew = !cur;
   state.rounds.set(r.round_id, r);
   if (isNew && (state.selected === null || r.state === "running")) state.selected = r.round_id;
   renderRounds();

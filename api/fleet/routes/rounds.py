@@ -30,14 +30,14 @@ def list_rounds(_: Authenticated, fleet: Service, limit: Limit = 50,
                 before: Annotated[float | None, Query(allow_inf_nan=False,
                                                       description="started_at cursor")] = None) -> dict:
     """Round history, newest first, ``limit`` per page; pass ``next_before`` as ``before`` for the next."""
-    rounds = fleet.rounds.history(limit=limit, before=before)
+    rounds = fleet.round_history(limit=limit, before=before)
     nxt = rounds[-1]["started_at"] if len(rounds) == limit else None
     return {"rounds": rounds, "next_before": nxt}
 
 
 @router.get("/rounds/{round_id}")
 def get_round(round_id: str, _: Authenticated, fleet: Service) -> dict:
-    rnd = fleet.rounds.get(round_id)
+    rnd = fleet.round_view(round_id)
     if rnd is None:
         raise HTTPException(404, detail=f"no round {round_id!r}")
     return rnd
