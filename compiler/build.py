@@ -144,16 +144,19 @@ def _tune(imported_mod: Any, preset: TargetPreset, budget: TuneBudget, db_dir: s
     result = tuning.tune(imported_mod, preset.tvm_target(), trials=budget.trials,
                          time_budget=budget.time_budget, db_dir=db_dir, progress=progress, prepack=prepack,
                          remote=remote)
-    from compiler.schedules import default_rules
+    from compiler import schedules
 
-    tuned, applied = tuning.apply_counted(imported_mod, preset.tvm_target(), db_dir, prepack=prepack,
-                                          prefer=result.source, defaults=default_rules())
+    built = schedules.apply_tuned(imported_mod, preset.tvm_target(), db_dir, prepack=prepack,
+                                  prefer=result.source)
+    if built.kept_default:
+        _say(progress, f"{built.kept_default} kernel(s) kept the default schedule (timed faster than "
+                       "the database's record here)")
     info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(budget.trials or 0),
                       trials_run=result.trials_run, seconds=round(result.seconds, 3),
                       db_dir=str(db_dir) if db_dir is not None else None, schedule="tuned",
                       time_budget=budget.time_budget, measured_on=budget.rpc, database=result.source,
-                      applied=applied)
-    return tuned, info
+                      applied=built.applied, kept_default=built.kept_default)
+    return built.mod, info
 
 
 def tune_model(onnx_path: str | Path, *, target: str, budget: TuneBudget, db_dir: str | Path | None = None,

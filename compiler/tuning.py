@@ -293,14 +293,18 @@ def prepare(mod: Any, target: Any, *, prepack: bool = False) -> Any:
     records to (same passes as ``relax.pipeline.static_shape_tuning_pipeline``). ``prepack``:
     BatchNorm folded into the convolutions and the weights marked layout-free, so tuned schedules
     may read them in a rewritten layout (:mod:`compiler.prepack`; another workload, hence
-    another database)."""
+    another database). On x86_64 targets the convolutions are converted to channels-last first
+    (:mod:`compiler.layout`), for untuned and tuned builds alike."""
     from tvm import relax, transform
 
+    from compiler import layout
     from compiler import prepack as _prepack
 
     target = _as_target(target)
     if prepack:
         mod = _prepack.fold_batchnorm(mod)
+    if layout.wants_channels_last(target):
+        mod = layout.channels_last(mod)
     with target:
         return transform.Sequential([
             relax.transform.DecomposeOpsForInference(),
@@ -586,10 +590,32 @@ def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, pr
     how many of its functions got a tuned schedule from a record. Raises CompilerError if neither
     database exists."""
     import tvm
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
 
     from compiler import prepack as _prepack
+
+    _, tuned, applied = apply_records(mod, target, db_dir, prepack=prepack, shipped=shipped,
+                                             prefer=prefer)
+    target = _as_target(target)
+    if defaults:
+        # kernels without a record (a time budget that ran out, a truncated database) get the
+        # untuned build's default schedules instead of TVM's naive loops; dlight skips the
+        # functions MetaSchedule scheduled
+        from tvm.s_tir import dlight as dl
+
+        with target, tvm.transform.PassContext(opt_level=3):
+            tuned = dl.ApplyDefaultSchedule(*defaults)(tuned)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return (_prepack.after_tuning()(tuned) if prepack else tuned), applied
+
+
+def apply_records(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
+                  shipped: bool | None = None, prefer: str = "user") -> tuple[Any, Any, int]:
+    """(prepared module, the same with the database records applied, how many functions got one):
+    what :func:`apply_counted` builds on, before default schedules and the layout-rewrite split.
+    Raises CompilerError if no database exists."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
 
     target = _as_target(target)
     prepared = prepare(mod, target, prepack=prepack)
@@ -604,18 +630,8 @@ def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, pr
     dbs = [ms.database.JSONDatabase(work_dir=str(p), allow_missing=False) for p in found]
     database = dbs[0] if len(dbs) == 1 else ms.database.OrderedUnionDatabase(*dbs)
     with target, database, tvm.transform.PassContext(opt_level=3):
-        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared)
-    applied = scheduled_count(tuned)
-    if defaults:
-        # kernels without a record (a time budget that ran out, a truncated database) get the
-        # untuned build's default schedules instead of TVM's naive loops; dlight skips the
-        # functions MetaSchedule scheduled
-        from tvm.s_tir import dlight as dl
-
-        with target, tvm.transform.PassContext(opt_level=3):
-            tuned = dl.ApplyDefaultSchedule(*defaults)(tuned)
-    with target, tvm.transform.PassContext(opt_level=3):
-        return (_prepack.after_tuning()(tuned) if prepack else tuned), applied
+        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared.clone())
+    return prepared, tuned, scheduled_count(tuned)
 
 
 def scheduled_count(mod: Any) -> int:
