@@ -468,6 +468,11 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
             if kind == "frame":
                 relay.inbox.put(msg[1])
             elif kind == "cancel":
+                # The node cancels only an aborted round. Set the abort first: the node's own
+                # ("abort",) message comes later (its waiting loop polls), and a step failed by the
+                # cancel must know it was an abort, so that it also voids the next step's tag for
+                # peers that already finished this one (else they wait for the step deadline).
+                abort.set()
                 ring.cancel(msg[1])
             elif kind == "abort":
                 abort.set()
