@@ -134,20 +134,22 @@ def _remote(budget: TuneBudget, preset: TargetPreset) -> Any:
 
 
 def _tune(imported_mod: Any, preset: TargetPreset, budget: TuneBudget, db_dir: str | Path | None,
-          progress: bool, prepack: bool = False) -> tuple[Any, TuningInfo]:
+          progress: bool, prepack: bool = False, inference: bool = True) -> tuple[Any, TuningInfo]:
     try:
         from compiler import tuning
     except ImportError as exc:
         raise CompilerError(f"tuning is not available in this build ({exc})",
                             hint="compile without --tune") from None
     remote = _remote(budget, preset)
+    # the training module keeps its layout (channels-last is measured for inference only)
+    extra = {} if inference else {"channels_last": False}
     result = tuning.tune(imported_mod, preset.tvm_target(), trials=budget.trials,
                          time_budget=budget.time_budget, db_dir=db_dir, progress=progress, prepack=prepack,
-                         remote=remote)
+                         remote=remote, **extra)
     from compiler import schedules
 
     built = schedules.apply_tuned(imported_mod, preset.tvm_target(), db_dir, prepack=prepack,
-                                  prefer=result.source)
+                                  prefer=result.source, **extra)
     if built.kept_default:
         _say(progress, f"{built.kept_default} kernel(s) kept the default schedule (timed faster than "
                        "the database's record here)")
@@ -287,7 +289,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                 # The backward and optimizer kernels are other workloads (other shapes and ops)
                 # than inference: their own database (keyed by workload), the same trial budget.
                 _say(progress, f"tuning the training module with MetaSchedule ({budget.describe()})")
-                tmod, train_tuning = _tune(tmod, preset, budget, db_dir, progress)
+                tmod, train_tuning = _tune(tmod, preset, budget, db_dir, progress, inference=False)
             if c_route:
                 files += _build_c(tmod, preset, tmp, [ADJOINT_FUNC, OPTIMIZER_FUNC], name, C_TRAIN_PREFIX)
             else:

@@ -422,15 +422,17 @@ class TunedBuild:
 
 
 def apply_tuned(mod: Any, target: Any, db_dir: Any = None, *, prepack: bool = False,
-                shipped: bool | None = None, prefer: str = "user", measure: bool | None = None) -> TunedBuild:
+                shipped: bool | None = None, prefer: str = "user", measure: bool | None = None,
+                channels_last: bool = True) -> TunedBuild:
     """``mod`` lowered with its tuning database(s) applied (:func:`compiler.tuning.apply_records`),
     not slower than the default schedules: kernels without a record get the default schedules of
     :func:`schedule_prepared` (the rules' picks, unmeasured), and (``measure``, default: when
     this machine runs ``target``) each kernel with a record is timed against its default
-    schedule in this process and the faster one is kept. A small budget's records can lose to the register-tiled defaults (measured:
-    64-250 trials on the zoo CNNs), and a database tuned on another CPU of the same preset
-    may fit this one worse. ``prepack``: the layout rewrites tuned kernels need are then lifted
-    into the per-parameter-set transform (:mod:`compiler.prepack`)."""
+    schedule in this process and the faster one is kept. A small budget's records can lose to
+    the register-tiled defaults (measured: 64-250 trials on the zoo CNNs), and a database tuned
+    on another CPU of the same preset may fit this one worse. ``prepack``: the layout rewrites
+    tuned kernels need are then lifted into the per-parameter-set transform
+    (:mod:`compiler.prepack`). ``channels_last``: as for :func:`compiler.tuning.prepare`."""
     import tvm
     from tvm import tirx
 
@@ -439,7 +441,7 @@ def apply_tuned(mod: Any, target: Any, db_dir: Any = None, *, prepack: bool = Fa
 
     target = _as_target(target)
     prepared, tuned, applied = apply_records(mod, target, db_dir, prepack=prepack, shipped=shipped,
-                                             prefer=prefer)
+                                             prefer=prefer, channels_last=channels_last)
     if measure is None:
         measure = can_measure(target)[0]
     # the rules' picks, unmeasured: timing every variant of every kernel (what an untuned build

@@ -17,12 +17,12 @@ def test_tune_wiring_and_manifest(tmp_path, mlp_onnx, monkeypatch):
 
     calls = {}
 
-    def fake_tune(mod, target, *, trials, db_dir, progress, time_budget, prepack, remote):
+    def fake_tune(mod, target, *, trials, db_dir, progress, time_budget, prepack, remote, **_kw):
         calls["tune"] = (target.kind.name, trials, db_dir, time_budget, prepack, remote)
         assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
         return tuning.TuneResult("llvm-test/abc123", False, trials, 1.5)
 
-    def fake_apply(mod, target, db_dir, *, prepack, prefer):
+    def fake_apply(mod, target, db_dir, *, prepack, prefer, **_kw):
         calls["apply"] = db_dir
         assert prefer == "user"  # the database tune() used is read first
         # the form apply_tuned() returns; no records: every kernel keeps its default schedule

@@ -54,10 +54,7 @@ def test_target_key_ignores_num_cores_only(tmp_path):
 
 
 # What this checkout ships (BENCHMARKS.md, "shipped tuning databases"); extend with the tuning.
-EXPECTED = {
-    ("ds-cnn-kws", "x86_64-avx512"), ("resnet8-cifar10", "x86_64-avx512"),
-    *((mlp, preset) for mlp in ("sensor-mlp", "digits-mlp") for preset in X86),
-}
+EXPECTED = {(model, preset) for model in zoo.NAMES for preset in X86}
 
 
 def test_shipped_databases_are_pruned_and_hold_the_default_budget():
@@ -128,7 +125,8 @@ def test_a_record_slower_than_the_default_schedule_is_not_used(tmp_path, user_ca
 
     monkeypatch.setattr(schedules, "_time_all", fake_time_all)
     onnx_path = zoo.save("digits-mlp", tmp_path / "digits.onnx")
-    out = compile_model(onnx_path, target="x86_64", out_dir=tmp_path / "a", tune=True, trials=64, progress=False)
+    out = compile_model(onnx_path, target="x86_64", out_dir=tmp_path / "a", tune=True, trials=64,
+                        progress=False)
     info = json.loads((out / "manifest.json").read_text())["tuning"]
     assert len(timed) == 2 and timed[0] == timed[1] and len(timed[0]) >= 2, timed
     assert info["database"] == "shipped" and info["trials_run"] == 0
