@@ -425,14 +425,16 @@ def apply_tuned(mod: Any, target: Any, db_dir: Any = None, *, prepack: bool = Fa
                 shipped: bool | None = None, prefer: str = "user", measure: bool | None = None,
                 channels_last: bool = True) -> TunedBuild:
     """``mod`` lowered with its tuning database(s) applied (:func:`compiler.tuning.apply_records`),
-    not slower than the default schedules: kernels without a record get the default schedules of
-    :func:`schedule_prepared` (the rules' picks, unmeasured), and (``measure``, default: when
-    this machine runs ``target``) each kernel with a record is timed against its default
-    schedule in this process and the faster one is kept. A small budget's records can lose to
-    the register-tiled defaults (measured: 64-250 trials on the zoo CNNs), and a database tuned
-    on another CPU of the same preset may fit this one worse. ``prepack``: the layout rewrites
-    tuned kernels need are then lifted into the per-parameter-set transform
-    (:mod:`compiler.prepack`). ``channels_last``: as for :func:`compiler.tuning.prepare`."""
+    not slower than the untuned build's kernels: kernels without a record get the default
+    schedules of :func:`schedule_prepared`, and (``measure``, default: when this machine runs
+    ``target``) each kernel with a record is timed against its default schedule in this process
+    and the faster one is kept. (Against the *measured* defaults: racing the rules' unmeasured
+    picks left tuned resnet8 and mobilenet 1.2x slower than their untuned builds.) A small
+    budget's records can lose to the register-tiled defaults (measured: 64-250 trials on the zoo
+    CNNs), and a database tuned on another CPU of the same preset may fit this one worse.
+    ``prepack``: the layout rewrites tuned kernels need are then lifted into the
+    per-parameter-set transform (:mod:`compiler.prepack`). ``channels_last``: as for
+    :func:`compiler.tuning.prepare`."""
     import tvm
     from tvm import tirx
 
@@ -444,9 +446,9 @@ def apply_tuned(mod: Any, target: Any, db_dir: Any = None, *, prepack: bool = Fa
                                              prefer=prefer, channels_last=channels_last)
     if measure is None:
         measure = can_measure(target)[0]
-    # the rules' picks, unmeasured: timing every variant of every kernel (what an untuned build
-    # does) would cost a recompile on a warm database tens of seconds
-    default = schedule_prepared(prepared, target, measure=False)
+    # the defaults an untuned build would get (measured: each variant timed when this machine
+    # runs the target), so the race is against what the untuned build really runs
+    default = schedule_prepared(prepared, target, measure=measure)
 
     recorded = [gv.name_hint for gv, f in tuned.functions.items()
                 if isinstance(f, tirx.PrimFunc) and f.attrs is not None
