@@ -134,26 +134,31 @@ def _remote(budget: TuneBudget, preset: TargetPreset) -> Any:
 
 
 def _tune(imported_mod: Any, preset: TargetPreset, budget: TuneBudget, db_dir: str | Path | None,
-          progress: bool, prepack: bool = False) -> tuple[Any, TuningInfo]:
+          progress: bool, prepack: bool = False, inference: bool = True) -> tuple[Any, TuningInfo]:
     try:
         from compiler import tuning
     except ImportError as exc:
         raise CompilerError(f"tuning is not available in this build ({exc})",
                             hint="compile without --tune") from None
     remote = _remote(budget, preset)
+    # the training module keeps its layout (channels-last is measured for inference only)
+    extra = {} if inference else {"channels_last": False}
     result = tuning.tune(imported_mod, preset.tvm_target(), trials=budget.trials,
                          time_budget=budget.time_budget, db_dir=db_dir, progress=progress, prepack=prepack,
-                         remote=remote)
-    from compiler.schedules import default_rules
+                         remote=remote, **extra)
+    from compiler import schedules
 
-    tuned, applied = tuning.apply_counted(imported_mod, preset.tvm_target(), db_dir, prepack=prepack,
-                                          prefer=result.source, defaults=default_rules())
+    built = schedules.apply_tuned(imported_mod, preset.tvm_target(), db_dir, prepack=prepack,
+                                  prefer=result.source, **extra)
+    if built.kept_default:
+        _say(progress, f"{built.kept_default} kernel(s) kept the default schedule (timed faster than "
+                       "the database's record here)")
     info = TuningInfo(tuned=True, db_id=result.db_id, reused=result.reused, trials=int(budget.trials or 0),
                       trials_run=result.trials_run, seconds=round(result.seconds, 3),
                       db_dir=str(db_dir) if db_dir is not None else None, schedule="tuned",
                       time_budget=budget.time_budget, measured_on=budget.rpc, database=result.source,
-                      applied=applied)
-    return tuned, info
+                      applied=built.applied, kept_default=built.kept_default)
+    return built.mod, info
 
 
 def tune_model(onnx_path: str | Path, *, target: str, budget: TuneBudget, db_dir: str | Path | None = None,
@@ -284,7 +289,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                 # The backward and optimizer kernels are other workloads (other shapes and ops)
                 # than inference: their own database (keyed by workload), the same trial budget.
                 _say(progress, f"tuning the training module with MetaSchedule ({budget.describe()})")
-                tmod, train_tuning = _tune(tmod, preset, budget, db_dir, progress)
+                tmod, train_tuning = _tune(tmod, preset, budget, db_dir, progress, inference=False)
             if c_route:
                 files += _build_c(tmod, preset, tmp, [ADJOINT_FUNC, OPTIMIZER_FUNC], name, C_TRAIN_PREFIX)
             else:

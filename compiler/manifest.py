@@ -235,6 +235,8 @@ class TuningInfo:
     measured_on: str | None = None  # --rpc HOST:PORT of the board that timed the candidates
     database: str | None = None  # which database tuning used: "user" (--db / user cache) or "shipped"
     applied: int | None = None  # kernels that got a tuned schedule from the database
+    # kernels whose record lost to the default schedule when both were timed at compile time
+    kept_default: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"tuned": self.tuned, "db_id": self.db_id, "trials": self.trials,
@@ -249,6 +251,8 @@ class TuningInfo:
             out["database"] = self.database
         if self.applied is not None:
             out["applied"] = self.applied
+        if self.kept_default is not None:
+            out["kept_default"] = self.kept_default
         return out
 
     @classmethod
@@ -261,7 +265,8 @@ class TuningInfo:
                    bool(r.typed("reused", bool, False, required=False)), r.text("db_dir", required=False),
                    r.text("schedule", "tuned" if r.typed("tuned", bool) else "naive", required=False),
                    None if budget is None else float(budget), r.text("measured_on", required=False),
-                   r.text("database", required=False), r.integer("applied", None, required=False))
+                   r.text("database", required=False), r.integer("applied", None, required=False),
+                   r.integer("kept_default", None, required=False))
 
 
 @dataclass(frozen=True)

@@ -288,19 +288,24 @@ def check_remote(remote: Remote) -> None:
                                "(or python3 -m compiler.rpc_server) and check the address") from None
 
 
-def prepare(mod: Any, target: Any, *, prepack: bool = False) -> Any:
+def prepare(mod: Any, target: Any, *, prepack: bool = False, channels_last: bool = True) -> Any:
     """Lower a Relax module to fused TIR: the form MetaSchedule extracts tasks from and applies
     records to (same passes as ``relax.pipeline.static_shape_tuning_pipeline``). ``prepack``:
     BatchNorm folded into the convolutions and the weights marked layout-free, so tuned schedules
     may read them in a rewritten layout (:mod:`compiler.prepack`; another workload, hence
-    another database)."""
+    another database). On x86_64 targets the convolutions are converted to channels-last first
+    (:mod:`compiler.layout`), for untuned and tuned inference builds alike; ``channels_last=False``
+    keeps the layout (the training module: its backward convolutions are unmeasured there)."""
     from tvm import relax, transform
 
+    from compiler import layout
     from compiler import prepack as _prepack
 
     target = _as_target(target)
     if prepack:
         mod = _prepack.fold_batchnorm(mod)
+    if channels_last and layout.wants_channels_last(target):
+        mod = layout.channels_last(mod)
     with target:
         return transform.Sequential([
             relax.transform.DecomposeOpsForInference(),
@@ -431,7 +436,7 @@ def _reusable(meta: dict[str, Any] | None, trials: int | None, time_budget: floa
 
 def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path | None = None,
          progress: bool = True, seed: int = 0, prepack: bool = False, time_budget: float | None = None,
-         remote: Remote | None = None, shipped: bool | None = None) -> TuneResult:
+         remote: Remote | None = None, shipped: bool | None = None, channels_last: bool = True) -> TuneResult:
     """Tune ``mod`` (a Relax IRModule, params as inputs) for ``target`` and store the records in
     its database (keyed by target and workload); reuse the database when it already holds the
     budget.
@@ -456,7 +461,7 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
                             hint="e.g. --time-budget 600")
     target = _as_target(target)
     t0 = time.perf_counter()
-    prepared = prepare(mod, target, prepack=prepack)
+    prepared = prepare(mod, target, prepack=prepack, channels_last=channels_last)
     path = _db_path(prepared, target, db_dir)
     db_id = f"{path.parent.name}/{path.name}"
     meta = _read_meta(path)
@@ -586,13 +591,36 @@ def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, pr
     how many of its functions got a tuned schedule from a record. Raises CompilerError if neither
     database exists."""
     import tvm
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
 
     from compiler import prepack as _prepack
 
+    _, tuned, applied = apply_records(mod, target, db_dir, prepack=prepack, shipped=shipped,
+                                             prefer=prefer)
     target = _as_target(target)
-    prepared = prepare(mod, target, prepack=prepack)
+    if defaults:
+        # kernels without a record (a time budget that ran out, a truncated database) get the
+        # untuned build's default schedules instead of TVM's naive loops; dlight skips the
+        # functions MetaSchedule scheduled
+        from tvm.s_tir import dlight as dl
+
+        with target, tvm.transform.PassContext(opt_level=3):
+            tuned = dl.ApplyDefaultSchedule(*defaults)(tuned)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return (_prepack.after_tuning()(tuned) if prepack else tuned), applied
+
+
+def apply_records(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
+                  shipped: bool | None = None, prefer: str = "user",
+                  channels_last: bool = True) -> tuple[Any, Any, int]:
+    """(prepared module, the same with the database records applied, how many functions got one):
+    what :func:`apply_counted` builds on, before default schedules and the layout-rewrite split.
+    Raises CompilerError if no database exists."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    target = _as_target(target)
+    prepared = prepare(mod, target, prepack=prepack, channels_last=channels_last)
     paths = {"user": _db_path(prepared, target, db_dir)}
     if _use_shipped(db_dir, shipped):
         paths["shipped"] = _db_path(prepared, target, shipped_db_dir())
@@ -604,18 +632,8 @@ def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, pr
     dbs = [ms.database.JSONDatabase(work_dir=str(p), allow_missing=False) for p in found]
     database = dbs[0] if len(dbs) == 1 else ms.database.OrderedUnionDatabase(*dbs)
     with target, database, tvm.transform.PassContext(opt_level=3):
-        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared)
-    applied = scheduled_count(tuned)
-    if defaults:
-        # kernels without a record (a time budget that ran out, a truncated database) get the
-        # untuned build's default schedules instead of TVM's naive loops; dlight skips the
-        # functions MetaSchedule scheduled
-        from tvm.s_tir import dlight as dl
-
-        with target, tvm.transform.PassContext(opt_level=3):
-            tuned = dl.ApplyDefaultSchedule(*defaults)(tuned)
-    with target, tvm.transform.PassContext(opt_level=3):
-        return (_prepack.after_tuning()(tuned) if prepack else tuned), applied
+        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(prepared.clone())
+    return prepared, tuned, scheduled_count(tuned)
 
 
 def scheduled_count(mod: Any) -> int:

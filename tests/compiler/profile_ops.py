@@ -34,7 +34,7 @@ def tvm_kernels(onnx_path: Path, target_name: str, nchw: bool = False) -> list[t
 
     from tvm import tirx
 
-    from compiler import prepack, schedules
+    from compiler import layout, prepack, schedules
     from compiler.importer import import_model, load_onnx
     from compiler.schedules import _time_all
     from compiler.targets import get_preset
@@ -43,13 +43,13 @@ def tvm_kernels(onnx_path: Path, target_name: str, nchw: bool = False) -> list[t
     target = preset.tvm_target()
     mod = import_model(load_onnx(onnx_path)).mod
     mod = prepack.fold_batchnorm(mod)
-    keep = schedules._wants_channels_last
+    keep = layout.wants_channels_last
     if nchw:
-        schedules._wants_channels_last = lambda _t: False
+        layout.wants_channels_last = lambda _t: False
     try:
         mod = schedules.apply(mod, target)
     finally:
-        schedules._wants_channels_last = keep
+        layout.wants_channels_last = keep
     mod = prepack.after_tuning()(mod)
     main_text = mod["main"].script()
     calls = {gv.name_hint: len(re.findall(rf"call_tir\((?:cls\.)?{re.escape(gv.name_hint)}\b", main_text))

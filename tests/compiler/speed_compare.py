@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from api.bench.compile import _ort_session, measure, set_threads
-    from compiler import schedules, zoo
+    from compiler import layout, zoo
     from compiler.artifact import load_artifact
     from compiler.build import compile_model
 
@@ -55,15 +55,15 @@ def main() -> None:
                                        ("default", True, False), ("prepacked", True, True)):
             t0 = time.perf_counter()
             # "nchw": the pre-packed default schedules without the channels-last conversion
-            # (compiler.schedules.channels_last), the previous default
-            keep = schedules._wants_channels_last
+            # (compiler.layout.channels_last), the previous default
+            keep = layout.wants_channels_last
             if kind == "nchw":
-                schedules._wants_channels_last = lambda _t: False
+                layout.wants_channels_last = lambda _t: False
             try:
                 out = compile_model(onnx_path, target=args.target, out_dir=work / f"{name}-{kind}",
                                     progress=False, default_schedules=default, prepack=prepack)
             finally:
-                schedules._wants_channels_last = keep
+                layout.wants_channels_last = keep
             row[f"compile_{kind}_s"] = round(time.perf_counter() - t0, 2)
             art = load_artifact(out)
             got = next(iter(art.infer({art.inputs[0].name: x}).values()))

@@ -13,23 +13,23 @@ from compiler import compile_model, host_preset_name, load_artifact
 
 
 def test_tune_wiring_and_manifest(tmp_path, mlp_onnx, monkeypatch):
-    from compiler import tuning
+    from compiler import schedules, tuning
 
     calls = {}
 
-    def fake_tune(mod, target, *, trials, db_dir, progress, time_budget, prepack, remote):
+    def fake_tune(mod, target, *, trials, db_dir, progress, time_budget, prepack, remote, **_kw):
         calls["tune"] = (target.kind.name, trials, db_dir, time_budget, prepack, remote)
         assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
         return tuning.TuneResult("llvm-test/abc123", False, trials, 1.5)
 
-    def fake_apply(mod, target, db_dir, *, prepack, prefer, defaults):
+    def fake_apply(mod, target, db_dir, *, prepack, prefer, **_kw):
         calls["apply"] = db_dir
         assert prefer == "user"  # the database tune() used is read first
-        assert defaults  # kernels without a record get the default schedules
-        return tuning.prepare(mod, target, prepack=prepack), 0  # the form apply() returns, no records
+        # the form apply_tuned() returns; no records: every kernel keeps its default schedule
+        return schedules.TunedBuild(schedules.apply(mod, target), 0, 0)
 
     monkeypatch.setattr(tuning, "tune", fake_tune)
-    monkeypatch.setattr(tuning, "apply_counted", fake_apply)
+    monkeypatch.setattr(schedules, "apply_tuned", fake_apply)
     out = compile_model(
         mlp_onnx,
         target=host_preset_name(),

@@ -52,17 +52,17 @@ def test_default_schedules_match_onnxruntime(tmp_path, name, batch):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["x86_64", "x86_64-avx512"])
 def test_channels_last_mobilenet_matches_onnxruntime(tmp_path, target):
-    """x86_64 untuned builds convert convolutions to NHWC/HWIO (compiler.schedules.channels_last)
+    """x86_64 untuned builds convert convolutions to NHWC/HWIO (compiler.layout.channels_last)
     and register-tile them (ChannelsLast): mobilenet exercises strided depthwise convolutions,
     8 output channels (fewer than an AVX-512 vector) and pointwise ones on 3x3 rows; the weight
     transposes go to the per-parameter-set transform. Matches onnxruntime."""
-    from compiler import schedules
+    from compiler import layout, schedules
     from compiler.importer import import_model
 
     name = "mobilenet-v1-0.25-vww"
     onnx_path = zoo.save(name, tmp_path / f"{name}.onnx")
     # the conversion really happens and every convolution kernel gets the channels-last rule
-    converted = schedules.channels_last(import_model(zoo.build(name)).mod)
+    converted = layout.channels_last(import_model(zoo.build(name)).mod)
     text = converted["main"].script()
     assert 'data_layout="NHWC"' in text and 'data_layout="NCHW"' not in text
     done = _scheduled(schedules.apply(import_model(zoo.build(name)).mod, get_preset(target).tvm_target(),
