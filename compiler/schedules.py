@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TunedBuild", "apply", "apply_tuned", "default_rules", "schedule_prepared"]
+__all__ = ["TunedBuild", "apply", "apply_tuned", "schedule_prepared"]
 
 _MIN_ROW = 8  # register tiling wants at least this many output columns per row
 _MAX_COLS = 8  # channels-last register tile: at most this many output columns (x 1 vector)
@@ -68,11 +68,6 @@ def _vectorize_inner(sch: Any, block: Any, lanes: int) -> None:
     elif ext % lanes == 0:
         _, inner = sch.split(loops[-1], factors=[None, lanes])
         sch.vectorize(inner)
-
-
-def default_rules() -> list[Any]:
-    """The dlight rules of untuned builds, unmeasured (for kernels a tuning database lacks)."""
-    return _rules(fuse=None)
 
 
 def _rules(fuse: bool | None, min_row: int = _MIN_ROW, tile: tuple[int, int] | None = None) -> list[Any]:

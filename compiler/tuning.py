@@ -44,7 +44,6 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -568,44 +567,30 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
 
 
 def apply(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
-          shipped: bool | None = None, prefer: str = "user", defaults: Sequence[Any] | None = None) -> Any:
+          shipped: bool | None = None, prefer: str = "user") -> Any:
     """:func:`apply_counted` without the count."""
-    return apply_counted(mod, target, db_dir, prepack=prepack, shipped=shipped, prefer=prefer,
-                         defaults=defaults)[0]
+    return apply_counted(mod, target, db_dir, prepack=prepack, shipped=shipped, prefer=prefer)[0]
 
 
 def apply_counted(mod: Any, target: Any, db_dir: str | Path | None = None, *, prepack: bool = False,
-                  shipped: bool | None = None, prefer: str = "user",
-                  defaults: Sequence[Any] | None = None) -> tuple[Any, int]:
+                  shipped: bool | None = None, prefer: str = "user") -> tuple[Any, int]:
     """``mod`` lowered to fused TIR with the best tuned schedules of its database(s) applied.
 
     The result goes straight to ``relax.build(result, target)``; functions without a record keep
-    the default schedule. ``prepack`` (the database must be tuned with it): the weight layout
-    rewrites the schedules need are lifted into ``main_transform_params`` (see
-    :mod:`compiler.prepack`). ``shipped`` (default: only without ``db_dir``): the shipped
-    database of the model joins the user one; ``prefer`` ("user" or "shipped", what
-    :func:`tune` returned as ``source``) is read first, the other fills the tasks it lacks.
-    ``defaults``: dlight rules for the functions no record covers (the compiler passes
-    :func:`compiler.schedules.default_rules`, unmeasured) instead of TVM's naive lowering; this
-    module does not import :mod:`compiler.schedules`, which builds on it. Returns the module and
-    how many of its functions got a tuned schedule from a record. Raises CompilerError if neither
-    database exists."""
+    TVM's naive lowering (the compiler builds with :func:`compiler.schedules.apply_tuned`, which
+    gives those the default schedules and races the records against them). ``prepack`` (the
+    database must be tuned with it): the weight layout rewrites the schedules need are lifted
+    into ``main_transform_params`` (see :mod:`compiler.prepack`). ``shipped`` (default: only
+    without ``db_dir``): the shipped database of the model joins the user one; ``prefer``
+    ("user" or "shipped", what :func:`tune` returned as ``source``) is read first, the other
+    fills the tasks it lacks. Returns the module and how many of its functions got a tuned
+    schedule from a record. Raises CompilerError if neither database exists."""
     import tvm
 
     from compiler import prepack as _prepack
 
-    _, tuned, applied = apply_records(mod, target, db_dir, prepack=prepack, shipped=shipped,
-                                             prefer=prefer)
-    target = _as_target(target)
-    if defaults:
-        # kernels without a record (a time budget that ran out, a truncated database) get the
-        # untuned build's default schedules instead of TVM's naive loops; dlight skips the
-        # functions MetaSchedule scheduled
-        from tvm.s_tir import dlight as dl
-
-        with target, tvm.transform.PassContext(opt_level=3):
-            tuned = dl.ApplyDefaultSchedule(*defaults)(tuned)
-    with target, tvm.transform.PassContext(opt_level=3):
+    _, tuned, applied = apply_records(mod, target, db_dir, prepack=prepack, shipped=shipped, prefer=prefer)
+    with _as_target(target), tvm.transform.PassContext(opt_level=3):
         return (_prepack.after_tuning()(tuned) if prepack else tuned), applied
 
 
