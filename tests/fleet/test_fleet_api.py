@@ -144,11 +144,12 @@ def test_round_command_goes_on_the_wire_and_done_from_events(fleet):
     assert fleet.get("/api/rounds").json()["rounds"][0]["round_id"] == rid
     # Every round state on the stream carries the fleet's event sequence number, increasing; an
     # HTTP read carries the number of the last event published before it (the dashboard keeps
-    # the copy with the higher number: an HTTP answer can arrive after a newer event).
+    # the copy with the higher number: an HTTP answer can arrive after a newer event). (The
+    # ticker may publish the round once more after the done event the listener stopped at.)
     seqs = [d["seq"] for d in seen[1:] if d.get("round_id") == rid]
     assert len(seqs) >= 2 and seqs == sorted(set(seqs)), seqs
-    assert fleet.get(f"/api/rounds/{rid}").json()["seq"] == seqs[-1]
-    assert fleet.get("/api/rounds").json()["rounds"][0]["seq"] == seqs[-1]
+    read = fleet.get(f"/api/rounds/{rid}").json()["seq"]
+    assert seqs[-1] <= read <= fleet.get("/api/rounds").json()["rounds"][0]["seq"]
 
 
 def test_round_failed_event_and_hash_disagreement(fleet):
