@@ -60,6 +60,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from federation.auth import AuthRejected, Keyring, Reject, Role, Signer, Verifier
+from federation.framing import HEADER as _FRAME_HEADER
+from federation.framing import MAGIC as _FRAME_MAGIC
 
 __all__ = ["MAGIC", "VERSION", "TAG", "RingMac", "is_mac_envelope", "room_for"]
 
@@ -92,11 +94,39 @@ def _dst_of(topic: str) -> str:
 class _Tx:
     """What sealing a frame for one (peer, topic) needs, computed once."""
 
-    __slots__ = ("aead", "ids", "slen", "tlen", "need")
+    __slots__ = ("aead", "ids", "slen", "tlen", "need", "room", "trailer")
 
     def __init__(self, aead: AESGCM, sender: bytes, topic: bytes) -> None:
         self.aead, self.ids, self.slen, self.tlen = aead, sender + topic, len(sender), len(topic)
         self.need = len(self.ids) + _TAIL
+        self.room = -1  # the room ``trailer`` was made for
+        self.trailer = _FOOT
+
+    def trailer_for(self, room: int) -> struct.Struct:
+        """pad (zeros), ids, footer: everything between the frame and the tag, in one pack."""
+        if room != self.room:
+            self.trailer = struct.Struct(f"<{room - self.need}x{len(self.ids)}s{_FOOT.format[1:]}")
+            self.room = room
+        return self.trailer
+
+
+class _Rx:
+    """A validated (sender, topic) combination of received envelopes: its key and names."""
+
+    __slots__ = ("topic", "sender", "sender_b", "aead")
+
+    def __init__(self, topic: str, sender: str, aead: AESGCM) -> None:
+        self.topic, self.sender, self.sender_b, self.aead = topic, sender, sender.encode(), aead
+
+
+def _named_sender(frame: bytes | memoryview, body: int) -> bytes | memoryview | None:
+    """The sender id bytes in the header of a ring frame (federation/framing.py) of ``body``
+    bytes, or None when it is not one (the ring MAC also carries arbitrary payloads)."""
+    if body < _FRAME_HEADER.size or frame[:2] != _FRAME_MAGIC:
+        return None
+    start = _FRAME_HEADER.size + frame[44] + frame[45]  # + swarm and tag lengths
+    end = start + frame[46]
+    return frame[start:end] if end <= body else None
 
 
 class RingMac:
@@ -114,7 +144,7 @@ class RingMac:
         self.verifier = verifier
         self.swarm = swarm
         self._tx: dict[str, _Tx] = {}  # topic -> sealing state for its destination
-        self._rx: dict[tuple[str, bytes], tuple[str, AESGCM]] = {}  # (topic, ids) -> (sender, aead)
+        self._rx: dict[bytes, _Rx] = {}  # ids (sender + topic bytes) -> validated state
         self._lock = threading.Lock()
 
     @property
@@ -176,17 +206,39 @@ class RingMac:
     def _seal(self, tx: _Tx, buf: bytearray, body: int, room: int) -> bytearray:
         seq = self.signer._next_seq()
         epoch = self.signer.epoch
-        pad = room - tx.need  # zero bytes: the room of a fresh frame is zeroed
-        ids_at = body + pad
         end = len(buf) - TAG
-        buf[ids_at:end - _FOOT.size] = tx.ids
-        _FOOT.pack_into(buf, end - _FOOT.size, seq, epoch, tx.slen, tx.tlen, pad, VERSION, MAGIC)
-        with memoryview(buf) as view:
-            buf[end:] = tx.aead.encrypt(_NONCE.pack(seq, epoch & 0xFFFFFFFF), b"", view[:end])
+        tx.trailer_for(room).pack_into(buf, body, tx.ids, seq, epoch, tx.slen, tx.tlen, room - tx.need,
+                                       VERSION, MAGIC)
+        buf[end:] = tx.aead.encrypt(_NONCE.pack(seq, epoch & 0xFFFFFFFF), b"", memoryview(buf)[:end])
         return buf
 
     def open(self, topic: str, data: bytes | bytearray | memoryview) -> tuple[str, memoryview]:
-        """-> (sender, payload view); raises :class:`AuthRejected` (counted in the verifier)."""
+        """-> (sender, payload view); raises :class:`AuthRejected` (counted in the verifier).
+
+        A ring frame (``b"FE"...``) whose header names another sender than the one the MAC
+        proves is refused as WRONG_ROLE (impersonation)."""
+        if type(data) is bytes:  # the fast path: a frame from an already validated combination
+            n = len(data)
+            foot = n - _TAIL
+            if foot >= 0 and data[n - TAG - 2:n - TAG] == MAGIC and data[:2] != _ED_MAGIC:
+                seq, epoch, slen, tlen, pad, version, _ = _FOOT.unpack_from(data, foot)
+                ids_at = foot - slen - tlen
+                rx = self._rx.get(data[ids_at:foot])
+                body = ids_at - pad
+                if rx is not None and rx.topic == topic and version == VERSION and body >= 0:
+                    view = memoryview(data)
+                    try:
+                        rx.aead.decrypt(data[foot:foot + 12], data[n - TAG:], view[:n - TAG])  # nonce
+                    except InvalidTag:
+                        pass  # the full path below counts and names it
+                    else:
+                        self.verifier.admit(rx.sender, seq, epoch)  # counts what it refuses
+                        named = _named_sender(data, body)
+                        if named is not None and named != rx.sender_b:
+                            self.verifier.count(Reject.WRONG_ROLE)
+                            raise AuthRejected(Reject.WRONG_ROLE, f"frame names {bytes(named)[:80]!r}, "
+                                               f"MAC'd by {rx.sender!r}")
+                        return rx.sender, view[:body]
         try:
             return self._open(topic, memoryview(data))
         except AuthRejected as exc:
@@ -194,7 +246,7 @@ class RingMac:
                 self.verifier.count(exc.reason)  # admit() counted those already
             raise
 
-    def _rx_for(self, topic: str, ids: bytes, slen: int) -> tuple[str, AESGCM]:
+    def _rx_for(self, topic: str, ids: bytes, slen: int) -> _Rx:
         """Validate the sender and topic of an envelope (first frame of each combination)."""
         try:
             sender = ids[:slen].decode()
@@ -208,11 +260,12 @@ class RingMac:
         aead = self._direction_key(sender, outgoing=False)
         if aead is None:
             raise AuthRejected(Reject.UNKNOWN_KEY, f"{sender[:80]!r} has no ring key in the keyring")
+        rx = _Rx(topic, sender, aead)
         with self._lock:
             if len(self._rx) >= _MAX_RX_CACHE:
                 self._rx = {}
-            self._rx[(topic, ids)] = (sender, aead)
-        return sender, aead
+            self._rx[ids] = rx
+        return rx
 
     def _open(self, topic: str, view: memoryview) -> tuple[str, memoryview]:
         n = len(view)
@@ -226,11 +279,15 @@ class RingMac:
         if version != VERSION or body < 0:
             raise AuthRejected(Reject.MALFORMED, f"bad MAC envelope (version {version})")
         ids = bytes(view[ids_at:ids_end])
-        hit = self._rx.get((topic, ids))
-        sender, aead = hit if hit is not None else self._rx_for(topic, ids, slen)
+        rx = self._rx.get(ids)
+        if rx is None or rx.topic != topic:
+            rx = self._rx_for(topic, ids, slen)
         try:
-            aead.decrypt(_NONCE.pack(seq, epoch & 0xFFFFFFFF), view[end:], view[:end])
+            rx.aead.decrypt(_NONCE.pack(seq, epoch & 0xFFFFFFFF), view[end:], view[:end])
         except InvalidTag:
-            raise AuthRejected(Reject.BAD_SIGNATURE, f"bad MAC from {sender!r}") from None
-        self.verifier.admit(sender, seq, epoch)
-        return sender, view[:body]
+            raise AuthRejected(Reject.BAD_SIGNATURE, f"bad MAC from {rx.sender!r}") from None
+        self.verifier.admit(rx.sender, seq, epoch)
+        named = _named_sender(view, body)
+        if named is not None and bytes(named) != rx.sender_b:
+            raise AuthRejected(Reject.WRONG_ROLE, f"frame names {bytes(named)[:80]!r}, MAC'd by {rx.sender!r}")
+        return rx.sender, view[:body]

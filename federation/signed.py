@@ -200,7 +200,8 @@ class SignedLink:
 
         def verified(topic: str, data: bytes) -> None:
             payload: memoryview
-            # Not an ed25519 envelope: a MAC'd ring frame, or dropped by open() as unsigned.
+            # Not an ed25519 envelope: a MAC'd ring frame (whose named sender open() checks), or
+            # dropped by open() as unsigned.
             if mac is not None and data[:2] != ED_MAGIC:
                 try:
                     signer, payload = mac.open(topic, data)
@@ -209,19 +210,19 @@ class SignedLink:
                     if self._on_reject is not None:
                         self._on_reject(topic, exc.reason)
                     return
-            else:
-                msg = self.verify(topic, data)
-                if msg is None:
-                    return
-                signer, payload = msg.sender, msg.payload
-            named = _frame_sender(payload) if "/ar/" in topic else None
-            if named is not None and named != signer:
+                callback(topic, bytes(payload) if copy else payload)  # type: ignore[arg-type]
+                return
+            msg = self.verify(topic, data)
+            if msg is None:
+                return
+            named = _frame_sender(msg.payload) if "/ar/" in topic else None
+            if named is not None and named != msg.sender:
                 self.verifier.count(Reject.WRONG_ROLE)
                 if self._on_reject is not None:
                     self._on_reject(topic, Reject.WRONG_ROLE)
-                log.debug("dropped frame on %s: header names %r, signed by %r", topic, named, signer)
+                log.debug("dropped frame on %s: header names %r, signed by %r", topic, named, msg.sender)
                 return
-            callback(topic, bytes(payload) if copy else payload)  # type: ignore[arg-type]
+            callback(topic, bytes(msg.payload) if copy else msg.payload)  # type: ignore[arg-type]
 
         return self.link.subscribe(filter, verified, **kw)  # type: ignore[call-arg]
 
