@@ -289,5 +289,6 @@ class RingMac:
         self.verifier.admit(rx.sender, seq, epoch)
         named = _named_sender(view, body)
         if named is not None and bytes(named) != rx.sender_b:
-            raise AuthRejected(Reject.WRONG_ROLE, f"frame names {bytes(named)[:80]!r}, MAC'd by {rx.sender!r}")
+            raise AuthRejected(Reject.WRONG_ROLE,
+                               f"frame names {bytes(named)[:80]!r}, MAC'd by {rx.sender!r}")
         return rx.sender, view[:body]

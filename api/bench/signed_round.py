@@ -1,13 +1,17 @@
 """Cost of a signed swarm on a whole training round (issue 12's goal: under 5% of round time).
 
     python -m api.bench.signed_round [--nodes 3] [--steps 100] [--repeats 3] [--outlier-factor F]
+                                     [--members process|thread]
 
-N real ``EdgeNode``s (digits-mlp with its TVM training module, the demo's cached artifact) in
-one process, each with its own MQTT connection to a Mosquitto the benchmark starts; the same
-rounds run alternately on an unsigned swarm and on a signed one (keys from ``deploy.keys``:
-ed25519 statuses/events/commands, AES-GMAC ring frames). Reports the median round time of each
-(command published -> every node's DONE event), the median CPU seconds this process spent in it
-(every node's MQTT, MAC and ring work; not the training steps, which run in worker processes) and the
+N real edge nodes (digits-mlp with its TVM training module, the demo's cached artifact), each
+with its own MQTT connection to a Mosquitto the benchmark starts; the same rounds run
+alternately on an unsigned swarm and on a signed one (keys from ``deploy.keys``: ed25519
+statuses/events/commands, AES-GMAC ring frames). ``--members process`` (the default) runs every
+node as its own ``fractal node`` process, as a swarm is deployed (one node per board);
+``thread`` runs them as ``EdgeNode`` objects in this one process, where one GIL serialises
+every node's MQTT, MAC and ring work. Reports the median round time of each (command published
+-> every node's DONE event), the median CPU seconds the nodes spent in it (the node processes,
+or this process; neither counts the training steps, which run in worker processes) and the
 overheads. One JSON object on stdout.
 """
 
@@ -92,41 +96,190 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
     return elapsed, cpu
 
 
+def _run_threads(art: Any, art_dir: Path, broker_url: str, nodes: int, steps: int, repeats: int,
+                 outlier_factor: float | None, out: dict[str, list[float]],
+                 cpu: dict[str, list[float]]) -> None:
+    with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
+        swarms = {kind: _swarm(Path(tmp), art_dir, art, broker_url, f"b{kind}", nodes, kind == "signed")
+                  for kind in ("plain", "signed")}
+        for kind in ("plain", "signed"):  # warm-up round each (TVM, connections)
+            ids, nds, fleet, _ = swarms[kind]
+            _round(ids, nds, fleet, f"b{kind}", f"{kind}-warm", 5)
+        for rep in range(repeats):
+            for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
+                ids, nds, fleet, _ = swarms[kind]
+                wall, c = _round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps, outlier_factor)
+                out[kind].append(wall)
+                cpu[kind].append(c)
+        for _ids, nds, _, link in swarms.values():
+            for nd in nds:
+                nd.stop()
+            link.close()
+
+
+class _ProcSwarm:
+    """N ``fractal node`` processes of one swarm and the fleet's link (signed or not)."""
+
+    def __init__(self, tmp: Path, art_dir: Path, broker_url: str, swarm: str, n: int, signed: bool) -> None:
+        import secrets
+
+        import httpx
+        from sklearn.datasets import load_digits
+
+        from deploy.keys import provision
+        from deploy.swarm import NodeProcess, fractal_argv
+        from federation import topics
+        from federation.broker import free_port
+        from federation.messages import parse_event, parse_status
+        from federation.mqtt import MqttLink
+        from federation.signed import load_identity
+
+        self.swarm, self.ids = swarm, [f"{swarm}-n{k}" for k in range(n)]
+        keys, token = tmp / swarm / "keys", secrets.token_hex(16)
+        if signed:
+            provision(keys, swarm, self.ids)
+        self.procs: list[Any] = []
+        for i in self.ids:
+            cfg, port = tmp / swarm / f"{i}.toml", free_port()
+            cfg.parent.mkdir(parents=True, exist_ok=True)
+            lines = [f'node_id = "{i}"', f'artifact = "{art_dir}"', f"port = {port}",
+                     f'data_dir = "{tmp / swarm / i}"', f'broker = "{broker_url}"', f'swarm = "{swarm}"',
+                     f'auth_token = "{token}"', "heartbeat_s = 5.0"]
+            if signed:
+                lines += [f'key_file = "{keys / "keys" / f"{i}.key"}"',
+                          f'keyring_file = "{keys / "keyring.json"}"']
+            cfg.write_text("\n".join(lines) + "\n")
+            node = NodeProcess(i, port, cfg, tmp / swarm / f"{i}.log", "host",
+                               [*fractal_argv(), "node", "--config", str(cfg)])
+            node.start()
+            self.procs.append(node)
+        d = load_digits()
+        x, y = (d.data / 16.0).astype("float32"), d.target.astype("int64")
+        deadline = time.monotonic() + 120
+        with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {token}"}) as client:
+            for k, node in enumerate(self.procs):
+                while True:
+                    if not node.alive():
+                        raise SystemExit(f"{node.node_id} exited: {node.log_tail()}")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(node.url + "/v2/health/ready").status_code == 200:
+                            break
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"{node.node_id} not ready: {node.log_tail()}")
+                    time.sleep(0.2)
+                r = client.post(node.url + "/v1/samples", json={"inputs": {"x": x[k::n].tolist()},
+                                                                "labels": y[k::n].tolist()})
+                if r.status_code >= 300:
+                    raise SystemExit(f"{node.node_id} refused samples: {r.status_code} {r.text[:200]}")
+        self.raw = MqttLink(broker_url, swarm=swarm, client_id=f"{swarm}-fleet")
+        self.link: Any = self.raw
+        if signed:
+            self.link = load_identity(keys / "keys/fleet.key", keys / "keyring.json").link(self.raw)
+        self._cv = threading.Condition()
+        self._done: dict[str, dict[str, int]] = {}  # round id -> node -> committed version
+        self._versions: dict[str, int] = {}  # node -> model version of its latest status
+
+        def on_event(_topic: str, payload: bytes) -> None:
+            ev = parse_event(payload)
+            with self._cv:
+                if ev.kind == "round.failed":
+                    self._done.setdefault(ev.round_id, {})[ev.node_id] = -1
+                elif ev.kind == "round.done":
+                    self._done.setdefault(ev.round_id, {})[ev.node_id] = ev.model_version or 0
+                self._cv.notify_all()
+
+        def on_status(_topic: str, payload: bytes) -> None:
+            st = parse_status(payload)
+            with self._cv:
+                if st.state == "online":
+                    self._versions[st.node_id] = st.model_version
+                self._cv.notify_all()
+
+        self.link.subscribe(topics.round_events_all(swarm), on_event)
+        self.link.subscribe(topics.status_all(swarm), on_status)
+
+    def cpu(self) -> float:
+        """CPU seconds the node processes used so far (every thread; not their training workers)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for node in self.procs:
+            fields = Path(f"/proc/{node.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / tick
+
+    def round(self, rid: str, steps: int, outlier_factor: float | None) -> tuple[float, float]:
+        from federation import topics
+        from federation.messages import RoundCommand
+
+        c0, t0 = self.cpu(), time.perf_counter()
+        self.link.publish(topics.command(self.swarm), RoundCommand(
+            round_id=rid, steps=steps, lr=0.05, participants=self.ids, step_timeout_s=30,
+            outlier_factor=outlier_factor))
+        with self._cv:
+            if not self._cv.wait_for(lambda: len(self._done.get(rid, {})) == len(self.ids), 300):
+                raise SystemExit(f"round {rid} did not finish")
+            elapsed, cpu = time.perf_counter() - t0, self.cpu() - c0
+            done = self._done[rid]
+            if min(done.values()) < 0:
+                raise SystemExit(f"round {rid} failed on {[k for k, v in done.items() if v < 0]}")
+            # The status each node publishes last in a round: it is idle again, ready for the next.
+            if not self._cv.wait_for(lambda: all(self._versions.get(i) == done[i] for i in self.ids), 60):
+                raise SystemExit(f"nodes did not report idle after round {rid}")
+        return elapsed, cpu
+
+    def close(self) -> None:
+        for node in self.procs:
+            node.terminate()
+        for node in self.procs:
+            node.wait_or_kill(15)
+        self.raw.close()
+
+
+def _run_processes(art_dir: Path, broker_url: str, nodes: int, steps: int, repeats: int,
+                   outlier_factor: float | None, out: dict[str, list[float]],
+                   cpu: dict[str, list[float]]) -> None:
+    with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
+        swarms: dict[str, _ProcSwarm] = {}
+        try:
+            for kind in ("plain", "signed"):
+                swarms[kind] = _ProcSwarm(Path(tmp), art_dir, broker_url, f"b{kind}", nodes, kind == "signed")
+            for kind, sw in swarms.items():  # warm-up round each (TVM, connections, training workers)
+                sw.round(f"{kind}-warm", 5, outlier_factor)
+            for rep in range(repeats):
+                for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
+                    wall, c = swarms[kind].round(f"{kind}-{rep}", steps, outlier_factor)
+                    out[kind].append(wall)
+                    cpu[kind].append(c)
+        finally:
+            for sw in swarms.values():
+                sw.close()
+
+
 def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
-        outlier_factor: float | None = None) -> dict[str, Any]:
-    """``outlier_factor``: the rounds' screening (federation/robust.py); None = the nodes' default."""
+        outlier_factor: float | None = None, members: str = "process") -> dict[str, Any]:
+    """``outlier_factor``: the rounds' screening (federation/robust.py); None = the nodes' default.
+    ``members``: "process" (one ``fractal node`` process per node) or "thread" (all in this one)."""
     from compiler import host_preset_name, load_artifact
     from deploy.swarm import demo_artifact
     from federation.broker import start_mosquitto
 
     with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout carries only the JSON
         art_dir = demo_artifact(Path(".cache"), host_preset_name()).resolve()
-    art = load_artifact(art_dir)
     broker = start_mosquitto()
     out: dict[str, list[float]] = {"plain": [], "signed": []}
     cpu: dict[str, list[float]] = {"plain": [], "signed": []}
     try:
-        with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
-            swarms = {kind: _swarm(Path(tmp), art_dir, art, broker.url, f"b{kind}", nodes, kind == "signed")
-                      for kind in ("plain", "signed")}
-            for kind in ("plain", "signed"):  # warm-up round each (TVM, connections)
-                ids, nds, fleet, _ = swarms[kind]
-                _round(ids, nds, fleet, f"b{kind}", f"{kind}-warm", 5)
-            for rep in range(repeats):
-                for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
-                    ids, nds, fleet, _ = swarms[kind]
-                    wall, c = _round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps, outlier_factor)
-                    out[kind].append(wall)
-                    cpu[kind].append(c)
-            for _ids, nds, _, link in swarms.values():
-                for nd in nds:
-                    nd.stop()
-                link.close()
+        if members == "process":
+            _run_processes(art_dir, broker.url, nodes, steps, repeats, outlier_factor, out, cpu)
+        else:
+            _run_threads(load_artifact(art_dir), art_dir, broker.url, nodes, steps, repeats, outlier_factor,
+                         out, cpu)
     finally:
         broker.close()
     plain, signed = statistics.median(out["plain"]), statistics.median(out["signed"])
     pcpu, scpu = statistics.median(cpu["plain"]), statistics.median(cpu["signed"])
     return {"nodes": nodes, "steps": steps, "repeats": repeats, "outlier_factor": outlier_factor,
+            "members": members,
             "plain_round_s": round(plain, 3),
             "signed_round_s": round(signed, 3), "overhead": round(signed / plain - 1, 4),
             "plain_runs_s": [round(v, 3) for v in out["plain"]],
@@ -142,8 +295,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--outlier-factor", type=float, default=None, help="0 = no screening; default: the nodes'")
+    p.add_argument("--members", choices=("process", "thread"), default="process",
+                   help="one `fractal node` process per node (default), or all nodes in this process")
     a = p.parse_args()
-    print(json.dumps(run(a.nodes, a.steps, a.repeats, a.outlier_factor)))
+    print(json.dumps(run(a.nodes, a.steps, a.repeats, a.outlier_factor, a.members)))
 
 
 if __name__ == "__main__":

@@ -15,14 +15,16 @@ pytestmark = pytest.mark.bench
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_signed_round_bench_json():
+@pytest.mark.parametrize("members", ["process", "thread"])
+def test_signed_round_bench_json(members):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "api.bench.signed_round", "--nodes", "2", "--steps", "5",
-                        "--repeats", "2", "--outlier-factor", "0"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", "api.bench.signed_round", "--nodes", "2", "--steps", "10",
+                        "--repeats", "2", "--outlier-factor", "0", "--members", members], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)  # stdout is exactly one JSON object (progress goes to stderr)
-    assert (r["nodes"], r["steps"], r["repeats"], r["outlier_factor"]) == (2, 5, 2, 0.0)
+    assert (r["nodes"], r["steps"], r["repeats"], r["outlier_factor"]) == (2, 10, 2, 0.0)
+    assert r["members"] == members
     assert len(r["plain_runs_s"]) == len(r["signed_runs_s"]) == 2
     assert all(t > 0 for t in r["plain_runs_s"] + r["signed_runs_s"])
     # (round times are rounded to ms, the overhead is not)

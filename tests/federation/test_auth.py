@@ -371,3 +371,25 @@ def test_admit_in_order_fast_path_keeps_the_replay_window(clock):
     v.admit("a", int(clock.t * 1e6), 1)  # fresh, in order: the old seqs are evicted
     assert list(v._windows["a"].seen) == [int(clock.t * 1e6)]
     assert v.accepted == 6 and v.counts[Reject.REPLAYED] == 3 and v.counts[Reject.STALE] == 1
+
+
+def test_ring_mac_frame_naming_another_sender_is_refused_cold_and_warm(clock):
+    """A member MACs a ring frame whose header names another member: refused as WRONG_ROLE
+    whether it is the first frame of its (sender, topic) combination (full path) or one after a
+    valid frame (fast path), and whatever buffer type it arrives in; valid frames still pass."""
+    from federation import framing
+
+    _, m, _ = _mac_swarm(clock)
+    to_b = topics.allreduce(SWARM, "b")
+
+    def frame(named: str) -> bytes:
+        return framing.encode(framing.FrameKind.DATA, framing.Phase.REDUCE_SCATTER, swarm=SWARM, tag="t",
+                              sender=named, count=1, total=1, payload=[b"\x00" * 4], crc=False)
+
+    assert _mac_reject(m["b"], to_b, bytes(m["a"].seal(to_b, frame("c")))) == Reject.WRONG_ROLE  # cold
+    sender, payload = m["b"].open(to_b, bytes(m["a"].seal(to_b, frame("a"))))
+    assert sender == "a" and framing.decode(payload, check_crc=False).sender == "a"
+    for wrap in (bytes, bytearray, memoryview):  # warm: bytes take the fast path, the rest the full one
+        assert _mac_reject(m["b"], to_b, wrap(m["a"].seal(to_b, frame("c")))) == Reject.WRONG_ROLE
+        assert m["b"].open(to_b, wrap(m["a"].seal(to_b, frame("a"))))[0] == "a"
+    assert m["b"].verifier.counts[Reject.WRONG_ROLE] == 4
