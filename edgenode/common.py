@@ -1,4 +1,4 @@
-"""The edge node's bottom layer: its error tree and two small helpers. No internal imports.
+"""The edge node's bottom layer: its error tree and a few small helpers. No internal imports.
 
     NodeError               base: a message and a ``hint`` (how to fix it); the CLI prints one line
     ├── ConfigError         NODE.toml missing, unreadable, a bad or unknown key
@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -31,6 +32,7 @@ __all__ = [
     "params_sha256",
     "fsync_dir",
     "atomic_write_bytes",
+    "freeze_startup_heap",
 ]
 
 
@@ -99,3 +101,15 @@ def fsync_dir(path: Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive now (imported modules, the loaded artifact, the
+    app) into the permanent generation, which the cyclic GC never traverses again; returns how
+    many. For a process that has finished starting up: a full collection of a node process
+    (~270k objects after start-up) took ~157 ms here, and one landing in a round stalled every
+    thread of it (measured: one such pause in 9 rounds of 0.8 s); after the freeze a full
+    collection takes well under 1 ms. Objects made later are collected as usual."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 from collections.abc import Callable
@@ -38,6 +39,8 @@ class NodeMetrics:
         Gauge("fractal_node_samples", "Samples in the store", registry=r).set_function(sample_count)
         Gauge("fractal_node_model_version", "Committed parameter version",
               registry=r).set_function(model_version)
+        Gauge("fractal_node_gc_frozen_objects", "Objects of this process kept out of the cyclic GC's "
+              "reach since start-up (gc.freeze)", registry=r).set_function(gc.get_freeze_count)
 
     def inference(self, seconds: float) -> None:
         with self._lock:

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from edgenode.common import NodeError, get_logger
+from edgenode.common import NodeError, freeze_startup_heap, get_logger
 from federation.transport import Transport
 
 __all__ = ["TrainingWorker", "TrainerWorkerError"]
@@ -450,6 +450,7 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
     except Exception as exc:  # noqa: BLE001 - reported to the node, which fails the round with it
         send(("error", None, f"cannot load the training module: {type(exc).__name__}: {exc}"))
         return
+    freeze_startup_heap()  # TVM and the training module: never traversed by a full GC mid-round
     auth, crc, room = (int(v) for v in framing.split(","))
     relay = _RelayTransport(member_id, max_payload, send, authenticated=bool(auth), frame_crc=bool(crc),
                             frame_room=room)

@@ -105,6 +105,9 @@ def _run_threads(art: Any, art_dir: Path, broker_url: str, nodes: int, steps: in
         for kind in ("plain", "signed"):  # warm-up round each (TVM, connections)
             ids, nds, fleet, _ = swarms[kind]
             _round(ids, nds, fleet, f"b{kind}", f"{kind}-warm", 5)
+        from edgenode.common import freeze_startup_heap
+
+        freeze_startup_heap()  # as `fractal node` does once started
         for rep in range(repeats):
             for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
                 ids, nds, fleet, _ = swarms[kind]

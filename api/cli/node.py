@@ -11,7 +11,7 @@ import typer
 
 from api.cli import app
 from api.cli.net import port_problem
-from edgenode.common import NodeError
+from edgenode.common import NodeError, freeze_startup_heap
 
 __all__ = ["node", "serve_node"]
 
@@ -45,6 +45,7 @@ def serve_node(config_path: Path, *, log_level: str = "info") -> int:
     server = uvicorn.Server(uvicorn.Config(create_node_app(cast(Any, node)), host=cfg.host, port=cfg.port,
                                            log_level="warning", timeout_graceful_shutdown=2))
     node.start()  # connect to the broker now: a bad broker fails before we listen
+    freeze_startup_heap()  # no full-GC pause of the start-up heap in the middle of a round
 
     def reboot_when_asked() -> None:
         node.reboot_requested.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,38 @@ def test_cli_busy_port_is_one_line(tmp_path, digits_artifact):
     assert proc.returncode == 1
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0], proc.stderr
+
+
+def test_node_process_freezes_its_startup_heap(tmp_path, digits_artifact):
+    """`fractal node` moves its start-up objects out of the cyclic GC's reach once started
+    (edgenode.common.freeze_startup_heap): /metrics of the real process reports how many."""
+    import httpx
+
+    from federation.broker import free_port
+    from tests.fixtures_node import write_node_toml
+
+    port = free_port()
+    cfg = write_node_toml(tmp_path / "NODE.toml", {"node_id": "n", "artifact": str(digits_artifact),
+                                                   "port": port, "data_dir": "d"})
+    cmd = [sys.executable, "-c", "from api.cli import main; main()", "node", "--config", str(cfg)]
+    log = tmp_path / "node.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 120
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            while True:
+                assert proc.poll() is None, log.read_text()[-2000:]
+                try:
+                    if client.get("/v2/health/ready").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "node not ready"
+                time.sleep(0.1)
+            text = client.get("/metrics").text
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    line = next(ln for ln in text.splitlines() if ln.startswith("fractal_node_gc_frozen_objects "))
+    assert float(line.split()[1]) > 50_000  # the modules, TVM's runtime and the artifact
