@@ -19,8 +19,11 @@ A :class:`Call` is one collective operation under one tag with a deadline. DATA 
 queued per destination and sent while fewer than ``max_in_flight`` are unacknowledged for that
 peer (credit-based flow control: the ring never relies on a broker's queue depth). Every
 received DATA frame is acknowledged, duplicates too (ACKs are batched: one ACK frame names
-every frame received from that sender since the last one, flushed at half a window or whenever
-the call would otherwise wait), and is delivered to the algorithm once
+every frame received from that sender since the last one, flushed at half a window, when the
+call drains, or when the oldest of them has waited ``ack_delay`` -- a twentieth of
+``retransmit_after``, at most 20 ms -- while the call would otherwise wait: in a ring every
+frame arrives alone, one hop after the last, so acknowledging at once cost one ACK message per
+DATA frame), and is delivered to the algorithm once
 (key = sender, phase, step, chunk, part). A frame not acknowledged within the retransmit
 timeout (RTO) is sent again with exponential backoff (x2, at most 8x ``retransmit_after``); the
 receiver's de-duplication makes that safe. RTO = max(``retransmit_after``, 4 x smoothed RTT),
@@ -72,6 +75,7 @@ _DONE_TAGS = 256  # how many finished tags are remembered to recognise stale fra
 _MAX_EARLY_FRAMES = 4096  # hard bound per early tag, on top of the senders' windows
 _MAX_EARLY_BYTES = 64 << 20  # hard bound over all early tags (a misbehaving sender ignores windows)
 _MAX_ACK_KEYS = 1024  # DATA frames named by one ACK frame (12 bytes each)
+_MAX_ACK_DELAY_S = 0.02  # longest an acknowledgement waits for company (never past a drain)
 
 
 class Endpoint:
@@ -79,7 +83,9 @@ class Endpoint:
 
     def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
                  retransmit_after: float = 1.0, max_early_tags: int = 4, stats: Stats | None = None,
-                 max_retransmits: int = 100) -> None:
+                 max_retransmits: int = 100, ack_delay: float | None = None) -> None:
+        """``ack_delay``: longest a received frame's acknowledgement waits to be batched with
+        others while the call waits (default: a twentieth of ``retransmit_after``, at most 20 ms)."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         if not retransmit_after > 0:
@@ -92,6 +98,9 @@ class Endpoint:
         self.max_in_flight = max_in_flight
         self.retransmit_after = retransmit_after
         self.max_retransmits = max_retransmits
+        self.ack_delay = min(_MAX_ACK_DELAY_S, retransmit_after / 20) if ack_delay is None else ack_delay
+        if not 0 <= self.ack_delay < retransmit_after:
+            raise ValueError("ack_delay must be >= 0 and below retransmit_after")
         self.max_early_tags = max_early_tags
         self.stats = stats or Stats()
         # A transport that authenticates every frame end to end (federation/signed.py) makes the
@@ -296,9 +305,10 @@ class Call:
         self._unacked: dict[tuple, list] = {}
         self._inflight: dict[str, int] = {}
         # DATA frames received but not yet acknowledged, per sender: ACKs go out in batches
-        # (half a window at most, or as soon as the inbox is empty), not one message per frame.
+        # (half a window, a drain, or ``_ack_delay`` after the oldest), not one message per frame.
         self._acks: dict[str, list[Frame]] = {}
         self._ack_batch = max(1, ep.max_in_flight // 2)
+        self._ack_due = math.inf  # when the oldest pending acknowledgement must go out
 
     # -- sending -----------------------------------------------------------------------------
     def queue(self, dst: str, key: tuple, build: Callable[[], bytes]) -> None:
@@ -358,18 +368,19 @@ class Call:
         if self.cancelled is not None:
             raise RoundAborted(f"round {self.tag!r} cancelled: {self.cancelled}", member=self.ep.member_id)
         self._send_ready()
-        if self._acks and self.inbox.empty():
-            self.flush_acks()  # about to wait: nothing more to batch with
         now = time.monotonic()
+        if self._acks and now >= self._ack_due:
+            self.flush_acks()  # the oldest waited long enough for company
         if now >= self.deadline:
             if not raise_on_deadline:
                 return None
             self._timeout_abort(waiting_for, None)
         due = min((e[1] + e[2] for e in self._unacked.values()), default=math.inf)
         try:
-            fr = self.inbox.get(timeout=max(0.0, min(self.deadline, due) - now))
+            fr = self.inbox.get(timeout=max(0.0, min(self.deadline, due, self._ack_due) - now))
         except queue.Empty:
-            self._retransmit()
+            if time.monotonic() >= due:
+                self._retransmit()
             return None
         if fr is None:  # cancel(): the next wait() raises
             return None
@@ -396,6 +407,8 @@ class Call:
                 self.abort_sent = True  # the sender told everyone already
                 raise UpdateRejected(f"round {self.tag!r} aborted by {fr.sender}: {reason}", member=member)
             self._timeout_abort(waiting_for, (fr.sender, member, reason))
+        if not self._acks:
+            self._ack_due = time.monotonic() + self.ep.ack_delay
         due = self._acks.setdefault(fr.sender, [])
         due.append(fr)
         if len(due) >= self._ack_batch:
@@ -414,6 +427,8 @@ class Call:
 
     def _flush_acks_to(self, sender: str) -> None:
         frames = self._acks.pop(sender, None)
+        if not self._acks:
+            self._ack_due = math.inf
         me = self.ep.member_id
         while frames:
             batch, frames = frames[:_MAX_ACK_KEYS], frames[_MAX_ACK_KEYS:]

@@ -141,3 +141,52 @@ def test_max_retransmits_must_not_be_negative() -> None:
 
     with pytest.raises(ValueError, match="max_retransmits"):
         Endpoint(MemoryHub().transport("a"), max_retransmits=-1)
+
+
+def test_acks_wait_for_company_until_the_drain_or_their_delay() -> None:
+    """A ring receives its frames one at a time: their acknowledgements go out as one ACK frame
+    when the call drains (not one per frame), and never later than ``ack_delay`` while the
+    call keeps waiting."""
+    import threading
+
+    from federation.framing import ack_keys
+    from federation.session import Endpoint
+
+    hub = MemoryHub()
+    ep = Endpoint(hub.transport("a"), retransmit_after=60, ack_delay=30)
+    x = hub.transport("x")
+    try:
+        with ep.call("t", ["x"], timeout=30) as c:
+            for part in range(3):  # each frame arrives after the previous one was handled
+                x.send("a", _data("t", part=part))
+                while (fr := c.wait("x")) is None:
+                    pass
+                assert fr.part == part
+            c.drain()
+        acks = [decode(p) for p in iter(lambda: x.recv(0.2), None)]
+        assert [f.kind for f in acks] == [FrameKind.ACK] and len(list(ack_keys(acks[0]))) == 3
+        assert ep.stats.acks_sent == 1
+    finally:
+        ep.close()
+
+    ep = Endpoint(hub.transport("b"), retransmit_after=60, ack_delay=0.05)
+    y = hub.transport("y")
+    try:
+        with ep.call("u", ["y"], timeout=30) as c:
+            y.send("b", _data("u", sender="y"))
+            stop = threading.Event()
+
+            def keep_waiting() -> None:  # for a second frame that does not come
+                while not stop.is_set():
+                    c.wait("y", raise_on_deadline=False)
+
+            t = threading.Thread(target=keep_waiting, daemon=True)
+            t.start()
+            ack = y.recv(10)  # well before the call ends
+            stop.set()
+            t.join(10)
+        assert ack is not None and decode(ack).kind == FrameKind.ACK
+    finally:
+        ep.close()
+    with pytest.raises(ValueError, match="ack_delay"):
+        Endpoint(hub.transport("c"), retransmit_after=1, ack_delay=2)
