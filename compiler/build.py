@@ -142,14 +142,13 @@ def _tune(imported_mod: Any, preset: TargetPreset, budget: TuneBudget, db_dir: s
                             hint="compile without --tune") from None
     remote = _remote(budget, preset)
     # the training module keeps its layout (channels-last is measured for inference only)
-    extra = {} if inference else {"channels_last": False}
     result = tuning.tune(imported_mod, preset.tvm_target(), trials=budget.trials,
                          time_budget=budget.time_budget, db_dir=db_dir, progress=progress, prepack=prepack,
-                         remote=remote, **extra)
+                         remote=remote, channels_last=inference)
     from compiler import schedules
 
     built = schedules.apply_tuned(imported_mod, preset.tvm_target(), db_dir, prepack=prepack,
-                                  prefer=result.source, **extra)
+                                  prefer=result.source, channels_last=inference)
     if built.kept_default:
         _say(progress, f"{built.kept_default} kernel(s) kept the default schedule (timed faster than "
                        "the database's record here)")
