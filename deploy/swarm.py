@@ -76,8 +76,9 @@ def _say(msg: str) -> None:
 
 
 # -- the demo model ---------------------------------------------------------------------------
-def demo_artifact(cache_dir: Path, preset: str) -> Path:
-    """The digits-mlp artifact (with training module) for ``preset``, compiled once and cached.
+def demo_artifact(cache_dir: Path, preset: str, model: str = DEMO_MODEL) -> Path:
+    """The digits-mlp artifact (or another zoo ``model``'s) with its training module for ``preset``,
+    compiled once and cached.
 
     The cache is keyed by the TVM version, the training settings and the compiler's source (a
     stamp file written after a successful compile), so any change to them recompiles (~5 s).
@@ -85,20 +86,20 @@ def demo_artifact(cache_dir: Path, preset: str) -> Path:
     from compiler import TrainSettings, compile_model, zoo
 
     root = Path(cache_dir) / "swarm"
-    out = root / f"{DEMO_MODEL}-{preset}"
+    out = root / f"{model}-{preset}"
     stamp = out / ".swarm-stamp.json"
     want = {"tvm": importlib.metadata.version("apache-tvm"), "preset": preset, "train": DEMO_TRAIN,
-            "model": DEMO_MODEL, "compiler": _compiler_fingerprint()}
+            "model": model, "compiler": _compiler_fingerprint()}
     if stamp.is_file():
         with contextlib.suppress(ValueError, OSError):
             if json.loads(stamp.read_text()) == want:
-                _say(f"reusing compiled {DEMO_MODEL} for {preset} from {out}")
+                _say(f"reusing compiled {model} for {preset} from {out}")
                 return out
     root.mkdir(parents=True, exist_ok=True)
-    onnx_path = root / f"{DEMO_MODEL}.onnx"
-    zoo.save(DEMO_MODEL, onnx_path)
-    _say(f"compiling {DEMO_MODEL} for {preset} (with its training module) into {out}")
-    compile_model(onnx_path, target=preset, out_dir=out, name=DEMO_MODEL, train=TrainSettings(**DEMO_TRAIN),
+    onnx_path = root / f"{model}.onnx"
+    zoo.save(model, onnx_path)
+    _say(f"compiling {model} for {preset} (with its training module) into {out}")
+    compile_model(onnx_path, target=preset, out_dir=out, name=model, train=TrainSettings(**DEMO_TRAIN),
                   progress=False)
     stamp.write_text(json.dumps(want))
     return out

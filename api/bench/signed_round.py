@@ -1,18 +1,19 @@
 """Cost of a signed swarm on a whole training round (issue 12's goal: under 5% of round time).
 
     python -m api.bench.signed_round [--nodes 3] [--steps 100] [--repeats 3] [--outlier-factor F]
-                                     [--members process|thread]
+                                     [--members process|thread] [--model ZOO-MODEL]
 
-N real edge nodes (digits-mlp with its TVM training module, the demo's cached artifact), each
-with its own MQTT connection to a Mosquitto the benchmark starts; the same rounds run
-alternately on an unsigned swarm and on a signed one (keys from ``deploy.keys``: ed25519
-statuses/events/commands, AES-GMAC ring frames). ``--members process`` (the default) runs every
-node as its own ``fractal node`` process, as a swarm is deployed (one node per board);
-``thread`` runs them as ``EdgeNode`` objects in this one process, where one GIL serialises
-every node's MQTT, MAC and ring work. Reports the median round time of each (command published
--> every node's DONE event), the median CPU seconds the nodes spent in it (the node processes,
-or this process; neither counts the training steps, which run in worker processes) and the
-overheads. One JSON object on stdout.
+N real edge nodes, each with its own MQTT connection to a Mosquitto the benchmark starts, train
+digits-mlp (the demo's cached artifact, on sklearn's digits) or ``--model``, another zoo model
+compiled with its training module once (on seeded random samples of its input shape). The same
+rounds run alternately on an unsigned swarm and on a signed one (keys from ``deploy.keys``:
+ed25519 statuses/events/commands, AES-GMAC ring frames). ``--members process`` (the default)
+runs every node as its own ``fractal node`` process, as a swarm is deployed (one node per
+board); ``thread`` runs them as ``EdgeNode`` objects in this one process, where one GIL
+serialises every node's MQTT, MAC and ring work. Reports the median round time of each (command
+published -> every node's DONE event), the median CPU seconds the nodes spent in it (the node
+processes, or this process; neither counts the training steps, which run in worker processes)
+and the overheads. One JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -34,9 +35,28 @@ from api.bench.host import machine
 __all__ = ["run"]
 
 
-def _swarm(tmp: Path, art_dir: Path, art: Any, broker_url: str, swarm: str, n: int, signed: bool):
-    from sklearn.datasets import load_digits
+def _samples(model: str) -> tuple[Any, Any]:
+    """Training samples for ``model``: sklearn's digits for digits-mlp, else seeded random inputs
+    of the zoo model's shape and random labels of its classes (timing only, nothing to learn)."""
+    import numpy as np
+    import onnx
 
+    from compiler import zoo
+
+    if model == "digits-mlp":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return (d.data / 16.0).astype("float32"), d.target.astype("int64")
+    out = onnx.shape_inference.infer_shapes(zoo.build(model)).graph.output[0]
+    classes = out.type.tensor_type.shape.dim[-1]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1800, *zoo.input_shape(model)[1:]), dtype=np.float32)
+    return x, rng.integers(0, int(classes.dim_value), 1800).astype("int64")
+
+
+def _swarm(tmp: Path, art_dir: Path, art: Any, broker_url: str, swarm: str, n: int, signed: bool,
+           model: str):
     from deploy.keys import provision
     from edgenode.config import NodeConfig
     from edgenode.node import EdgeNode
@@ -47,8 +67,7 @@ def _swarm(tmp: Path, art_dir: Path, art: Any, broker_url: str, swarm: str, n: i
     keys = tmp / swarm / "keys"
     if signed:
         provision(keys, swarm, ids)
-    d = load_digits()
-    x, y = (d.data / 16.0).astype("float32"), d.target.astype("int64")
+    x, y = _samples(model)
     nodes = []
     for k, i in enumerate(ids):
         extra: dict[str, Any] = {}
@@ -96,12 +115,12 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
     return elapsed, cpu
 
 
-def _run_threads(art: Any, art_dir: Path, broker_url: str, nodes: int, steps: int, repeats: int,
+def _run_threads(art: Any, art_dir: Path, model: str, broker_url: str, nodes: int, steps: int, repeats: int,
                  outlier_factor: float | None, out: dict[str, list[float]],
                  cpu: dict[str, list[float]]) -> None:
     with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
-        swarms = {kind: _swarm(Path(tmp), art_dir, art, broker_url, f"b{kind}", nodes, kind == "signed")
-                  for kind in ("plain", "signed")}
+        swarms = {kind: _swarm(Path(tmp), art_dir, art, broker_url, f"b{kind}", nodes, kind == "signed",
+                               model) for kind in ("plain", "signed")}
         for kind in ("plain", "signed"):  # warm-up round each (TVM, connections)
             ids, nds, fleet, _ = swarms[kind]
             _round(ids, nds, fleet, f"b{kind}", f"{kind}-warm", 5)
@@ -123,11 +142,11 @@ def _run_threads(art: Any, art_dir: Path, broker_url: str, nodes: int, steps: in
 class _ProcSwarm:
     """N ``fractal node`` processes of one swarm and the fleet's link (signed or not)."""
 
-    def __init__(self, tmp: Path, art_dir: Path, broker_url: str, swarm: str, n: int, signed: bool) -> None:
+    def __init__(self, tmp: Path, art_dir: Path, model: str, broker_url: str, swarm: str, n: int,
+                 signed: bool) -> None:
         import secrets
 
         import httpx
-        from sklearn.datasets import load_digits
 
         from deploy.keys import provision
         from deploy.swarm import NodeProcess, fractal_argv
@@ -156,8 +175,7 @@ class _ProcSwarm:
                                [*fractal_argv(), "node", "--config", str(cfg)])
             node.start()
             self.procs.append(node)
-        d = load_digits()
-        x, y = (d.data / 16.0).astype("float32"), d.target.astype("int64")
+        x, y = _samples(model)
         deadline = time.monotonic() + 120
         with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {token}"}) as client:
             for k, node in enumerate(self.procs):
@@ -238,14 +256,15 @@ class _ProcSwarm:
         self.raw.close()
 
 
-def _run_processes(art_dir: Path, broker_url: str, nodes: int, steps: int, repeats: int,
+def _run_processes(art_dir: Path, model: str, broker_url: str, nodes: int, steps: int, repeats: int,
                    outlier_factor: float | None, out: dict[str, list[float]],
                    cpu: dict[str, list[float]]) -> None:
     with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
         swarms: dict[str, _ProcSwarm] = {}
         try:
             for kind in ("plain", "signed"):
-                swarms[kind] = _ProcSwarm(Path(tmp), art_dir, broker_url, f"b{kind}", nodes, kind == "signed")
+                swarms[kind] = _ProcSwarm(Path(tmp), art_dir, model, broker_url, f"b{kind}", nodes,
+                                          kind == "signed")
             for kind, sw in swarms.items():  # warm-up round each (TVM, connections, training workers)
                 sw.round(f"{kind}-warm", 5, outlier_factor)
             for rep in range(repeats):
@@ -259,34 +278,36 @@ def _run_processes(art_dir: Path, broker_url: str, nodes: int, steps: int, repea
 
 
 def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
-        outlier_factor: float | None = None, members: str = "process") -> dict[str, Any]:
+        outlier_factor: float | None = None, members: str = "process",
+        model: str = "digits-mlp") -> dict[str, Any]:
     """``outlier_factor``: the rounds' screening (federation/robust.py); None = the nodes' default.
-    ``members``: "process" (one ``fractal node`` process per node) or "thread" (all in this one)."""
+    ``members``: "process" (one ``fractal node`` process per node) or "thread" (all in this one).
+    ``model``: a zoo model, compiled with its training module once (digits-mlp: the demo's)."""
     from compiler import host_preset_name, load_artifact
     from deploy.swarm import demo_artifact
     from federation.broker import start_mosquitto
 
     with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout carries only the JSON
-        art_dir = demo_artifact(Path(".cache"), host_preset_name()).resolve()
+        art_dir = demo_artifact(Path(".cache"), host_preset_name(), model).resolve()
     broker = start_mosquitto()
     out: dict[str, list[float]] = {"plain": [], "signed": []}
     cpu: dict[str, list[float]] = {"plain": [], "signed": []}
     try:
         if members == "process":
-            _run_processes(art_dir, broker.url, nodes, steps, repeats, outlier_factor, out, cpu)
+            _run_processes(art_dir, model, broker.url, nodes, steps, repeats, outlier_factor, out, cpu)
         else:
-            _run_threads(load_artifact(art_dir), art_dir, broker.url, nodes, steps, repeats, outlier_factor,
-                         out, cpu)
+            _run_threads(load_artifact(art_dir), art_dir, model, broker.url, nodes, steps, repeats,
+                         outlier_factor, out, cpu)
     finally:
         broker.close()
     plain, signed = statistics.median(out["plain"]), statistics.median(out["signed"])
     pcpu, scpu = statistics.median(cpu["plain"]), statistics.median(cpu["signed"])
     return {"nodes": nodes, "steps": steps, "repeats": repeats, "outlier_factor": outlier_factor,
-            "members": members,
-            "plain_round_s": round(plain, 3),
-            "signed_round_s": round(signed, 3), "overhead": round(signed / plain - 1, 4),
-            "plain_runs_s": [round(v, 3) for v in out["plain"]],
-            "signed_runs_s": [round(v, 3) for v in out["signed"]],
+            "members": members, "model": model,
+            "plain_round_s": round(plain, 4),
+            "signed_round_s": round(signed, 4), "overhead": round(signed / plain - 1, 4),
+            "plain_runs_s": [round(v, 4) for v in out["plain"]],
+            "signed_runs_s": [round(v, 4) for v in out["signed"]],
             "plain_cpu_s": round(pcpu, 3), "signed_cpu_s": round(scpu, 3),
             "cpu_overhead": round(scpu / pcpu - 1, 4) if pcpu else None,
             "load_average": [round(v, 2) for v in os.getloadavg()], "machine": machine()}
@@ -300,8 +321,10 @@ def main() -> None:
     p.add_argument("--outlier-factor", type=float, default=None, help="0 = no screening; default: the nodes'")
     p.add_argument("--members", choices=("process", "thread"), default="process",
                    help="one `fractal node` process per node (default), or all nodes in this process")
+    p.add_argument("--model", default="digits-mlp",
+                   help="a zoo model, compiled with its training module once (default: the demo's)")
     a = p.parse_args()
-    print(json.dumps(run(a.nodes, a.steps, a.repeats, a.outlier_factor, a.members)))
+    print(json.dumps(run(a.nodes, a.steps, a.repeats, a.outlier_factor, a.members, a.model)))
 
 
 if __name__ == "__main__":
