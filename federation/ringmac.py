@@ -225,7 +225,8 @@ class RingMac:
                 ids_at = foot - slen - tlen
                 rx = self._rx.get(data[ids_at:foot])
                 body = ids_at - pad
-                if rx is not None and rx.topic == topic and version == VERSION and body >= 0:
+                if (rx is not None and rx.topic == topic and slen == len(rx.sender_b) and version == VERSION
+                        and body >= 0):
                     view = memoryview(data)
                     try:
                         rx.aead.decrypt(data[foot:foot + 12], data[n - TAG:], view[:n - TAG])  # nonce
@@ -280,7 +281,7 @@ class RingMac:
             raise AuthRejected(Reject.MALFORMED, f"bad MAC envelope (version {version})")
         ids = bytes(view[ids_at:ids_end])
         rx = self._rx.get(ids)
-        if rx is None or rx.topic != topic:
+        if rx is None or rx.topic != topic or slen != len(rx.sender_b):
             rx = self._rx_for(topic, ids, slen)
         try:
             rx.aead.decrypt(_NONCE.pack(seq, epoch & 0xFFFFFFFF), view[end:], view[:end])
