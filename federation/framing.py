@@ -75,6 +75,7 @@ __all__ = [
     "encode_abort",
     "decode",
     "abort_info",
+    "header_sender",
 ]
 
 MAGIC = b"FE"
@@ -232,6 +233,18 @@ def abort_info(frame: Frame) -> tuple[str | None, str, bool]:
         return member, str(reason), bool(d.get("rejected", False))
     except (ValueError, TypeError, AttributeError) as e:
         raise FrameError(f"malformed ABORT payload from {frame.sender}") from e
+
+
+def header_sender(buf: bytes | memoryview, size: int | None = None) -> bytes | memoryview | None:
+    """The sender id bytes named by the header of the frame in ``buf[:size]`` (no checks beyond
+    the layout: for authenticating links that bind the named sender to the proven one), or None
+    when it does not start like a frame."""
+    size = len(buf) if size is None else size
+    if size < HEADER.size or buf[:2] != MAGIC:
+        return None
+    start = HEADER.size + buf[44] + buf[45]  # + swarm and tag lengths
+    end = start + buf[46]
+    return buf[start:end] if end <= size else None
 
 
 def decode(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Frame:

@@ -60,8 +60,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from federation.auth import AuthRejected, Keyring, Reject, Role, Signer, Verifier
-from federation.framing import HEADER as _FRAME_HEADER
-from federation.framing import MAGIC as _FRAME_MAGIC
+from federation.framing import header_sender
 
 __all__ = ["MAGIC", "VERSION", "TAG", "RingMac", "is_mac_envelope", "room_for"]
 
@@ -117,16 +116,6 @@ class _Rx:
 
     def __init__(self, topic: str, sender: str, aead: AESGCM) -> None:
         self.topic, self.sender, self.sender_b, self.aead = topic, sender, sender.encode(), aead
-
-
-def _named_sender(frame: bytes | memoryview, body: int) -> bytes | memoryview | None:
-    """The sender id bytes in the header of a ring frame (federation/framing.py) of ``body``
-    bytes, or None when it is not one (the ring MAC also carries arbitrary payloads)."""
-    if body < _FRAME_HEADER.size or frame[:2] != _FRAME_MAGIC:
-        return None
-    start = _FRAME_HEADER.size + frame[44] + frame[45]  # + swarm and tag lengths
-    end = start + frame[46]
-    return frame[start:end] if end <= body else None
 
 
 class RingMac:
@@ -234,7 +223,7 @@ class RingMac:
                         pass  # the full path below counts and names it
                     else:
                         self.verifier.admit(rx.sender, seq, epoch)  # counts what it refuses
-                        named = _named_sender(data, body)
+                        named = header_sender(data, body)
                         if named is not None and named != rx.sender_b:
                             self.verifier.count(Reject.WRONG_ROLE)
                             raise AuthRejected(Reject.WRONG_ROLE, f"frame names {bytes(named)[:80]!r}, "
@@ -288,7 +277,7 @@ class RingMac:
         except InvalidTag:
             raise AuthRejected(Reject.BAD_SIGNATURE, f"bad MAC from {rx.sender!r}") from None
         self.verifier.admit(rx.sender, seq, epoch)
-        named = _named_sender(view, body)
+        named = header_sender(view, body)
         if named is not None and bytes(named) != rx.sender_b:
             raise AuthRejected(Reject.WRONG_ROLE,
                                f"frame names {bytes(named)[:80]!r}, MAC'd by {rx.sender!r}")

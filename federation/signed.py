@@ -57,17 +57,6 @@ class PubSub(Protocol):
     def close(self) -> None: ...
 
 
-def _frame_sender(payload: memoryview) -> str | None:
-    """The sender id in a ring frame's header (federation/framing.py), None if it is not one."""
-    if len(payload) < framing.HEADER.size or payload[:2] != framing.MAGIC:
-        return None
-    start = framing.HEADER.size + payload[44] + payload[45]  # + swarm and tag lengths
-    try:
-        return str(payload[start:start + payload[46]], "utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 class Identity:
     """Who we are (signer) and whom we trust (keyring): what a member or the fleet loads at start."""
 
@@ -215,12 +204,13 @@ class SignedLink:
             msg = self.verify(topic, data)
             if msg is None:
                 return
-            named = _frame_sender(msg.payload) if "/ar/" in topic else None
-            if named is not None and named != msg.sender:
+            named = framing.header_sender(msg.payload) if "/ar/" in topic else None
+            if named is not None and named != msg.sender.encode():
                 self.verifier.count(Reject.WRONG_ROLE)
                 if self._on_reject is not None:
                     self._on_reject(topic, Reject.WRONG_ROLE)
-                log.debug("dropped frame on %s: header names %r, signed by %r", topic, named, msg.sender)
+                log.debug("dropped frame on %s: header names %r, signed by %r", topic, bytes(named),
+                          msg.sender)
                 return
             callback(topic, bytes(msg.payload) if copy else msg.payload)  # type: ignore[arg-type]
 
