@@ -305,7 +305,7 @@ class Call:
         self._unacked: dict[tuple, list] = {}
         self._inflight: dict[str, int] = {}
         # DATA frames received but not yet acknowledged, per sender: ACKs go out in batches
-        # (half a window, a drain, or ``_ack_delay`` after the oldest), not one message per frame.
+        # (half a window, a drain, or ``ep.ack_delay`` after the oldest), not one message per frame.
         self._acks: dict[str, list[Frame]] = {}
         self._ack_batch = max(1, ep.max_in_flight // 2)
         self._ack_due = math.inf  # when the oldest pending acknowledgement must go out
