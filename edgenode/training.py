@@ -328,8 +328,11 @@ def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: Mo
     vote = np.zeros(len(group), np.float32)
     vote[k] = 1.0 if prepared is not None else 0.0
     try:
+        # Always around the ring: PROTOCOL.md section 7's table of failures inside the vote is the
+        # ring's (a member dying mid-vote leaves nobody with the result). On the direct path one
+        # peer could already hold every vote: allowed by the protocol, but a wider split.
         out = np.asarray(ring.allreduce(vote, group=group, tag=f"{plan.round_id}/vote", op="sum",
-                                        timeout=plan.step_timeout_s))
+                                        timeout=plan.step_timeout_s, algorithm="ring"))
     except Exception:
         if prepared is not None:
             model.discard(prepared)

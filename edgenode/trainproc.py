@@ -237,9 +237,9 @@ class TrainingWorker:
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: Any = "mean",
                   timeout: float = 30.0, compression: Any = "none",
                   clip_norm: float | None = None, claims: np.ndarray | None = None,
-                  screen: Any = None) -> np.ndarray:
+                  screen: Any = None, algorithm: str = "auto") -> np.ndarray:
         kw = {"group": list(group), "tag": tag, "op": op, "timeout": timeout, "compression": compression,
-              "clip_norm": clip_norm, "claims": claims, "screen": screen}
+              "clip_norm": clip_norm, "claims": claims, "screen": screen, "algorithm": algorithm}
         out = self._call(("allreduce", np.asarray(vec), kw), silence=timeout + _COLLECTIVE_MARGIN_S)
         return np.asarray(out)
 

@@ -49,6 +49,22 @@ Reliability rules (see :mod:`federation.session`)
 * Ranks, chunks and parts are all derived from ``sorted(group)``, the vector length (equal on
   every member; a mismatch aborts), the codec, ``max_payload`` and ``topk_ratio``.
 
+Direct path (small F32 vectors)
+* When the whole vector, sent to every peer, is at most ``direct_max_bytes`` per member
+  (``(n - 1) * 4 * L``; default ``DIRECT_MAX_BYTES``), the allreduce skips the ring: every member
+  sends its own (checked, clipped) vector to every peer (phase EXCHANGE, step 1, chunk = its rank,
+  F32 parts) and sums the n rows itself in ``sorted(group)`` order, so the result is still
+  bit-identical everywhere. One hop instead of ``2 (n - 1)``: a small vector's allreduce is bound
+  by per-frame latency, not bytes (``(n - 1) L`` floats sent instead of ``2 (n - 1) L / n``).
+* Same START, DRAIN, deadline and ABORT rules as the ring. Checks are per member rather than
+  per partial sum: a row with NaN/Inf, or longer in any ring chunk than its sender claimed
+  (``claims=``), is rejected naming its sender. With ``screen=`` no claims travel: every member
+  has every row, so ``decide`` gets the rows' own chunk norms (``robust.chunk_norms``, what an
+  honest member claims) and the chunks it bounds to 0 count as zeros: one hop per step, not two,
+  and no norm to lie about.
+* The choice depends only on ``n``, ``L``, the codec and ``direct_max_bytes``: every member of a
+  swarm makes the same one (a member that differs breaks the schedule and the round aborts).
+
 Broadcast (``broadcast(vec_or_None, root=..., group=..., tag=...)``)
 * Chain along the ring from the root: hop ``d`` is rank ``(root + d) % n``; each hop receives
   phase BROADCAST step ``d-1`` from its predecessor and forwards the same payload bytes as step
@@ -64,7 +80,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 
@@ -81,7 +97,11 @@ from federation.transport import Transport
 
 log = logging.getLogger("fractal.federation.ring")
 
-__all__ = ["RingAllreduce", "ReduceOp", "Screen"]
+__all__ = ["RingAllreduce", "ReduceOp", "Screen", "DIRECT_MAX_BYTES"]
+
+# An F32 allreduce whose direct exchange sends at most this many bytes per member goes direct
+# (one hop) instead of around the ring (2 (n - 1) hops): BENCHMARKS.md "Direct path".
+DIRECT_MAX_BYTES = 256 * 1024
 
 # (this member's claim row, decide(all rows) -> (claims to check, whether to send our vector))
 Screen = tuple[np.ndarray, Callable[[np.ndarray], tuple[np.ndarray, bool]]]
@@ -180,15 +200,37 @@ class RingAllreduce(_Collective):
     """Ring allreduce and ring broadcast for one member (see the module docstring).
 
     ``transport.max_payload`` bounds every frame; all members of a swarm must use the same
-    ``max_payload`` and ``topk_ratio``. ``stats`` counts bytes, frames, duplicates, rejects.
+    ``max_payload``, ``topk_ratio`` and ``direct_max_bytes``. ``stats`` counts bytes, frames,
+    duplicates, rejects.
+
+    ``direct_max_bytes``: an F32 allreduce whose direct exchange sends at most this many bytes
+    per member (``(n - 1) * 4 * len(vec)``) skips the ring (see "Direct path" in the module
+    docstring); 0 = always the ring.
     """
+
+    def __init__(self, transport: Transport, *, direct_max_bytes: int = DIRECT_MAX_BYTES, **kw: Any) -> None:
+        super().__init__(transport, **kw)
+        if not isinstance(direct_max_bytes, int) or direct_max_bytes < 0:
+            raise ValueError(f"direct_max_bytes must be an int >= 0, got {direct_max_bytes!r}")
+        self.direct_max_bytes = direct_max_bytes
+
+    def algorithm(self, n: int, size: int, compression: Compression | str = Compression.NONE) -> str:
+        """``"direct"`` or ``"ring"``: how an allreduce of ``size`` floats over ``n`` members runs
+        (the same answer on every member of a swarm: it depends only on arguments they share)."""
+        codec = comp.codec_for(compression)
+        if n > 1 and codec == Codec.F32 and (n - 1) * 4 * size <= self.direct_max_bytes:
+            return "direct"
+        return "ring"
 
     # -- allreduce ---------------------------------------------------------------------------
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: ReduceOp | str = "mean",
                   timeout: float = 30.0, compression: Compression | str = Compression.NONE,
                   clip_norm: float | None = None, claims: np.ndarray | None = None,
-                  screen: Screen | None = None) -> np.ndarray:
+                  screen: Screen | None = None, algorithm: str = "auto") -> np.ndarray:
         """Sum or mean of every member's ``vec``; every member gets bit-identical bytes.
+
+        ``algorithm``: ``"auto"`` (:meth:`algorithm` decides: the direct path for small F32
+        vectors), ``"ring"`` or ``"direct"`` (F32 only); every member of a call must pass the same.
 
         ``claims`` (n x n, rows in ``sorted(group)`` order, columns = ring chunks): the L2 norm
         each member claimed for its contribution to each chunk (``federation.robust``); every
@@ -201,6 +243,10 @@ class RingAllreduce(_Collective):
         ``decide(rows)`` (n x n, the same bits on every member) returns ``(claims, send)``: the
         claims to check (as above) and whether this member contributes its ``vec`` (else zeros).
         One call instead of an exchange and an allreduce: one set-up and one drain per step.
+        On the direct path (small F32 vectors) no claims travel: ``decide`` gets
+        ``robust.chunk_norms`` of every member's actual vector (so ``claim`` must be that of
+        ``vec``, or zeros for a member that sends zeros) and the chunks it bounds to 0 count as
+        zeros.
 
         Raises :class:`RoundAborted` (deadline, dead member, peer abort) or
         :class:`UpdateRejected` (NaN/Inf or a broken claim, naming the sender); on either nothing
@@ -216,8 +262,15 @@ class RingAllreduce(_Collective):
                 raise ValueError(f"claims cannot be checked with codec {codec.name} (error feedback)")
         if screen is not None and codec not in (Codec.F32, Codec.F16):
             raise ValueError(f"claims cannot be checked with codec {codec.name} (error feedback)")
+        if algorithm == "auto":
+            algorithm = self.algorithm(len(members), x.size, compression)
+        elif algorithm not in ("ring", "direct"):
+            raise ValueError(f"unknown algorithm {algorithm!r} (auto, ring or direct)")
+        elif algorithm == "direct" and codec != Codec.F32:
+            raise ValueError(f"the direct path sends float32 only, not {codec.name}")
+        run = _DirectRun if algorithm == "direct" else _RingRun
         with self._lock:
-            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm, claims, screen).run()
+            return run(self, x, members, tag, op, timeout, codec, clip_norm, claims, screen).run()
 
     # -- exchange ----------------------------------------------------------------------------
     def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
@@ -233,40 +286,48 @@ class RingAllreduce(_Collective):
             return self._exchange(x, members, tag, timeout)
 
     def _exchange(self, x: np.ndarray, members: list[str], tag: str, timeout: float) -> np.ndarray:
+        with self.endpoint.call(tag, [m for m in members if m != self.member_id], timeout) as call:
+            out = self._gather_rows(call, x, members, 0)
+            call.drain()
+        return out
+
+    def _gather_rows(self, call: Call, x: np.ndarray, members: list[str], step: int,
+                     stash: list[Frame] | None = None) -> np.ndarray:
+        """Send ``x`` to every peer (phase EXCHANGE, ``step``, chunk = our rank) and receive
+        theirs: the ``(n, L)`` rows in ``members`` order (frames in ``stash`` are taken first)."""
         n, me, size = len(members), self.member_id, x.size
         rank = members.index(me)
         per = comp.per_part(Codec.F32, self.max_payload)
         parts = sch.part_bounds(0, size, per, at_least_one=True)
         out = np.empty((n, size), np.float32)
         out[rank] = x
-        peers = [m for m in members if m != me]
-        with self.endpoint.call(tag, peers, timeout) as call:
-            for dst in peers:
+        for dst in members:
+            if dst != me:
                 for p in range(len(parts)):
-                    call.queue(dst, (Phase.EXCHANGE, 0, rank, p),
-                               self._exchange_builder(tag, rank, p, parts, x))
-            pending = {(members.index(m), p) for m in peers for p in range(len(parts))}
-            while pending:
-                fr = call.wait(members[min(pending)[0]])
-                if fr is None:
-                    continue
-                j = members.index(fr.sender) if fr.sender in members else -1
-                if (fr.phase != Phase.EXCHANGE or fr.codec != Codec.F32 or fr.step != 0 or fr.chunk != j
-                        or fr.total != size or fr.nparts != len(parts) or (j, fr.part) not in pending
-                        or (fr.offset, fr.offset + fr.count) != parts[fr.part]):
-                    _violation(fr, "unexpected exchange frame")
-                a, b = parts[fr.part]
-                out[j, a:b] = comp.decode(Codec.F32, fr.payload, b - a)
-                pending.discard((j, fr.part))
-            call.drain()
+                    call.queue(dst, (Phase.EXCHANGE, step, rank, p),
+                               self._exchange_builder(call.tag, step, rank, p, parts, x))
+        pending = {(j, p) for j in range(n) if j != rank for p in range(len(parts))}
+        while pending:
+            fr = stash.pop(0) if stash else call.wait(members[min(pending)[0]])
+            if fr is None:
+                continue
+            j = members.index(fr.sender) if fr.sender in members else -1
+            if (fr.phase != Phase.EXCHANGE or fr.codec != Codec.F32 or fr.step != step or fr.chunk != j
+                    or fr.total != size or fr.nparts != len(parts) or (j, fr.part) not in pending
+                    or (fr.offset, fr.offset + fr.count) != parts[fr.part]):
+                _violation(fr, "unexpected exchange frame")
+            a, b = parts[fr.part]
+            out[j, a:b] = comp.decode(Codec.F32, fr.payload, b - a)
+            pending.discard((j, fr.part))
         return out
 
-    def _exchange_builder(self, tag: str, rank: int, part: int, parts: list[tuple[int, int]], x: np.ndarray):
+    def _exchange_builder(self, tag: str, step: int, rank: int, part: int, parts: list[tuple[int, int]],
+                          x: np.ndarray):
         a, b = parts[part]
 
         def build() -> bytes:
             return encode(FrameKind.DATA, Phase.EXCHANGE, swarm=self.swarm, tag=tag, sender=self.member_id,
-                          codec=Codec.F32, step=0, chunk=rank, part=part, nparts=len(parts), offset=a,
+                          codec=Codec.F32, step=step, chunk=rank, part=part, nparts=len(parts), offset=a,
                           count=b - a, total=x.size, payload=[x[a:b]], **self.endpoint.frame_kw)
         return build
 
@@ -547,3 +608,67 @@ class _RingRun:
                 self.result[a:b] = vals
                 if fr.step < last:
                     self._queue_ag(call, fr.step + 1, fr.part, fr.payload)
+
+
+class _DirectRun(_RingRun):
+    """One allreduce as a direct exchange ("Direct path" in the module docstring): the same
+    call, checks, clipping and drain as :class:`_RingRun`; every row travels straight from its
+    sender, so screening needs no claims: ``decide`` gets the chunk norms of the rows themselves."""
+
+    def run(self) -> np.ndarray:
+        n, peers = self.n, [m for m in self.members if m != self.me]
+        with self.eng.endpoint.call(self.tag, peers, self.timeout) as call:
+            if self.screen is None:
+                check_finite(self.x, member=self.me)
+            x = self.x
+            if self.clip_norm is not None and all_finite(x):  # a non-finite one is screened out below
+                x, _ = clip_l2(x, self.clip_norm)
+            rows = self.eng._gather_rows(call, np.ascontiguousarray(x, np.float32), self.members, 1)
+            if self.screen is not None:
+                self._screen_rows(rows)
+            for j, m in enumerate(self.members):
+                if not all_finite(rows[j]):
+                    raise UpdateRejected(f"round {self.tag!r}: data from {m} is not finite", member=m,
+                                         hint="that member's update diverged")
+            if self.claims is not None:
+                self._check_rows(rows)
+            acc = rows[0].copy()
+            for j in range(1, n):  # in sorted(group) order on every member: bit-identical sums
+                acc += rows[j]
+            if self.op == ReduceOp.MEAN:
+                np.divide(acc, np.float32(n), out=acc)
+            if not all_finite(acc):
+                raise RoundAborted(f"round {self.tag!r}: the reduced sum overflowed float32 on {self.me}",
+                                   member=self.me, hint="scale the updates down or enable clip_norm")
+            self.result = acc
+            call.drain()
+        return self.result
+
+    def _screen_rows(self, rows: np.ndarray) -> None:
+        """``decide`` on the rows' own chunk norms (what honest members claim); the chunks it
+        bounds to 0 (excluded members, members without samples) count as zeros."""
+        assert self.screen is not None
+        n = self.n
+        claims = np.stack([robust.chunk_norms(rows[j], n) for j in range(n)])
+        bounds, _ = self.screen[1](claims)
+        bounds = np.asarray(bounds, np.float64).reshape(n, n)
+        for c, (a, b) in enumerate(sch.chunk_bounds(n, self.L)):
+            for j in range(n):
+                if bounds[j, c] == 0:
+                    rows[j, a:b] = 0.0
+
+    def _check_rows(self, rows: np.ndarray) -> None:
+        """Each member's own vector, chunk by chunk, can be no longer than it claimed (our own
+        row too: a member that breaks its claim fails like its peers, not only by their ABORT)."""
+        assert self.claims is not None
+        tol = robust.claims_tolerance(self.n, False)
+        for c, (a, b) in enumerate(sch.chunk_bounds(self.n, self.L)):
+            for j, m in enumerate(self.members):
+                v = rows[j, a:b].astype(np.float64)
+                norm = float(np.dot(v, v)) ** 0.5
+                limit = float(self.claims[j, c]) * tol
+                if norm > limit + 1e-30:
+                    raise UpdateRejected(
+                        f"round {self.tag!r}: the update from {m} has norm {norm:.3g} in chunk {c}, "
+                        f"above the {limit:.3g} it claimed", member=m,
+                        hint="that member lied about its update norm (or sent an excluded update)")

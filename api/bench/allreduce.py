@@ -31,9 +31,16 @@ __all__ = ["run_allreduce_bench", "raw_broker_throughput", "ideal_bytes_per_node
 _SEED = 1234
 
 
-def ideal_bytes_per_node(nodes: int, elements: int, itemsize: int = 4) -> float:
-    """What each member must send in a bandwidth-optimal allreduce: 2(N-1)/N x elements x 4 bytes."""
+def ideal_bytes_per_node(nodes: int, elements: int, itemsize: int = 4, algorithm: str = "ring") -> float:
+    """What each member must send: 2(N-1)/N x elements x 4 bytes around the ring (bandwidth-optimal),
+    (N-1) x elements x 4 bytes on the direct path (latency-optimal: one hop)."""
+    if algorithm == "direct":
+        return (nodes - 1) * elements * itemsize
     return 2 * (nodes - 1) / nodes * elements * itemsize
+
+
+# --algorithm -> RingAllreduce(direct_max_bytes=...)
+ALGORITHMS = {"auto": None, "ring": 0, "direct": 1 << 62}
 
 
 def _vector(rank: int, elements: int) -> np.ndarray:
@@ -134,7 +141,7 @@ def _bench_dh(swarm: str, member: str):
 
 def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compression: str, max_payload: int,
             repeats: int, timeout: float, outdir: str, barrier, out, broker_pid: int | None = None,
-            signed: bool = False) -> None:
+            signed: bool = False, algorithm: str = "auto") -> None:
     from federation.mqtt import MqttLink
     from federation.ring import RingAllreduce
     from federation.star import StarAllreduce
@@ -143,11 +150,15 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
     me = ids[rank]
     vec = _vector(rank, elements)
     report: dict[str, Any] = {"rank": rank, "ring": [], "star": [], "signed": []}
+    direct = ALGORITHMS[algorithm]
+    path = {} if direct is None else {"direct_max_bytes": direct}
     with MqttLink(url, swarm=swarm, client_id=f"{swarm}-{me}") as link:
         # Keep ~4 MiB unacknowledged per peer whatever the frame size: 16 x 1 MiB frames queue
         # so long behind each other that their ACKs outlive the 1 s retransmit timer.
         window = max(2, min(16, (4 << 20) // max_payload))
-        ring = RingAllreduce(link.transport(me, max_payload=max_payload), swarm=swarm, max_in_flight=window)
+        ring = RingAllreduce(link.transport(me, max_payload=max_payload), swarm=swarm, max_in_flight=window,
+                             **path)
+        report["algorithm"] = ring.algorithm(nodes, elements, compression)
         star = StarAllreduce(link.transport(f"{me}-star", max_payload=max_payload), swarm=swarm,
                              max_in_flight=window)
         barrier.wait(120)
@@ -164,7 +175,7 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
             slink = Identity(Signer(me_sig, f"{me_sig}-k", _bench_key(swarm, me_sig)), keyring,
                              _bench_dh(swarm, me_sig)).link(link)
             sring = RingAllreduce(slink.transport(f"{me}-sig", max_payload=max_payload), swarm=swarm,
-                                  max_in_flight=window)
+                                  max_in_flight=window, **path)
             engines.insert(1, ("signed", sring, sig_ids))
         # Plain and signed rings alternate repeat by repeat (ring, signed, ring, signed, ...) so a
         # change in the machine's load hits both alike; the star runs after them.
@@ -207,9 +218,15 @@ def _summarise(reports: list[dict], name: str) -> tuple[float, list[float], floa
 
 def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = None,
                         compression: str = "none", max_payload: int = 256 * 1024, repeats: int = 3,
-                        timeout: float | None = None, signed: bool = False) -> dict[str, Any]:
+                        timeout: float | None = None, signed: bool = False,
+                        algorithm: str = "auto") -> dict[str, Any]:
     """Run the benchmark and return one JSON-able dict (see ``fractal bench allreduce --help``).
-    ``signed``: also time the ring with signed frames (same members, same run)."""
+    ``signed``: also time the ring with signed frames (same members, same run). ``algorithm``:
+    ``auto`` (the engine's choice: the direct path for small F32 vectors), ``ring`` or ``direct``."""
+    if algorithm not in ALGORITHMS:
+        raise FederationError(f"unknown algorithm {algorithm!r}", hint="use auto, ring or direct")
+    if algorithm == "direct" and compression != "none":
+        raise FederationError("the direct path sends float32 only", hint="drop --compression or use ring")
     if not 2 <= nodes <= 64:
         raise FederationError(f"--nodes must be between 2 and 64, got {nodes}")
     if not 1 <= elements <= 200_000_000:
@@ -239,7 +256,7 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
             procs = [ctx.Process(target=_member, daemon=True,
                                  args=(broker_url, swarm, r, nodes, elements, compression, max_payload,
                                        repeats, timeout, outdir, barrier, out,
-                                       getattr(own, "pid", None), signed)) for r in range(nodes)]
+                                       getattr(own, "pid", None), signed, algorithm)) for r in range(nodes)]
             for p in procs:
                 p.start()
             reports: list[dict[str, Any]] = []
@@ -275,11 +292,14 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
     sig = _summarise(reports, "signed")
     assert ring is not None
     seconds, ring_runs, per_node, identical, ring_cpu, ring_broker_cpu = ring
-    ideal = ideal_bytes_per_node(nodes, elements)
+    path = reports[0]["algorithm"]
+    ideal = ideal_bytes_per_node(nodes, elements, algorithm=path)
     return {
         "nodes": nodes,
         "elements": elements,
         "compression": compression,
+        # How the "ring" engine ran this size: around the ring, or the direct path (one hop).
+        "algorithm": path,
         "seconds": round(seconds, 4),
         "star_seconds": round(star[0], 4) if star else None,
         "bytes_sent_per_node": int(per_node),

@@ -23,6 +23,9 @@ def bench_allreduce(
     repeats: int = typer.Option(3, "--repeats", help="Timed calls per engine (the median is reported)."),
     signed: bool = typer.Option(False, "--signed", help="Also time the ring with ed25519-signed frames "
                                 "(same run; reports signed_seconds and signed_overhead)."),
+    algorithm: str = typer.Option("auto", "--algorithm",
+                                  help="auto (direct path for small float32 vectors, else the ring), "
+                                  "ring or direct."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Time one ring allreduce (and the star baseline) of --size floats across --nodes members."""
@@ -36,7 +39,8 @@ def bench_allreduce(
         raise FederationError(f"unknown compression {compression!r}",
                               hint="use one of: " + ", ".join(c.value for c in Compression)) from None
     result = run_allreduce_bench(nodes, size, broker_url=broker, compression=compression,
-                                 max_payload=max_payload, repeats=repeats, signed=signed)
+                                 max_payload=max_payload, repeats=repeats, signed=signed,
+                                 algorithm=algorithm)
     if as_json:
         typer.echo(json.dumps(result))
         return

@@ -44,6 +44,16 @@ def test_starts_its_own_broker_and_compression():
     assert r["max_abs_error"] < 1e-2
 
 
+def test_small_vectors_take_the_direct_path_unless_told_otherwise(mosquitto):
+    auto = run_allreduce_bench(3, 4810, broker_url=mosquitto.url, repeats=1)
+    ring = run_allreduce_bench(3, 4810, broker_url=mosquitto.url, repeats=1, algorithm="ring")
+    assert (auto["algorithm"], ring["algorithm"]) == ("direct", "ring")
+    assert auto["ideal_bytes_per_node"] == int(ideal_bytes_per_node(3, 4810, algorithm="direct"))
+    for r in (auto, ring):
+        assert r["bit_identical"] and r["max_abs_error"] < 1e-5
+        assert abs(r["bytes_sent_per_node"] / r["ideal_bytes_per_node"] - 1) < 0.05
+
+
 def test_bad_input_is_one_line():
     p = _fractal("bench", "allreduce", "--nodes", "2", "--size", "10", "--compression", "zip")
     assert p.returncode == 1 and p.stderr.startswith("error: unknown compression")

@@ -124,9 +124,21 @@ def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
     after = _accuracy(nodes[ids[0]], xt, yt)
     assert after > max(0.6, before + 0.3), (before, after)  # the honest three trained the model
 
-    # A liar: same scaled update, but it claims the unscaled norm. Its successor's claim check
-    # fails the first step; the round fails everywhere naming it and nothing is committed.
+    # A liar: same scaled update, but it claims the unscaled norm. On the direct path (this
+    # model's 4,810 floats) no claim travels: every member screens the rows themselves, so the
+    # lie changes nothing: excluded and named again, the round commits.
     nodes[hostile]._ring = LyingRing(nodes[hostile]._ring, hostile, 1e3)
+    assert nodes[hostile]._ring.algorithm(4, 4810) == "direct"
+    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd.model_copy(update={"round_id": "liar-direct"}))
+    done = [e for e in evs if e.kind == EventKind.DONE]
+    assert len(done) == 4 and all(e.excluded == [hostile] for e in done), evs
+    assert len({e.params_sha256 for e in done}) == 1 and {e.model_version for e in done} == {2}
+
+    # Around the ring (a model too big for the direct path) the claims travel: the liar's
+    # successor's claim check fails the first step; the round fails everywhere naming it and
+    # nothing is committed.
+    for n in nodes.values():
+        getattr(n._ring, "inner", n._ring).direct_max_bytes = 0
     state = {i: (n.model_version, n.params_sha256) for i, n in nodes.items()}
     evs = _run(fleet, watch, swarm_id, ids, nodes, cmd.model_copy(update={"round_id": "liar-1"}))
     failed = [e for e in evs if e.kind == EventKind.FAILED]

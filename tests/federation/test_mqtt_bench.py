@@ -16,12 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_ideal_bytes():
     assert ideal_bytes_per_node(2, 1000) == 4000
     assert ideal_bytes_per_node(8, 10_000_000) == pytest.approx(70e6)
+    assert ideal_bytes_per_node(4, 1000, algorithm="direct") == 12000  # every peer gets the whole vector
 
 
 @pytest.mark.parametrize("args, needle", [
     (["--nodes", "1", "--size", "10"], "--nodes"),
     (["--nodes", "2", "--size", "0"], "--size"),
     (["--nodes", "2", "--size", "10", "--compression", "zip"], "unknown compression"),
+    (["--nodes", "2", "--size", "10", "--algorithm", "tree"], "unknown algorithm"),
+    (["--nodes", "2", "--size", "10", "--algorithm", "direct", "-c", "int8"], "float32 only"),
     (["--nodes", "2", "--size", "10", "--broker", "http://x:1"], "bad broker URL"),
     (["--nodes", "2", "--size", "10", "--broker", "mqtt://127.0.0.1:1"], "cannot connect"),
 ])

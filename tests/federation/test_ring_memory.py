@@ -17,6 +17,10 @@ from federation.memory import MemoryHub
 from federation.ring import RingAllreduce
 from tests.federation.ringutil import allreduce_all, assert_identical, close_all, ids, make_ring, run_members
 
+# The two ways an allreduce runs (federation/ring.py): around the ring, or the direct path that
+# small F32 vectors take by default. Tests of behaviour both must share run each.
+ALGOS = {"ring": {"direct_max_bytes": 0}, "direct": {"direct_max_bytes": 1 << 30}}
+
 
 def _vecs(members, length, seed):
     rng = np.random.default_rng(seed)
@@ -36,13 +40,16 @@ def _close(result, ref, vecs):
         np.testing.assert_array_less(np.abs(result - ref), tol + 1e-6)
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("n", range(1, 9))
-def test_allreduce_matches_numpy_and_is_bit_identical(n: int) -> None:
+def test_allreduce_matches_numpy_and_is_bit_identical(n: int, algo: str) -> None:
     rng = np.random.default_rng(n)
     # Sizes below n, not divisible by n, multi-part chunks (small max_payload) and a 0-length vector.
     sizes = sorted({0, 1, max(1, n - 1), n, n + 1, 7 * n + 3, int(rng.integers(100, 3000))})
-    hub, engines = make_ring(n, max_payload=2048)
+    hub, engines = make_ring(n, max_payload=2048, engine_kw=ALGOS[algo])
     try:
+        if n > 1:
+            assert engines["m0"].algorithm(n, max(sizes)) == algo
         for i, length in enumerate(sizes):
             for op in ("sum", "mean"):
                 vecs = _vecs(engines, length, seed=100 * n + i)
@@ -97,8 +104,9 @@ def test_lost_and_corrupted_frames_are_rejected_counted_and_retransmitted() -> N
         close_all(engines)
 
 
-def test_nan_update_aborts_every_member_naming_the_sender() -> None:
-    hub, engines = make_ring(4)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_nan_update_aborts_every_member_naming_the_sender(algo: str) -> None:
+    hub, engines = make_ring(4, engine_kw=ALGOS[algo])
     try:
         vecs = _vecs(engines, 500, 3)
         vecs["m2"][17] = np.nan
@@ -116,11 +124,13 @@ def test_nan_update_aborts_every_member_naming_the_sender() -> None:
         close_all(engines)
 
 
-def test_inf_in_forwarded_data_is_blamed_on_its_sender(monkeypatch) -> None:
-    """A member that skips its own check (buggy or hostile) is caught by its successor."""
+@pytest.mark.parametrize("algo", ALGOS)
+def test_inf_in_forwarded_data_is_blamed_on_its_sender(monkeypatch, algo: str) -> None:
+    """A member that skips its own check (buggy or hostile) is caught by its successor (ring) or
+    by every member (direct path)."""
     import federation.ring as ring
 
-    hub, engines = make_ring(3)
+    hub, engines = make_ring(3, engine_kw=ALGOS[algo])
     real = ring.check_finite
     monkeypatch.setattr(ring, "check_finite", lambda x, *, member, what="update": None
                         if member == "m1" else real(x, member=member, what=what))
@@ -134,10 +144,11 @@ def test_inf_in_forwarded_data_is_blamed_on_its_sender(monkeypatch) -> None:
         close_all(engines)
 
 
-def test_member_dying_mid_round_aborts_survivors_before_the_deadline_then_they_reform() -> None:
+@pytest.mark.parametrize("algo", ALGOS)
+def test_member_dying_mid_round_aborts_survivors_before_the_deadline_then_they_reform(algo: str) -> None:
     n, timeout = 5, 1.0
     faults = {"m2": dict(kill_after=3)}  # m2 dies after its third frame
-    hub, engines = make_ring(n, faults=faults, max_payload=1024)
+    hub, engines = make_ring(n, faults=faults, max_payload=1024, engine_kw=ALGOS[algo])
     try:
         vecs = _vecs(engines, 20_000, 5)
         res = allreduce_all(engines, vecs, tag="die", op="sum", timeout=timeout)
@@ -155,8 +166,9 @@ def test_member_dying_mid_round_aborts_survivors_before_the_deadline_then_they_r
         close_all(engines)
 
 
-def test_absent_member_is_named_by_every_survivor() -> None:
-    hub, engines = make_ring(4)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_absent_member_is_named_by_every_survivor(algo: str) -> None:
+    hub, engines = make_ring(4, engine_kw=ALGOS[algo])
     try:
         present = ["m0", "m1", "m3"]
         vecs = _vecs(engines, 100, 6)
@@ -339,10 +351,12 @@ def test_ten_million_floats_over_eight_members_is_fast() -> None:
         close_all(engines)
 
 
-def test_chaos_all_faults_at_once_every_codec_and_broadcast() -> None:
+@pytest.mark.parametrize("algo", ALGOS)
+def test_chaos_all_faults_at_once_every_codec_and_broadcast(algo: str) -> None:
     faults = {m: dict(drop=0.03, duplicate=0.1, reorder=0.3, reorder_window=0.005, corrupt=0.03, seed=40 + i)
               for i, m in enumerate(ids(6))}
-    hub, engines = make_ring(6, faults=faults, max_payload=1024, engine_kw=dict(retransmit_after=0.02))
+    hub, engines = make_ring(6, faults=faults, max_payload=1024,
+                             engine_kw=dict(retransmit_after=0.02, **ALGOS[algo]))
     try:
         rng = np.random.default_rng(11)
         for i, codec in enumerate(["none", "fp16", "int8", "topk"]):
@@ -377,13 +391,64 @@ def test_mismatched_vector_lengths_abort_the_round() -> None:
 
 @settings(max_examples=15, deadline=None)
 @given(n=st.integers(1, 6), length=st.integers(0, 600), payload=st.sampled_from([1024, 1500, 4096]),
-       codec=st.sampled_from(["none", "fp16", "int8", "topk"]), op=st.sampled_from(["sum", "mean"]))
-def test_property_any_shape_any_codec_is_bit_identical(n, length, payload, codec, op) -> None:
-    hub, engines = make_ring(n, max_payload=payload)
+       codec=st.sampled_from(["none", "fp16", "int8", "topk"]), op=st.sampled_from(["sum", "mean"]),
+       algo=st.sampled_from(sorted(ALGOS)))
+def test_property_any_shape_any_codec_is_bit_identical(n, length, payload, codec, op, algo) -> None:
+    hub, engines = make_ring(n, max_payload=payload, engine_kw=ALGOS[algo])
     try:
         vecs = _vecs(engines, length, seed=length)
         got = assert_identical(allreduce_all(engines, vecs, tag="p", op=op, compression=codec, timeout=20))
         if codec == "none":
             _close(got, _reference(vecs, op), vecs if op == "sum" else {m: v / n for m, v in vecs.items()})
+    finally:
+        close_all(engines)
+
+
+def test_small_vectors_take_the_direct_path_one_hop_same_result() -> None:
+    from federation.ring import DIRECT_MAX_BYTES
+
+    n, length = 4, 4810
+    hub, engines = make_ring(n)
+    _, ring_engines = make_ring(n, engine_kw=ALGOS["ring"])
+    try:
+        e = engines["m0"]
+        assert e.algorithm(n, length) == "direct"
+        assert e.algorithm(n, DIRECT_MAX_BYTES // (4 * (n - 1)) + 1) == "ring"  # over the threshold
+        assert e.algorithm(n, length, "fp16") == "ring" and e.algorithm(1, length) == "ring"
+        assert ring_engines["m0"].algorithm(n, length) == "ring"
+        vecs = _vecs(engines, length, 12)
+        direct = assert_identical(allreduce_all(engines, vecs, tag="d", op="mean", timeout=10))
+        ring = assert_identical(allreduce_all(ring_engines, vecs, tag="r", op="mean", timeout=10))
+        _close(direct, _reference(vecs, "mean"), {m: v / n for m, v in vecs.items()})
+        np.testing.assert_allclose(direct, ring, rtol=1e-5, atol=1e-5)
+        for m in engines:  # one frame to each peer instead of 2 (n - 1) around the ring
+            assert engines[m].stats.data_frames_sent == n - 1
+            assert ring_engines[m].stats.data_frames_sent == 2 * (n - 1)
+        # A call can insist on the ring (the commit's vote does): same result, ring frames.
+        forced = assert_identical(allreduce_all(engines, vecs, tag="f", op="mean", timeout=10, algorithm="ring"))
+        assert forced.tobytes() == ring.tobytes()
+        assert all(e.stats.data_frames_sent == (n - 1) + 2 * (n - 1) for e in engines.values())
+        for bad, match in (({"algorithm": "tree"}, "unknown algorithm"),
+                           ({"algorithm": "direct", "compression": "fp16"}, "float32 only")):
+            with pytest.raises(ValueError, match=match):
+                e.allreduce(vecs["m0"], group=ids(n), tag="bad", **bad)
+    finally:
+        close_all(engines)
+        close_all(ring_engines)
+    with pytest.raises(ValueError, match="direct_max_bytes"):
+        RingAllreduce(MemoryHub().transport("x"), direct_max_bytes=-1)
+
+
+def test_members_disagreeing_on_the_path_abort_instead_of_hanging() -> None:
+    """A member configured differently (another release) breaks the schedule: every member
+    aborts well before the deadline instead of waiting for frames that never come."""
+    hub = MemoryHub()
+    engines = {m: RingAllreduce(hub.transport(m), **ALGOS["ring" if m == "m1" else "direct"])
+               for m in ids(3)}
+    try:
+        res = allreduce_all(engines, _vecs(engines, 100, 13), tag="mixed", timeout=5)
+        for m in engines:
+            assert isinstance(res[m], RoundAborted), f"{m}: {res[m]!r}"
+            assert res["_elapsed"][m] < 4.0
     finally:
         close_all(engines)
