@@ -425,7 +425,8 @@ def test_small_vectors_take_the_direct_path_one_hop_same_result() -> None:
             assert engines[m].stats.data_frames_sent == n - 1
             assert ring_engines[m].stats.data_frames_sent == 2 * (n - 1)
         # A call can insist on the ring (the commit's vote does): same result, ring frames.
-        forced = assert_identical(allreduce_all(engines, vecs, tag="f", op="mean", timeout=10, algorithm="ring"))
+        forced = assert_identical(allreduce_all(engines, vecs, tag="f", op="mean", timeout=10,
+                                                algorithm="ring"))
         assert forced.tobytes() == ring.tobytes()
         assert all(e.stats.data_frames_sent == (n - 1) + 2 * (n - 1) for e in engines.values())
         for bad, match in (({"algorithm": "tree"}, "unknown algorithm"),
