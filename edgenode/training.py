@@ -364,23 +364,37 @@ def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndar
 
     Identical inputs give identical bits only if every member runs the same optimizer code on
     the same CPU semantics. A swarm may mix boards (an aarch64 build may fuse multiply-adds where
-    x86-64 rounds twice), so if any hash differs the first member in ring order broadcasts its
-    parameters and everyone commits those: the swarm always agrees on ``params_sha256``.
+    x86-64 rounds twice), so if any hash differs one member broadcasts its parameters and everyone
+    commits those: the swarm always agrees on ``params_sha256``. Which member: the first holder of
+    the hash a strict majority reports (so a lone member reporting another hash imposes nothing),
+    else the first member in ring order. What arrives must hash to what its root reported, or the
+    round fails naming it (its peers' vote is voided at once).
     """
+    from collections import Counter
+
     from edgenode.common import params_sha256
 
-    k = group.index(node_id)
-    vec = np.zeros(len(group) * 4, np.float32)
+    n, k = len(group), group.index(node_id)
+    vec = np.zeros(n * 4, np.float32)
     vec[k * 4:(k + 1) * 4] = _hash_chunks(params_sha256(params))
     out = np.asarray(ring.allreduce(vec, group=group, tag=f"{plan.round_id}/commit", op="sum",
                                     timeout=plan.step_timeout_s))
-    if len({tuple(out[i * 4:(i + 1) * 4]) for i in range(len(group))}) == 1:
+    hashes = [tuple(float(v) for v in out[i * 4:(i + 1) * 4]) for i in range(n)]
+    if len(set(hashes)) == 1:
         return params, False
-    root = group[0]
-    log.warning("%s: round %s ended with differing parameters; adopting %s's", node_id, plan.round_id, root)
+    best, count = Counter(hashes).most_common(1)[0]
+    root = group[hashes.index(best)] if 2 * count > n else group[0]
+    want = hashes[group.index(root)]
+    log.warning("%s: round %s ended with differing parameters; adopting %s's (%s)", node_id, plan.round_id,
+                root, f"held by {count} of {n}" if 2 * count > n else "no majority: the first member's")
     vec = ring.broadcast(flatten(params) if node_id == root else None, root=root, group=group,
                          tag=f"{plan.round_id}/final", timeout=plan.step_timeout_s)
-    return unflatten(np.asarray(vec, np.float32), params), True
+    new = unflatten(np.asarray(vec, np.float32), params)
+    if tuple(_hash_chunks(params_sha256(new))) != want:
+        _abort_peers(ring, f"{plan.round_id}/vote", group, node_id, "final parameters do not match")
+        raise RoundFailed(f"round {plan.round_id}: {root} sent final parameters that do not match the hash "
+                          f"it reported", member=root, hint="that member is faulty or hostile")
+    return new, True
 
 
 def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: ParamsSnapshot, has_samples: bool,

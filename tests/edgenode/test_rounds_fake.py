@@ -140,6 +140,54 @@ def test_members_with_different_float_semantics_still_commit_the_same_bits(tmp_p
             n.stop()
 
 
+def test_the_final_sync_follows_the_majority_and_checks_what_its_root_sends(tmp_path, monkeypatch):
+    """A member first in ring order whose final parameters differ (a hostile one, or odd float
+    semantics) cannot impose them: the hash a majority holds wins. A root whose broadcast does not
+    match the hash it reported fails the round everywhere, nothing committed."""
+    from edgenode import training
+    from edgenode.common import params_sha256
+    from tests.edgenode.fakes import NumpyTrainer
+
+    class OddTrainer(NumpyTrainer):
+        def apply(self, params, grads, state, lr=None):
+            new, state = super().apply(params, grads, state, lr)
+            new[1] = new[1] + np.float32(0.5)  # its own idea of the result
+            return new, state
+
+    before_sync: dict[str, str] = {}
+    real_agree = training._agree
+
+    def recording(plan, node_id, group, params, ring):
+        before_sync[node_id] = params_sha256(params)
+        return real_agree(plan, node_id, group, params, ring)
+
+    monkeypatch.setattr(training, "_agree", recording)
+    nodes = swarm(tmp_path, ["a", "b", "c"], "majority")
+    nodes["a"].trainer = OddTrainer()  # "a" is first in ring order
+    rng = np.random.default_rng(5)
+    try:
+        for n in nodes.values():
+            n.add_samples({"x": rng.standard_normal((32, 64))}, rng.integers(0, 10, 32))
+        assert not run_all(nodes, RoundCommand(round_id="maj", steps=2, participants=list(nodes)))
+        assert before_sync["b"] == before_sync["c"] != before_sync["a"]
+        assert {n.params_sha256 for n in nodes.values()} == {before_sync["b"]}
+        assert all(n.last_result.final_sync for n in nodes.values())
+
+        # b (the majority's first holder) now sends something else than what it reported
+        ring = nodes["b"]._ring
+        real_broadcast = ring.broadcast
+        monkeypatch.setattr(ring, "broadcast", lambda vec, **kw: real_broadcast(
+            None if vec is None else np.asarray(vec) + np.float32(1.0), **kw))
+        state = {i: (n.model_version, n.params_sha256) for i, n in nodes.items()}
+        errors = run_all(nodes, RoundCommand(round_id="forged-final", steps=2, participants=list(nodes)))
+        assert set(errors) == {"a", "b", "c"}, errors
+        assert all("b sent final parameters that do not match" in str(errors[i]) for i in "ac"), errors
+        assert {i: (n.model_version, n.params_sha256) for i, n in nodes.items()} == state
+    finally:
+        for n in nodes.values():
+            n.stop()
+
+
 def test_round_trains_on_the_newest_samples_within_its_memory_budget(tmp_path):
     """round_memory_mb bounds the in-memory copy: only the newest samples that fit are used."""
     hub = MemoryHub()
