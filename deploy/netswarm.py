@@ -57,6 +57,7 @@ class NetSwarmOptions:
     start_timeout_s: float = 15.0  # fleet: a participant silent this long after the command fails the round
     idle_timeout_s: float = 15.0
     tag: str = "s"
+    signed: bool = False  # keys for every node and the fleet (deploy/keys.py) in workdir/keys
 
 
 @dataclass
@@ -82,7 +83,7 @@ class NetSwarm:
         self.broker: MosquittoBroker | None = None
         self.proxies: list[ProxyThread] = []
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * opts.nodes
-        self.fleet_link: MqttLink | None = None
+        self.fleet_link: Any = None  # MqttLink, or a SignedLink around it (opts.signed)
         self.statuses: dict[str, NodeStatus] = {}
         self.lock = threading.Lock()
         self.rounds = RoundManager(swarm=opts.swarm, publish=self._publish,
@@ -107,8 +108,14 @@ class NetSwarm:
                 proxy = ProxyThread(BROKER_IP, BROKER_PORT, listen_host=ROUTER_N_IP,
                                     listen_port=PROXY_BASE_PORT + k, netns=self.net.router)
                 self.proxies.append(proxy.start())
-            link = self.net.call(self.net.broker, MqttLink, self.broker.url, swarm=self.opts.swarm,
-                                 client_id="fleet")
+            link: Any = self.net.call(self.net.broker, MqttLink, self.broker.url, swarm=self.opts.swarm,
+                                      client_id="fleet")
+            if self.opts.signed:  # the fleet signs its commands and takes only verified messages
+                from deploy.keys import provision
+                from federation.signed import load_identity
+
+                provision(self.keys, self.opts.swarm, self.ids)
+                link = load_identity(self.keys / "keys" / "fleet.key", self.keys / "keyring.json").link(link)
             self.fleet_link = link
             link.subscribe(topics.status_all(self.opts.swarm), self._on_status)
             link.subscribe(topics.round_events_all(self.opts.swarm), self._on_event)
@@ -140,6 +147,10 @@ class NetSwarm:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def keys(self) -> Path:
+        return self.opts.workdir / "keys"
 
     # -- fleet ------------------------------------------------------------------------------
     def _publish(self, topic: str, msg: Any) -> None:
@@ -221,7 +232,10 @@ class NetSwarm:
             f"port = {HTTP_BASE_PORT + k}",
             'data_dir = "data"', f'broker = "mqtt://{ROUTER_N_IP}:{PROXY_BASE_PORT + k}"',
             f'swarm = "{self.opts.swarm}"', f"heartbeat_s = {self.opts.heartbeat_s}",
-            f"keepalive_s = {self.opts.keepalive_s}", "", "[training]",
+            f"keepalive_s = {self.opts.keepalive_s}",
+            *([f'key_file = "{self.keys / "keys" / f"{self.ids[k]}.key"}"',
+               f'keyring_file = "{self.keys / "keyring.json"}"'] if self.opts.signed else []),
+            "", "[training]",
             f"step_timeout_s = {self.opts.step_timeout_s}", "nice = 0", ""]))
         return cfg
 

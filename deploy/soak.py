@@ -5,18 +5,23 @@ to back, a chaos thread SIGKILLs a random node (never ``n0``, so one node's memo
 over the whole run) and restarts it a few seconds later, and an injector publishes garbage and
 malformed messages with a plain paho client on the swarm's topics (commands, statuses, round
 events, ring DATA/ACK frames, parameter broadcasts). ``--hostile`` adds well-formed forgeries
-(an abort of the running round, a ``round.failed`` event in a node's name), which issue 12's
-signatures are meant to stop. At the end every node is restarted if needed, a last round is run,
-and the report (JSON on stdout) gives rounds attempted/committed/failed with reasons, messages
-injected per kind, commands rejected by the nodes, RSS per process at start and end, and whether
-all nodes hold the same parameters. Needs root (network namespaces, like the fault tests).
+while a round runs: an abort of it and a ``round.failed`` event in a node's name, unsigned; an
+abort signed by a key the keyring does not hold, claiming to be the fleet; and replays of genuine
+signed commands and round events captured earlier. The swarm is a signed one (keys from
+``deploy/keys.py``, PROTOCOL.md section 9) unless ``--unsigned``. At the end every node is
+restarted if needed, a last round is run, and the report (JSON on stdout) gives rounds
+attempted/committed/failed with reasons, messages injected per kind, commands rejected and
+messages dropped per reason by the nodes (``/metrics``, summed over node lives), RSS per process
+at start and end, and whether all nodes hold the same parameters. Needs root (network
+namespaces, like the fault tests).
 
-    python -m deploy.soak --minutes 5 [--nodes 4] [--seed 1] [--hostile] [--out soak.json]
+    python -m deploy.soak --minutes 5 [--nodes 4] [--seed 1] [--hostile] [--unsigned] [--out soak.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -61,6 +66,26 @@ class Injector(threading.Thread):
             return c
 
         self.client = sw.net.call(sw.net.broker, connect)
+        # Genuine messages seen on the command and round-event topics (the latest 100 of each),
+        # replayed later (--hostile): commands reach the nodes, events the fleet.
+        self.captured: dict[str, collections.deque[tuple[str, bytes]]] = {
+            "cmd": collections.deque(maxlen=100), "event": collections.deque(maxlen=100)}
+        self._rogue: Any = None
+        if hostile and sw.opts.signed:
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+            from federation.auth import Signer
+
+            self._rogue = Signer("fleet", "rogue-fleet-key", Ed25519PrivateKey.generate())
+            s = sw.opts.swarm
+
+            def keep(client: Any, userdata: Any, msg: Any) -> None:
+                if msg.payload:
+                    kind = "cmd" if msg.topic == topics.command(s) else "event"
+                    self.captured[kind].append((msg.topic, bytes(msg.payload)))
+
+            self.client.on_message = keep
+            self.client.subscribe([(topics.command(s), 0), (topics.round_events_all(s), 0)])
 
     def _one(self) -> tuple[str, str, bytes]:
         s, rng, ids = self.sw.opts.swarm, self.rng, self.sw.ids
@@ -71,6 +96,9 @@ class Injector(threading.Thread):
         rid = self.sw.current_round
         if self.hostile and rid:
             kinds += ["forged-abort", "forged-failed-event"]
+            if self._rogue is not None:
+                kinds += ["rogue-signed-abort"]
+                kinds += [f"replayed-{k}" for k, q in self.captured.items() if q]
         kind = rng.choice(kinds)
         if kind == "garbage-cmd":
             return kind, topics.command(s), junk
@@ -96,6 +124,13 @@ class Injector(threading.Thread):
         if kind == "garbage-event":
             return kind, topics.round_events(s, "ghost", node), junk
         assert rid is not None
+        if kind == "rogue-signed-abort":  # well signed, by a key nobody trusts
+            t = topics.command(s)
+            body = RoundAbort(round_id=rid, reason="soak forgery").model_dump_json().encode()
+            return kind, t, self._rogue.sign(t, body)
+        if kind.startswith("replayed-"):  # a signed command or event seen earlier, sent again
+            t, payload = rng.choice(self.captured[kind.split("-", 1)[1]])
+            return kind, t, payload
         if kind == "forged-abort":
             abort = RoundAbort(round_id=rid, reason="soak forgery")
             return kind, topics.command(s), abort.model_dump_json().encode()
@@ -125,22 +160,43 @@ def _rejected(sw: NetSwarm, k: int) -> int:
     return int(float(m.group(1))) if m else 0
 
 
+def _dropped(sw: NetSwarm, k: int) -> dict[str, int]:
+    """The node's ``fractal_node_messages_rejected_total`` by reason (signed swarms; {} if unread)."""
+    try:
+        text = sw.net.call(sw.net.nodes, lambda: sw._client(k).get("/metrics").text)
+    except (httpx.HTTPError, OSError):
+        return {}
+    out: dict[str, int] = {}
+    pattern = r'^fractal_node_messages_rejected_total\{reason="([^"]+)"\}\s+([0-9.e+]+)'
+    for reason, value in re.findall(pattern, text, flags=re.M):
+        if float(value):
+            out[reason] = int(float(value))
+    return out
+
+
+def _add(total: dict[str, int], more: dict[str, int]) -> None:
+    for k, v in more.items():
+        total[k] = total.get(k, 0) + v
+
+
 def soak(artifact: Path, *, minutes: float, nodes: int = 4, seed: int = 1, hostile: bool = False,
-         steps: int = 5) -> dict[str, Any]:
+         steps: int = 5, signed: bool = True) -> dict[str, Any]:
     from deploy.sensors import digits_shards
 
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="fractal-soak-"))
     shards = digits_shards(nodes, seed=seed)
     report: dict[str, Any] = {"nodes": nodes, "minutes": minutes, "seed": seed, "hostile": hostile,
-                              "steps_per_round": steps}
+                              "signed": signed, "steps_per_round": steps}
+    dropped: dict[str, int] = {}
     outcomes: dict[str, int] = {}
     reasons: dict[str, int] = {}
     kills = 0
     killed: set[str] = set()
     rejected = 0
     try:
-        with NetSwarm(NetSwarmOptions(artifact=artifact, workdir=work, nodes=nodes, tag="soak")) as sw:
+        with NetSwarm(NetSwarmOptions(artifact=artifact, workdir=work, nodes=nodes, tag="soak",
+                                      signed=signed)) as sw:
             for k in range(nodes):
                 sw.wait_http(k)
                 if sw.post_samples(k, shards[k].x[:200], shards[k].y[:200]) != 200:
@@ -162,6 +218,7 @@ def soak(artifact: Path, *, minutes: float, nodes: int = 4, seed: int = 1, hosti
                     k = rng.randrange(1, nodes)
                     with lock:
                         rejected += _rejected(sw, k)
+                        _add(dropped, _dropped(sw, k))
                         sw.kill_node(k)
                         down.add(k)
                         killed.add(sw.ids[k])
@@ -205,12 +262,20 @@ def soak(artifact: Path, *, minutes: float, nodes: int = 4, seed: int = 1, hosti
             final = sw.run_round(steps)
             sw.wait_idle()
             params = sw.params()
+            fleet_dropped = {r.value: n for r, n in getattr(sw.fleet_link, "rejected", {}).items() if n}
             rejected += sum(_rejected(sw, k) for k in range(nodes))
+            for k in range(nodes):
+                _add(dropped, _dropped(sw, k))
             report.update({
                 "rounds": {"attempted": sum(outcomes.values()), **outcomes, "failure_reasons": reasons},
                 "node_kills": kills,
                 "injected": {"total": sum(injector.counts.values()), **dict(sorted(injector.counts.items()))},
                 "commands_rejected_by_nodes": rejected,
+                # signed swarms: every message a node (or the fleet) dropped before reading it, by reason
+                "messages_dropped_by_nodes": {"total": sum(dropped.values()),
+                                              **dict(sorted(dropped.items()))},
+                "messages_dropped_by_fleet": {"total": sum(fleet_dropped.values()),
+                                              **dict(sorted(fleet_dropped.items()))},
                 "rss_mb": {p: {"start": _mb(rss_start.get(p)), "end": _mb(rss_end.get(p)),
                                "restarted": p in killed}
                            for p in sorted(set(rss_start) | set(rss_end))},
@@ -247,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="steps per round")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--hostile", action="store_true", help="also inject well-formed forgeries")
+    ap.add_argument("--unsigned", action="store_true", help="an unsigned swarm (as before issue 12)")
     ap.add_argument("--out", help="also write the JSON report here")
     ap.add_argument("--cache-dir", default=str(REPO / ".cache" / "netfaults"))
     a = ap.parse_args(argv)
@@ -263,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
 
     artifact = demo_artifact(Path(a.cache_dir), host_preset_name())
     t0 = time.monotonic()
-    report = soak(artifact, minutes=a.minutes, nodes=a.nodes, seed=a.seed, hostile=a.hostile, steps=a.steps)
+    report = soak(artifact, minutes=a.minutes, nodes=a.nodes, seed=a.seed, hostile=a.hostile, steps=a.steps,
+                  signed=not a.unsigned)
     from api.bench.host import machine_line
 
     report.update({"wall_s": round(time.monotonic() - t0, 1), "machine": machine_line(),
