@@ -39,6 +39,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -370,8 +371,6 @@ def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndar
     else the first member in ring order. What arrives must hash to what its root reported, or the
     round fails naming it (its peers' vote is voided at once).
     """
-    from collections import Counter
-
     from edgenode.common import params_sha256
 
     n, k = len(group), group.index(node_id)
