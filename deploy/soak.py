@@ -150,28 +150,20 @@ class Injector(threading.Thread):
         self.client.disconnect()
 
 
-def _rejected(sw: NetSwarm, k: int) -> int:
-    """The node's ``fractal_node_commands_rejected_total`` (0 if it cannot be read)."""
+def _counters(sw: NetSwarm, k: int) -> tuple[int, dict[str, int]]:
+    """One read of the node's ``/metrics``: ``fractal_node_commands_rejected_total`` and
+    ``fractal_node_messages_rejected_total`` by reason (signed swarms); (0, {}) if unread."""
     try:
         text = sw.net.call(sw.net.nodes, lambda: sw._client(k).get("/metrics").text)
     except (httpx.HTTPError, OSError):
-        return 0
+        return 0, {}
     m = re.search(r"^fractal_node_commands_rejected_total\s+([0-9.e+]+)", text, flags=re.M)
-    return int(float(m.group(1))) if m else 0
-
-
-def _dropped(sw: NetSwarm, k: int) -> dict[str, int]:
-    """The node's ``fractal_node_messages_rejected_total`` by reason (signed swarms; {} if unread)."""
-    try:
-        text = sw.net.call(sw.net.nodes, lambda: sw._client(k).get("/metrics").text)
-    except (httpx.HTTPError, OSError):
-        return {}
-    out: dict[str, int] = {}
+    dropped: dict[str, int] = {}
     pattern = r'^fractal_node_messages_rejected_total\{reason="([^"]+)"\}\s+([0-9.e+]+)'
     for reason, value in re.findall(pattern, text, flags=re.M):
         if float(value):
-            out[reason] = int(float(value))
-    return out
+            dropped[reason] = int(float(value))
+    return (int(float(m.group(1))) if m else 0), dropped
 
 
 def _add(total: dict[str, int], more: dict[str, int]) -> None:
@@ -217,8 +209,9 @@ def soak(artifact: Path, *, minutes: float, nodes: int = 4, seed: int = 1, hosti
                 while not stop.wait(rng.uniform(5, 15)):
                     k = rng.randrange(1, nodes)
                     with lock:
-                        rejected += _rejected(sw, k)
-                        _add(dropped, _dropped(sw, k))
+                        refused, gone = _counters(sw, k)
+                        rejected += refused
+                        _add(dropped, gone)
                         sw.kill_node(k)
                         down.add(k)
                         killed.add(sw.ids[k])
@@ -263,9 +256,10 @@ def soak(artifact: Path, *, minutes: float, nodes: int = 4, seed: int = 1, hosti
             sw.wait_idle()
             params = sw.params()
             fleet_dropped = {r.value: n for r, n in getattr(sw.fleet_link, "rejected", {}).items() if n}
-            rejected += sum(_rejected(sw, k) for k in range(nodes))
             for k in range(nodes):
-                _add(dropped, _dropped(sw, k))
+                refused, gone = _counters(sw, k)
+                rejected += refused
+                _add(dropped, gone)
             report.update({
                 "rounds": {"attempted": sum(outcomes.values()), **outcomes, "failure_reasons": reasons},
                 "node_kills": kills,
