@@ -52,7 +52,12 @@ from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
 from edgenode.ports import Collective, StepRunner, Trainer
 from edgenode.store import Samples
 from federation import robust
-from federation.bounds import OUTLIER_FACTOR_DEFAULT, UPDATE_NORM_FACTOR
+from federation.bounds import (
+    OUTLIER_FACTOR_DEFAULT,
+    SYNC_GAP_OF_PARAMS,
+    SYNC_GAP_OF_UPDATE,
+    UPDATE_NORM_FACTOR,
+)
 from federation.errors import RoundAborted
 from federation.messages import Compression, RoundCommand, SyncMode
 from federation.robust import Aggregation
@@ -242,7 +247,7 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
             raise RoundFailed(f"round {plan.round_id} aborted")
         # Barrier + agreement check: nobody commits unless everybody got through the last step,
         # and everybody commits the same bits (see _agree).
-        params, final_sync = _agree(plan, node_id, group, params, ring)
+        params, final_sync = _agree(plan, node_id, group, params, ring, start_flat)
         prepared = _prepare_and_vote(plan, node_id, group, model, params, start_flat,
                                      versions[root] + 1, ring, faults)
     except RoundFailed:
@@ -360,7 +365,7 @@ def _abort_peers(ring: Collective, tag: str, group: list[str], node_id: str, rea
 
 
 def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndarray],
-           ring: Collective) -> tuple[list[np.ndarray], bool]:
+           ring: Collective, start_flat: np.ndarray) -> tuple[list[np.ndarray], bool]:
     """Exchange 64 bits of every member's final params_sha256 (exact SUM-allreduce, one slot each).
 
     Identical inputs give identical bits only if every member runs the same optimizer code on
@@ -368,8 +373,11 @@ def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndar
     x86-64 rounds twice), so if any hash differs one member broadcasts its parameters and everyone
     commits those: the swarm always agrees on ``params_sha256``. Which member: the first holder of
     the hash a strict majority reports (so a lone member reporting another hash imposes nothing),
-    else the first member in ring order. What arrives must hash to what its root reported, or the
-    round fails naming it (its peers' vote is voided at once).
+    else the first member in ring order, whose parameters every other member then accepts only
+    within :func:`sync_gap_limit` of its own (rounding drift, not a different model: a member
+    that split everyone's view, e.g. by sending different rows to different peers, cannot use
+    the missing majority to impose its parameters). What arrives must hash to what its root
+    reported. Otherwise the round fails naming the root (its peers' vote is voided at once).
     """
     from edgenode.common import params_sha256
 
@@ -382,18 +390,38 @@ def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndar
     if len(set(hashes)) == 1:
         return params, False
     best, count = Counter(hashes).most_common(1)[0]
-    root = group[hashes.index(best)] if 2 * count > n else group[0]
+    majority = 2 * count > n
+    root = group[hashes.index(best)] if majority else group[0]
     want = hashes[group.index(root)]
     log.warning("%s: round %s ended with differing parameters; adopting %s's (%s)", node_id, plan.round_id,
-                root, f"held by {count} of {n}" if 2 * count > n else "no majority: the first member's")
+                root, f"held by {count} of {n}" if majority else "no majority: the first member's")
     vec = ring.broadcast(flatten(params) if node_id == root else None, root=root, group=group,
                          tag=f"{plan.round_id}/final", timeout=plan.step_timeout_s)
     new = unflatten(np.asarray(vec, np.float32), params)
+    why = ""
     if tuple(_hash_chunks(params_sha256(new))) != want:
-        _abort_peers(ring, f"{plan.round_id}/vote", group, node_id, "final parameters do not match")
-        raise RoundFailed(f"round {plan.round_id}: {root} sent final parameters that do not match the hash "
-                          f"it reported", member=root, hint="that member is faulty or hostile")
+        why = "sent final parameters that do not match the hash it reported"
+    elif not majority and node_id != root:
+        mine = flatten(params).astype(np.float64)
+        gap = float(np.linalg.norm(np.asarray(vec, np.float64) - mine))
+        limit = sync_gap_limit(mine, start_flat)
+        if not gap <= limit:
+            why = (f"has final parameters {gap:.3g} away from {node_id}'s, more than rounding "
+                   f"explains ({limit:.3g}), and no majority backs either")
+    if why:
+        _abort_peers(ring, f"{plan.round_id}/vote", group, node_id, f"final parameters refused: {root} {why}")
+        raise RoundFailed(f"round {plan.round_id}: {root} {why}", member=root,
+                          hint="that member is faulty or hostile")
     return new, True
+
+
+def sync_gap_limit(mine: np.ndarray, start: np.ndarray) -> float:
+    """How far (L2) another member's final parameters may lie from ``mine`` to be adopted without
+    a majority: ``SYNC_GAP_OF_UPDATE`` x this round's own update + ``SYNC_GAP_OF_PARAMS`` x the
+    parameters' norm (federation/bounds.py)."""
+    mine = np.asarray(mine, np.float64)
+    update = float(np.linalg.norm(mine - np.asarray(start, np.float64)))
+    return SYNC_GAP_OF_UPDATE * update + SYNC_GAP_OF_PARAMS * float(np.linalg.norm(mine))
 
 
 def _hello(plan: RoundPlan, node_id: str, group: list[str], snap: ParamsSnapshot, has_samples: bool,

@@ -31,6 +31,8 @@ __all__ = [
     "STEP_TIMEOUT_MAX_S",
     "PARTICIPANTS_MAX",
     "UPDATE_NORM_FACTOR",
+    "SYNC_GAP_OF_UPDATE",
+    "SYNC_GAP_OF_PARAMS",
     "OUTLIER_FACTOR_DEFAULT",
     "OUTLIER_FACTOR_MAX",
     "OutlierFactor",
@@ -87,6 +89,13 @@ PARTICIPANTS_MAX = 64
 # A round's update (final - start parameters) may not exceed this many times the start norm
 # (at least 1): a member committing it would replace the model rather than train it.
 UPDATE_NORM_FACTOR = 100.0
+# Final sync without a majority (edgenode/training.py:_agree): a member adopts the first member's
+# parameters only if they lie within SYNC_GAP_OF_UPDATE x its own update of the round plus
+# SYNC_GAP_OF_PARAMS x its own parameters' norm (L2) of its own result. Boards that round
+# differently drift apart by a few ulps per step, orders of magnitude below this; a member that
+# split the others' views on purpose moves the model by at most this, or fails the round.
+SYNC_GAP_OF_UPDATE = 1e-2
+SYNC_GAP_OF_PARAMS = 1e-5
 # A step's update whose norm exceeds this many times the median of the members' is excluded
 # (federation/robust.py); 0 = no screening. Below 1 honest members would be excluded.
 OUTLIER_FACTOR_DEFAULT = 10.0

@@ -140,12 +140,26 @@ def test_members_with_different_float_semantics_still_commit_the_same_bits(tmp_p
             n.stop()
 
 
+def _record_final_params(monkeypatch) -> dict[str, str]:
+    """node id -> params_sha256 of its own final parameters (before the final sync), per round."""
+    from edgenode import training
+    from edgenode.common import params_sha256
+
+    seen: dict[str, str] = {}
+    real_agree = training._agree
+
+    def recording(plan, node_id, group, params, *args):
+        seen[node_id] = params_sha256(params)
+        return real_agree(plan, node_id, group, params, *args)
+
+    monkeypatch.setattr(training, "_agree", recording)
+    return seen
+
+
 def test_the_final_sync_follows_the_majority_and_checks_what_its_root_sends(tmp_path, monkeypatch):
     """A member first in ring order whose final parameters differ (a hostile one, or odd float
     semantics) cannot impose them: the hash a majority holds wins. A root whose broadcast does not
     match the hash it reported fails the round everywhere, nothing committed."""
-    from edgenode import training
-    from edgenode.common import params_sha256
     from tests.edgenode.fakes import NumpyTrainer
 
     class OddTrainer(NumpyTrainer):
@@ -154,14 +168,7 @@ def test_the_final_sync_follows_the_majority_and_checks_what_its_root_sends(tmp_
             new[1] = new[1] + np.float32(0.5)  # its own idea of the result
             return new, state
 
-    before_sync: dict[str, str] = {}
-    real_agree = training._agree
-
-    def recording(plan, node_id, group, params, ring):
-        before_sync[node_id] = params_sha256(params)
-        return real_agree(plan, node_id, group, params, ring)
-
-    monkeypatch.setattr(training, "_agree", recording)
+    before_sync = _record_final_params(monkeypatch)
     nodes = swarm(tmp_path, ["a", "b", "c"], "majority")
     nodes["a"].trainer = OddTrainer()  # "a" is first in ring order
     rng = np.random.default_rng(5)
@@ -186,6 +193,58 @@ def test_the_final_sync_follows_the_majority_and_checks_what_its_root_sends(tmp_
     finally:
         for n in nodes.values():
             n.stop()
+
+
+def test_without_a_majority_the_first_member_imposes_nothing_beyond_rounding(tmp_path, monkeypatch):
+    """All three final hashes differ (e.g. a hostile member sent different rows to different peers):
+    the first member's parameters are adopted only if they are within rounding of everyone's own;
+    a first member whose result is another model fails the round everywhere, nothing committed."""
+    from tests.edgenode.fakes import NumpyTrainer
+
+    def shifted(by):
+        class Shifted(NumpyTrainer):
+            def apply(self, params, grads, state, lr=None):
+                new, state = super().apply(params, grads, state, lr)
+                new[1] = by(new[1])
+                return new, state
+        return Shifted()
+
+    before_sync = _record_final_params(monkeypatch)
+    nodes = swarm(tmp_path, ["a", "b", "c"], "nomajority")
+    rng = np.random.default_rng(7)
+    try:
+        for n in nodes.values():
+            n.add_samples({"x": rng.standard_normal((32, 64))}, rng.integers(0, 10, 32))
+        # one ulp up on "a", one down on "b": three hashes, no majority, rounding only -> a's
+        nodes["a"].trainer = shifted(lambda v: np.nextafter(v, np.float32(np.inf)))
+        nodes["b"].trainer = shifted(lambda v: np.nextafter(v, np.float32(-np.inf)))
+        assert not run_all(nodes, RoundCommand(round_id="ulps", steps=2, participants=list(nodes)))
+        assert len(set(before_sync.values())) == 3
+        assert {n.params_sha256 for n in nodes.values()} == {before_sync["a"]}
+        assert all(n.last_result.final_sync for n in nodes.values())
+
+        # "a" (first in ring order) ends on another model: refused by b and c, nothing committed
+        nodes["a"].trainer = shifted(lambda v: v + np.float32(0.5))
+        state = {i: (n.model_version, n.params_sha256) for i, n in nodes.items()}
+        errors = run_all(nodes, RoundCommand(round_id="imposed", steps=2, participants=list(nodes)))
+        assert len(set(before_sync.values())) == 3
+        assert set(errors) == {"a", "b", "c"}, errors
+        assert all("a has final parameters" in str(errors[i]) and "no majority" in str(errors[i])
+                   for i in "bc"), errors
+        assert {i: (n.model_version, n.params_sha256) for i, n in nodes.items()} == state
+    finally:
+        for n in nodes.values():
+            n.stop()
+
+
+def test_sync_gap_limit_scales_with_the_update_and_the_parameters():
+    from edgenode.training import sync_gap_limit
+    from federation.bounds import SYNC_GAP_OF_PARAMS, SYNC_GAP_OF_UPDATE
+
+    start = np.zeros(4)
+    mine = np.array([3.0, 4.0, 0.0, 0.0])  # update norm 5, params norm 5
+    assert sync_gap_limit(mine, start) == pytest.approx(5 * SYNC_GAP_OF_UPDATE + 5 * SYNC_GAP_OF_PARAMS)
+    assert sync_gap_limit(mine, mine) == pytest.approx(5 * SYNC_GAP_OF_PARAMS)  # no update: params only
 
 
 def test_round_trains_on_the_newest_samples_within_its_memory_budget(tmp_path):
