@@ -70,8 +70,8 @@ def test_non_finite_result_votes_no(swarm, monkeypatch):
 
     real_agree = training._agree
 
-    def poisoned(plan, node_id, group, params, ring):
-        params, synced = real_agree(plan, node_id, group, params, ring)
+    def poisoned(plan, node_id, group, params, *args):
+        params, synced = real_agree(plan, node_id, group, params, *args)
         if node_id == "n2":
             params = [p.copy() for p in params]
             params[0][0, 0] = np.nan
