@@ -42,6 +42,7 @@ before every step.
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -62,9 +63,18 @@ from federation.transport import Transport
 __all__ = ["TrainingWorker", "TrainerWorkerError"]
 
 log = get_logger("trainproc")
+
 _BOOT_TIMEOUT_S = 120.0  # importing TVM and loading the training module (slow boards, cold caches)
 _REPORT_EVERY_S = 0.1  # step losses travel to the node in batches at most this often
 _COLLECTIVE_MARGIN_S = 30.0  # a forwarded collective answers by its own deadline; this is for a hang
+
+
+def _dumps(msg: tuple[Any, ...]) -> bytes:
+    """A relay message pickled with protocol 5: frames (bytearrays with seal room, views of
+    received messages) and numpy vectors go in as one buffer copy, where the Connection's default
+    protocol 4 copies a bytearray to bytes and rebuilds it through a global lookup on the other
+    side. ``Connection.recv`` reads any protocol."""
+    return pickle.dumps(msg, protocol=5)
 
 
 class TrainerWorkerError(NodeError):
@@ -199,7 +209,7 @@ class TrainingWorker:
             return False
         try:
             with self._send_lock:
-                conn.send(msg)
+                conn.send_bytes(_dumps(msg))
             return True
         except (OSError, ValueError):  # closed, or the worker died: the reader reports it
             return False
@@ -213,8 +223,8 @@ class TrainingWorker:
             except Exception as exc:  # noqa: BLE001 - a closed transport ends the relay
                 log.debug("relay stops: %s", exc)
                 return
-            if buf is not None:
-                self._send(("frame", bytes(buf)))
+            if buf is not None:  # a view into the received message: pickled straight from it
+                self._send(("frame", buf if isinstance(buf, bytes) else pickle.PickleBuffer(buf)))
 
     def _read(self, conn: Connection, inbox: queue.Queue[tuple[Any, ...]]) -> None:
         """Worker -> node: frames go out on the transport here; everything else to the caller."""
@@ -437,7 +447,7 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
 
     def send(msg: tuple[Any, ...]) -> None:
         with lock:
-            conn.send(msg)
+            conn.send_bytes(_dumps(msg))
 
     try:
         from compiler import load_artifact  # the node verified every file's sha256 already
