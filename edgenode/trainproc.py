@@ -473,8 +473,12 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
-                calls.put(None)
-                return
+                # The node closed us or died (SIGKILL, OOM). Nothing here outlives it (the node owns
+                # every file and decision) and a call in progress may wait on peers for a whole
+                # collective deadline, or, at SCHED_IDLE on a busy machine, take long to unwind:
+                # leave now rather than linger as an orphan.
+                sys.stderr.flush()
+                os._exit(0)
             kind = msg[0]
             if kind == "frame":
                 relay.inbox.put(msg[1])

@@ -192,6 +192,35 @@ def test_abort_stops_a_process_round_within_a_step(node_factory, digits_artifact
     assert node.training_worker.pid is not None  # the same worker serves the next round
 
 
+def test_a_worker_whose_node_is_gone_exits_at_once_even_mid_collective(node_factory, digits_artifact,
+                                                                      digits_data):
+    """The node dies (its end of the socket pair closes: SIGKILL, OOM) while its worker waits in a
+    collective for a silent peer: the worker exits at once instead of lingering as an orphan until
+    the collective's deadline."""
+    import socket
+    import subprocess
+
+    x, y = digits_data
+    hub = MemoryHub()
+    ghost = hub.transport("ghost")  # a member that never answers
+    node = node_factory("orph", digits_artifact, transport=hub.transport("orph"))
+    node.add_samples({"x": x[:300]}, y[:300])
+    w = node.training_worker
+    w.wait_ready()
+    proc = w._proc
+    node.start_round(RoundCommand(round_id="r-orph", steps=5, lr=0.1, participants=["ghost", "orph"],
+                                  step_timeout_s=120))
+    assert ghost.recv(60) is not None  # the worker is inside the round's first collective
+    assert proc.poll() is None
+    w._sock.shutdown(socket.SHUT_RDWR)  # what the worker sees when its node dies
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the worker outlived its node (waiting for the collective's deadline)") from None
+    assert node.wait_idle(30)  # the round failed on the node's side (its worker is gone)
+    assert node.model_version == 0
+
+
 def test_worker_process_runs_at_the_configured_priority(node_factory, digits_artifact):
     base = os.getpriority(os.PRIO_PROCESS, 0)
     idle = node_factory("pi", digits_artifact, transport=MemoryHub().transport("pi"))  # the default
