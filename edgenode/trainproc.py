@@ -23,7 +23,7 @@ are inherited as with fork, and unlike multiprocessing's "spawn" the embedding p
 ``__main__`` is never re-imported) runs at ``[training] nice`` (or, with ``worker_priority =
 "idle"``, in Linux's SCHED_IDLE class: only on an otherwise idle core) with ``worker_threads``
 TVM threads.
-Messages on a socket pair (``multiprocessing.connection.Connection``, pickled tuples):
+Messages on a socket pair (``multiprocessing.connection.Connection``, tuples pickled with protocol 5):
 
     worker -> node  ("ready", pid) | ("frame", dst, bytes) | ("steps", [(step, loss), ...])
                     | ("ok", result) | ("error", exception or None, text)
@@ -36,7 +36,8 @@ A worker that dies (killed, out of memory, a crash in native code) or falls sile
 ``call_timeout_s`` fails the call with :class:`TrainerWorkerError` naming what happened; the round
 fails with that reason (nothing applied, as for any failed round) and a fresh worker boots at once
 for the next round. Abort stays "within one step": the node forwards it, the loop checks it
-before every step.
+before every step. A worker whose node is gone (its socket at EOF: the node closed it, or died)
+exits at once, whatever call it was in.
 """
 
 from __future__ import annotations
