@@ -288,7 +288,7 @@ class RingAllreduce(_Collective):
     def _exchange(self, x: np.ndarray, members: list[str], tag: str, timeout: float) -> np.ndarray:
         with self.endpoint.call(tag, [m for m in members if m != self.member_id], timeout) as call:
             out = self._gather_rows(call, x, members, 0)
-            call.drain()
+            call.linger()  # every peer needs our row to finish: no need to wait for its ACK
         return out
 
     def _gather_rows(self, call: Call, x: np.ndarray, members: list[str], step: int,
@@ -641,7 +641,7 @@ class _DirectRun(_RingRun):
                 raise RoundAborted(f"round {self.tag!r}: the reduced sum overflowed float32 on {self.me}",
                                    member=self.me, hint="scale the updates down or enable clip_norm")
             self.result = acc
-            call.drain()
+            call.linger()  # every peer needs our row to finish: no need to wait for its ACK
         return self.result
 
     def _screen_rows(self, rows: np.ndarray) -> None:

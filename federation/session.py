@@ -36,6 +36,12 @@ retransmission is counted in ``Stats.retransmits`` and every give-up in
 (``Stats.rejected``), so a corrupted frame is healed by the retransmit and never stalls the
 round by itself.
 
+Finishing a call: :meth:`Call.drain` waits until every frame we sent is acknowledged (the ring,
+whose result depends on frames passing through each member); :meth:`Call.linger` returns at once
+and leaves the unacknowledged frames to the endpoint, which retransmits them on a helper thread
+until they are acknowledged, the peer aborts that tag, or the call's deadline plus grace passes
+(all-to-all calls, where every peer needs every member's frames anyway: one hop per call less).
+
 Aborts. A member that rejects an update (NaN/Inf) sends ABORT(member, rejected=true) to every
 peer; receivers raise ``UpdateRejected`` at once. At the deadline a member sends
 ABORT(member = the peer it was waiting for); a member receiving such a timeout ABORT before its
@@ -116,6 +122,12 @@ class Endpoint:
         self._early: OrderedDict[str, dict[tuple, Frame]] = OrderedDict()
         self._early_bytes = 0
         self._abort_replied: set[tuple[str, str]] = set()
+        # Frames of finished calls still unacknowledged (Call.linger): (dst, tag, key) ->
+        # [frame bytes, sent_at, rto, expires_at, retransmissions], retransmitted by a helper
+        # thread (started on first use) until acknowledged, aborted by the peer, or expired.
+        self._linger: dict[tuple[str, str, tuple], list] = {}
+        self._linger_cv = threading.Condition(self._lock)
+        self._linger_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         set_receiver = getattr(transport, "set_receiver", None)
@@ -187,6 +199,8 @@ class Endpoint:
             if fr.tag in self._done:
                 self.stats.add(stale=1)
                 reason = self._done[fr.tag]
+                if self._linger and fr.kind != FrameKind.DATA:
+                    self._retire(fr)
                 if fr.kind == FrameKind.DATA:
                     if reason is None:
                         reply = encode_ack(fr, sender=self.member_id, **self.frame_kw)
@@ -225,6 +239,56 @@ class Endpoint:
         self._early_bytes -= sum(f.size for f in dropped.values())
         self.stats.add(early_dropped=len(dropped))
 
+    # -- frames of finished calls (Call.linger) ------------------------------------------------
+    def _retire(self, fr: Frame) -> None:
+        """An ACK (or an ABORT: the peer gave the call up) for a finished call's frames. Lock held."""
+        if fr.kind == FrameKind.ACK:
+            for key in ack_keys(fr):
+                self._linger.pop((fr.sender, fr.tag, key), None)
+        elif fr.kind == FrameKind.ABORT:
+            for k in [k for k in self._linger if k[0] == fr.sender and k[1] == fr.tag]:
+                del self._linger[k]
+
+    def _adopt(self, c: Call) -> None:
+        """Take over ``c``'s unacknowledged frames when it finishes (lock held)."""
+        expires = c.deadline + grace_period(c.timeout)
+        for (dst, key), ent in c._unacked.items():
+            self._linger[(dst, c.tag, key)] = [ent[0], ent[1], ent[2], expires, ent[4]]
+        c._unacked = {}
+        while True:  # ACKs that reached the call's inbox after its last wait
+            try:
+                fr = c.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if fr is not None and fr.kind != FrameKind.DATA:
+                self._retire(fr)
+        if self._linger and (self._linger_thread is None or not self._linger_thread.is_alive()):
+            self._linger_thread = threading.Thread(target=self._linger_loop, daemon=True,
+                                                   name=f"fed-linger-{self.member_id}")
+            self._linger_thread.start()
+        self._linger_cv.notify_all()
+
+    def _linger_loop(self) -> None:
+        """Retransmit finished calls' unacknowledged frames (as a call would), drop the expired."""
+        while not self._stop.is_set():
+            resend: list[tuple[str, bytes]] = []
+            with self._lock:
+                now = time.monotonic()
+                cap = 8 * self.retransmit_after
+                for k, ent in list(self._linger.items()):
+                    if now >= ent[3] or (now - ent[1] >= ent[2] and ent[4] >= self.max_retransmits):
+                        del self._linger[k]  # the peer's own deadline has passed: it gave up too
+                        self.stats.add(linger_expired=1)
+                    elif now - ent[1] >= ent[2]:
+                        resend.append((k[0], ent[0]))
+                        ent[1], ent[2], ent[4] = now, min(ent[2] * 2, max(cap, ent[2])), ent[4] + 1
+                if not resend:
+                    due = min((min(e[1] + e[2], e[3]) for e in self._linger.values()), default=None)
+                    self._linger_cv.wait(None if due is None else max(0.0, due - now))
+                    continue
+            for dst, data in resend:
+                self.send(dst, data, retransmits=1)
+
     # -- calls -------------------------------------------------------------------------------
     @contextlib.contextmanager
     def call(self, tag: str, peers: list[str], timeout: float) -> Iterator[Call]:
@@ -262,6 +326,8 @@ class Endpoint:
         finally:
             with self._lock:
                 self._active = None
+                if c.lingering and reason is None:
+                    self._adopt(c)
                 self._done[tag] = reason
                 while len(self._done) > _DONE_TAGS:
                     self._done.popitem(last=False)
@@ -281,8 +347,12 @@ class Endpoint:
     def close(self) -> None:
         """Stop the pump thread and close the transport."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1.0)
+        with self._lock:
+            self._linger.clear()
+            self._linger_cv.notify_all()
+        for t in (self._thread, self._linger_thread):
+            if t is not None:
+                t.join(timeout=1.0)
         with contextlib.suppress(Exception):
             self.transport.close()
 
@@ -299,6 +369,7 @@ class Call:
         self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: cancel() wakes us
         self.cancelled: str | None = None
         self.abort_sent = False  # our ABORT already went out (or a peer's made it pointless)
+        self.lingering = False  # linger(): unacknowledged frames go to the endpoint at exit
         self._received: set[tuple] = set()
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
         # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None, retransmissions so far]
@@ -488,6 +559,22 @@ class Call:
             fr = self.wait(None, raise_on_deadline=False)
             if fr is not None:
                 self.ep.stats.reject(f"unexpected DATA {fr.key} from {fr.sender} after completion")
+
+    def linger(self) -> None:
+        """Finish without waiting for acknowledgements (instead of :meth:`drain`): for a call
+        whose every peer needs every member's frames to finish it, so a peer that lacks ours fails
+        (or retransmits heal it) whether or not we wait. Sends what the window still holds back,
+        then leaves the unacknowledged frames to the endpoint, which retransmits them as the call
+        would until they are acknowledged, the peer aborts the call, or the call's deadline plus
+        grace passes. Saves the ACK's hop per call: the caller's next call starts at once."""
+        self.flush_acks()
+        while any(self._pending.values()):
+            if time.monotonic() >= self.deadline:
+                return
+            fr = self.wait(None, raise_on_deadline=False)
+            if fr is not None:
+                self.ep.stats.reject(f"unexpected DATA {fr.key} from {fr.sender} after completion")
+        self.lingering = True
 
     def broadcast_abort(self, member: str | None, reason: str, *, rejected: bool = False) -> None:
         """Tell every peer (best effort, no ACK) that this tag is aborted."""

@@ -20,6 +20,7 @@ class Stats:
     aborts_sent: int = 0
     retransmits: int = 0
     retries_exhausted: int = 0  # frames given up on after max_retransmits (the call raised RetriesExhausted)
+    linger_expired: int = 0  # frames of finished calls (Call.linger) given up on unacknowledged
     bytes_received: int = 0
     frames_received: int = 0
     duplicates: int = 0  # DATA frames received again (counted once, re-acknowledged)

@@ -184,9 +184,76 @@ def test_acks_wait_for_company_until_the_drain_or_their_delay() -> None:
             t.start()
             ack = y.recv(10)  # well before the call ends
             stop.set()
+            c.inbox.put(None)  # wake the waiting thread (what cancel() does) so that it sees stop
             t.join(10)
+            assert not t.is_alive()
         assert ack is not None and decode(ack).kind == FrameKind.ACK
     finally:
         ep.close()
     with pytest.raises(ValueError, match="ack_delay"):
         Endpoint(hub.transport("c"), retransmit_after=1, ack_delay=2)
+
+
+def test_a_lingering_call_returns_before_its_ack_and_the_endpoint_retransmits_after() -> None:
+    """``linger()`` ends the call without waiting for acknowledgements: its unacknowledged frames
+    stay with the endpoint, which retransmits them (the first copy was lost here) until the peer
+    acknowledges, with no call running; the ACK of a finished call retires them."""
+    from federation.framing import encode_ack
+    from federation.session import Endpoint
+
+    hub = MemoryHub()
+    ep = Endpoint(hub.transport("a"), retransmit_after=0.05)
+    x = hub.transport("x")
+    try:
+        mine = _data("t", sender="a")
+        with ep.call("t", ["x"], timeout=30) as c:
+            c.queue("x", decode(mine).key, lambda: mine)
+            x.send("a", _data("t", sender="x"))
+            while c.wait("x") is None:
+                pass
+            c.linger()
+        assert list(ep._linger) == [("x", "t", decode(mine).key)]  # returned with its frame unacknowledged
+        first = decode(x.recv(2))
+        assert first.kind == FrameKind.DATA  # ... and x's ACK of x's frame: drop both, as if lost
+        again = None
+        while again is None or again.kind != FrameKind.DATA:
+            buf = x.recv(2)
+            assert buf is not None, "the lingering frame was not retransmitted"
+            again = decode(buf)
+        assert again.key == first.key and ep.stats.retransmits >= 1  # while no call is running
+        x.send("a", encode_ack(again, sender="x"))
+        assert _wait(lambda: not ep._linger)
+        n = ep.stats.retransmits
+        assert not _wait(lambda: ep.stats.retransmits > n, timeout=0.3)  # acknowledged: no more copies
+    finally:
+        ep.close()
+        x.close()
+
+
+def test_lingering_frames_end_with_a_peer_abort_or_the_calls_deadline() -> None:
+    from federation.framing import encode_abort
+    from federation.session import Endpoint, grace_period
+
+    hub = MemoryHub()
+    ep = Endpoint(hub.transport("a"), retransmit_after=0.05)
+    x, y = hub.transport("x"), hub.transport("y")
+    try:
+        with ep.call("t", ["x", "y"], timeout=0.3) as c:
+            for p in ("x", "y"):
+                c.queue(p, ("k", 0), lambda: _data("t", sender="a"))
+                hub_peer = x if p == "x" else y
+                hub_peer.send("a", _data("t", sender=p))
+            got = 0
+            while got < 2:
+                got += c.wait(None) is not None
+            c.linger()
+        assert {k[0] for k in ep._linger} == {"x", "y"}
+        x.send("a", encode_abort(swarm="default", tag="t", sender="x", member="x", reason="gave up"))
+        assert _wait(lambda: {k[0] for k in ep._linger} == {"y"})  # x aborted the call: nothing to resend
+        # y never answers: its frame is dropped once the call's deadline and grace have passed
+        assert _wait(lambda: not ep._linger, timeout=0.3 + grace_period(0.3) + 2)
+        assert ep.stats.linger_expired == 1
+    finally:
+        ep.close()
+        x.close()
+        y.close()

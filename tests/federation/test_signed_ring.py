@@ -5,6 +5,7 @@ and the allreduce result is still exactly the members' sum (issue 12)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -105,6 +106,10 @@ def test_signed_ring_drops_forged_frames_and_aborts(swarm, swarm_id):
         t.join()
     _check(out, vecs)
     counts = links["a"].rejected
+    # The round may end before a's link has read the last spam the attacker published.
+    deadline = time.monotonic() + 10
+    while counts[Reject.REPLAYED] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert counts[Reject.UNSIGNED] >= len(forged) + 1
     assert counts[Reject.WRONG_ROLE] >= 2
     assert counts[Reject.REPLAYED] >= 1
