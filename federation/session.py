@@ -281,7 +281,7 @@ class Endpoint:
                         self.stats.add(linger_expired=1)
                     elif now - ent[1] >= ent[2]:
                         resend.append((k[0], ent[0]))
-                        ent[1], ent[2], ent[4] = now, min(ent[2] * 2, max(cap, ent[2])), ent[4] + 1
+                        ent[1], ent[2], ent[4] = now, _backoff(ent[2], cap), ent[4] + 1
                 if not resend:
                     due = min((min(e[1] + e[2], e[3]) for e in self._linger.values()), default=None)
                     self._linger_cv.wait(None if due is None else max(0.0, due - now))
@@ -411,7 +411,7 @@ class Call:
                 ent[4] += 1
                 self.ep.send(dst, ent[0], retransmits=1)
                 ent[1] = now
-                ent[2] = min(ent[2] * 2, max(cap, ent[2]))
+                ent[2] = _backoff(ent[2], cap)
                 ent[3] = None  # Karn: no RTT sample from a retransmitted frame
 
     def flushed(self) -> bool:
@@ -552,13 +552,7 @@ class Call:
         """Wait until everything we sent is acknowledged; at the deadline give up quietly
         (our own result is complete; the receiver's fate is its own deadline's business).
         A peer's ABORT still raises."""
-        self.flush_acks()
-        while not self.flushed():
-            if time.monotonic() >= self.deadline:
-                return
-            fr = self.wait(None, raise_on_deadline=False)
-            if fr is not None:
-                self.ep.stats.reject(f"unexpected DATA {fr.key} from {fr.sender} after completion")
+        self._settle(self.flushed)
 
     def linger(self) -> None:
         """Finish without waiting for acknowledgements (instead of :meth:`drain`): for a call
@@ -567,14 +561,18 @@ class Call:
         then leaves the unacknowledged frames to the endpoint, which retransmits them as the call
         would until they are acknowledged, the peer aborts the call, or the call's deadline plus
         grace passes. Saves the ACK's hop per call: the caller's next call starts at once."""
+        self._settle(lambda: not any(self._pending.values()))
+        self.lingering = True
+
+    def _settle(self, done: Callable[[], bool]) -> None:
+        """Send every pending ACK, then keep the call going until ``done()`` or the deadline."""
         self.flush_acks()
-        while any(self._pending.values()):
+        while not done():
             if time.monotonic() >= self.deadline:
                 return
             fr = self.wait(None, raise_on_deadline=False)
             if fr is not None:
                 self.ep.stats.reject(f"unexpected DATA {fr.key} from {fr.sender} after completion")
-        self.lingering = True
 
     def broadcast_abort(self, member: str | None, reason: str, *, rejected: bool = False) -> None:
         """Tell every peer (best effort, no ACK) that this tag is aborted."""
@@ -585,6 +583,11 @@ class Call:
                             reason=reason, rejected=rejected, **self.ep.frame_kw)
         for p in sorted(self.peers):
             self.ep.send(p, data, aborts_sent=1)
+
+
+def _backoff(rto: float, cap: float) -> float:
+    """The next retransmit timeout: doubled, never above ``cap`` (unless it already was)."""
+    return min(rto * 2, max(cap, rto))
 
 
 def grace_period(timeout: float) -> float:
