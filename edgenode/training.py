@@ -398,10 +398,11 @@ def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndar
     vec = ring.broadcast(flatten(params) if node_id == root else None, root=root, group=group,
                          tag=f"{plan.round_id}/final", timeout=plan.step_timeout_s)
     new = unflatten(np.asarray(vec, np.float32), params)
-    why = ""
+    why, hint = "", "that member is faulty or hostile"
     if tuple(_hash_chunks(params_sha256(new))) != want:
         why = "sent final parameters that do not match the hash it reported"
     elif not majority and node_id != root:
+        hint = "a member sent different updates to different peers, or a board computes far off"
         mine = flatten(params).astype(np.float64)
         gap = float(np.linalg.norm(np.asarray(vec, np.float64) - mine))
         limit = sync_gap_limit(mine, start_flat)
@@ -410,8 +411,7 @@ def _agree(plan: RoundPlan, node_id: str, group: list[str], params: list[np.ndar
                    f"explains ({limit:.3g}), and no majority backs either")
     if why:
         _abort_peers(ring, f"{plan.round_id}/vote", group, node_id, f"final parameters refused: {root} {why}")
-        raise RoundFailed(f"round {plan.round_id}: {root} {why}", member=root,
-                          hint="that member is faulty or hostile")
+        raise RoundFailed(f"round {plan.round_id}: {root} {why}", member=root, hint=hint)
     return new, True
 
 
