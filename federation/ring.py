@@ -206,13 +206,26 @@ class RingAllreduce(_Collective):
     ``direct_max_bytes``: an F32 allreduce whose direct exchange sends at most this many bytes
     per member (``(n - 1) * 4 * len(vec)``) skips the ring (see "Direct path" in the module
     docstring); 0 = always the ring.
+    ``linger``: all-to-all calls (the direct path, :meth:`exchange`) return once every row is in,
+    leaving their unacknowledged frames to the session (PROTOCOL.md section 5); False = they drain
+    like the ring (the baseline of ``python -m api.bench.linger``).
     """
 
-    def __init__(self, transport: Transport, *, direct_max_bytes: int = DIRECT_MAX_BYTES, **kw: Any) -> None:
+    def __init__(self, transport: Transport, *, direct_max_bytes: int = DIRECT_MAX_BYTES, linger: bool = True,
+                 **kw: Any) -> None:
         super().__init__(transport, **kw)
         if not isinstance(direct_max_bytes, int) or direct_max_bytes < 0:
             raise ValueError(f"direct_max_bytes must be an int >= 0, got {direct_max_bytes!r}")
         self.direct_max_bytes = direct_max_bytes
+        self.linger = bool(linger)
+
+    def _finish(self, call: Call) -> None:
+        """End an all-to-all call: every peer needs our row to finish it, so its ACK need not be
+        waited for (``linger``)."""
+        if self.linger:
+            call.linger()
+        else:
+            call.drain()
 
     def algorithm(self, n: int, size: int, compression: Compression | str = Compression.NONE) -> str:
         """``"direct"`` or ``"ring"``: how an allreduce of ``size`` floats over ``n`` members runs
@@ -288,7 +301,7 @@ class RingAllreduce(_Collective):
     def _exchange(self, x: np.ndarray, members: list[str], tag: str, timeout: float) -> np.ndarray:
         with self.endpoint.call(tag, [m for m in members if m != self.member_id], timeout) as call:
             out = self._gather_rows(call, x, members, 0)
-            call.linger()  # every peer needs our row to finish: no need to wait for its ACK
+            self._finish(call)
         return out
 
     def _gather_rows(self, call: Call, x: np.ndarray, members: list[str], step: int,
@@ -641,7 +654,7 @@ class _DirectRun(_RingRun):
                 raise RoundAborted(f"round {self.tag!r}: the reduced sum overflowed float32 on {self.me}",
                                    member=self.me, hint="scale the updates down or enable clip_norm")
             self.result = acc
-            call.linger()  # every peer needs our row to finish: no need to wait for its ACK
+            self.eng._finish(call)
         return self.result
 
     def _screen_rows(self, rows: np.ndarray) -> None:

@@ -151,7 +151,7 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
     vec = _vector(rank, elements)
     report: dict[str, Any] = {"rank": rank, "ring": [], "star": [], "signed": []}
     direct = ALGORITHMS[algorithm]
-    path = {} if direct is None else {"direct_max_bytes": direct}
+    path: dict[str, Any] = {} if direct is None else {"direct_max_bytes": direct}
     with MqttLink(url, swarm=swarm, client_id=f"{swarm}-{me}") as link:
         # Keep ~4 MiB unacknowledged per peer whatever the frame size: 16 x 1 MiB frames queue
         # so long behind each other that their ACKs outlive the 1 s retransmit timer.

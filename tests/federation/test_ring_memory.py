@@ -453,3 +453,35 @@ def test_members_disagreeing_on_the_path_abort_instead_of_hanging() -> None:
             assert res["_elapsed"][m] < 4.0
     finally:
         close_all(engines)
+
+
+@pytest.mark.parametrize("linger", [True, False])
+def test_a_direct_call_returns_before_the_acks_of_its_rows_unless_told_to_drain(linger):
+    """Every 0.3 s message latency: a lingering direct allreduce returns when the rows are in
+    (its own rows' ACKs are a hop behind, left to the session); ``linger=False`` waits for them."""
+    hub = MemoryHub()
+    names = ["a", "b", "c"]
+    rings = {m: RingAllreduce(hub.transport(m, delay=0.3), swarm="s", linger=linger) for m in names}
+    vecs = _vecs(rings, 100, 3)
+    pending: dict[str, int] = {}
+    out: dict[str, np.ndarray] = {}
+
+    def member(m):
+        out[m] = rings[m].allreduce(vecs[m], group=names, tag="t", timeout=30)
+        pending[m] = len(rings[m].endpoint._linger)  # right when the call returned
+
+    threads = [threading.Thread(target=member, args=(m,)) for m in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert_identical(out)
+        assert all(n == (2 if linger else 0) for n in pending.values()), pending  # one frame per peer
+        deadline = time.monotonic() + 10
+        while any(r.endpoint._linger for r in rings.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not any(r.endpoint._linger for r in rings.values())  # the ACKs retired them
+        assert all(r.endpoint.stats.retransmits == 0 for r in rings.values())
+    finally:
+        close_all(rings)
