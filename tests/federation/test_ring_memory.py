@@ -464,20 +464,16 @@ def test_a_direct_call_returns_before_the_acks_of_its_rows_unless_told_to_drain(
     rings = {m: RingAllreduce(hub.transport(m, delay=0.3), swarm="s", linger=linger) for m in names}
     vecs = _vecs(rings, 100, 3)
     pending: dict[str, int] = {}
-    out: dict[str, np.ndarray] = {}
 
     def member(m):
-        out[m] = rings[m].allreduce(vecs[m], group=names, tag="t", timeout=30)
+        res = rings[m].allreduce(vecs[m], group=names, tag="t", timeout=30)
         pending[m] = len(rings[m].endpoint._linger)  # right when the call returned
+        return res
 
-    threads = [threading.Thread(target=member, args=(m,)) for m in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    out = run_members({m: (lambda m=m: member(m)) for m in names})
     try:
         assert_identical(out)
-        assert all(n == (2 if linger else 0) for n in pending.values()), pending  # one frame per peer
+        assert pending == {m: 2 if linger else 0 for m in names}, pending  # one frame per peer
         deadline = time.monotonic() + 10
         while any(r.endpoint._linger for r in rings.values()) and time.monotonic() < deadline:
             time.sleep(0.01)
