@@ -34,7 +34,8 @@ Payloads by kind:
   is the acknowledging member; the payload lists further DATA frames of the same tag and
   sender acknowledged by the same ACK, 12 bytes each: ``u8 phase, u8 0, u16 step, u32 chunk,
   u32 part`` (empty for a single frame). Every received DATA frame is acknowledged, duplicates
-  included, possibly batched with others (version 2; version 1 had exactly one per ACK).
+  included, possibly batched with others (version 2; version 1 had exactly one per ACK), or
+  implicitly by the receiver's DATA of a later call (PROTOCOL.md section 5, "moving on").
 * ABORT: UTF-8 JSON ``{"member": <blamed member id or null>, "reason": <text>,
   "rejected": <true if an update failed the checks (NaN/Inf)>}``; the round ``tag`` is
   aborted for every member that receives it. Header: phase 1, nparts 1, other numbers 0.

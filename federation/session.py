@@ -41,6 +41,11 @@ whose result depends on frames passing through each member); :meth:`Call.linger`
 and leaves the unacknowledged frames to the endpoint, which retransmits them on a helper thread
 until they are acknowledged, the peer aborts that tag, or the call's deadline plus grace passes
 (all-to-all calls, where every peer needs every member's frames anyway: one hop per call less).
+A lingering call leaves the ACKs it owes to the endpoint as well, and *moving on acknowledges*:
+a peer's DATA of a call we have not finished means it is past our earlier calls, so our frames of
+those count as acknowledged (``_moved_on``), and our DATA of the next call to a peer implies the
+ACKs we owed it (``Endpoint._skip_owed``); the owed ones go out ``ack_delay`` late otherwise.
+In a round's steps no ACK message travels at all.
 
 Aborts. A member that rejects an update (NaN/Inf) sends ABORT(member, rejected=true) to every
 peer; receivers raise ``UpdateRejected`` at once. At the deadline a member sends
@@ -126,6 +131,12 @@ class Endpoint:
         # [frame bytes, sent_at, rto, expires_at, retransmissions], retransmitted by a helper
         # thread (started on first use) until acknowledged, aborted by the peer, or expired.
         self._linger: dict[tuple[str, str, tuple], list] = {}
+        # ACKs this member owes for frames of its own finished all-to-all calls, (peer, tag) ->
+        # frames: sent by the same helper thread ``ack_delay`` after the oldest arrived, unless a
+        # DATA frame of a later call to that peer goes first, which tells the peer as much
+        # (a peer that moved on needs nothing more for earlier calls: see ``_moved_on``).
+        self._owed: dict[tuple[str, str], list[Frame]] = {}
+        self._owed_due = math.inf
         self._linger_cv = threading.Condition(self._lock)
         self._linger_thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -194,6 +205,8 @@ class Endpoint:
         with self._lock:
             call = self._active
             if call is not None and fr.tag == call.tag:
+                if self._linger and fr.kind == FrameKind.DATA:
+                    self._moved_on(fr.sender, None)
                 call.inbox.put(fr)
                 return
             if fr.tag in self._done:
@@ -216,6 +229,8 @@ class Endpoint:
             elif fr.kind == FrameKind.ACK:
                 self.stats.add(stale=1)  # an ACK for a call we are not in: nothing to do
             else:
+                if fr.kind == FrameKind.DATA:
+                    self._moved_on(fr.sender, call)
                 box = self._early.get(fr.tag)
                 if box is None:
                     while len(self._early) >= self.max_early_tags:
@@ -240,6 +255,40 @@ class Endpoint:
         self.stats.add(early_dropped=len(dropped))
 
     # -- frames of finished calls (Call.linger) ------------------------------------------------
+    def _moved_on(self, peer: str, active: Call | None) -> None:
+        """``peer`` sent DATA of a call this member has not finished (its active one, or a later
+        one: ``active`` is then the call it is past), so the peer has finished or given up every
+        call before that one: it needs nothing more from us for them. Their frames count as
+        acknowledged (``acks_implied``). Lock held."""
+        if self._linger:
+            gone = [k for k in self._linger if k[0] == peer]
+            for k in gone:
+                del self._linger[k]
+            if gone:
+                self.stats.add(acks_implied=len(gone))
+        if active is not None and peer not in active.moved_on:
+            active.moved_on.add(peer)
+            active.inbox.put(None)  # wake it: a drain may be waiting for that peer's ACKs
+
+    def _skip_owed(self, peer: str) -> None:
+        """A DATA frame of a later call goes to ``peer``: the ACKs we owe it for earlier calls are
+        implied by it (``_moved_on`` on its side) and need not be sent (``acks_skipped``)."""
+        with self._lock:
+            gone = [k for k in self._owed if k[0] == peer]
+            for k in gone:
+                del self._owed[k]
+            if not self._owed:
+                self._owed_due = math.inf
+        if gone:
+            self.stats.add(acks_skipped=len(gone))
+
+    def ack_frames(self, frames: list[Frame]) -> Iterator[bytes]:
+        """The ACK frames acknowledging ``frames`` (one tag and sender), batched."""
+        me = self.member_id
+        while frames:
+            batch, frames = frames[:_MAX_ACK_KEYS], frames[_MAX_ACK_KEYS:]
+            yield encode_ack(batch[0], sender=me, more=batch[1:], **self.frame_kw)
+
     def _retire(self, fr: Frame) -> None:
         """An ACK (or an ABORT: the peer gave the call up) for a finished call's frames. Lock held."""
         if fr.kind == FrameKind.ACK:
@@ -252,9 +301,15 @@ class Endpoint:
     def _adopt(self, c: Call) -> None:
         """Take over ``c``'s unacknowledged frames when it finishes (lock held)."""
         expires = c.deadline + grace_period(c.timeout)
+        if len(c.moved_on) != c._moved_seen:
+            c._forget_moved_on()
         for (dst, key), ent in c._unacked.items():
             self._linger[(dst, c.tag, key)] = [ent[0], ent[1], ent[2], expires, ent[4]]
         c._unacked = {}
+        for sender, frames in c._acks.items():  # the call finished without flushing them (linger)
+            self._owed.setdefault((sender, c.tag), []).extend(frames)
+            self._owed_due = min(self._owed_due, c._ack_due)
+        c._acks = {}
         while True:  # ACKs that reached the call's inbox after its last wait
             try:
                 fr = c.inbox.get_nowait()
@@ -262,7 +317,8 @@ class Endpoint:
                 break
             if fr is not None and fr.kind != FrameKind.DATA:
                 self._retire(fr)
-        if self._linger and (self._linger_thread is None or not self._linger_thread.is_alive()):
+        idle = self._linger_thread is None or not self._linger_thread.is_alive()
+        if (self._linger or self._owed) and idle:
             self._linger_thread = threading.Thread(target=self._linger_loop, daemon=True,
                                                    name=f"fed-linger-{self.member_id}")
             self._linger_thread.start()
@@ -272,8 +328,12 @@ class Endpoint:
         """Retransmit finished calls' unacknowledged frames (as a call would), drop the expired."""
         while not self._stop.is_set():
             resend: list[tuple[str, bytes]] = []
+            owed: list[tuple[str, list[Frame]]] = []
             with self._lock:
                 now = time.monotonic()
+                if now >= self._owed_due:
+                    owed = [(k[0], f) for k, f in self._owed.items()]
+                    self._owed, self._owed_due = {}, math.inf
                 cap = 8 * self.retransmit_after
                 for k, ent in list(self._linger.items()):
                     if now >= ent[3] or (now - ent[1] >= ent[2] and ent[4] >= self.max_retransmits):
@@ -282,10 +342,14 @@ class Endpoint:
                     elif now - ent[1] >= ent[2]:
                         resend.append((k[0], ent[0]))
                         ent[1], ent[2], ent[4] = now, _backoff(ent[2], cap), ent[4] + 1
-                if not resend:
-                    due = min((min(e[1] + e[2], e[3]) for e in self._linger.values()), default=None)
-                    self._linger_cv.wait(None if due is None else max(0.0, due - now))
+                if not resend and not owed:
+                    due = min((min(e[1] + e[2], e[3]) for e in self._linger.values()), default=math.inf)
+                    due = min(due, self._owed_due)
+                    self._linger_cv.wait(None if due == math.inf else max(0.0, due - now))
                     continue
+            for peer, frames in owed:
+                for ack in self.ack_frames(frames):
+                    self.send(peer, ack, acks_sent=1)
             for dst, data in resend:
                 self.send(dst, data, retransmits=1)
 
@@ -314,7 +378,8 @@ class Endpoint:
         reason: str | None = None
         try:
             yield c
-            c.flush_acks()
+            if not c.lingering or self.ack_delay == 0:
+                c.flush_acks()
         except RoundAborted as e:
             reason = str(e)
             c.broadcast_abort(e.member, reason, rejected=isinstance(e, UpdateRejected))
@@ -349,6 +414,7 @@ class Endpoint:
         self._stop.set()
         with self._lock:
             self._linger.clear()
+            self._owed.clear()
             self._linger_cv.notify_all()
         for t in (self._thread, self._linger_thread):
             if t is not None:
@@ -366,10 +432,14 @@ class Call:
         self.peers = set(peers)
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: cancel() wakes us
+        self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: a wake-up call
         self.cancelled: str | None = None
         self.abort_sent = False  # our ABORT already went out (or a peer's made it pointless)
         self.lingering = False  # linger(): unacknowledged frames go to the endpoint at exit
+        # Peers seen sending DATA of a later call (Endpoint._moved_on, receive thread): past this
+        # call, so what we sent them counts as acknowledged and what is queued for them is moot.
+        self.moved_on: set[str] = set()
+        self._moved_seen = 0
         self._received: set[tuple] = set()
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
         # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None, retransmissions so far]
@@ -388,7 +458,11 @@ class Call:
 
     def _send_ready(self) -> None:
         ep, limit = self.ep, self.ep.max_in_flight
+        if len(self.moved_on) != self._moved_seen:
+            self._forget_moved_on()
         for dst, q in self._pending.items():
+            if q and ep._owed:
+                ep._skip_owed(dst)
             while q and self._inflight.get(dst, 0) < limit:
                 key, build = q.popleft()
                 data = build()
@@ -414,8 +488,24 @@ class Call:
                 ent[2] = _backoff(ent[2], cap)
                 ent[3] = None  # Karn: no RTT sample from a retransmitted frame
 
+    def _forget_moved_on(self) -> None:
+        """Drop what we sent or queued for peers that moved past this call (counted as implied)."""
+        peers = set(self.moved_on)
+        self._moved_seen = len(peers)
+        gone = [k for k in self._unacked if k[0] in peers]
+        for k in gone:
+            del self._unacked[k]
+            self._inflight[k[0]] -= 1
+        for p in peers:
+            if self._pending.get(p):
+                self._pending[p].clear()
+        if gone:
+            self.ep.stats.add(acks_implied=len(gone))
+
     def flushed(self) -> bool:
         """Everything queued was sent and acknowledged."""
+        if len(self.moved_on) != self._moved_seen:
+            self._forget_moved_on()
         return not self._unacked and not any(self._pending.values())
 
     def unacked_peer(self) -> str | None:
@@ -453,7 +543,7 @@ class Call:
             if time.monotonic() >= due:
                 self._retransmit()
             return None
-        if fr is None:  # cancel(): the next wait() raises
+        if fr is None:  # cancel() (the next wait() raises) or a peer moved on (see _send_ready)
             return None
         if time.monotonic() >= due:
             self._retransmit()
@@ -500,10 +590,7 @@ class Call:
         frames = self._acks.pop(sender, None)
         if not self._acks:
             self._ack_due = math.inf
-        me = self.ep.member_id
-        while frames:
-            batch, frames = frames[:_MAX_ACK_KEYS], frames[_MAX_ACK_KEYS:]
-            ack = encode_ack(batch[0], sender=me, more=batch[1:], **self.ep.frame_kw)
+        for ack in self.ep.ack_frames(frames or []):
             self.ep.send(sender, ack, acks_sent=1)
 
     def _timeout_abort(self, waiting_for: str | None, first: tuple[str, str | None, str] | None) -> None:
@@ -560,13 +647,17 @@ class Call:
         (or retransmits heal it) whether or not we wait. Sends what the window still holds back,
         then leaves the unacknowledged frames to the endpoint, which retransmits them as the call
         would until they are acknowledged, the peer aborts the call, or the call's deadline plus
-        grace passes. Saves the ACK's hop per call: the caller's next call starts at once."""
-        self._settle(lambda: not any(self._pending.values()))
+        grace passes. Saves the ACK's hop per call: the caller's next call starts at once.
+        The ACKs this call still owes are left to the endpoint too (sent ``ack_delay`` after the
+        oldest, unless our DATA of the next call to that peer implies them first)."""
+        self._settle(lambda: not any(self._pending.values()), flush=False)
         self.lingering = True
 
-    def _settle(self, done: Callable[[], bool]) -> None:
-        """Send every pending ACK, then keep the call going until ``done()`` or the deadline."""
-        self.flush_acks()
+    def _settle(self, done: Callable[[], bool], *, flush: bool = True) -> None:
+        """Send every pending ACK (``flush``), then keep the call going until ``done()`` or the
+        deadline."""
+        if flush:
+            self.flush_acks()
         while not done():
             if time.monotonic() >= self.deadline:
                 return

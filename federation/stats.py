@@ -21,6 +21,8 @@ class Stats:
     retransmits: int = 0
     retries_exhausted: int = 0  # frames given up on after max_retransmits (the call raised RetriesExhausted)
     linger_expired: int = 0  # frames of finished calls (Call.linger) given up on unacknowledged
+    acks_implied: int = 0  # frames of ours taken as acknowledged: their receiver moved on to a later call
+    acks_skipped: int = 0  # ACK frames not sent: our DATA of a later call told the peer as much
     bytes_received: int = 0
     frames_received: int = 0
     duplicates: int = 0  # DATA frames received again (counted once, re-acknowledged)

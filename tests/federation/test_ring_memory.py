@@ -481,3 +481,40 @@ def test_a_direct_call_returns_before_the_acks_of_its_rows_unless_told_to_drain(
         assert all(r.endpoint.stats.retransmits == 0 for r in rings.values())
     finally:
         close_all(rings)
+
+
+@pytest.mark.parametrize("linger", [True, False])
+def test_direct_calls_in_a_row_acknowledge_each_other(linger):
+    """A round's steps (direct allreduces in a row) send almost no ACK messages: each member's
+    next row acknowledges the last call for its peers (session: a peer that moved on). Without
+    linger every row is ACKed. Either way nothing is retransmitted and every frame is retired."""
+    hub = MemoryHub()
+    names = ["a", "b", "c"]
+    rings = {m: RingAllreduce(hub.transport(m), swarm="s", linger=linger) for m in names}
+    vecs = _vecs(rings, 500, 4)
+    calls = 20
+
+    def member(m):
+        return [rings[m].allreduce(vecs[m] * (i + 1), group=names, tag=f"t{i}", timeout=30)
+                for i in range(calls)]
+
+    out = run_members({m: (lambda m=m: member(m)) for m in names})
+    try:
+        for i in range(calls):
+            assert_identical({m: out[m][i] for m in names})  # type: ignore[index]
+        deadline = time.monotonic() + 10
+        busy = lambda: any(r.endpoint._linger or r.endpoint._owed for r in rings.values())  # noqa: E731
+        while busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = [r.endpoint.stats for r in rings.values()]
+        assert not any(r.endpoint._linger for r in rings.values())
+        assert all(s.data_frames_sent == 2 * calls and s.retransmits == 0 and s.linger_expired == 0
+                   for s in stats)
+        acks = sum(s.acks_sent for s in stats)
+        if linger:  # the last call's, plus any owed ACK a descheduled member's timer sent first
+            assert acks < 0.25 * 2 * calls * len(names), [s.snapshot() for s in stats]
+            assert sum(s.acks_implied for s in stats) + acks >= 2 * calls * len(names) - 2 * len(names)
+        else:
+            assert acks >= 2 * calls * len(names) - sum(s.acks_implied for s in stats)
+    finally:
+        close_all(rings)

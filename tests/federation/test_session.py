@@ -257,3 +257,79 @@ def test_lingering_frames_end_with_a_peer_abort_or_the_calls_deadline() -> None:
         ep.close()
         x.close()
         y.close()
+
+
+def test_a_peers_next_call_acknowledges_the_last_one_so_no_ack_messages_are_needed() -> None:
+    """All-to-all calls in a row (a round's steps) need no ACK messages: a peer's DATA of a call
+    we have not finished says it is past our finished ones, so our lingering frames to it count as
+    acknowledged; and our own DATA of the next call says as much to the peer, so the ACKs we
+    owed it for the last call are never sent."""
+    from federation.session import Endpoint
+
+    hub = MemoryHub()
+    a = Endpoint(hub.transport("a"), retransmit_after=60, ack_delay=30)  # no timer fires here
+    x = hub.transport("x")
+    try:
+        mine_t, mine_u = _data("t", sender="a"), _data("u", sender="a")
+        with a.call("t", ["x"], timeout=30) as c:
+            c.queue("x", decode(mine_t).key, lambda: mine_t)
+            x.send("a", _data("t", sender="x"))
+            while c.wait("x") is None:
+                pass
+            c.linger()
+        assert len(a._linger) == 1 and list(a._owed) == [("x", "t")]  # a's row unacked; a owes x an ACK
+        assert decode(x.recv(2)).tag == "t"
+        x.send("a", _data("u", sender="x"))  # x moved on: its next call's row (early for a)
+        assert _wait(lambda: not a._linger)
+        assert a.stats.acks_implied == 1
+        with a.call("u", ["x"], timeout=30) as c:
+            c.queue("x", decode(mine_u).key, lambda: mine_u)
+            while c.wait("x") is None:  # x's early row of u
+                pass
+            c.linger()
+        assert a.stats.acks_skipped == 1 and ("x", "t") not in a._owed
+        got = [decode(b) for b in iter(lambda: x.recv(0.2), None)]
+        assert [(f.kind, f.tag) for f in got] == [(FrameKind.DATA, "u")]  # no ACK for t, ever
+        assert a.stats.acks_sent == 0 and a.stats.retransmits == 0
+    finally:
+        a.close()
+
+    # The ACKs owed to a peer that gets nothing more from us go out ack_delay later.
+    b = Endpoint(hub.transport("b"), retransmit_after=60, ack_delay=0.05)
+    y = hub.transport("y")
+    try:
+        with b.call("t", ["y"], timeout=30) as c:
+            y.send("b", _data("t", sender="y"))
+            while c.wait("y") is None:
+                pass
+            c.linger()
+        assert y.recv(0.01) is None  # not at once...
+        ack = y.recv(5)
+        assert ack is not None and decode(ack).kind == FrameKind.ACK and decode(ack).tag == "t"
+        assert b.stats.acks_sent == 1 and not b._owed
+    finally:
+        b.close()
+
+
+def test_a_peer_past_the_running_call_needs_nothing_more_from_it() -> None:
+    """A draining call stops waiting for a peer whose next call's DATA already arrived: the peer
+    has finished (or given up) this call, so our frames' ACKs can only be lost, not needed."""
+    from federation.session import Endpoint
+
+    hub = MemoryHub()
+    a = Endpoint(hub.transport("a"), retransmit_after=60)
+    x = hub.transport("x")
+    try:
+        mine = _data("t", sender="a")
+        t0 = time.monotonic()
+        with a.call("t", ["x"], timeout=30) as c:
+            c.queue("x", decode(mine).key, lambda: mine)
+            x.send("a", _data("t", sender="x"))
+            while c.wait("x") is None:
+                pass
+            x.send("a", _data("u", sender="x"))  # x never ACKs our row, but is already in u
+            c.drain()
+        assert time.monotonic() - t0 < 10  # not the 30 s deadline
+        assert a.stats.acks_implied == 1 and a.stats.retransmits == 0 and not a._linger
+    finally:
+        a.close()
