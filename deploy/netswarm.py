@@ -209,8 +209,10 @@ class NetSwarm:
         training); ``during(round_id)`` runs right after the command is published. Returns once
         the fleet decided."""
         t0 = time.monotonic()
+        with self.lock:  # as the fleet service does: it names the start parameters (start-version rule)
+            holdings = {n: s.params_sha256 for n, s in self.statuses.items()}
         rnd = self.rounds.start(RoundRequest(steps=steps, lr=lr), online=self.online(idle_only=idle_only),
-                                known=set(self.ids), now=time.time())
+                                known=set(self.ids), now=time.time(), holdings=holdings)
         self.current_round = rnd.round_id
         try:
             if during is not None:
