@@ -42,10 +42,12 @@ and leaves the unacknowledged frames to the endpoint, which retransmits them on 
 until they are acknowledged, the peer aborts that tag, or the call's deadline plus grace passes
 (all-to-all calls, where every peer needs every member's frames anyway: one hop per call less).
 A lingering call leaves the ACKs it owes to the endpoint as well, and *moving on acknowledges*:
-a peer's DATA of a call we have not finished means it is past our earlier calls, so our frames of
-those count as acknowledged (``_moved_on``), and our DATA of the next call to a peer implies the
-ACKs we owed it (``Endpoint._skip_owed``); the owed ones go out ``ack_delay`` late otherwise.
-In a round's steps no ACK message travels at all.
+a peer's DATA of the call we are in means it is past our earlier calls, so our frames of those
+count as acknowledged (``_moved_on``), and our DATA of the next call to a peer implies the ACKs
+we owed it (``Endpoint._skip_owed``); the owed ones go out ``ack_delay`` late otherwise. In a
+round's steps no ACK message travels at all. Only the active call's tag counts: a tag we have
+not started may also be a stale one we will never run (a failed round's later step, delivered
+late), which proves nothing about where its sender is now.
 
 Aborts. A member that rejects an update (NaN/Inf) sends ABORT(member, rejected=true) to every
 peer; receivers raise ``UpdateRejected`` at once. At the deadline a member sends
@@ -133,7 +135,7 @@ class Endpoint:
         self._linger: dict[tuple[str, str, tuple], list] = {}
         # ACKs this member owes for frames of its own finished all-to-all calls, (peer, tag) ->
         # frames: sent by the same helper thread ``ack_delay`` after the oldest arrived, unless a
-        # DATA frame of a later call to that peer goes first, which tells the peer as much
+        # DATA frame of our next call to that peer goes first, which tells the peer as much
         # (a peer that moved on needs nothing more for earlier calls: see ``_moved_on``).
         self._owed: dict[tuple[str, str], list[Frame]] = {}
         self._owed_due = math.inf
@@ -206,7 +208,7 @@ class Endpoint:
             call = self._active
             if call is not None and fr.tag == call.tag:
                 if self._linger and fr.kind == FrameKind.DATA:
-                    self._moved_on(fr.sender, None)
+                    self._moved_on(fr.sender)
                 call.inbox.put(fr)
                 return
             if fr.tag in self._done:
@@ -229,8 +231,6 @@ class Endpoint:
             elif fr.kind == FrameKind.ACK:
                 self.stats.add(stale=1)  # an ACK for a call we are not in: nothing to do
             else:
-                if fr.kind == FrameKind.DATA:
-                    self._moved_on(fr.sender, call)
                 box = self._early.get(fr.tag)
                 if box is None:
                     while len(self._early) >= self.max_early_tags:
@@ -255,24 +255,20 @@ class Endpoint:
         self.stats.add(early_dropped=len(dropped))
 
     # -- frames of finished calls (Call.linger) ------------------------------------------------
-    def _moved_on(self, peer: str, active: Call | None) -> None:
-        """``peer`` sent DATA of a call this member has not finished (its active one, or a later
-        one: ``active`` is then the call it is past), so the peer has finished or given up every
-        call before that one: it needs nothing more from us for them. Their frames count as
-        acknowledged (``acks_implied``). Lock held."""
-        if self._linger:
-            gone = [k for k in self._linger if k[0] == peer]
-            for k in gone:
-                del self._linger[k]
-            if gone:
-                self.stats.add(acks_implied=len(gone))
-        if active is not None and peer not in active.moved_on:
-            active.moved_on.add(peer)
-            active.inbox.put(None)  # wake it: a drain may be waiting for that peer's ACKs
+    def _moved_on(self, peer: str) -> None:
+        """``peer`` sent DATA of the call this member is in, so it has finished or given up every
+        call before that one: it needs nothing more from us for them, and our frames of those
+        (all finished, lingering) count as acknowledged (``acks_implied``). Lock held."""
+        gone = [k for k in self._linger if k[0] == peer]
+        for k in gone:
+            del self._linger[k]
+        if gone:
+            self.stats.add(acks_implied=len(gone))
 
     def _skip_owed(self, peer: str) -> None:
-        """A DATA frame of a later call goes to ``peer``: the ACKs we owe it for earlier calls are
-        implied by it (``_moved_on`` on its side) and need not be sent (``acks_skipped``)."""
+        """A DATA frame of our next call goes to ``peer``: the ACKs we owe it for earlier calls are
+        implied by it (``_moved_on`` on its side, when it gets there) and need not be sent
+        (``acks_skipped``)."""
         with self._lock:
             gone = [k for k in self._owed if k[0] == peer]
             for k in gone:
@@ -301,8 +297,6 @@ class Endpoint:
     def _adopt(self, c: Call) -> None:
         """Take over ``c``'s unacknowledged frames when it finishes (lock held)."""
         expires = c.deadline + grace_period(c.timeout)
-        if len(c.moved_on) != c._moved_seen:
-            c._forget_moved_on()
         for (dst, key), ent in c._unacked.items():
             self._linger[(dst, c.tag, key)] = [ent[0], ent[1], ent[2], expires, ent[4]]
         c._unacked = {}
@@ -373,6 +367,8 @@ class Endpoint:
                 raise ValueError(f"tag {tag!r} already used by {self.member_id}: each call needs a new tag")
             for fr in self._early.pop(tag, {}).values():
                 self._early_bytes -= fr.size
+                if self._linger and fr.kind == FrameKind.DATA:
+                    self._moved_on(fr.sender)  # a row of this call that came before we started it
                 c.inbox.put(fr)
             self._active = c
         reason: str | None = None
@@ -432,14 +428,10 @@ class Call:
         self.peers = set(peers)
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: a wake-up call
+        self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()  # None: cancel() wakes us
         self.cancelled: str | None = None
         self.abort_sent = False  # our ABORT already went out (or a peer's made it pointless)
         self.lingering = False  # linger(): unacknowledged frames go to the endpoint at exit
-        # Peers seen sending DATA of a later call (Endpoint._moved_on, receive thread): past this
-        # call, so what we sent them counts as acknowledged and what is queued for them is moot.
-        self.moved_on: set[str] = set()
-        self._moved_seen = 0
         self._received: set[tuple] = set()
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
         # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None, retransmissions so far]
@@ -458,8 +450,6 @@ class Call:
 
     def _send_ready(self) -> None:
         ep, limit = self.ep, self.ep.max_in_flight
-        if len(self.moved_on) != self._moved_seen:
-            self._forget_moved_on()
         for dst, q in self._pending.items():
             if q and ep._owed:
                 ep._skip_owed(dst)
@@ -488,24 +478,8 @@ class Call:
                 ent[2] = _backoff(ent[2], cap)
                 ent[3] = None  # Karn: no RTT sample from a retransmitted frame
 
-    def _forget_moved_on(self) -> None:
-        """Drop what we sent or queued for peers that moved past this call (counted as implied)."""
-        peers = set(self.moved_on)
-        self._moved_seen = len(peers)
-        gone = [k for k in self._unacked if k[0] in peers]
-        for k in gone:
-            del self._unacked[k]
-            self._inflight[k[0]] -= 1
-        for p in peers:
-            if self._pending.get(p):
-                self._pending[p].clear()
-        if gone:
-            self.ep.stats.add(acks_implied=len(gone))
-
     def flushed(self) -> bool:
         """Everything queued was sent and acknowledged."""
-        if len(self.moved_on) != self._moved_seen:
-            self._forget_moved_on()
         return not self._unacked and not any(self._pending.values())
 
     def unacked_peer(self) -> str | None:
@@ -543,7 +517,7 @@ class Call:
             if time.monotonic() >= due:
                 self._retransmit()
             return None
-        if fr is None:  # cancel() (the next wait() raises) or a peer moved on (see _send_ready)
+        if fr is None:  # cancel(): the next wait() raises
             return None
         if time.monotonic() >= due:
             self._retransmit()
