@@ -259,24 +259,20 @@ class Endpoint:
         """``peer`` sent DATA of the call this member is in, so it has finished or given up every
         call before that one: it needs nothing more from us for them, and our frames of those
         (all finished, lingering) count as acknowledged (``acks_implied``). Lock held."""
-        gone = [k for k in self._linger if k[0] == peer]
-        for k in gone:
-            del self._linger[k]
+        gone = _drop(self._linger, peer)
         if gone:
-            self.stats.add(acks_implied=len(gone))
+            self.stats.add(acks_implied=gone)
 
     def _skip_owed(self, peer: str) -> None:
         """A DATA frame of our next call goes to ``peer``: the ACKs we owe it for earlier calls are
         implied by it (``_moved_on`` on its side, when it gets there) and need not be sent
         (``acks_skipped``)."""
         with self._lock:
-            gone = [k for k in self._owed if k[0] == peer]
-            for k in gone:
-                del self._owed[k]
+            gone = _drop(self._owed, peer)
             if not self._owed:
                 self._owed_due = math.inf
         if gone:
-            self.stats.add(acks_skipped=len(gone))
+            self.stats.add(acks_skipped=gone)
 
     def ack_frames(self, frames: list[Frame]) -> Iterator[bytes]:
         """The ACK frames acknowledging ``frames`` (one tag and sender), batched."""
@@ -291,8 +287,7 @@ class Endpoint:
             for key in ack_keys(fr):
                 self._linger.pop((fr.sender, fr.tag, key), None)
         elif fr.kind == FrameKind.ABORT:
-            for k in [k for k in self._linger if k[0] == fr.sender and k[1] == fr.tag]:
-                del self._linger[k]
+            _drop(self._linger, fr.sender, fr.tag)
 
     def _adopt(self, c: Call) -> None:
         """Take over ``c``'s unacknowledged frames when it finishes (lock held)."""
@@ -648,6 +643,15 @@ class Call:
                             reason=reason, rejected=rejected, **self.ep.frame_kw)
         for p in sorted(self.peers):
             self.ep.send(p, data, aborts_sent=1)
+
+
+def _drop(d: dict[Any, Any], *prefix: str) -> int:
+    """Delete the entries of ``d`` whose tuple key starts with ``prefix``; returns how many."""
+    n = len(prefix)
+    gone = [k for k in d if k[:n] == prefix]
+    for k in gone:
+        del d[k]
+    return len(gone)
 
 
 def _backoff(rto: float, cap: float) -> float:
