@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from api.bench.host import machine_line
+from api.bench.paired import paired_overhead
 from federation.errors import FederationError
 
 __all__ = ["run_allreduce_bench", "raw_broker_throughput", "ideal_bytes_per_node"]
@@ -292,6 +293,7 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
     sig = _summarise(reports, "signed")
     assert ring is not None
     seconds, ring_runs, per_node, identical, ring_cpu, ring_broker_cpu = ring
+    signed_paired = paired_overhead(ring_runs, sig[1]) if sig else None
     path = reports[0]["algorithm"]
     ideal = ideal_bytes_per_node(nodes, elements, algorithm=path)
     return {
@@ -314,7 +316,7 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
         # Bytes every member put through the broker per second, summed over members: the load
         # the broker carried. Per member it is ring_mb_per_s / nodes.
         "ring_mb_per_s": round(nodes * per_node / seconds / 1e6, 1),
-        "ring_runs_s": [round(s, 4) for s in ring_runs],
+        "ring_runs_s": [round(s, 6) for s in ring_runs],
         # CPU seconds of all member processes together (every thread): wall >> cpu / cores means
         # the members waited (latency), not computed.
         "ring_cpu_s": round(ring_cpu, 3),
@@ -323,13 +325,16 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
         # with members + broker on few cores, wall time ~ (ring_cpu_s + broker cpu) / cores.
         "ring_broker_cpu_s": round(ring_broker_cpu, 3) if own is not None else None,
         "star_broker_cpu_s": round(star[5], 3) if star and own is not None else None,
-        "star_runs_s": [round(s, 4) for s in star[1]] if star else None,
+        "star_runs_s": [round(s, 6) for s in star[1]] if star else None,
         "retransmits": sum(r["ring_stats"].get("retransmits", 0) for r in reports),
         # --signed: the ring with ed25519-signed frames, and its cost over the unsigned ring.
         "signed_seconds": round(sig[0], 4) if sig else None,
-        "signed_runs_s": [round(s, 4) for s in sig[1]] if sig else None,
+        "signed_runs_s": [round(s, 6) for s in sig[1]] if sig else None,
         "signed_cpu_s": round(sig[4], 3) if sig else None,
         "signed_overhead": round(sig[0] / seconds - 1, 4) if sig else None,
+        # per-repeat overheads (plain and signed alternate repeat by repeat): median, 95% interval
+        "signed_paired_overhead": signed_paired["median"] if signed_paired else None,
+        "signed_paired_overhead_ci95": signed_paired["ci95"] if signed_paired else None,
         "signed_cpu_overhead": round(sig[4] / ring_cpu - 1, 4) if sig and ring_cpu else None,
         "repeats": repeats,
         "max_payload": max_payload,

@@ -13,7 +13,9 @@ board); ``thread`` runs them as ``EdgeNode`` objects in this one process, where 
 serialises every node's MQTT, MAC and ring work. Reports the median round time of each (command
 published -> every node's DONE event), the median CPU seconds the nodes spent in it (the node
 processes, or this process; neither counts the training steps, which run in worker processes)
-and the overheads. One JSON object on stdout.
+and the overheads: the ratio of the medians, and the median of the per-repeat overheads (each
+repeat runs one plain and one signed round back to back) with its bootstrap 95% interval
+(``paired_overhead_ci95``, see api/bench/paired.py). One JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from api.bench.host import machine
+from api.bench.paired import paired_overhead
 
 __all__ = ["run"]
 
@@ -302,10 +305,13 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
         broker.close()
     plain, signed = statistics.median(out["plain"]), statistics.median(out["signed"])
     pcpu, scpu = statistics.median(cpu["plain"]), statistics.median(cpu["signed"])
+    # Repeat i ran its plain and its signed round back to back: per-pair overheads (api/bench/paired.py)
+    paired = paired_overhead(out["plain"], out["signed"])
     return {"nodes": nodes, "steps": steps, "repeats": repeats, "outlier_factor": outlier_factor,
             "members": members, "model": model,
             "plain_round_s": round(plain, 4),
             "signed_round_s": round(signed, 4), "overhead": round(signed / plain - 1, 4),
+            "paired_overhead": paired["median"], "paired_overhead_ci95": paired["ci95"],
             "plain_runs_s": [round(v, 4) for v in out["plain"]],
             "signed_runs_s": [round(v, 4) for v in out["signed"]],
             "plain_cpu_s": round(pcpu, 3), "signed_cpu_s": round(scpu, 3),

@@ -21,8 +21,10 @@ def bench_allreduce(
     compression: str = typer.Option("none", "--compression", "-c", help="none, fp16, int8 or topk."),
     max_payload: int = typer.Option(256 * 1024, "--max-payload", help="Bytes per MQTT message."),
     repeats: int = typer.Option(3, "--repeats", help="Timed calls per engine (the median is reported)."),
-    signed: bool = typer.Option(False, "--signed", help="Also time the ring with ed25519-signed frames "
-                                "(same run; reports signed_seconds and signed_overhead)."),
+    signed: bool = typer.Option(False, "--signed", help="Also time the ring with authenticated frames "
+                                "(pairwise AES-GMAC, same members, alternating repeat by repeat; reports "
+                                "signed_seconds, signed_overhead and the per-repeat signed_paired_overhead "
+                                "with its 95% interval)."),
     algorithm: str = typer.Option("auto", "--algorithm",
                                   help="auto (direct path for small float32 vectors, else the ring), "
                                   "ring or direct."),

@@ -30,4 +30,7 @@ def test_signed_round_bench_json(members, model):
     assert all(t > 0 for t in r["plain_runs_s"] + r["signed_runs_s"])
     # (round times are rounded to 0.1 ms, the overhead is not)
     assert r["overhead"] == pytest.approx(r["signed_round_s"] / r["plain_round_s"] - 1, abs=0.01)
+    assert r["paired_overhead"] == pytest.approx(  # the median of the 2 per-repeat overheads
+        sum(s / p - 1 for p, s in zip(r["plain_runs_s"], r["signed_runs_s"], strict=True)) / 2, abs=0.01)
+    assert r["paired_overhead_ci95"] is None  # 2 pairs: no interval
     assert r["plain_cpu_s"] > 0 and r["signed_cpu_s"] > 0 and len(r["load_average"]) == 3

@@ -33,3 +33,17 @@ def test_bad_input_is_one_line_and_exit_1(args, needle):
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stderr
     assert p.stderr.startswith("error: ") and needle in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_signed_bench_reports_paired_overhead():
+    """`--signed` times the authenticated ring beside the plain one in the same run and reports
+    the per-repeat overhead with its interval (api/bench/paired.py); results stay bit-identical."""
+    from api.bench.allreduce import run_allreduce_bench
+
+    r = run_allreduce_bench(2, 4810, repeats=3, signed=True, timeout=60)
+    assert r["bit_identical"] and r["max_abs_error"] < 1e-6
+    assert len(r["ring_runs_s"]) == len(r["signed_runs_s"]) == 3
+    pairs = [s / p - 1 for p, s in zip(r["ring_runs_s"], r["signed_runs_s"], strict=True)]
+    assert r["signed_paired_overhead"] == pytest.approx(sorted(pairs)[1], abs=0.005)  # runs: us
+    lo, hi = r["signed_paired_overhead_ci95"]
+    assert lo <= r["signed_paired_overhead"] <= hi
