@@ -530,6 +530,9 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
 
 
 if __name__ == "__main__":  # FD ARTIFACT MEMBER SWARM MAX_PAYLOAD NICE THREADS nice|idle AUTH,CRC,ROOM
+    from fractal.heap import tune_allocator
+
+    tune_allocator()  # the worker encodes and decodes every ring frame of the node
     _a = sys.argv[1:10]
     _worker_main(Connection(int(_a[0])), _a[1], _a[2], _a[3], int(_a[4]), int(_a[5]), int(_a[6]),
                  _a[7] == "idle", *_a[8:9])

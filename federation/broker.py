@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from federation.errors import TransportError
+from fractal.heap import child_env
 
 __all__ = [
     "BrokerKind",
@@ -144,7 +145,8 @@ class MosquittoBroker(Broker):
     def _start(self, timeout: float = 10.0) -> None:
         with open(self.log_path, "ab") as logf:
             self._proc = subprocess.Popen([self._binary, "-c", str(self.conf)], stdout=logf,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=child_env())  # frame-sized buffers in its heap too
         if not _wait_accepting(self.port, time.monotonic() + timeout, self.running):
             tail = self.log_path.read_text(errors="replace")[-800:]
             self.kill()

@@ -146,7 +146,9 @@ def _member(url: str, swarm: str, rank: int, nodes: int, elements: int, compress
     from federation.mqtt import MqttLink
     from federation.ring import RingAllreduce
     from federation.star import StarAllreduce
+    from fractal.heap import tune_allocator
 
+    tune_allocator()  # as every `fractal` process does (a spawned member does not run the CLI)
     ids = [f"m{i}" for i in range(nodes)]
     me = ids[rank]
     vec = _vector(rank, elements)

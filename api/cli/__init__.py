@@ -42,6 +42,9 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `fractal` console script."""
+    from fractal.heap import tune_allocator
+
+    tune_allocator()  # before any frame buffer exists (fractal/heap.py)
     try:
         app(args=argv)  # standalone: click handles usage errors (exit 2) and --help itself
     except KeyboardInterrupt:
