@@ -122,8 +122,10 @@ class Collective(Protocol):
     def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
                   timeout: float = 30.0) -> np.ndarray: ...
 
-    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
-        """Every member's vector, sent directly to every other member: ``(n, L)`` in ring order."""
+    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0,
+                 compression: Any = "none") -> np.ndarray:
+        """Every member's vector, sent directly to every other member: ``(n, L)`` in ring order
+        (with ``compression``: encoded with error feedback, every row decoded alike)."""
         ...
 
     def reset_feedback(self) -> None: ...

@@ -497,10 +497,11 @@ class _Reducer:
         update = np.asarray(update, np.float32)
         if self.plan.aggregation != Aggregation.MEAN:
             return self._robust(update, step)
-        if self.plan.outlier_factor > 0 and self.plan.compression in (Compression.NONE, Compression.FP16):
-            return self._screened_mean(update, step)
-        # No screening (off, or a codec with error feedback, whose frames no claim bounds): a
-        # non-finite update aborts the call, as the ring does for any NaN/Inf.
+        if self.plan.outlier_factor > 0:
+            if self.plan.compression in (Compression.NONE, Compression.FP16):
+                return self._screened_mean(update, step)
+            return self._screened_exchange(update, step)
+        # No screening: a non-finite update aborts the call, as the ring does for any NaN/Inf.
         n, kept = len(self.group), sum(self.contributors)
         return self._mean(update, step, None, n / kept)
 
@@ -530,6 +531,26 @@ class _Reducer:
                                              compression=self.plan.compression, screen=(row, decide)),
                          np.float32)
         return avg * np.float32(n / len(kept)) if len(kept) != n else avg
+
+    def _screened_exchange(self, update: np.ndarray, step: int) -> np.ndarray:
+        """Screening with a codec that has error feedback (int8, top-k). No claim bounds such a
+        frame (what a member sends includes its residual of earlier steps, and the ring
+        re-encodes partial sums), so the members exchange their encoded rows directly (one hop,
+        each row encoded once, ``ring.exchange(compression=...)``) and every member screens the
+        decoded rows' own norms, as on the direct path: no lie about a norm is possible. The
+        result is the mean of the rows kept, summed in group order (the same bits everywhere).
+        Bytes per member and step: ``(n - 1) x`` the encoded row (int8: ~L bytes per peer)."""
+        row = update if self.contributors[self.k] else np.zeros_like(update)
+        rows = np.asarray(self.ring.exchange(row, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                             timeout=self.plan.step_timeout_s,
+                                             compression=self.plan.compression), np.float32)
+        norms = [float(np.linalg.norm(r.astype(np.float64))) if np.isfinite(r).all() else float("nan")
+                 for r in rows]
+        s = self._screen(norms, step)
+        acc = np.zeros(update.size, np.float32)
+        for j in s.kept:  # ascending, i.e. group order on every member
+            acc += rows[j]
+        return acc / np.float32(len(s.kept))
 
     def _robust(self, update: np.ndarray, step: int) -> np.ndarray:
         ok = self.contributors[self.k] and bool(np.isfinite(update).all())

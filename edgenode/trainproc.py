@@ -254,8 +254,9 @@ class TrainingWorker:
         out = self._call(("allreduce", np.asarray(vec), kw), silence=timeout + _COLLECTIVE_MARGIN_S)
         return np.asarray(out)
 
-    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
-        kw = {"group": list(group), "tag": tag, "timeout": timeout}
+    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0,
+                 compression: Any = "none") -> np.ndarray:
+        kw = {"group": list(group), "tag": tag, "timeout": timeout, "compression": compression}
         out = self._call(("exchange", np.asarray(vec), kw), silence=timeout + _COLLECTIVE_MARGIN_S)
         return np.asarray(out)
 

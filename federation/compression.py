@@ -43,6 +43,7 @@ from federation.messages import Compression
 __all__ = [
     "Codec",
     "FEEDBACK_CODECS",
+    "encode_nonfinite",
     "codec_for",
     "per_part",
     "encode",
@@ -120,6 +121,22 @@ def _raw_encode(codec: Codec, v: np.ndarray, topk_ratio: float) -> list:
         else:
             idx = np.sort(np.argpartition(np.abs(v), v.size - k)[v.size - k :]).astype("<u4")
         return [_U32.pack(k), idx, np.ascontiguousarray(v[idx], dtype="<f4")]
+    raise ValueError(f"unknown codec {codec!r}")
+
+
+def encode_nonfinite(codec: Codec, count: int) -> list:
+    """Pieces that decode to ``count`` elements, not all finite: how a non-finite vector is carried
+    by a codec that would otherwise hide it (int8 turns a non-finite scale into zeros), so that
+    every receiver sees it for what it is."""
+    if codec == Codec.F32:
+        return [np.full(count, np.nan, np.float32)]
+    if codec == Codec.F16:
+        return [np.full(count, np.nan, "<f2")]
+    if codec == Codec.INT8:
+        return [_F32.pack(float("nan")), np.zeros(count, np.int8)]
+    if codec == Codec.TOPK:
+        k = min(1, count)
+        return [_U32.pack(k), np.zeros(k, "<u4"), np.full(k, np.nan, "<f4")]
     raise ValueError(f"unknown codec {codec!r}")
 
 

@@ -286,17 +286,28 @@ class RingAllreduce(_Collective):
             return run(self, x, members, tag, op, timeout, codec, clip_norm, claims, screen).run()
 
     # -- exchange ----------------------------------------------------------------------------
-    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0) -> np.ndarray:
+    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0,
+                 compression: Compression | str = Compression.NONE) -> np.ndarray:
         """Every member's float32 vector, sent **directly** to every other member (one hop, phase
         EXCHANGE, chunk = the sender's rank, F32 parts); returns an ``(n, L)`` array in
         ``sorted(group)`` order. Row j is exactly what member j sent (in a signed swarm: what its
         authenticated sender sent; no other member can alter it, unlike a slot of a sum-allreduce).
         NaN/Inf are carried as sent. Each member sends ``(n - 1) L`` floats: half of a ring
-        all-gather of the same rows, in one hop instead of ``2 (n - 1)``."""
+        all-gather of the same rows, in one hop instead of ``2 (n - 1)``.
+
+        ``compression`` other than none: each member sends its row encoded once with that codec
+        (``int8``, ``topk``, ``fp16``) with error feedback (its residual of the last successful
+        exchange of the same group, codec and length is added first, and what the codec dropped is
+        kept for the next; committed only when the call succeeds, like the ring's), and every
+        member, the sender included, gets the *decoded* rows: the same bits everywhere. A row
+        whose int8 scale is not finite decodes to non-finite values, carried as received."""
         x = as_vector(vec)
         members = ordered_group(group, self.member_id)
+        codec = comp.codec_for(compression)
         with self._lock:
-            return self._exchange(x, members, tag, timeout)
+            if codec == Codec.F32:
+                return self._exchange(x, members, tag, timeout)
+            return self._exchange_coded(x, members, tag, timeout, codec)
 
     def _exchange(self, x: np.ndarray, members: list[str], tag: str, timeout: float) -> np.ndarray:
         with self.endpoint.call(tag, [m for m in members if m != self.member_id], timeout) as call:
@@ -304,44 +315,73 @@ class RingAllreduce(_Collective):
             self._finish(call)
         return out
 
+    def _exchange_coded(self, x: np.ndarray, members: list[str], tag: str, timeout: float,
+                        codec: Codec) -> np.ndarray:
+        key = (tuple(members), "exchange", codec, x.size, self.topk_ratio)
+        fb = self._feedback
+        residual = (fb.residual.copy() if fb is not None and fb.key == key
+                    else np.zeros(x.size, np.float32)) if codec in comp.FEEDBACK_CODECS else None
+        parts = sch.part_bounds(0, x.size, comp.per_part(codec, self.max_payload, self.topk_ratio),
+                                at_least_one=True)
+        if all_finite(x):
+            pieces = [comp.encode(codec, x[a:b], None if residual is None else residual[a:b],
+                                  topk_ratio=self.topk_ratio) for a, b in parts]
+        else:  # carried as non-finite (int8 would zero it); the residual is left as it was
+            pieces = [comp.encode_nonfinite(codec, b - a) for a, b in parts]
+        with self.endpoint.call(tag, [m for m in members if m != self.member_id], timeout) as call:
+            out = self._gather_rows(call, x, members, 0, codec=codec, pieces=pieces)
+            self._finish(call)
+        if residual is not None:
+            self._feedback = _Feedback(key, residual)
+        return out
+
     def _gather_rows(self, call: Call, x: np.ndarray, members: list[str], step: int,
-                     stash: list[Frame] | None = None) -> np.ndarray:
+                     stash: list[Frame] | None = None, *, codec: Codec = Codec.F32,
+                     pieces: list[list] | None = None) -> np.ndarray:
         """Send ``x`` to every peer (phase EXCHANGE, ``step``, chunk = our rank) and receive
-        theirs: the ``(n, L)`` rows in ``members`` order (frames in ``stash`` are taken first)."""
+        theirs: the ``(n, L)`` rows in ``members`` order (frames in ``stash`` are taken first).
+        With ``pieces`` (one list of encoded payload pieces per part, see :meth:`exchange`) those
+        go out instead, with ``codec``, and every row is the decoded one, ours too."""
         n, me, size = len(members), self.member_id, x.size
         rank = members.index(me)
-        per = comp.per_part(Codec.F32, self.max_payload)
+        per = comp.per_part(codec, self.max_payload, self.topk_ratio)
         parts = sch.part_bounds(0, size, per, at_least_one=True)
         out = np.empty((n, size), np.float32)
-        out[rank] = x
+        if pieces is None:
+            out[rank] = x
+        else:
+            for p, (a, b) in enumerate(parts):
+                own = b"".join(memoryview(q).cast("B") for q in pieces[p])
+                out[rank, a:b] = comp.decode(codec, own, b - a)
         for dst in members:
             if dst != me:
                 for p in range(len(parts)):
                     call.queue(dst, (Phase.EXCHANGE, step, rank, p),
-                               self._exchange_builder(call.tag, step, rank, p, parts, x))
+                               self._exchange_builder(call.tag, step, rank, p, parts, x, codec, pieces))
         pending = {(j, p) for j in range(n) if j != rank for p in range(len(parts))}
         while pending:
             fr = stash.pop(0) if stash else call.wait(members[min(pending)[0]])
             if fr is None:
                 continue
             j = members.index(fr.sender) if fr.sender in members else -1
-            if (fr.phase != Phase.EXCHANGE or fr.codec != Codec.F32 or fr.step != step or fr.chunk != j
+            if (fr.phase != Phase.EXCHANGE or fr.codec != codec or fr.step != step or fr.chunk != j
                     or fr.total != size or fr.nparts != len(parts) or (j, fr.part) not in pending
                     or (fr.offset, fr.offset + fr.count) != parts[fr.part]):
                 _violation(fr, "unexpected exchange frame")
             a, b = parts[fr.part]
-            out[j, a:b] = comp.decode(Codec.F32, fr.payload, b - a)
+            out[j, a:b] = comp.decode(codec, fr.payload, b - a)
             pending.discard((j, fr.part))
         return out
 
     def _exchange_builder(self, tag: str, step: int, rank: int, part: int, parts: list[tuple[int, int]],
-                          x: np.ndarray):
+                          x: np.ndarray, codec: Codec = Codec.F32, pieces: list[list] | None = None):
         a, b = parts[part]
+        payload = [x[a:b]] if pieces is None else pieces[part]
 
         def build() -> bytes:
             return encode(FrameKind.DATA, Phase.EXCHANGE, swarm=self.swarm, tag=tag, sender=self.member_id,
-                          codec=Codec.F32, step=step, chunk=rank, part=part, nparts=len(parts), offset=a,
-                          count=b - a, total=x.size, payload=[x[a:b]], **self.endpoint.frame_kw)
+                          codec=codec, step=step, chunk=rank, part=part, nparts=len(parts), offset=a,
+                          count=b - a, total=x.size, payload=payload, **self.endpoint.frame_kw)
         return build
 
     # -- broadcast ---------------------------------------------------------------------------

@@ -162,3 +162,30 @@ def test_robust_aggregation_commits_with_a_hostile_member(swarm4, swarm_id, aggr
     assert len({e.params_sha256 for e in done}) == 1
     after = _accuracy(nodes[ids[0]], xt, yt)
     assert after > max(0.5, before + 0.2), (before, after)
+
+
+@pytest.mark.parametrize("compression", ["int8", "topk"])
+def test_an_outlier_is_excluded_in_compressed_rounds(swarm4, swarm_id, compression):
+    """int8 / top-k frames carry error feedback, which no norm claim bounds: the members exchange
+    their encoded rows directly and screen the decoded rows. The hostile node is excluded and
+    named, the round commits the same bits everywhere, and the model learns (before: screening
+    was skipped for these codecs and the hostile update wrecked the round)."""
+    ids, nodes, fleet, watch, (xt, yt) = swarm4
+    hostile = ids[3]
+    nodes[hostile].trainer = ScaledTrainer(nodes[hostile].trainer, 1e3)
+    before = _accuracy(nodes[ids[0]], xt, yt)
+    cmd = RoundCommand(round_id=f"{compression}-unscreened", steps=40, lr=0.1, participants=ids,
+                       step_timeout_s=15, compression=compression, outlier_factor=0)
+    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
+    assert len(evs) == 4 and all(e.kind == EventKind.FAILED for e in evs), evs
+    assert {n.model_version for n in nodes.values()} == {0}
+
+    cmd = RoundCommand(round_id=f"{compression}-screened", steps=60, lr=0.1, participants=ids,
+                       step_timeout_s=15, compression=compression)
+    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
+    done = [e for e in evs if e.kind == EventKind.DONE]
+    assert len(done) == 4, evs
+    assert all(e.excluded == [hostile] for e in done), [e.excluded for e in done]
+    assert len({e.params_sha256 for e in done}) == 1 and {e.model_version for e in done} == {1}
+    after = _accuracy(nodes[ids[0]], xt, yt)
+    assert after > before + (0.3 if compression == "int8" else 0.05), (before, after)

@@ -518,3 +518,50 @@ def test_direct_calls_in_a_row_acknowledge_each_other(linger):
             assert acks >= 2 * calls * len(names) - sum(s.acks_implied for s in stats)
     finally:
         close_all(rings)
+
+
+@pytest.mark.parametrize("codec", ["int8", "topk", "fp16"])
+def test_coded_exchange_same_decoded_rows_everywhere_with_error_feedback(codec):
+    """``exchange(compression=...)``: each row is encoded once (error feedback for int8/top-k),
+    every member, the sender included, gets the same decoded rows; what a codec dropped in one
+    call goes out in the next; a non-finite row arrives non-finite (int8 would zero it)."""
+    from federation import compression as comp
+
+    n, size = 3, 1000
+    _, engines = make_ring(n, max_payload=2048)  # several parts per row
+    rng = np.random.default_rng(5)
+    sent = {m: [rng.standard_normal(size).astype(np.float32) for _ in range(2)] for m in ids(n)}
+    got: dict[str, list[np.ndarray]] = {m: [] for m in ids(n)}
+
+    def member(m):
+        def run():
+            for call, x in enumerate(sent[m]):
+                got[m].append(engines[m].exchange(x, group=ids(n), tag=f"x{call}", timeout=10,
+                                                  compression=codec))
+            return engines[m].feedback_residual
+        return run
+
+    res = run_members({m: member(m) for m in ids(n)})
+    for call in range(2):
+        assert len({got[m][call].tobytes() for m in ids(n)}) == 1, f"call {call}: rows differ"
+    rows = got["m0"]
+    for j, m in enumerate(ids(n)):
+        residual = res[m]
+        if codec == "fp16":  # no error feedback: each row is the fp16 rounding of what was sent
+            assert residual is None
+            np.testing.assert_allclose(rows[0][j], sent[m][0], rtol=1e-3, atol=1e-3)
+            continue
+        # error feedback: decoded rows + what is still owed = everything sent (up to rounding)
+        np.testing.assert_allclose(rows[0][j] + rows[1][j] + residual, sent[m][0] + sent[m][1],
+                                   rtol=1e-5, atol=1e-5)
+        assert not np.allclose(rows[0][j], sent[m][0], atol=1e-6)  # the codec did drop something
+
+    bad = np.full(size, np.inf, np.float32)
+    out = run_members({m: (lambda m=m: engines[m].exchange(bad if m == "m1" else sent[m][0], group=ids(n),
+                                                          tag="nan", timeout=10, compression=codec))
+                       for m in ids(n)})
+    for m in ids(n):
+        assert not np.isfinite(out[m][1]).all() and np.isfinite(out[m][0]).all(), m
+    nan8 = b"".join(memoryview(p).cast("B") for p in comp.encode_nonfinite(comp.Codec.INT8, 4))
+    assert np.isnan(comp.decode(comp.Codec.INT8, nan8, 4)).all()
+    close_all(engines)
