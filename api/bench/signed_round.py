@@ -2,6 +2,7 @@
 
     python -m api.bench.signed_round [--nodes 3] [--steps 100] [--repeats 3] [--outlier-factor F]
                                      [--members process|thread] [--model ZOO-MODEL]
+                                     [--compression none|fp16|int8|topk]
 
 N real edge nodes, each with its own MQTT connection to a Mosquitto the benchmark starts, train
 digits-mlp (the demo's cached artifact, on sklearn's digits) or ``--model``, another zoo model
@@ -90,7 +91,7 @@ def _swarm(tmp: Path, art_dir: Path, art: Any, broker_url: str, swarm: str, n: i
 
 
 def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
-           outlier_factor: float | None = None) -> tuple[float, float]:
+           opts: dict[str, Any] | None = None) -> tuple[float, float]:
     from federation import topics
     from federation.messages import EventKind, RoundCommand
 
@@ -109,7 +110,7 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
         nd.add_event_listener(listen)
     c0, t0 = time.process_time(), time.perf_counter()
     fleet.publish(topics.command(swarm), RoundCommand(round_id=rid, steps=steps, lr=0.05, participants=ids,
-                                                      step_timeout_s=30, outlier_factor=outlier_factor))
+                                                      step_timeout_s=30, **(opts or {})))
     if not done.wait(300):
         raise SystemExit(f"round {rid} did not finish")
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -119,7 +120,7 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
 
 
 def _run_threads(art: Any, art_dir: Path, model: str, broker_url: str, nodes: int, steps: int, repeats: int,
-                 outlier_factor: float | None, out: dict[str, list[float]],
+                 opts: dict[str, Any], out: dict[str, list[float]],
                  cpu: dict[str, list[float]]) -> None:
     with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
         swarms = {kind: _swarm(Path(tmp), art_dir, art, broker_url, f"b{kind}", nodes, kind == "signed",
@@ -133,7 +134,7 @@ def _run_threads(art: Any, art_dir: Path, model: str, broker_url: str, nodes: in
         for rep in range(repeats):
             for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
                 ids, nds, fleet, _ = swarms[kind]
-                wall, c = _round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps, outlier_factor)
+                wall, c = _round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps, opts)
                 out[kind].append(wall)
                 cpu[kind].append(c)
         for _ids, nds, _, link in swarms.values():
@@ -231,14 +232,13 @@ class _ProcSwarm:
             total += int(fields[11]) + int(fields[12])  # utime, stime
         return total / tick
 
-    def round(self, rid: str, steps: int, outlier_factor: float | None) -> tuple[float, float]:
+    def round(self, rid: str, steps: int, opts: dict[str, Any]) -> tuple[float, float]:
         from federation import topics
         from federation.messages import RoundCommand
 
         c0, t0 = self.cpu(), time.perf_counter()
         self.link.publish(topics.command(self.swarm), RoundCommand(
-            round_id=rid, steps=steps, lr=0.05, participants=self.ids, step_timeout_s=30,
-            outlier_factor=outlier_factor))
+            round_id=rid, steps=steps, lr=0.05, participants=self.ids, step_timeout_s=30, **opts))
         with self._cv:
             if not self._cv.wait_for(lambda: len(self._done.get(rid, {})) == len(self.ids), 300):
                 raise SystemExit(f"round {rid} did not finish")
@@ -260,7 +260,7 @@ class _ProcSwarm:
 
 
 def _run_processes(art_dir: Path, model: str, broker_url: str, nodes: int, steps: int, repeats: int,
-                   outlier_factor: float | None, out: dict[str, list[float]],
+                   opts: dict[str, Any], out: dict[str, list[float]],
                    cpu: dict[str, list[float]]) -> None:
     with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
         swarms: dict[str, _ProcSwarm] = {}
@@ -269,10 +269,10 @@ def _run_processes(art_dir: Path, model: str, broker_url: str, nodes: int, steps
                 swarms[kind] = _ProcSwarm(Path(tmp), art_dir, model, broker_url, f"b{kind}", nodes,
                                           kind == "signed")
             for kind, sw in swarms.items():  # warm-up round each (TVM, connections, training workers)
-                sw.round(f"{kind}-warm", 5, outlier_factor)
+                sw.round(f"{kind}-warm", 5, opts)
             for rep in range(repeats):
                 for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
-                    wall, c = swarms[kind].round(f"{kind}-{rep}", steps, outlier_factor)
+                    wall, c = swarms[kind].round(f"{kind}-{rep}", steps, opts)
                     out[kind].append(wall)
                     cpu[kind].append(c)
         finally:
@@ -282,7 +282,7 @@ def _run_processes(art_dir: Path, model: str, broker_url: str, nodes: int, steps
 
 def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
         outlier_factor: float | None = None, members: str = "process",
-        model: str = "digits-mlp") -> dict[str, Any]:
+        model: str = "digits-mlp", compression: str = "none") -> dict[str, Any]:
     """``outlier_factor``: the rounds' screening (federation/robust.py); None = the nodes' default.
     ``members``: "process" (one ``fractal node`` process per node) or "thread" (all in this one).
     ``model``: a zoo model, compiled with its training module once (digits-mlp: the demo's)."""
@@ -293,14 +293,15 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
     with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout carries only the JSON
         art_dir = demo_artifact(Path(".cache"), host_preset_name(), model).resolve()
     broker = start_mosquitto()
+    opts: dict[str, Any] = {"outlier_factor": outlier_factor, "compression": compression}
     out: dict[str, list[float]] = {"plain": [], "signed": []}
     cpu: dict[str, list[float]] = {"plain": [], "signed": []}
     try:
         if members == "process":
-            _run_processes(art_dir, model, broker.url, nodes, steps, repeats, outlier_factor, out, cpu)
+            _run_processes(art_dir, model, broker.url, nodes, steps, repeats, opts, out, cpu)
         else:
             _run_threads(load_artifact(art_dir), art_dir, model, broker.url, nodes, steps, repeats,
-                         outlier_factor, out, cpu)
+                         opts, out, cpu)
     finally:
         broker.close()
     plain, signed = statistics.median(out["plain"]), statistics.median(out["signed"])
@@ -308,6 +309,7 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
     # Repeat i ran its plain and its signed round back to back: per-pair overheads (api/bench/paired.py)
     paired = paired_overhead(out["plain"], out["signed"])
     return {"nodes": nodes, "steps": steps, "repeats": repeats, "outlier_factor": outlier_factor,
+            "compression": compression,
             "members": members, "model": model,
             "plain_round_s": round(plain, 4),
             "signed_round_s": round(signed, 4), "overhead": round(signed / plain - 1, 4),
@@ -329,8 +331,10 @@ def main() -> None:
                    help="one `fractal node` process per node (default), or all nodes in this process")
     p.add_argument("--model", default="digits-mlp",
                    help="a zoo model, compiled with its training module once (default: the demo's)")
+    p.add_argument("--compression", default="none", choices=("none", "fp16", "int8", "topk"),
+                   help="the rounds' compression (int8/topk with screening: a coded exchange per step)")
     a = p.parse_args()
-    print(json.dumps(run(a.nodes, a.steps, a.repeats, a.outlier_factor, a.members, a.model)))
+    print(json.dumps(run(a.nodes, a.steps, a.repeats, a.outlier_factor, a.members, a.model, a.compression)))
 
 
 if __name__ == "__main__":
