@@ -102,11 +102,24 @@ def _run(fleet, watch, swarm_id, ids, nodes, cmd, timeout=120):
         return [e for e in watch.events if e.round_id == cmd.round_id and e.kind != EventKind.STEP]
 
 
+def _make_hostile(swarm4, k: int) -> tuple[str, float]:
+    """Node k's gradient scaled by 1e3; -> (its id, the first node's accuracy before)."""
+    ids, nodes, _, _, (xt, yt) = swarm4
+    nodes[ids[k]].trainer = ScaledTrainer(nodes[ids[k]].trainer, 1e3)
+    return ids[k], _accuracy(nodes[ids[0]], xt, yt)
+
+
+def _committed(evs) -> list:
+    """The DONE events of a round that committed on all four nodes, with one hash."""
+    done = [e for e in evs if e.kind == EventKind.DONE]
+    assert len(done) == 4, evs
+    assert len({e.params_sha256 for e in done}) == 1, [e.params_sha256 for e in done]
+    return done
+
+
 def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
     ids, nodes, fleet, watch, (xt, yt) = swarm4
-    hostile = ids[2]
-    nodes[hostile].trainer = ScaledTrainer(nodes[hostile].trainer, 1e3)
-    before = _accuracy(nodes[ids[0]], xt, yt)
+    hostile, before = _make_hostile(swarm4, 2)
     # Without screening the hostile gradient dominates the mean: the round is wrecked, and only
     # the commit's update-norm bound keeps it from being committed (the whole round is lost).
     cmd = RoundCommand(round_id="unscreened", steps=40, lr=0.1, participants=ids, step_timeout_s=15,
@@ -116,11 +129,9 @@ def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
     assert {n.model_version for n in nodes.values()} == {0}
 
     cmd = RoundCommand(round_id="outlier-1", steps=40, lr=0.1, participants=ids, step_timeout_s=15)
-    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
-    done = [e for e in evs if e.kind == EventKind.DONE]
-    assert len(done) == 4, evs
+    done = _committed(_run(fleet, watch, swarm_id, ids, nodes, cmd))
     assert all(e.excluded == [hostile] for e in done), [e.excluded for e in done]
-    assert len({e.params_sha256 for e in done}) == 1 and {e.model_version for e in done} == {1}
+    assert {e.model_version for e in done} == {1}
     after = _accuracy(nodes[ids[0]], xt, yt)
     assert after > max(0.6, before + 0.3), (before, after)  # the honest three trained the model
 
@@ -130,9 +141,8 @@ def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
     nodes[hostile]._ring = LyingRing(nodes[hostile]._ring, hostile, 1e3)
     assert nodes[hostile]._ring.algorithm(4, 4810) == "direct"
     evs = _run(fleet, watch, swarm_id, ids, nodes, cmd.model_copy(update={"round_id": "liar-direct"}))
-    done = [e for e in evs if e.kind == EventKind.DONE]
-    assert len(done) == 4 and all(e.excluded == [hostile] for e in done), evs
-    assert len({e.params_sha256 for e in done}) == 1 and {e.model_version for e in done} == {2}
+    done = _committed(evs)
+    assert all(e.excluded == [hostile] for e in done) and {e.model_version for e in done} == {2}, done
 
     # Around the ring (a model too big for the direct path) the claims travel: the liar's
     # successor's claim check fails the first step; the round fails everywhere naming it and
@@ -150,16 +160,11 @@ def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
 @pytest.mark.parametrize("aggregation", ["median", "trimmed_mean"])
 def test_robust_aggregation_commits_with_a_hostile_member(swarm4, swarm_id, aggregation):
     ids, nodes, fleet, watch, (xt, yt) = swarm4
-    hostile = ids[1]
-    nodes[hostile].trainer = ScaledTrainer(nodes[hostile].trainer, 1e3)
-    before = _accuracy(nodes[ids[0]], xt, yt)
+    _, before = _make_hostile(swarm4, 1)
     # screening off: the robust aggregate alone must keep the hostile update out
     cmd = RoundCommand(round_id=f"robust-{aggregation}", steps=40, lr=0.1, participants=ids,
                        step_timeout_s=15, aggregation=aggregation, outlier_factor=0)
-    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
-    done = [e for e in evs if e.kind == EventKind.DONE]
-    assert len(done) == 4, evs
-    assert len({e.params_sha256 for e in done}) == 1
+    _committed(_run(fleet, watch, swarm_id, ids, nodes, cmd))
     after = _accuracy(nodes[ids[0]], xt, yt)
     assert after > max(0.5, before + 0.2), (before, after)
 
@@ -171,9 +176,7 @@ def test_an_outlier_is_excluded_in_compressed_rounds(swarm4, swarm_id, compressi
     named, the round commits the same bits everywhere, and the model learns (before: screening
     was skipped for these codecs and the hostile update wrecked the round)."""
     ids, nodes, fleet, watch, (xt, yt) = swarm4
-    hostile = ids[3]
-    nodes[hostile].trainer = ScaledTrainer(nodes[hostile].trainer, 1e3)
-    before = _accuracy(nodes[ids[0]], xt, yt)
+    hostile, before = _make_hostile(swarm4, 3)
     cmd = RoundCommand(round_id=f"{compression}-unscreened", steps=40, lr=0.1, participants=ids,
                        step_timeout_s=15, compression=compression, outlier_factor=0)
     evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
@@ -182,10 +185,8 @@ def test_an_outlier_is_excluded_in_compressed_rounds(swarm4, swarm_id, compressi
 
     cmd = RoundCommand(round_id=f"{compression}-screened", steps=60, lr=0.1, participants=ids,
                        step_timeout_s=15, compression=compression)
-    evs = _run(fleet, watch, swarm_id, ids, nodes, cmd)
-    done = [e for e in evs if e.kind == EventKind.DONE]
-    assert len(done) == 4, evs
+    done = _committed(_run(fleet, watch, swarm_id, ids, nodes, cmd))
     assert all(e.excluded == [hostile] for e in done), [e.excluded for e in done]
-    assert len({e.params_sha256 for e in done}) == 1 and {e.model_version for e in done} == {1}
+    assert {e.model_version for e in done} == {1}
     after = _accuracy(nodes[ids[0]], xt, yt)
     assert after > before + (0.3 if compression == "int8" else 0.05), (before, after)
