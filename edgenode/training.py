@@ -58,8 +58,9 @@ from federation.bounds import (
     SYNC_GAP_OF_UPDATE,
     UPDATE_NORM_FACTOR,
 )
-from federation.errors import RoundAborted
+from federation.errors import RoundAborted, UpdateRejected
 from federation.messages import Compression, RoundCommand, SyncMode
+from federation.ring import DIRECT_MAX_BYTES
 from federation.robust import Aggregation
 
 __all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "train_steps", "choose_start"]
@@ -503,7 +504,36 @@ class _Reducer:
             return self._screened_exchange(update, step)
         # No screening: a non-finite update aborts the call, as the ring does for any NaN/Inf.
         n, kept = len(self.group), sum(self.contributors)
+        if (self.plan.compression in (Compression.INT8, Compression.TOPK)
+                and (n - 1) * 4 * update.size <= DIRECT_MAX_BYTES):
+            return self._coded_mean(update, step, kept)
         return self._mean(update, step, None, n / kept)
+
+    def _coded_mean(self, update: np.ndarray, step: int, kept: int) -> np.ndarray:
+        """An unscreened int8/top-k step of a vector small enough for the direct path: the coded
+        exchange (one hop; around the ring it takes 2 (n - 1), measured 2.1x slower for
+        digits-mlp on 4 nodes) and the sum of every row in group order, over the contributors.
+        A non-finite row fails the step naming its sender, as the ring's check would; every member
+        holds the same rows, so all fail alike."""
+        rows = self._rows(update, step)
+        for j, r in enumerate(rows):
+            if not np.isfinite(r).all():
+                raise UpdateRejected(f"round {self.plan.round_id!r} step {step}: the update from "
+                                     f"{self.group[j]} is not finite", member=self.group[j],
+                                     hint="that member's update diverged")
+        return self._sum(rows, range(len(rows)), kept)
+
+    def _rows(self, row: np.ndarray, step: int) -> np.ndarray:
+        return np.asarray(self.ring.exchange(row, group=self.group, tag=f"{self.plan.round_id}/{step}",
+                                             timeout=self.plan.step_timeout_s,
+                                             compression=self.plan.compression), np.float32)
+
+    @staticmethod
+    def _sum(rows: np.ndarray, which: Any, count: int) -> np.ndarray:
+        acc = np.zeros(rows.shape[1], np.float32)
+        for j in which:  # ascending, i.e. group order on every member: the same bits everywhere
+            acc += rows[j]
+        return acc / np.float32(count)
 
     def _mean(self, update: np.ndarray, step: int, claims: np.ndarray | None, scale: float) -> np.ndarray:
         avg = np.asarray(self.ring.allreduce(update, group=self.group, tag=f"{self.plan.round_id}/{step}",
@@ -540,17 +570,11 @@ class _Reducer:
         decoded rows' own norms, as on the direct path: no lie about a norm is possible. The
         result is the mean of the rows kept, summed in group order (the same bits everywhere).
         Bytes per member and step: ``(n - 1) x`` the encoded row (int8: ~L bytes per peer)."""
-        row = update if self.contributors[self.k] else np.zeros_like(update)
-        rows = np.asarray(self.ring.exchange(row, group=self.group, tag=f"{self.plan.round_id}/{step}",
-                                             timeout=self.plan.step_timeout_s,
-                                             compression=self.plan.compression), np.float32)
+        rows = self._rows(update if self.contributors[self.k] else np.zeros_like(update), step)
         norms = [float(np.linalg.norm(r.astype(np.float64))) if np.isfinite(r).all() else float("nan")
                  for r in rows]
         s = self._screen(norms, step)
-        acc = np.zeros(update.size, np.float32)
-        for j in s.kept:  # ascending, i.e. group order on every member
-            acc += rows[j]
-        return acc / np.float32(len(s.kept))
+        return self._sum(rows, s.kept, len(s.kept))
 
     def _robust(self, update: np.ndarray, step: int) -> np.ndarray:
         ok = self.contributors[self.k] and bool(np.isfinite(update).all())

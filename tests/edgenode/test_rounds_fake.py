@@ -269,9 +269,10 @@ def test_round_trains_on_the_newest_samples_within_its_memory_budget(tmp_path):
         node.stop()
 
 
+@pytest.mark.parametrize("outlier_factor", [None, 0])  # int8/topk: a coded exchange, screened or not
 @pytest.mark.parametrize("compression", ["fp16", "int8", "topk"])
 @pytest.mark.parametrize("sync", ["gradient", "local-sgd"])
-def test_compressed_rounds_agree_and_learn(tmp_path, compression, sync):
+def test_compressed_rounds_agree_and_learn(tmp_path, compression, sync, outlier_factor):
     nodes = swarm(tmp_path, ["a", "b", "c"], f"{compression}-{sync}")
     rng = np.random.default_rng(5)
     w_true = rng.standard_normal((64, 10)).astype(np.float32)
@@ -281,11 +282,47 @@ def test_compressed_rounds_agree_and_learn(tmp_path, compression, sync):
             n.add_samples({"x": x}, (x @ w_true).argmax(1))
         cmd = RoundCommand.model_validate({"round_id": "c", "steps": 30, "lr": 0.5, "sync": sync,
                                            "local_steps": 2, "participants": list(nodes),
-                                           "compression": compression})
+                                           "compression": compression, "outlier_factor": outlier_factor})
         assert not run_all(nodes, cmd)
         assert len({n.params_sha256 for n in nodes.values()}) == 1
         losses = nodes["a"].last_result.losses
         assert np.mean(losses[-5:]) < np.mean(losses[:5]) * 0.8, losses
+    finally:
+        for n in nodes.values():
+            n.stop()
+
+
+class _NanTrainer:
+    """The stand-in trainer with every gradient NaN (a diverged member)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def loss_and_grad(self, params, x, y):
+        loss, grads = self.inner.loss_and_grad(params, x, y)
+        return loss, [np.full_like(np.asarray(g), np.nan) for g in grads]
+
+
+@pytest.mark.parametrize("compression", ["int8", "topk"])
+def test_unscreened_compressed_round_fails_naming_a_diverged_member(tmp_path, compression):
+    """int8 would turn a NaN update into zeros; the coded exchange carries it as non-finite, so
+    every member fails the step naming the diverged one and nobody commits."""
+    nodes = swarm(tmp_path, ["a", "b", "c"], f"nan-{compression}")
+    rng = np.random.default_rng(1)
+    try:
+        for n in nodes.values():
+            x = rng.standard_normal((64, 64)).astype(np.float32)
+            n.add_samples({"x": x}, rng.integers(0, 10, 64))
+        nodes["b"].trainer = _NanTrainer(nodes["b"].trainer)
+        cmd = RoundCommand(round_id="nan", steps=3, lr=0.1, participants=list(nodes), compression=compression,
+                           outlier_factor=0)
+        errors = run_all(nodes, cmd)
+        assert set(errors) == {"a", "b", "c"}, errors
+        assert all("b" in str(e) and "not finite" in str(e) for e in errors.values()), errors
+        assert all(n.model_version == 0 for n in nodes.values())
     finally:
         for n in nodes.values():
             n.stop()
