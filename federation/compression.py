@@ -44,6 +44,7 @@ __all__ = [
     "Codec",
     "FEEDBACK_CODECS",
     "encode_nonfinite",
+    "join_pieces",
     "codec_for",
     "per_part",
     "encode",
@@ -124,6 +125,11 @@ def _raw_encode(codec: Codec, v: np.ndarray, topk_ratio: float) -> list:
     raise ValueError(f"unknown codec {codec!r}")
 
 
+def join_pieces(pieces: list) -> bytes:
+    """The payload bytes of :func:`encode`'s pieces, in one buffer (what a receiver decodes)."""
+    return b"".join(memoryview(p).cast("B") for p in pieces)
+
+
 def encode_nonfinite(codec: Codec, count: int) -> list:
     """Pieces that decode to ``count`` elements, not all finite: how a non-finite vector is carried
     by a codec that would otherwise hide it (int8 turns a non-finite scale into zeros), so that
@@ -154,7 +160,7 @@ def encode(codec: Codec, values: np.ndarray, residual: np.ndarray | None = None,
     v = values + residual
     pieces = _raw_encode(codec, v, topk_ratio)
     # The decoded value is what every receiver reconstructs: keep exactly the difference.
-    np.subtract(v, decode(codec, b"".join(memoryview(p).cast("B") for p in pieces), v.size), out=residual)
+    np.subtract(v, decode(codec, join_pieces(pieces), v.size), out=residual)
     return pieces
 
 

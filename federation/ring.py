@@ -351,8 +351,7 @@ class RingAllreduce(_Collective):
             out[rank] = x
         else:
             for p, (a, b) in enumerate(parts):
-                own = b"".join(memoryview(q).cast("B") for q in pieces[p])
-                out[rank, a:b] = comp.decode(codec, own, b - a)
+                out[rank, a:b] = comp.decode(codec, comp.join_pieces(pieces[p]), b - a)
         for dst in members:
             if dst != me:
                 for p in range(len(parts)):
@@ -531,7 +530,7 @@ class _RingRun:
         pieces = comp.encode(self.codec, w, None if res is None else res[a:b], topk_ratio=self.eng.topk_ratio)
         if self.codec == Codec.F32:
             return w  # lossless: ``result`` is ``work``, already what the others will decode
-        payload = b"".join(memoryview(p).cast("B") for p in pieces)
+        payload = comp.join_pieces(pieces)
         self.result[a:b] = comp.decode(self.codec, payload, b - a)
         return payload
 

@@ -146,7 +146,7 @@ class _StarRun:
             raise RoundAborted(f"round {self.tag!r}: the reduced sum overflowed float32 on {self.me}",
                                member=self.me)
         pieces = self._encode(p)
-        payload = b"".join(memoryview(q).cast("B") for q in pieces)
+        payload = comp.join_pieces(pieces)
         self.result[a:b] = comp.decode(self.codec, payload, b - a)
         frame = self._frame(Phase.SCATTER, p, [payload])
         for m in peers:

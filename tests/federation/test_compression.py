@@ -16,8 +16,7 @@ from tests.federation.ringutil import assert_identical, close_all, ids, make_rin
 finite32 = st.floats(-1e4, 1e4, width=32, allow_nan=False)
 
 
-def _payload(pieces) -> bytes:
-    return b"".join(memoryview(p).cast("B") for p in pieces)
+_payload = comp.join_pieces
 
 
 @settings(max_examples=60, deadline=None)

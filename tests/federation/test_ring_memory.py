@@ -562,6 +562,6 @@ def test_coded_exchange_same_decoded_rows_everywhere_with_error_feedback(codec):
                        for m in ids(n)})
     for m in ids(n):
         assert not np.isfinite(out[m][1]).all() and np.isfinite(out[m][0]).all(), m
-    nan8 = b"".join(memoryview(p).cast("B") for p in comp.encode_nonfinite(comp.Codec.INT8, 4))
+    nan8 = comp.join_pieces(comp.encode_nonfinite(comp.Codec.INT8, 4))
     assert np.isnan(comp.decode(comp.Codec.INT8, nan8, 4)).all()
     close_all(engines)
