@@ -15,17 +15,19 @@ pytestmark = pytest.mark.bench
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("members", "model"), [("process", "digits-mlp"), ("thread", "digits-mlp"),
-                                               ("process", "sensor-mlp")])
-def test_signed_round_bench_json(members, model):
+@pytest.mark.parametrize(("members", "model", "compression"),
+                         [("process", "digits-mlp", "none"), ("thread", "digits-mlp", "none"),
+                          ("process", "sensor-mlp", "none"), ("process", "digits-mlp", "int8")])
+def test_signed_round_bench_json(members, model, compression):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "api.bench.signed_round", "--nodes", "2", "--steps", "10",
-                        "--repeats", "2", "--outlier-factor", "0", "--members", members, "--model", model],
+                        "--repeats", "2", "--outlier-factor", "0", "--members", members, "--model", model,
+                        "--compression", compression],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)  # stdout is exactly one JSON object (progress goes to stderr)
     assert (r["nodes"], r["steps"], r["repeats"], r["outlier_factor"]) == (2, 10, 2, 0.0)
-    assert r["members"] == members and r["model"] == model
+    assert r["members"] == members and r["model"] == model and r["compression"] == compression
     assert len(r["plain_runs_s"]) == len(r["signed_runs_s"]) == 2
     assert all(t > 0 for t in r["plain_runs_s"] + r["signed_runs_s"])
     # (round times are rounded to 0.1 ms, the overhead is not)
