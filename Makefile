@@ -22,7 +22,7 @@ $(BIN)/python: | pycheck
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(RUNTIME): pyproject.toml | $(BIN)/python
+$(RUNTIME): pyproject.toml setup.py federation/_gmac.c | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 

@@ -238,6 +238,16 @@ def test_envelope_header_layout(swarm):
 
 # --- pairwise ring MACs (federation/ringmac.py) ------------------------------------------------
 
+@pytest.fixture(params=["openssl-context", "cryptography"])
+def mac_backend(request, monkeypatch):
+    """Ring MAC tests run on both GMAC implementations (federation/_gmac.c and the fallback)."""
+    from federation import ringmac
+
+    if request.param == "cryptography":
+        monkeypatch.setattr(ringmac, "_MAC", ringmac._AesGcmMac)
+    return request.param
+
+
 def _mac_swarm(clock):
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -258,7 +268,7 @@ def _mac_reject(mac, topic, data) -> Reject:
     return info.value.reason
 
 
-def test_ring_mac_round_trip_and_rejections(clock):
+def test_ring_mac_round_trip_and_rejections(clock, mac_backend):
     from federation.ringmac import RingMac
 
     ring, m, dh = _mac_swarm(clock)
@@ -290,7 +300,7 @@ def test_ring_mac_round_trip_and_rejections(clock):
     assert counts[Reject.BAD_SIGNATURE] == 2 and counts[Reject.UNSIGNED] == 1 and counts[Reject.STALE] == 1
 
 
-def test_ring_mac_v3_trailer_every_byte_is_covered(clock):
+def test_ring_mac_v3_trailer_every_byte_is_covered(clock, mac_backend):
     """Version 3 is a trailer after the frame; flipping any bit of the frame, the pad, the ids,
     the seq/epoch footer or the tag is refused, and older versions are MALFORMED."""
     from federation import framing
@@ -323,7 +333,7 @@ def test_ring_mac_v3_trailer_every_byte_is_covered(clock):
         assert _mac_reject(m["b"], to_b, bytes(bad)) == Reject.MALFORMED
 
 
-def test_ring_mac_seal_into_never_changes_a_buffer_handed_on(clock):
+def test_ring_mac_seal_into_never_changes_a_buffer_handed_on(clock, mac_backend):
     """A retransmission (or an ABORT to several peers) re-seals a copy: the first envelope, which
     the MQTT client may still hold for a resend, stays valid; the copy has a fresh seq."""
     from federation.ringmac import room_for
@@ -373,7 +383,7 @@ def test_admit_in_order_fast_path_keeps_the_replay_window(clock):
     assert v.accepted == 6 and v.counts[Reject.REPLAYED] == 3 and v.counts[Reject.STALE] == 1
 
 
-def test_ring_mac_frame_naming_another_sender_is_refused_cold_and_warm(clock):
+def test_ring_mac_frame_naming_another_sender_is_refused_cold_and_warm(clock, mac_backend):
     """A member MACs a ring frame whose header names another member: refused as WRONG_ROLE
     whether it is the first frame of its (sender, topic) combination (full path) or one after a
     valid frame (fast path), and whatever buffer type it arrives in; valid frames still pass."""

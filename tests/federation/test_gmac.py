@@ -1,0 +1,115 @@
+"""federation/_gmac.c: AES-256-GMAC on a reusable OpenSSL context for ring frames (issue 12's
+signing cost). Built by ``pip install -e .`` (setup.py); these tests fail, not skip, when it is not
+built, because CI installs what it needs (OpenSSL's headers: deploy/install-system-deps.sh)."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from federation._gmac import Gmac
+
+from federation import ringmac
+
+_NONCE = struct.Struct("<QI")
+
+
+def _reference(key: bytes, data: bytes, seq: int, epoch: int) -> bytes:
+    return AESGCM(key).encrypt(_NONCE.pack(seq, epoch & 0xFFFFFFFF), b"", data)
+
+
+def test_the_built_module_is_what_ring_frames_use():
+    assert ringmac.gmac_backend() == "openssl-context"
+
+
+def test_known_answer_gcm_spec_test_case_13():
+    # McGrew & Viega, "The Galois/Counter Mode of Operation", test case 13: 256-bit zero key,
+    # zero IV, no plaintext, no associated data.
+    buf = bytearray(16)
+    Gmac(bytes(32)).seal(buf, 0, 0, 0)
+    assert buf.hex() == "530f8afbc74536b9a963b4f1c4cb738b"
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 255, 4096, 18546, 262144 + 3])
+def test_tags_equal_cryptographys_aesgcm(size):
+    key = os.urandom(32)
+    g = Gmac(key)
+    for seq, epoch in ((0, 0), (1_800_000_000_123_456, 0xDEADBEEFCAFE), (2**64 - 1, 2**64 - 1)):
+        data = os.urandom(size)
+        buf = bytearray(data) + bytearray(16)
+        g.seal(buf, size, seq, epoch)
+        assert bytes(buf[size:]) == _reference(key, data, seq, epoch)
+        # verify reads the nonce from the buffer (ringmac's footer carries it before the tag)
+        framed = data + _NONCE.pack(seq, epoch & 0xFFFFFFFF) + _reference(key, data + _NONCE.pack(
+            seq, epoch & 0xFFFFFFFF), seq, epoch)
+        assert g.verify(framed, size + 12, size) is True
+        assert g.verify(memoryview(framed), size + 12, size) is True
+        assert g.verify(bytearray(framed), size + 12, size) is True
+
+
+def test_verify_refuses_every_changed_byte_wrong_nonce_and_wrong_key():
+    key = os.urandom(32)
+    g = Gmac(key)
+    body = os.urandom(300)
+    nonce = _NONCE.pack(42, 7)
+    framed = body + nonce + _reference(key, body + nonce, 42, 7)
+    end = len(body) + 12
+    assert g.verify(framed, end, len(body))
+    for i in range(len(framed)):
+        bad = bytearray(framed)
+        bad[i] ^= 0x01
+        assert not g.verify(bytes(bad), end, len(body)), i
+    assert not g.verify(framed, end, 0)  # another nonce
+    assert not Gmac(os.urandom(32)).verify(framed, end, len(body))
+
+
+def test_one_object_serves_many_calls_and_keys_stay_apart():
+    k1, k2 = os.urandom(32), os.urandom(32)
+    g1, g2 = Gmac(k1), Gmac(k2)
+    data = os.urandom(1000)
+    for seq in range(50):  # the context is re-keyed with a new nonce per call, never re-created
+        b1, b2 = bytearray(data) + bytearray(16), bytearray(data) + bytearray(16)
+        g1.seal(b1, 1000, seq, 9)
+        g2.seal(b2, 1000, seq, 9)
+        assert bytes(b1[1000:]) == _reference(k1, data, seq, 9)
+        assert bytes(b2[1000:]) == _reference(k2, data, seq, 9)
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="32 bytes"):
+        Gmac(bytes(16))
+    with pytest.raises(TypeError):
+        Gmac("k" * 32)
+    g = Gmac(bytes(32))
+    with pytest.raises(ValueError, match="no room"):
+        g.seal(bytearray(20), 5, 0, 0)  # 5 + 16 > 20
+    with pytest.raises(ValueError, match=">= 0"):
+        g.seal(bytearray(20), -1, 0, 0)
+    with pytest.raises(BufferError):
+        g.seal(bytes(32), 0, 0, 0)  # read-only buffer: nowhere to write the tag
+    with pytest.raises(OverflowError):
+        g.seal(bytearray(32), 0, -1, 0)
+    with pytest.raises(OverflowError):
+        g.seal(bytearray(32), 0, 2**64, 0)
+    with pytest.raises(ValueError, match="outside"):
+        g.verify(bytes(20), 10, 0)
+    with pytest.raises(ValueError, match="outside"):
+        g.verify(bytes(40), 0, 30)
+    with pytest.raises(TypeError, match="3 arguments"):
+        g.verify(bytes(40), 0)
+    with pytest.raises(ValueError, match="not initialised"):
+        Gmac.__new__(Gmac).seal(bytearray(32), 0, 0, 0)
+
+
+def test_fallback_backend_gives_the_same_tags():
+    key = os.urandom(32)
+    data = os.urandom(777)
+    a, b = bytearray(data) + bytearray(16), bytearray(data) + bytearray(16)
+    Gmac(key).seal(a, 777, 5, 2**40 + 3)
+    ringmac._AesGcmMac(key).seal(b, 777, 5, 2**40 + 3)
+    assert a == b
+    framed = bytes(data) + _NONCE.pack(5, 3) + _reference(key, bytes(data) + _NONCE.pack(5, 3), 5, 3)
+    assert ringmac._AesGcmMac(key).verify(framed, 789, 777) and Gmac(key).verify(framed, 789, 777)
+    assert not ringmac._AesGcmMac(key).verify(framed[:-1] + b"\x00", 789, 777)
