@@ -53,7 +53,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -107,20 +108,59 @@ class _AesGcmMac:
         return True
 
 
-def _mac_class() -> tuple[type, str]:
-    """federation/_gmac.c's Gmac (one OpenSSL context per key, GIL held: ~4x less time per frame
-    in a busy node process) unless it is not built or ``FRACTAL_GMAC=python``."""
+def _py_seal_frame(mac: _Mac, buf: bytearray, body: int, room: int, ids: bytes, slen: int, seq: int,
+                   epoch: int) -> None:
+    """Write the trailer (pad, ids, footer) and the tag into ``buf[body:]`` (``room`` bytes)."""
+    pad = room - len(ids) - _TAIL
+    trailer = _TRAILERS.get((pad, len(ids)))
+    if trailer is None:
+        if len(_TRAILERS) >= 64:
+            _TRAILERS.clear()
+        trailer = _TRAILERS[pad, len(ids)] = struct.Struct(f"<{pad}x{len(ids)}s{_FOOT.format[1:]}")
+    trailer.pack_into(buf, body, ids, seq, epoch, slen, len(ids) - slen, pad, VERSION, MAGIC)
+    mac.seal(buf, len(buf) - TAG, seq, epoch)
+
+
+_TRAILERS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _py_open_frame(table: dict[bytes, _Rx], data: bytes, topic: str) -> tuple[str, int, int, int] | None:
+    """The fast path of :meth:`RingMac.open`: ``(sender, seq, epoch, body)`` for a frame of a known
+    (sender, topic) whose tag and named sender check out; None for anything else (the full path
+    judges, counts and names it). Replay and freshness are the caller's."""
+    n = len(data)
+    foot = n - _TAIL
+    if foot < 0 or data[n - TAG - 2:n - TAG] != MAGIC or data[:2] == _ED_MAGIC:
+        return None
+    seq, epoch, slen, tlen, pad, version, _ = _FOOT.unpack_from(data, foot)
+    ids_at = foot - slen - tlen
+    body = ids_at - pad
+    if version != VERSION or ids_at < 0 or body < 0:
+        return None
+    rx = table.get(data[ids_at:foot])
+    if rx is None or rx.topic != topic or slen != len(rx.sender_b) or not rx.mac.verify(data, n - TAG, foot):
+        return None
+    named = header_sender(data, body)
+    if named is not None and named != rx.sender_b:
+        return None
+    return rx.sender, seq, epoch, body
+
+
+def _backend() -> tuple[Callable[[bytes], _Mac], Callable[..., None], Callable[..., Any], str]:
+    """federation/_gmac.c (one OpenSSL context per key, the trailer and the receive checks in one
+    call each) unless it is not built or ``FRACTAL_GMAC=python``: then cryptography's AESGCM and
+    the same steps in Python (same envelopes, bit for bit)."""
     if os.environ.get("FRACTAL_GMAC", "") != "python":
         try:
-            from federation._gmac import Gmac  # type: ignore[import-not-found, unused-ignore]
+            from federation import _gmac  # type: ignore[attr-defined, unused-ignore]
         except ImportError:
             pass
         else:
-            return Gmac, "openssl-context"
-    return _AesGcmMac, "cryptography"
+            return _gmac.Gmac, _gmac.seal_frame, _gmac.open_frame, "openssl-context"
+    return _AesGcmMac, _py_seal_frame, _py_open_frame, "cryptography"
 
 
-_MAC, _BACKEND = _mac_class()
+_MAC, _SEAL_FRAME, _OPEN_FRAME, _BACKEND = _backend()
 
 
 def gmac_backend() -> str:
@@ -146,29 +186,21 @@ def _dst_of(topic: str) -> str:
 class _Tx:
     """What sealing a frame for one (peer, topic) needs, computed once."""
 
-    __slots__ = ("mac", "ids", "slen", "tlen", "need", "room", "trailer")
+    __slots__ = ("mac", "ids", "slen", "need")
 
     def __init__(self, mac: _Mac, sender: bytes, topic: bytes) -> None:
-        self.mac, self.ids, self.slen, self.tlen = mac, sender + topic, len(sender), len(topic)
+        self.mac, self.ids, self.slen = mac, sender + topic, len(sender)
         self.need = len(self.ids) + _TAIL
-        self.room = -1  # the room ``trailer`` was made for
-        self.trailer = _FOOT
-
-    def trailer_for(self, room: int) -> struct.Struct:
-        """pad (zeros), ids, footer: everything between the frame and the tag, in one pack."""
-        if room != self.room:
-            self.trailer = struct.Struct(f"<{room - self.need}x{len(self.ids)}s{_FOOT.format[1:]}")
-            self.room = room
-        return self.trailer
 
 
-class _Rx:
-    """A validated (sender, topic) combination of received envelopes: its key and names."""
+class _Rx(NamedTuple):
+    """A validated (sender, topic) combination of received envelopes: its key and names (a tuple:
+    federation/_gmac.c's open_frame reads it)."""
 
-    __slots__ = ("topic", "sender", "sender_b", "mac")
-
-    def __init__(self, topic: str, sender: str, mac: _Mac) -> None:
-        self.topic, self.sender, self.sender_b, self.mac = topic, sender, sender.encode(), mac
+    topic: str
+    sender: str
+    sender_b: bytes
+    mac: _Mac
 
 
 class RingMac:
@@ -185,6 +217,8 @@ class RingMac:
         self._dh = dh_key
         self.verifier = verifier
         self.swarm = swarm
+        # Chosen when created (tests swap the module's backend before creating their members).
+        self._mac_class, self._seal_frame, self._open_frame = _MAC, _SEAL_FRAME, _OPEN_FRAME
         self._tx: dict[str, _Tx] = {}  # topic -> sealing state for its destination
         self._rx: dict[bytes, _Rx] = {}  # ids (sender + topic bytes) -> validated state
         self._lock = threading.Lock()
@@ -201,7 +235,7 @@ class RingMac:
         info = _INFO + src.encode() + b"\x00" + dst.encode()
         key = HKDF(algorithm=hashes.SHA256(), length=32, salt=self.swarm.encode(),
                    info=info).derive(self._dh.exchange(entry.dh_public))
-        return _MAC(key)  # type: ignore[no-any-return]
+        return self._mac_class(key)
 
     def forget(self) -> None:
         """Drop cached pair keys (after a keyring change: revocations take effect)."""
@@ -246,12 +280,8 @@ class RingMac:
         return self._seal(tx, frame, body, room)
 
     def _seal(self, tx: _Tx, buf: bytearray, body: int, room: int) -> bytearray:
-        seq = self.signer._next_seq()
-        epoch = self.signer.epoch
-        end = len(buf) - TAG
-        tx.trailer_for(room).pack_into(buf, body, tx.ids, seq, epoch, tx.slen, tx.tlen, room - tx.need,
-                                       VERSION, MAGIC)
-        tx.mac.seal(buf, end, seq, epoch)
+        signer = self.signer
+        self._seal_frame(tx.mac, buf, body, room, tx.ids, tx.slen, signer._next_seq(), signer.epoch)
         return buf
 
     def open(self, topic: str, data: bytes | bytearray | memoryview) -> tuple[str, memoryview]:
@@ -260,24 +290,11 @@ class RingMac:
         A ring frame (``b"FE"...``) whose header names another sender than the one the MAC
         proves is refused as WRONG_ROLE (impersonation)."""
         if type(data) is bytes:  # the fast path: a frame from an already validated combination
-            n = len(data)
-            foot = n - _TAIL
-            if foot >= 0 and data[n - TAG - 2:n - TAG] == MAGIC and data[:2] != _ED_MAGIC:
-                seq, epoch, slen, tlen, pad, version, _ = _FOOT.unpack_from(data, foot)
-                ids_at = foot - slen - tlen
-                rx = self._rx.get(data[ids_at:foot])
-                body = ids_at - pad
-                if (rx is not None and rx.topic == topic and slen == len(rx.sender_b) and version == VERSION
-                        and body >= 0):
-                    if rx.mac.verify(data, n - TAG, foot):  # the nonce opens the footer
-                        self.verifier.admit(rx.sender, seq, epoch)  # counts what it refuses
-                        named = header_sender(data, body)
-                        if named is not None and named != rx.sender_b:
-                            self.verifier.count(Reject.WRONG_ROLE)
-                            raise AuthRejected(Reject.WRONG_ROLE, f"frame names {bytes(named)[:80]!r}, "
-                                               f"MAC'd by {rx.sender!r}")
-                        return rx.sender, memoryview(data)[:body]
-                    # else: the full path below counts and names it
+            hit = self._open_frame(self._rx, data, topic)
+            if hit is not None:
+                sender, seq, epoch, body = hit
+                self.verifier.admit(sender, seq, epoch)  # counts what it refuses
+                return sender, memoryview(data)[:body]
         try:
             return self._open(topic, memoryview(data))
         except AuthRejected as exc:
@@ -299,7 +316,7 @@ class RingMac:
         mac = self._direction_key(sender, outgoing=False)
         if mac is None:
             raise AuthRejected(Reject.UNKNOWN_KEY, f"{sender[:80]!r} has no ring key in the keyring")
-        rx = _Rx(topic, sender, mac)
+        rx = _Rx(topic, sender, sender.encode(), mac)
         with self._lock:
             if len(self._rx) >= _MAX_RX_CACHE:
                 self._rx = {}

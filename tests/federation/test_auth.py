@@ -245,6 +245,8 @@ def mac_backend(request, monkeypatch):
 
     if request.param == "cryptography":
         monkeypatch.setattr(ringmac, "_MAC", ringmac._AesGcmMac)
+        monkeypatch.setattr(ringmac, "_SEAL_FRAME", ringmac._py_seal_frame)
+        monkeypatch.setattr(ringmac, "_OPEN_FRAME", ringmac._py_open_frame)
     return request.param
 
 
