@@ -24,7 +24,7 @@
  *        (ringmac's version-3 trailer); len(buf) must be body + room.
  *   open_frame(table, data: bytes, topic: str) -> (sender, seq, epoch, body) | None
  *        the fast path of RingMac.open: parses the trailer, finds (topic, sender, sender_bytes,
- *        mac) under the ids in ``table`` (a dict), checks topic, lengths, version, the tag and the
+ *        mac, ...) under the ids in ``table`` (a dict), checks topic, lengths, version, the tag and the
  *        sender the frame's header names. None: anything else (unknown ids, bad tag, malformed,
  *        another named sender), for ringmac's Python path to judge, count and name. Replay and
  *        freshness stay in Python (federation/auth.py's Verifier.admit).
@@ -325,9 +325,9 @@ static PyObject *open_entry(PyObject *entry, const unsigned char *d, Py_ssize_t 
     Py_ssize_t slen = foot[16], start, end;
     unsigned char tag[TAG_LEN];
     int same;
-    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4 || !PyObject_TypeCheck(PyTuple_GET_ITEM(entry, 3), &GmacType) ||
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 4 || !PyObject_TypeCheck(PyTuple_GET_ITEM(entry, 3), &GmacType) ||
         !PyBytes_Check(PyTuple_GET_ITEM(entry, 2))) {
-        PyErr_SetString(PyExc_TypeError, "open_frame: table values must be (topic, sender, sender_bytes, Gmac)");
+        PyErr_SetString(PyExc_TypeError, "open_frame: table values must be (topic, sender, sender_bytes, Gmac, ...)");
         return NULL;
     }
     same = PyUnicode_Compare(PyTuple_GET_ITEM(entry, 0), topic);

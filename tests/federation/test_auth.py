@@ -360,6 +360,44 @@ def test_ring_mac_seal_into_never_changes_a_buffer_handed_on(clock, mac_backend)
     assert m["b"].open(to_b, bytes(env))[1].tobytes() == b"FE x"
 
 
+@pytest.mark.parametrize("size", [100, 19_000, 32 * 1024 - 400, 32 * 1024 + 1, 200_000])
+def test_ring_mac_sizes_on_both_sides_of_the_fast_hash_threshold(clock, mac_backend, size):
+    """Frames up to ringmac._SMALL take the backend's MAC, longer ones AESGCM: same envelope,
+    so either side may use either; a changed byte anywhere is refused, a replay too."""
+    import os
+
+    from federation import framing, ringmac
+    from federation.ringmac import room_for
+
+    ring, m, dh = _mac_swarm(clock)
+    to_b = topics.allreduce(SWARM, "b")
+    room = room_for("a", topics.allreduce(SWARM, ""))
+    body = os.urandom(size)
+    frame = framing.encode(framing.FrameKind.DATA, framing.Phase.EXCHANGE, swarm=SWARM, tag="t", sender="a",
+                           count=len(body), total=len(body), payload=[body], crc=False, room=room)
+    env = bytes(m["a"].seal_into(to_b, bytearray(frame), room))
+    sender, payload = m["b"].open(to_b, env)
+    assert sender == "a" and bytes(payload) == bytes(frame[:len(frame) - room])
+    assert _mac_reject(m["b"], to_b, env) == Reject.REPLAYED
+    for at in (0, 50, len(env) // 2, len(env) - 41, len(env) - 1):
+        bad = bytearray(m["a"].seal_into(to_b, bytearray(frame), room))
+        bad[at] ^= 0x04
+        assert _mac_reject(m["b"], to_b, bytes(bad)) in (Reject.BAD_SIGNATURE, Reject.MALFORMED,
+                                                          Reject.UNSIGNED, Reject.WRONG_TOPIC)
+    # The other backend on the receiving side reads the same envelope.
+    other = (ringmac._AesGcmMac, ringmac._py_seal_frame, ringmac._py_open_frame) \
+        if mac_backend == "openssl-context" else (ringmac._backend()[:3])
+    saved = ringmac._MAC, ringmac._SEAL_FRAME, ringmac._OPEN_FRAME
+    ringmac._MAC, ringmac._SEAL_FRAME, ringmac._OPEN_FRAME = other
+    try:
+        reader = ringmac.RingMac(Signer("b", "b-k", generate_key(), clock=clock), dh["b"],
+                                 Verifier(ring, clock=clock), SWARM)
+    finally:
+        ringmac._MAC, ringmac._SEAL_FRAME, ringmac._OPEN_FRAME = saved
+    env2 = bytes(m["a"].seal_into(to_b, bytearray(frame), room))
+    assert bytes(reader.open(to_b, env2)[1]) == bytes(frame[:len(frame) - room])
+
+
 def test_admit_in_order_fast_path_keeps_the_replay_window(clock):
     """In-order seqs take admit()'s fast path; out-of-order ones, replays, stale ones and a
     full window still get the full checks."""
