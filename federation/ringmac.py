@@ -39,6 +39,20 @@ peer and direction, created once. Version 2 (header first, Poly1305 under a keye
 one-time key per frame, the frame copied into a new buffer) and version 1 (ChaCha20-derived
 one-time keys, ~13 us per frame) are rejected (their header-first layout reads as UNSIGNED).
 
+Where the time goes, and federation/_gmac.c: inside a busy node process (4 nodes, their
+training workers and the broker on 2 cores) every step of the per-frame path costs several
+times its hot-loop time, and in a digits-mlp round the Python around the MAC (trailer packing,
+footer parsing, table lookups, the checks) cost more than the MAC itself; cryptography's AESGCM
+also copies an OpenSSL context per call. So where ``pip install`` could build it, a small C
+module does a frame's whole trailer and tag (``seal_frame``) and the receive fast path's
+parsing, lookup, tag and named-sender checks (``open_frame``) in one call each, on one OpenSSL
+context per peer and direction, keeping the GIL. Same envelopes, bit for bit; replay and
+freshness stay in :meth:`Verifier.admit` (moving them and the seq counter to C too changed
+nothing measurable). Frames over ``_SMALL`` (32 KiB) still use AESGCM: cryptography's bundled
+OpenSSL hashes ~2.5x faster per byte than the system's. Without the module (a board's image,
+no compiler, ``FRACTAL_GMAC=python``) the same steps run in Python. Measured in BENCHMARKS.md
+("Session 11").
+
 Why not ed25519 here: per 256 KiB frame, sign + verify cost ~510 us (SHA-256 pre-hash twice plus
 the curve operations, ~100 us even for an empty frame), which doubled the ring's time in
 ``fractal bench allreduce --signed``. Commands, statuses and round events stay ed25519-signed:
