@@ -4,9 +4,11 @@
  * plaintext, the whole frame as associated data -- computed by OpenSSL's EVP interface, but on
  * one cipher context per key that lives as long as the object: no context allocated, copied and
  * freed per frame, no Python objects built for the nonce or the tag, and the GIL kept (a 19 KB
- * frame takes ~1 us of GHASH; giving the GIL away and queueing for it again cost more than that
- * inside a node's busy process). Measured in a 4-node swarm's node processes (BENCHMARKS.md,
- * "Session 11"): ~13-18 us per AESGCM call there against ~3 us in a hot loop.
+ * frame takes ~2.5 us of GHASH with the system's OpenSSL: too short to be worth handing the GIL
+ * to another thread and queueing for it again). Measured in a 4-node swarm's node processes
+ * (BENCHMARKS.md, "Session 11"): ~11-18 us per AESGCM call there against ~3 us in a hot loop.
+ * Frames over 32 KiB do not come here (ringmac._SMALL): cryptography's bundled OpenSSL hashes
+ * ~2.5x faster per byte, which outweighs its per-call cost for large frames.
  *
  *   Gmac(key: 32 bytes)
  *   .seal(buf: writable buffer, end: int, seq: int, epoch: int) -> None
@@ -16,8 +18,8 @@
  *        whether data[end:end + 16] is the tag of data[:end] under the nonce data[nonce_at:
  *        nonce_at + 12] (compared in constant time).
  *
- * Two helpers do the rest of ringmac's per-frame work in one call each (the Python they replace
- * cost ~8x its hot-loop time in a busy node process, more than the MAC itself):
+ * Two helpers do the rest of ringmac's per-frame work in one call each (in a busy node process
+ * the Python they replace cost several times its hot-loop time, more than the MAC itself):
  *
  *   seal_frame(mac, buf, body, room, ids, slen, seq, epoch) -> None
  *        fills buf[body:] (``room`` bytes): zero pad, ids (sender + topic), the footer and the tag
