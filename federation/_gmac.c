@@ -122,6 +122,23 @@ static int ready(Gmac *self) {
     return 1;
 }
 
+static void put_le(unsigned char *p, unsigned long long v, int n) {
+    for (int i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static unsigned long long get_le(const unsigned char *p, int n) {
+    unsigned long long v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static int u64_arg(PyObject *arg, unsigned long long *out) {
+    *out = PyLong_AsUnsignedLongLong(arg);
+    return !(*out == (unsigned long long)-1 && PyErr_Occurred());
+}
+
 static PyObject *gmac_seal(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     Gmac *self = (Gmac *)op;
     Py_buffer buf;
@@ -133,13 +150,7 @@ static PyObject *gmac_seal(PyObject *op, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "seal(buf, end, seq, epoch) takes 4 arguments");
         return NULL;
     }
-    if (!ready(self) || !index_arg(args[1], "end", &end))
-        return NULL;
-    seq = PyLong_AsUnsignedLongLong(args[2]);
-    if (seq == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    epoch = PyLong_AsUnsignedLongLong(args[3]);
-    if (epoch == (unsigned long long)-1 && PyErr_Occurred())
+    if (!ready(self) || !index_arg(args[1], "end", &end) || !u64_arg(args[2], &seq) || !u64_arg(args[3], &epoch))
         return NULL;
     if (PyObject_GetBuffer(args[0], &buf, PyBUF_WRITABLE) != 0)
         return NULL;
@@ -148,10 +159,8 @@ static PyObject *gmac_seal(PyObject *op, PyObject *const *args, Py_ssize_t nargs
         PyErr_Format(PyExc_ValueError, "no room for a tag after %zd of %zd bytes", end, buf.len);
         return NULL;
     }
-    for (int i = 0; i < 8; i++)
-        nonce[i] = (unsigned char)(seq >> (8 * i));
-    for (int i = 0; i < 4; i++)
-        nonce[8 + i] = (unsigned char)(epoch >> (8 * i));
+    put_le(nonce, seq, 8);
+    put_le(nonce + 8, epoch, 4); /* low 32 bits */
     ok = gmac_tag(self, nonce, buf.buf, end, (unsigned char *)buf.buf + end);
     PyBuffer_Release(&buf);
     if (!ok) {
@@ -200,23 +209,6 @@ static PyObject *gmac_verify(PyObject *op, PyObject *const *args, Py_ssize_t nar
 /* federation/framing.py: a frame starts with "FE"; bytes 44, 45, 46 are the swarm, tag and
  * sender id lengths; the ids follow the 47-byte header in that order. */
 #define FRAME_HEADER 47
-
-static void put_le(unsigned char *p, unsigned long long v, int n) {
-    for (int i = 0; i < n; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static unsigned long long get_le(const unsigned char *p, int n) {
-    unsigned long long v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static int u64_arg(PyObject *arg, unsigned long long *out) {
-    *out = PyLong_AsUnsignedLongLong(arg);
-    return !(*out == (unsigned long long)-1 && PyErr_Occurred());
-}
 
 static PyObject *seal_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer buf, ids;
