@@ -71,6 +71,8 @@ class Injector(threading.Thread):
         self.captured: dict[str, collections.deque[tuple[str, bytes]]] = {
             "cmd": collections.deque(maxlen=100), "event": collections.deque(maxlen=100)}
         self._rogue: Any = None
+        self._ours: set[bytes] = set()  # payloads we published (bounded), see _remember
+        self._ours_order: collections.deque[bytes] = collections.deque()
         if hostile and sw.opts.signed:
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -80,7 +82,8 @@ class Injector(threading.Thread):
             s = sw.opts.swarm
 
             def keep(client: Any, userdata: Any, msg: Any) -> None:
-                if msg.payload:
+                # our own publications come back on the same topics: replaying them is not a replay
+                if msg.payload and bytes(msg.payload) not in self._ours:
                     kind = "cmd" if msg.topic == topics.command(s) else "event"
                     self.captured[kind].append((msg.topic, bytes(msg.payload)))
 
@@ -140,8 +143,16 @@ class Injector(threading.Thread):
     def run(self) -> None:
         while not self.halt.wait(self.rng.uniform(0.05, 0.5)):
             kind, topic, payload = self._one()
+            self._remember(payload)
             self.client.publish(topic, payload, qos=0)
             self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def _remember(self, payload: bytes) -> None:
+        """Note a payload we publish (the latest 1,000), so the capture never takes it for genuine."""
+        self._ours.add(payload)
+        self._ours_order.append(payload)
+        if len(self._ours_order) > 1000:
+            self._ours.discard(self._ours_order.popleft())
 
     def stop(self) -> None:
         self.halt.set()

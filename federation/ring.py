@@ -359,7 +359,7 @@ class RingAllreduce(_Collective):
                                self._exchange_builder(call.tag, step, rank, p, parts, x, codec, pieces))
         pending = {(j, p) for j in range(n) if j != rank for p in range(len(parts))}
         while pending:
-            fr = stash.pop(0) if stash else call.wait(members[min(pending)[0]])
+            fr = stash.pop(0) if stash else call.wait(lambda: [members[j] for j, _ in sorted(pending)])
             if fr is None:
                 continue
             j = members.index(fr.sender) if fr.sender in members else -1
@@ -603,7 +603,7 @@ class _RingRun:
                     payload=[row], **self.eng.endpoint.frame_kw))
         pending = {j for j in range(n) if j != self.rank}
         while pending:
-            fr = call.wait(self.members[min(pending)])
+            fr = call.wait(lambda: [self.members[j] for j in sorted(pending)])
             if fr is None:
                 continue
             if fr.phase != Phase.EXCHANGE:

@@ -68,7 +68,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from federation.errors import (
@@ -81,6 +81,9 @@ from federation.errors import (
 from federation.framing import Frame, FrameKind, abort_info, ack_keys, decode, encode_abort, encode_ack
 from federation.stats import Stats
 from federation.transport import Transport
+
+# What a Call waits on: one peer, a function naming the peers it still needs, or nothing known.
+Waiting = str | Callable[[], Iterable[str]] | None
 
 __all__ = ["Endpoint", "Call", "grace_period"]
 
@@ -428,6 +431,9 @@ class Call:
         self.abort_sent = False  # our ABORT already went out (or a peer's made it pointless)
         self.lingering = False  # linger(): unacknowledged frames go to the endpoint at exit
         self._received: set[tuple] = set()
+        # sender -> when we last got any frame of this call from it (names the silent peer at a
+        # deadline when we wait on several; see _timeout_abort).
+        self._heard: dict[str, float] = {}
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
         # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None, retransmissions so far]
         self._unacked: dict[tuple, list] = {}
@@ -487,9 +493,13 @@ class Call:
         return None
 
     # -- receiving ---------------------------------------------------------------------------
-    def wait(self, waiting_for: str | None, *, raise_on_deadline: bool = True) -> Frame | None:
+    def wait(self, waiting_for: Waiting, *, raise_on_deadline: bool = True) -> Frame | None:
         """Make progress: send what the window allows, retransmit what is overdue, and return
         the next *new* DATA frame (already acknowledged), or None if nothing new came yet.
+
+        ``waiting_for`` is the peer whose frames we need next, or a function returning the peers
+        we still need frames from (an exchange, which needs every peer at once): at a deadline we
+        blame the one of them we heard from least recently, not a slow one still sending.
 
         At the deadline (or on a peer's timeout ABORT) raises :class:`RoundAborted` after a
         short vote that names the member nobody heard from (see :meth:`_timeout_abort`); a
@@ -518,12 +528,12 @@ class Call:
             self._retransmit()
         return self._handle(fr, waiting_for)
 
-    def _handle(self, fr: Frame, waiting_for: str | None) -> Frame | None:
+    def _handle(self, fr: Frame, waiting_for: Waiting) -> Frame | None:
         if fr.sender not in self.peers:
             self.ep.stats.reject(f"{fr.kind.name} for {fr.tag!r} from non-member {fr.sender}")
             return None
+        now = self._heard[fr.sender] = time.monotonic()
         if fr.kind == FrameKind.ACK:
-            now = time.monotonic()
             for key in ack_keys(fr):
                 ent = self._unacked.pop((fr.sender, key), None)
                 if ent is not None:
@@ -562,16 +572,25 @@ class Call:
         for ack in self.ep.ack_frames(frames or []):
             self.ep.send(sender, ack, acks_sent=1)
 
-    def _timeout_abort(self, waiting_for: str | None, first: tuple[str, str | None, str] | None) -> None:
+    def _silent(self, waiting_for: Waiting) -> str | None:
+        """The peer to blame at a deadline: ``waiting_for``, or of several the one heard from
+        least recently (never heard first; ties in the order given), or an unacknowledging one."""
+        if callable(waiting_for):
+            order = list(waiting_for())
+            return min(order, key=lambda m: self._heard.get(m, -math.inf), default=None)
+        return waiting_for if waiting_for is not None else self.unacked_peer()
+
+    def _timeout_abort(self, waiting_for: Waiting, first: tuple[str, str | None, str] | None) -> None:
         """Abort on a deadline (ours or a peer's) and name the member that is really gone.
 
         Every member that times out blames the peer it was waiting for, so a dead member's
         absence ripples down the ring and the survivors blame each other too. Each member
         therefore broadcasts its ABORT and listens for ``grace`` seconds: whoever sends anything
-        is alive, and the culprit is the first blamed member nobody heard from.
+        is alive, and the culprit is the blamed member nobody heard from (of several, the one
+        silent longest: a slow member still sending is not the dead one).
         """
         me = self.ep.member_id
-        mine = waiting_for if waiting_for is not None else self.unacked_peer()
+        mine = self._silent(waiting_for)
         if first is None:
             reason = f"{me} got nothing from {mine} within {self.timeout:g}s"
         else:
@@ -598,7 +617,10 @@ class Call:
                     raise UpdateRejected(f"round {self.tag!r} aborted by {fr.sender}: {why}", member=member)
                 blamed.append(member)
         named = [m for m in blamed if m is not None]
-        culprit = next((m for m in named if m not in alive), named[0] if named else None)
+        # Of the blamed members nobody heard from in the grace period, the one silent longest.
+        unheard = [m for m in named if m not in alive]
+        culprit = (min(unheard, key=lambda m: self._heard.get(m, -math.inf)) if unheard
+                   else named[0] if named else None)
         raise RoundAborted(
             f"round {self.tag!r} aborted: no progress from {culprit} ({reason})", member=culprit,
             hint="the member is dead, partitioned or too slow; re-form the ring without it",

@@ -166,6 +166,23 @@ def test_member_dying_mid_round_aborts_survivors_before_the_deadline_then_they_r
         close_all(engines)
 
 
+def test_a_slow_member_still_sending_is_not_blamed_for_a_dead_one() -> None:
+    """Direct path (every member needs every peer's row at once): m1 is alive but its frames, its
+    ABORT too, arrive later than the grace period; m2 dies after its third frame. Every survivor,
+    m1 included, names m2: the peer silent longest, not the lowest-ranked one still missing."""
+    n, timeout = 5, 1.0
+    faults = {"m1": dict(delay=0.4), "m2": dict(kill_after=3)}
+    hub, engines = make_ring(n, faults=faults, max_payload=1024, engine_kw=ALGOS["direct"])
+    try:
+        vecs = _vecs(engines, 20_000, 9)
+        res = allreduce_all(engines, vecs, tag="slow", op="sum", timeout=timeout)
+        for m in ("m0", "m1", "m3", "m4"):
+            assert isinstance(res[m], RoundAborted), f"{m} returned {res[m]!r}"
+            assert res[m].member == "m2", f"{m} blamed {res[m].member}: {res[m]}"
+    finally:
+        close_all(engines)
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_absent_member_is_named_by_every_survivor(algo: str) -> None:
     hub, engines = make_ring(4, engine_kw=ALGOS[algo])
