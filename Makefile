@@ -41,7 +41,7 @@ $(CACHE)/sysroot-riscv64/.done: firmware/sysroot.sh firmware/sysroot-riscv64.loc
 	bash firmware/sysroot.sh riscv64 $(CACHE)/sysroot-riscv64
 
 test: install-dev sysroot
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=30 tests
 
 test-fast: install-dev
 	$(BIN)/pytest -q -m "not slow" tests
