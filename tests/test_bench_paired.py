@@ -37,3 +37,29 @@ def test_too_few_pairs_and_bad_input():
         paired_overhead([], [])
     with pytest.raises(ValueError, match="positive"):
         paired_overhead([0.0, 1.0], [1.0, 1.0])
+
+
+def test_a_bias_between_sets_of_runs_widens_the_clustered_interval():
+    # Four sets of 10 pairs: within a set the variant costs about the same (+-0.4 points), but the
+    # sets disagree (+0, +2, +5, +7%), as fresh process sets of a benchmark may.
+    biases = [0.0, 0.02, 0.05, 0.07]
+    base = [1.0 + 0.01 * (i % 3) for i in range(40)]
+    var = [b * (1 + biases[i // 10] + 0.002 * (i % 5 - 2)) for i, b in enumerate(base)]
+    flat = paired_overhead(base, var)
+    sets = paired_overhead(base, var, clusters=4)
+    assert sets["median"] == flat["median"] == pytest.approx(0.035, abs=1e-4)
+    assert sets["per_cluster"] == pytest.approx(biases, abs=1e-4) and "per_cluster" not in flat
+    (flo, fhi), (slo, shi) = flat["ci95"], sets["ci95"]
+    assert shi - slo > 1.5 * (fhi - flo)  # drawing whole sets shows how far they disagree
+    assert slo < 0.01 and shi > 0.06
+    with pytest.raises(ValueError, match="equal groups"):
+        paired_overhead(base, var, clusters=3)
+
+
+def test_rotating_orders_put_every_kind_in_every_slot():
+    from api.bench.signed_round import _orders
+
+    assert _orders(["a", "b"], 3) == [["a", "b"], ["b", "a"], ["a", "b"]]
+    orders = _orders(["a", "b", "c"], 6)
+    for slot in range(3):
+        assert sorted(o[slot] for o in orders) == ["a", "a", "b", "b", "c", "c"]

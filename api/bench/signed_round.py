@@ -2,7 +2,7 @@
 
     python -m api.bench.signed_round [--nodes 3] [--steps 100] [--repeats 3] [--outlier-factor F]
                                      [--members process|thread] [--model ZOO-MODEL]
-                                     [--compression none|fp16|int8|topk]
+                                     [--compression none|fp16|int8|topk] [--sets K] [--control]
 
 N real edge nodes, each with its own MQTT connection to a Mosquitto the benchmark starts, train
 digits-mlp (the demo's cached artifact, on sklearn's digits) or ``--model``, another zoo model
@@ -16,7 +16,10 @@ published -> every node's DONE event), the median CPU seconds the nodes spent in
 processes, or this process; neither counts the training steps, which run in worker processes)
 and the overheads: the ratio of the medians, and the median of the per-repeat overheads (each
 repeat runs one plain and one signed round back to back) with its bootstrap 95% interval
-(``paired_overhead_ci95``, see api/bench/paired.py). One JSON object on stdout.
+(``paired_overhead_ci95``, see api/bench/paired.py). ``--sets K`` starts fresh swarms K times
+(``--repeats`` rounds each; the interval then accounts for the sets differing, and each set's
+median is listed); ``--control`` adds a second unsigned swarm to every set, compared with the
+first the same way: what the benchmark reads when nothing differs. One JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -119,28 +122,28 @@ def _round(ids, nodes, fleet, swarm: str, rid: str, steps: int,
     return elapsed, cpu
 
 
-def _run_threads(art: Any, art_dir: Path, model: str, broker_url: str, nodes: int, steps: int, repeats: int,
-                 opts: dict[str, Any], out: dict[str, list[float]],
-                 cpu: dict[str, list[float]]) -> None:
-    with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
-        swarms = {kind: _swarm(Path(tmp), art_dir, art, broker_url, f"b{kind}", nodes, kind == "signed",
-                               model) for kind in ("plain", "signed")}
-        for kind in ("plain", "signed"):  # warm-up round each (TVM, connections)
-            ids, nds, fleet, _ = swarms[kind]
-            _round(ids, nds, fleet, f"b{kind}", f"{kind}-warm", 5)
-        from edgenode.common import freeze_startup_heap
+def _orders(kinds: list[str], repeats: int) -> list[list[str]]:
+    """The order of the kinds' rounds in each repeat: every kind first, second, ... equally often
+    (rotations), so a slot's systematic cost (the first round after a pause, ...) hits all alike."""
+    return [kinds[r % len(kinds):] + kinds[:r % len(kinds)] for r in range(repeats)]
 
-        freeze_startup_heap()  # as `fractal node` does once started
-        for rep in range(repeats):
-            for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
-                ids, nds, fleet, _ = swarms[kind]
-                wall, c = _round(ids, nds, fleet, f"b{kind}", f"{kind}-{rep}", steps, opts)
-                out[kind].append(wall)
-                cpu[kind].append(c)
-        for _ids, nds, _, link in swarms.values():
-            for nd in nds:
-                nd.stop()
-            link.close()
+
+class _ThreadSwarm:
+    """N ``EdgeNode`` objects of one swarm in this process (``--members thread``)."""
+
+    def __init__(self, tmp: Path, art_dir: Path, art: Any, broker_url: str, swarm: str, n: int,
+                 signed: bool, model: str) -> None:
+        self.swarm = swarm
+        self.ids, self.nodes, self.fleet, self.link = _swarm(tmp, art_dir, art, broker_url, swarm, n, signed,
+                                                             model)
+
+    def round(self, rid: str, steps: int, opts: dict[str, Any]) -> tuple[float, float]:
+        return _round(self.ids, self.nodes, self.fleet, self.swarm, rid, steps, opts)
+
+    def close(self) -> None:
+        for nd in self.nodes:
+            nd.stop()
+        self.link.close()
 
 
 class _ProcSwarm:
@@ -259,66 +262,91 @@ class _ProcSwarm:
         self.raw.close()
 
 
-def _run_processes(art_dir: Path, model: str, broker_url: str, nodes: int, steps: int, repeats: int,
-                   opts: dict[str, Any], out: dict[str, list[float]],
-                   cpu: dict[str, list[float]]) -> None:
-    with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
-        swarms: dict[str, _ProcSwarm] = {}
-        try:
-            for kind in ("plain", "signed"):
-                swarms[kind] = _ProcSwarm(Path(tmp), art_dir, model, broker_url, f"b{kind}", nodes,
-                                          kind == "signed")
-            for kind, sw in swarms.items():  # warm-up round each (TVM, connections, training workers)
-                sw.round(f"{kind}-warm", 5, opts)
-            for rep in range(repeats):
-                for kind in (("plain", "signed") if rep % 2 == 0 else ("signed", "plain")):
-                    wall, c = swarms[kind].round(f"{kind}-{rep}", steps, opts)
-                    out[kind].append(wall)
-                    cpu[kind].append(c)
-        finally:
-            for sw in swarms.values():
-                sw.close()
+def _run_sets(make: Any, kinds: list[str], sets: int, steps: int, repeats: int, opts: dict[str, Any],
+              out: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
+    """``sets`` times: start one fresh swarm per kind (``make(tmp, swarm, signed)``), a warm-up round
+    each, then ``repeats`` rounds of each kind in rotating order; close them. Fresh swarms per set:
+    what one set of processes happens to get (cores, memory layout, broker queues) is a bias
+    between its swarms that more rounds of the same set cannot average out, more sets can."""
+    for s in range(sets):
+        with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
+            swarms: dict[str, Any] = {}
+            try:
+                for kind in kinds:
+                    swarms[kind] = make(Path(tmp), f"b{kind}{s}", kind == "signed")
+                for kind, sw in swarms.items():  # warm-up round each (TVM, connections, training workers)
+                    sw.round(f"{kind}-warm", 5, opts)
+                if s == 0 and isinstance(next(iter(swarms.values())), _ThreadSwarm):
+                    from edgenode.common import freeze_startup_heap
+
+                    freeze_startup_heap()  # as `fractal node` does once started
+                for rep, order in enumerate(_orders(kinds, repeats)):
+                    for kind in order:
+                        wall, c = swarms[kind].round(f"{kind}-{s}-{rep}", steps, opts)
+                        out[kind].append(wall)
+                        cpu[kind].append(c)
+            finally:
+                for sw in swarms.values():
+                    sw.close()
 
 
 def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
         outlier_factor: float | None = None, members: str = "process",
-        model: str = "digits-mlp", compression: str = "none") -> dict[str, Any]:
+        model: str = "digits-mlp", compression: str = "none", sets: int = 1,
+        control: bool = False) -> dict[str, Any]:
     """``outlier_factor``: the rounds' screening (federation/robust.py); None = the nodes' default.
     ``members``: "process" (one ``fractal node`` process per node) or "thread" (all in this one).
-    ``model``: a zoo model, compiled with its training module once (digits-mlp: the demo's)."""
+    ``model``: a zoo model, compiled with its training module once (digits-mlp: the demo's).
+    ``sets``: fresh swarms this many times, ``repeats`` rounds of each per set (see _run_sets).
+    ``control``: a second unsigned swarm in every set, reported against the first as the signed
+    one is (an A/A comparison: what the benchmark reads when nothing differs)."""
     from compiler import host_preset_name, load_artifact
     from deploy.swarm import demo_artifact
     from federation.broker import start_mosquitto
 
+    if sets < 1 or repeats < 1:
+        raise ValueError("sets and repeats must be at least 1")
     with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout carries only the JSON
         art_dir = demo_artifact(Path(".cache"), host_preset_name(), model).resolve()
     broker = start_mosquitto()
     opts: dict[str, Any] = {"outlier_factor": outlier_factor, "compression": compression}
-    out: dict[str, list[float]] = {"plain": [], "signed": []}
-    cpu: dict[str, list[float]] = {"plain": [], "signed": []}
+    kinds = ["plain", "signed"] + (["control"] if control else [])
+    out: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    make: Any
+    if members == "process":
+        def make(tmp: Path, swarm: str, signed: bool) -> _ProcSwarm:
+            return _ProcSwarm(tmp, art_dir, model, broker.url, swarm, nodes, signed)
+    else:
+        art = load_artifact(art_dir)
+
+        def make(tmp: Path, swarm: str, signed: bool) -> _ThreadSwarm:
+            return _ThreadSwarm(tmp, art_dir, art, broker.url, swarm, nodes, signed, model)
     try:
-        if members == "process":
-            _run_processes(art_dir, model, broker.url, nodes, steps, repeats, opts, out, cpu)
-        else:
-            _run_threads(load_artifact(art_dir), art_dir, model, broker.url, nodes, steps, repeats,
-                         opts, out, cpu)
+        _run_sets(make, kinds, sets, steps, repeats, opts, out, cpu)
     finally:
         broker.close()
     plain, signed = statistics.median(out["plain"]), statistics.median(out["signed"])
     pcpu, scpu = statistics.median(cpu["plain"]), statistics.median(cpu["signed"])
     # Repeat i ran its plain and its signed round back to back: per-pair overheads (api/bench/paired.py)
-    paired = paired_overhead(out["plain"], out["signed"])
-    return {"nodes": nodes, "steps": steps, "repeats": repeats, "outlier_factor": outlier_factor,
-            "compression": compression,
-            "members": members, "model": model,
-            "plain_round_s": round(plain, 4),
-            "signed_round_s": round(signed, 4), "overhead": round(signed / plain - 1, 4),
-            "paired_overhead": paired["median"], "paired_overhead_ci95": paired["ci95"],
-            "plain_runs_s": [round(v, 4) for v in out["plain"]],
-            "signed_runs_s": [round(v, 4) for v in out["signed"]],
-            "plain_cpu_s": round(pcpu, 3), "signed_cpu_s": round(scpu, 3),
-            "cpu_overhead": round(scpu / pcpu - 1, 4) if pcpu else None,
-            "load_average": [round(v, 2) for v in os.getloadavg()], "machine": machine()}
+    paired = paired_overhead(out["plain"], out["signed"], clusters=sets)
+    res = {"nodes": nodes, "steps": steps, "repeats": repeats, "sets": sets, "outlier_factor": outlier_factor,
+           "compression": compression,
+           "members": members, "model": model,
+           "plain_round_s": round(plain, 4),
+           "signed_round_s": round(signed, 4), "overhead": round(signed / plain - 1, 4),
+           "paired_overhead": paired["median"], "paired_overhead_ci95": paired["ci95"],
+           "paired_overhead_per_set": paired.get("per_cluster"),
+           "plain_runs_s": [round(v, 4) for v in out["plain"]],
+           "signed_runs_s": [round(v, 4) for v in out["signed"]],
+           "plain_cpu_s": round(pcpu, 3), "signed_cpu_s": round(scpu, 3),
+           "cpu_overhead": round(scpu / pcpu - 1, 4) if pcpu else None}
+    if control:
+        aa = paired_overhead(out["plain"], out["control"], clusters=sets)
+        res.update({"control_runs_s": [round(v, 4) for v in out["control"]],
+                    "control_overhead": aa["median"], "control_overhead_ci95": aa["ci95"],
+                    "control_overhead_per_set": aa.get("per_cluster")})
+    return {**res, "load_average": [round(v, 2) for v in os.getloadavg()], "machine": machine()}
 
 
 def main() -> None:
@@ -333,8 +361,17 @@ def main() -> None:
                    help="a zoo model, compiled with its training module once (default: the demo's)")
     p.add_argument("--compression", default="none", choices=("none", "fp16", "int8", "topk"),
                    help="the rounds' compression (int8/topk with screening: a coded exchange per step)")
+    p.add_argument("--sets", type=int, default=1,
+                   help="start fresh swarms this many times, --repeats rounds of each per set")
+    p.add_argument("--control", action="store_true",
+                   help="also run a second unsigned swarm, reported against the first (A/A)")
     a = p.parse_args()
-    print(json.dumps(run(a.nodes, a.steps, a.repeats, a.outlier_factor, a.members, a.model, a.compression)))
+    try:
+        r = run(a.nodes, a.steps, a.repeats, a.outlier_factor, a.members, a.model, a.compression,
+                a.sets, a.control)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(json.dumps(r))
 
 
 if __name__ == "__main__":
