@@ -35,7 +35,7 @@ from edgenode.faults import Faults, FaultyTransport, Point
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
 from edgenode.ports import Collective, Engine, Link, Publication, Spec, StepRunner, Trainer, Updater
-from edgenode.rounds import RoundControl
+from edgenode.rounds import RoundControl, load_seen_rounds
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.training import RoundResult
 from edgenode.trainproc import TrainerWorkerError, TrainingWorker
@@ -110,7 +110,7 @@ class EdgeNode(ImageControl, RoundControl):
         self._round_id: str | None = None
         self._worker: threading.Thread | None = None
         self._abort = threading.Event()
-        self._seen_rounds: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._seen_rounds: collections.OrderedDict[str, None] = load_seen_rounds(config.data_dir)
         self._stopping = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._started = False

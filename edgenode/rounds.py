@@ -6,16 +6,18 @@ the state declared below (the model, the store, the collective, the link and the
 from __future__ import annotations
 
 import collections
+import json
 import os
 import threading
 import time
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from edgenode.common import NodeBusy, NodeError, RoundFailed, get_logger
+from edgenode.common import NodeBusy, NodeError, RoundFailed, atomic_write_bytes, get_logger
 from edgenode.config import NodeConfig
 from edgenode.faults import Faults
 from edgenode.metrics import NodeMetrics
@@ -39,10 +41,44 @@ from federation.messages import (
     parse_command,
 )
 
-__all__ = ["RoundControl"]
+__all__ = ["SEEN_ROUNDS_KEPT", "RoundControl", "load_seen_rounds", "save_seen_rounds"]
 
 log = get_logger("agent")
 _STEP_EVENT_MIN_S = 0.25  # STEP events are throttled: a 1000-step round must not flood the broker
+
+
+SEEN_ROUNDS_KEPT = 256
+_SEEN_FILE = "rounds-seen.json"
+
+
+def load_seen_rounds(data_dir: Path) -> collections.OrderedDict[str, None]:
+    """The ids of the rounds this node started (newest last), as :func:`save_seen_rounds` left
+    them; empty if there is no such file or it cannot be read (logged)."""
+    path = data_dir / _SEEN_FILE
+    try:
+        ids = json.loads(path.read_text())
+    except FileNotFoundError:
+        ids = []
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        ids = []
+    if not isinstance(ids, list):
+        log.warning("ignoring %s: not a list of round ids", path)
+        ids = []
+    kept = [i for i in ids if isinstance(i, str)][-SEEN_ROUNDS_KEPT:]
+    return collections.OrderedDict.fromkeys(kept)
+
+
+def save_seen_rounds(data_dir: Path, seen: collections.OrderedDict[str, None]) -> None:
+    """Keep the ids of the rounds this node started across restarts: a round.start captured off
+    the broker and replayed after a restart (fresh enough for the signature's replay window,
+    which a new process starts empty) must not run a round a second time. Durable (atomic
+    write); a node whose data directory refuses writes still runs (logged; its round fails at
+    the commit anyway)."""
+    try:
+        atomic_write_bytes(data_dir / _SEEN_FILE, json.dumps(list(seen)).encode())
+    except OSError as exc:
+        log.warning("could not record the rounds started in %s: %s", data_dir, exc)
 
 
 class RoundControl:
@@ -199,8 +235,9 @@ class RoundControl:
             if self._ring is None:
                 raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
             self._seen_rounds[cmd.round_id] = None
-            while len(self._seen_rounds) > 256:
+            while len(self._seen_rounds) > SEEN_ROUNDS_KEPT:
                 self._seen_rounds.popitem(last=False)
+            save_seen_rounds(self.config.data_dir, self._seen_rounds)
             self._worker = threading.Thread(target=self._round_worker, args=(cmd,),
                                             name=f"round-{self.node_id}", daemon=True)
             self._worker.start()

@@ -326,3 +326,22 @@ def test_unscreened_compressed_round_fails_naming_a_diverged_member(tmp_path, co
     finally:
         for n in nodes.values():
             n.stop()
+
+
+def test_the_rounds_a_node_started_survive_a_restart_and_bad_files_are_ignored(tmp_path):
+    import collections
+    import json
+
+    from edgenode.rounds import SEEN_ROUNDS_KEPT, load_seen_rounds, save_seen_rounds
+
+    assert load_seen_rounds(tmp_path) == {}  # no file yet
+    seen = collections.OrderedDict.fromkeys(f"r{k}" for k in range(SEEN_ROUNDS_KEPT + 5))
+    save_seen_rounds(tmp_path, seen)
+    back = load_seen_rounds(tmp_path)
+    assert list(back) == list(seen)[-SEEN_ROUNDS_KEPT:]  # newest kept, in order
+    for junk in (b"{not json", b'{"r1": 1}', json.dumps(["ok", 7, None, "fine"]).encode()):
+        (tmp_path / "rounds-seen.json").write_bytes(junk)
+        assert list(load_seen_rounds(tmp_path)) == (["ok", "fine"] if junk.startswith(b"[") else [])
+    ro = tmp_path / "gone"  # a data directory that vanished: logged, not raised
+    save_seen_rounds(ro, seen)
+    assert not ro.exists()

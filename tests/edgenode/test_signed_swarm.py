@@ -95,3 +95,62 @@ def test_forged_messages_do_no_harm_to_a_signed_swarm(mosquitto, swarm_id, mqtt_
     text = generate_latest(nodes[0].registry).decode()
     assert 'fractal_node_messages_rejected_total{reason="unsigned"}' in text
     assert 'fractal_node_messages_rejected_total{reason="bad_signature"} 0.0' in text
+
+
+def test_a_round_start_replayed_after_a_restart_does_not_run_again(mosquitto, swarm_id, mqtt_link_factory,
+                                                                   node_factory, digits_artifact, digits_data,
+                                                                   tmp_path):
+    """A genuine signed round.start captured off the broker and replayed within its freshness
+    window, just after a node restarted (its replay window starts empty): the node remembers the
+    rounds it started in its data directory and does not run that round again; the member that
+    did not restart drops it as replayed; the next genuine round runs on both."""
+    x, y = digits_data
+    ids = [f"{swarm_id}-n{k}" for k in range(2)]
+    keys = tmp_path / "keys"
+    provision(keys, swarm_id, ids)
+
+    def start(k: int):
+        i = ids[k]
+        n = node_factory(i, digits_artifact, broker=mosquitto.url, swarm=swarm_id,
+                         key_file=str(keys / f"keys/{i}.key"), keyring_file=str(keys / "keyring.json"))
+        if n.store.count == 0:
+            n.add_samples({"x": x[k:400:2]}, y[k:400:2])
+        return n
+
+    nodes = [start(0), start(1)]
+    fleet = load_identity(keys / "keys/fleet.key", keys / "keyring.json").link(mqtt_link_factory(mosquitto, "fleet"))
+    watch = SwarmWatch(fleet, swarm_id)
+    attacker = mqtt_link_factory(mosquitto, "attacker")
+
+    def status(i: str):
+        with watch.lock:
+            return watch.statuses.get(i)
+
+    def done(rid: str) -> set[str]:
+        with watch.lock:
+            bad = [e for e in watch.events if e.round_id == rid and e.kind == EventKind.FAILED]
+            assert not bad, bad
+            return {e.node_id for e in watch.events if e.round_id == rid and e.kind == EventKind.DONE}
+
+    _wait(lambda: all(status(i) and status(i).samples == 200 for i in ids), 10, "both nodes online")
+    t = topics.command(swarm_id)
+    captured = fleet.sign(t, RoundCommand(round_id="r1", steps=5, lr=0.1, participants=ids, step_timeout_s=15))
+    attacker.publish(t, captured)  # the genuine command, as the broker carried it
+    _wait(lambda: done("r1") == set(ids), 60, "round r1 done on both")
+
+    nodes[1].stop(timeout=10)
+    _wait(lambda: status(ids[1]).state == NodeState.OFFLINE, 10, "n1 offline")
+    nodes[1] = start(1)
+    _wait(lambda: status(ids[1]).state == NodeState.ONLINE and status(ids[1]).model_version == 1, 10,
+          "n1 back online")
+    with watch.lock:
+        seen = len(watch.events)
+    replayed = _rejected(nodes[0], "replayed")
+    attacker.publish(t, captured)  # seconds old: fresh for the signature check of a new process
+    _wait(lambda: _rejected(nodes[0], "replayed") > replayed, 10, "the replay reached n0")
+    fleet.publish(t, RoundCommand(round_id="r2", steps=5, lr=0.1, participants=ids, step_timeout_s=15))
+    _wait(lambda: done("r2") == set(ids), 60, "round r2 done on both")
+    with watch.lock:
+        after = [e for e in watch.events[seen:] if e.round_id == "r1"]
+    assert not after, after  # n1 did not start r1 again (it would have failed it, alone)
+    assert [n.model_version for n in nodes] == [2, 2] and len({n.params_sha256 for n in nodes}) == 1
