@@ -118,7 +118,8 @@ def test_a_round_start_replayed_after_a_restart_does_not_run_again(mosquitto, sw
         return n
 
     nodes = [start(0), start(1)]
-    fleet = load_identity(keys / "keys/fleet.key", keys / "keyring.json").link(mqtt_link_factory(mosquitto, "fleet"))
+    fleet_key = load_identity(keys / "keys/fleet.key", keys / "keyring.json")
+    fleet = fleet_key.link(mqtt_link_factory(mosquitto, "fleet"))
     watch = SwarmWatch(fleet, swarm_id)
     attacker = mqtt_link_factory(mosquitto, "attacker")
 
@@ -134,7 +135,8 @@ def test_a_round_start_replayed_after_a_restart_does_not_run_again(mosquitto, sw
 
     _wait(lambda: all(status(i) and status(i).samples == 200 for i in ids), 10, "both nodes online")
     t = topics.command(swarm_id)
-    captured = fleet.sign(t, RoundCommand(round_id="r1", steps=5, lr=0.1, participants=ids, step_timeout_s=15))
+    r1 = RoundCommand(round_id="r1", steps=5, lr=0.1, participants=ids, step_timeout_s=15)
+    captured = fleet.sign(t, r1)
     attacker.publish(t, captured)  # the genuine command, as the broker carried it
     _wait(lambda: done("r1") == set(ids), 60, "round r1 done on both")
 
