@@ -9,11 +9,38 @@ import struct
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from federation._gmac import Gmac
+from federation._gmac import Gmac, ghash, use_clmul
 
 from federation import ringmac
 
 _NONCE = struct.Struct("<QI")
+
+
+def _cpu_has_clmul_path() -> bool:
+    flags: set[str] = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return {"avx512f", "avx512bw", "avx512vl", "vpclmulqdq", "pclmulqdq"} <= flags
+
+
+@pytest.fixture(autouse=True, params=["clmul", "openssl"])
+def ghash_path(request):
+    """Every test here runs on both GHASH implementations of the module (where the CPU has the
+    VPCLMULQDQ one: else both runs take OpenSSL's)."""
+    before = ghash() != "openssl"
+    use_clmul(request.param == "clmul")
+    yield request.param
+    use_clmul(before)
+
+
+def test_the_clmul_path_is_used_wherever_the_cpu_has_it(ghash_path):
+    # the import default: on, unless FRACTAL_GHASH=openssl (this suite does not set it)
+    expect = "vpclmulqdq-avx512" if ghash_path == "clmul" and _cpu_has_clmul_path() else "openssl"
+    assert ghash() == expect
+    assert os.environ.get("FRACTAL_GHASH") is None
 
 
 def _reference(key: bytes, data: bytes, seq: int, epoch: int) -> bytes:
@@ -32,7 +59,7 @@ def test_known_answer_gcm_spec_test_case_13():
     assert buf.hex() == "530f8afbc74536b9a963b4f1c4cb738b"
 
 
-@pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 255, 4096, 18546, 262144 + 3])
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 255, 511, 512, 513, 4096, 18546, 262144 + 3])
 def test_tags_equal_cryptographys_aesgcm(size):
     key = os.urandom(32)
     g = Gmac(key)
@@ -113,3 +140,25 @@ def test_fallback_backend_gives_the_same_tags():
     framed = bytes(data) + _NONCE.pack(5, 3) + _reference(key, bytes(data) + _NONCE.pack(5, 3), 5, 3)
     assert ringmac._AesGcmMac(key).verify(framed, 789, 777) and Gmac(key).verify(framed, 789, 777)
     assert not ringmac._AesGcmMac(key).verify(framed[:-1] + b"\x00", 789, 777)
+
+
+def test_every_length_around_the_block_and_group_sizes():
+    # the CLMUL path hashes 512-byte groups, then single blocks, then a partial block: every
+    # remainder of each, and random frames up to 70 KB
+    key = os.urandom(32)
+    g = Gmac(key)
+    rng = __import__("random").Random(5)
+    for size in [*range(0, 1100), *(rng.randrange(1100, 70_000) for _ in range(40))]:
+        data = rng.randbytes(size)
+        buf = bytearray(data) + bytearray(16)
+        g.seal(buf, size, size, 3)
+        assert bytes(buf[size:]) == _reference(key, data, size, 3), size
+
+
+def test_initialising_again_takes_the_new_key():
+    k1, k2 = os.urandom(32), os.urandom(32)
+    g = Gmac(k1)
+    g.__init__(k2)
+    buf = bytearray(600) + bytearray(16)
+    g.seal(buf, 600, 1, 1)
+    assert bytes(buf[600:]) == _reference(k2, bytes(600), 1, 1)
