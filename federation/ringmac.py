@@ -48,10 +48,12 @@ module does a frame's whole trailer and tag (``seal_frame``) and the receive fas
 parsing, lookup, tag and named-sender checks (``open_frame``) in one call each, on one OpenSSL
 context per peer and direction, keeping the GIL. Same envelopes, bit for bit; replay and
 freshness stay in :meth:`Verifier.admit` (moving them and the seq counter to C too changed
-nothing measurable). Frames over ``_SMALL`` (32 KiB) still use AESGCM: cryptography's bundled
-OpenSSL hashes ~2.5x faster per byte than the system's. Without the module (a board's image,
-no compiler, ``FRACTAL_GMAC=python``) the same steps run in Python. Measured in BENCHMARKS.md
-("Session 11").
+nothing measurable). Its GHASH uses VPCLMULQDQ where the CPU has AVX-512 (the system's
+OpenSSL 3.0 has no such code: 19 KB in ~1.1 us instead of ~4 us), else OpenSSL's. Frames over
+``_SMALL`` (32 KiB) still use AESGCM: cryptography's bundled OpenSSL hashes them as fast or
+faster and releases the GIL. Without the module (a board's image, no compiler,
+``FRACTAL_GMAC=python``) the same steps run in Python. Measured in BENCHMARKS.md ("Session 11",
+"Session 12").
 
 Why not ed25519 here: per 256 KiB frame, sign + verify cost ~510 us (SHA-256 pre-hash twice plus
 the curve operations, ~100 us even for an empty frame), which doubled the ring's time in
@@ -180,9 +182,10 @@ def _backend() -> tuple[Callable[[bytes], _Mac], Callable[..., None], Callable[.
 
 _MAC, _SEAL_FRAME, _OPEN_FRAME, _BACKEND = _backend()
 # Frames longer than this (buffer bytes) take cryptography's AESGCM even where federation/_gmac.c
-# is built: its bundled OpenSSL hashes ~2.5x faster per byte than the system's (21 vs 7.6 GB/s
-# here) and past ~24 KB that outweighs the C path's lower per-call cost (seal of 19 KB: 2.6 vs
-# 2.8 us; 64 KiB: 8.0 vs 4.8 us; 256 KiB: 31.5 vs 14.1 us).
+# is built. With the system OpenSSL's GHASH (21 vs 7.6 GB/s here) past ~24 KB AESGCM wins (seal
+# of 19 KB: 2.6 vs 2.8 us; 64 KiB: 8.0 vs 4.8 us; 256 KiB: 31.5 vs 14.1 us); with _gmac's own
+# VPCLMULQDQ GHASH the two are about even for large frames (256 KiB: 13.2 vs 12.0 us; 1 MiB:
+# 54 vs 47 us) and AESGCM releases the GIL, so the threshold stays.
 _SMALL = 32 * 1024
 
 
