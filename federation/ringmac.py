@@ -81,7 +81,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from federation.auth import AuthRejected, Keyring, Reject, Role, Signer, Verifier
 from federation.framing import header_sender
 
-__all__ = ["MAGIC", "VERSION", "TAG", "RingMac", "is_mac_envelope", "room_for", "gmac_backend"]
+__all__ = ["MAGIC", "VERSION", "TAG", "RingMac", "is_mac_envelope", "room_for", "gmac_backend",
+           "gmac_describe"]
 
 MAGIC = b"FM"
 VERSION = 3
@@ -193,6 +194,16 @@ def gmac_backend() -> str:
     """Which GMAC implementation ring frames use: "openssl-context" (federation/_gmac.c) or
     "cryptography" (AESGCM; the C module is not built, or FRACTAL_GMAC=python)."""
     return _BACKEND
+
+
+def gmac_describe() -> str:
+    """The backend and, for the C module, its GHASH ("openssl-context/vpclmulqdq-avx512"), as
+    benchmarks report it."""
+    if _BACKEND != "openssl-context":
+        return _BACKEND
+    from federation import _gmac  # type: ignore[attr-defined, unused-ignore]
+
+    return f"{_BACKEND}/{_gmac.ghash()}"
 
 
 def room_for(sender: str, topic_prefix: str, max_dst: int = 64) -> int:

@@ -346,7 +346,10 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
         res.update({"control_runs_s": [round(v, 4) for v in out["control"]],
                     "control_overhead": aa["median"], "control_overhead_ci95": aa["ci95"],
                     "control_overhead_per_set": aa.get("per_cluster")})
-    return {**res, "load_average": [round(v, 2) for v in os.getloadavg()], "machine": machine()}
+    from federation.ringmac import gmac_describe
+
+    return {**res, "gmac": gmac_describe(), "load_average": [round(v, 2) for v in os.getloadavg()],
+            "machine": machine()}
 
 
 def main() -> None:
