@@ -70,7 +70,9 @@ class _Conn:
 
     async def run(self) -> None:
         p = self.proxy
-        await p._flowing.wait()  # a blackholed SYN "hangs" until the network heals
+        early = await self._hang()  # a blackholed SYN "hangs" until the network heals
+        if early is None:
+            return
         try:
             tr, self.tw = await asyncio.open_connection(p.target_host, p.target_port)
         except OSError:
@@ -80,10 +82,42 @@ class _Conn:
         if self.closed:  # cut while connecting
             self.tw.transport.abort()
             return
+        if early:
+            self.tw.write(early)
         self.tasks = [asyncio.create_task(self._pump(self.cr, self.tw, up=True)),
                       asyncio.create_task(self._pump(tr, self.cw, up=False))]
         await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
         self.abort()
+
+    async def _hang(self) -> bytes | None:
+        """Wait while the network is blackholed, like a SYN nobody answers; returns what the
+        client sent meanwhile, or None if it gave up (closed or reset) before the network healed.
+        On a real network such a connection never reaches the server: its client's kernel
+        answers the late SYN-ACK with a reset. Forwarding it instead would replay a dead MQTT
+        CONNECT to the broker, which then takes the session over from the client's live
+        connection (same client id) and kicks it."""
+        p, early = self.proxy, bytearray()
+        while not p._flowing.is_set():
+            read = asyncio.ensure_future(self.cr.read(_CHUNK))
+            flow = asyncio.ensure_future(p._flowing.wait())
+            try:
+                await asyncio.wait({read, flow}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                flow.cancel()
+            if not read.done():
+                read.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await read
+                continue
+            try:
+                data = read.result()
+            except (OSError, asyncio.IncompleteReadError):
+                data = b""
+            if not data:
+                self.abort()
+                return None
+            early += data
+        return bytes(early)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, up: bool) -> None:
         p = self.proxy

@@ -137,6 +137,52 @@ def test_blackhole_holds_bytes_until_healed(proxy: ProxyThread) -> None:
         assert a.recv(10) == b"held"
 
 
+def test_a_connection_given_up_during_a_blackhole_never_reaches_the_target() -> None:
+    """As on a real network, where the late SYN-ACK meets a reset: a client that connected during
+    the blackhole and closed before it healed must not have its bytes (an MQTT CONNECT, say)
+    delivered to the server afterwards; one that is still there gets its early bytes first."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+    lock, got = threading.Lock(), threading.Condition()
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c:
+                data = b""
+                while chunk := c.recv(100):
+                    data += chunk
+                    if data.endswith(b"!"):
+                        c.sendall(b"ok")
+                with got:
+                    seen.append(data)
+                    got.notify_all()
+
+    threading.Thread(target=serve, daemon=True).start()
+    with ProxyThread("127.0.0.1", srv.getsockname()[1]) as proxy:
+        proxy.partition(PartitionMode.BLACKHOLE)
+        dead = _connect(proxy.port)
+        dead.sendall(b"dead CONNECT")
+        dead.close()
+        with _connect(proxy.port) as live:
+            live.sendall(b"live ")
+            deadline = time.monotonic() + 5  # the proxy noticed the dead one give up: one left open
+            while proxy.describe()["open"] != 1:
+                assert time.monotonic() < deadline, proxy.describe()
+                time.sleep(0.01)
+            proxy.heal()
+            live.sendall(b"CONNECT!")
+            live.settimeout(5)
+            assert live.recv(10) == b"ok"
+        with got:
+            assert got.wait_for(lambda: len(seen) == 1, 5)
+        assert seen == [b"live CONNECT!"] and proxy.describe()["accepted"] == 2
+    srv.close()
+
+
 def test_periodic_drop_cuts_repeatedly(proxy: ProxyThread) -> None:
     proxy.drop_every(0.2)
     deadline = time.monotonic() + 5
