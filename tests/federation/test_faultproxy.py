@@ -143,7 +143,7 @@ def test_a_connection_given_up_during_a_blackhole_never_reaches_the_target() -> 
     delivered to the server afterwards; one that is still there gets its early bytes first."""
     srv = socket.create_server(("127.0.0.1", 0))
     seen: list[bytes] = []
-    lock, got = threading.Lock(), threading.Condition()
+    got = threading.Condition()
 
     def serve() -> None:
         while True:
