@@ -238,6 +238,8 @@ class RoundControl:
             while len(self._seen_rounds) > SEEN_ROUNDS_KEPT:
                 self._seen_rounds.popitem(last=False)
             save_seen_rounds(self.config.data_dir, self._seen_rounds)
+            log.info("round %s: starting (%d steps, %d participants)", cmd.round_id, cmd.steps,
+                     len(cmd.participants))
             self._worker = threading.Thread(target=self._round_worker, args=(cmd,),
                                             name=f"round-{self.node_id}", daemon=True)
             self._worker.start()

@@ -266,6 +266,8 @@ class MqttLink:
             hooks = list(self._on_connect_hooks)
         if filters:
             client.subscribe([(f, 1) for f in filters])
+        if self.connects > 1:
+            log.info("MQTT reconnected (connect #%d, %d subscriptions renewed)", self.connects, len(filters))
         self._connected.set()
         for hook in hooks:
             try:
