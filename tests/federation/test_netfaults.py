@@ -47,8 +47,11 @@ def netswarm(digits_artifact: Path, digits_data: tuple[np.ndarray, np.ndarray],
 
 @pytest.fixture
 def swarm(netswarm: NetSwarm) -> Iterator[NetSwarm]:
-    """The module's swarm with a clean network before and after each test."""
+    """The module's swarm with a clean network before and after each test. The nodes' log tails
+    go to stdout at teardown: pytest shows them with a failure (and only then)."""
     yield netswarm
+    for k in range(NODES):
+        print(f"--- n{k} log tail ---\n{netswarm.log_tail(k, 3000)}")
     for p in netswarm.proxies:
         p.drop_every(None)
         p.heal()
