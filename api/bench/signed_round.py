@@ -343,9 +343,16 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
            "cpu_overhead": round(scpu / pcpu - 1, 4) if pcpu else None}
     if control:
         aa = paired_overhead(out["plain"], out["control"], clusters=sets)
+        # Against both unsigned swarms of the repeat (their mean): what one swarm of a set happens
+        # to cost more or less than another then weighs half as much.
+        both = paired_overhead([(p + c) / 2 for p, c in zip(out["plain"], out["control"], strict=True)],
+                               out["signed"], clusters=sets)
         res.update({"control_runs_s": [round(v, 4) for v in out["control"]],
                     "control_overhead": aa["median"], "control_overhead_ci95": aa["ci95"],
-                    "control_overhead_per_set": aa.get("per_cluster")})
+                    "control_overhead_per_set": aa.get("per_cluster"),
+                    "overhead_vs_both_unsigned": both["median"],
+                    "overhead_vs_both_unsigned_ci95": both["ci95"],
+                    "overhead_vs_both_unsigned_per_set": both.get("per_cluster")})
     from federation.ringmac import gmac_describe
 
     return {**res, "gmac": gmac_describe(), "load_average": [round(v, 2) for v in os.getloadavg()],
