@@ -265,14 +265,16 @@ class _ProcSwarm:
 def _run_sets(make: Any, kinds: list[str], sets: int, steps: int, repeats: int, opts: dict[str, Any],
               out: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
     """``sets`` times: start one fresh swarm per kind (``make(tmp, swarm, signed)``), a warm-up round
-    each, then ``repeats`` rounds of each kind in rotating order; close them. Fresh swarms per set:
+    each, then ``repeats`` rounds of each kind in rotating order; close them. The order the swarms
+    start in rotates from set to set (the swarm started last read ~2% faster than an identical one
+    started first in A/A runs, BENCHMARKS.md "Session 12"). Fresh swarms per set:
     what one set of processes happens to get (cores, memory layout, broker queues) is a bias
     between its swarms that more rounds of the same set cannot average out, more sets can."""
     for s in range(sets):
         with tempfile.TemporaryDirectory(prefix="fractal-signed-bench-") as tmp:
             swarms: dict[str, Any] = {}
             try:
-                for kind in kinds:
+                for kind in kinds[s % len(kinds):] + kinds[:s % len(kinds)]:  # who starts first rotates too
                     swarms[kind] = make(Path(tmp), f"b{kind}{s}", kind == "signed")
                 for kind, sw in swarms.items():  # warm-up round each (TVM, connections, training workers)
                     sw.round(f"{kind}-warm", 5, opts)
