@@ -71,8 +71,7 @@ class Injector(threading.Thread):
         self.captured: dict[str, collections.deque[tuple[str, bytes]]] = {
             "cmd": collections.deque(maxlen=100), "event": collections.deque(maxlen=100)}
         self._rogue: Any = None
-        self._ours: set[bytes] = set()  # payloads we published (bounded), see _remember
-        self._ours_order: collections.deque[bytes] = collections.deque()
+        self._ours: dict[bytes, None] = {}  # payloads we published, oldest first (bounded), see _remember
         if hostile and sw.opts.signed:
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -149,10 +148,10 @@ class Injector(threading.Thread):
 
     def _remember(self, payload: bytes) -> None:
         """Note a payload we publish (the latest 1,000), so the capture never takes it for genuine."""
-        self._ours.add(payload)
-        self._ours_order.append(payload)
-        if len(self._ours_order) > 1000:
-            self._ours.discard(self._ours_order.popleft())
+        self._ours.pop(payload, None)  # published again (a replay): it is the newest now
+        self._ours[payload] = None
+        if len(self._ours) > 1000:
+            del self._ours[next(iter(self._ours))]
 
     def stop(self) -> None:
         self.halt.set()

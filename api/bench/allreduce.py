@@ -26,6 +26,7 @@ import numpy as np
 from api.bench.host import machine_line
 from api.bench.paired import paired_overhead
 from federation.errors import FederationError
+from federation.ringmac import gmac_describe
 
 __all__ = ["run_allreduce_bench", "raw_broker_throughput", "ideal_bytes_per_node"]
 
@@ -341,16 +342,10 @@ def run_allreduce_bench(nodes: int, elements: int, *, broker_url: str | None = N
         "signed_paired_overhead": signed_paired["median"] if signed_paired else None,
         "signed_paired_overhead_ci95": signed_paired["ci95"] if signed_paired else None,
         "signed_cpu_overhead": round(sig[4] / ring_cpu - 1, 4) if sig and ring_cpu else None,
-        "signed_gmac": _gmac_describe() if sig else None,
+        "signed_gmac": gmac_describe() if sig else None,
         "repeats": repeats,
         "max_payload": max_payload,
         "members": "process",
         "broker": "mosquitto (started by the benchmark)" if own is not None else broker_url.split("@")[-1],
         "machine": machine_line(),
     }
-
-
-def _gmac_describe() -> str:
-    from federation.ringmac import gmac_describe
-
-    return gmac_describe()
