@@ -6,10 +6,13 @@
  * or the tag, and the GIL kept (a 19 KB frame takes ~1-4 us: too short to be worth handing the GIL
  * to another thread and queueing for it again). Measured in a 4-node swarm's node processes
  * (BENCHMARKS.md, "Session 11"): ~11-18 us per AESGCM call there against ~3 us in a hot loop.
- * GHASH is computed here with VPCLMULQDQ where the CPU has AVX-512 (below; ~18 GB/s in a hot loop
- * on the CI machine's EPYC), else by OpenSSL's EVP GCM on one reusable context (the system's
- * OpenSSL 3.0: ~5-8 GB/s). Frames over 32 KiB do not come here (ringmac._SMALL): cryptography's
- * bundled OpenSSL hashes them as fast or faster, GIL released.
+ * GHASH is computed here with VPCLMULQDQ where the CPU has AVX-512 (below; ~22 GB/s in a hot loop
+ * on the CI machine's EPYC, as fast as cryptography's bundled OpenSSL for 1 MiB and 1.6-4x
+ * faster per call under 64 KiB), and then ringmac sends frames of every size here; else by
+ * OpenSSL's EVP GCM on one reusable context (the system's OpenSSL 3.0: ~5-8 GB/s), and frames
+ * over 32 KiB go to cryptography's AESGCM instead (ringmac._SMALL). The GIL stays held even for
+ * 1 MiB (~46 us): a thread that hands it over may wait for a busy one's switch interval (5 ms)
+ * to get it back.
  *
  *   Gmac(key: 32 bytes)
  *   .seal(buf: writable buffer, end: int, seq: int, epoch: int) -> None
@@ -56,7 +59,7 @@ typedef struct {
     PyObject_HEAD
     EVP_CIPHER_CTX *ctx;
     EVP_CIPHER_CTX *ecb; /* AES-256 of single blocks (E_K(J0)) for the CLMUL path */
-    unsigned char *powers_mem; /* 16 x GROUP bytes + alignment: K^GROUP .. K^1 for the CLMUL path */
+    unsigned char *powers_mem; /* 32 x GROUP bytes + alignment: K^GROUP .. K^1 and their Karatsuba halves */
     unsigned char *powers; /* powers_mem rounded up to 64 bytes */
     int fast; /* tags by the CLMUL path (set up); else OpenSSL's EVP GCM */
 } Gmac;
@@ -69,8 +72,10 @@ static PyTypeObject GmacType;
  * (RFC 8452, appendix A: GHASH(H, X_1..X_n) = ByteReverse(POLYVAL(mulX(ByteReverse(H)),
  * ByteReverse(X_1)..ByteReverse(X_n)))), where a product reduces with two carry-less multiplies
  * by 0xc2 << 56 and no bit reflection. 32 blocks go per step: 8 registers of 4 blocks, each
- * block multiplied by its own power of K = mulX(ByteReverse(H)), the 32 products summed
- * unreduced and reduced once (reduction is linear). The AES blocks (H = E_K(0), E_K(J0)) still
+ * block multiplied by its own power of K = mulX(ByteReverse(H)) (Karatsuba: 3 carry-less
+ * multiplies per block), the 32 products summed unreduced and reduced once (reduction is
+ * linear); the last < 32 blocks and the lengths block likewise, in one step against the lowest
+ * powers (not block by block: a 100-byte frame is one reduction). The AES blocks (H = E_K(0), E_K(J0)) still
  * come from OpenSSL. Used only where the CPU has AVX-512F/BW/VL and VPCLMULQDQ (checked once at
  * import); FRACTAL_GHASH=openssl turns it off. Tags equal OpenSSL's (tests/federation/test_gmac.py
  * compares both paths with cryptography's AESGCM, sizes 0 .. 256 KiB). */
@@ -103,7 +108,9 @@ CLMUL_TARGET static inline __m128i bswap128(__m128i v) {
 }
 
 /* powers[16 * (GROUP - j)] = K^j for j = GROUP .. 1, K = mulX(ByteReverse(H)), so that the 4 blocks
- * of the first 64-byte load line up with K^GROUP..K^(GROUP-3), the next with the 4 below, ... */
+ * of the first 64-byte load line up with K^GROUP..K^(GROUP-3), the next with the 4 below, ...;
+ * powers[16 * GROUP + 16 * (GROUP - j)] holds K^j's two halves XORed (its low 64 bits), the
+ * Karatsuba middle factor. */
 CLMUL_TARGET static void clmul_init(unsigned char *powers, const unsigned char h[16]) {
     __m128i v = bswap128(_mm_loadu_si128((const __m128i *)h)), k, p;
     /* mulX in POLYVAL's field: v << 1 (a 128-bit little-endian integer), reduced by
@@ -121,6 +128,8 @@ CLMUL_TARGET static void clmul_init(unsigned char *powers, const unsigned char h
     p = k;
     for (int j = 1; j <= GROUP; j++) {
         _mm_store_si128((__m128i *)(powers + 16 * (GROUP - j)), p);
+        _mm_store_si128((__m128i *)(powers + 16 * GROUP + 16 * (GROUP - j)),
+                        _mm_xor_si128(p, _mm_shuffle_epi32(p, 0x4E)));
         p = pv_dot(p, k);
     }
 }
@@ -130,42 +139,82 @@ CLMUL_TARGET static inline __m128i fold4(__m512i v) {
     return _mm_xor_si128(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-/* S = GHASH_H(data zero-padded || lengths block), byte-reversed (POLYVAL's order) */
+/* Four block products x * p, unreduced, into (lo, hi, mid) by Karatsuba: three carry-less
+ * multiplies per block instead of four (the multiplier is what bounds the speed here); pk holds
+ * p's halves XORed. mid is (lo_x ^ hi_x)(lo_p ^ hi_p) and needs lo and hi added back. */
+CLMUL_TARGET static inline void mul4(__m512i x, __m512i p, __m512i pk, __m512i *lo, __m512i *hi, __m512i *mid) {
+    *lo = _mm512_xor_si512(*lo, _mm512_clmulepi64_epi128(x, p, 0x00));
+    *hi = _mm512_xor_si512(*hi, _mm512_clmulepi64_epi128(x, p, 0x11));
+    *mid = _mm512_xor_si512(*mid, _mm512_clmulepi64_epi128(_mm512_xor_si512(x, _mm512_shuffle_epi32(x, 0x4E)),
+                                                          pk, 0x00));
+}
+
+/* sum of the products, reduced once (reduction is linear) */
+CLMUL_TARGET static inline __m128i reduce4(__m512i lo, __m512i hi, __m512i mid) {
+    __m128i l = fold4(lo), h = fold4(hi), m = _mm_xor_si128(fold4(mid), _mm_xor_si128(l, h));
+    return pv_reduce(_mm_xor_si128(l, _mm_slli_si128(m, 8)), _mm_xor_si128(h, _mm_srli_si128(m, 8)));
+}
+
+/* S = GHASH_H(data zero-padded || lengths block), byte-reversed (POLYVAL's order). GROUP blocks
+ * per reduction; what is left (under GROUP blocks, the zero-padded last one and the lengths
+ * block) goes through the same products in one more step or two. */
 CLMUL_TARGET static __m128i clmul_ghash(const unsigned char *powers, const unsigned char *d, Py_ssize_t len) {
     const __m512i rev = _mm512_broadcast_i32x4(_mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m128i k1 = _mm_load_si128((const __m128i *)(powers + 16 * (GROUP - 1)));
+    const unsigned char *pks = powers + 16 * GROUP;
     __m128i y = _mm_setzero_si128();
     unsigned long long bits = (unsigned long long)len * 8;
     if (len >= 16 * GROUP) {
-        __m512i p[GROUP / 4];
-        for (int r = 0; r < GROUP / 4; r++)
+        __m512i p[GROUP / 4], pk[GROUP / 4];
+        for (int r = 0; r < GROUP / 4; r++) {
             p[r] = _mm512_load_si512((const void *)(powers + 64 * r));
+            pk[r] = _mm512_load_si512((const void *)(pks + 64 * r));
+        }
         for (; len >= 16 * GROUP; len -= 16 * GROUP, d += 16 * GROUP) {
             __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(), mid = _mm512_setzero_si512();
-            for (int r = 0; r < GROUP / 4; r++) {
-                __m512i x = _mm512_shuffle_epi8(_mm512_loadu_si512((const void *)(d + 64 * r)), rev);
-                if (r == 0)
-                    x = _mm512_xor_si512(x, _mm512_zextsi128_si512(y));
-                lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(x, p[r], 0x00));
-                hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(x, p[r], 0x11));
-                mid = _mm512_xor_si512(mid, _mm512_xor_si512(_mm512_clmulepi64_epi128(x, p[r], 0x01),
-                                                             _mm512_clmulepi64_epi128(x, p[r], 0x10)));
-            }
-            __m128i l = fold4(lo), h = fold4(hi), m = fold4(mid);
-            l = _mm_xor_si128(l, _mm_slli_si128(m, 8));
-            h = _mm_xor_si128(h, _mm_srli_si128(m, 8));
-            y = pv_reduce(l, h);
+            /* the running sum y joins the first block, last: the other products need not wait for it */
+            for (int r = 1; r < GROUP / 4; r++)
+                mul4(_mm512_shuffle_epi8(_mm512_loadu_si512((const void *)(d + 64 * r)), rev), p[r], pk[r],
+                     &lo, &hi, &mid);
+            mul4(_mm512_xor_si512(_mm512_shuffle_epi8(_mm512_loadu_si512((const void *)d), rev),
+                                  _mm512_zextsi128_si512(y)), p[0], pk[0], &lo, &hi, &mid);
+            y = reduce4(lo, hi, mid);
         }
     }
-    for (; len >= 16; len -= 16, d += 16)
-        y = pv_dot(_mm_xor_si128(y, bswap128(_mm_loadu_si128((const __m128i *)d))), k1);
-    if (len > 0) {
-        unsigned char last[16] = {0};
-        memcpy(last, d, (size_t)len);
-        y = pv_dot(_mm_xor_si128(y, bswap128(_mm_loadu_si128((const __m128i *)last))), k1);
+    {
+        /* the rest: n = full + partial + 1 (lengths) <= GROUP + 1 blocks, byte-reversed into t
+         * behind zero blocks up to a multiple of 4 (zeros add nothing), against K^n4 .. K^1 */
+        _Alignas(64) unsigned char t[16 * (GROUP + 4)];
+        Py_ssize_t full = len / 16, rest = len % 16;
+        int n = (int)full + (rest > 0) + 1, n4, at;
+        __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(), mid = _mm512_setzero_si512();
+        if (n > GROUP) { /* GROUP - 1 full blocks, a partial one and the lengths: one block first */
+            y = pv_dot(_mm_xor_si128(y, bswap128(_mm_loadu_si128((const __m128i *)d))),
+                       _mm_load_si128((const __m128i *)(powers + 16 * (GROUP - 1))));
+            d += 16;
+            full -= 1;
+            n -= 1;
+        }
+        n4 = (n + 3) & ~3;
+        at = n4 - n;
+        memset(t, 0, (size_t)(16 * at));
+        for (Py_ssize_t i = 0; i < full; i++)
+            _mm_store_si128((__m128i *)(t + 16 * (at + i)), bswap128(_mm_loadu_si128((const __m128i *)(d + 16 * i))));
+        if (rest > 0) {
+            unsigned char last[16] = {0};
+            memcpy(last, d + 16 * full, (size_t)rest);
+            _mm_store_si128((__m128i *)(t + 16 * (at + full)), bswap128(_mm_loadu_si128((const __m128i *)last)));
+        }
+        /* the lengths block: bit length of the associated data (BE64) || 0 (no ciphertext), reversed */
+        _mm_store_si128((__m128i *)(t + 16 * (n4 - 1)), _mm_set_epi64x((long long)bits, 0));
+        _mm_store_si128((__m128i *)(t + 16 * at), _mm_xor_si128(y, _mm_load_si128((const __m128i *)(t + 16 * at))));
+        for (int r = 0; r < n4 / 4; r++) {
+            Py_ssize_t off = 16 * (GROUP - n4) + 64 * r;
+            mul4(_mm512_load_si512((const void *)(t + 64 * r)), _mm512_load_si512((const void *)(powers + off)),
+                 _mm512_load_si512((const void *)(pks + off)), &lo, &hi, &mid);
+        }
+        OPENSSL_cleanse(t, sizeof t);
+        return reduce4(lo, hi, mid);
     }
-    /* the lengths block: bit length of the associated data (BE64) || 0 (no ciphertext), reversed */
-    return pv_dot(_mm_xor_si128(y, _mm_set_epi64x((long long)bits, 0)), k1);
 }
 
 CLMUL_TARGET static int clmul_tag(Gmac *self, const unsigned char *nonce, const unsigned char *data,
@@ -250,7 +299,7 @@ static int gmac_init(PyObject *op, PyObject *args, PyObject *kwds) {
         if (self->ecb == NULL)
             self->ecb = EVP_CIPHER_CTX_new();
         if (self->powers_mem == NULL) {
-            self->powers_mem = OPENSSL_malloc(16 * GROUP + 64);
+            self->powers_mem = OPENSSL_malloc(32 * GROUP + 64);
             self->powers = self->powers_mem == NULL ? NULL
                 : (unsigned char *)(((uintptr_t)self->powers_mem + 63) & ~(uintptr_t)63);
         }
@@ -279,7 +328,7 @@ static void gmac_dealloc(PyObject *op) {
     if (self->ecb != NULL)
         EVP_CIPHER_CTX_free(self->ecb);
     if (self->powers_mem != NULL)
-        OPENSSL_clear_free(self->powers_mem, 16 * GROUP + 64);
+        OPENSSL_clear_free(self->powers_mem, 32 * GROUP + 64);
     Py_TYPE(op)->tp_free(op);
 }
 
@@ -537,6 +586,16 @@ static PyMethodDef gmac_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *gmac_fast(PyObject *op, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(((Gmac *)op)->fast);
+}
+
+static PyGetSetDef gmac_getset[] = {
+    {"fast", gmac_fast, NULL, "Whether this object's tags come from the CLMUL path (else OpenSSL's GCM).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyTypeObject GmacType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "federation._gmac.Gmac",
@@ -547,6 +606,7 @@ static PyTypeObject GmacType = {
     .tp_init = gmac_init,
     .tp_dealloc = gmac_dealloc,
     .tp_methods = gmac_methods,
+    .tp_getset = gmac_getset,
 };
 
 static PyObject *ghash_impl(PyObject *module, PyObject *unused) {

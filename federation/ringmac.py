@@ -49,9 +49,10 @@ parsing, lookup, tag and named-sender checks (``open_frame``) in one call each, 
 context per peer and direction, keeping the GIL. Same envelopes, bit for bit; replay and
 freshness stay in :meth:`Verifier.admit` (moving them and the seq counter to C too changed
 nothing measurable). Its GHASH uses VPCLMULQDQ where the CPU has AVX-512 (the system's
-OpenSSL 3.0 has no such code: 19 KB in ~1.1 us instead of ~4 us), else OpenSSL's. Frames over
-``_SMALL`` (32 KiB) still use AESGCM: cryptography's bundled OpenSSL hashes them as fast or
-faster and releases the GIL. Without the module (a board's image, no compiler,
+OpenSSL 3.0 has no such code: 19 KB in ~1.0 us instead of ~4 us; 256 KiB in 11.6 us, as fast
+as cryptography's AESGCM in a hot loop and without its per-call context copy), and then frames
+of every size take the module; with OpenSSL's GHASH, frames over ``_SMALL`` (32 KiB) use
+AESGCM, whose bundled OpenSSL hashes them faster. Without the module (a board's image, no compiler,
 ``FRACTAL_GMAC=python``) the same steps run in Python. Measured in BENCHMARKS.md ("Session 11",
 "Session 12").
 
@@ -68,6 +69,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -182,12 +184,24 @@ def _backend() -> tuple[Callable[[bytes], _Mac], Callable[..., None], Callable[.
 
 
 _MAC, _SEAL_FRAME, _OPEN_FRAME, _BACKEND = _backend()
-# Frames longer than this (buffer bytes) take cryptography's AESGCM even where federation/_gmac.c
-# is built. With the system OpenSSL's GHASH (21 vs 7.6 GB/s here) past ~24 KB AESGCM wins (seal
-# of 19 KB: 2.6 vs 2.8 us; 64 KiB: 8.0 vs 4.8 us; 256 KiB: 31.5 vs 14.1 us); with _gmac's own
-# VPCLMULQDQ GHASH the two are about even for large frames (256 KiB: 13.2 vs 12.0 us; 1 MiB:
-# 54 vs 47 us) and AESGCM releases the GIL, so the threshold stays.
+# Frames longer than this (buffer bytes) take cryptography's AESGCM where federation/_gmac.c hashes
+# with the system OpenSSL (21 vs 7.6 GB/s here: past ~24 KB AESGCM wins; seal of 19 KB: 2.6 vs
+# 2.8 us; 64 KiB: 8.0 vs 4.8 us; 256 KiB: 31.5 vs 14.1 us). With _gmac's own VPCLMULQDQ GHASH
+# there is no limit (256 KiB: 11.6 vs 11.8 us in a hot loop, and the per-call cost AESGCM adds in
+# a busy node process is gone: the 1M-element signed allreduce went from +7.3/+7.7% to +4.4/+5.3%,
+# BENCHMARKS.md "Session 13").
 _SMALL = 32 * 1024
+
+
+def _small_limit(mac_class: Callable[[bytes], _Mac]) -> int:
+    """The longest frame the backend's own path takes: every frame with federation/_gmac.c's
+    VPCLMULQDQ GHASH (faster than AESGCM at every size, and no context copied per call), else
+    ``_SMALL``."""
+    try:
+        from federation import _gmac  # type: ignore[attr-defined, unused-ignore]
+    except ImportError:
+        return _SMALL
+    return sys.maxsize if mac_class is _gmac.Gmac and _gmac.ghash() != "openssl" else _SMALL
 
 
 def gmac_backend() -> str:
@@ -257,6 +271,7 @@ class RingMac:
         self.swarm = swarm
         # Chosen when created (tests swap the module's backend before creating their members).
         self._mac_class, self._seal_frame, self._open_frame = _MAC, _SEAL_FRAME, _OPEN_FRAME
+        self._small = _small_limit(_MAC)
         self._tx: dict[str, _Tx] = {}  # topic -> sealing state for its destination
         self._rx: dict[bytes, _Rx] = {}  # ids (sender + topic bytes) -> validated state
         self._lock = threading.Lock()
@@ -275,7 +290,7 @@ class RingMac:
         key = HKDF(algorithm=hashes.SHA256(), length=32, salt=self.swarm.encode(),
                    info=info).derive(self._dh.exchange(entry.dh_public))
         mac = self._mac_class(key)
-        return mac, (mac if isinstance(mac, _AesGcmMac) else _AesGcmMac(key))
+        return mac, (mac if isinstance(mac, _AesGcmMac) or getattr(mac, "fast", False) else _AesGcmMac(key))
 
     def forget(self) -> None:
         """Drop cached pair keys (after a keyring change: revocations take effect)."""
@@ -321,7 +336,7 @@ class RingMac:
 
     def _seal(self, tx: _Tx, buf: bytearray, body: int, room: int) -> bytearray:
         signer = self.signer
-        if len(buf) <= _SMALL:
+        if len(buf) <= self._small:
             self._seal_frame(tx.mac, buf, body, room, tx.ids, tx.slen, signer._next_seq(), signer.epoch)
         else:
             _py_seal_frame(tx.big, buf, body, room, tx.ids, tx.slen, signer._next_seq(), signer.epoch)
@@ -333,7 +348,7 @@ class RingMac:
         A ring frame (``b"FE"...``) whose header names another sender than the one the MAC
         proves is refused as WRONG_ROLE (impersonation)."""
         if type(data) is bytes:  # the fast path: a frame from an already validated combination
-            if len(data) <= _SMALL:
+            if len(data) <= self._small:
                 hit = self._open_frame(self._rx, data, topic)
             else:
                 hit = _py_open_frame(self._rx, data, topic, True)

@@ -162,3 +162,40 @@ def test_initialising_again_takes_the_new_key():
     buf = bytearray(600) + bytearray(16)
     g.seal(buf, 600, 1, 1)
     assert bytes(buf[600:]) == _reference(k2, bytes(600), 1, 1)
+
+
+def test_with_the_clmul_ghash_frames_of_every_size_take_the_module(ghash_path, monkeypatch):
+    """The VPCLMULQDQ GHASH is as fast as AESGCM for large frames and has no per-call context
+    copy, so ringmac then seals and opens frames of any size in the module; with OpenSSL's GHASH
+    frames over ringmac._SMALL go to AESGCM (its bundled OpenSSL hashes them faster)."""
+    import sys
+
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from federation import framing, topics
+    from federation.auth import KeyEntry, Keyring, Role, Signer, Verifier, generate_key
+
+    ids = ["a", "b"]
+    ed = {m: generate_key() for m in ids}
+    dh = {m: X25519PrivateKey.generate() for m in ids}
+    ring = Keyring([KeyEntry(f"{m}-k", m, Role.NODE, ed[m].public_key(), dh[m].public_key()) for m in ids])
+    m = {i: ringmac.RingMac(Signer(i, f"{i}-k", ed[i]), dh[i], Verifier(ring), "sw") for i in ids}
+    clmul = ghash() != "openssl"
+    assert m["a"]._small == (sys.maxsize if clmul else ringmac._SMALL)
+    to_b = topics.allreduce("sw", "b")
+    room = ringmac.room_for("a", topics.allreduce("sw", ""))
+    body = os.urandom(300_000)
+    used: list[str] = []
+    real = ringmac._py_open_frame
+
+    def spy(*args, **kw):
+        used.append("python")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ringmac, "_py_open_frame", spy)
+    frame = framing.encode(framing.FrameKind.DATA, framing.Phase.EXCHANGE, swarm="sw", tag="t", sender="a",
+                           count=len(body), total=len(body), payload=[body], crc=False, room=room)
+    env = bytes(m["a"].seal_into(to_b, bytearray(frame), room))
+    sender, payload = m["b"].open(to_b, env)
+    assert sender == "a" and bytes(payload) == bytes(frame[:len(frame) - room])
+    assert used == ([] if clmul else ["python"])
