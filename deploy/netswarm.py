@@ -56,6 +56,7 @@ class NetSwarmOptions:
     step_timeout_s: float = 6.0
     start_timeout_s: float = 15.0  # fleet: a participant silent this long after the command fails the round
     idle_timeout_s: float = 15.0
+    offline_grace_s: float = 5.0  # fleet: an offline participant fails its round after this (0: at once)
     tag: str = "s"
     signed: bool = False  # keys for every node and the fleet (deploy/keys.py) in workdir/keys
 
@@ -88,7 +89,8 @@ class NetSwarm:
         self.lock = threading.Lock()
         self.rounds = RoundManager(swarm=opts.swarm, publish=self._publish,
                                    start_timeout_s=opts.start_timeout_s, idle_timeout_s=opts.idle_timeout_s,
-                                   step_timeout_s=opts.step_timeout_s)
+                                   step_timeout_s=opts.step_timeout_s, offline_grace_s=opts.offline_grace_s)
+        self.offline_statuses = 0  # offline statuses received (Last Wills of dropped connections, stops)
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self._http: dict[str, httpx.Client] = {}
@@ -165,7 +167,10 @@ class NetSwarm:
         with self.lock:
             self.statuses[s.node_id] = s
         if s.state is NodeState.OFFLINE:
+            self.offline_statuses += 1
             self.rounds.node_offline(s.node_id, time.time())
+        else:
+            self.rounds.node_online(s.node_id)
 
     def _on_event(self, topic: str, payload: bytes) -> None:
         try:
@@ -348,7 +353,8 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     load_before = round(os.getloadavg()[0], 2)
     try:
-        with NetSwarm(NetSwarmOptions(artifact=artifact, workdir=work, nodes=args.nodes, tag="bench")) as sw:
+        with NetSwarm(NetSwarmOptions(artifact=artifact, workdir=work, nodes=args.nodes, tag="bench",
+                                      offline_grace_s=args.offline_grace)) as sw:
             for k in range(args.nodes):
                 sw.wait_http(k)
                 assert sw.post_samples(k, shards[k].x[:200], shards[k].y[:200]) == 200
@@ -365,10 +371,13 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 (f"drop-every-{args.drop_every:g}s", drops),
             ]
             for name, apply in faults:
+                if name.split("-")[0] not in args.faults:
+                    continue
                 for p in sw.proxies:
                     apply(p)
                 times: list[float] = []
                 reasons: dict[str, int] = {}
+                offline0 = sw.offline_statuses
                 for _ in range(args.rounds):
                     sw.wait_online(timeout=60)
                     out = sw.run_round(args.steps)
@@ -381,6 +390,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     if len(set(sw.params().values())) != 1:
                         reasons["PARAMETERS DIVERGED"] = reasons.get("PARAMETERS DIVERGED", 0) + 1
                 results[name] = {"rounds": args.rounds, "committed": len(times), "failed": reasons,
+                                 "offline_statuses": sw.offline_statuses - offline0,
                                  "median_s": round(statistics.median(times), 3) if times else None,
                                  "min_s": round(min(times), 3) if times else None,
                                  "max_s": round(max(times), 3) if times else None}
@@ -392,7 +402,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     return {"machine": machine_line(), "loadavg_1m_before": load_before,
             "loadavg_1m_after": round(os.getloadavg()[0], 2), "nodes": args.nodes, "steps": args.steps,
-            "drop_every_s": args.drop_every, "results": results}
+            "drop_every_s": args.drop_every, "offline_grace_s": args.offline_grace, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--steps", type=int, default=10)
     b.add_argument("--rounds", type=int, default=5)
     b.add_argument("--drop-every", type=float, default=2.0)
+    b.add_argument("--offline-grace", type=float, default=5.0,
+                   help="the fleet's grace for a participant's offline status (0: fail the round at once)")
+    b.add_argument("--faults", type=lambda v: v.split(","), default=["none", "delay", "drop"],
+                   help="comma-separated subset of none,delay,drop")
     b.add_argument("--cache-dir", default=str(REPO / ".cache" / "netfaults"))
     a = ap.parse_args(argv)
     if os.geteuid() != 0:

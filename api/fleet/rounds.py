@@ -3,7 +3,14 @@
 Round life cycle as the fleet sees it::
 
     POST /api/rounds --> RUNNING --(every participant DONE, same params hash)--> DONE
-                            |--(a FAILED event, a participant offline, a deadline, hashes differ)--> FAILED
+                            |--(a FAILED event, a participant offline past the grace, a deadline,
+                                hashes differ)--> FAILED
+
+A participant's offline status (its Last Will, or a graceful stop) fails the round only if the
+node does not report again within ``offline_grace_s``: a Last Will also fires when a connection
+merely drops, and a node whose client reconnects within the grace (paho retries after 0.2 s)
+finishes the round with its peers (the ring retransmits what the gap lost). A node that really
+died is failed by the grace, or sooner by its peers' FAILED events when their step timeout ends.
 
 The fleet never trains: it only tells nodes to and watches what they report. Deadlines are
 the fleet's own, so a round whose nodes all died still ends (FAILED, with the reason).
@@ -74,6 +81,7 @@ class _Progress:
     # the wall-time axis of the plot (steps between two anchors are interpolated).
     times: list[tuple[int, float]] = field(default_factory=lambda: [(-1, 0.0)])
     last_event: float | None = None
+    offline_at: float | None = None  # its offline status arrived then and nothing since
     done: bool = False
     failed: str | None = None
     params_sha256: str | None = None
@@ -255,12 +263,14 @@ class RoundManager:
 
     def __init__(self, *, swarm: str, publish: Publish, start_timeout_s: float, idle_timeout_s: float,
                  step_timeout_s: float = 30.0, max_steps: int = 10_000, history: int = 200,
-                 store: FleetHistory | None = None, margin: float = 0.02) -> None:
+                 store: FleetHistory | None = None, margin: float = 0.02,
+                 offline_grace_s: float = 5.0) -> None:
         self._swarm = swarm
         self._publish = publish
         self._start_timeout = start_timeout_s
         self._idle_timeout = idle_timeout_s
         self._step_timeout = step_timeout_s
+        self._offline_grace = offline_grace_s
         self._max_steps = max_steps
         self._history = history
         self._store = store  # durable history (rounds and their metrics); None: memory only
@@ -344,6 +354,7 @@ class RoundManager:
                 return None
             p = rnd.progress[ev.node_id]
             p.last_event = now
+            p.offline_at = None  # it reports: whatever its offline status said is over
             if ev.kind is EventKind.STEP:
                 losses = ev.losses if ev.losses is not None else [ev.loss]
                 first = ev.step - len(losses) + 1  # ``losses`` end at ``step``
@@ -384,18 +395,33 @@ class RoundManager:
         if self._store is not None:
             self._store.save_round(rnd.to_dict(PLOT_POINTS))
 
-    def node_offline(self, node_id: str, now: float) -> list[Round]:
-        """A participant went offline: its running rounds fail (the ring cannot finish without it)."""
+    def node_offline(self, node_id: str, now: float, *, immediate: bool = False) -> list[Round]:
+        """A participant's offline status arrived: its running rounds fail once it has stayed
+        offline for the grace (:meth:`tick`), or at once with ``immediate`` (or no grace); returns
+        the rounds failed now."""
         changed = []
         with self._lock:
             for rnd in self._rounds.values():
                 if rnd.state is RoundState.RUNNING and node_id in rnd.progress \
                         and not rnd.progress[node_id].done:
-                    self._finish(rnd, RoundState.FAILED, f"node {node_id} went offline during the round", now)
-                    changed.append(rnd)
+                    p = rnd.progress[node_id]
+                    if immediate or self._offline_grace <= 0:
+                        self._finish(rnd, RoundState.FAILED, f"node {node_id} went offline during the round",
+                                     now)
+                        changed.append(rnd)
+                    elif p.offline_at is None:
+                        p.offline_at = now
         for rnd in changed:
             self._abort(rnd)
         return changed
+
+    def node_online(self, node_id: str) -> None:
+        """A status that is not offline arrived from ``node_id``: it is back (reconnected)."""
+        with self._lock:
+            for rnd in self._rounds.values():
+                p = rnd.progress.get(node_id)
+                if rnd.state is RoundState.RUNNING and p is not None:
+                    p.offline_at = None
 
     def tick(self, now: float) -> list[Round]:
         """Fail rounds whose participants missed the fleet's deadlines; returns those rounds."""
@@ -408,7 +434,10 @@ class RoundManager:
                 for n, p in rnd.progress.items():
                     if p.done:
                         continue
-                    if p.last_event is None and now - rnd.started_at > self._start_timeout:
+                    if p.offline_at is not None and now - p.offline_at > self._offline_grace:
+                        silent.append(f"{n} (went offline and did not come back within "
+                                      f"{self._offline_grace:g}s)")
+                    elif p.last_event is None and now - rnd.started_at > self._start_timeout:
                         silent.append(f"{n} (no report within {self._start_timeout:g}s)")
                     elif p.last_event is not None and now - p.last_event > self._idle_timeout:
                         silent.append(f"{n} (silent for {self._idle_timeout:g}s)")

@@ -69,7 +69,8 @@ class FleetService:
             swarm=settings.swarm, publish=self._publish,
             start_timeout_s=settings.round_start_timeout_s, idle_timeout_s=settings.round_idle_timeout_s,
             step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history,
-            store=self.history, margin=settings.rollback_margin)
+            store=self.history, margin=settings.rollback_margin,
+            offline_grace_s=settings.round_offline_grace_s)
         self.rollbacks = RollbackManager(swarm=settings.swarm, publish=self._publish,
                                          timeout_s=settings.rollback_timeout_s, store=self.history)
         self.rollouts = RolloutManager(swarm=settings.swarm, publish=self._publish,
@@ -138,13 +139,15 @@ class FleetService:
             self._reject(topic, f"registry full ({self.registry.max_nodes} nodes)", "registry_full")
             return
         self.bus.publish(EventType.NODE, view)
-        if view["online"]:
-            ro = self.rollouts.on_status(node, view["image"], now)
-            if ro is not None:
-                self._rollout_changed(ro)
         if not view["online"]:
+            # a Last Will also fires when a connection merely drops: the round waits for the grace
             self._rounds_changed(self.rounds.node_offline(node, now))
-        elif status.state is NodeState.ONLINE:  # a training node still reports its old version
+            return
+        self.rounds.node_online(node)
+        ro = self.rollouts.on_status(node, view["image"], now)
+        if ro is not None:
+            self._rollout_changed(ro)
+        if status.state is NodeState.ONLINE:  # a training node still reports its old version
             rb = self.rollbacks.on_status(node, status.model_version, now)
             if rb is not None:
                 self._rollback_changed(rb, now)
@@ -220,7 +223,8 @@ class FleetService:
         now = self.clock()
         for view in self.registry.expire(now):
             self.bus.publish(EventType.NODE, view)
-            self._rounds_changed(self.rounds.node_offline(view["node_id"], now))
+            # silent for 1.5x its keepalive: long past any reconnect
+            self._rounds_changed(self.rounds.node_offline(view["node_id"], now, immediate=True))
         self._rounds_changed(self.rounds.tick(now))
         rb = self.rollbacks.tick(now)
         if rb is not None:

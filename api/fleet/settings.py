@@ -32,6 +32,9 @@ class FleetSettings(BaseSettings):
     # A round fails when a participant sends nothing for this long (first event, then between events).
     round_start_timeout_s: float = Field(default=45.0, gt=0)
     round_idle_timeout_s: float = Field(default=60.0, gt=0)
+    # A participant's offline status (a Last Will fires on a dropped connection too) fails its
+    # round only if the node has not reported again this long after; 0: at once.
+    round_offline_grace_s: float = Field(default=5.0, ge=0, le=600)
     step_timeout_s: float = Field(default=30.0, gt=0)  # forwarded to nodes in RoundCommand
     max_steps: int = Field(default=10_000, ge=1)
     # A round whose swarm validation got worse by more than this is rolled back: accuracy, an

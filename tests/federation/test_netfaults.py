@@ -8,6 +8,8 @@ RoundManager; the truth about parameters is each node's ``GET /v1/node``.
   fails with a reason naming a missing node, no node commits (nothing on a partial ring), the
   swarm recovers once healed (the next round commits on all), and every sample acknowledged with
   a 2xx during the partition is still there.
+* Every node's connection cut once during a round (each fires its Last Will, each reconnects):
+  the round commits on every node.
 * Connections dropped every 1.5 s (per node) during rounds: each round commits with agreeing parameters or
   fails with a reason leaving every node on the same parameters; without drops it commits again.
 """
@@ -136,6 +138,31 @@ def test_partition_fails_the_round_and_the_swarm_recovers(swarm: NetSwarm, mode:
     assert acked == dict.fromkeys(range(NODES), 20)  # the nodes' HTTP side never depended on the broker
     for k in range(NODES):
         assert int(swarm.node_info(k)["samples"]) == counts[k] + acked[k]
+
+
+def test_a_round_survives_every_node_losing_its_connection_once(swarm: NetSwarm) -> None:
+    """A dropped connection fires the node's Last Will (an offline status), but paho reconnects
+    within ~0.2 s, the node reports again and the ring retransmits what the gap lost: the fleet's
+    grace (``offline_grace_s``) keeps the round, which commits everywhere. Before the grace the
+    fleet failed the round on the first Last Will."""
+    before = _agreeing(swarm)
+    for p in swarm.proxies:
+        p.set_delay(10)  # a few seconds of round: the cuts land inside it
+    offline0 = swarm.offline_statuses
+    cut: list[int] = []
+
+    def cut_each_node_once(round_id: str) -> None:
+        _first_step_seen(swarm, round_id)
+        for k, p in enumerate(swarm.proxies):
+            cut.append(p.cut())
+            seen = offline0 + k
+            swarm.wait_for(lambda seen=seen: swarm.offline_statuses > seen, 10, f"n{k}'s Last Will")  # type: ignore[misc]
+
+    out = swarm.run_round(60, during=cut_each_node_once)
+    print(f"round with a cut per node: {out.state} in {out.seconds:.1f}s: {out.reason}")
+    assert all(n >= 1 for n in cut), cut  # every node's live connection was cut
+    assert swarm.offline_statuses >= offline0 + NODES
+    _assert_committed(swarm, out, before)
 
 
 def test_periodic_drops_commit_or_fail_cleanly(swarm: NetSwarm) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import pytest
 
 from api.fleet.settings import FleetSettings
 from federation import topics
-from federation.messages import EventKind, NodeState, RoundAbort, parse_command
+from federation.messages import EventKind, NodeState, NodeStatus, RoundAbort, parse_command
 from federation.mqtt import MqttLink
 from tests.fleet.conftest import TOKEN, collect
 
@@ -190,17 +191,62 @@ def test_round_with_silent_participants_fails_at_deadline(make_fleet):
     assert isinstance(msgs[1], RoundAbort) and msgs[1].round_id == rid
 
 
-def test_participant_offline_fails_the_round(fleet):
+def test_participant_offline_fails_the_round_after_the_grace(make_fleet):
+    fleet = make_fleet(round_offline_grace_s=0.5)
     fleet.announce("node-a")
     b = fleet.announce("node-b")
     fleet.wait_for(lambda: len(fleet.get("/api/nodes").json()["nodes"]) == 2, what="2 nodes")
     rid = _round(fleet)
-    from federation.messages import NodeStatus
+    b.publish(topics.status(fleet.swarm, "node-b"), NodeStatus(node_id="node-b", state=NodeState.OFFLINE),
+              retain=True).wait_for_publish(5)
+    fleet.wait_for(lambda: not fleet.node("node-b")["online"], what="node-b offline")
+    t0 = time.monotonic()
+    assert fleet.get(f"/api/rounds/{rid}").json()["state"] == "running"  # within the grace
+    got = fleet.wait_for(lambda: (g := fleet.get(f"/api/rounds/{rid}").json())["state"] == "failed" and g,
+                         what="round failed")
+    assert time.monotonic() - t0 > 0.3
+    assert "node-b (went offline and did not come back within 0.5s)" in got["reason"]
+
+
+def test_participant_offline_fails_the_round_at_once_without_a_grace(make_fleet):
+    fleet = make_fleet(round_offline_grace_s=0)
+    fleet.announce("node-a")
+    b = fleet.announce("node-b")
+    fleet.wait_for(lambda: len(fleet.get("/api/nodes").json()["nodes"]) == 2, what="2 nodes")
+    rid = _round(fleet)
     b.publish(topics.status(fleet.swarm, "node-b"), NodeStatus(node_id="node-b", state=NodeState.OFFLINE),
               retain=True)
     got = fleet.wait_for(lambda: (g := fleet.get(f"/api/rounds/{rid}").json())["state"] == "failed" and g,
                          what="round failed")
     assert "node-b went offline" in got["reason"]
+
+
+def test_a_participant_whose_connection_drops_and_comes_back_finishes_the_round(make_fleet):
+    """A Last Will fires when a connection merely drops (SIGKILL of the connection's owner is the
+    same on the wire); the node reconnects and reports again within the grace: the round goes on."""
+    fleet = make_fleet(round_offline_grace_s=3.0)
+    a = fleet.announce("node-a")
+    b = fleet.announce("node-b")
+    fleet.wait_for(lambda: len(fleet.get("/api/nodes").json()["nodes"]) == 2, what="2 nodes")
+    rid = _round(fleet)
+    # node-b's connection dies without DISCONNECT: the broker publishes its Last Will, paho
+    # reconnects (0.2 s later) and the node's status goes out again, as StatusPublisher does
+    back = threading.Event()
+    b.on_connect(lambda reconnected: reconnected and back.set())
+    b._client.socket().shutdown(socket.SHUT_RDWR)
+    fleet.wait_for(lambda: not fleet.node("node-b")["online"], what="node-b's Last Will")
+    assert fleet.get(f"/api/rounds/{rid}").json()["state"] == "running"
+    assert back.wait(10), "node-b's client did not reconnect"
+    back_status = NodeStatus(node_id="node-b", state=NodeState.TRAINING, round_id=rid, arch="x86_64",
+                             board="x86_64", model="digits-mlp", model_version=1, params_sha256="ab" * 32,
+                             samples=100)
+    b.publish(topics.status(fleet.swarm, "node-b"), back_status, retain=True).wait_for_publish(5)
+    fleet.wait_for(lambda: fleet.node("node-b")["online"], what="node-b back")
+    fleet.event(a, rid, "node-a", EventKind.DONE, params_sha256="11" * 32, model_version=2)
+    fleet.event(b, rid, "node-b", EventKind.DONE, params_sha256="11" * 32, model_version=2)
+    got = fleet.wait_for(lambda: (g := fleet.get(f"/api/rounds/{rid}").json())["state"] != "running" and g,
+                         what="round settled")
+    assert got["state"] == "done", got.get("reason")
 
 
 def test_409_with_fewer_than_two_online_nodes(fleet):

@@ -87,3 +87,33 @@ def test_robust_settings_reach_the_command_and_excluded_members_show_in_the_roun
     for bad in ({"aggregation": "max"}, {"outlier_factor": 0.5}, {"outlier_factor": float("inf")}):
         with pytest.raises(ValidationError):
             RoundRequest(steps=3, **bad)
+
+
+def test_an_offline_participant_fails_the_round_only_after_the_grace():
+    sent = []
+    m = RoundManager(swarm="s", publish=lambda t, msg: sent.append((t, msg)), start_timeout_s=1000,
+                     idle_timeout_s=1000, offline_grace_s=5)
+    rid = m.start(RoundRequest(steps=10), online={"a", "b"}, known={"a", "b"}, now=0.0).round_id
+    # a Last Will at t=1, the node back (a status that is not offline) at t=2: the round goes on
+    assert m.node_offline("b", 1.0) == [] and m.tick(5.9) == []
+    m.node_online("b")
+    assert m.tick(49.5) == [] and m.get(rid)["state"] == "running"
+    # a round event counts as back too
+    assert m.node_offline("b", 50.0) == []
+    m.on_event(RoundEvent(kind=EventKind.STEP, round_id=rid, node_id="b", step=3, loss=1.0), 52.0)
+    assert m.tick(58.0) == []
+    # offline at 60 and never back: failed once the grace is over (not at 64.9), naming it, aborted
+    assert m.node_offline("b", 60.0) == [] and m.node_offline("b", 62.0) == []  # the first time counts
+    assert m.tick(64.9) == []
+    [rnd] = m.tick(65.1)
+    assert rnd.state.value == "failed" and "b (went offline and did not come back within 5s)" in rnd.reason
+    assert sent[-1][1].kind == "round.abort"
+
+
+def test_without_a_grace_or_for_an_expired_node_the_round_fails_at_once():
+    for grace, immediate in ((0.0, False), (5.0, True)):
+        m = RoundManager(swarm="s", publish=lambda t, msg: None, start_timeout_s=50, idle_timeout_s=50,
+                         offline_grace_s=grace)
+        rid = m.start(RoundRequest(steps=10), online={"a", "b"}, known={"a", "b"}, now=0.0).round_id
+        [rnd] = m.node_offline("b", 1.0, immediate=immediate)
+        assert rnd.round_id == rid and rnd.reason == "node b went offline during the round"
