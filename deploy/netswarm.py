@@ -170,7 +170,7 @@ class NetSwarm:
             self.offline_statuses += 1
             self.rounds.node_offline(s.node_id, time.time())
         else:
-            self.rounds.node_online(s.node_id)
+            self.rounds.node_online(s.node_id, s.round_id)
 
     def _on_event(self, topic: str, payload: bytes) -> None:
         try:

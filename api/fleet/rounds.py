@@ -415,13 +415,15 @@ class RoundManager:
             self._abort(rnd)
         return changed
 
-    def node_online(self, node_id: str) -> None:
-        """A status that is not offline arrived from ``node_id``: it is back (reconnected)."""
+    def node_online(self, node_id: str, round_id: str | None) -> None:
+        """A status that is not offline arrived from ``node_id``, naming the round it is in: it is
+        back in that round (reconnected). A node back without the round (restarted, it lost the
+        round's state) stays offline for the round: the grace runs on."""
         with self._lock:
-            for rnd in self._rounds.values():
-                p = rnd.progress.get(node_id)
-                if rnd.state is RoundState.RUNNING and p is not None:
-                    p.offline_at = None
+            rnd = self._rounds.get(round_id) if round_id is not None else None
+            p = rnd.progress.get(node_id) if rnd is not None else None
+            if rnd is not None and p is not None and rnd.state is RoundState.RUNNING:
+                p.offline_at = None
 
     def tick(self, now: float) -> list[Round]:
         """Fail rounds whose participants missed the fleet's deadlines; returns those rounds."""

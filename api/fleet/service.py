@@ -143,7 +143,7 @@ class FleetService:
             # a Last Will also fires when a connection merely drops: the round waits for the grace
             self._rounds_changed(self.rounds.node_offline(node, now))
             return
-        self.rounds.node_online(node)
+        self.rounds.node_online(node, status.round_id)
         ro = self.rollouts.on_status(node, view["image"], now)
         if ro is not None:
             self._rollout_changed(ro)

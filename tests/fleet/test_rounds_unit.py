@@ -94,16 +94,19 @@ def test_an_offline_participant_fails_the_round_only_after_the_grace():
     m = RoundManager(swarm="s", publish=lambda t, msg: sent.append((t, msg)), start_timeout_s=1000,
                      idle_timeout_s=1000, offline_grace_s=5)
     rid = m.start(RoundRequest(steps=10), online={"a", "b"}, known={"a", "b"}, now=0.0).round_id
-    # a Last Will at t=1, the node back (a status that is not offline) at t=2: the round goes on
+    # a Last Will at t=1, the node back in this round (its status names it) at t=2: the round goes on
     assert m.node_offline("b", 1.0) == [] and m.tick(5.9) == []
-    m.node_online("b")
+    m.node_online("b", "some-other-round")
+    m.node_online("b", rid)
     assert m.tick(49.5) == [] and m.get(rid)["state"] == "running"
     # a round event counts as back too
     assert m.node_offline("b", 50.0) == []
     m.on_event(RoundEvent(kind=EventKind.STEP, round_id=rid, node_id="b", step=3, loss=1.0), 52.0)
     assert m.tick(58.0) == []
-    # offline at 60 and never back: failed once the grace is over (not at 64.9), naming it, aborted
+    # offline at 60 and never back in the round (a restarted node reports online without it): failed
+    # once the grace is over (not at 64.9), naming it, aborted
     assert m.node_offline("b", 60.0) == [] and m.node_offline("b", 62.0) == []  # the first time counts
+    m.node_online("b", None)
     assert m.tick(64.9) == []
     [rnd] = m.tick(65.1)
     assert rnd.state.value == "failed" and "b (went offline and did not come back within 5s)" in rnd.reason
