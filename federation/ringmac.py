@@ -54,7 +54,7 @@ as cryptography's AESGCM in a hot loop and without its per-call context copy), a
 of every size take the module; with OpenSSL's GHASH, frames over ``_SMALL`` (32 KiB) use
 AESGCM, whose bundled OpenSSL hashes them faster. Without the module (a board's image, no compiler,
 ``FRACTAL_GMAC=python``) the same steps run in Python. Measured in BENCHMARKS.md ("Session 11",
-"Session 12").
+"Session 12", "Session 13").
 
 Why not ed25519 here: per 256 KiB frame, sign + verify cost ~510 us (SHA-256 pre-hash twice plus
 the curve operations, ~100 us even for an empty frame), which doubled the ring's time in
@@ -195,8 +195,8 @@ _SMALL = 32 * 1024
 
 def _small_limit(mac_class: Callable[[bytes], _Mac]) -> int:
     """The longest frame the backend's own path takes: every frame with federation/_gmac.c's
-    VPCLMULQDQ GHASH (faster than AESGCM at every size, and no context copied per call), else
-    ``_SMALL``."""
+    VPCLMULQDQ GHASH (as fast as AESGCM for large frames in a hot loop, faster below 64 KiB, and
+    no context copied per call), else ``_SMALL``."""
     try:
         from federation import _gmac  # type: ignore[attr-defined, unused-ignore]
     except ImportError:
