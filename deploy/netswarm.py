@@ -347,7 +347,8 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from deploy.sensors import digits_shards
     from deploy.swarm import demo_artifact
 
-    artifact = demo_artifact(Path(args.cache_dir), host_preset_name())
+    with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout carries only the JSON
+        artifact = demo_artifact(Path(args.cache_dir), host_preset_name())
     work = Path(tempfile.mkdtemp(prefix="fractal-netbench-"))
     shards = digits_shards(args.nodes)
     results: dict[str, Any] = {}
