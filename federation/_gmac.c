@@ -75,8 +75,8 @@ static PyTypeObject GmacType;
  * block multiplied by its own power of K = mulX(ByteReverse(H)) (Karatsuba: 3 carry-less
  * multiplies per block), the 32 products summed unreduced and reduced once (reduction is
  * linear); the last < 32 blocks and the lengths block likewise, in one step against the lowest
- * powers (not block by block: a 100-byte frame is one reduction). The AES blocks (H = E_K(0), E_K(J0)) still
- * come from OpenSSL. Used only where the CPU has AVX-512F/BW/VL and VPCLMULQDQ (checked once at
+ * powers (not block by block: a 100-byte frame is one reduction). The AES blocks (H = E_K(0),
+ * E_K(J0)) still come from OpenSSL. Used only where the CPU has AVX-512F/BW/VL and VPCLMULQDQ (checked once at
  * import); FRACTAL_GHASH=openssl turns it off. Tags equal OpenSSL's (tests/federation/test_gmac.py
  * compares both paths with cryptography's AESGCM, sizes 0 .. 256 KiB). */
 #if defined(__x86_64__) && defined(__GNUC__)
