@@ -8,7 +8,7 @@ NODES   ?= 3
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: install install-dev test test-fast demo bench soak conformance check sysroot sysroot-aarch64 sysroot-riscv64 pycheck clean
+.PHONY: install install-dev test test-fast demo bench soak conformance check docs sysroot sysroot-aarch64 sysroot-riscv64 pycheck clean
 
 install: $(RUNTIME)
 install-dev: $(DEV)
@@ -67,6 +67,10 @@ conformance: install-dev
 check: install-dev
 	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy tests
 	$(BIN)/mypy fractal compiler federation edgenode api firmware tests/edgenode/fakes.py
+
+# The documentation site (docs/ + mkdocs.yml) into build/site; --strict: a broken link or anchor fails.
+docs: install-dev
+	$(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) $(CACHE) build *.egg-info

@@ -85,11 +85,12 @@ class TrainingConfig(_Section):
     # has little RAM; max_samples of large inputs would not fit).
     round_memory_mb: float = Field(default=128.0, gt=0)
     # Linux nice value of the round worker thread; the TVM threads it spawns inherit it. Training
-    # is background work: at equal priority it doubled-to-octupled the inference p99 (BENCHMARKS
-    # "## serve"). 0 = same priority as inference; an unprivileged process cannot go below 0.
+    # is background work: at equal priority it doubled-to-octupled the inference p99
+    # (docs/benchmarks-history.md, "## serve"). 0 = same priority as inference; an unprivileged
+    # process cannot go below 0.
     nice: int = Field(default=10, ge=0, le=19)
     # Where a round's training step (loss + gradients, optimizer) computes. "process": a worker
-    # process (no GIL shared with the inference threads; BENCHMARKS "## serve" has the figures).
+    # process (no GIL shared with the inference threads; figures: BENCHMARKS.md, "serve").
     # "thread": on the round thread in the node process. The round's control flow, collectives
     # and the atomic parameter swap stay in the node either way.
     isolation: Isolation = Isolation.PROCESS
@@ -97,8 +98,9 @@ class TrainingConfig(_Section):
     # to inference (more threads speed a large model's step but compete with serving).
     worker_threads: int = Field(default=1, ge=1, le=64)
     # CPU class of the worker process. "idle" (Linux SCHED_IDLE): it runs only when a core has
-    # nothing else to run, so serving gets every cycle it wants (at nice 10 the worker still took
-    # CPU time from the inference threads: BENCHMARKS "## serve"). A board saturated by serving
+    # nothing else to run, so serving gets every cycle it wants (at nice 10 the worker still
+    # took CPU time from the inference threads:
+    # docs/benchmarks-history.md, "Training off the serving path"). A board saturated by serving
     # for longer than step_timeout_s stalls its rounds' steps until they time out; "nice" then
     # shares the CPU by [training] nice instead.
     worker_priority: WorkerPriority = WorkerPriority.IDLE

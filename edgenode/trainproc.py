@@ -3,10 +3,10 @@ node's collective (``[training] isolation = "process"``, the default).
 
 Why: in the node process a round shares the GIL and the node's CPU time with the FastAPI
 inference threads, which pushed the inference p99 during a round to 1.3-8.7x the idle p99
-(BENCHMARKS.md "## serve"). Moving only the trainer's two calls out (one pipe round trip each per
-step) was measured first and did not help the MLP: the node still spent 0.39 ms of CPU per step
-on the round's Python, the pickling and the collective, more than the 0.31 ms of a whole
-in-thread step. So the boundary is the step loop: the worker runs
+(docs/benchmarks-history.md, "## serve"). Moving only the trainer's two calls out (one pipe round
+trip each per step) was measured first and did not help the MLP: the node still spent 0.39 ms of
+CPU per step on the round's Python, the pickling and the collective, more than the 0.31 ms of a
+whole in-thread step. So the boundary is the step loop: the worker runs
 :func:`edgenode.training.train_steps` (sampler, ``loss_and_grad``, the ring allreduce's numpy work,
 ``apply``) with its own copy of the training module and the node's
 :class:`~federation.ring.RingAllreduce`, whose frames the node only relays between its transport

@@ -5,7 +5,7 @@
  * object: no context allocated, copied and freed per frame, no Python objects built for the nonce
  * or the tag, and the GIL kept (a 19 KB frame takes ~1-4 us: too short to be worth handing the GIL
  * to another thread and queueing for it again). Measured in a 4-node swarm's node processes
- * (BENCHMARKS.md, "Session 11"): ~11-18 us per AESGCM call there against ~3 us in a hot loop.
+ * (docs/benchmarks-history.md, "Session 11"): ~11-18 us per AESGCM call there against ~3 us in a hot loop.
  * GHASH is computed here with VPCLMULQDQ where the CPU has AVX-512 (below; ~22 GB/s in a hot loop
  * on the CI machine's EPYC, as fast as cryptography's bundled OpenSSL for 1 MiB and 1.6-4x
  * faster per call under 64 KiB), and then ringmac sends frames of every size here; else by

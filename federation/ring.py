@@ -100,7 +100,7 @@ log = logging.getLogger("fractal.federation.ring")
 __all__ = ["RingAllreduce", "ReduceOp", "Screen", "DIRECT_MAX_BYTES"]
 
 # An F32 allreduce whose direct exchange sends at most this many bytes per member goes direct
-# (one hop) instead of around the ring (2 (n - 1) hops): BENCHMARKS.md "Direct path".
+# (one hop) instead of around the ring (2 (n - 1) hops): docs/benchmarks-history.md, "Direct path".
 DIRECT_MAX_BYTES = 256 * 1024
 
 # (this member's claim row, decide(all rows) -> (claims to check, whether to send our vector))

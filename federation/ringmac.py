@@ -53,8 +53,8 @@ OpenSSL 3.0 has no such code: 19 KB in ~1.0 us instead of ~4 us; 256 KiB in 11.6
 as cryptography's AESGCM in a hot loop and without its per-call context copy), and then frames
 of every size take the module; with OpenSSL's GHASH, frames over ``_SMALL`` (32 KiB) use
 AESGCM, whose bundled OpenSSL hashes them faster. Without the module (a board's image, no compiler,
-``FRACTAL_GMAC=python``) the same steps run in Python. Measured in BENCHMARKS.md ("Session 11",
-"Session 12", "Session 13").
+``FRACTAL_GMAC=python``) the same steps run in Python. Measured in docs/benchmarks-history.md
+("Session 11", "Session 12", "Session 13").
 
 Why not ed25519 here: per 256 KiB frame, sign + verify cost ~510 us (SHA-256 pre-hash twice plus
 the curve operations, ~100 us even for an empty frame), which doubled the ring's time in
@@ -189,7 +189,7 @@ _MAC, _SEAL_FRAME, _OPEN_FRAME, _BACKEND = _backend()
 # 2.8 us; 64 KiB: 8.0 vs 4.8 us; 256 KiB: 31.5 vs 14.1 us). With _gmac's own VPCLMULQDQ GHASH
 # there is no limit (256 KiB: 11.6 vs 11.8 us in a hot loop, and the per-call cost AESGCM adds in
 # a busy node process is gone: the 1M-element signed allreduce went from +7.3/+7.7% to +4.4/+5.3%,
-# BENCHMARKS.md "Session 13").
+# docs/benchmarks-history.md, "Session 13").
 _SMALL = 32 * 1024
 
 

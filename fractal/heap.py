@@ -6,8 +6,9 @@ such buffer costs one page fault per 4 KiB on first touch. A ring of 10M floats 
 frames through paho's growing packet buffers, the frame encoder, numpy and Mosquitto: `fractal
 bench allreduce --nodes 4 --size 10000000 --repeats 8` took ~1.8-2.4M page faults. Keeping blocks
 up to 4 MiB in the heap, and up to 64 MiB of free heap before any is handed back, removes most of
-them (BENCHMARKS.md, "allreduce": ring calls 11-20% faster, member CPU 12-21% lower). Larger blocks
-(whole parameter vectors) still come from mmap and go back at free.
+them (docs/benchmarks-history.md, "Frame buffers in the heap": ring calls 11-20% faster, member
+CPU 12-21% lower). Larger blocks (whole parameter vectors) still come from mmap and go back at
+free.
 
 ``FRACTAL_MALLOC=system`` in the environment keeps glibc's defaults (for comparison, or a board
 that cannot spare the retained heap).

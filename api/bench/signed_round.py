@@ -267,7 +267,7 @@ def _run_sets(make: Any, kinds: list[str], sets: int, steps: int, repeats: int, 
     """``sets`` times: start one fresh swarm per kind (``make(tmp, swarm, signed)``), a warm-up round
     each, then ``repeats`` rounds of each kind in rotating order; close them. The order the swarms
     start in rotates from set to set (the swarm started last read ~2% faster than an identical one
-    started first in A/A runs, BENCHMARKS.md "Session 12"). Fresh swarms per set:
+    started first in A/A runs, docs/benchmarks-history.md, "Session 12"). Fresh swarms per set:
     what one set of processes happens to get (cores, memory layout, broker queues) is a bias
     between its swarms that more rounds of the same set cannot average out, more sets can."""
     for s in range(sets):

@@ -1,10 +1,10 @@
 """Untuned builds get default CPU schedules (compiler.schedules): correct, recorded, applied.
 
-Speed itself is a benchmark (tests/compiler/speed_compare.py, BENCHMARKS.md), not a timed test;
-these tests check that the schedules are really applied to the convolutions and dense layers,
-that the scheduled builds compute what onnxruntime computes (at batch 1 and batch 2, which
-keeps the batch loop the rules otherwise see dropped), and that the manifest says how the
-kernels were scheduled.
+Speed itself is a benchmark (tests/compiler/speed_compare.py; docs/benchmarks-history.md,
+"untuned builds"), not a timed test; these tests check that the schedules are really applied to
+the convolutions and dense layers, that the scheduled builds compute what onnxruntime computes
+(at batch 1 and batch 2, which keeps the batch loop the rules otherwise see dropped), and that
+the manifest says how the kernels were scheduled.
 """
 
 from __future__ import annotations

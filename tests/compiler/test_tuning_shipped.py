@@ -53,7 +53,8 @@ def test_target_key_ignores_num_cores_only(tmp_path):
         assert tuning.database_path(mod, get_preset(other).target, tmp_path).parent != paths[2].parent
 
 
-# What this checkout ships (BENCHMARKS.md, "shipped tuning databases"); extend with the tuning.
+# What this checkout ships (docs/benchmarks-history.md, "tuning the channels-last graph"); extend
+# with the tuning.
 EXPECTED = {(model, preset) for model in zoo.NAMES for preset in X86}
 
 

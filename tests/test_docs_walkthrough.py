@@ -1,7 +1,9 @@
-"""The README's "Compile, verify, predict" block, run as a user pastes it: every line in order, in
-a fresh directory, by bash. Two deliberate differences: the venv is the one running this test
-(its bin directory goes first on PATH, as `. .venv/bin/activate` does), and `--trials N` becomes
-`--trials 2` with a fresh tuning database (CI has 2 cores; the commands are what is tested)."""
+"""The "Compile, verify, predict" block of docs/compile.md, run as a user pastes it: every line in
+order, in a fresh directory, by bash (the README's tour quotes lines of it; tests/test_docs.py
+checks that they are lines of this block). Two deliberate differences: the venv is the one
+running this test (its bin directory goes first on PATH, as `. .venv/bin/activate` does), and
+`--trials N` becomes `--trials 2` with a fresh tuning database (CI has 2 cores; the commands are
+what is tested)."""
 
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.emulate]
 
 
 def walkthrough() -> list[str]:
-    """The lines of the first ```sh block under "## Compile, verify, predict"."""
-    text = (ROOT / "README.md").read_text()
+    """The lines of the first ```sh block under "## Compile, verify, predict" in docs/compile.md."""
+    text = (ROOT / "docs" / "compile.md").read_text()
     section = text.split("## Compile, verify, predict\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block, "no ```sh block in the README's walkthrough"
+    assert block, "no ```sh block in the walkthrough of docs/compile.md"
     return [ln for ln in block.group(1).splitlines() if ln.strip()]
 
 
