@@ -35,8 +35,8 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
             app.state.stopping.set()
             fleet.stop()
 
-    # No /docs, /redoc or /openapi.json: the fleet's API is documented in the README, and an
-    # unauthenticated schema only helps an attacker map the service.
+    # No /docs, /redoc or /openapi.json: the fleet's API is documented in docs/operations.md, and
+    # an unauthenticated schema only helps an attacker map the service.
     app = FastAPI(title="fractal-edge fleet", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings = settings

@@ -2,7 +2,7 @@
 login form; ``/?token=T`` (the link ``fractal swarm`` prints) logs in and moves on to ``/``
 so the token leaves the address bar. Static assets (code, no data) are public.
 
-The cookie is SameSite=Strict (as the README says). The hop to ``/`` is a same-origin meta
+The cookie is SameSite=Strict (as docs/operations.md says). The hop to ``/`` is a same-origin meta
 refresh, not a 303: a Strict cookie is not sent along a redirect chain that started on
 another site (a link clicked in a web mail), but it is sent by a navigation our page makes."""
 
