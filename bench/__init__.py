@@ -1,11 +1,13 @@
 """Every benchmark of the project, in one place; ``fractal bench VERB`` (api/cli/bench_*.py) calls them.
 
-* :mod:`api.bench.host`: the one description of the machine every figure is measured on.
-* :mod:`api.bench.compile`: onnxruntime vs TVM untuned vs TVM tuned on the zoo models.
-* :mod:`api.bench.allreduce`: ring vs star allreduce over MQTT, raw broker throughput.
-* :mod:`api.bench.serve` (+ :mod:`~api.bench.node_proc`, :mod:`~api.bench.loadgen`): HTTP serving.
-* :mod:`api.bench.train` (+ :mod:`~api.bench.onnx_torch`): a TVM training step vs PyTorch.
-* :mod:`api.bench.artifacts`: compiled zoo artifacts shared by the serve and train benchmarks.
+Layer: above the apps (benchmarks start node and fleet apps) and ``deploy``; below the CLI.
+
+* :mod:`bench.host`: the one description of the machine every figure is measured on.
+* :mod:`bench.compile`: onnxruntime vs TVM untuned vs TVM tuned on the zoo models.
+* :mod:`bench.allreduce`: ring vs star allreduce over MQTT, raw broker throughput.
+* :mod:`bench.serve` (+ :mod:`~bench.node_proc`, :mod:`~bench.loadgen`): HTTP serving.
+* :mod:`bench.train` (+ :mod:`~bench.onnx_torch`): a TVM training step vs PyTorch.
+* :mod:`bench.artifacts`: compiled zoo artifacts shared by the serve and train benchmarks.
 
 Each returns one JSON-serialisable dict. Heavy or dev-only dependencies (torch, onnxruntime,
 TVM) are imported inside the functions that need them, never at module top.
