@@ -56,7 +56,7 @@ bench: install-dev sysroot
 # nodes are killed/restarted and junk MQTT messages are injected; prints a JSON report (needs root).
 SOAK_MINUTES ?= 5
 soak: install-dev
-	$(BIN)/python -m deploy.soak --minutes $(SOAK_MINUTES) --out $(CACHE)/soak-report.json
+	$(BIN)/python -m harness.soak --minutes $(SOAK_MINUTES) --out $(CACHE)/soak-report.json
 
 # Not part of `make test` in full: every ONNX backend test case and every light model-zoo network
 # through the project, onnxruntime and plain TVM (cached in .cache/conformance); prints the table.
@@ -65,8 +65,8 @@ conformance: install-dev
 	PYTHONPATH=$(CURDIR) $(BIN)/python -m tests.compiler.conformance report
 
 check: install-dev
-	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy tests
-	$(BIN)/mypy fractal compiler federation edgenode api firmware tests/edgenode/fakes.py
+	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy bench harness tests
+	$(BIN)/mypy fractal compiler federation edgenode api firmware deploy bench harness tests/edgenode/fakes.py
 
 # The documentation site (docs/ + mkdocs.yml) into build/site; --strict: a broken link or anchor fails.
 docs: install-dev

@@ -184,7 +184,10 @@ class Artifact:
         self._trainer: Trainer | None = None
         if manifest.libs.train and manifest.training is not None:
             train_rt = _runtime_for(manifest, directory / manifest.libs.train)
-            self._trainer = Trainer(train_rt, manifest.training, self.inputs, param_names, params)
+            classes = (int(self.outputs[0].shape[-1]) if manifest.training.loss == "ce" and self.outputs
+                       and self.outputs[0].shape else None)
+            self._trainer = Trainer(train_rt, manifest.training, self.inputs, param_names, params,
+                                    classes=classes)
 
     @property
     def trainer(self) -> Trainer | None:

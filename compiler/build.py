@@ -91,11 +91,11 @@ def build_library(mod: Any, preset: TargetPreset, path: Path) -> Path:
 
 
 def _build_c(mod: Any, preset: TargetPreset, out: Path, funcs: list[str], name: str,
-             prefix: str) -> list[str]:
+             prefix: str, checks: dict[str, tuple[Any, ...]] | None = None) -> list[str]:
     """The C route (preset.runtime == "c"): native library + runner, file names in ``out``."""
     from compiler.cbackend import compile_c
 
-    build, _ = compile_c(mod, preset, out, funcs=funcs, model_name=name, prefix=prefix)
+    build, _ = compile_c(mod, preset, out, funcs=funcs, model_name=name, prefix=prefix, checks=checks)
     return [build.lib.name, build.runner.name]
 
 
@@ -289,12 +289,18 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                 # than inference: their own database (keyed by workload), the same trial budget.
                 _say(progress, f"tuning the training module with MetaSchedule ({budget.describe()})")
                 tmod, train_tuning = _tune(tmod, preset, budget, db_dir, progress, inference=False)
+            out = timported.outputs[0]
             if c_route:
-                files += _build_c(tmod, preset, tmp, [ADJOINT_FUNC, OPTIMIZER_FUNC], name, C_TRAIN_PREFIX)
+                from compiler.cbackend import InputCheck
+
+                # the targets (the adjoint's last input) are checked inside the library itself
+                classes = int(out.shape[-1]) if train.loss == "ce" else None
+                checks = {ADJOINT_FUNC: (InputCheck(-1, "targets", classes),)}
+                files += _build_c(tmod, preset, tmp, [ADJOINT_FUNC, OPTIMIZER_FUNC], name, C_TRAIN_PREFIX,
+                                  checks)
             else:
                 build_library(tmod, preset, tmp / TRAIN_LIB)
                 files.append(TRAIN_LIB)
-            out = timported.outputs[0]
             targets = (TensorSpec("targets", (train.batch,), "int64") if train.loss == "ce"
                        else TensorSpec("targets", tuple(out.shape), out.dtype))
             shapes = [tuple(p.shape) for p in imported.params]

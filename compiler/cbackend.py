@@ -18,6 +18,11 @@ Outputs (per build, cached by the hash of every input under ``.cache/cbackend``)
 
 Functions whose parameters are tuples (the training optimizer) take their leaves flattened,
 depth first; tuple results are returned flattened the same way.
+
+An entry point can check inputs before any kernel runs (:class:`InputCheck`): the training step's
+class ids must lie in [0, classes) (the loss kernels index memory by them) and regression targets
+must be finite. The check is compiled into the library, so every caller (ctypes, the runner, a
+program that links ``libmodel.so``) gets an error instead of an out-of-bounds access.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import numpy as np
 from compiler.clib import LIB_NAME, RUNNER_NAME, CLibrary, CSignature, TensorDesc
 from compiler.errors import CompilerError, ModelError, TargetError
 
-__all__ = ["CSignature", "TensorDesc", "generate_entry", "lower", "build_native", "compile_c",
+__all__ = ["CSignature", "TensorDesc", "InputCheck", "generate_entry", "lower", "build_native", "compile_c",
            "CLibrary", "NativeBuild", "RUNTIME_DIR", "LIB_NAME", "RUNNER_NAME", "c_compiler_for"]
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "cruntime"
@@ -52,6 +57,18 @@ _IGNORED_EXTERNS = {"vm.builtin.check_tensor_info", "vm.builtin.match_shape", "v
 
 # --------------------------------------------------------------------------------------------
 # lowering and entry-point generation
+
+
+@dataclass(frozen=True)
+class InputCheck:
+    """A check an entry point runs on one flattened input before any kernel.
+
+    ``index``: the input (negative: from the end). ``classes``: the input holds int64 class ids
+    that must lie in [0, classes); None: the input holds floats that must be finite."""
+
+    index: int
+    what: str
+    classes: int | None = None
 
 
 def lower(mod: Any, target: Any) -> Any:
@@ -107,8 +124,10 @@ class _Tensor:
 class _Emitter:
     """Generates one C entry point from one lowered Relax function."""
 
-    def __init__(self, mod: Any, fname: str, func: Any, consts: list[str], const_ids: dict[str, str]) -> None:
+    def __init__(self, mod: Any, fname: str, func: Any, consts: list[str], const_ids: dict[str, str],
+                 checks: tuple[InputCheck, ...] = ()) -> None:
         self.mod, self.fname, self.func = mod, fname, func
+        self.checks = checks
         self.lines: list[str] = []
         self.decls: list[str] = []
         self.env: dict[Any, Any] = {}
@@ -249,12 +268,35 @@ class _Emitter:
             raise ModelError(f"the C backend does not implement the operator {name} (in {self.fname})",
                              hint="compile for an x86_64/aarch64 preset (Relax VM), or report the model")
 
+    def _check(self, chk: InputCheck) -> str:
+        n_in = len(self.inputs)
+        idx = chk.index + n_in if chk.index < 0 else chk.index
+        if not 0 <= idx < n_in:
+            raise CompilerError(f"input check {chk} is out of range for {self.fname} ({n_in} inputs)",
+                                hint="report the model")
+        d = self.inputs[idx]
+        n = int(np.prod(d.shape, dtype=np.int64))
+        what = _c_ident(chk.what)
+        if chk.classes is not None:
+            if d.dtype != "int64" or chk.classes < 1:
+                raise CompilerError(f"{self.fname} input {idx} ({d.dtype}) cannot hold class ids "
+                                    f"of {chk.classes} classes", hint="report the model")
+            return (f'  if (fr_check_class_ids((const int64_t*)in[{idx}], {n}, {int(chk.classes)}, '
+                    f'"{what}") != 0) return -1;')
+        code, bits = _dtype_parts(d.dtype)
+        if code != _DL_CODES["float"] or bits not in (16, 32, 64):
+            raise CompilerError(f"{self.fname} input {idx} is {d.dtype}, not a float to check",
+                                hint="report the model")
+        return f'  if (fr_check_finite(in[{idx}], {n}, {bits}, "{what}") != 0) return -1;'
+
     def emit(self) -> tuple[str, CSignature]:
         from tvm import relax
 
         f = self.func
         for p in f.params:
             self.env[p] = self._bind_param(p.ty, f"{self.fname} parameter {p.name}")
+        for chk in self.checks:
+            self.lines.append(self._check(chk))
         body = f.body
         for block in body.blocks:
             for b in block.bindings:
@@ -313,8 +355,11 @@ def _desc_init(d: TensorDesc) -> str:
     return f"{{{len(d.shape)}, {{{code}, {bits}, 1}}, {{{dims}}}}}"
 
 
-def generate_entry(low: Any, funcs: list[str], model_name: str) -> tuple[str, list[CSignature], set[str]]:
-    """C source of the entry points for the Relax functions ``funcs`` of the lowered module.
+def generate_entry(low: Any, funcs: list[str], model_name: str,
+                   checks: dict[str, tuple[InputCheck, ...]] | None = None
+                   ) -> tuple[str, list[CSignature], set[str]]:
+    """C source of the entry points for the Relax functions ``funcs`` of the lowered module;
+    ``checks[name]``: what the entry point of ``name`` checks before running.
 
     Returns (source, signatures, kernel symbols used). ModelError on anything not static."""
     from tvm import relax
@@ -326,7 +371,7 @@ def generate_entry(low: Any, funcs: list[str], model_name: str) -> tuple[str, li
         gv = next((g for g in low.get_global_vars() if g.name_hint == name), None)
         if gv is None or not isinstance(low[gv], relax.Function):
             raise ModelError(f"the module has no Relax function {name!r}", hint="report the model")
-        em = _Emitter(low, name, low[gv], consts, const_ids)
+        em = _Emitter(low, name, low[gv], consts, const_ids, (checks or {}).get(name, ()))
         body, sig = em.emit()
         bodies.append(body)
         sigs.append(sig)
@@ -460,14 +505,15 @@ def build_native(entry_c: str, kernels_o: Path, arch: str, cflags: tuple[str, ..
 
 
 def compile_c(mod: Any, preset: Any, out_dir: Path, *, funcs: list[str], model_name: str,
-              prefix: str = "") -> tuple[NativeBuild, list[CSignature]]:
+              prefix: str = "", checks: dict[str, tuple[InputCheck, ...]] | None = None
+              ) -> tuple[NativeBuild, list[CSignature]]:
     """Lower ``mod``, generate entry points for ``funcs`` and build them for ``preset``.
 
     ``prefix`` names the products (``<prefix>libmodel.so``) so inference and training can share a
-    directory; returns the build and the signatures."""
+    directory; ``checks``: see :func:`generate_entry`. Returns the build and the signatures."""
     target = preset.tvm_target()
     low = lower(mod, target)
-    entry, sigs, _ = generate_entry(low, funcs, model_name)
+    entry, sigs, _ = generate_entry(low, funcs, model_name, checks)
     with tempfile.TemporaryDirectory(prefix="fractal-cb-") as tmp:
         kobj = build_kernels(low, target, Path(tmp) / "kernels.o")
         flags = tuple(preset.link_options) if preset.arch != "x86_64" else ()

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import InputError
+from compiler.errors import ArtifactError, InputError
 from compiler.manifest import TensorSpec, TrainingInfo
 from compiler.runtime import Runtime, aligned_copy, aligned_empty, check_params
 
@@ -25,7 +25,7 @@ class Trainer:
     """
 
     def __init__(self, runtime: Runtime, settings: TrainingInfo, inputs: list[TensorSpec],
-                 param_names: list[str], params: list[np.ndarray]) -> None:
+                 param_names: list[str], params: list[np.ndarray], *, classes: int | None) -> None:
         self._rt = runtime
         self._lock = threading.Lock()
         self.loss: str = settings.loss
@@ -37,6 +37,10 @@ class Trainer:
         self._inputs = inputs
         self._state_specs = list(settings.optimizer_state)
         self.target_spec = settings.targets
+        self.classes = classes  # ce: class ids lie in [0, classes); mse: None
+        if self.loss == "ce" and (classes is None or classes < 1):
+            raise ArtifactError(f"a ce training module needs the number of classes, got {classes!r}",
+                             hint="the model's output must be logits shaped (batch, classes)")
         self._lr_tensor: tuple[float, Any] | None = None  # (rate, its 0-d tensor), reused while unchanged
 
     def _inputs_list(self, x: np.ndarray | dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -59,18 +63,42 @@ class Trainer:
         return out
 
     def _targets(self, y: np.ndarray) -> np.ndarray:
+        """``y`` checked: shape, dtype, class ids in range (ce) or finite (mse). The compiled loss
+        indexes memory by a class id, so an id out of range would read out of bounds."""
         y = np.asarray(y)
         spec = self.target_spec
         if y.shape != spec.shape:
             raise InputError(f"targets have shape {list(y.shape)}, expected {list(spec.shape)}",
                              hint="ce: int class ids (batch,); mse: float targets shaped like the output")
+        if self.loss == "ce":
+            return self._class_ids(y)
         if str(y.dtype) != spec.dtype:
-            if self.loss == "ce" and np.issubdtype(y.dtype, np.integer):
-                y = y.astype(spec.dtype)
-            else:
-                raise InputError(f"targets have dtype {y.dtype}, expected {spec.dtype}",
-                                 hint=f"convert them with .astype('{spec.dtype}')")
+            raise InputError(f"targets have dtype {y.dtype}, expected {spec.dtype}",
+                             hint=f"convert them with .astype('{spec.dtype}')")
+        if not np.isfinite(y).all():
+            i = int(np.flatnonzero(~np.isfinite(y.ravel()))[0])
+            raise InputError(f"targets contain NaN or Inf (element {i}: {y.ravel()[i]})",
+                             hint="mse targets must be finite numbers")
         return y
+
+    def _class_ids(self, y: np.ndarray) -> np.ndarray:
+        classes = int(self.classes or 0)
+        if y.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(y) | (np.mod(y, 1) != 0)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise InputError(f"targets[{i}] = {y[i]} is not a class id",
+                                 hint=f"ce targets are integer class ids in [0, {classes})")
+        if y.dtype.kind not in "iu":
+            raise InputError(f"targets have dtype {y.dtype}, expected {self.target_spec.dtype} class ids",
+                             hint=f"convert them with .astype('{self.target_spec.dtype}')")
+        bad = (y < 0) | (y >= classes)  # on the caller's dtype: no wrap-around before the check
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"targets[{i}] = {int(y[i])} is not a class id in [0, {classes})",
+                             hint=f"the model has {classes} classes: label them 0..{classes - 1}")
+        return y.astype(self.target_spec.dtype, copy=False)
 
     def loss_and_grad(self, params: list[np.ndarray], x: np.ndarray | dict[str, np.ndarray],
                       y: np.ndarray) -> tuple[float, list[np.ndarray]]:

@@ -21,7 +21,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from api.fleet.errors import FleetError
+from deploy.errors import DeployError
 
 __all__ = ["arm_python", "arm_site"]
 
@@ -49,7 +49,7 @@ def arm_site(cache_dir: Path) -> Path:
         cmd += ["--platform", p]
     proc = subprocess.run([*cmd, *(p for p in pins if "==" in p)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise FleetError(f"could not download aarch64 wheels {' '.join(pins)}: {proc.stderr.strip()[-300:]}",
+        raise DeployError(f"could not download aarch64 wheels {' '.join(pins)}: {proc.stderr.strip()[-300:]}",
                          hint="check network access to PyPI, then retry")
     for whl in wheels.glob("*.whl"):
         with zipfile.ZipFile(whl) as z:
@@ -68,11 +68,11 @@ def arm_python(sysroot: Path) -> tuple[list[str], dict[str, str]]:
     """argv prefix and environment that run the `fractal` CLI on the aarch64 sysroot's Python."""
     sysroot = Path(sysroot).resolve()
     if not (sysroot / ".done").is_file():
-        raise FleetError(f"the aarch64 sysroot is missing ({sysroot})",
+        raise DeployError(f"the aarch64 sysroot is missing ({sysroot})",
                          hint="run `make sysroot` once (Debian arm64 packages + aarch64 wheels)")
     qemu = shutil.which("qemu-aarch64")
     if qemu is None:
-        raise FleetError("qemu-aarch64 is not installed", hint="apt-get install qemu-user")
+        raise DeployError("qemu-aarch64 is not installed", hint="apt-get install qemu-user")
     site = arm_site(sysroot.parent).resolve()  # lives next to the sysroot it extends
     venv_site = sysconfig.get_paths()["purelib"]
     path = [str(sysroot / "wheels"), str(site), venv_site, str(REPO)]

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from api.fleet.errors import FleetError
+from deploy.errors import DeployError
 
 __all__ = ["riscv_python", "RISCV_CPU"]
 
@@ -29,11 +29,11 @@ def riscv_python(sysroot: Path) -> tuple[list[str], dict[str, str]]:
     """argv prefix and environment that run the `fractal` CLI on the riscv64 sysroot's Python."""
     sysroot = Path(sysroot).resolve()
     if not (sysroot / ".done").is_file() or not (sysroot / _PYTHON).exists():
-        raise FleetError(f"the riscv64 sysroot is missing ({sysroot})",
+        raise DeployError(f"the riscv64 sysroot is missing ({sysroot})",
                          hint="run `make sysroot-riscv64` once (Debian trixie riscv64 packages)")
     qemu = shutil.which("qemu-riscv64")
     if qemu is None:
-        raise FleetError("qemu-riscv64 is not installed", hint="apt-get install qemu-user")
+        raise DeployError("qemu-riscv64 is not installed", hint="apt-get install qemu-user")
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),

@@ -28,16 +28,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from api.fleet.errors import FleetError
+from deploy.errors import DeployError
 from deploy.sensors import Feeder, digits_shards
 
-__all__ = ["SwarmOptions", "run_swarm", "demo_artifact", "NodeProcess", "Swarm", "DEMO_MODEL"]
+__all__ = ["SwarmOptions", "SwarmFleet", "ServeFleet", "run_swarm", "demo_artifact", "NodeProcess", "Swarm",
+           "DEMO_MODEL"]
 
 log = logging.getLogger("fractal.swarm")
 
@@ -285,7 +287,7 @@ class Swarm:
                 for n in list(pending):
                     if n.proc is None or n.proc.poll() is not None:
                         code = n.proc.returncode if n.proc else None
-                        raise FleetError(f"{n.node_id} exited during start-up (exit code "
+                        raise DeployError(f"{n.node_id} exited during start-up (exit code "
                                          f"{code}); last log lines: {n.log_tail(600)}",
                                          hint=f"see {n.log_path}")
                     with contextlib.suppress(httpx.HTTPError):
@@ -293,7 +295,7 @@ class Swarm:
                             pending.remove(n)
                 if pending and time.monotonic() > deadline:
                     names = ", ".join(n.node_id for n in pending)
-                    raise FleetError(f"nodes not ready after {self.opts.node_ready_timeout_s:.0f}s: {names}",
+                    raise DeployError(f"nodes not ready after {self.opts.node_ready_timeout_s:.0f}s: {names}",
                                      hint=f"see the logs in {self.workdir / 'logs'}")
                 time.sleep(0.2)
 
@@ -340,12 +342,29 @@ def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: unwind and 
     raise KeyboardInterrupt
 
 
-def run_swarm(opts: SwarmOptions) -> None:
-    """Run the demo until Ctrl-C/SIGTERM; everything started is stopped before returning."""
-    from api.fleet.serve import check_port_free, serve_fleet
-    from api.fleet.settings import FleetSettings
+@dataclass(frozen=True)
+class SwarmFleet:
+    """What the demo's fleet service is given: its broker, swarm, address, token, signing key and
+    keyring, and the default history database (in the swarm's workdir)."""
 
-    check_port_free(opts.host, opts.port)  # fail before minutes of work
+    broker_url: str
+    swarm: str
+    host: str
+    port: int
+    token: str
+    key_file: str
+    keyring_file: str
+    db: str
+
+
+# Runs the fleet service until Ctrl-C; calls ready(history database path) once it listens. The
+# CLI passes it in (api/cli/fleet.py): the launchers sit below the apps and never import them.
+ServeFleet = Callable[[SwarmFleet, Callable[[str], None]], None]
+
+
+def run_swarm(opts: SwarmOptions, serve_fleet: ServeFleet) -> None:
+    """Run the demo until Ctrl-C/SIGTERM; everything started is stopped before returning.
+    The caller checks that the fleet's port is free first (before minutes of work)."""
     token = opts.token or os.environ.get("FRACTAL_FLEET_TOKEN") or secrets.token_urlsafe(12)
     owns = opts.workdir is None
     if opts.workdir is not None:
@@ -375,13 +394,12 @@ def run_swarm(opts: SwarmOptions) -> None:
         swarm.wait_nodes_ready()
         swarm.start_feeders()
         swarm.watch_nodes()
-        settings = FleetSettings(broker=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
-                                 token=token, key_file=str(swarm.keys / "keys" / "fleet.key"),
-                                 keyring_file=str(swarm.keys / "keyring.json"))
-        if not settings.db:  # the demo keeps its history with its nodes (FRACTAL_FLEET_DB overrides)
-            settings = settings.model_copy(update={"db": str(workdir / "fleet.sqlite")})
+        # the demo keeps its fleet history with its nodes (FRACTAL_FLEET_DB overrides)
+        fleet = SwarmFleet(broker_url=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
+                           token=token, key_file=str(swarm.keys / "keys" / "fleet.key"),
+                           keyring_file=str(swarm.keys / "keyring.json"), db=str(workdir / "fleet.sqlite"))
 
-        def banner() -> None:
+        def banner(db_path: str) -> None:
             url = f"http://{opts.host}:{opts.port}/"
             kept = "" if opts.workdir is not None else " (temp dir, removed at exit; keep one: --workdir)"
             first = swarm.nodes[0]
@@ -392,10 +410,10 @@ def run_swarm(opts: SwarmOptions) -> None:
                   f"  try:       curl -s -H 'Authorization: Bearer {token}' {first.url}/v1/node\n"
                   f"  files:     {workdir}{kept}: node-N.toml (node configs), data/node-N/ (samples and\n"
                   f"             parameter versions), logs/node-N.log (node logs)\n"
-                  f"  fleet db:  {settings.db_path()} (round history and operator actions)\n"
+                  f"  fleet db:  {db_path} (round history and operator actions)\n"
                   "Press Ctrl-C to stop everything.", flush=True)
 
-        serve_fleet(settings, ready=banner)
+        serve_fleet(fleet, banner)
     except KeyboardInterrupt:
         pass
     finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from edgenode.common import NodeBusy, NodeError, RoundFailed, atomic_write_bytes, get_logger
+from edgenode.common import InvalidInput, NodeBusy, NodeError, RoundFailed, atomic_write_bytes, get_logger
 from edgenode.config import NodeConfig
 from edgenode.faults import Faults
 from edgenode.metrics import NodeMetrics
@@ -302,6 +302,7 @@ class RoundControl:
             budget = int(tcfg.round_memory_mb * 1024 * 1024)
             samples = self.store.snapshot(limit=max(1, budget // max(1, self.store.sample_bytes)),
                                           part="train", share=tcfg.validation_share)
+            self._check_labels(plan, samples)
             val_samples = self._validation_samples()
             val_before = self._evaluate(self.model.snapshot, val_samples)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
@@ -334,6 +335,20 @@ class RoundControl:
                               excluded=sorted(result.excluded) or None))
         self.publish_status()
         return result
+
+    def _check_labels(self, plan: RoundPlan, samples: Samples) -> None:
+        """Refuse a round over stored labels the compiled loss must not see (a store edited by
+        hand or kept from a model with more classes); the peers hear it at once."""
+        try:
+            self.store.check_labels(samples.labels)
+        except InvalidInput as exc:
+            reason = f"{self.node_id}: its stored training samples hold bad labels: {exc}"
+            if self._ring is not None:
+                self._ring.abort(f"{plan.round_id}/hello", [m for m in plan.group if m != self.node_id],
+                                 reason)
+            raise RoundFailed(reason, member=self.node_id,
+                              hint="remove the node's samples.db (data_dir) and send the samples "
+                                   "again") from None
 
     def _emit(self, event: RoundEvent) -> None:
         for fn in list(self._listeners):

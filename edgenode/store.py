@@ -178,12 +178,18 @@ class SampleStore:
             if a.dtype.kind == "f" and not np.isfinite(a).all():
                 raise InvalidInput("inputs contain NaN or Inf", hint="send finite numbers")
         lab = np.ascontiguousarray(lab, dtype=self.spec.label_dtype)
+        self.check_labels(lab)
+        return arrays, lab
+
+    def check_labels(self, lab: np.ndarray) -> None:
+        """Class ids in [0, num_classes), regression targets finite; InvalidInput otherwise.
+        Also run on what a round reads: a store written by hand or for another model may hold
+        labels the compiled loss must never see."""
         if self.num_classes is not None and lab.size and (lab.min() < 0 or lab.max() >= self.num_classes):
             raise InvalidInput(f"labels must be class ids in [0, {self.num_classes}), got {int(lab.min())}.."
                                f"{int(lab.max())}", hint=f"the model has {self.num_classes} classes")
         if lab.dtype.kind == "f" and not np.isfinite(lab).all():
             raise InvalidInput("labels contain NaN or Inf", hint="send finite numbers")
-        return arrays, lab
 
     def add(self, inputs: dict[str, np.ndarray], labels: np.ndarray) -> int:
         """Insert a batch in ONE transaction, durable (fsynced) on return; returns the new count."""

@@ -208,7 +208,7 @@ class RingAllreduce(_Collective):
     docstring); 0 = always the ring.
     ``linger``: all-to-all calls (the direct path, :meth:`exchange`) return once every row is in,
     leaving their unacknowledged frames to the session (PROTOCOL.md section 5); False = they drain
-    like the ring (the baseline of ``python -m api.bench.linger``).
+    like the ring (the baseline of ``python -m bench.linger``).
     """
 
     def __init__(self, transport: Transport, *, direct_max_bytes: int = DIRECT_MAX_BYTES, linger: bool = True,

@@ -1,10 +1,10 @@
-"""api/bench/paired.py: overhead of interleaved runs (pure arithmetic: runs in `make test`)."""
+"""bench/paired.py: overhead of interleaved runs (pure arithmetic: runs in `make test`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.bench.paired import paired_overhead
+from bench.paired import paired_overhead
 
 
 def test_pairs_keep_what_a_ratio_of_medians_loses():
@@ -57,7 +57,7 @@ def test_a_bias_between_sets_of_runs_widens_the_clustered_interval():
 
 
 def test_rotating_orders_put_every_kind_in_every_slot():
-    from api.bench.signed_round import _orders
+    from bench.signed_round import _orders
 
     assert _orders(["a", "b"], 3) == [["a", "b"], ["b", "a"], ["a", "b"]]
     orders = _orders(["a", "b", "c"], 6)

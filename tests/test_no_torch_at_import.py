@@ -9,8 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 MODULES = ["compiler", "federation", "edgenode", "api", "api.cli", "api.fleet_app", "api.node_app",
-           "api.bench", "api.bench.host", "api.bench.compile", "api.bench.allreduce", "api.bench.serve",
-           "api.bench.train", "api.cli.bench", "deploy.swarm"]
+           "bench", "bench.host", "bench.compile", "bench.allreduce", "bench.serve",
+           "bench.train", "api.cli.bench", "deploy.swarm"]
 
 
 def test_importing_the_runtime_packages_does_not_import_torch() -> None:

@@ -31,7 +31,7 @@ def bench_allreduce(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Time one ring allreduce (and the star baseline) of --size floats across --nodes members."""
-    from api.bench.allreduce import run_allreduce_bench
+    from bench.allreduce import run_allreduce_bench
     from federation.errors import FederationError
     from federation.messages import Compression
 

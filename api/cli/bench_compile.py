@@ -33,7 +33,7 @@ def bench_compile(
                                     "(BatchNorm and weight layouts recomputed per call), for comparison."),
 ) -> None:
     """Latency of each zoo model in onnxruntime, TVM untuned and TVM tuned; tuning and recompile time."""
-    from api.bench.compile import run_compile_bench
+    from bench.compile import run_compile_bench
     from compiler.errors import CompilerError
 
     if model is not None:
@@ -70,9 +70,9 @@ def bench_compile(
 
 def _bench_user_model(model: str, shape: list[str], trials: int, threads: int, target: str, db: str | None,
                       seconds: float, as_json: bool) -> None:
-    """`bench compile --model FILE`: one user model (api.bench.model)."""
-    from api.bench.model import bench_user_model
+    """`bench compile --model FILE`: one user model (bench.model)."""
     from api.cli.compile import parse_shapes
+    from bench.model import bench_user_model
 
     row = bench_user_model(model, shapes=parse_shapes(shape), trials=trials, threads=threads, target=target,
                            db_dir=db, min_seconds=seconds,
@@ -100,7 +100,7 @@ def bench_curve(
     seconds: float = typer.Option(1.0, "--seconds", help="Minimum timing window per latency figure."),
 ) -> None:
     """Trials-vs-latency from one tuning run: compile with its first K records, time next to onnxruntime."""
-    from api.bench.curve import run_trials_curve
+    from bench.curve import run_trials_curve
     from compiler.errors import CompilerError
     from compiler.targets import best_host_preset_name
 

@@ -34,7 +34,7 @@ def bench_serve(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """p50/p99 and req/s of /v2/models/NAME/infer at 1 and 8 clients: direct, HTTP idle, HTTP training."""
-    from api.bench import serve
+    from bench import serve
     from compiler import zoo
 
     for m in models:

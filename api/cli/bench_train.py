@@ -24,7 +24,7 @@ def bench_train(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """TVM loss_and_grad + apply vs PyTorch forward/backward/SGD on the same model, weights and batches."""
-    from api.bench import train
+    from bench import train
     from compiler import zoo
 
     for m in models:

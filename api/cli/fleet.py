@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from api.cli import app
 from api.fleet.errors import FleetError
 from api.fleet.serve import serve_fleet
+
+if TYPE_CHECKING:
+    from deploy.swarm import SwarmFleet
 
 __all__ = ["fleet", "swarm", "serve_fleet"]  # serve_fleet: re-exported from api.fleet.serve
 
@@ -83,11 +88,26 @@ def swarm(
                                               "`make sysroot-riscv64`)."),
 ) -> None:
     """The demo: a broker, N edge nodes fed by simulated sensors, and the fleet dashboard."""
+    from api.fleet.serve import check_port_free
     from deploy.swarm import SwarmOptions, run_swarm
 
-    run_swarm(SwarmOptions(nodes=nodes, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv, port=port,
-                           broker=broker, token=token, workdir=workdir, cache_dir=cache_dir,
-                           feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot))
+    opts = SwarmOptions(nodes=nodes, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv, port=port,
+                        broker=broker, token=token, workdir=workdir, cache_dir=cache_dir,
+                        feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot)
+    check_port_free(opts.host, opts.port)  # fail before minutes of work
+    run_swarm(opts, _serve_swarm_fleet)
+
+
+def _serve_swarm_fleet(fleet: SwarmFleet, ready: Callable[[str], None]) -> None:
+    """The demo swarm's fleet service, in this process (deploy/swarm.py calls it once the nodes
+    are up; the launchers never import the apps)."""
+    from api.fleet.settings import FleetSettings
+
+    settings = FleetSettings(broker=fleet.broker_url, swarm=fleet.swarm, host=fleet.host, port=fleet.port,
+                             token=fleet.token, key_file=fleet.key_file, keyring_file=fleet.keyring_file)
+    if not settings.db:
+        settings = settings.model_copy(update={"db": fleet.db})
+    serve_fleet(settings, ready=lambda: ready(str(settings.db_path())))
 
 
 @app.command()

@@ -47,6 +47,49 @@ uint64_t fr_desc_nbytes(const fr_tensor_desc* d) {
   return n;
 }
 
+int fr_check_class_ids(const int64_t* ids, int64_t n, int64_t classes, const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= classes) {
+      char buf[FR_ERR_LEN];
+      snprintf(buf, sizeof buf, "%s[%lld] = %lld is not a class id in [0, %lld)", what, (long long)i,
+               (long long)ids[i], (long long)classes);
+      fr_set_error(buf);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int fr_check_finite(const void* data, int64_t n, int32_t bits, const char* what) {
+  /* By the bit pattern (exponent all ones: Inf or NaN), so -ffast-math cannot fold it away. */
+  for (int64_t i = 0; i < n; ++i) {
+    int bad;
+    if (bits == 16) {
+      uint16_t v;
+      memcpy(&v, (const char*)data + i * 2, 2);
+      bad = (v & 0x7c00u) == 0x7c00u;
+    } else if (bits == 32) {
+      uint32_t v;
+      memcpy(&v, (const char*)data + i * 4, 4);
+      bad = (v & 0x7f800000u) == 0x7f800000u;
+    } else if (bits == 64) {
+      uint64_t v;
+      memcpy(&v, (const char*)data + i * 8, 8);
+      bad = (v & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+    } else {
+      fr_set_error("fr_check_finite: unsupported float width");
+      return -1;
+    }
+    if (bad) {
+      char buf[FR_ERR_LEN];
+      snprintf(buf, sizeof buf, "%s[%lld] is NaN or infinite", what, (long long)i);
+      fr_set_error(buf);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 /* tvm runtime c_backend_api: scratch memory for kernels that need more than registers. */
 void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int dtype_code_hint,
                                int dtype_bits_hint) {

@@ -80,6 +80,13 @@ void fr_set_error(const char* msg);
 int fr_call(fr_packed f, const char* name, fr_any* args, int32_t n);
 uint64_t fr_desc_nbytes(const fr_tensor_desc* d);
 
+/* Checks a generated training entry point runs on its targets before any kernel: a kernel
+ * indexes memory by a class id, so an id outside [0, classes) would read or write out of
+ * bounds (the callers may be hostile and bypass Python). 0, or -1 with fr_last_error() set. */
+int fr_check_class_ids(const int64_t* ids, int64_t n, int64_t classes, const char* what);
+/* Every one of the n IEEE floats of `bits` (16, 32 or 64) at data is finite. */
+int fr_check_finite(const void* data, int64_t n, int32_t bits, const char* what);
+
 #ifdef __cplusplus
 }
 #endif

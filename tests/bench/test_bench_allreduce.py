@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from api.bench.allreduce import ideal_bytes_per_node, run_allreduce_bench
+from bench.allreduce import ideal_bytes_per_node, run_allreduce_bench
 
 pytestmark = pytest.mark.bench
 

@@ -1,4 +1,4 @@
-"""`python -m api.bench.cbackend --json` on the MLPs (marker bench: `make bench`)."""
+"""`python -m bench.cbackend --json` on the MLPs (marker bench: `make bench`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_cbackend_bench_json():
     env = {**os.environ, "TVM_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "api.bench.cbackend", "--json", "--seconds", "0.6",
+    p = subprocess.run([sys.executable, "-m", "bench.cbackend", "--json", "--seconds", "0.6",
                         "--models", "sensor-mlp,digits-mlp"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""`python -m api.bench.linger` (direct allreduce, lingering vs draining calls, same run; `make bench`)."""
+"""`python -m bench.linger` (direct allreduce, lingering vs draining calls, same run; `make bench`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_linger_bench_json():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "api.bench.linger", "--nodes", "3", "--calls", "5",
+    p = subprocess.run([sys.executable, "-m", "bench.linger", "--nodes", "3", "--calls", "5",
                         "--delay-ms", "10", "--repeats", "2"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -32,6 +32,6 @@ def test_linger_bench_json():
 
 def test_linger_bench_refuses_bad_arguments():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "api.bench.linger", "--nodes", "1"], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "bench.linger", "--nodes", "1"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--nodes >= 2" in p.stderr.strip().splitlines()[-1]

@@ -1,4 +1,4 @@
-"""`python -m deploy.netswarm bench` (round time under delay and drops, a fleet grace for Last
+"""`python -m harness.netswarm bench` (round time under delay and drops, a fleet grace for Last
 Wills; BENCHMARKS.md "network faults"; `make bench`). Needs root (network namespaces)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_netswarm_bench_drops_only_with_the_offline_grace():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "deploy.netswarm", "bench", "--nodes", "3", "--steps", "100",
+    p = subprocess.run([sys.executable, "-m", "harness.netswarm", "bench", "--nodes", "3", "--steps", "100",
                         "--rounds", "4", "--drop-every", "0.5", "--faults", "drop", "--offline-grace", "5"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

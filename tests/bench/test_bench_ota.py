@@ -1,4 +1,4 @@
-"""`python -m api.bench.ota` (a real board directory under `fractal boot`, fleet roll-out and rollback;
+"""`python -m bench.ota` (a real board directory under `fractal boot`, fleet roll-out and rollback;
 marker bench: `make bench`)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_ota_bench_json(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "api.bench.ota", "--runs", "1", "--json", "--work",
+    p = subprocess.run([sys.executable, "-m", "bench.ota", "--runs", "1", "--json", "--work",
                         str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)

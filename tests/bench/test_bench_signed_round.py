@@ -1,4 +1,4 @@
-"""`python -m api.bench.signed_round` (plain vs signed rounds, same run; marker bench: `make bench`)."""
+"""`python -m bench.signed_round` (plain vs signed rounds, same run; marker bench: `make bench`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
                           ("process", "sensor-mlp", "none"), ("process", "digits-mlp", "int8")])
 def test_signed_round_bench_json(members, model, compression):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "api.bench.signed_round", "--nodes", "2", "--steps", "10",
+    p = subprocess.run([sys.executable, "-m", "bench.signed_round", "--nodes", "2", "--steps", "10",
                         "--repeats", "2", "--outlier-factor", "0", "--members", members, "--model", model,
                         "--compression", compression],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -40,7 +40,7 @@ def test_signed_round_bench_json(members, model, compression):
 
 def test_signed_round_bench_sets_and_control():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "api.bench.signed_round", "--nodes", "2", "--steps", "3",
+    p = subprocess.run([sys.executable, "-m", "bench.signed_round", "--nodes", "2", "--steps", "3",
                         "--repeats", "3", "--sets", "2", "--control", "--outlier-factor", "0",
                         "--members", "thread"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -51,6 +51,6 @@ def test_signed_round_bench_sets_and_control():
     for key in ("paired_overhead", "control_overhead", "overhead_vs_both_unsigned"):
         assert len(r[f"{key}_per_set"]) == 2 and r[f"{key}_ci95"] is not None
     assert r["gmac"].startswith(("openssl-context", "cryptography"))
-    bad = subprocess.run([sys.executable, "-m", "api.bench.signed_round", "--sets", "0"], cwd=ROOT, env=env,
+    bad = subprocess.run([sys.executable, "-m", "bench.signed_round", "--sets", "0"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "sets and repeats must be at least 1" in bad.stderr

@@ -35,7 +35,7 @@ def test_onnx_torch_matches_onnxruntime_on_every_zoo_classifier():
     import onnxruntime as ort
     import torch
 
-    from api.bench.onnx_torch import OnnxTorch
+    from bench.onnx_torch import OnnxTorch
     from compiler import zoo
 
     for name in ("digits-mlp", "sensor-mlp", "ds-cnn-kws", "resnet8-cifar10", "fc-autoencoder"):

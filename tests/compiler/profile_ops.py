@@ -98,7 +98,7 @@ def main() -> None:
                     help="profile the build without the channels-last conversion")
     args = ap.parse_args()
 
-    from api.bench.compile import set_threads
+    from bench.compile import set_threads
     from compiler import zoo
 
     set_threads(1)

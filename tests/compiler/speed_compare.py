@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    from api.bench.compile import _ort_session, measure, set_threads
+    from bench.compile import _ort_session, measure, set_threads
     from compiler import layout, zoo
     from compiler.artifact import load_artifact
     from compiler.build import compile_model

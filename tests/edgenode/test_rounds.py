@@ -177,3 +177,30 @@ def test_infer_during_round_sees_committed_params_only(swarm, digits_data):
     assert not np.array_equal(ref_before, ref_after)
     for _, o in outs:  # every answer is exactly the old or exactly the new model
         assert np.array_equal(o, ref_before) or np.array_equal(o, ref_after)
+
+
+@pytest.mark.parametrize("bad", [10**9, -(10**12), 10])
+def test_stored_labels_out_of_range_fail_the_round_cleanly(swarm, bad):
+    """Issue 26 finding 3: labels the HTTP API would refuse, written into a node's store by hand
+    (or kept from a model with more classes), must not reach the compiled loss (a segfault at
+    1e9, a wrong loss at 10). The node refuses the round with a reason naming the labels, tells
+    its peers at once, and keeps serving; nothing is committed anywhere."""
+    import sqlite3
+
+    hub, nodes, events = swarm
+    odd = nodes["n1"]
+    before = {i: (n.params_sha256, n.model_version) for i, n in nodes.items()}
+    with sqlite3.connect(odd.store.path) as db:
+        db.execute("UPDATE samples SET label = ?", (np.int64(bad).tobytes(),))
+    t0 = time.monotonic()
+    run(nodes, RoundCommand(round_id="bad-labels", steps=5, lr=0.1, participants=IDS, step_timeout_s=20))
+    assert time.monotonic() - t0 < 15  # the peers heard the refusal; they did not wait out the step
+    failed = [e for e in events["n1"] if e.kind == EventKind.FAILED]
+    assert len(failed) == 1 and "bad labels" in failed[0].reason, events["n1"]
+    assert "class ids in [0, 10)" in failed[0].reason and str(bad) in failed[0].reason
+    for i, n in nodes.items():
+        assert [e for e in events[i] if e.kind == EventKind.FAILED], events[i][-3:]
+        assert not [e for e in events[i] if e.kind == EventKind.DONE]
+        assert (n.params_sha256, n.model_version) == before[i]
+        assert n.info()["state"] == "online"
+    assert odd.infer({"x": np.zeros((1, 64), np.float32)})["logits"].shape == (1, 10)

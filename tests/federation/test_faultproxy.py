@@ -1,4 +1,4 @@
-"""The fault proxy itself (deploy/faultproxy.py) against a plain TCP echo server: added delay is
+"""The fault proxy itself (harness/faultproxy.py) against a plain TCP echo server: added delay is
 measured, cuts and partitions are seen by the client, a blackhole holds bytes until healed, the
 periodic dropper cuts, and the control socket/CLI drives a standalone proxy."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.faultproxy import PartitionMode, ProxyThread, ctl
+from harness.faultproxy import PartitionMode, ProxyThread, ctl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -205,7 +205,7 @@ def test_standalone_proxy_controlled_over_its_socket(echo_port: int, tmp_path: P
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.faultproxy", "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "harness.faultproxy", "serve",
                              "--listen", f"127.0.0.1:{port}", "--target", f"127.0.0.1:{echo_port}",
                              "--control", sock], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
@@ -215,10 +215,10 @@ def test_standalone_proxy_controlled_over_its_socket(echo_port: int, tmp_path: P
         assert out["ok"] and out["delay_ms"] == [40.0, 40.0]
         with _connect(port) as s:
             assert _rtt(s) >= 0.078
-            cli = subprocess.run([sys.executable, "-m", "deploy.faultproxy", "ctl", sock, "cut"], cwd=ROOT,
+            cli = subprocess.run([sys.executable, "-m", "harness.faultproxy", "ctl", sock, "cut"], cwd=ROOT,
                                  capture_output=True, text=True, timeout=30)
             assert cli.returncode == 0 and '"cut": 1' in cli.stdout
-        bad = subprocess.run([sys.executable, "-m", "deploy.faultproxy", "ctl", sock, "explode"], cwd=ROOT,
+        bad = subprocess.run([sys.executable, "-m", "harness.faultproxy", "ctl", sock, "explode"], cwd=ROOT,
                              capture_output=True, text=True, timeout=30)
         assert bad.returncode == 1 and bad.stderr.startswith("error: unknown command 'explode'")
     finally:

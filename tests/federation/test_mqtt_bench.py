@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from api.bench.allreduce import ideal_bytes_per_node
+from bench.allreduce import ideal_bytes_per_node
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,8 +37,8 @@ def test_bad_input_is_one_line_and_exit_1(args, needle):
 
 def test_signed_bench_reports_paired_overhead():
     """`--signed` times the authenticated ring beside the plain one in the same run and reports
-    the per-repeat overhead with its interval (api/bench/paired.py); results stay bit-identical."""
-    from api.bench.allreduce import run_allreduce_bench
+    the per-repeat overhead with its interval (bench/paired.py); results stay bit-identical."""
+    from bench.allreduce import run_allreduce_bench
 
     r = run_allreduce_bench(2, 4810, repeats=3, signed=True, timeout=60)
     assert r["bit_identical"] and r["max_abs_error"] < 1e-6

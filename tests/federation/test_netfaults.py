@@ -1,6 +1,6 @@
 """Faults on a real network: Mosquitto on a "broker host", three `fractal node` processes on a
 "nodes host" (Linux network namespaces joined by veth pairs), the project's fault proxy on the
-"router" between them (deploy/netns.py, deploy/netswarm.py). The fleet role is the real
+"router" between them (harness/netns.py, harness/netswarm.py). The fleet role is the real
 RoundManager; the truth about parameters is each node's ``GET /v1/node``.
 
 * 50 ms one-way delay: rounds commit and every node holds the same parameters.
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.faultproxy import PartitionMode
-from deploy.netswarm import NetSwarm, NetSwarmOptions, RoundOutcome
+from harness.faultproxy import PartitionMode
+from harness.netswarm import NetSwarm, NetSwarmOptions, RoundOutcome
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
 

@@ -1,4 +1,4 @@
-"""`make soak` in miniature (deploy/soak.py): a signed 3-node swarm on the namespaced network doing
+"""`make soak` in miniature (harness/soak.py): a signed 3-node swarm on the namespaced network doing
 rounds for ~20 s while nodes are SIGKILLed and restarted and junk and well-formed forgeries are
 injected (unsigned aborts and failure events, an abort signed by a key the keyring does not hold,
 replays of genuine signed commands and events): no round fails because of a forgery, the
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
 
 
 def test_signed_soak_drops_every_forgery_and_ends_in_agreement(digits_artifact: Path) -> None:
-    from deploy.soak import soak
+    from harness.soak import soak
 
     r = soak(digits_artifact, minutes=0.35, nodes=3, seed=3, hostile=True, steps=3)
     assert r["signed"]

@@ -1,7 +1,7 @@
 """``bench_user_model``: latency of a user's own ONNX file in onnxruntime and TVM (untuned, tuned).
 
 Small and self-contained on purpose (``fractal bench compile --model FILE``): the zoo benchmark
-lives in api/bench/compile.py; this reuses its timing (``measure``), thread setup (``set_threads``)
+lives in bench/compile.py; this reuses its timing (``measure``), thread setup (``set_threads``)
 and onnxruntime session options, so both engines run on the same number of threads.
 Latency here is ``Artifact.infer`` (the API a node serves through) on random inputs of the
 compiled shapes; the max abs error against onnxruntime is reported too.
@@ -44,8 +44,8 @@ def bench_user_model(model: str | Path, *, shapes: dict[str, list[int]] | None =
                      db_dir: str | Path | None = None,
                      log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """onnxruntime vs TVM untuned (and tuned when ``trials`` > 0) on ``model``; returns one row."""
-    from api.bench.compile import NATIVE, _ort_session, measure, set_threads
-    from api.bench.host import machine
+    from bench.compile import NATIVE, _ort_session, measure, set_threads
+    from bench.host import machine
     from compiler.artifact import load_artifact
     from compiler.build import compile_model
     from compiler.manifest import Manifest

@@ -1,4 +1,4 @@
-"""Compiled zoo artifacts shared by the serve and train benchmarks (the host is :mod:`api.bench.host`)."""
+"""Compiled zoo artifacts shared by the serve and train benchmarks (the host is :mod:`bench.host`)."""
 
 from __future__ import annotations
 

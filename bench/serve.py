@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from api.bench.artifacts import zoo_artifact
-from api.bench.host import machine
-from api.bench.loadgen import http_caller, run_closed_loop, summarize
+from bench.artifacts import zoo_artifact
+from bench.host import machine
+from bench.loadgen import http_caller, run_closed_loop, summarize
 
 __all__ = ["run", "DEFAULT_MODELS"]
 
@@ -52,7 +52,7 @@ def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int 
     env = dict(os.environ)
     if tvm_threads:
         env["TVM_NUM_THREADS"] = str(tvm_threads)
-    cmd = [sys.executable, "-m", "api.bench.node_proc", str(artifact), str(data_dir)]
+    cmd = [sys.executable, "-m", "bench.node_proc", str(artifact), str(data_dir)]
     if train:
         cmd += ["--train"]
         if train_nice is not None:

@@ -14,8 +14,8 @@ Faults (all switchable while connections are open):
 
 Use :class:`FaultProxy` inside an asyncio loop, or :class:`ProxyThread` from synchronous code
 (tests): it runs the loop in a thread, optionally inside a Linux network namespace (the sockets
-are then created there). ``python -m deploy.faultproxy serve --listen H:P --target H:P --control
-SOCK`` runs it standalone; ``python -m deploy.faultproxy ctl SOCK delay 50 50`` (``cut``,
+are then created there). ``python -m harness.faultproxy serve --listen H:P --target H:P --control
+SOCK`` runs it standalone; ``python -m harness.faultproxy ctl SOCK delay 50 50`` (``cut``,
 ``partition blackhole``, ``heal``, ``drop-every 5``, ``drop-every off``, ``stats``) controls it.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from deploy.netns import enter_netns
+from harness.netns import enter_netns
 
 __all__ = ["FaultProxy", "ProxyThread", "PartitionMode", "ProxyStats", "main"]
 
@@ -436,7 +436,7 @@ def ctl(path: str, words: list[str], timeout: float = 5.0) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m deploy.faultproxy", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.faultproxy", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True)
     s = sub.add_parser("serve", help="run the proxy")
     s.add_argument("--listen", required=True, help="HOST:PORT to accept on")
@@ -454,11 +454,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out = ctl(a.socket, a.words)
     except (OSError, ValueError) as exc:
-        print(f"error: {exc} (help: python -m deploy.faultproxy --help)", file=sys.stderr)
+        print(f"error: {exc} (help: python -m harness.faultproxy --help)", file=sys.stderr)
         return 1
     print(json.dumps(out))
     if not out.get("ok"):
-        print(f"error: {out.get('error')} (help: python -m deploy.faultproxy ctl --help)", file=sys.stderr)
+        print(f"error: {out.get('error')} (help: python -m harness.faultproxy ctl --help)", file=sys.stderr)
         return 1
     return 0
 

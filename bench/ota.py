@@ -1,4 +1,4 @@
-"""Over-the-air time for the demo model: ``python -m api.bench.ota [--runs N] [--json]``.
+"""Over-the-air time for the demo model: ``python -m bench.ota [--runs N] [--json]``.
 
 Real parts on this machine: Mosquitto, the fleet service with an image catalogue, and one board
 (a device directory run by ``fractal boot``) whose node joins the swarm. Each run uploads a new
@@ -59,10 +59,10 @@ def _follow(client: httpx.Client, rid: str, t0: float) -> dict[str, float]:
 
 
 def run(runs: int = 3, work: Path | None = None) -> dict[str, Any]:
-    from api.bench.host import machine_line
     from api.fleet.settings import FleetSettings
     from api.fleet_app import create_fleet_app
     from api.serving import ServerThread
+    from bench.host import machine_line
     from compiler import compile_model, host_preset_name, zoo
     from federation.broker import start_mosquitto
     from firmware.device import flash

@@ -1,9 +1,9 @@
 """A swarm on a real (namespaced) network with faults: the harness of the network-fault tests,
-``python -m deploy.netswarm bench`` (round time under delay and drops) and ``deploy/soak.py``.
+``python -m harness.netswarm bench`` (round time under delay and drops) and ``harness/soak.py``.
 
 Mosquitto runs on the broker host, ``fractal node`` processes on the nodes host, one
-:class:`deploy.faultproxy.ProxyThread` per node on the router between them (see
-:mod:`deploy.netns`). The fleet role is the real :class:`api.fleet.rounds.RoundManager` fed by an
+:class:`harness.faultproxy.ProxyThread` per node on the router between them (see
+:mod:`harness.netns`). The fleet role is the real :class:`api.fleet.rounds.RoundManager` fed by an
 MQTT link on the broker host, so a round ends the way the fleet decides (DONE, or FAILED with a
 reason, then a RoundAbort to the others). The truth about parameters comes from each node's
 ``GET /v1/node``, never from the fleet's view. Needs root (network namespaces).
@@ -31,12 +31,12 @@ import httpx
 import psutil
 
 from api.fleet.rounds import RoundManager, RoundRequest, RoundState
-from deploy.faultproxy import ProxyThread
-from deploy.netns import BROKER_IP, BROKER_PORT, ROUTER_N_IP, NetTopology, sweep_stale
 from federation import topics
 from federation.broker import MosquittoBroker, start_mosquitto
 from federation.messages import NodeState, NodeStatus, parse_event, parse_status
 from federation.mqtt import MqttLink
+from harness.faultproxy import ProxyThread
+from harness.netns import BROKER_IP, BROKER_PORT, ROUTER_N_IP, NetTopology, sweep_stale
 
 __all__ = ["NetSwarm", "NetSwarmOptions", "RoundOutcome", "main"]
 
@@ -399,7 +399,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 p.drop_every(None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    from api.bench.host import machine_line
+    from bench.host import machine_line
 
     return {"machine": machine_line(), "loadavg_1m_before": load_before,
             "loadavg_1m_after": round(os.getloadavg()[0], 2), "nodes": args.nodes, "steps": args.steps,
@@ -407,7 +407,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m deploy.netswarm")
+    ap = argparse.ArgumentParser(prog="python -m harness.netswarm")
     sub = ap.add_subparsers(dest="verb", required=True)
     b = sub.add_parser("bench", help="round time with no fault, 50 ms delay and periodic drops")
     b.add_argument("--nodes", type=int, default=3)

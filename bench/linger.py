@@ -1,6 +1,6 @@
 """Latency of the direct allreduce with and without waiting for its ACKs (PROTOCOL.md section 5).
 
-    python -m api.bench.linger [--nodes 3] [--size 4810] [--calls 20] [--delay-ms 20] [--repeats 5]
+    python -m bench.linger [--nodes 3] [--size 4810] [--calls 20] [--delay-ms 20] [--repeats 5]
 
 N members (threads) over the in-memory hub, every message delayed by ``--delay-ms`` (a link's
 latency; the machine's CPU stays out of it), run ``--calls`` direct allreduces of ``--size``
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from api.bench.host import machine
+from bench.host import machine
 
 __all__ = ["run"]
 

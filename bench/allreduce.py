@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from api.bench.host import machine_line
-from api.bench.paired import paired_overhead
+from bench.host import machine_line
+from bench.paired import paired_overhead
 from federation.errors import FederationError
 from federation.ringmac import gmac_describe
 

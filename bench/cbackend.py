@@ -1,6 +1,6 @@
 """Latency of the C backend next to the Relax VM, same machine, same run, same threads.
 
-    TVM_NUM_THREADS=1 python -m api.bench.cbackend [--models a,b] [--seconds S] [--json]
+    TVM_NUM_THREADS=1 python -m bench.cbackend [--models a,b] [--seconds S] [--json]
 
 Each zoo model (batch 1, seed 0, untuned) is compiled twice for this machine: the generic host
 preset (Relax VM, ``infer.so``) and its ``-c`` twin (C backend, ``libmodel.so`` via ctypes). Both
@@ -71,7 +71,7 @@ def run(models: list[str], seconds: float = 2.0) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     from compiler import zoo
 
-    ap = argparse.ArgumentParser(prog="python -m api.bench.cbackend", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bench.cbackend", description=__doc__)
     ap.add_argument("--models", default=",".join(zoo.NAMES))
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--json", action="store_true")

@@ -1,4 +1,4 @@
-"""A benchmark edge node in its own process: ``python -m api.bench.node_proc ARTIFACT DATA_DIR``.
+"""A benchmark edge node in its own process: ``python -m bench.node_proc ARTIFACT DATA_DIR``.
 
 Serving from a separate process keeps the load generator's threads off the server's GIL, as on a
 real board. Prints ``READY <port>`` once uvicorn listens; exits when its stdin closes. With

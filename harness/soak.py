@@ -1,6 +1,6 @@
 """``make soak``: a 4-node swarm doing rounds for a bounded time under crashes and junk traffic.
 
-While the fleet role (the real RoundManager, see :mod:`deploy.netswarm`) runs short rounds back
+While the fleet role (the real RoundManager, see :mod:`harness.netswarm`) runs short rounds back
 to back, a chaos thread SIGKILLs a random node (never ``n0``, so one node's memory is measured
 over the whole run) and restarts it a few seconds later, and an injector publishes garbage and
 malformed messages with a plain paho client on the swarm's topics (commands, statuses, round
@@ -15,7 +15,7 @@ messages dropped per reason by the nodes (``/metrics``, summed over node lives),
 at start and end, and whether all nodes hold the same parameters. Needs root (network
 namespaces, like the fault tests).
 
-    python -m deploy.soak --minutes 5 [--nodes 4] [--seed 1] [--hostile] [--unsigned] [--out soak.json]
+    python -m harness.soak --minutes 5 [--nodes 4] [--seed 1] [--hostile] [--unsigned] [--out soak.json]
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from typing import Any
 
 import httpx
 
-from deploy.netswarm import NetSwarm, NetSwarmOptions
 from federation import topics
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent
+from harness.netswarm import NetSwarm, NetSwarmOptions
 
 __all__ = ["main", "soak"]
 
@@ -310,7 +310,7 @@ def _mb(b: int | None) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m deploy.soak", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.soak", description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", "5")))
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--steps", type=int, default=5, help="steps per round")
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     if a.nodes < 2 or a.minutes <= 0:
-        print("error: need --nodes >= 2 and --minutes > 0 (help: python -m deploy.soak --help)",
+        print("error: need --nodes >= 2 and --minutes > 0 (help: python -m harness.soak --help)",
               file=sys.stderr)
         return 1
     from compiler import host_preset_name
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     report = soak(artifact, minutes=a.minutes, nodes=a.nodes, seed=a.seed, hostile=a.hostile, steps=a.steps,
                   signed=not a.unsigned)
-    from api.bench.host import machine_line
+    from bench.host import machine_line
 
     report.update({"wall_s": round(time.monotonic() - t0, 1), "machine": machine_line(),
                    "loadavg_1m_end": round(os.getloadavg()[0], 2)})

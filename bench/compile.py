@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from api.bench.host import machine
+from bench.host import machine
 from compiler.errors import CompilerError
 from compiler.manifest import Manifest
 

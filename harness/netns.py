@@ -5,7 +5,7 @@
     [broker host] b0 10.77.1.1 ==veth== r1 10.77.1.2 [router] r2 10.77.2.2 ==veth== n0 10.77.2.1 [nodes]
      mosquitto :1883                  fault proxies :2000+k -> 10.77.1.1:1883       fractal node x N
 
-The router runs one :class:`deploy.faultproxy.ProxyThread` per node (node ``k`` connects to
+The router runs one :class:`harness.faultproxy.ProxyThread` per node (node ``k`` connects to
 ``10.77.2.2:2000+k``), so a fault can hit one node or all of them. There is no IP forwarding:
 the only path between the hosts is the proxy, and no address is added outside the namespaces
 the topology creates. Namespace names carry the creating pid; :func:`sweep_stale` removes those

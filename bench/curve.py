@@ -4,7 +4,7 @@ MetaSchedule appends records to ``database_tuning_record.json`` in the order it 
 so the database a K-trial run would have left is (up to the budget split) the first K records
 of a longer run: :func:`compiler.tuning.truncate_database`. For each K the model is compiled
 against that truncated database (no trials run) and timed next to onnxruntime, in the same
-process, on the same threads (api.bench.compile's measurement). The full database also gives the
+process, on the same threads (bench.compile's measurement). The full database also gives the
 cold tuning time (``tune.json``) and the warm-database recompile time, timed here.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from api.bench.compile import _ort_session, _tvm_latency, measure, set_threads
-from api.bench.host import machine
+from bench.compile import _ort_session, _tvm_latency, measure, set_threads
+from bench.host import machine
 from compiler.errors import CompilerError
 
 __all__ = ["run_trials_curve"]

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from api.bench.artifacts import zoo_artifact
-from api.bench.host import machine
+from bench.artifacts import zoo_artifact
+from bench.host import machine
 
 __all__ = ["run", "DEFAULT_MODELS", "batches"]
 
@@ -64,7 +64,7 @@ def _torch_run(onnx_path: Path, art: Any, data: list[tuple[np.ndarray, np.ndarra
     import onnx
     import torch
 
-    from api.bench.onnx_torch import OnnxTorch
+    from bench.onnx_torch import OnnxTorch
 
     model = OnnxTorch(onnx.load(str(onnx_path)), art.param_names)
     # same starting point as TVM, checked rather than assumed

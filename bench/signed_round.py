@@ -1,6 +1,6 @@
 """Cost of a signed swarm on a whole training round (issue 12's goal: under 5% of round time).
 
-    python -m api.bench.signed_round [--nodes 3] [--steps 100] [--repeats 3] [--outlier-factor F]
+    python -m bench.signed_round [--nodes 3] [--steps 100] [--repeats 3] [--outlier-factor F]
                                      [--members process|thread] [--model ZOO-MODEL]
                                      [--compression none|fp16|int8|topk] [--sets K] [--control]
 
@@ -16,7 +16,7 @@ published -> every node's DONE event), the median CPU seconds the nodes spent in
 processes, or this process; neither counts the training steps, which run in worker processes)
 and the overheads: the ratio of the medians, and the median of the per-repeat overheads (each
 repeat runs one plain and one signed round back to back) with its bootstrap 95% interval
-(``paired_overhead_ci95``, see api/bench/paired.py). ``--sets K`` starts fresh swarms K times
+(``paired_overhead_ci95``, see bench/paired.py). ``--sets K`` starts fresh swarms K times
 (``--repeats`` rounds each; the interval then accounts for the sets differing, and each set's
 median is listed); ``--control`` adds a second unsigned swarm to every set, compared with the
 first the same way: what the benchmark reads when nothing differs. One JSON object on stdout.
@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from api.bench.host import machine
-from api.bench.paired import paired_overhead
+from bench.host import machine
+from bench.paired import paired_overhead
 
 __all__ = ["run"]
 
@@ -330,7 +330,7 @@ def run(nodes: int = 3, steps: int = 100, repeats: int = 3,
         broker.close()
     plain, signed = statistics.median(out["plain"]), statistics.median(out["signed"])
     pcpu, scpu = statistics.median(cpu["plain"]), statistics.median(cpu["signed"])
-    # Repeat i ran its plain and its signed round back to back: per-pair overheads (api/bench/paired.py)
+    # Repeat i ran its plain and its signed round back to back: per-pair overheads (bench/paired.py)
     paired = paired_overhead(out["plain"], out["signed"], clusters=sets)
     res = {"nodes": nodes, "steps": steps, "repeats": repeats, "sets": sets, "outlier_factor": outlier_factor,
            "compression": compression,
