@@ -396,9 +396,10 @@ class RoundManager:
                 if r.state is not RoundState.RUNNING and not r.accounted:
                     self._account(r)
             if req.nodes is None:
-                wanted = sorted(n for n in online if n not in self._left_out)
-                if len(wanted) > PARTICIPANTS_MAX:
-                    raise RoundRejected(too_many_participants(len(wanted)), 409)
+                wanted = sorted(online)
+                count = sum(n not in self._left_out for n in wanted)
+                if count > PARTICIPANTS_MAX:
+                    raise RoundRejected(too_many_participants(count), 409)
             else:
                 wanted = sorted(set(req.nodes))
                 unknown = [n for n in wanted if n not in known]
