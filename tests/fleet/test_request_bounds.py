@@ -106,3 +106,20 @@ def test_round_settings_agree_across_api_command_and_node_config(name):
             except ValidationError:
                 verdicts.append(False)
         assert len(set(verdicts)) == 1, (name, v, verdicts)
+
+
+def test_fleet_settings_forwarded_to_commands_share_their_bounds():
+    """The fleet's step_timeout_s goes into every RoundCommand and max_steps caps its steps: a
+    setting the command cannot carry fails when the fleet starts, not as a 500 on every round."""
+    for v in (0.1, 300, 300.5, 0.05, 1e9):
+        verdicts = []
+        for build in (lambda: FleetSettings(step_timeout_s=v),  # noqa: B023 - called at once
+                      lambda: RoundCommand(round_id="r1", steps=1, participants=["a"], step_timeout_s=v)):  # noqa: B023
+            try:
+                build()
+                verdicts.append(True)
+            except ValidationError:
+                verdicts.append(False)
+        assert len(set(verdicts)) == 1, (v, verdicts)
+    with pytest.raises(ValidationError):
+        FleetSettings(max_steps=100_001)
