@@ -311,8 +311,10 @@ def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: Mo
         if prepared is not None:
             model.discard(prepared)
         mine = f" ({why})" if why else ""
+        # Everyone voting no (e.g. the combined update diverged) names no one: the fleet leaves out
+        # members their peers keep naming (api/fleet/rounds.py), so naming the first would blame it.
         raise RoundFailed(f"round {plan.round_id} not committed: {', '.join(no)} voted no{mine}",
-                          member=no[0])
+                          member=no[0] if len(no) < len(group) else None)
     return prepared
 
 
