@@ -98,8 +98,9 @@ def test_swarm_validation_is_weighted_by_samples():
     ({"accuracy": 0.9, "loss": 0.3, "samples": 1000}, {"accuracy": 0.87, "loss": 0.2}, 0.02, True),
     # issue 26: one flipped sample of 44 (9/44 -> 8/44, a 2.3-point drop) is noise, not a regression
     ({"accuracy": 9 / 44, "loss": 0.3, "samples": 44}, {"accuracy": 8 / 44, "loss": 0.3}, 0.02, False),
-    ({"accuracy": 9 / 44, "loss": 0.3, "samples": 44}, {"accuracy": 4 / 44, "loss": 0.3}, 0.02, True),  # 5 of 44
-    ({"accuracy": 0.96, "loss": 0.3, "samples": 44}, {"accuracy": 0.5, "loss": 0.3}, 0.02, True),  # a real drop
+    # five net samples of 44 turned wrong, and a real drop
+    ({"accuracy": 9 / 44, "loss": 0.3, "samples": 44}, {"accuracy": 4 / 44, "loss": 0.3}, 0.02, True),
+    ({"accuracy": 0.96, "loss": 0.3, "samples": 44}, {"accuracy": 0.5, "loss": 0.3}, 0.02, True),
     ({"accuracy": None, "loss": 1.0}, {"accuracy": None, "loss": 1.019}, 0.02, False),  # loss: relative
     ({"accuracy": None, "loss": 1.0}, {"accuracy": None, "loss": 1.03}, 0.02, True),
 ])
