@@ -45,9 +45,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edgenode.common import ConfigError
-from federation.bounds import OUTLIER_FACTOR_DEFAULT, OutlierFactor
-from federation.messages import Compression, SyncMode
-from federation.robust import Aggregation
+from federation.roundspec import RoundDefaults
 from federation.topics import validate_id
 
 __all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "Isolation", "WorkerPriority",
@@ -73,13 +71,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TrainingConfig(_Section):
-    lr: float | None = Field(default=None, gt=0)
+class TrainingConfig(_Section, RoundDefaults):
+    """The node's ``[training]`` table: the round defaults (``federation.roundspec.RoundDefaults``:
+    lr, sync, local_steps, compression, step_timeout_s, aggregation, outlier_factor, with the bounds
+    a round command has) plus what only the node decides."""
+
     batch: int | None = Field(default=None, ge=1)
-    sync: SyncMode = SyncMode.GRADIENT
-    local_steps: int = Field(default=1, ge=1, le=10_000)
-    step_timeout_s: float = Field(default=30.0, gt=0)
-    compression: Compression = Compression.NONE
     seed: int = 0  # per-node sampling seed is seed + a hash of node_id
     # A round trains on an in-memory copy of the NEWEST samples that fit in this budget (a board
     # has little RAM; max_samples of large inputs would not fit).
@@ -110,12 +107,10 @@ class TrainingConfig(_Section):
     # Committed parameter versions kept in data_dir/versions (plus the shipped version 0), so the
     # swarm can roll back together.
     keep_versions: int = Field(default=5, ge=1, le=1000)
-    # How a step combines the members' updates (federation/robust.py): "mean" (ring allreduce),
-    # "median" or "trimmed_mean" (coordinate-wise, over an all-gather: n x the bytes). A round
-    # command may override both; every member of a round must use the same values.
-    aggregation: Aggregation = Aggregation.MEAN
-    # Exclude a step's update whose norm is above this many times the median (0 = off).
-    outlier_factor: OutlierFactor = OUTLIER_FACTOR_DEFAULT
+    # aggregation and outlier_factor (RoundDefaults): how a step combines the members' updates
+    # (federation/robust.py): "mean" (ring allreduce), "median" or "trimmed_mean" (coordinate-wise,
+    # over an all-gather: n x the bytes), and the screening of updates above outlier_factor x the
+    # median norm (0 = off). A round command may override both; every member must use the same.
 
 
 class StoreConfig(_Section):

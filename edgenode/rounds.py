@@ -315,7 +315,8 @@ class RoundControl:
             self.metrics.round_finished(False)
             log.warning("%s: %s", self.node_id, exc)
             self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
-                                  reason=str(exc) or type(exc).__name__))
+                                  reason=str(exc) or type(exc).__name__,
+                                  member=exc.member if isinstance(exc, RoundFailed) else None))
             if isinstance(exc, RoundFailed):
                 raise
             raise RoundFailed(f"round {cmd.round_id} failed on {self.node_id}: {exc}") from exc

@@ -42,7 +42,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -62,30 +62,12 @@ from federation.errors import RoundAborted, UpdateRejected
 from federation.messages import Compression, RoundCommand, SyncMode
 from federation.ring import DIRECT_MAX_BYTES
 from federation.robust import Aggregation
+from federation.roundspec import RoundDefaults, resolve
 
 __all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "train_steps", "choose_start"]
 
 log = get_logger("training")
 _SLOT = 7  # hello values per member: version, 4 x 16-bit hash chunks, n_params mod 2^24, has_samples
-
-
-class RoundDefaults(Protocol):
-    """What a round command falls back to for the fields it leaves out (the node's ``[training]``)."""
-
-    @property
-    def lr(self) -> float | None: ...
-    @property
-    def sync(self) -> SyncMode: ...
-    @property
-    def local_steps(self) -> int: ...
-    @property
-    def compression(self) -> Compression: ...
-    @property
-    def step_timeout_s(self) -> float: ...
-    @property
-    def aggregation(self) -> Aggregation: ...
-    @property
-    def outlier_factor(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -106,34 +88,14 @@ class RoundPlan:
 
     @classmethod
     def from_command(cls, cmd: RoundCommand, defaults: RoundDefaults | None = None) -> RoundPlan:
-        """Fields the command leaves out (absent from the JSON, or null) fall back to the node's
-        ``[training]`` table (:class:`RoundDefaults`); an unset ``lr`` everywhere means the
-        artifact's compiled rate."""
-        given = set(cmd.model_dump(exclude_unset=True, exclude_none=True))
-        lr, sync, local_steps = cmd.lr, cmd.sync, cmd.local_steps
-        compression, step_timeout_s = cmd.compression, cmd.step_timeout_s
-        aggregation = cmd.aggregation or Aggregation.MEAN
-        outlier_factor = OUTLIER_FACTOR_DEFAULT if cmd.outlier_factor is None else cmd.outlier_factor
-        if defaults is not None:
-            if "lr" not in given and defaults.lr is not None:
-                lr = defaults.lr
-            if "sync" not in given:
-                sync = defaults.sync
-            if "local_steps" not in given:
-                local_steps = defaults.local_steps
-            if "compression" not in given:
-                compression = defaults.compression
-            if "step_timeout_s" not in given:
-                step_timeout_s = defaults.step_timeout_s
-            if "aggregation" not in given:
-                aggregation = defaults.aggregation
-            if "outlier_factor" not in given:
-                outlier_factor = defaults.outlier_factor
-        return cls(round_id=cmd.round_id, steps=cmd.steps, lr=lr, sync=SyncMode(sync),
-                   local_steps=int(local_steps), group=tuple(sorted(set(cmd.participants))),
-                   compression=Compression(compression), step_timeout_s=float(step_timeout_s),
-                   start_sha256=cmd.start_sha256, aggregation=Aggregation(aggregation),
-                   outlier_factor=float(outlier_factor))
+        """The command's settings, those it leaves null or out taken from the node's ``[training]``
+        table (``federation.roundspec.resolve``); an unset ``lr`` everywhere means the artifact's
+        compiled rate."""
+        r = resolve(cmd, defaults)
+        return cls(round_id=cmd.round_id, steps=r.steps, lr=r.lr, sync=r.sync, local_steps=r.local_steps,
+                   group=tuple(sorted(set(cmd.participants))), compression=r.compression,
+                   step_timeout_s=r.step_timeout_s, start_sha256=cmd.start_sha256,
+                   aggregation=r.aggregation, outlier_factor=r.outlier_factor)
 
 
 @dataclass
@@ -349,8 +311,10 @@ def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: Mo
         if prepared is not None:
             model.discard(prepared)
         mine = f" ({why})" if why else ""
+        # Everyone voting no (e.g. the combined update diverged) names no one: the fleet leaves out
+        # members their peers keep naming (api/fleet/rounds.py), so naming the first would blame it.
         raise RoundFailed(f"round {plan.round_id} not committed: {', '.join(no)} voted no{mine}",
-                          member=no[0])
+                          member=no[0] if len(no) < len(group) else None)
     return prepared
 
 

@@ -21,6 +21,7 @@ from federation.errors import (
 from federation.memory import MemoryHub, MemoryTransport
 from federation.messages import Compression
 from federation.ring import ReduceOp, RingAllreduce
+from federation.roundspec import RoundDefaults, RoundSpec, resolve
 from federation.star import StarAllreduce
 from federation.stats import Stats
 from federation.transport import Transport
@@ -54,6 +55,8 @@ __all__ = [
     "ReduceOp",
     "RingAllreduce",
     "RoundAborted",
+    "RoundDefaults",
+    "RoundSpec",
     "StarAllreduce",
     "Stats",
     "StatusPublisher",
@@ -65,6 +68,7 @@ __all__ = [
     "start_default",
     "start_embedded",
     "start_mosquitto",
+    "resolve",
 ]
 
 

@@ -162,7 +162,10 @@ Steps = Annotated[int, Field(ge=1, le=STEPS_MAX)]
 LocalSteps = Annotated[int, Field(ge=1, le=LOCAL_STEPS_MAX)]
 StepTimeout = Annotated[float, Field(ge=STEP_TIMEOUT_MIN_S, le=STEP_TIMEOUT_MAX_S, allow_inf_nan=False)]
 Participants = Annotated[list[Id], Field(min_length=1, max_length=PARTICIPANTS_MAX), AfterValidator(_unique)]
-OutlierFactor = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_outlier_factor)]
+# Declared 0..OUTLIER_FACTOR_MAX (so schemas and the property test see the range); the validator
+# also refuses the gap between 0 (off) and 1.
+OutlierFactor = Annotated[float, Field(ge=0, le=OUTLIER_FACTOR_MAX, allow_inf_nan=False),
+                          AfterValidator(_outlier_factor)]
 HeartbeatS = Annotated[float, Field(ge=HEARTBEAT_MIN_S, le=HEARTBEAT_MAX_S, allow_inf_nan=False)]
 KeepaliveS = Annotated[float, Field(ge=KEEPALIVE_MIN_S, le=KEEPALIVE_MAX_S, allow_inf_nan=False)]
 ModelVersion = Annotated[int, Field(ge=0, le=MODEL_VERSION_MAX)]

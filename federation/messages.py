@@ -10,10 +10,10 @@ import json
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from federation import bounds as b
-from federation.robust import Aggregation
+from federation.roundspec import Compression, RoundSpec, SyncMode
 
 __all__ = [
     "FORMAT_VERSION",
@@ -48,18 +48,6 @@ class NodeState(enum.StrEnum):
     ONLINE = "online"  # idle, serving inference
     TRAINING = "training"  # inside a round
     OFFLINE = "offline"  # graceful stop or Last Will
-
-
-class SyncMode(enum.StrEnum):
-    GRADIENT = "gradient"  # allreduce gradients every step (synchronous SGD)
-    LOCAL_SGD = "local-sgd"  # k local steps, then average the parameter deltas
-
-
-class Compression(enum.StrEnum):
-    NONE = "none"
-    FP16 = "fp16"
-    INT8 = "int8"  # with error feedback
-    TOPK = "topk"  # with error feedback
 
 
 class EventKind(enum.StrEnum):
@@ -164,30 +152,20 @@ class NodeStatus(_Msg):
     ts: b.Finite = Field(default_factory=time.time)
 
 
-class RoundCommand(_Msg):
-    """Published on ``cmd`` by the fleet: every listed participant runs the round."""
+class RoundCommand(_Msg, RoundSpec):
+    """Published on ``cmd`` by the fleet: every listed participant runs the round.
+
+    Its settings are a :class:`federation.roundspec.RoundSpec` (one bound per value, shared with
+    the fleet's HTTP API and the node's ``[training]`` table); a setting left null is the node's
+    ``[training]`` default (``federation.roundspec.resolve``). The fleet names the settings every
+    member must share (sync, local_steps, compression, step_timeout_s)."""
 
     kind: Literal["round.start"] = "round.start"
     round_id: b.Id
-    steps: b.Steps
-    lr: b.Lr | None = None
-    sync: SyncMode = SyncMode.GRADIENT
-    local_steps: b.LocalSteps = 1
     participants: b.Participants  # ring order = sorted(participants)
-    compression: Compression = Compression.NONE
-    step_timeout_s: b.StepTimeout = 30.0
     issued_at: b.Finite = Field(default_factory=time.time)
     # The parameters the round starts from (federation/startversion.py); None = the members decide.
     start_sha256: b.Sha256Hex | None = None
-    # How updates are combined and screened (federation/robust.py); None = the node's [training]
-    # default. Every member must use the same values: the fleet should set them.
-    aggregation: Aggregation | None = None
-    outlier_factor: b.OutlierFactor | None = None
-
-    @model_validator(mode="after")
-    def _round_work(self) -> RoundCommand:
-        b.check_round(self.steps, self.local_steps, self.step_timeout_s)
-        return self
 
 
 class RoundAbort(_Msg):
@@ -255,6 +233,9 @@ class RoundEvent(_Msg):
     params_sha256: b.Sha256Hex | None = None  # on DONE: the committed parameters
     model_version: b.ModelVersion | None = None
     reason: b.Reason | None = None  # on FAILED
+    # FAILED: the member the failure names as its cause (voted no, refused final parameters, a
+    # rejected update); the fleet leaves out members a majority of their peers keep naming.
+    member: b.Id | None = None
     # DONE: validation before the round (the parameters it started from) and after the commit.
     val_before: Validation | None = None
     val_after: Validation | None = None

@@ -13,11 +13,17 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from api.fleet.errors import FleetError
 
-__all__ = ["FleetHistory", "RESTARTED"]
+__all__ = ["FleetHistory", "RESTARTED", "ACTION_ID_MAX", "ActionCursor"]
+
+# SQLite's INTEGER is a signed 64-bit number: a cursor above it cannot be bound (issue 26 finding 12).
+ACTION_ID_MAX = 2**63 - 1
+ActionCursor = Annotated[int, Field(ge=1, le=ACTION_ID_MAX)]
 
 RESTARTED = "the fleet service restarted during the round"
 
@@ -115,5 +121,5 @@ class FleetHistory:
         with self._lock:
             rows = self._open().execute(
                 "SELECT id, ts, action, detail FROM actions WHERE id < ? ORDER BY id DESC LIMIT ?",
-                (2**63 - 1 if before is None else before, limit)).fetchall()
+                (ACTION_ID_MAX if before is None else min(before, ACTION_ID_MAX), limit)).fetchall()
         return [{"id": i, "ts": ts, "action": a, "detail": json.loads(d)} for i, ts, a, d in rows]

@@ -20,12 +20,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.fleet.history import FleetHistory
-from api.fleet.rounds import RoundRejected
+from api.fleet.rounds import RoundRejected, too_many_participants
 from federation import topics
+from federation.bounds import PARTICIPANTS_MAX, Id
 from federation.messages import RollbackCommand
 
 __all__ = ["RollbackRequest", "RollbackState", "Rollback", "RollbackManager"]
@@ -37,7 +39,7 @@ class RollbackRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    nodes: list[str] | None = Field(default=None, min_length=1, max_length=1024)
+    nodes: Annotated[list[Id], Field(min_length=1, max_length=PARTICIPANTS_MAX)] | None = None
     to_version: int | None = Field(default=None, ge=0, le=2**31)
 
 
@@ -101,6 +103,8 @@ class RollbackManager:
             targets = sorted(n for n, v in views.items() if v["online"])
             if not targets:
                 raise RoundRejected("no node is online to roll back")
+            if len(targets) > PARTICIPANTS_MAX:
+                raise RoundRejected(too_many_participants(len(targets), "a rollback"))
         else:
             targets = sorted(set(req.nodes))
             unknown = [n for n in targets if n not in views]

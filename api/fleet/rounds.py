@@ -23,24 +23,37 @@ import enum
 import logging
 import math
 import secrets
+import statistics
 import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.fleet.history import FleetHistory
 from federation import topics
-from federation.bounds import OutlierFactor
-from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, SyncMode, Validation
-from federation.robust import Aggregation
+from federation.bounds import PARTICIPANTS_MAX, Id
+from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, Validation
+from federation.roundspec import Compression, RoundSpec, SyncMode
 from federation.startversion import start_hash
 
 __all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager",
-           "swarm_validation", "regression"]
+           "swarm_validation", "validation_weights", "regression", "VALIDATION_WEIGHT_FACTOR",
+           "ROLLBACK_Z", "STRIKES_MAX", "too_many_participants"]
+
+# A member's weight in the swarm's validation figure is at most this many times the median member's
+# (issue 26 finding 9: one node claiming 2^40 samples set the figure by itself).
+VALIDATION_WEIGHT_FACTOR = 2.0
+# A round is rolled back only when its accuracy drop is this many standard errors of a paired
+# comparison on the same samples (see regression).
+ROLLBACK_Z = 2.0
+# A member named as the cause of a round's failure (or excluded from its steps) by a majority of its
+# peers in this many rounds without a clean commit in between is left out of later rounds.
+STRIKES_MAX = 3
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +64,23 @@ class RoundState(enum.StrEnum):
     FAILED = "failed"
 
 
-class RoundRequest(BaseModel):
-    """Body of ``POST /api/rounds``; unknown fields are a 422, not silently dropped."""
+class RoundRequest(RoundSpec):
+    """Body of ``POST /api/rounds``: a :class:`federation.roundspec.RoundSpec` (the same bounds as
+    the signed command and the nodes' ``[training]`` table) plus the nodes to train (null: every
+    idle node). sync, local_steps, compression and step_timeout_s null: gradient, 1, none and the
+    fleet's step timeout (every member must share them); lr, aggregation and outlier_factor null:
+    the nodes' ``[training]`` defaults. Unknown fields are a 422, not silently dropped."""
 
     model_config = ConfigDict(extra="forbid")
 
-    steps: int = Field(ge=1, le=100_000)
-    lr: float | None = Field(default=None, gt=0, le=100)
-    sync: SyncMode | None = None
-    nodes: list[str] | None = Field(default=None, max_length=1024)
-    # federation/robust.py; null = the nodes' [training] defaults
-    aggregation: Aggregation | None = None
-    outlier_factor: OutlierFactor | None = None
+    nodes: Annotated[list[Id], Field(max_length=PARTICIPANTS_MAX)] | None = None
+
+
+def too_many_participants(count: int, what: str = "a round") -> str:
+    """The refusal for more than PARTICIPANTS_MAX nodes when the operator named none."""
+    return (f"{count} nodes are online: {what} takes at most {PARTICIPANTS_MAX} participants (the "
+            f"signed command's limit until the scale-out work lifts it); pass \"nodes\" with up to "
+            f"{PARTICIPANTS_MAX} of them")
 
 
 class RoundRejected(Exception):
@@ -89,6 +107,7 @@ class _Progress:
     val_before: Validation | None = None
     val_after: Validation | None = None
     excluded: list[str] = field(default_factory=list)  # DONE: members whose update was left out
+    blamed: str | None = None  # FAILED: the member it named as the cause
 
     def add_losses(self, first: int, losses: list[float | None], steps: int, t: float) -> int:
         """Record losses of steps ``first, first+1, ...`` (only steps of the round, only finite
@@ -119,6 +138,11 @@ class Round:
     rollback: dict | None = None  # set when a rollback undid this round (see api.fleet.rollback)
     margin: float = 0.02  # how much worse validation may get (see regression)
     judged: bool = False  # the fleet checked its validation after it ended (auto rollback)
+    # Each participant's validation sample count as its status reported it before the round (None:
+    # an older node that does not report it): the most its validation result may weigh.
+    checked_val: dict[str, int | None] = field(default_factory=dict)
+    accounted: bool = False  # its failure names were counted (RoundManager._account)
+    left_out: dict[str, str] = field(default_factory=dict)  # requested, left out for failing rounds
 
     @property
     def round_id(self) -> str:
@@ -148,10 +172,38 @@ class Round:
                         "t": round(sum(times) / len(times), 4) if times else None})
         return out
 
-    def validation(self) -> dict:
-        """The swarm's validation result before and after the round (see swarm_validation)."""
-        return {"before": swarm_validation([p.val_before for p in self.progress.values()]),
-                "after": swarm_validation([p.val_after for p in self.progress.values()])}
+    def weights(self) -> dict[str, int]:
+        """Each reporting participant's weight in the swarm's validation (see validation_weights)."""
+        reported = {}
+        for n, p in self.progress.items():
+            counts = [v.samples for v in (p.val_before, p.val_after) if v is not None]
+            if counts:
+                reported[n] = min(counts)
+        return validation_weights(reported, self.checked_val)
+
+    def validation(self, without: str | None = None) -> dict:
+        """The swarm's validation result before and after the round (see swarm_validation), each
+        member weighted by :meth:`weights`; ``without`` leaves one member out."""
+        w = self.weights()
+        members = [n for n in sorted(self.progress) if n != without]
+        return {"before": swarm_validation([self.progress[n].val_before for n in members],
+                                           [w.get(n, 0) for n in members]),
+                "after": swarm_validation([self.progress[n].val_after for n in members],
+                                          [w.get(n, 0) for n in members])}
+
+    def regressed(self) -> str | None:
+        """Why the round's validation regressed enough to roll it back (see regression), else None.
+        With three or more reporting members the drop must also hold without any one of them, so a
+        single member reporting a fall its peers do not see cannot force a rollback."""
+        why = regression(self.validation(), self.margin)
+        reporters = [n for n, p in self.progress.items()
+                     if p.val_before is not None and p.val_after is not None]
+        if why is None or len(reporters) < 3:
+            return why
+        for n in sorted(reporters):
+            if regression(self.validation(without=n), self.margin) is None:
+                return None
+        return why
 
     def versions(self) -> tuple[int | None, int | None]:
         """(version the round started from, version it committed); None before any DONE."""
@@ -176,9 +228,11 @@ class Round:
             "reason": self.reason,
             "participants": list(cmd.participants),
             "skipped": self.skipped,
+            "left_out": self.left_out,
             "steps": cmd.steps,
             "lr": cmd.lr,
-            "sync": cmd.sync.value,
+            "sync": cmd.sync.value if cmd.sync is not None else None,
+            "local_steps": cmd.local_steps,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "loss": self.loss_series(max_points),
@@ -194,7 +248,8 @@ class Round:
             "version_before": before,
             "version_after": after,
             "validation": validation,
-            "regressed": regression(validation, self.margin) if self.state is RoundState.DONE else None,
+            "validation_weights": self.weights(),
+            "regressed": self.regressed() if self.state is RoundState.DONE else None,
             "rollback": self.rollback,
         }
 
@@ -203,32 +258,56 @@ def _val(v: Validation | None) -> dict | None:
     return None if v is None else {"loss": v.loss, "accuracy": v.accuracy, "samples": v.samples}
 
 
-def swarm_validation(vals: list[Validation | None]) -> dict | None:
-    """The swarm's validation result: the mean over nodes weighted by their validation samples
-    (so it equals the result on the union of their validation sets); None when nobody reported.
-    ``accuracy`` is None unless every reporting node measured one; ``nodes`` counts reporters."""
-    got = [v for v in vals if v is not None and v.samples > 0]
+def validation_weights(reported: dict[str, int], checked: dict[str, int | None]) -> dict[str, int]:
+    """How much each member's validation result weighs: the samples it reported for the round, at
+    most what its status reported before the round (``checked``; an older node that reports none is
+    taken at its word) and at most VALIDATION_WEIGHT_FACTOR x the median member's. One member with
+    a valid key can lie about its counts, but then weighs at most twice a typical member."""
+    base = {n: min(r, c) if (c := checked.get(n)) is not None else r for n, r in reported.items()}
+    if not base:
+        return {}
+    cap = int(VALIDATION_WEIGHT_FACTOR * statistics.median_low(base.values()))
+    return {n: min(v, cap) for n, v in base.items()}
+
+
+def swarm_validation(vals: list[Validation | None], weights: list[int] | None = None) -> dict | None:
+    """The swarm's validation result: the mean over nodes weighted by ``weights`` (default: their
+    validation samples, so it equals the result on the union of their validation sets); None when
+    nobody reported. ``accuracy`` is None unless every reporting node measured one; ``samples`` is
+    the total weight, ``nodes`` counts reporters."""
+    ws = weights if weights is not None else [v.samples if v is not None else 0 for v in vals]
+    got = [(v, w) for v, w in zip(vals, ws, strict=True) if v is not None and v.samples > 0 and w > 0]
     if not got:
         return None
-    n = sum(v.samples for v in got)
+    n = sum(w for _, w in got)
     acc: float | None = 0.0
-    for v in got:
-        acc = None if acc is None or v.accuracy is None else acc + v.accuracy * v.samples
+    for v, w in got:
+        acc = None if acc is None or v.accuracy is None else acc + v.accuracy * w
     # Weights below 1 keep a diverged node's huge (finite) loss finite: the history is strict JSON.
-    loss = min(sum(v.loss * (v.samples / n) for v in got), sys.float_info.max)
+    loss = min(sum(v.loss * (w / n) for v, w in got), sys.float_info.max)
     return {"loss": loss, "accuracy": None if acc is None else acc / n, "samples": n, "nodes": len(got)}
 
 
 def regression(validation: dict, margin: float) -> str | None:
-    """Why a round's swarm validation got worse than before by more than ``margin`` (accuracy:
-    absolute drop, e.g. 0.02 = 2 points; loss-only models: relative rise), or None."""
+    """Why a round's swarm validation got worse than before by more than ``margin`` and more than
+    noise explains, or None.
+
+    Accuracy: an absolute drop (0.02 = 2 points) that also exceeds ROLLBACK_Z standard errors of a
+    paired comparison on the same n samples. Before and after are measured on the same samples, so
+    the drop is (wrong now - right now) / n; even if every changed sample went the same way
+    (McNemar's test, its most favourable case) z = sqrt(n x drop), so a drop counts only when more
+    than ROLLBACK_Z^2 = 4 samples' worth turned wrong: one flipped sample of 44 is noise, not a
+    regression. Loss-only models (nodes report no spread of the loss): a relative rise."""
     before, after = validation.get("before"), validation.get("after")
     if not before or not after:
         return None
     if before["accuracy"] is not None and after["accuracy"] is not None:
-        if after["accuracy"] < before["accuracy"] - margin:
-            return (f"validation accuracy fell from {before['accuracy']:.4f} to {after['accuracy']:.4f} "
-                    f"(more than the margin {margin:g})")
+        drop = before["accuracy"] - after["accuracy"]
+        n = before.get("samples") or 0
+        if drop > margin and n * drop > ROLLBACK_Z ** 2:
+            return (f"validation accuracy fell from {before['accuracy']:.4f} to {after['accuracy']:.4f}: "
+                    f"more than the margin {margin:g} and beyond noise on {n} samples "
+                    f"({n * drop:.1f} samples' worth, more than {ROLLBACK_Z ** 2:g})")
         return None
     if after["loss"] > before["loss"] * (1 + margin) + 1e-12:
         return (f"validation loss rose from {before['loss']:.4g} to {after['loss']:.4g} "
@@ -278,6 +357,9 @@ class RoundManager:
         self._lock = threading.Lock()
         self._rounds: OrderedDict[str, Round] = OrderedDict()
         self.ignored_events = 0  # events of rounds this fleet did not start
+        # Members failing rounds: strikes in a row (see _account) and those left out, with why.
+        self._strikes: dict[str, int] = {}
+        self._left_out: dict[str, str] = {}
         self.dropped_values = 0  # non-finite losses and steps outside the round
 
     # -- commands -------------------------------------------------------------------------
@@ -293,34 +375,45 @@ class RoundManager:
             if rnd is None or rnd.state is not RoundState.DONE or rnd.judged:
                 return None
             rnd.judged = True
-            why = regression(rnd.validation(), rnd.margin)
+            why = rnd.regressed()
         return (rnd, why) if why else None
 
     def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float,
-              holdings: dict[str, str] | None = None) -> Round:
+              holdings: dict[str, str] | None = None,
+              val_counts: dict[str, int | None] | None = None) -> Round:
         """Validate against the live swarm, publish the RoundCommand, return the new round.
         ``holdings`` (node -> params_sha256 of its last status) fixes the start parameters by
-        the start-version rule (federation/startversion.py), never by the highest version."""
+        the start-version rule (federation/startversion.py), never by the highest version.
+        ``val_counts`` (node -> validation samples its status reported) bounds each member's
+        weight in the round's validation figure. Members left out for failing rounds are skipped."""
         if req.steps > self._max_steps:
             raise RoundRejected(f"steps={req.steps} exceeds this fleet's limit of {self._max_steps}", 422)
         with self._lock:
             running = [r.round_id for r in self._rounds.values() if r.state is RoundState.RUNNING]
             if running:
                 raise RoundRejected(f"round {running[0]} is still running; wait for it to finish")
+            for r in self._rounds.values():
+                if r.state is not RoundState.RUNNING and not r.accounted:
+                    self._account(r)
             if req.nodes is None:
                 wanted = sorted(online)
+                count = sum(n not in self._left_out for n in wanted)
+                if count > PARTICIPANTS_MAX:
+                    raise RoundRejected(too_many_participants(count), 409)
             else:
                 wanted = sorted(set(req.nodes))
                 unknown = [n for n in wanted if n not in known]
                 if unknown:
                     raise RoundRejected(f"unknown node(s): {', '.join(unknown)}", 404)
-            participants = [n for n in wanted if n in online]
-            skipped = [n for n in wanted if n not in online]
+            left_out = {n: self._left_out[n] for n in wanted if n in self._left_out}
+            participants = [n for n in wanted if n in online and n not in left_out]
+            skipped = [n for n in wanted if n not in online or n in left_out]
             if len(participants) < 2:
                 have = ", ".join(participants) or "none"
+                out = "".join(f"; {n} is left out: {why}" for n, why in sorted(self._left_out.items()))
                 raise RoundRejected(
                     f"fewer than 2 nodes online and idle among the requested participants (idle: {have}); "
-                    "a round needs at least 2")
+                    f"a round needs at least 2{out}")
             start = None
             if holdings is not None:
                 last = next((r.to_dict().get("params_sha256") for r in reversed(self._rounds.values())
@@ -330,12 +423,18 @@ class RoundManager:
                     raise RoundRejected(
                         "the participants hold different parameters and none has a majority: choose the "
                         "nodes to train (those holding the parameters you want) with \"nodes\"")
-            cmd = RoundCommand(round_id=_new_round_id(), steps=req.steps, lr=req.lr,
-                               sync=req.sync or SyncMode.GRADIENT, participants=participants,
-                               step_timeout_s=self._step_timeout, issued_at=now, start_sha256=start,
-                               aggregation=req.aggregation, outlier_factor=req.outlier_factor)
+            # The settings every member must share are named here; lr, aggregation and
+            # outlier_factor left null are the nodes' [training] defaults.
+            spec = req.model_dump(exclude={"nodes"}) | {
+                "sync": req.sync or SyncMode.GRADIENT, "local_steps": req.local_steps or 1,
+                "compression": req.compression or Compression.NONE,
+                "step_timeout_s": req.step_timeout_s or self._step_timeout}
+            cmd = RoundCommand(round_id=_new_round_id(), participants=participants, issued_at=now,
+                               start_sha256=start, **spec)
             rnd = Round(command=cmd, started_at=now, skipped=skipped,
-                        progress={n: _Progress() for n in participants}, margin=self._margin)
+                        progress={n: _Progress() for n in participants}, margin=self._margin,
+                        checked_val={n: (val_counts or {}).get(n) for n in participants},
+                        left_out=left_out)
             self._rounds[cmd.round_id] = rnd
             while len(self._rounds) > self._history:
                 self._rounds.popitem(last=False)
@@ -343,6 +442,57 @@ class RoundManager:
         # Publish outside the lock: a slow broker must not block readers.
         self._publish(topics.command(self._swarm), cmd)
         return rnd
+
+    # -- members failing rounds -------------------------------------------------------------
+    def _account(self, rnd: Round) -> None:
+        """Count, once per ended round, which members a majority of their peers named as its cause
+        (FAILED ``member``) or left out of a step (DONE ``excluded``). A member named in STRIKES_MAX
+        rounds without a clean commit in between is left out of later rounds until readmitted."""
+        rnd.accounted = True
+        names: dict[str, set[str]] = {}
+        for reporter, p in rnd.progress.items():
+            for m in set(p.excluded) | ({p.blamed} if p.blamed else set()):
+                if m != reporter and m in rnd.progress:
+                    names.setdefault(m, set()).add(reporter)
+        peers = len(rnd.progress) - 1
+        for m in rnd.progress:
+            by = names.get(m, set())
+            if peers > 0 and 2 * len(by) > peers:
+                self._strikes[m] = self._strikes.get(m, 0) + 1
+                if self._strikes[m] >= STRIKES_MAX and m not in self._left_out:
+                    what = "failed" if rnd.state is RoundState.FAILED else "had its update excluded in"
+                    self._left_out[m] = (f"named by {len(by)} of its {peers} peers in {self._strikes[m]} "
+                                         f"rounds in a row (last: {what} round {rnd.round_id}); readmit "
+                                         "it with POST /api/nodes/{id}/readmit".replace("{id}", m))
+                    log.warning("node %s left out of rounds: %s", m, self._left_out[m])
+            elif rnd.state is RoundState.DONE:
+                self._strikes.pop(m, None)
+
+    def _account_if_final(self, rnd: Round) -> None:
+        if rnd.state is not RoundState.RUNNING and not rnd.accounted and \
+                all(p.done or p.failed for p in rnd.progress.values()):
+            self._account(rnd)
+
+    def left_out(self) -> dict[str, str]:
+        """Members left out of rounds (node -> why)."""
+        with self._lock:
+            return dict(self._left_out)
+
+    def readmit(self, node_id: str) -> bool:
+        """The operator takes ``node_id`` back into rounds; False when it was not left out."""
+        with self._lock:
+            self._strikes.pop(node_id, None)
+            return self._left_out.pop(node_id, None) is not None
+
+    def finished_by(self, node_id: str, round_id: str | None) -> _Progress | None:
+        """``node_id``'s DONE report of ``round_id`` when that round is DONE: the node ended it and
+        holds its parameters, whatever status of the round it still shows (its idle status follows
+        its DONE event). None otherwise."""
+        with self._lock:
+            rnd = self._rounds.get(round_id) if round_id is not None else None
+            p = rnd.progress.get(node_id) if rnd is not None else None
+            done = rnd is not None and p is not None and p.done and rnd.state is RoundState.DONE
+            return p if done else None
 
     # -- events ---------------------------------------------------------------------------
     def on_event(self, ev: RoundEvent, now: float) -> Round | None:
@@ -367,9 +517,11 @@ class RoundManager:
                 p.excluded = list(ev.excluded or [])
             elif ev.kind is EventKind.FAILED:
                 p.failed = ev.reason or "failed"
+                p.blamed = ev.member
             was_running = rnd.state is RoundState.RUNNING
             if was_running:
                 self._settle(rnd, now)
+            self._account_if_final(rnd)
             failed_now = was_running and rnd.state is RoundState.FAILED
         if failed_now:  # members still waiting on the ring give up now instead of at their timeout
             self._abort(rnd)

@@ -30,6 +30,13 @@ from federation.signed import SignedLink, load_identity
 
 __all__ = ["FleetService", "Link", "LinkFactory"]
 
+
+def _rollback_running(rb: Rollback) -> str:
+    """The 409 of a round (or another rollback) asked for while ``rb`` is pending."""
+    what = (f"the automatic rollback {rb.command.rollback_id} of round {rb.round_id} ({rb.command.reason})"
+            if rb.by == "auto" else f"rollback {rb.command.rollback_id}")
+    return f"{what} is still running (to v{rb.command.to_version}); start the round after it"
+
 log = logging.getLogger("fractal.fleet")
 
 
@@ -138,7 +145,7 @@ class FleetService:
         if view is None:
             self._reject(topic, f"registry full ({self.registry.max_nodes} nodes)", "registry_full")
             return
-        self.bus.publish(EventType.NODE, view)
+        self.bus.publish(EventType.NODE, view | {"left_out": self.rounds.left_out().get(node)})
         if not view["online"]:
             # a Last Will also fires when a connection merely drops: the round waits for the grace
             self._rounds_changed(self.rounds.node_offline(node, now))
@@ -161,9 +168,14 @@ class FleetService:
         if topic != topics.round_events(self.settings.swarm, ev.round_id, ev.node_id):
             self._reject(topic, f"event of {ev.node_id!r} for round {ev.round_id!r} on another topic")
             return
+        left_out = self.rounds.left_out()
         rnd = self.rounds.on_event(ev, self.clock())
         if rnd is None:
             return
+        if self.rounds.left_out() != left_out:  # the round's failures left a member out: show it
+            for view in self.nodes():
+                if view["left_out"] != left_out.get(view["node_id"]):
+                    self.bus.publish(EventType.NODE, view)
         if ev.kind is EventKind.STEP and rnd.state is RoundState.RUNNING:
             # Coalesce step updates: the ticker publishes a running round at most once per tick,
             # so a long round with many nodes does not flood the event stream.
@@ -288,7 +300,23 @@ class FleetService:
         self._link.publish(topic, msg.model_dump_json().encode(), retain=False, qos=1)
 
     def nodes(self) -> list[dict]:
-        return self.registry.snapshot(self.clock())
+        """The node table; ``left_out`` says why a node is left out of rounds (None: it is not)."""
+        left_out = self.rounds.left_out()
+        return [v | {"left_out": left_out.get(v["node_id"])} for v in self.registry.snapshot(self.clock())]
+
+    def _settled(self, views: list[dict]) -> dict[str, dict]:
+        """Views as of the nodes' last round reports: a node whose DONE for a round the fleet marked
+        done arrived before its idle status is idle and holds that round's parameters (so a round
+        POSTed right after the previous one reads ``done`` finds its participants idle)."""
+        out = {}
+        for v in views:
+            p = self.rounds.finished_by(v["node_id"], v["round_id"]) if v["state"] == "training" else None
+            if p is not None and v["online"]:
+                version = p.model_version if p.model_version is not None else v["model_version"]
+                v = v | {"state": "online", "round_id": None, "params_sha256": p.params_sha256 or "",
+                         "model_version": version}
+            out[v["node_id"]] = v
+        return out
 
     def start_round(self, req: RoundRequest) -> dict:
         now = self.clock()
@@ -297,11 +325,12 @@ class FleetService:
             raise RoundRejected(f"image {ro.kind} {ro.rollout_id} is running; start the round after it")
         pending = self.rollbacks.pending()
         if pending is not None:
-            raise RoundRejected(f"rollback {pending.command.rollback_id} is still pending; wait for it")
-        nodes = self.nodes()
-        rnd = self.rounds.start(req, online=self.registry.idle_ids(now),
-                                known={n["node_id"] for n in nodes}, now=now,
-                                holdings={n["node_id"]: n["params_sha256"] for n in nodes})
+            raise RoundRejected(_rollback_running(pending))
+        views = self._settled(self.nodes())
+        rnd = self.rounds.start(req, online={n for n, v in views.items() if v["state"] == "online"},
+                                known=set(views), now=now,
+                                holdings={n: v["params_sha256"] for n, v in views.items()},
+                                val_counts={n: v["samples_val"] for n, v in views.items()})
         self.history.record_action("start_round", {"round_id": rnd.round_id,
                                                    "request": req.model_dump(mode="json")}, now)
         self._publish_round(rnd.round_id)
@@ -313,9 +342,22 @@ class FleetService:
         if running is not None:
             raise RoundRejected(f"round {running} is running; roll back after it ends")
         now = self.clock()
-        rb = self.rollbacks.start(req, nodes=self.nodes(), now=now, by="operator")
+        views = self._settled(self.nodes())
+        rb = self.rollbacks.start(req, nodes=list(views.values()), now=now, by="operator")
         self._rollback_changed(rb, now)
         return rb.to_dict()
+
+    def readmit(self, node_id: str) -> dict:
+        """Take a node left out for failing rounds back into rounds (``POST /api/nodes/{id}/readmit``)."""
+        if not self.registry.known(node_id):
+            raise RoundRejected(f"unknown node {node_id!r}", 404)
+        if not self.rounds.readmit(node_id):
+            raise RoundRejected(f"node {node_id} is not left out of rounds")
+        now = self.clock()
+        self.history.record_action("readmit", {"node_id": node_id}, now)
+        view = next(v for v in self.nodes() if v["node_id"] == node_id)
+        self.bus.publish(EventType.NODE, view)
+        return view
 
     def _rollout_changed(self, ro: Rollout) -> None:
         self.bus.publish(EventType.ROLLOUT, ro.to_dict())

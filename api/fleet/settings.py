@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from federation.bounds import Steps, StepTimeout
 from federation.topics import validate_id
 
 __all__ = ["FleetSettings"]
@@ -35,8 +36,10 @@ class FleetSettings(BaseSettings):
     # A participant's offline status (a Last Will fires on a dropped connection too) fails its
     # round only if the node has not reported again this long after; 0: at once.
     round_offline_grace_s: float = Field(default=5.0, ge=0, le=600)
-    step_timeout_s: float = Field(default=30.0, gt=0)  # forwarded to nodes in RoundCommand
-    max_steps: int = Field(default=10_000, ge=1)
+    # Forwarded to nodes in RoundCommand: the command's bounds (federation/roundspec.py), so a
+    # setting the command cannot carry fails at start, not as a 500 on every round.
+    step_timeout_s: StepTimeout = 30.0
+    max_steps: Steps = 10_000
     # A round whose swarm validation got worse by more than this is rolled back: accuracy, an
     # absolute drop (0.02 = 2 points); regression models (loss only), a relative rise (0.02 = 2%).
     rollback_margin: float = Field(default=0.02, ge=0, le=1)

@@ -80,7 +80,7 @@ function renderNodes() {
     return `<tr data-node-id="${esc(id)}" data-state="${esc(n.state)}" data-version="${esc(n.model_version)}"
       data-image-version="${esc(im ? im.version : "")}" data-image-slot="${esc(im ? im.slot : "")}" data-image-health="${esc(im ? im.health : "")}">
       <td><b>${esc(id)}</b>${url}</td><td>${esc(device(n))}</td>
-      <td><span class="badge ${esc(n.state)}" title="${esc(n.offline_reason || "")}">${esc(n.state)}</span></td>
+      <td><span class="badge ${esc(n.state)}" title="${esc(n.offline_reason || "")}">${esc(n.state)}</span>${leftOut(n)}</td>
       <td>${artifact(n)}</td>
       <td class="image">${imageCell(im)}</td>
       <td class="version"><b>v${esc(n.model_version)}</b> <span class="hash" title="${esc(n.params_sha256)}">${esc(n.params_short)}</span></td>
@@ -95,6 +95,27 @@ function renderNodes() {
   renderRolloutNodes();
   recheckBanner();
 }
+
+// A node the fleet leaves out of rounds (its peers kept naming it as the cause of failed rounds).
+function leftOut(n) {
+  if (!n.left_out) return "";
+  return ` <span class="badge left-out" title="${esc(n.left_out)}">left out</span>` +
+    `<div class="muted small left-out-reason">${esc(n.left_out)}</div>` +
+    `<button type="button" class="small" data-readmit="${esc(n.node_id)}">readmit</button>`;
+}
+
+$("nodes").addEventListener("click", async (ev) => {
+  const b = ev.target.closest("button[data-readmit]");
+  if (!b) return;
+  showError("");
+  try {
+    const view = await api("POST", `/api/nodes/${encodeURIComponent(b.dataset.readmit)}/readmit`);
+    state.nodes.set(view.node_id, view);
+    renderNodes();
+  } catch (e) {
+    showError(`Not readmitted: ${e.message}`, () => false);
+  }
+});
 
 function imageCell(im) {
   if (!im) return `<span class="muted" title="not booted from a device image">&ndash;</span>`;
@@ -112,9 +133,9 @@ function renderParticipants() {
   const was = participantChoice;
   box.innerHTML = [...state.nodes.keys()].sort().map((id) => {
     const n = state.nodes.get(id);
-    const checked = n.online && (was.has(id) ? was.get(id) : true);
-    return `<label><input type="checkbox" value="${esc(id)}" ${checked ? "checked" : ""} ${n.online ? "" : "disabled"}>
-      ${esc(id)}</label>`;
+    const checked = n.online && !n.left_out && (was.has(id) ? was.get(id) : true);
+    return `<label title="${esc(n.left_out || "")}"><input type="checkbox" value="${esc(id)}" ${checked ? "checked" : ""} ${n.online ? "" : "disabled"}>
+      ${esc(id)}${n.left_out ? ` <span class="muted small">(left out)</span>` : ""}</label>`;
   }).join("") || `<span class="muted">no nodes</span>`;
 }
 $("participants").addEventListener("change", (ev) => {

@@ -82,6 +82,31 @@ def test_non_finite_result_votes_no(swarm, monkeypatch):
     assert _state(nodes) == before
     reason = [e for e in events["n2"] if e.kind == EventKind.FAILED][0].reason
     assert "non-finite" in reason and "n2 voted no" in reason
+    # every member's FAILED event names n2 as the cause (the fleet counts such names)
+    assert {i: [e.member for e in events[i] if e.kind == EventKind.FAILED] for i in IDS} == \
+        {i: ["n2"] for i in IDS}
+
+
+def test_everyone_voting_no_names_no_member(swarm, monkeypatch):
+    """A result every member refuses (e.g. the combined update diverged) blames nobody: naming the
+    first member in ring order would get an honest node left out by the fleet."""
+    nodes, events = swarm
+    import edgenode.training as training
+
+    real_agree = training._agree
+
+    def poisoned(plan, node_id, group, params, *args):
+        params, synced = real_agree(plan, node_id, group, params, *args)
+        params = [p.copy() for p in params]
+        params[0][0, 0] = np.nan
+        return params, synced
+
+    monkeypatch.setattr(training, "_agree", poisoned)
+    _run(nodes, RoundCommand(round_id="r-all-no", steps=2, lr=0.1, participants=IDS, step_timeout_s=10))
+    failed = {i: [e for e in events[i] if e.kind == EventKind.FAILED and e.round_id == "r-all-no"]
+              for i in IDS}
+    assert all(len(f) == 1 and "voted no" in f[0].reason and f[0].member is None
+               for f in failed.values()), failed
 
 
 def test_leftover_staged_params_are_discarded_at_restart(tmp_path, digits_artifact):

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from api.fleet.auth import Authenticated
 from api.fleet.deps import Service
+from api.fleet.history import ActionCursor
 from api.fleet.rounds import RoundRejected, RoundRequest
 
 router = APIRouter(prefix="/api", tags=["rounds"])
@@ -45,7 +46,7 @@ def get_round(round_id: str, _: Authenticated, fleet: Service) -> dict:
 
 @router.get("/actions")
 def list_actions(_: Authenticated, fleet: Service, limit: Limit = 50,
-                 before: Annotated[int | None, Query(ge=1, description="id cursor")] = None) -> dict:
+                 before: Annotated[ActionCursor | None, Query(description="id cursor")] = None) -> dict:
     """The operator's actions (round starts, roll-backs), newest first."""
     actions = fleet.history.actions(limit, before)
     return {"actions": actions, "next_before": actions[-1]["id"] if len(actions) == limit else None}
