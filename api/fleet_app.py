@@ -9,11 +9,11 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from api.errors import install_common_handlers
+from api.fleet.gate import FleetAuthGate, body_limit
 from api.fleet.routes import auth, events, images, nodes, page, rollback, rollouts, rounds
 from api.fleet.routes.page import STATIC
 from api.fleet.service import FleetService, LinkFactory
 from api.fleet.settings import FleetSettings
-from api.fleet.gate import FleetAuthGate, body_limit
 from api.middleware import BodyLimitMiddleware, BodyTimeoutMiddleware
 
 __all__ = ["create_fleet_app"]

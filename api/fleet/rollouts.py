@@ -211,7 +211,8 @@ class RolloutManager:
         return self._launch(r, now, {n: str(views[n]["image"]["previous"]) for n in targets})
 
     def _launch(self, r: Rollout, now: float, expect: dict[str, str]) -> Rollout:
-        r.nodes = {n: NodeProgress(stage=i, expect=expect[n]) for i, stage in enumerate(r.stages) for n in stage}
+        r.nodes = {n: NodeProgress(stage=i, expect=expect[n])
+                   for i, stage in enumerate(r.stages) for n in stage}
         with self._lock:
             running = self._running()
             if running is not None:

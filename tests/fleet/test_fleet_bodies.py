@@ -144,7 +144,8 @@ def test_huge_bodies_are_refused_before_they_are_read(fleet_proc, chunked):
     assert grew < 40, f"the fleet's peak RSS grew by {grew} MiB ({before} -> {after})"
     assert after["VmRSS"] - before["VmRSS"] < 40 * 1024, (before, after)
     # still serving, and a normal request still works
-    r = httpx.get(f"http://127.0.0.1:{port}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    r = httpx.get(f"http://127.0.0.1:{port}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"},
+                  timeout=10)
     assert r.status_code == 200, r.text
 
 
