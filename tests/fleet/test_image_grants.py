@@ -52,8 +52,8 @@ def signed_catalogue(make_fleet, tmp_path):
     keys = tmp_path / "keys"
     provision(keys, swarm, ["n1", "n2"])
     _catalogue(tmp_path / "images")
-    fleet = make_fleet(swarm=swarm, images_dir=str(tmp_path / "images"), key_file=str(keys / "keys/fleet.key"),
-                       keyring_file=str(keys / "keyring.json"))
+    fleet = make_fleet(swarm=swarm, images_dir=str(tmp_path / "images"),
+                       key_file=str(keys / "keys/fleet.key"), keyring_file=str(keys / "keyring.json"))
     members = {}
     for n in ("n1", "n2"):
         ident = load_identity(keys / f"keys/{n}.key", keys / "keyring.json")
