@@ -73,8 +73,15 @@ class BodyLimitMiddleware:
                  name: str = "the node's max_body_bytes") -> None:
         self.app = app
         # an int, or a function of the request's scope (the fleet sizes the limit per route)
-        self.limit_for: Callable[[Scope], int] = (max_bytes if callable(max_bytes)
-                                                  else (lambda _scope, n=int(max_bytes): n))
+        if callable(max_bytes):
+            self.limit_for = max_bytes
+        else:
+            fixed = int(max_bytes)
+
+            def constant(_scope: Scope) -> int:
+                return fixed
+
+            self.limit_for = constant
         self.name = name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
