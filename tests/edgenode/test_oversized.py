@@ -43,7 +43,8 @@ def test_a_node_drops_oversized_payloads_unread(mosquitto, swarm_id, mqtt_link_f
     attacker.publish(topics.allreduce(swarm_id, node_id), big).wait_for_publish(10)
     _wait(lambda: _rejected(node, "oversized") >= 2, 15, "two oversized payloads counted")
     # the next (small, unsigned) command is still read, and counted for what it is
-    attacker.publish(topics.command(swarm_id), b'{"v":1,"kind":"round.abort","round_id":"x"}').wait_for_publish(5)
+    small = b'{"v":1,"kind":"round.abort","round_id":"x"}'
+    attacker.publish(topics.command(swarm_id), small).wait_for_publish(5)
     _wait(lambda: _rejected(node, "unsigned") >= 1, 10, "the small forgery counted")
     assert _rejected(node, "oversized") == 2 and _rejected(node, "unsigned") == 1
     assert _rejected(node, "malformed") == 0
