@@ -9,11 +9,12 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from api.errors import install_common_handlers
+from api.fleet.gate import FleetAuthGate, body_limit
 from api.fleet.routes import auth, events, images, nodes, page, rollback, rollouts, rounds
 from api.fleet.routes.page import STATIC
 from api.fleet.service import FleetService, LinkFactory
 from api.fleet.settings import FleetSettings
-from api.middleware import BodyTimeoutMiddleware
+from api.middleware import BodyLimitMiddleware, BodyTimeoutMiddleware
 
 __all__ = ["create_fleet_app"]
 
@@ -46,5 +47,9 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_common_handlers(app)  # error bodies are {"error": ...}, as on the node
-    app.add_middleware(BodyTimeoutMiddleware, timeout_s=30.0)  # slow bodies: 408, not a held worker
+    # add_middleware wraps: the last added is the outermost. Token first (401), then the route's
+    # body limit (413), both before a byte of the body is read; then slow bodies (408).
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=30.0)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=body_limit, name="the route's body limit")
+    app.add_middleware(FleetAuthGate, token=settings.token)
     return app

@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 __all__ = ["BodyLimitMiddleware", "BodyTimeoutMiddleware", "BearerAuthMiddleware", "InternalErrorMiddleware",
-           "MetricsMiddleware", "HttpMetrics", "BodyTooLarge", "BodyTooSlow"]
+           "MetricsMiddleware", "HttpMetrics", "BodyTooLarge", "BodyTooSlow", "send_error"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -31,7 +31,7 @@ log = logging.getLogger("fractal.api")
 OPEN_PREFIX = "/v2/health/"
 
 
-async def _send_error(send: Send, status: int, message: str,
+async def send_error(send: Send, status: int, message: str,
                       headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps({"error": message}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -60,7 +60,8 @@ class BodyTooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    """Reject bodies larger than ``max_bytes`` with 413 without reading them into memory.
+    """Reject bodies larger than ``max_bytes`` (bytes, or a function of the request's scope) with
+    413 without reading them into memory.
 
     A declared ``Content-Length`` over the limit is refused before a single body byte is read.
     A chunked (or lying) body is counted as it streams through ``receive``; the first chunk that
@@ -68,46 +69,77 @@ class BodyLimitMiddleware:
     The connection is closed afterwards (the rest of the body is never read).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int | Callable[[Scope], int],
+                 name: str = "the node's max_body_bytes") -> None:
         self.app = app
-        self.max_bytes = int(max_bytes)
+        # an int, or a function of the request's scope (the fleet sizes the limit per route)
+        if callable(max_bytes):
+            self.limit_for = max_bytes
+        else:
+            fixed = int(max_bytes)
+
+            def constant(_scope: Scope) -> int:
+                return fixed
+
+            self.limit_for = constant
+        self.name = name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_bytes
+        limit = self.limit_for(scope)
         for key, value in scope["headers"]:
             if key == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
-                    await _send_error(send, 400, "Content-Length is not an integer")
+                    await send_error(send, 400, "Content-Length is not an integer")
                     return
                 if declared > limit:
-                    await _send_error(send, 413, f"request body of {declared} bytes exceeds the node's "
-                                                 f"max_body_bytes ({limit})")
+                    await send_error(send, 413, f"request body of {declared} bytes exceeds "
+                                                 f"{self.name} ({limit})")
                     return
                 break
         seen = 0
+        tripped = False  # the limit was passed: whatever the app answers then, the answer is 413
+        replaced = False
         tracking_send = _TrackingSend(send)
 
+        def too_large() -> str:
+            return f"request body exceeds {self.name} ({limit}); stopped reading after {seen} bytes"
+
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, tripped
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
+                    tripped = True
                     raise BodyTooLarge()
             return message
 
+        async def guarded_send(message: Message) -> None:
+            # A framework may catch BodyTooLarge itself (FastAPI turns any error while it parses
+            # a body into "400 There was an error parsing the body"): the 413 replaces that answer.
+            nonlocal replaced
+            if tripped and not tracking_send.started:
+                if message["type"] == "http.response.start":
+                    replaced = True
+                    await send_error(tracking_send, 413, too_large())
+                return
+            if replaced:
+                return
+            await tracking_send(message)
+
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, guarded_send)
         except BodyTooLarge:
             if tracking_send.started:  # nothing sane left to say on this connection
+                if replaced:
+                    return
                 raise
-            await _send_error(send, 413, f"request body exceeds the node's max_body_bytes ({limit}); "
-                                         f"stopped reading after {seen} bytes")
+            await send_error(send, 413, too_large())
 
 
 class BodyTooSlow(Exception):
@@ -153,7 +185,7 @@ class BodyTimeoutMiddleware:
         except BodyTooSlow:
             if tracking_send.started:
                 raise
-            await _send_error(send, 408, f"request body did not arrive within {self.timeout_s:g} s")
+            await send_error(send, 408, f"request body did not arrive within {self.timeout_s:g} s")
 
 
 class InternalErrorMiddleware:
@@ -203,7 +235,7 @@ class BearerAuthMiddleware:
                 break
         if not hmac.compare_digest(got, self.expected):  # constant time: no token-guessing oracle
             reason = "missing bearer token" if not got else "invalid bearer token"
-            await _send_error(send, 401, f"{reason}: send 'Authorization: Bearer <auth_token>'",
+            await send_error(send, 401, f"{reason}: send 'Authorization: Bearer <auth_token>'",
                               [(b"www-authenticate", b'Bearer realm="fractal-node"')])
             return
         await self.app(scope, receive, send)

@@ -31,15 +31,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from deploy.errors import DeployError
 from deploy.sensors import Feeder, digits_shards
 
+if TYPE_CHECKING:
+    from federation.broker import Broker
+
 __all__ = ["SwarmOptions", "SwarmFleet", "ServeFleet", "run_swarm", "demo_artifact", "NodeProcess", "Swarm",
-           "DEMO_MODEL"]
+           "DEMO_MODEL", "start_demo_broker"]
 
 log = logging.getLogger("fractal.swarm")
 
@@ -186,6 +189,14 @@ def _free_port() -> int:
     return free_port()
 
 
+def start_demo_broker() -> Broker:
+    """The demo's broker: anonymous on loopback, but with the production config's size limits
+    (deploy/mosquitto/mosquitto.conf), so no client can push a 200 MiB message through it."""
+    from federation.broker import MAX_PACKET_SIZE, MESSAGE_SIZE_LIMIT, start_default
+
+    return start_default(message_size_limit=MESSAGE_SIZE_LIMIT, max_packet_size=MAX_PACKET_SIZE)
+
+
 def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, data_dir: Path, broker: str,
                        swarm: str, token: str, keys: Path) -> None:
     # Written by hand: the demo's NODE.toml doubles as a readable example of the format.
@@ -244,11 +255,11 @@ class Swarm:
             self.broker_url = self.opts.broker
             _say(f"using broker {self.broker_url}")
             return
-        from federation.broker import start_default
-
-        self.broker = start_default()
+        self.broker = start_demo_broker()
         self.broker_url = self.broker.url
         _say(f"started {self.broker.kind.value} broker at {self.broker_url}")
+        if self.broker.kind.value != "mosquitto":
+            _say("warning: the embedded broker has no message size limit; install mosquitto for one")
 
     def start_nodes(self, artifacts: dict[str, Path],
                     launchers: dict[str, tuple[list[str], dict[str, str]]]) -> None:

@@ -41,6 +41,7 @@ from edgenode.training import RoundResult
 from edgenode.trainproc import TrainerWorkerError, TrainingWorker
 from edgenode.updates import ImageControl
 from federation import topics
+from federation.auth import Reject
 from federation.messages import (
     ArtifactInfo,
     NodeState,
@@ -262,7 +263,8 @@ class EdgeNode(ImageControl, RoundControl):
             if self.auth is not None:
                 will_payload = self.auth.sign_will(will_topic, will_payload)
             link = MqttLink(self.config.broker, swarm=self.config.swarm, client_id=self.node_id,
-                            will=(will_topic, will_payload), keepalive=self.config.keepalive_s)
+                            will=(will_topic, will_payload), keepalive=self.config.keepalive_s,
+                            on_oversized=self._on_oversized)
             self._link = link if self.auth is None else self.auth.wrap(link)
             if self._transport is None:
                 self._transport = self._link.transport(self.node_id)
@@ -372,6 +374,13 @@ class EdgeNode(ImageControl, RoundControl):
         except Exception as exc:  # noqa: BLE001 - a broker hiccup must not kill a round or a request
             log.warning("status publish failed: %s", exc)
             return None
+
+    def _on_oversized(self, topic: str, size: int) -> None:
+        """A payload over MESSAGE_SIZE_LIMIT, dropped by the link before anything parsed it."""
+        if self.auth is not None:
+            self.auth.count(topic, Reject.OVERSIZED)
+        else:
+            self.metrics.rejected()
 
     def _on_connect(self, reconnected: bool) -> None:
         if reconnected:  # a restarted broker without persistence forgot our retained status

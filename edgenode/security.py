@@ -46,6 +46,10 @@ class NodeAuth:
     def wrap(self, link: PubSub) -> SignedLink:
         return self.identity.link(link, on_reject=self._on_reject)
 
+    def count(self, topic: str, reason: Reject) -> None:
+        """Count a message the node dropped before verifying it (e.g. ``oversized``)."""
+        self._on_reject(topic, reason)
+
     def _on_reject(self, topic: str, reason: Reject) -> None:
         self.rejected.labels(reason=reason.value).inc()
         log.debug("dropped message on %s: %s", topic, reason.value)

@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING
 
 from edgenode.common import get_logger
 from edgenode.ports import Publication, Updater
+from federation.grants import prove_url
 from federation.messages import ImageInfo, ImageRollbackCommand, ImageUpdateCommand
+from fractal import FractalError
+
+if TYPE_CHECKING:
+    from edgenode.security import NodeAuth
 
 __all__ = ["ImageControl"]
 
@@ -36,6 +41,8 @@ class ImageControl:
 
     if TYPE_CHECKING:  # provided by EdgeNode / RoundControl (declared only for the type checker:
         # a runtime stub here would shadow them, this class comes first in EdgeNode's bases)
+        auth: NodeAuth | None
+
         @property
         def node_id(self) -> str: ...
 
@@ -86,13 +93,22 @@ class ImageControl:
                                                name=f"image-{uid}", daemon=True)
         self._update_thread.start()
 
+    def _download_url(self, cmd: ImageUpdateCommand) -> str:
+        """The command's URL; in a signed swarm with the node's proof for its grant (the fleet
+        accepts a grant only from a node it sent it to: federation/grants.py)."""
+        if self.auth is None:
+            return cmd.url
+        return prove_url(cmd.url, cmd.image_id, self.auth.identity.signer)
+
     def _run_image_command(self, cmd: ImageUpdateCommand | ImageRollbackCommand) -> None:
         assert self.updater is not None
+        url = ""
         try:
             if isinstance(cmd, ImageUpdateCommand):
                 log.info("image update %s: downloading version %s from %s", cmd.update_id, cmd.version,
                          cmd.url.split("?")[0])
-                stats = self.updater.update(cmd.update_id, cmd.url, cmd.image_id, max_bytes=cmd.size)
+                url = self._download_url(cmd)
+                stats = self.updater.update(cmd.update_id, url, cmd.image_id, max_bytes=cmd.size)
                 log.info("image update %s: %d bytes in %d request(s), staged", cmd.update_id,
                          stats.bytes_received, stats.requests)
             else:
@@ -103,8 +119,15 @@ class ImageControl:
             uid = cmd.update_id if isinstance(cmd, ImageUpdateCommand) else cmd.rollback_id
             kind = "update" if isinstance(cmd, ImageUpdateCommand) else "rollback"
             version = cmd.version if isinstance(cmd, ImageUpdateCommand) else ""
-            log.warning("image %s %s failed: %s", kind, uid, exc)
-            self.updater.fail(uid, kind, version, exc)
+            # The reason goes out in the node's status, on the broker: never with the grant or the
+            # proof in it (an error may quote the URL).
+            why = f"{exc} (help: {exc.hint})" if isinstance(exc, FractalError) and exc.hint else str(exc)
+            if isinstance(cmd, ImageUpdateCommand):
+                for secret in (url, cmd.url):
+                    if secret:
+                        why = why.replace(secret, cmd.url.split("?")[0])
+            log.warning("image %s %s failed: %s", kind, uid, why)
+            self.updater.fail(uid, kind, version, why)
             self.publish_status()
             return
         pub = self.publish_status()  # "rebooting": the fleet sees it before the node goes

@@ -113,6 +113,7 @@ class Reject(enum.StrEnum):
     STALE = "stale"
     WRONG_ROLE = "wrong_role"
     MALFORMED = "malformed"
+    OVERSIZED = "oversized"  # larger than MESSAGE_SIZE_LIMIT: dropped before it is parsed or verified
 
 
 class AuthRejected(FederationError):
@@ -321,6 +322,14 @@ class Signer:
                           len(self.sender.encode()), len(self.key_id.encode()), len(t)) + self._ids + t
         sig = self._key.sign(_signed_bytes(head, payload))
         return b"".join((head, sig, payload))
+
+
+    def sign_detached(self, message: bytes) -> bytes:
+        """A bare ed25519 signature of ``message`` with this sender's key. The caller puts its own
+        context string first (never :data:`DOMAIN`), so no such signature reads as an envelope's."""
+        if message.startswith(DOMAIN):
+            raise FederationError("a detached signature must not start with the envelope's domain")
+        return self._key.sign(message)
 
 
 def is_envelope(data: bytes | bytearray | memoryview) -> bool:

@@ -40,11 +40,22 @@ __all__ = [
     "start_default",
     "mosquitto_path",
     "free_port",
+    "MESSAGE_SIZE_LIMIT",
+    "MAX_PACKET_SIZE",
 ]
 
 log = logging.getLogger(__name__)
 
 _HOST = "127.0.0.1"
+
+# The swarm's largest MQTT payload, as deploy/mosquitto/mosquitto.conf's message_size_limit (the
+# ring's max_payload, at most 1 MiB, plus its envelope fit): the demo's broker refuses larger
+# publishes, and members drop larger payloads before parsing them (federation/mqtt.py).
+MESSAGE_SIZE_LIMIT = 2 * 1024 * 1024
+# A whole packet (payload, topic, headers). Mosquitto disconnects a client that announces a larger
+# one as soon as it has read the length, so a huge publish never reaches the broker's memory
+# (message_size_limit alone reads the whole packet first, then drops it).
+MAX_PACKET_SIZE = MESSAGE_SIZE_LIMIT + 64 * 1024
 
 
 class BrokerKind(enum.StrEnum):
@@ -192,14 +203,17 @@ class MosquittoBroker(Broker):
 
 def start_mosquitto(port: int | None = None, *, username: str | None = None, password: str | None = None,
                     max_queued_messages: int = 1000, max_inflight_messages: int = 20,
-                    message_size_limit: int | None = None, workdir: str | Path | None = None,
+                    message_size_limit: int | None = None, max_packet_size: int | None = None,
+                    workdir: str | Path | None = None,
                     tls: dict[str, str] | None = None, extra_config: str = "",
                     timeout: float = 10.0) -> MosquittoBroker:
     """Start Mosquitto on ``127.0.0.1:port`` (a free port by default) and wait until it accepts.
 
     ``username``/``password`` switch anonymous access off (a password file is generated);
     ``max_queued_messages`` is per client (Mosquitto silently DROPS QoS 1 messages past it);
-    ``message_size_limit`` caps a PUBLISH payload in bytes; ``tls`` = ``{"certfile", "keyfile",
+    ``message_size_limit`` caps a PUBLISH payload in bytes (the broker drops larger ones),
+    ``max_packet_size`` a whole packet (the broker disconnects the sender before reading it);
+    ``tls`` = ``{"certfile", "keyfile",
     "cafile"?}`` makes the listener TLS-only (URL scheme stays the caller's choice: ``mqtts://``).
     """
     binary = mosquitto_path()
@@ -229,6 +243,8 @@ def start_mosquitto(port: int | None = None, *, username: str | None = None, pas
     ]
     if message_size_limit:
         lines.append(f"message_size_limit {int(message_size_limit)}")
+    if max_packet_size:
+        lines.append(f"max_packet_size {int(max_packet_size)}")
     if username is not None:
         pw = wd / "passwd"
         pw.write_text(_password_line(username, password or "") + "\n")
@@ -327,9 +343,11 @@ def start_embedded(port: int | None = None, *, timeout: float = 10.0) -> Embedde
     return broker
 
 
-def start_default(port: int | None = None) -> Broker:
-    """Mosquitto when installed (fast, production-grade), else the embedded amqtt broker."""
+def start_default(port: int | None = None, *, message_size_limit: int | None = None,
+                  max_packet_size: int | None = None) -> Broker:
+    """Mosquitto when installed (fast, production-grade), else the embedded amqtt broker (which
+    has no size limits to set)."""
     if mosquitto_path():
-        return start_mosquitto(port)
+        return start_mosquitto(port, message_size_limit=message_size_limit, max_packet_size=max_packet_size)
     log.warning("mosquitto not found: starting the embedded amqtt broker (slower)")
     return start_embedded(port)

@@ -30,6 +30,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from pydantic import BaseModel
 
 from federation import topics
+from federation.broker import MESSAGE_SIZE_LIMIT
 from federation.errors import TransportError
 from federation.mqtt_transport import MqttTransport
 
@@ -167,7 +168,9 @@ class MqttLink:
                  password: str | None = None, tls: TlsOptions | dict | None = None,
                  will: tuple[str, bytes | str | BaseModel] | None = None, keepalive: int = 10,
                  protocol: MqttVersion | str = MqttVersion.V311, connect_timeout: float = 10.0,
-                 reconnect_max_s: float = 2.0, max_inflight: int = 64) -> None:
+                 reconnect_max_s: float = 2.0, max_inflight: int = 64,
+                 max_message_bytes: int = MESSAGE_SIZE_LIMIT,
+                 on_oversized: Callable[[str, int], None] | None = None) -> None:
         self.address = parse_url(url)
         self.url = url
         self.swarm = topics.validate_id(swarm, "swarm id")
@@ -175,6 +178,11 @@ class MqttLink:
         self.keepalive = keepalive
         self.protocol = MqttVersion(protocol)
         self.connects = 0  # successful CONNACKs; > 1 means we reconnected
+        # Larger payloads are dropped before any callback sees them (no parse, no signature
+        # check, no copy), counted here and reported to on_oversized(topic, size).
+        self.max_message_bytes = int(max_message_bytes)
+        self.oversized = 0
+        self._on_oversized = on_oversized
         self.disconnects = 0
         self._lock = threading.RLock()
         self._subs: dict[str, list[Subscription]] = {}
@@ -299,6 +307,18 @@ class MqttLink:
             ev.set()
 
     def _on_message(self, client, userdata, msg: paho.MQTTMessage) -> None:
+        size = len(msg.payload)
+        if size > self.max_message_bytes:
+            self.oversized += 1
+            # debug, not warning: a flood of them must not flood the log too (the count says it)
+            log.debug("dropped a %d-byte message (over %d bytes) on %s", size, self.max_message_bytes,
+                      msg.topic[:200])
+            if self._on_oversized is not None:
+                try:
+                    self._on_oversized(msg.topic, size)
+                except Exception:  # noqa: BLE001 - a counter's bug must not kill paho's thread
+                    log.exception("on_oversized failed")
+            return
         topic = msg.topic
         matched = self._route_cache.get(topic)
         if matched is None:

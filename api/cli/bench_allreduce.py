@@ -19,7 +19,9 @@ def bench_allreduce(
     broker: str | None = typer.Option(None, "--broker",
                                       help="mqtt://[user:pass@]host:port (default: start a Mosquitto)."),
     compression: str = typer.Option("none", "--compression", "-c", help="none, fp16, int8 or topk."),
-    max_payload: int = typer.Option(256 * 1024, "--max-payload", help="Bytes per MQTT message."),
+    max_payload: int = typer.Option(256 * 1024, "--max-payload", min=64, max=1 << 20,
+                                    help="Bytes per MQTT message (up to 1 MiB: members drop payloads "
+                                    "over the swarm's 2 MiB limit)."),
     repeats: int = typer.Option(3, "--repeats", help="Timed calls per engine (the median is reported)."),
     signed: bool = typer.Option(False, "--signed", help="Also time the ring with authenticated frames "
                                 "(pairwise AES-GMAC, same members, alternating repeat by repeat; reports "

@@ -8,7 +8,9 @@ A request is authenticated by any one of:
 * ``?token=TOKEN`` in the query string (a link the swarm prints; the dashboard page swaps it
   for the cookie and drops it from the address bar).
 
-Everything except ``/api/health`` and the login page needs one; anything else is a 401.
+Everything except ``/api/health``, login and the pages needs one; anything else is a 401, given
+by :class:`api.fleet.gate.FleetAuthGate` before the body is read (the dependency below stays as
+a second check on every operator route).
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ import secrets
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from starlette.requests import HTTPConnection
 
 __all__ = ["COOKIE", "token_from", "check_token", "require_token", "Authenticated"]
 
 COOKIE = "fractal_fleet_token"
 
 
-def token_from(request: Request) -> str | None:
-    """The token a request presents, header first, then cookie, then query."""
+def token_from(request: HTTPConnection) -> str | None:
+    """The token a request presents, header first, then cookie, then query (reads no body)."""
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():

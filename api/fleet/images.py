@@ -6,7 +6,9 @@ board, size, signer). An upload is streamed to a temp file with a size cap, then
 into the catalogue. Nodes download them with range requests (resumable, firmware/ota.py).
 
 Nodes do not hold the operator token: the download URL in an ImageUpdateCommand carries a grant,
-``?exp=T&grant=HMAC(key, "id:T")``, good for that one image until ``T`` (:data:`GRANT_S`).
+``?exp=T&grant=HMAC(key, "id:T")``, good for that one image until ``T``: at most :data:`GRANT_S`
+after the roll-out stage that sent it started. In a signed swarm the node must also prove it is
+a node the roll-out addresses (:mod:`federation.grants`; checked by the fleet service).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,13 +26,29 @@ from typing import Any
 from firmware.image import MAX_IMAGE, open_image
 from firmware.keys import load_public
 
-__all__ = ["ImageCatalogue", "UploadTooLarge", "GRANT_S"]
+__all__ = ["ImageCatalogue", "UploadTooLarge", "GrantRefused", "GRANT_S"]
 
-GRANT_S = 7 * 24 * 3600.0  # a roll-out's download URL stays valid this long (slow, flaky links)
+# A download grant's lifetime, from the stage's command (shorter when the stage's deadline comes
+# first): long enough to download and resume after cuts, short enough that a grant read off the
+# broker is soon worth nothing.
+GRANT_S = 900
+
+# ASCII only: str.isdigit() also accepts '²' and other Unicode digits, which int() then refuses.
+_EXP = re.compile(r"[0-9]{1,12}")
+_GRANT = re.compile(r"[0-9a-f]{64}")
 
 
 class UploadTooLarge(Exception):
     pass
+
+
+class GrantRefused(Exception):
+    """A download grant that does not open the image: ``status`` 400 (malformed) or 401/403."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
 class ImageCatalogue:
@@ -53,15 +72,23 @@ class ImageCatalogue:
     def _grant(self, image_id: str, exp: int) -> str:
         return hmac.new(self._grant_key, f"{image_id}:{exp}".encode(), hashlib.sha256).hexdigest()
 
-    def grant_query(self, image_id: str, now: float) -> str:
-        """``exp=T&grant=G``: lets a node download ``image_id`` without the operator token."""
-        exp = int(now + GRANT_S)
-        return f"exp={exp}&grant={self._grant(image_id, exp)}"
+    def grant_query(self, image_id: str, exp: int) -> str:
+        """``exp=T&grant=G``: lets a node download ``image_id`` without the operator token until ``exp``."""
+        return f"exp={int(exp)}&grant={self._grant(image_id, int(exp))}"
 
-    def grant_ok(self, image_id: str, exp: str | None, grant: str | None, now: float) -> bool:
-        if not exp or not grant or not exp.isdigit() or len(exp) > 12 or int(exp) < now:
-            return False
-        return hmac.compare_digest(grant.encode(), self._grant(image_id, int(exp)).encode())
+    def check_grant(self, image_id: str, exp: str | None, grant: str | None, now: float) -> int:
+        """The grant's expiry when ``(exp, grant)`` opens ``image_id`` at ``now``; else GrantRefused."""
+        if exp is None and grant is None:
+            raise GrantRefused(401, "missing or wrong operator token or download grant")
+        if exp is None or not _EXP.fullmatch(exp):
+            raise GrantRefused(400, "download grant: exp must be a Unix time of 1 to 12 ASCII digits")
+        if grant is None or not _GRANT.fullmatch(grant):
+            raise GrantRefused(400, "download grant: grant must be 64 lowercase hex digits")
+        if not hmac.compare_digest(grant, self._grant(image_id, int(exp))):
+            raise GrantRefused(401, "download grant is not valid for this image")
+        if int(exp) < now:
+            raise GrantRefused(401, "download grant expired: the fleet sends a new one with the next command")
+        return int(exp)
 
     def path(self, image_id: str) -> Path | None:
         if not any(e["id"] == image_id for e in self.list()):

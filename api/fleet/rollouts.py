@@ -4,7 +4,9 @@ Life cycle as the fleet sees it::
 
     POST /api/rollouts {image, nodes}
         --> RUNNING, stage 1: the canary (nodes[0]) gets an ImageUpdateCommand
-              canary reports update DONE (new slot passed its health check, marked good)
+              canary reports update DONE (new slot passed its health check, marked good), and its
+              status shows it: the image's version, slot good, health passed (else FAILED: a
+              "done" that still reports the old version is a lie or a bug, never a pass)
         --> stage 2: every other node gets the command
               every node reports DONE --> DONE
         a node reports ROLLED_BACK (its new slot failed, the board fell back by itself) or FAILED
@@ -23,6 +25,7 @@ overlapping ones could leave a node between images that nobody tracks.
 from __future__ import annotations
 
 import enum
+import math
 import secrets
 import threading
 import time
@@ -34,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.fleet.history import FleetHistory
+from api.fleet.images import GRANT_S
 from api.fleet.rounds import RoundRejected
 from federation import bounds as b
 from federation import topics
@@ -74,6 +78,7 @@ class NodeProgress:
     sent_at: float | None = None
     finished_at: float | None = None
     version: str | None = None  # image version the node reported last
+    expect: str | None = None  # the version "done" must report: the image's (rollout), previous (rollback)
 
 
 @dataclass
@@ -107,14 +112,30 @@ class Rollout:
 Publish = Callable[[str, BaseModel], None]
 
 
+def _not_done(image: dict[str, Any], expect: str | None) -> str | None:
+    """Why a node's status that says ``done`` does not show it done, or None when it does.
+
+    Done means the node's own (signed) status reports the expected version, booted from a slot
+    marked good whose health check passed this boot; a phase alone proves nothing."""
+    version, state, health = image.get("version"), image.get("state"), image.get("health")
+    if version != expect:
+        return f"its image is version {str(version)[:64]!r}, not {expect!r}"
+    if state != "good" or health != "passed":
+        return f"its slot is {str(state)[:16]!r} with health check {str(health)[:16]!r}, not good and passed"
+    return None
+
+
 class RolloutManager:
     """Thread-safe; MQTT status callbacks, the ticker and HTTP handlers all call in."""
 
     def __init__(self, *, swarm: str, publish: Publish, stage_timeout_s: float,
-                 store: FleetHistory | None = None, keep: int = 100) -> None:
+                 store: FleetHistory | None = None, keep: int = 100,
+                 grant: Callable[[str, int], str] | None = None) -> None:
         self._swarm = swarm
         self._publish = publish
         self._timeout = stage_timeout_s
+        # (image id, expiry) -> "exp=..&grant=..", the download grant each stage's URL carries
+        self._grant = grant
         self._store = store
         self._keep = keep
         self._lock = threading.Lock()
@@ -177,7 +198,7 @@ class RolloutManager:
         stages = [targets[:1]] + ([targets[1:]] if len(targets) > 1 else [])
         r = Rollout(rollout_id=self._new_id("u", now), kind="rollout", image=image, stages=stages, url=url,
                     started_at=now)
-        return self._launch(r, now)
+        return self._launch(r, now, {n: str(image["version"]) for n in targets})
 
     def start_rollback(self, req: ImageRollbackRequest, *, nodes: list[dict], now: float) -> Rollout:
         views = {n["node_id"]: n for n in nodes}
@@ -187,10 +208,11 @@ class RolloutManager:
             raise RoundRejected(f"node(s) have no previous good slot to return to: {', '.join(none)}")
         r = Rollout(rollout_id=self._new_id("r", now), kind="rollback", image=None, stages=[targets], url="",
                     started_at=now)
-        return self._launch(r, now)
+        return self._launch(r, now, {n: str(views[n]["image"]["previous"]) for n in targets})
 
-    def _launch(self, r: Rollout, now: float) -> Rollout:
-        r.nodes = {n: NodeProgress(stage=i) for i, stage in enumerate(r.stages) for n in stage}
+    def _launch(self, r: Rollout, now: float, expect: dict[str, str]) -> Rollout:
+        r.nodes = {n: NodeProgress(stage=i, expect=expect[n])
+                   for i, stage in enumerate(r.stages) for n in stage}
         with self._lock:
             running = self._running()
             if running is not None:
@@ -213,8 +235,22 @@ class RolloutManager:
             return ImageRollbackCommand(rollback_id=r.rollout_id, nodes=r.stages[stage], issued_at=now,
                                         reason="operator")
         assert r.image is not None
+        url = r.url
+        if self._grant is not None:  # a fresh grant per stage, ending with the stage (GRANT_S at most)
+            exp = math.ceil(now + min(self._timeout, GRANT_S))
+            url = f"{r.url}?{self._grant(r.image['id'], exp)}"
         return ImageUpdateCommand(update_id=r.rollout_id, nodes=r.stages[stage], image_id=r.image["id"],
-                                  version=r.image["version"], size=r.image["size"], url=r.url, issued_at=now)
+                                  version=r.image["version"], size=r.image["size"], url=url, issued_at=now)
+
+    def downloading(self, image_id: str, node_id: str) -> bool:
+        """Is ``node_id`` in the running roll-out of ``image_id``, sent its command and not done?
+        (Only such a node may use a download grant in a signed swarm.)"""
+        with self._lock:
+            r = self._running()
+            if r is None or r.kind != "rollout" or r.image is None or r.image["id"] != image_id:
+                return False
+            p = r.nodes.get(node_id)
+            return p is not None and p.sent_at is not None and p.finished_at is None
 
     # -- progress ------------------------------------------------------------------------------
     def on_status(self, node_id: str, image: dict[str, Any] | None, now: float) -> Rollout | None:
@@ -232,12 +268,17 @@ class RolloutManager:
                 return None
             before = (p.phase, p.version)
             p.phase, p.version = str(upd["phase"]), image.get("version")
-            if upd["phase"] == UpdatePhase.DONE:
+            role = "canary " if r.kind == "rollout" and p.stage == 0 else ""
+            short = _not_done(image, p.expect) if upd["phase"] == UpdatePhase.DONE else None
+            if upd["phase"] == UpdatePhase.DONE and short is None:
                 p.finished_at = now
+            elif short is not None:  # "done" in words only: never advances the roll-out
+                p.finished_at, p.error = now, f"reported done, but {short}"
+                r.state, r.finished_at = RolloutState.FAILED, now
+                r.reason = f"{role}{node_id} {p.error}"
             elif upd["phase"] in (UpdatePhase.ROLLED_BACK, UpdatePhase.FAILED):
                 p.finished_at, p.error = now, upd.get("error") or "no reason given"
                 what = "rolled back by itself" if upd["phase"] == UpdatePhase.ROLLED_BACK else "refused"
-                role = "canary " if r.kind == "rollout" and p.stage == 0 else ""
                 r.state, r.finished_at = RolloutState.FAILED, now
                 r.reason = f"{role}{node_id} {what}: {p.error}"
             elif (p.phase, p.version) == before:

@@ -17,14 +17,14 @@ from pydantic import BaseModel, ValidationError
 
 from api.fleet.events import EventBus, EventType
 from api.fleet.history import FleetHistory
-from api.fleet.images import ImageCatalogue
+from api.fleet.images import GrantRefused, ImageCatalogue
 from api.fleet.registry import NodeRegistry
 from api.fleet.rollback import Rollback, RollbackManager, RollbackRequest
 from api.fleet.rollouts import ImageRollbackRequest, Rollout, RolloutManager, RolloutRequest
 from api.fleet.rounds import PLOT_POINTS, Round, RoundManager, RoundRejected, RoundRequest, RoundState
 from api.fleet.settings import FleetSettings
-from federation import topics
-from federation.auth import Reject
+from federation import grants, topics
+from federation.auth import Keyring, Reject
 from federation.messages import EventKind, NodeState, parse_event, parse_status
 from federation.signed import SignedLink, load_identity
 
@@ -80,12 +80,16 @@ class FleetService:
             offline_grace_s=settings.round_offline_grace_s)
         self.rollbacks = RollbackManager(swarm=settings.swarm, publish=self._publish,
                                          timeout_s=settings.rollback_timeout_s, store=self.history)
-        self.rollouts = RolloutManager(swarm=settings.swarm, publish=self._publish,
-                                       stage_timeout_s=settings.rollout_stage_timeout_s, store=self.history)
         # Download grants for nodes are keyed by the operator token: a restarted fleet honours them.
         grant_key = hashlib.sha256(b"fractal-edge image grant\0" + settings.token.encode()).digest()
         self.images = (ImageCatalogue(settings.images_dir, settings.image_keys, grant_key=grant_key)
                        if settings.images_dir else None)
+        self.rollouts = RolloutManager(swarm=settings.swarm, publish=self._publish,
+                                       stage_timeout_s=settings.rollout_stage_timeout_s, store=self.history,
+                                       grant=self.images.grant_query if self.images is not None else None)
+        # Signed swarm: a download grant is only good together with the addressed node's proof.
+        self._keyring: Keyring | None = (Keyring.load(settings.keyring_file)
+                                         if settings.key_file and settings.keyring_file else None)
         self.rejected_messages = 0
         # per reason: federation.auth.Reject values, "malformed", "registry_full"
         self.rejected: Counter[str] = Counter()
@@ -375,10 +379,30 @@ class FleetService:
             raise RoundRejected(f"round {running} is running; roll out after it ends")
         now = self.clock()
         base = (self.settings.public_url or base_url).rstrip("/")
-        url = f"{base}/api/images/{image['id']}?{self.images.grant_query(image['id'], now)}"
+        url = f"{base}/api/images/{image['id']}"  # each stage's command adds its own grant
         ro = self.rollouts.start(req, image=image, url=url, nodes=self.nodes(), now=now)
         self._rollout_changed(ro)
         return ro.to_dict()
+
+    def check_download(self, image_id: str, query: dict[str, str]) -> None:
+        """May a request without the operator token download ``image_id``? GrantRefused if not.
+
+        It needs a valid, unexpired grant (``exp``, ``grant``); in a signed swarm also the proof
+        (``node``, ``proof``) of a node the running roll-out of this image has sent it to."""
+        if self.images is None:
+            raise GrantRefused(404, "this fleet has no image catalogue")
+        now = self.clock()
+        exp = self.images.check_grant(image_id, query.get("exp"), query.get("grant"), now)
+        if self._keyring is None:
+            return  # unsigned swarm: the grant is a bearer token (short-lived; see PROTOCOL.md)
+        node, proof = query.get("node"), query.get("proof")
+        if not node or not proof:
+            raise GrantRefused(401, "this signed fleet accepts a download grant only with the node's proof "
+                                    "(node=, proof=; federation/PROTOCOL.md section 9)")
+        if not grants.verify_proof(self._keyring, node, proof, image_id, exp, str(query["grant"])):
+            raise GrantRefused(401, f"the proof does not verify with a node key of {node[:64]!r}")
+        if not self.rollouts.downloading(image_id, node):
+            raise GrantRefused(403, f"no running roll-out is sending image {image_id} to {node}")
 
     def image_rollback(self, req: ImageRollbackRequest) -> dict:
         """Return ``req.nodes`` to their previous good slot (``POST /api/image-rollback``)."""

@@ -140,3 +140,49 @@ def test_request_bodies_are_strict():
                  {"image": "ab" * 16, "nodes": ["n1"], "extra": 1}, {"image": "ab" * 16, "nodes": ["../x"]}):
         with pytest.raises(ValidationError):
             RolloutRequest.model_validate(body)
+
+
+@pytest.mark.parametrize(("lie", "word"), [
+    ({"version": "1.0.0", "slot": "a"}, "version '1.0.0', not '2.0.0'"),  # issue 26 finding 5
+    ({"state": "trial"}, "not good and passed"),
+    ({"health": "pending"}, "not good and passed"),
+])
+def test_a_canary_that_says_done_without_showing_it_does_not_pass(mgr, lie, word):
+    """Issue 26, finding 5: a canary with a valid key said phase ``done`` while its status still
+    reported the old version; the fleet sent the image on and marked the roll-out done."""
+    r = mgr.start(RolloutRequest(image=IMG["id"], nodes=["n1", "n2"]), image=IMG, url="http://f/x",
+                  nodes=NODES, now=0.0)
+    mgr.on_status("n1", {**status(r.rollout_id, "done"), **lie}, 5.0)
+    assert r.state.value == "failed", r.to_dict()
+    assert r.reason.startswith("canary n1 reported done, but") and word in r.reason, r.reason
+    assert len(mgr.sent) == 1 and r.nodes["n2"].sent_at is None  # the image went no further
+    # a later, truthful "done" cannot revive it
+    mgr.on_status("n1", status(r.rollout_id, "done"), 6.0)
+    assert r.state.value == "failed" and len(mgr.sent) == 1
+
+
+def test_an_image_rollback_is_done_only_at_the_previous_version(mgr):
+    views = [view("n1", previous="0.9.0")]
+    r = mgr.start_rollback(ImageRollbackRequest(nodes=["n1"]), nodes=views, now=0)
+    mgr.on_status("n1", {**status(r.rollout_id, "done", "1.0.0"), "update": {
+        "update_id": r.rollout_id, "kind": "rollback", "phase": "done", "version": "0.9.0"}}, 2.0)
+    assert r.state.value == "failed" and "version '1.0.0', not '0.9.0'" in r.reason
+
+
+def test_each_stage_carries_a_fresh_short_grant():
+    sent: list = []
+    grants: list = []
+
+    def grant(image_id: str, exp: int) -> str:
+        grants.append((image_id, exp))
+        return f"exp={exp}&grant=g{len(grants)}"
+
+    m = RolloutManager(swarm="s", publish=lambda t, msg: sent.append(msg), stage_timeout_s=3600, grant=grant)
+    r = m.start(RolloutRequest(image=IMG["id"], nodes=["n1", "n2"]), image=IMG, url="http://f/api/images/x",
+                nodes=NODES, now=1000.0)
+    assert sent[0].url == "http://f/api/images/x?exp=1900&grant=g1"  # GRANT_S (15 min), not the hour
+    assert m.downloading(IMG["id"], "n1") and not m.downloading(IMG["id"], "n2")
+    assert not m.downloading("cd" * 16, "n1")
+    m.on_status("n1", status(r.rollout_id, "done"), 1500.0)
+    assert sent[1].url == "http://f/api/images/x?exp=2400&grant=g2" and sent[1].nodes == ["n2"]
+    assert not m.downloading(IMG["id"], "n1") and m.downloading(IMG["id"], "n2")

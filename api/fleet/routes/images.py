@@ -4,7 +4,6 @@ download grant from an ImageUpdateCommand)."""
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -12,7 +11,7 @@ from fastapi.responses import FileResponse
 
 from api.fleet.auth import Authenticated, check_token, token_from
 from api.fleet.deps import Service
-from api.fleet.images import ImageCatalogue, UploadTooLarge
+from api.fleet.images import GrantRefused, ImageCatalogue, UploadTooLarge
 from firmware.errors import FirmwareError
 
 router = APIRouter(prefix="/api", tags=["images"])
@@ -47,12 +46,15 @@ def list_images(_: Authenticated, cat: Catalogue) -> dict:
 
 
 @router.get("/images/{image_id}")
-def get_image(image_id: str, request: Request, cat: Catalogue) -> FileResponse:
-    q = request.query_params
-    if not (cat.grant_ok(image_id, q.get("exp"), q.get("grant"), time.time())
-            or check_token(request, token_from(request))):
-        raise HTTPException(401, "missing or wrong operator token or download grant",
-                            headers={"WWW-Authenticate": "Bearer"})
+def get_image(image_id: str, request: Request, cat: Catalogue, fleet: Service) -> FileResponse:
+    """The image file: with the operator token, or a node's download grant (and, in a signed
+    swarm, the node's proof); 400 for a malformed grant, 401/403 for one that does not open it."""
+    if not check_token(request, token_from(request)):
+        try:
+            fleet.check_download(image_id, dict(request.query_params))
+        except GrantRefused as exc:
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            raise HTTPException(exc.status, exc.reason, headers=headers) from None
     path = cat.path(image_id)
     if path is None:
         raise HTTPException(404, f"unknown image {image_id!r}")
