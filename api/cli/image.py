@@ -234,9 +234,14 @@ def try_(
 
         raise ImageError(problem, hint="pass a free --port")
 
+    import time
+
+    t0 = time.monotonic()
+
     def ready(url: str) -> None:
         typer.echo(f"node: {url}")
         sys.stdout.flush()
+        typer.echo(f"try: the node answered ready {time.monotonic() - t0:.1f} s after qemu started", err=True)
 
     code = try_image(image, port=port, ready_timeout_s=ready_timeout, on_ready=ready, console=sys.stderr.fileno())
     raise typer.Exit(code)

@@ -20,7 +20,7 @@ from pathlib import Path
 from firmware.errors import ImageError
 
 __all__ = ["Partition", "PartSpec", "write_disk", "read_gpt", "tree_bytes", "write_bmap", "write_sha256",
-           "fat_read", "fat_write", "BOOT_LABEL", "ROOT_LABEL", "DATA_LABEL", "MiB"]
+           "fat_read", "fat_write", "fat_list", "BOOT_LABEL", "ROOT_LABEL", "DATA_LABEL", "MiB"]
 
 MiB = 1 << 20
 SECTOR = 512
@@ -159,3 +159,9 @@ def write_sha256(img: Path) -> Path:
     out = img.with_name(img.name + ".sha256")
     out.write_text(f"{h.hexdigest()}  {img.name}\n")
     return out
+
+
+def fat_list(img: Path, part: Partition) -> list[str]:
+    """Names in the root directory of the FAT file system at ``part``."""
+    out = _run(["mdir", "-b", "-i", f"{img}@@{part.start}", "::/"], "listing the boot partition", env=_mtools_env())
+    return [line.rstrip("/").rsplit("/", 1)[-1] for line in out.splitlines() if line.strip()]
