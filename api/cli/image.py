@@ -197,29 +197,51 @@ def stage(
     )
 
 
+
 @image_app.command("build-os")
 def build_os(
-    artifact: Path = typer.Argument(..., help="C-backend artifact directory (`fractal compile --target aarch64-c|riscv64`)."),
+    artifact: Path = typer.Argument(
+        ..., help="C-backend artifact directory (`fractal compile --target aarch64-c|riscv64`)."
+    ),
     board: str = typer.Option(..., "--board", help="Board: aarch64-virt or riscv64-virt."),
-    key: Path = typer.Option(..., "--key", help="Private release key (`fractal image keygen`); the board trusts its public key."),
+    key: Path = typer.Option(
+        ..., "--key", help="Private release key (`fractal image keygen`); the board trusts its public key."
+    ),
     version: str = typer.Option(..., "--version", help="Semantic version of the application, e.g. 1.0.0."),
-    out: Path = typer.Option(..., "--out", help="Disk image to write (BOARD.img; .bmap and .sha256 beside it)."),
-    rollback_index: int = typer.Option(0, "--rollback-index", help="Anti-rollback counter of the application."),
+    out: Path = typer.Option(
+        ..., "--out", help="Disk image to write (BOARD.img; .bmap and .sha256 beside it)."
+    ),
+    rollback_index: int = typer.Option(
+        0, "--rollback-index", help="Anti-rollback counter of the application."
+    ),
 ) -> None:
     """Build a complete disk image (Debian rootfs, kernel, node, the application in slot a) for a card."""
     from firmware.osimage.build import build_os as _build_os
 
-    r = _build_os(artifact, board=board, key=key, version=version, out=out, rollback_index=rollback_index,
-                  log=lambda m: typer.echo(m, err=True))
-    typer.echo(f"wrote {r.path} ({r.size // (1 << 20)} MiB raw, board {r.board}, version {r.version}), "
-               f"{r.bmap.name}, {r.sha256.name} in {r.seconds:.1f} s")
+    r = _build_os(
+        artifact,
+        board=board,
+        key=key,
+        version=version,
+        out=out,
+        rollback_index=rollback_index,
+        log=lambda m: typer.echo(m, err=True),
+    )
+    typer.echo(
+        f"wrote {r.path} ({r.size // (1 << 20)} MiB raw, board {r.board}, version {r.version}), "
+        f"{r.bmap.name}, {r.sha256.name} in {r.seconds:.1f} s"
+    )
 
 
 @image_app.command("try")
 def try_(
     image: Path = typer.Argument(..., help="Disk image made by `fractal image build-os`."),
-    port: int = typer.Option(8080, "--port", min=1, max=65535, help="Host port the node's port is forwarded to."),
-    ready_timeout: float = typer.Option(1200.0, "--ready-timeout", min=1.0, help="Seconds to wait for the node."),
+    port: int = typer.Option(
+        8080, "--port", min=1, max=65535, help="Host port the node's port is forwarded to."
+    ),
+    ready_timeout: float = typer.Option(
+        1200.0, "--ready-timeout", min=1.0, help="Seconds to wait for the node."
+    ),
 ) -> None:
     """Boot the image under qemu-system (console on stderr) and print `node: http://127.0.0.1:PORT` once
     its node is ready; Ctrl-C or SIGTERM stops the machine."""
@@ -243,5 +265,7 @@ def try_(
         sys.stdout.flush()
         typer.echo(f"try: the node answered ready {time.monotonic() - t0:.1f} s after qemu started", err=True)
 
-    code = try_image(image, port=port, ready_timeout_s=ready_timeout, on_ready=ready, console=sys.stderr.fileno())
+    code = try_image(
+        image, port=port, ready_timeout_s=ready_timeout, on_ready=ready, console=sys.stderr.fileno()
+    )
     raise typer.Exit(code)

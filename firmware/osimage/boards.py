@@ -42,14 +42,26 @@ OS_BOARDS: dict[str, OsBoard] = {
     b.name: b
     for b in (
         OsBoard(
-            "aarch64-virt", "aarch64", "arm64", "trixie", "linux-image-6.12.117+deb13-cloud-arm64-unsigned",
-            ("aarch64-c",), "ttyAMA0", "qemu-system-aarch64",
+            "aarch64-virt",
+            "aarch64",
+            "arm64",
+            "trixie",
+            "linux-image-6.12.117+deb13-cloud-arm64-unsigned",
+            ("aarch64-c",),
+            "ttyAMA0",
+            "qemu-system-aarch64",
             ("-M", "virt", "-cpu", "cortex-a72"),
             "generic 64-bit ARM board (qemu's virt machine; real boards add their boot firmware)",
         ),
         OsBoard(
-            "riscv64-virt", "riscv64", "riscv64", "trixie", "linux-image-6.12.117+deb13-riscv64",
-            ("riscv64", "riscv64-rvv"), "ttyS0", "qemu-system-riscv64",
+            "riscv64-virt",
+            "riscv64",
+            "riscv64",
+            "trixie",
+            "linux-image-6.12.117+deb13-riscv64",
+            ("riscv64", "riscv64-rvv"),
+            "ttyS0",
+            "qemu-system-riscv64",
             # OpenSBI (qemu-system-misc's default -bios) then the kernel; a CPU with RVV so both
             # riscv64 presets' libraries run (rv64gcv is a superset of rv64gc).
             ("-M", "virt", "-cpu", "rv64,v=true,vlen=128,vext_spec=v1.0", "-bios", "default"),
@@ -64,5 +76,6 @@ def get_os_board(name: str) -> OsBoard:
     try:
         return OS_BOARDS[name]
     except KeyError:
-        raise ImageError(f"unknown board {name!r} for a disk image",
-                         hint=f"choose one of: {', '.join(OS_BOARDS)}") from None
+        raise ImageError(
+            f"unknown board {name!r} for a disk image", hint=f"choose one of: {', '.join(OS_BOARDS)}"
+        ) from None

@@ -47,10 +47,12 @@ def kernel_cmdline(board: OsBoard) -> str:
 def _check_artifact(artifact: Path, board: OsBoard) -> None:
     art = artifact_info(artifact)
     if art.runtime != "c" or art.preset not in board.presets:
+        kind = "C backend" if art.runtime == "c" else "TVM runtime"
         raise ImageError(
-            f"{artifact} is compiled for preset {art.preset} ({'C backend' if art.runtime == 'c' else 'TVM runtime'}); "
+            f"{artifact} is compiled for preset {art.preset} ({kind}); "
             f"board {board.name} runs C-backend artifacts of {', '.join(board.presets)} (no TVM on a board)",
-            hint=f"fractal compile MODEL.onnx --target {board.presets[0]} --out DIR")
+            hint=f"fractal compile MODEL.onnx --target {board.presets[0]} --out DIR",
+        )
 
 
 def _kernel(board: OsBoard, deb: Path, stage: Path) -> tuple[Path, Path]:
@@ -59,13 +61,23 @@ def _kernel(board: OsBoard, deb: Path, stage: Path) -> tuple[Path, Path]:
     kernels = sorted((stage / "boot").glob("vmlinu[xz]-*"))
     mods = sorted((stage / "usr/lib/modules").iterdir())
     if len(kernels) != 1 or len(mods) != 1:
-        raise ImageError(f"{deb.name}: expected one kernel and one module tree, found "
-                         f"{[k.name for k in kernels]} and {[m.name for m in mods]}")
+        raise ImageError(
+            f"{deb.name}: expected one kernel and one module tree, found "
+            f"{[k.name for k in kernels]} and {[m.name for m in mods]}"
+        )
     return kernels[0], mods[0]
 
 
-def build_os(artifact: str | Path, *, board: str, key: str | Path, version: str, out: str | Path,
-             rollback_index: int = 0, log: Callable[[str], None] = print) -> OsImage:
+def build_os(
+    artifact: str | Path,
+    *,
+    board: str,
+    key: str | Path,
+    version: str,
+    out: str | Path,
+    rollback_index: int = 0,
+    log: Callable[[str], None] = print,
+) -> OsImage:
     """Write ``out`` (raw GPT disk image), ``out.bmap`` and ``out.sha256``."""
     t0 = time.perf_counter()
     b = get_os_board(board)
@@ -77,36 +89,57 @@ def build_os(artifact: str | Path, *, board: str, key: str | Path, version: str,
     stage.mkdir(parents=True)
     try:
         debs = rootfs.fetch_debs(b)
-        log(f"build-os: {len(debs)} Debian {b.suite} {b.debarch} packages verified "
-            f"({time.perf_counter() - t0:.1f} s)")
+        log(
+            f"build-os: {len(debs)} Debian {b.suite} {b.debarch} packages verified "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
         root = stage / "root"
         rootfs.make_rootfs(b, debs, root)
-        log(f"build-os: root filesystem assembled ({disk.tree_bytes(root) // disk.MiB} MiB, "
-            f"{time.perf_counter() - t0:.1f} s)")
+        log(
+            f"build-os: root filesystem assembled ({disk.tree_bytes(root) // disk.MiB} MiB, "
+            f"{time.perf_counter() - t0:.1f} s)"
+        )
         kimg, moddir = _kernel(b, debs[b.kernel_package], stage / "kernel")
         boot = stage / "boot"
         (boot / "fractal").mkdir(parents=True)
         shutil.copyfile(kimg, boot / kimg.name.split("-")[0])
-        (boot / "initrd.img").write_bytes(initramfs.build_initramfs(root / "usr/bin/busybox", moddir,
-                                                                   rootfs.APPLETS))
+        (boot / "initrd.img").write_bytes(
+            initramfs.build_initramfs(root / "usr/bin/busybox", moddir, rootfs.APPLETS)
+        )
         cmdline = kernel_cmdline(b)
         (boot / "cmdline.txt").write_text(cmdline + "\n")
-        info = {"format": 1, "board": b.name, "arch": b.arch, "kernel": kimg.name.split("-")[0],
-                "kernel_version": moddir.name, "initrd": "initrd.img", "cmdline": cmdline, "version": version}
+        info = {
+            "format": 1,
+            "board": b.name,
+            "arch": b.arch,
+            "kernel": kimg.name.split("-")[0],
+            "kernel_version": moddir.name,
+            "initrd": "initrd.img",
+            "cmdline": cmdline,
+            "version": version,
+        }
         (boot / BOOT_INFO).write_text(json.dumps(info, indent=2) + "\n")
         # the application: today's signed bundle, flashed into slot a of the data partition's device
         from firmware.device import flash
         from firmware.image import build_image
 
         art = artifact_info(artifact)
-        bundle = build_image(artifact, board=art.preset, key=key, out=stage / "app.fimg", version=version,
-                             rollback_index=rollback_index)
+        bundle = build_image(
+            artifact,
+            board=art.preset,
+            key=key,
+            out=stage / "app.fimg",
+            version=version,
+            rollback_index=rollback_index,
+        )
         data = stage / "data"
         (data / "home").mkdir(parents=True)
         pub = stage / "release.pub"
         pub.write_bytes(keymod.public_pem(priv.public_key()))
         flash(bundle, data / "device", [pub])
-        log(f"build-os: application {art.name} {version} flashed into slot a ({time.perf_counter() - t0:.1f} s)")
+        log(
+            f"build-os: application {art.name} {version} in slot a ({time.perf_counter() - t0:.1f} s)"
+        )
         root_mb = disk.tree_bytes(root) * 115 // 100 // disk.MiB + 64
         data_mb = max(_DATA_MIN_MB, 4 * bundle.stat().st_size // disk.MiB + 64)
         parts = [

@@ -19,8 +19,22 @@ from pathlib import Path
 
 from firmware.errors import ImageError
 
-__all__ = ["Partition", "PartSpec", "write_disk", "read_gpt", "tree_bytes", "write_bmap", "write_sha256",
-           "fat_read", "fat_write", "fat_list", "BOOT_LABEL", "ROOT_LABEL", "DATA_LABEL", "MiB"]
+__all__ = [
+    "Partition",
+    "PartSpec",
+    "write_disk",
+    "read_gpt",
+    "tree_bytes",
+    "write_bmap",
+    "write_sha256",
+    "fat_read",
+    "fat_write",
+    "fat_list",
+    "BOOT_LABEL",
+    "ROOT_LABEL",
+    "DATA_LABEL",
+    "MiB",
+]
 
 MiB = 1 << 20
 SECTOR = 512
@@ -50,12 +64,26 @@ class Partition:
 def _run(argv: list[str], what: str, env: dict[str, str] | None = None, stdin: str | None = None) -> str:
     exe = shutil.which(argv[0])
     if exe is None:
-        pkg = {"sfdisk": "fdisk", "mkfs.fat": "dosfstools", "mcopy": "mtools", "mke2fs": "e2fsprogs",
-               "bmaptool": "bmap-tools", "mdir": "mtools"}.get(argv[0], argv[0])
-        raise ImageError(f"{argv[0]} is not installed ({what})",
-                         hint=f"bash deploy/install-system-deps.sh (Debian package {pkg})")
-    r = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, check=False, input=stdin,
-                       env={**os.environ, **(env or {})})
+        pkg = {
+            "sfdisk": "fdisk",
+            "mkfs.fat": "dosfstools",
+            "mcopy": "mtools",
+            "mke2fs": "e2fsprogs",
+            "bmaptool": "bmap-tools",
+            "mdir": "mtools",
+        }.get(argv[0], argv[0])
+        raise ImageError(
+            f"{argv[0]} is not installed ({what})",
+            hint=f"bash deploy/install-system-deps.sh (Debian package {pkg})",
+        )
+    r = subprocess.run(
+        [exe, *argv[1:]],
+        capture_output=True,
+        text=True,
+        check=False,
+        input=stdin,
+        env={**os.environ, **(env or {})},
+    )
     if r.returncode != 0:
         raise ImageError(f"{what} failed: {(r.stderr or r.stdout).strip()[-300:]}")
     return r.stdout
@@ -85,19 +113,56 @@ def write_disk(img: Path, parts: list[PartSpec]) -> list[Partition]:
     script = ["label: gpt", "unit: sectors", "first-lba: 2048"]
     for spec, part in zip(parts, layout, strict=True):
         kind = _ESP if spec.kind == "fat" else _LINUX
-        script.append(f'start={part.start // SECTOR}, size={part.size // SECTOR}, type={kind}, name="{part.name}"')
-    _run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", str(img)], "sfdisk (the partition table)",
-         stdin="\n".join(script) + "\n")
+        script.append(
+            f'start={part.start // SECTOR}, size={part.size // SECTOR}, type={kind}, name="{part.name}"'
+        )
+    _run(
+        ["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", str(img)],
+        "sfdisk (the partition table)",
+        stdin="\n".join(script) + "\n",
+    )
     for spec, part in zip(parts, layout, strict=True):
         if spec.kind == "fat":
-            _run(["mkfs.fat", "-F", "32", "-n", spec.label, "--offset", str(part.start // SECTOR),
-                  "-h", str(part.start // SECTOR), "-s", "1",  # 1-sector clusters: enough for FAT32 in 128 MiB
-                  str(img), str(part.size // 1024)], f"mkfs.fat of {spec.name}")
+            _run(
+                [
+                    "mkfs.fat",
+                    "-F",
+                    "32",
+                    "-n",
+                    spec.label,
+                    "--offset",
+                    str(part.start // SECTOR),
+                    "-h",
+                    str(part.start // SECTOR),
+                    "-s",
+                    "1",  # 1-sector clusters: enough for FAT32 in 128 MiB
+                    str(img),
+                    str(part.size // 1024),
+                ],
+                f"mkfs.fat of {spec.name}",
+            )
             fat_write(img, part, spec.content)
         else:
-            _run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", spec.label, "-d", str(spec.content),
-                  "-E", f"offset={part.start},nodiscard", "-m", "0", str(img), f"{part.size // 1024}k"],
-                 f"mke2fs of {spec.name}")
+            _run(
+                [
+                    "mke2fs",
+                    "-q",
+                    "-F",
+                    "-t",
+                    "ext4",
+                    "-L",
+                    spec.label,
+                    "-d",
+                    str(spec.content),
+                    "-E",
+                    f"offset={part.start},nodiscard",
+                    "-m",
+                    "0",
+                    str(img),
+                    f"{part.size // 1024}k",
+                ],
+                f"mke2fs of {spec.name}",
+            )
     return layout
 
 
@@ -109,14 +174,20 @@ def fat_write(img: Path, part: Partition, content: Path) -> None:
     """Copy the tree ``content`` into the FAT file system at ``part`` (replacing files)."""
     items = [str(p) for p in sorted(content.iterdir())]
     if items:
-        _run(["mcopy", "-o", "-s", "-i", f"{img}@@{part.start}", *items, "::/"], "mcopy into the boot partition",
-             env=_mtools_env())
+        _run(
+            ["mcopy", "-o", "-s", "-i", f"{img}@@{part.start}", *items, "::/"],
+            "mcopy into the boot partition",
+            env=_mtools_env(),
+        )
 
 
 def fat_read(img: Path, part: Partition, name: str, dest: Path) -> Path:
     """Copy the file ``name`` out of the FAT file system at ``part`` to ``dest``."""
-    _run(["mcopy", "-o", "-n", "-i", f"{img}@@{part.start}", f"::/{name}", str(dest)],
-         f"reading {name} from the boot partition", env=_mtools_env())
+    _run(
+        ["mcopy", "-o", "-n", "-i", f"{img}@@{part.start}", f"::/{name}", str(dest)],
+        f"reading {name} from the boot partition",
+        env=_mtools_env(),
+    )
     return dest
 
 
@@ -126,7 +197,9 @@ def read_gpt(img: Path) -> dict[str, Partition]:
         fh.seek(SECTOR)
         hdr = fh.read(92)
         if len(hdr) < 92 or hdr[:8] != b"EFI PART":
-            raise ImageError(f"{img} has no GPT partition table", hint="pass an image made by `fractal image build-os`")
+            raise ImageError(
+                f"{img} has no GPT partition table", hint="pass an image made by `fractal image build-os`"
+            )
         entries_lba, count, esize = struct.unpack_from("<QII", hdr, 72)
         if not (0 < count <= 256 and 128 <= esize <= 1024):
             raise ImageError(f"{img}: implausible GPT header")
@@ -134,7 +207,7 @@ def read_gpt(img: Path) -> dict[str, Partition]:
         raw = fh.read(count * esize)
     out = {}
     for i in range(count):
-        e = raw[i * esize:(i + 1) * esize]
+        e = raw[i * esize : (i + 1) * esize]
         if e[:16] == bytes(16):
             continue
         first, last = struct.unpack_from("<QQ", e, 32)
@@ -163,5 +236,7 @@ def write_sha256(img: Path) -> Path:
 
 def fat_list(img: Path, part: Partition) -> list[str]:
     """Names in the root directory of the FAT file system at ``part``."""
-    out = _run(["mdir", "-b", "-i", f"{img}@@{part.start}", "::/"], "listing the boot partition", env=_mtools_env())
+    out = _run(
+        ["mdir", "-b", "-i", f"{img}@@{part.start}", "::/"], "listing the boot partition", env=_mtools_env()
+    )
     return [line.rstrip("/").rsplit("/", 1)[-1] for line in out.splitlines() if line.strip()]

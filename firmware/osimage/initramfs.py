@@ -25,8 +25,17 @@ __all__ = ["build_initramfs", "module_order", "CpioWriter", "WANTED_MODULES"]
 HERE = Path(__file__).resolve().parent
 # virtio (mmio transport: qemu's virt machines; PCI is built in), disk, network, root and data
 # (ext4 + crc32c, its checksum), the FAT boot partition that holds the settings.
-WANTED_MODULES = ("virtio_mmio", "virtio_blk", "virtio_net", "ext4", "crc32c_generic", "vfat",
-                  "nls_cp437", "nls_ascii", "nls_iso8859-1")
+WANTED_MODULES = (
+    "virtio_mmio",
+    "virtio_blk",
+    "virtio_net",
+    "ext4",
+    "crc32c_generic",
+    "vfat",
+    "nls_cp437",
+    "nls_ascii",
+    "nls_iso8859-1",
+)
 _DEPENDS = re.compile(rb"(?:^|\x00)depends=([^\x00]*)\x00")
 
 
@@ -79,8 +88,10 @@ def _ko_bytes(path: Path) -> bytes:
 
 def module_order(moddir: Path, wanted: tuple[str, ...] = WANTED_MODULES) -> list[tuple[str, bytes]]:
     """The wanted modules that are not built in, with their dependencies, each after what it needs."""
-    builtin = {Path(line).name.split(".ko")[0].replace("-", "_")
-               for line in (moddir / "modules.builtin").read_text().split()}
+    builtin = {
+        Path(line).name.split(".ko")[0].replace("-", "_")
+        for line in (moddir / "modules.builtin").read_text().split()
+    }
     mods = _modules(moddir)
     order: list[tuple[str, bytes]] = []
     seen: set[str] = set()
@@ -90,12 +101,15 @@ def module_order(moddir: Path, wanted: tuple[str, ...] = WANTED_MODULES) -> list
         if name in seen or name in builtin:
             return
         if name not in mods:
-            raise ImageError(f"kernel module {name} (needed by {' <- '.join(chain) or 'the image'}) is neither "
-                             f"built into the kernel nor in {moddir}", hint="check the board's kernel package")
+            raise ImageError(
+                f"kernel module {name} (needed by {' <- '.join(chain) or 'the image'}) is neither "
+                f"built into the kernel nor in {moddir}",
+                hint="check the board's kernel package",
+            )
         seen.add(name)
         data = _ko_bytes(mods[name])
         m = _DEPENDS.search(data)
-        for dep in (m.group(1).decode().split(",") if m and m.group(1) else []):
+        for dep in m.group(1).decode().split(",") if m and m.group(1) else []:
             visit(dep, (name, *chain))
         order.append((name, data))
 

@@ -49,7 +49,9 @@ def boot_files(img: Path, dest: Path) -> BootFiles:
         raise ImageError(f"{img}: no such image file", hint="build one with `fractal image build-os`")
     parts = disk.read_gpt(img)
     if "boot" not in parts:
-        raise ImageError(f"{img} has no partition named boot", hint="pass an image made by `fractal image build-os`")
+        raise ImageError(
+            f"{img} has no partition named boot", hint="pass an image made by `fractal image build-os`"
+        )
     info = json.loads(disk.fat_read(img, parts["boot"], BOOT_INFO, dest / "image.json").read_text())
     board = get_os_board(str(info["board"]))
     kernel = disk.fat_read(img, parts["boot"], str(info["kernel"]), dest / "kernel")
@@ -64,13 +66,31 @@ def qemu_argv(img: Path, files: BootFiles, port: int, *, cpus: int = 2, memory_m
         pkg = "qemu-system-arm" if files.board.arch == "aarch64" else "qemu-system-misc"
         raise ImageError(f"{files.board.qemu} is not installed", hint=f"apt-get install {pkg}")
     return [
-        exe, *files.board.qemu_machine, "-smp", str(cpus), "-m", str(memory_mb),
-        "-nographic", "-monitor", "none", "-serial", "stdio",
-        "-kernel", str(files.kernel), "-initrd", str(files.initrd), "-append", files.cmdline,
-        "-drive", f"file={img},format=raw,if=none,id=disk0,cache=writeback",
-        "-device", "virtio-blk-device,drive=disk0",
-        "-netdev", f"user,id=net0,hostfwd=tcp:127.0.0.1:{port}-:{NODE_PORT}",
-        "-device", "virtio-net-device,netdev=net0",
+        exe,
+        *files.board.qemu_machine,
+        "-smp",
+        str(cpus),
+        "-m",
+        str(memory_mb),
+        "-nographic",
+        "-monitor",
+        "none",
+        "-serial",
+        "stdio",
+        "-kernel",
+        str(files.kernel),
+        "-initrd",
+        str(files.initrd),
+        "-append",
+        files.cmdline,
+        "-drive",
+        f"file={img},format=raw,if=none,id=disk0,cache=writeback",
+        "-device",
+        "virtio-blk-device,drive=disk0",
+        "-netdev",
+        f"user,id=net0,hostfwd=tcp:127.0.0.1:{port}-:{NODE_PORT}",
+        "-device",
+        "virtio-net-device,netdev=net0",
     ]
 
 
@@ -82,8 +102,14 @@ def _ready(url: str) -> bool:
         return False
 
 
-def try_image(img: str | Path, *, port: int, ready_timeout_s: float = 1200.0,
-              on_ready: Callable[[str], None] = print, console: int | None = None) -> int:
+def try_image(
+    img: str | Path,
+    *,
+    port: int,
+    ready_timeout_s: float = 1200.0,
+    on_ready: Callable[[str], None] = print,
+    console: int | None = None,
+) -> int:
     """Boot ``img`` and block until the machine stops; ``on_ready(url)`` once the node answers
     ready. Returns qemu's exit code (0 after a power-off or a stop by signal)."""
     img = Path(img).resolve()
@@ -91,8 +117,9 @@ def try_image(img: str | Path, *, port: int, ready_timeout_s: float = 1200.0,
     with tempfile.TemporaryDirectory(prefix="fractal-try-") as tmp:
         files = boot_files(img, Path(tmp))
         argv = qemu_argv(img, files, port)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console, stderr=console,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=console, stderr=console, start_new_session=True
+        )
 
         def stop(signum: int, _frame: FrameType | None) -> None:
             stopping.append(signum)
@@ -110,8 +137,10 @@ def try_image(img: str | Path, *, port: int, ready_timeout_s: float = 1200.0,
                 if time.monotonic() > deadline:
                     proc.terminate()
                     proc.wait(30)
-                    raise ImageError(f"the board's node was not ready within {ready_timeout_s:.0f} s",
-                                     hint="read the board's console output above")
+                    raise ImageError(
+                        f"the board's node was not ready within {ready_timeout_s:.0f} s",
+                        hint="read the board's console output above",
+                    )
                 time.sleep(1.0)  # polling the forwarded port: qemu gives no event for it
             code = proc.wait()
         finally:

@@ -33,7 +33,17 @@ from firmware import debs
 from firmware.errors import ImageError
 from firmware.osimage.boards import OsBoard
 
-__all__ = ["PACKAGES", "fetch_debs", "unpack", "make_rootfs", "REPO", "APPLETS", "NODE_PACKAGES", "compile_bytecode", "build_python"]
+__all__ = [
+    "PACKAGES",
+    "fetch_debs",
+    "unpack",
+    "make_rootfs",
+    "REPO",
+    "APPLETS",
+    "NODE_PACKAGES",
+    "compile_bytecode",
+    "build_python",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -42,33 +52,145 @@ HERE = Path(__file__).resolve().parent
 # (the closure of `apt-cache depends --recurse`, as in firmware/sysroot.sh's riscv64 list;
 # zlib-ng and amqtt are optional imports and not packaged), then busybox.
 PACKAGES = (
-    "python3.13-minimal", "libpython3.13-minimal", "libpython3.13-stdlib", "python3-numpy",
-    "libc6", "libgcc-s1", "libstdc++6", "libgfortran5", "libblas3", "liblapack3", "zlib1g", "libffi8",
-    "libexpat1", "libssl3t64", "libbz2-1.0", "liblzma5", "libzstd1", "libsqlite3-0", "libuuid1",
-    "libncursesw6", "libtinfo6", "libreadline8t64", "libdb5.3t64", "libmpdec4", "media-types", "tzdata",
-    "libuv1t64", "python3-annotated-types", "python3-anyio", "python3-bcrypt", "python3-certifi",
-    "python3-cffi-backend", "python3-click", "python3-cryptography", "python3-decorator",
-    "python3-dnspython", "python3-dotenv", "python3-email-validator", "python3-exceptiongroup",
-    "python3-fastapi", "python3-h11", "python3-httpcore", "python3-httpx", "python3-idna",
-    "python3-linkify-it", "python3-markdown-it", "python3-mdurl", "python3-paho-mqtt",
-    "python3-platformdirs", "python3-prometheus-client", "python3-pydantic", "python3-pydantic-core",
-    "python3-pydantic-settings", "python3-pygments", "python3-rich", "python3-shellingham",
-    "python3-sniffio", "python3-starlette", "python3-typer", "python3-typing-extensions",
-    "python3-uc-micro", "python3-uvicorn", "python3-uvloop", "python3-wsproto", "python3-multipart",
+    "python3.13-minimal",
+    "libpython3.13-minimal",
+    "libpython3.13-stdlib",
+    "python3-numpy",
+    "libc6",
+    "libgcc-s1",
+    "libstdc++6",
+    "libgfortran5",
+    "libblas3",
+    "liblapack3",
+    "zlib1g",
+    "libffi8",
+    "libexpat1",
+    "libssl3t64",
+    "libbz2-1.0",
+    "liblzma5",
+    "libzstd1",
+    "libsqlite3-0",
+    "libuuid1",
+    "libncursesw6",
+    "libtinfo6",
+    "libreadline8t64",
+    "libdb5.3t64",
+    "libmpdec4",
+    "media-types",
+    "tzdata",
+    "libuv1t64",
+    "python3-annotated-types",
+    "python3-anyio",
+    "python3-bcrypt",
+    "python3-certifi",
+    "python3-cffi-backend",
+    "python3-click",
+    "python3-cryptography",
+    "python3-decorator",
+    "python3-dnspython",
+    "python3-dotenv",
+    "python3-email-validator",
+    "python3-exceptiongroup",
+    "python3-fastapi",
+    "python3-h11",
+    "python3-httpcore",
+    "python3-httpx",
+    "python3-idna",
+    "python3-linkify-it",
+    "python3-markdown-it",
+    "python3-mdurl",
+    "python3-paho-mqtt",
+    "python3-platformdirs",
+    "python3-prometheus-client",
+    "python3-pydantic",
+    "python3-pydantic-core",
+    "python3-pydantic-settings",
+    "python3-pygments",
+    "python3-rich",
+    "python3-shellingham",
+    "python3-sniffio",
+    "python3-starlette",
+    "python3-typer",
+    "python3-typing-extensions",
+    "python3-uc-micro",
+    "python3-uvicorn",
+    "python3-uvloop",
+    "python3-wsproto",
+    "python3-multipart",
     "busybox-static",
 )
 # The project's packages a node runs (no TVM: C-backend artifacts load through ctypes).
 NODE_PACKAGES = ("fractal", "compiler", "federation", "edgenode", "firmware", "api")
 # busybox applets linked into /usr/bin (the ones the boot scripts and an operator's shell use).
 APPLETS = (
-    "sh", "ash", "mount", "umount", "mkdir", "ln", "cat", "echo", "hostname", "ip", "udhcpc", "ntpd",
-    "sleep", "date", "insmod", "modprobe", "lsmod", "switch_root", "findfs", "ls", "ps", "kill",
-    "killall", "pidof", "reboot", "poweroff", "halt", "init", "sed", "grep", "tail", "head", "dmesg",
-    "awk", "cut", "tr", "rm", "mv", "cp", "chmod", "sync", "blkid", "wc", "uname", "df", "du", "free",
-    "top", "vi", "less", "ping", "wget", "nslookup", "test", "[", "true", "false", "env", "touch",
+    "sh",
+    "ash",
+    "mount",
+    "umount",
+    "mkdir",
+    "ln",
+    "cat",
+    "echo",
+    "hostname",
+    "ip",
+    "udhcpc",
+    "ntpd",
+    "sleep",
+    "date",
+    "insmod",
+    "modprobe",
+    "lsmod",
+    "switch_root",
+    "findfs",
+    "ls",
+    "ps",
+    "kill",
+    "killall",
+    "pidof",
+    "reboot",
+    "poweroff",
+    "halt",
+    "init",
+    "sed",
+    "grep",
+    "tail",
+    "head",
+    "dmesg",
+    "awk",
+    "cut",
+    "tr",
+    "rm",
+    "mv",
+    "cp",
+    "chmod",
+    "sync",
+    "blkid",
+    "wc",
+    "uname",
+    "df",
+    "du",
+    "free",
+    "top",
+    "vi",
+    "less",
+    "ping",
+    "wget",
+    "nslookup",
+    "test",
+    "[",
+    "true",
+    "false",
+    "env",
+    "touch",
 )
-_DROP = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
-         "usr/share/bug")
+_DROP = (
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "usr/share/lintian",
+    "usr/share/bug",
+)
 MIRROR = "http://deb.debian.org/debian"
 
 
@@ -82,13 +204,17 @@ def fetch_debs(board: OsBoard) -> dict[str, Path]:
     pins = debs.read_lock(board.lock)
     have, want = {p.package for p in pins}, {*PACKAGES, board.kernel_package}
     if have != want:
-        raise ImageError(f"{board.lock.name} is stale: missing {sorted(want - have)}, extra {sorted(have - want)}",
-                         hint="regenerate it with `python3 firmware/debs.py lock` (see firmware/osimage/README)")
+        raise ImageError(
+            f"{board.lock.name} is stale: missing {sorted(want - have)}, extra {sorted(have - want)}",
+            hint="regenerate it with `python3 firmware/debs.py lock` (see firmware/osimage/README)",
+        )
     try:
         files = debs.fetch(pins, MIRROR, cache_dir() / "debs" / f"{board.suite}-{board.debarch}")
     except debs.DebsError as exc:
-        raise ImageError(f"Debian packages for {board.name}: {exc}",
-                         hint="check the network, or regenerate the lock if Debian removed a pinned version") from None
+        raise ImageError(
+            f"Debian packages for {board.name}: {exc}",
+            hint="check the network, or regenerate the lock if Debian removed a pinned version",
+        ) from None
     return {p.package: f for p, f in zip(pins, files, strict=True)}
 
 
@@ -129,14 +255,19 @@ def _etc(root: Path, board: OsBoard) -> None:
     (etc / "fstab").write_text("# mounted by /etc/init.d/rcS\n")
     (etc / "os-release").write_text(
         f'PRETTY_NAME="fractal-edge board image (Debian {board.suite} {board.debarch})"\n'
-        f"ID=fractal-edge\nID_LIKE=debian\nVARIANT_ID={board.name}\n")
+        f"ID=fractal-edge\nID_LIKE=debian\nVARIANT_ID={board.name}\n"
+    )
     _link(etc / "resolv.conf", "/run/resolv.conf")
     _link(etc / "hostname", "/run/hostname")
     files = HERE / "files"
     shutil.copyfile(files / "inittab.txt", etc / "inittab")
-    for src, dst in (("rcS.sh", "init.d/rcS"), ("udhcpc.sh", "fractal/udhcpc.sh"),
-                     ("service.sh", "fractal/service.sh"), ("shutdown.sh", "fractal/shutdown.sh"),
-                     ("env.sh", "fractal/env")):
+    for src, dst in (
+        ("rcS.sh", "init.d/rcS"),
+        ("udhcpc.sh", "fractal/udhcpc.sh"),
+        ("service.sh", "fractal/service.sh"),
+        ("shutdown.sh", "fractal/shutdown.sh"),
+        ("env.sh", "fractal/env"),
+    ):
         shutil.copyfile(files / src, etc / dst)
         os.chmod(etc / dst, 0o755)
 
@@ -145,8 +276,13 @@ def _project(root: Path) -> None:
     """The node's code under /opt/fractal: Python sources and package data, no native build output."""
     dest = root / "opt" / "fractal"
     for pkg in NODE_PACKAGES:
-        shutil.copytree(REPO / pkg, dest / pkg, ignore=shutil.ignore_patterns(
-            "__pycache__", "*.pyc", "*.so", "*.o", "tuned", "*.lock", "osimage"))
+        shutil.copytree(
+            REPO / pkg,
+            dest / pkg,
+            ignore=shutil.ignore_patterns(
+                "__pycache__", "*.pyc", "*.so", "*.o", "tuned", "*.lock", "osimage"
+            ),
+        )
 
 
 BUILD_PYTHON_LOCK = HERE / "trixie-amd64-buildpython.lock"
@@ -170,8 +306,12 @@ def build_python() -> tuple[list[str], Path]:
         for f in files:
             unpack(f, dest)
         stamp.write_text(want)
-    argv = [str(dest / "usr/lib64/ld-linux-x86-64.so.2"), "--library-path",
-            str(dest / "usr/lib/x86_64-linux-gnu"), str(dest / "usr/bin/python3.13")]
+    argv = [
+        str(dest / "usr/lib64/ld-linux-x86-64.so.2"),
+        "--library-path",
+        str(dest / "usr/lib/x86_64-linux-gnu"),
+        str(dest / "usr/bin/python3.13"),
+    ]
     return argv, dest
 
 
@@ -181,9 +321,24 @@ def compile_bytecode(root: Path) -> None:
     argv, _ = build_python()
     dirs = [str(root / d) for d in ("usr/lib/python3.13", "usr/lib/python3/dist-packages", "opt/fractal")]
     r = subprocess.run(
-        [*argv, "-m", "compileall", "-q", "-s", str(root), "-p", "/",
-         "-x", r"/(test|tests|idlelib|tkinter|turtledemo|lib2to3)/", *dirs],
-        capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        [
+            *argv,
+            "-m",
+            "compileall",
+            "-q",
+            "-s",
+            str(root),
+            "-p",
+            "/",
+            "-x",
+            r"/(test|tests|idlelib|tkinter|turtledemo|lib2to3)/",
+            *dirs,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )
     if r.returncode != 0:
         raise ImageError(f"compiling the board's bytecode failed: {(r.stderr or r.stdout).strip()[-300:]}")
 

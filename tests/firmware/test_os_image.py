@@ -55,25 +55,49 @@ def c_artifacts(tmp_path_factory: pytest.TempPathFactory, digits_onnx: Path) -> 
     from compiler import compile_model
 
     d = tmp_path_factory.mktemp("os-artifacts")
-    return {board: compile_model(digits_onnx, target=preset, out_dir=d / preset, progress=False)
-            for board, preset in PRESET.items()}
+    return {
+        board: compile_model(digits_onnx, target=preset, out_dir=d / preset, progress=False)
+        for board, preset in PRESET.items()
+    }
 
 
 @pytest.fixture(scope="session", params=list(PRESET))
-def booted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, os_keys: Path,
-           c_artifacts: dict[str, Path]) -> Iterator[Booted]:
+def booted(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    os_keys: Path,
+    c_artifacts: dict[str, Path],
+) -> Iterator[Booted]:
     board = request.param
     d = tmp_path_factory.mktemp(f"os-{board}")
     img = d / f"{board}.img"
-    r = cli("image", "build-os", c_artifacts[board], "--board", board, "--key", os_keys, "--version", "1.0.0",
-            "--out", img, timeout=900)
+    r = cli(
+        "image",
+        "build-os",
+        c_artifacts[board],
+        "--board",
+        board,
+        "--key",
+        os_keys,
+        "--version",
+        "1.0.0",
+        "--out",
+        img,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr
     checks = _fresh_image_checks(img, d)
     console = d / "console.log"
     with open(console, "w") as log:
-        proc = subprocess.Popen([*CLI, "image", "try", str(img), "--port", str(free_port())], cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                                stderr=log, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [*CLI, "image", "try", str(img), "--port", str(free_port())],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+        )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []], daemon=True).start()
     try:
@@ -109,12 +133,19 @@ def _fresh_image_checks(img: Path, d: Path) -> dict[str, object]:
     bmap_path = img.with_name(img.name + ".bmap")
     bmap = ET.parse(bmap_path).getroot()
     card = d / "card.img"
-    r = subprocess.run(["bmaptool", "copy", "--bmap", str(bmap_path), str(img), str(card)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        ["bmaptool", "copy", "--bmap", str(bmap_path), str(img), str(card)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out: dict[str, object] = {
-        "partitions": list(parts), "sha256": _sha256(img),
-        "sha256_ok": sha_line == [_sha256(img), img.name], "bmap_copy_rc": r.returncode,
-        "bmap_stderr": r.stderr[-500:], "copy_sha256": _sha256(card) if card.exists() else None,
+        "partitions": list(parts),
+        "sha256": _sha256(img),
+        "sha256_ok": sha_line == [_sha256(img), img.name],
+        "bmap_copy_rc": r.returncode,
+        "bmap_stderr": r.stderr[-500:],
+        "copy_sha256": _sha256(card) if card.exists() else None,
         "size": img.stat().st_size,
         "mapped": int(bmap.findtext("MappedBlocksCount") or 0) * int(bmap.findtext("BlockSize") or 0),
         "boot_files": set(fat_list(img, parts["boot"])),
@@ -124,7 +155,9 @@ def _fresh_image_checks(img: Path, d: Path) -> dict[str, object]:
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
@@ -136,8 +169,10 @@ def test_booted_board_serves_inference_matching_onnxruntime(booted: Booted, digi
         node = json.loads(r.read())
     assert node["arch"] == booted.board.split("-")[0], node
     x = np.random.default_rng(7).random((1, 64)).astype(np.float32)
-    reply = _post(f"{booted.url}/v2/models/digits-mlp/infer",
-                  {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]})
+    reply = _post(
+        f"{booted.url}/v2/models/digits-mlp/infer",
+        {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]},
+    )
     out = {o["name"]: np.asarray(o["data"], np.float32).reshape(o["shape"]) for o in reply["outputs"]}
     ref = onnxruntime_reference(digits_onnx, {"x": x}, 1)
     assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-4
@@ -155,17 +190,43 @@ def test_image_layout_bmap_and_sha256(booted: Booted) -> None:
     assert c["bmap_copy_rc"] == 0, c
     assert c["copy_sha256"] == c["sha256"], c  # the card holds the image, holes included
     assert 0 < int(c["mapped"]) < int(c["size"]) // 2, c  # mostly holes: only data is written
-    assert c["boot_files"] >= {"vmlinuz" if booted.board == "aarch64-virt" else "vmlinux", "initrd.img",
-                               "cmdline.txt"}, c
+    assert c["boot_files"] >= {
+        "vmlinuz" if booted.board == "aarch64-virt" else "vmlinux",
+        "initrd.img",
+        "cmdline.txt",
+    }, c
 
 
-def test_build_os_refuses_tvm_artifacts_and_unknown_boards(digits_artifact: Path, os_keys: Path,
-                                                           tmp_path: Path) -> None:
+def test_build_os_refuses_tvm_artifacts_and_unknown_boards(
+    digits_artifact: Path, os_keys: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "x.img"
-    r = cli("image", "build-os", digits_artifact, "--board", "aarch64-virt", "--key", os_keys,
-            "--version", "1.0.0", "--out", out)
+    r = cli(
+        "image",
+        "build-os",
+        digits_artifact,
+        "--board",
+        "aarch64-virt",
+        "--key",
+        os_keys,
+        "--version",
+        "1.0.0",
+        "--out",
+        out,
+    )
     assert_refused(r, "C-backend", "aarch64-c")
-    r = cli("image", "build-os", digits_artifact, "--board", "pdp11", "--key", os_keys, "--version", "1.0.0",
-            "--out", out)
+    r = cli(
+        "image",
+        "build-os",
+        digits_artifact,
+        "--board",
+        "pdp11",
+        "--key",
+        os_keys,
+        "--version",
+        "1.0.0",
+        "--out",
+        out,
+    )
     assert_refused(r, "unknown board 'pdp11'", "aarch64-virt")
     assert not out.exists()
