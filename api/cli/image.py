@@ -269,3 +269,22 @@ def try_(
         image, port=port, ready_timeout_s=ready_timeout, on_ready=ready, console=sys.stderr.fileno()
     )
     raise typer.Exit(code)
+
+
+@image_app.command("configure")
+def configure(
+    image: Path = typer.Argument(..., help="Disk image made by `fractal image build-os`."),
+    broker: str = typer.Option(..., "--broker", help="MQTT broker the board joins, e.g. mqtt://10.0.2.2:1883."),
+    fleet: str = typer.Option(..., "--fleet", help="Fleet service URL, e.g. http://10.0.2.2:8000."),
+    swarm: str = typer.Option(..., "--swarm", help="Swarm id."),
+    enroll_token: str = typer.Option(..., "--enroll-token", help="Enrolment token from the fleet."),
+    api_token: str = typer.Option("", "--api-token", help="Bearer token the node's HTTP API requires."),
+    hostname: str = typer.Option("", "--hostname", help="Host name, also the node id (default fractal-MAC)."),
+    ntp_server: str = typer.Option("", "--ntp-server", help="NTP server the board keeps its clock with."),
+) -> None:
+    """Write first-boot settings (fractal/settings.toml) onto the boot partition (no mount)."""
+    from firmware.osimage.settings import SETTINGS_PATH, Settings, configure_image
+
+    s = Settings(broker, fleet, swarm, enroll_token, api_token, hostname, ntp_server)
+    configure_image(image, s)
+    typer.echo(f"wrote {SETTINGS_PATH} on the boot partition of {image} (broker {broker}, swarm {swarm})")

@@ -14,21 +14,15 @@ mount -t tmpfs -o mode=1777 shm /dev/shm
 mount -t ext4 -o noatime "$(findfs LABEL=fractal-data)" /data || echo "rcS: no data partition"
 mount -t vfat -o ro "$(findfs LABEL=FRACTALBOOT)" /boot || echo "rcS: no boot partition"
 mkdir -p /data/home
-# hostname: the settings' one, else fractal-<last 3 bytes of the MAC>
-host=""
-[ -f /boot/fractal/hostname ] && host=$(tr -cd 'a-zA-Z0-9-' < /boot/fractal/hostname)
-if [ -z "$host" ]; then
-  mac=$(cat /sys/class/net/eth0/address 2>/dev/null | tr -d ':')
-  host="fractal-${mac#??????}"
-fi
+# default hostname fractal-<last 3 bytes of the MAC>; the settings' hostname replaces it
+# (/etc/fractal/service.sh applies the boot partition's fractal/settings.toml)
+mac=$(cat /sys/class/net/eth0/address 2>/dev/null | tr -d ':')
+host="fractal-${mac#??????}"
 echo "$host" > /run/hostname
 hostname "$host"
 ip link set lo up
 # DHCP on Ethernet (busybox udhcpc, keeps renewing in the background).
 ip link set eth0 up 2>/dev/null && udhcpc -b -S -i eth0 -s /etc/fractal/udhcpc.sh -x "hostname:$host"
-# Time: the kernel set the clock from the RTC at boot; with a server in the settings, ntpd keeps
-# it (signatures and certificates need a correct clock).
-if [ -f /boot/fractal/ntp-server ]; then
-  ntpd -p "$(head -n1 /boot/fractal/ntp-server)"
-fi
+# Time: the kernel set the clock from the RTC at boot; with ntp_server in the settings, ntpd
+# keeps it (signatures and certificates need a correct clock).
 echo "rcS: up at $(date -u +%FT%TZ) as $host, kernel $(uname -r)"
