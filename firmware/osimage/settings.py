@@ -138,6 +138,8 @@ def configure_image(img: Path, s: Settings) -> Path:
     from firmware.osimage import disk
 
     s.check()
+    if not img.is_file():
+        raise ImageError(f"{img}: no such image file", hint="build one with `fractal image build-os`")
     parts = disk.read_gpt(img)
     if "boot" not in parts:
         raise ImageError(

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from federation.broker import MosquittoBroker
 from tests.edgenode.test_cli_node import free_port
 from tests.firmware.conftest import CLI, REPO, assert_refused, cli
 
@@ -39,7 +40,8 @@ class Booted:
     url: str
     proc: subprocess.Popen[str]
     console: Path
-    checks: dict[str, object]  # what the fresh image looked like before the board wrote to it
+    checks: dict[str, object]
+    swarm: str  # what the fresh image looked like before the board wrote to it
 
 
 @pytest.fixture(scope="session")
@@ -67,6 +69,7 @@ def booted(
     tmp_path_factory: pytest.TempPathFactory,
     os_keys: Path,
     c_artifacts: dict[str, Path],
+    mosquitto: MosquittoBroker,
 ) -> Iterator[Booted]:
     board = request.param
     d = tmp_path_factory.mktemp(f"os-{board}")
@@ -87,6 +90,24 @@ def booted(
     )
     assert r.returncode == 0, r.stderr
     checks = _fresh_image_checks(img, d)
+    # first-boot settings: the session's Mosquitto, reached from inside as the host (10.0.2.2)
+    swarm = f"os{os.getpid()}-{board}"
+    r = cli(
+        "image",
+        "configure",
+        img,
+        "--broker",
+        f"mqtt://10.0.2.2:{mosquitto.port}",
+        "--fleet",
+        "http://10.0.2.2:9",
+        "--swarm",
+        swarm,
+        "--enroll-token",
+        "enrol-token-1",
+        "--hostname",
+        f"{board}-1",
+    )
+    assert r.returncode == 0, r.stderr
     console = d / "console.log"
     with open(console, "w") as log:
         proc = subprocess.Popen(
@@ -107,7 +128,7 @@ def booted(
     if not line.startswith("node: "):
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"`image try` printed {line!r}; console:\n{console.read_text()[-4000:]}")
-    yield Booted(board, img, c_artifacts[board], line.split()[1], proc, console, checks)
+    yield Booted(board, img, c_artifacts[board], line.split()[1], proc, console, checks, swarm)
     # SIGTERM stops the machine: `try` exits 0 and no qemu is left in its session
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
@@ -230,3 +251,73 @@ def test_build_os_refuses_tvm_artifacts_and_unknown_boards(
     )
     assert_refused(r, "unknown board 'pdp11'", "aarch64-virt")
     assert not out.exists()
+
+
+def test_configured_board_joins_the_broker_as_its_hostname(
+    booted: Booted, mosquitto: MosquittoBroker
+) -> None:
+    """`fractal image configure` settings, read at boot: the node's retained status is on the
+    configured broker, under the configured swarm, with the configured hostname as node id."""
+    from federation import topics
+    from federation.messages import NodeState, parse_status
+    from federation.mqtt import MqttLink
+
+    got: queue.Queue = queue.Queue()
+    link = MqttLink(mosquitto.url, client_id=f"watch-{booted.swarm}", swarm=booted.swarm)
+    try:
+        link.subscribe(
+            topics.status(booted.swarm, f"{booted.board}-1"), lambda _t, p: got.put(parse_status(p))
+        )
+        status = got.get(timeout=60)  # retained: there as soon as the subscription is
+    finally:
+        link.close()
+    assert status.node_id == f"{booted.board}-1" and status.state == NodeState.ONLINE, status
+    with urllib.request.urlopen(f"{booted.url}/v1/node", timeout=60) as r:
+        node = json.loads(r.read())
+    assert (node["node_id"], node["swarm"], node["broker"]) == (f"{booted.board}-1", booted.swarm, True), node
+
+
+def test_configure_refuses_bad_settings(tmp_path: Path) -> None:
+    img = tmp_path / "none.img"
+    r = cli(
+        "image",
+        "configure",
+        img,
+        "--broker",
+        "http://x",
+        "--fleet",
+        "http://f",
+        "--swarm",
+        "s",
+        "--enroll-token",
+        "abcdefgh1",
+    )
+    assert_refused(r, "broker 'http://x'", "mqtt://")
+    r = cli(
+        "image",
+        "configure",
+        img,
+        "--broker",
+        "mqtt://h:1883",
+        "--fleet",
+        "http://f",
+        "--swarm",
+        "a/b",
+        "--enroll-token",
+        "abcdefgh1",
+    )
+    assert_refused(r, "swarm 'a/b'")
+    r = cli(
+        "image",
+        "configure",
+        img,
+        "--broker",
+        "mqtt://h:1883",
+        "--fleet",
+        "http://f",
+        "--swarm",
+        "s",
+        "--enroll-token",
+        "abcdefgh1",
+    )
+    assert_refused(r, "no such image file")
