@@ -137,9 +137,7 @@ def build_os(
         pub = stage / "release.pub"
         pub.write_bytes(keymod.public_pem(priv.public_key()))
         flash(bundle, data / "device", [pub])
-        log(
-            f"build-os: application {art.name} {version} in slot a ({time.perf_counter() - t0:.1f} s)"
-        )
+        log(f"build-os: application {art.name} {version} in slot a ({time.perf_counter() - t0:.1f} s)")
         root_mb = disk.tree_bytes(root) * 115 // 100 // disk.MiB + 64
         data_mb = max(_DATA_MIN_MB, 4 * bundle.stat().st_size // disk.MiB + 64)
         parts = [

@@ -279,9 +279,7 @@ def _project(root: Path) -> None:
         shutil.copytree(
             REPO / pkg,
             dest / pkg,
-            ignore=shutil.ignore_patterns(
-                "__pycache__", "*.pyc", "*.so", "*.o", "tuned", "*.lock", "osimage"
-            ),
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.o", "tuned", "*.lock"),
         )
 
 
