@@ -158,6 +158,15 @@ def health_check(
     return None
 
 
+def _config_token(cfg: Path) -> str | None:
+    """The node config's ``auth_token`` (None when absent, or when the node will refuse the file)."""
+    try:
+        token = tomllib.loads(cfg.read_text()).get("auth_token")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return token if isinstance(token, str) else None
+
+
 def _auth(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -291,8 +300,7 @@ def boot(
         )
         logf.close()
         url = f"http://{host}:{port}"
-        token = tomllib.loads(cfg.read_text()).get("auth_token")
-        why = health_check(url, dev.slot(slot), manifest, proc, health_timeout_s, token)
+        why = health_check(url, dev.slot(slot), manifest, proc, health_timeout_s, _config_token(cfg))
         if why is None:
             _settle(dev, slot, None, log)
             return BootResult(slot, str(manifest["version"]), fell_back, proc, url)
