@@ -26,7 +26,8 @@ from federation.broker import MosquittoBroker
 from tests.edgenode.test_cli_node import free_port
 from tests.firmware.conftest import CLI, REPO, assert_refused, cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
+# build + boot under TCG runs in the fixture setup, which pytest-timeout counts against the first test
+pytestmark = [pytest.mark.slow, pytest.mark.mosquitto, pytest.mark.timeout(2400)]
 
 PRESET = {"aarch64-virt": "aarch64-c", "riscv64-virt": "riscv64"}
 BOOT_TIMEOUT_S = 1500  # build + boot under TCG on a loaded 2-core machine
