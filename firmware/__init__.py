@@ -9,6 +9,10 @@
 * :mod:`firmware.ota` resumable download (HTTP ranges) and staging; ``DeviceUpdates``, a running
   node's handle on its device for fleet roll-outs (update, image rollback, report).
 
+* :mod:`firmware.osimage` board disk images (``fractal image build-os`` / ``configure`` / ``try``):
+  a Debian rootfs from pinned packages, kernel + initramfs, the application in slot ``a`` of the
+  data partition; booted under qemu-system.
+
 ``sysroot.sh ARCH DEST`` builds the foreign-arch Python sysroot (Debian arm64 packages plus the
 aarch64 wheels of apache-tvm, apache-tvm-ffi and numpy) that ``compiler.emulate`` runs artifacts
 in under qemu-user; ``make sysroot`` calls it for aarch64 into ``.cache/sysroot-aarch64``.

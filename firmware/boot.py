@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -105,9 +106,11 @@ def _get(url: str, timeout: float) -> int:
 
 
 def health_check(
-    url: str, slot_dir: Path, manifest: dict[str, Any], proc: subprocess.Popen[bytes], timeout_s: float
+    url: str, slot_dir: Path, manifest: dict[str, Any], proc: subprocess.Popen[bytes], timeout_s: float,
+    token: str | None = None,
 ) -> str | None:
-    """None when healthy, else why not: readiness, then one reference inference within atol."""
+    """None when healthy, else why not: readiness, then one reference inference within atol
+    (presenting ``token``, the node's ``auth_token``, when it has one)."""
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -134,7 +137,7 @@ def health_check(
     req = urllib.request.Request(
         f"{url}/v2/models/{health['model']}/infer",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **_auth(token)},
     )
     try:
         with urllib.request.urlopen(req, timeout=max(5.0, deadline - time.monotonic())) as r:
@@ -153,6 +156,19 @@ def health_check(
         if not err <= atol:
             return f"output {name!r} differs from the image's expected output by {err:.3g} (> {atol})"
     return None
+
+
+def _config_token(cfg: Path) -> str | None:
+    """The node config's ``auth_token`` (None when absent, or when the node will refuse the file)."""
+    try:
+        token = tomllib.loads(cfg.read_text()).get("auth_token")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return token if isinstance(token, str) else None
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _datatype(a: np.ndarray) -> str:
@@ -284,7 +300,7 @@ def boot(
         )
         logf.close()
         url = f"http://{host}:{port}"
-        why = health_check(url, dev.slot(slot), manifest, proc, health_timeout_s)
+        why = health_check(url, dev.slot(slot), manifest, proc, health_timeout_s, _config_token(cfg))
         if why is None:
             _settle(dev, slot, None, log)
             return BootResult(slot, str(manifest["version"]), fell_back, proc, url)

@@ -195,3 +195,96 @@ def stage(
         f"downloaded {stats.size} bytes in {stats.requests} request(s) ({stats.resumed} resumed); "
         f"flashed version {r['version']} into slot {r['slot']}; it boots on trial at the next `fractal boot`"
     )
+
+
+
+@image_app.command("build-os")
+def build_os(
+    artifact: Path = typer.Argument(
+        ..., help="C-backend artifact directory (`fractal compile --target aarch64-c|riscv64`)."
+    ),
+    board: str = typer.Option(..., "--board", help="Board: aarch64-virt or riscv64-virt."),
+    key: Path = typer.Option(
+        ..., "--key", help="Private release key (`fractal image keygen`); the board trusts its public key."
+    ),
+    version: str = typer.Option(..., "--version", help="Semantic version of the application, e.g. 1.0.0."),
+    out: Path = typer.Option(
+        ..., "--out", help="Disk image to write (BOARD.img; .bmap and .sha256 beside it)."
+    ),
+    rollback_index: int = typer.Option(
+        0, "--rollback-index", help="Anti-rollback counter of the application."
+    ),
+) -> None:
+    """Build a complete disk image (Debian rootfs, kernel, node, the application in slot a) for a card."""
+    from firmware.osimage.build import build_os as _build_os
+
+    r = _build_os(
+        artifact,
+        board=board,
+        key=key,
+        version=version,
+        out=out,
+        rollback_index=rollback_index,
+        log=lambda m: typer.echo(m, err=True),
+    )
+    typer.echo(
+        f"wrote {r.path} ({r.size // (1 << 20)} MiB raw, board {r.board}, version {r.version}), "
+        f"{r.bmap.name}, {r.sha256.name} in {r.seconds:.1f} s"
+    )
+
+
+@image_app.command("try")
+def try_(
+    image: Path = typer.Argument(..., help="Disk image made by `fractal image build-os`."),
+    port: int = typer.Option(
+        8080, "--port", min=1, max=65535, help="Host port the node's port is forwarded to."
+    ),
+    ready_timeout: float = typer.Option(
+        1200.0, "--ready-timeout", min=1.0, help="Seconds to wait for the node."
+    ),
+) -> None:
+    """Boot the image under qemu-system (console on stderr) and print `node: http://127.0.0.1:PORT` once
+    its node is ready; Ctrl-C or SIGTERM stops the machine."""
+    import sys
+
+    from api.cli.net import port_problem
+    from firmware.osimage.qemu import try_image
+
+    problem = port_problem("127.0.0.1", port)
+    if problem:
+        from firmware.errors import ImageError
+
+        raise ImageError(problem, hint="pass a free --port")
+
+    import time
+
+    t0 = time.monotonic()
+
+    def ready(url: str) -> None:
+        typer.echo(f"node: {url}")
+        sys.stdout.flush()
+        typer.echo(f"try: the node answered ready {time.monotonic() - t0:.1f} s after qemu started", err=True)
+
+    code = try_image(
+        image, port=port, ready_timeout_s=ready_timeout, on_ready=ready, console=sys.stderr.fileno()
+    )
+    raise typer.Exit(code)
+
+
+@image_app.command("configure")
+def configure(
+    image: Path = typer.Argument(..., help="Disk image made by `fractal image build-os`."),
+    broker: str = typer.Option(..., "--broker", help="MQTT broker the board joins, e.g. mqtt://10.0.2.2:1883."),
+    fleet: str = typer.Option(..., "--fleet", help="Fleet service URL, e.g. http://10.0.2.2:8000."),
+    swarm: str = typer.Option(..., "--swarm", help="Swarm id."),
+    enroll_token: str = typer.Option(..., "--enroll-token", help="Enrolment token from the fleet."),
+    api_token: str = typer.Option("", "--api-token", help="Bearer token the node's HTTP API requires."),
+    hostname: str = typer.Option("", "--hostname", help="Host name, also the node id (default fractal-MAC)."),
+    ntp_server: str = typer.Option("", "--ntp-server", help="NTP server the board keeps its clock with."),
+) -> None:
+    """Write first-boot settings (fractal/settings.toml) onto the boot partition (no mount)."""
+    from firmware.osimage.settings import SETTINGS_PATH, Settings, configure_image
+
+    s = Settings(broker, fleet, swarm, enroll_token, api_token, hostname, ntp_server)
+    configure_image(image, s)
+    typer.echo(f"wrote {SETTINGS_PATH} on the boot partition of {image} (broker {broker}, swarm {swarm})")

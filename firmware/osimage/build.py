@@ -1,0 +1,157 @@
+"""``build_os``: a complete board disk image from a compiled C-backend artifact and a release key.
+
+The application (artifact, health reference, node template) is today's signed bundle
+(:func:`firmware.image.build_image`), flashed into slot ``a`` of the device directory on the data
+partition exactly as ``fractal image flash`` does on a running board, so over-the-air updates
+(the same bundles) and rollbacks work unchanged on a flashed card. Its first boot is a trial
+boot: ``fractal boot`` marks the slot good once its health check passes on the board.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from firmware import keys as keymod
+from firmware.artifact_view import artifact_info
+from firmware.errors import ImageError
+from firmware.osimage import disk, initramfs, rootfs
+from firmware.osimage.boards import OsBoard, get_os_board
+
+__all__ = ["OsImage", "build_os", "BOOT_INFO", "kernel_cmdline"]
+
+BOOT_INFO = "fractal/image.json"  # on the boot partition: board, kernel, initrd, command line
+_BOOT_MB = 128
+_DATA_MIN_MB = 256
+
+
+@dataclass(frozen=True)
+class OsImage:
+    path: Path
+    bmap: Path
+    sha256: Path
+    board: str
+    version: str
+    size: int  # bytes of the raw image (mostly holes)
+    seconds: float
+
+
+def kernel_cmdline(board: OsBoard) -> str:
+    return f"root=LABEL={disk.ROOT_LABEL} ro console={board.console} panic=10 quiet"
+
+
+def _check_artifact(artifact: Path, board: OsBoard) -> None:
+    art = artifact_info(artifact)
+    if art.runtime != "c" or art.preset not in board.presets:
+        kind = "C backend" if art.runtime == "c" else "TVM runtime"
+        raise ImageError(
+            f"{artifact} is compiled for preset {art.preset} ({kind}); "
+            f"board {board.name} runs C-backend artifacts of {', '.join(board.presets)} (no TVM on a board)",
+            hint=f"fractal compile MODEL.onnx --target {board.presets[0]} --out DIR",
+        )
+
+
+def _kernel(board: OsBoard, deb: Path, stage: Path) -> tuple[Path, Path]:
+    """(kernel image, modules directory) of the board's kernel package, unpacked under ``stage``."""
+    rootfs.unpack(deb, stage)
+    kernels = sorted((stage / "boot").glob("vmlinu[xz]-*"))
+    mods = sorted((stage / "usr/lib/modules").iterdir())
+    if len(kernels) != 1 or len(mods) != 1:
+        raise ImageError(
+            f"{deb.name}: expected one kernel and one module tree, found "
+            f"{[k.name for k in kernels]} and {[m.name for m in mods]}"
+        )
+    return kernels[0], mods[0]
+
+
+def build_os(
+    artifact: str | Path,
+    *,
+    board: str,
+    key: str | Path,
+    version: str,
+    out: str | Path,
+    rollback_index: int = 0,
+    log: Callable[[str], None] = print,
+) -> OsImage:
+    """Write ``out`` (raw GPT disk image), ``out.bmap`` and ``out.sha256``."""
+    t0 = time.perf_counter()
+    b = get_os_board(board)
+    artifact, out = Path(artifact), Path(out)
+    _check_artifact(artifact, b)
+    priv = keymod.load_private(key)  # fail early on a bad key
+    stage = out.parent / f".{out.name}.build"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        debs = rootfs.fetch_debs(b)
+        log(
+            f"build-os: {len(debs)} Debian {b.suite} {b.debarch} packages verified "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
+        root = stage / "root"
+        rootfs.make_rootfs(b, debs, root)
+        log(
+            f"build-os: root filesystem assembled ({disk.tree_bytes(root) // disk.MiB} MiB, "
+            f"{time.perf_counter() - t0:.1f} s)"
+        )
+        kimg, moddir = _kernel(b, debs[b.kernel_package], stage / "kernel")
+        boot = stage / "boot"
+        (boot / "fractal").mkdir(parents=True)
+        shutil.copyfile(kimg, boot / kimg.name.split("-")[0])
+        (boot / "initrd.img").write_bytes(
+            initramfs.build_initramfs(root / "usr/bin/busybox", moddir, rootfs.APPLETS)
+        )
+        cmdline = kernel_cmdline(b)
+        (boot / "cmdline.txt").write_text(cmdline + "\n")
+        info = {
+            "format": 1,
+            "board": b.name,
+            "arch": b.arch,
+            "kernel": kimg.name.split("-")[0],
+            "kernel_version": moddir.name,
+            "initrd": "initrd.img",
+            "cmdline": cmdline,
+            "version": version,
+        }
+        (boot / BOOT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        # the application: today's signed bundle, flashed into slot a of the data partition's device
+        from firmware.device import flash
+        from firmware.image import build_image
+
+        art = artifact_info(artifact)
+        bundle = build_image(
+            artifact,
+            board=art.preset,
+            key=key,
+            out=stage / "app.fimg",
+            version=version,
+            rollback_index=rollback_index,
+        )
+        data = stage / "data"
+        (data / "home").mkdir(parents=True)
+        pub = stage / "release.pub"
+        pub.write_bytes(keymod.public_pem(priv.public_key()))
+        flash(bundle, data / "device", [pub])
+        log(f"build-os: application {art.name} {version} in slot a ({time.perf_counter() - t0:.1f} s)")
+        root_mb = disk.tree_bytes(root) * 115 // 100 // disk.MiB + 64
+        data_mb = max(_DATA_MIN_MB, 4 * bundle.stat().st_size // disk.MiB + 64)
+        parts = [
+            disk.PartSpec("boot", _BOOT_MB * disk.MiB, "fat", disk.BOOT_LABEL, boot),
+            disk.PartSpec("root", root_mb * disk.MiB, "ext4", disk.ROOT_LABEL, root),
+            disk.PartSpec("data", data_mb * disk.MiB, "ext4", disk.DATA_LABEL, data),
+        ]
+        tmp_out = out.with_name(f".{out.name}.part")
+        disk.write_disk(tmp_out, parts)
+        tmp_out.replace(out)
+        bmap = disk.write_bmap(out)
+        sha = disk.write_sha256(out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    secs = time.perf_counter() - t0
+    log(f"build-os: wrote {out} ({out.stat().st_size // disk.MiB} MiB raw) in {secs:.1f} s")
+    return OsImage(out, bmap, sha, b.name, version, out.stat().st_size, secs)

@@ -1,0 +1,28 @@
+#!/bin/sh
+# System start of the board images (busybox init runs it once, before the node's service).
+export PATH=/usr/sbin:/usr/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null  # already there when the initramfs moved it
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs -o mode=0755,size=32m run /run
+mount -t tmpfs -o mode=1777 tmp /tmp
+mount -t tmpfs -o mode=1777 shm /dev/shm
+# data: the A/B device directory, the node's samples and parameters (read-write); boot: the
+# settings a user edits on any computer (read-only here).
+mount -t ext4 -o noatime "$(findfs LABEL=fractal-data)" /data || echo "rcS: no data partition"
+mount -t vfat -o ro "$(findfs LABEL=FRACTALBOOT)" /boot || echo "rcS: no boot partition"
+mkdir -p /data/home
+# default hostname fractal-<last 3 bytes of the MAC>; the settings' hostname replaces it
+# (/etc/fractal/service.sh applies the boot partition's fractal/settings.toml)
+mac=$(cat /sys/class/net/eth0/address 2>/dev/null | tr -d ':')
+host="fractal-${mac#??????}"
+echo "$host" > /run/hostname
+hostname "$host"
+ip link set lo up
+# DHCP on Ethernet (busybox udhcpc, keeps renewing in the background).
+ip link set eth0 up 2>/dev/null && udhcpc -b -S -i eth0 -s /etc/fractal/udhcpc.sh -x "hostname:$host"
+# Time: the kernel set the clock from the RTC at boot; with ntp_server in the settings, ntpd
+# keeps it (signatures and certificates need a correct clock).
+echo "rcS: up at $(date -u +%FT%TZ) as $host, kernel $(uname -r)"
