@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from edgenode.common import ConfigError, get_logger
 from federation.errors import FrameError
 from federation.framing import FrameKind, Phase, decode
-from federation.transport import Transport
+from federation.transport import Capabilities, Polled, Transport
 
 __all__ = ["ENV", "Point", "Action", "Faults", "FaultyTransport", "NO_FAULTS"]
 
@@ -107,14 +107,16 @@ class Faults:
 NO_FAULTS = Faults()
 
 
-class FaultyTransport:
+class FaultyTransport(Polled):
     """A transport that fires :attr:`Point.VOTED` when this member sends the first all-gather
-    frame of a round's vote (its vote is in its peers' partial sums; nobody knows the result)."""
+    frame of a round's vote (its vote is in its peers' partial sums; nobody knows the result).
+    Frames as the inner transport's; received by polling (``recv``) whether or not it pushes."""
 
     def __init__(self, inner: Transport, faults: Faults) -> None:
         self.inner, self.faults = inner, faults
         self.member_id = inner.member_id
         self.max_payload = inner.max_payload
+        self.capabilities = Capabilities(framing=inner.capabilities.framing)
 
     def send(self, dst: str, payload: bytes) -> None:
         try:
