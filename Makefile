@@ -66,7 +66,8 @@ conformance: install-dev
 
 check: install-dev
 	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy bench harness tests
-	$(BIN)/mypy fractal compiler federation edgenode api firmware deploy bench harness tests/edgenode/fakes.py
+	$(BIN)/mypy fractal compiler federation edgenode api firmware deploy bench harness tests/edgenode/fakes.py \
+		tests/federation/test_transport_types.py tests/fleet/fake_link.py
 
 # The documentation site (docs/ + mkdocs.yml) into build/site; --strict: a broken link or anchor fails.
 docs: install-dev

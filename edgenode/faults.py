@@ -1,7 +1,12 @@
-"""Fault injection at the steps of the two-phase commit, for process-level tests only.
+"""Fault injection at the steps of the two-phase commit, for tests only.
 
-``FRACTAL_FAULTS`` (read once when the node is built; unset in production = no effect):
-a comma-separated list of ``ACTION@POINT[:ROUND_ID]``, e.g.
+A :class:`Faults` plan enters through the objects a test builds: ``EdgeNode(config,
+faults=Faults.parse("kill@vote:r-3"))``; a node built without one has :data:`NO_FAULTS` (nothing
+in a production path reads a switch from the environment or the config file). Tests that run
+real node processes start them with ``python -m tests.edgenode.faultnode --faults SPEC --config
+NODE.toml``, which serves the node exactly as ``fractal node`` does, built with that plan.
+
+The plan's text form is a comma-separated list of ``ACTION@POINT[:ROUND_ID]``, e.g.
 ``kill@vote:r-3,fail@prepare:r-4``. ``ACTION`` is ``kill`` (SIGKILL this process: a power cut
 as far as the swarm can tell) or ``fail`` (an ``OSError(EIO)`` where the node writes). ``POINT``
 is one of :class:`Point`; without ``ROUND_ID`` the fault fires in every round.
@@ -23,17 +28,15 @@ import enum
 import errno
 import os
 import signal
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from edgenode.common import ConfigError, get_logger
 from federation.errors import FrameError
 from federation.framing import FrameKind, Phase, decode
-from federation.transport import Transport
+from federation.transport import Capabilities, Polled, Transport
 
-__all__ = ["ENV", "Point", "Action", "Faults", "FaultyTransport", "NO_FAULTS"]
+__all__ = ["Point", "Action", "Faults", "FaultyTransport", "NO_FAULTS"]
 
-ENV = "FRACTAL_FAULTS"
 log = get_logger("faults")
 
 
@@ -58,31 +61,32 @@ class _Rule:
 
 
 class Faults:
-    """The faults this process injects (none unless :data:`ENV` is set)."""
+    """The faults a node injects (see the module docstring); :data:`NO_FAULTS`: none."""
 
     def __init__(self, rules: tuple[_Rule, ...] = ()) -> None:
         self.rules = rules
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Faults:
-        spec = env.get(ENV, "").strip()
-        if not spec:
-            return cls()
+    def parse(cls, spec: str) -> Faults:
+        """The plan ``ACTION@POINT[:ROUND_ID],...`` (ConfigError naming the item it cannot read)."""
         rules = []
-        for item in spec.split(","):
+        for item in filter(None, (i.strip() for i in spec.split(","))):
             try:
-                action, rest = item.strip().split("@", 1)
+                action, rest = item.split("@", 1)
                 point, _, rid = rest.partition(":")
                 rules.append(_Rule(Action(action), Point(point), rid or None))
             except ValueError:
-                raise ConfigError(f"{ENV}: cannot read {item!r}",
+                raise ConfigError(f"fault plan: cannot read {item!r}",
                                   hint="use ACTION@POINT[:ROUND_ID] with ACTION kill|fail and POINT "
                                        + "|".join(p.value for p in Point)) from None
             if rules[-1].action == Action.FAIL and rules[-1].point not in (Point.PREPARE, Point.DECIDED):
-                raise ConfigError(f"{ENV}: {item!r}: nothing is written at {point}",
+                raise ConfigError(f"fault plan: {item!r}: nothing is written at {point}",
                                   hint="fail@prepare or fail@decided")
-        log.warning("fault injection active: %s", spec)
         return cls(tuple(rules))
+
+    def __str__(self) -> str:
+        return ",".join(f"{r.action}@{r.point}" + (f":{r.round_id}" if r.round_id else "")
+                        for r in self.rules)
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -107,18 +111,21 @@ class Faults:
 NO_FAULTS = Faults()
 
 
-class FaultyTransport:
+class FaultyTransport(Polled):
     """A transport that fires :attr:`Point.VOTED` when this member sends the first all-gather
-    frame of a round's vote (its vote is in its peers' partial sums; nobody knows the result)."""
+    frame of a round's vote (its vote is in its peers' partial sums; nobody knows the result).
+    Frames as the inner transport's; received by polling (``recv``) whether or not it pushes."""
 
     def __init__(self, inner: Transport, faults: Faults) -> None:
         self.inner, self.faults = inner, faults
         self.member_id = inner.member_id
         self.max_payload = inner.max_payload
+        self.capabilities = Capabilities(framing=inner.capabilities.framing)
 
     def send(self, dst: str, payload: bytes) -> None:
+        fmg = self.capabilities.framing  # a frame with seal room (ring MACs) has no CRC
         try:
-            fr = decode(payload)
+            fr = decode(memoryview(payload)[:len(payload) - fmg.room], check_crc=fmg.crc)
         except FrameError:
             fr = None
         if (fr is not None and fr.kind == FrameKind.DATA and fr.phase == Phase.ALL_GATHER

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from edgenode.common import ConfigError, get_logger
 from edgenode.config import Isolation, NodeConfig, WorkerPriority
 from edgenode.devicefacts import DeviceFacts
-from edgenode.faults import Faults, FaultyTransport, Point
+from edgenode.faults import NO_FAULTS, Faults, FaultyTransport, Point
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
 from edgenode.ports import Collective, Engine, Link, Publication, Spec, StepRunner, Trainer, Updater
@@ -66,10 +66,11 @@ class EdgeNode(ImageControl, RoundControl):
     ``artifact`` (an already loaded Artifact) and ``transport`` (e.g. ``MemoryHub().transport(id)``
     for in-process swarms) are test/embedding hooks; by default the artifact is loaded from
     ``config.artifact`` and, when ``config.broker`` is set, the transport is the MQTT link's.
+    ``faults``: the commit faults a test injects (``edgenode/faults.py``); none by default.
     """
 
     def __init__(self, config: NodeConfig, *, artifact: Engine | None = None,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, faults: Faults = NO_FAULTS) -> None:
         self.config = config
         loaded_here = artifact is None
         if artifact is None:
@@ -102,7 +103,9 @@ class EdgeNode(ImageControl, RoundControl):
             from edgenode.security import NodeAuth  # lazy: `cryptography` only for signed swarms
 
             self.auth = NodeAuth(config.key_file, config.keyring_file, config.node_id, self.metrics.registry)
-        self.faults = Faults.from_env()  # process-level commit tests only (edgenode/faults.py)
+        self.faults = faults
+        if faults:
+            log.warning("fault injection active: %s", faults)
         self._transport = transport
         self._ring: Collective | None = None
         self._link: Link | None = None

@@ -9,7 +9,8 @@ classes, so a board can plug in another engine (e.g. the C runtime) and tests pl
   an optional :class:`Trainer`.
 * :class:`Trainer`: the compiled training step (``compiler.trainer.Trainer``).
 * :class:`Collective`: the allreduce among members (``federation.ring.RingAllreduce``).
-* :class:`Link`: the MQTT connection (``federation.mqtt.MqttLink``).
+* :data:`Link`: the MQTT connection, :class:`federation.transport.PubSubLink` (the one Protocol
+  of every user of it; ``federation.mqtt.MqttLink``, ``federation.signed.SignedLink``).
 * :class:`Updater`: the device the node was booted from (``firmware.ota.DeviceUpdates``).
 * :class:`StepRunner`: runs a round's steps elsewhere (``edgenode.trainproc.TrainingWorker``, a
   worker process that also hosts the node's collective).
@@ -21,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from federation.transport import Publication, PubSubLink
 
 __all__ = ["Spec", "TuningFacts", "ManifestInfo", "Trainer", "Engine", "Collective", "StepRunner", "Link",
            "Publication", "Updater"]
@@ -151,22 +154,9 @@ class StepRunner(Protocol):
                   ) -> tuple[list[np.ndarray], list[float], dict[str, str]]: ...
 
 
-class Publication(Protocol):
-    def wait_for_publish(self, timeout: float | None = None) -> None: ...
-
-
-class Link(Protocol):
-    """The broker connection: publish, subscribe, reconnect hook, a transport for the collective."""
-
-    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Publication: ...
-
-    def subscribe(self, filter: str, callback: Callable[[str, bytes], None]) -> Any: ...
-
-    def on_connect(self, hook: Callable[[bool], None]) -> None: ...
-
-    def transport(self, member_id: str) -> Any: ...
-
-    def close(self) -> None: ...
+# The broker connection (publish, subscribe, reconnect hook, a transport for the collective):
+# federation's one publish/subscribe Protocol, under the name the node's modules use.
+Link = PubSubLink
 
 
 class Updater(Protocol):

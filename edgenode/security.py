@@ -15,7 +15,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter
 
 from federation.auth import Reject
-from federation.signed import Identity, PubSub, SignedLink, load_identity
+from federation.signed import Identity, SignedLink, load_identity
+from federation.transport import PubSubLink
 
 __all__ = ["NodeAuth"]
 
@@ -43,7 +44,7 @@ class NodeAuth:
         return self.identity.signer.sign(topic, payload.encode() if isinstance(payload, str) else payload,
                                          will=True)
 
-    def wrap(self, link: PubSub) -> SignedLink:
+    def wrap(self, link: PubSubLink) -> SignedLink:
         return self.identity.link(link, on_reject=self._on_reject)
 
     def count(self, topic: str, reason: Reject) -> None:

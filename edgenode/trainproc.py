@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from edgenode.common import NodeError, freeze_startup_heap, get_logger
-from federation.transport import Transport
+from federation.transport import Capabilities, Framing, Polled, Transport
 
 __all__ = ["TrainingWorker", "TrainerWorkerError"]
 
@@ -137,9 +137,8 @@ class TrainingWorker:
         # The worker's frames go out on this transport and its frames come in from it: the worker
         # builds and checks frames the way this transport's link wants them (an authenticated
         # link: no CRC check, MAC'd frames carry CRC 0 and need seal room after the frame).
-        framing = (f"{int(bool(getattr(self.transport, 'authenticated', False)))},"
-                   f"{int(bool(getattr(self.transport, 'frame_crc', True)))},"
-                   f"{int(getattr(self.transport, 'frame_room', 0))}")
+        fmg = self.transport.capabilities.framing
+        framing = f"{int(fmg.authenticated)},{int(fmg.crc)},{fmg.room}"
         cmd = [sys.executable, "-m", "edgenode.trainproc", str(theirs.fileno()), str(self.artifact_dir),
                self.transport.member_id, self.swarm, str(max_payload), str(self._nice), str(self._threads),
                "idle" if self._idle else "nice", framing]
@@ -379,14 +378,14 @@ def _death(proc: subprocess.Popen[bytes], doing: str) -> str:
 
 
 # -- the worker process ---------------------------------------------------------------------------
-class _RelayTransport:
+class _RelayTransport(Polled):
     """The worker's side of the node's transport: frames travel over the socket pair."""
 
     def __init__(self, member_id: str, max_payload: int, send: Callable[[tuple[Any, ...]], None], *,
-                 authenticated: bool = False, frame_crc: bool = True, frame_room: int = 0) -> None:
+                 framing: Framing = Framing()) -> None:
         self.member_id, self.max_payload, self._send = member_id, max_payload, send
-        # mirrored from the node's transport (see MqttTransport): read by the frame layer
-        self.authenticated, self.frame_crc, self.frame_room = authenticated, frame_crc, frame_room
+        # the node's transport's framing: the worker's frame layer builds and checks frames alike
+        self.capabilities = Capabilities(framing=framing)
         self.inbox: queue.Queue[bytes] = queue.Queue()
 
     def send(self, dst: str, payload: bytes | bytearray) -> None:
@@ -464,8 +463,8 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
         return
     freeze_startup_heap()  # TVM and the training module: never traversed by a full GC mid-round
     auth, crc, room = (int(v) for v in framing.split(","))
-    relay = _RelayTransport(member_id, max_payload, send, authenticated=bool(auth), frame_crc=bool(crc),
-                            frame_room=room)
+    relay = _RelayTransport(member_id, max_payload, send,
+                            framing=Framing(authenticated=bool(auth), crc=bool(crc), room=room))
     ring = RingAllreduce(relay, swarm=swarm)
     calls: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
     abort = threading.Event()

@@ -24,7 +24,7 @@ from federation.ring import ReduceOp, RingAllreduce
 from federation.roundspec import RoundDefaults, RoundSpec, resolve
 from federation.star import StarAllreduce
 from federation.stats import Stats
-from federation.transport import Transport
+from federation.transport import Capabilities, Framing, PubSubLink, Transport
 
 if TYPE_CHECKING:
     from federation.broker import Broker, start_default, start_embedded, start_mosquitto
@@ -45,13 +45,16 @@ _LAZY = {
 
 __all__ = [
     "Broker",
+    "Capabilities",
     "Compression",
     "FederationError",
     "FrameError",
+    "Framing",
     "Membership",
     "MemoryHub",
     "MemoryTransport",
     "MqttLink",
+    "PubSubLink",
     "ReduceOp",
     "RingAllreduce",
     "RoundAborted",

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from federation import topics
 from federation.messages import NodeState, NodeStatus, parse_status
-from federation.mqtt import MqttLink
+from federation.transport import Publication, PubSubLink
 
 __all__ = ["Membership", "StatusPublisher", "status_will", "ChangeCallback"]
 
@@ -45,7 +45,7 @@ class Membership:
     covers a half-open connection whose Last Will has not fired yet.
     """
 
-    def __init__(self, link: MqttLink, swarm: str | None = None, *, stale_factor: float = 3.0) -> None:
+    def __init__(self, link: PubSubLink, swarm: str | None = None, *, stale_factor: float = 3.0) -> None:
         self.link = link
         self.swarm = topics.validate_id(swarm or link.swarm, "swarm id")
         self.stale_factor = stale_factor
@@ -150,7 +150,7 @@ class StatusPublisher:
     Create the link with ``will=status_will(swarm, status)`` so a crash reads as offline.
     """
 
-    def __init__(self, link: MqttLink, status: NodeStatus, *, swarm: str | None = None) -> None:
+    def __init__(self, link: PubSubLink, status: NodeStatus, *, swarm: str | None = None) -> None:
         self.link = link
         self.swarm = topics.validate_id(swarm or link.swarm, "swarm id")
         self._status = status
@@ -177,7 +177,7 @@ class StatusPublisher:
         self.publish()
         return self._status
 
-    def publish(self):
+    def publish(self) -> Publication | None:
         """Publish the current status (fresh ``ts``), retained, QoS 1."""
         if self._stop.is_set() and self._status.state != NodeState.OFFLINE:
             return None

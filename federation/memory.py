@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from federation.errors import TransportError
+from federation.transport import Polled
 
 __all__ = ["MemoryHub", "MemoryTransport", "FaultCounts"]
 
@@ -115,8 +116,9 @@ class MemoryHub:
                 del self._inboxes[member_id]
 
 
-class MemoryTransport:
-    """One member's end of a :class:`MemoryHub` (implements ``federation.transport.Transport``)."""
+class MemoryTransport(Polled):
+    """One member's end of a :class:`MemoryHub` (implements ``federation.transport.Transport``):
+    frames with their CRC, received by polling :meth:`recv`."""
 
     def __init__(self, hub: MemoryHub, member_id: str, inbox: _Inbox, *, max_payload: int, drop: float,
                  duplicate: float, reorder: float, reorder_window: float, delay: float, corrupt: float,

@@ -33,6 +33,7 @@ from federation import topics
 from federation.broker import MESSAGE_SIZE_LIMIT
 from federation.errors import TransportError
 from federation.mqtt_transport import MqttTransport
+from federation.transport import DEFAULT_MAX_PAYLOAD, Framing, Payload
 
 __all__ = ["MqttVersion", "BrokerAddress", "TlsOptions", "Subscription", "MqttLink", "parse_url"]
 
@@ -103,7 +104,7 @@ def parse_url(url: str) -> BrokerAddress:
     )
 
 
-def _to_bytes(payload: bytes | bytearray | memoryview | str | BaseModel) -> bytes | bytearray:
+def _to_bytes(payload: Payload) -> bytes | bytearray:
     """A ``bytearray`` is handed to paho as is (no copy): the caller gives the buffer up and must
     not change it afterwards (``federation.ringmac`` seals each frame into a fresh one)."""
     if isinstance(payload, (bytes, bytearray)):
@@ -162,7 +163,11 @@ class Subscription:
 
 
 class MqttLink:
-    """A connected paho client (one per process). See module docstring."""
+    """A connected paho client (one per process); a :class:`~federation.transport.PubSubLink`.
+    See module docstring."""
+
+    # Ring frames travel as built, with their CRC (a SignedLink on top authenticates them).
+    framing = Framing()
 
     def __init__(self, url: str, *, swarm: str = "default", client_id: str, username: str | None = None,
                  password: str | None = None, tls: TlsOptions | dict | None = None,
@@ -334,13 +339,18 @@ class MqttLink:
             sub.deliver(topic, bytes(payload) if sub.copy else cast(bytes, payload))
 
     # --- pub/sub ----------------------------------------------------------------------------
-    def publish(self, topic: str, payload: bytes | str | BaseModel, retain: bool = False,
+    def publish(self, topic: str, payload: Payload, retain: bool = False,
                 qos: int = 1) -> paho.MQTTMessageInfo:
         """Queue a PUBLISH (never blocks on the broker; QoS 1 survives a reconnect in paho's queue)."""
         info = self._client.publish(topic, _to_bytes(payload), qos=qos, retain=retain)
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
             raise TransportError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
         return info
+
+    def publish_frame(self, topic: str, frame: bytearray, room: int) -> paho.MQTTMessageInfo:
+        """Publish a ring frame built with ``room`` spare bytes after it (this link wants none:
+        ``framing.room`` is 0; the spare bytes are left out)."""
+        return self.publish(topic, memoryview(frame)[:len(frame) - room] if room else frame)
 
     def subscribe(self, filter: str, callback: Callback, *, inline: bool = False,
                   wait: float | None = 5.0, copy: bool = True) -> Subscription:
@@ -374,7 +384,7 @@ class MqttLink:
                     self._client.unsubscribe(sub.filter)
 
     # --- allreduce transport ----------------------------------------------------------------
-    def transport(self, member_id: str, *, max_payload: int = 256 * 1024) -> MqttTransport:
+    def transport(self, member_id: str, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> MqttTransport:
         """A :class:`~federation.transport.Transport` for ``member_id`` on this connection: its
         inbox is fed by ``topics.allreduce(swarm, member_id)``; sends never block on the receiver.
         The reliability (acks, windows, retransmission, de-duplication) is the session layer's

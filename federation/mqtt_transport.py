@@ -7,59 +7,42 @@ is deliberately no reliability here: the one reliability layer is :mod:`federati
 what MQTT loses: Mosquitto silently drops QoS 1 messages once a subscriber's queue passes
 ``max_queued_messages``, and a broker restart loses whatever it held.
 
-The transport only needs a :class:`PubSubLink` (``federation.mqtt.MqttLink`` is one), so this
-module never imports :mod:`federation.mqtt` (the link builds transports; no import cycle).
+The transport runs on any :class:`~federation.transport.PubSubLink` (``federation.mqtt.MqttLink``,
+``federation.signed.SignedLink``), so this module never imports :mod:`federation.mqtt` (the link
+builds transports; no import cycle). Its :class:`~federation.transport.Capabilities` are the
+link's :class:`~federation.transport.Framing`, and push.
 """
 
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable
-from typing import Protocol
 
 from federation import topics
 from federation.errors import TransportError
+from federation.transport import DEFAULT_MAX_PAYLOAD, Capabilities, PubSubLink, Receiver, Subscription
 
-__all__ = ["PubSubLink", "MqttTransport"]
-
-
-class _Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-class PubSubLink(Protocol):
-    """What a transport needs from its MQTT connection (:class:`federation.mqtt.MqttLink` is one)."""
-
-    swarm: str
-
-    def publish(self, topic: str, payload: bytes, retain: bool = False, qos: int = 1) -> object: ...
-
-    def subscribe(self, filter: str, callback: Callable[[str, bytes], None], *, inline: bool = False,
-                  copy: bool = True) -> _Cancellable: ...
+__all__ = ["MqttTransport"]
 
 
 class MqttTransport:
     """See module docstring. Created by :meth:`federation.mqtt.MqttLink.transport`."""
 
-    def __init__(self, link: PubSubLink, member_id: str, *, max_payload: int = 256 * 1024) -> None:
+    def __init__(self, link: PubSubLink, member_id: str, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         if max_payload < 64:
             raise TransportError("max_payload must be >= 64 bytes")
         self.link = link
         self.member_id = topics.validate_id(member_id, "member id")
         self.max_payload = int(max_payload)
         self.closed = False
-        # A link that authenticates every frame end to end (federation/signed.py's SignedLink):
-        # the frame layer skips its CRC check, and skips computing it when frames are MAC'd.
-        self.authenticated = bool(getattr(link, "authenticates_frames", False))
-        self.frame_crc = not getattr(link, "macs_frames", False)
-        # Spare bytes the frame layer leaves after each frame so that the link can seal it in
-        # place (``publish_frame``); not part of the frame, not counted against max_payload.
-        self.frame_room = int(getattr(link, "frame_room", 0))
+        # Frames are built and checked the way the link wants them (a SignedLink authenticates
+        # every frame: no CRC check; MACs them: no CRC, seal room after each frame).
+        self.capabilities = Capabilities(framing=link.framing, push=True)
+        self._room = link.framing.room
         self.stats = {"sent": 0, "sent_bytes": 0, "payload_bytes": 0, "received": 0}
         self._inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        self._receiver: Callable[[bytes], None] | None = None
+        self._receiver: Receiver | None = None
         # Inline: the handler only hands the payload on; it never waits.
-        self._subs: list[_Cancellable] = [
+        self._subs: list[Subscription] = [
             link.subscribe(topics.allreduce(link.swarm, member_id), self._on_raw, inline=True, copy=False)]
 
     # --- Transport API ------------------------------------------------------------------------
@@ -67,7 +50,7 @@ class MqttTransport:
         """Publish ``payload`` to ``dst`` (never blocks on the receiver)."""
         if self.closed:
             raise TransportError(f"transport of {self.member_id} is closed")
-        room = self.frame_room
+        room = self._room
         if room and not isinstance(payload, bytearray):
             raise TransportError("frames for this transport need their seal room (framing.encode(room=))")
         if len(payload) - room > self.max_payload:
@@ -78,13 +61,13 @@ class MqttTransport:
             return
         self.stats["payload_bytes"] += len(payload)
         if room:
-            self.link.publish_frame(topics.allreduce(self.link.swarm, dst), payload, room)  # type: ignore[attr-defined]
+            self.link.publish_frame(topics.allreduce(self.link.swarm, dst), payload, room)
         else:
             self.link.publish(topics.allreduce(self.link.swarm, dst), bytes(payload), qos=1)
         self.stats["sent"] += 1
         self.stats["sent_bytes"] += len(payload)
 
-    def set_receiver(self, receiver: Callable[[bytes], None] | None) -> None:
+    def set_receiver(self, receiver: Receiver | None) -> None:
         """Push mode: call ``receiver(payload)`` on the MQTT network thread for every message
         instead of queueing it for :meth:`recv` (saves a thread hand-off per message). The
         receiver must be quick and never block. ``None`` goes back to :meth:`recv`."""

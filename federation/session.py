@@ -3,7 +3,7 @@ the broadcast and the star baseline.
 
 An :class:`Endpoint` owns one member's transport. Every received frame is verified (checksum,
 version, swarm) and routed, on the transport's own receive thread when the transport pushes
-(``set_receiver``, the MQTT transport), else by a background *pump* thread that polls ``recv``:
+(``capabilities.push``, the MQTT transport), else by a background *pump* thread that polls ``recv``:
 
 * frames of the active call's tag go to that call's inbox;
 * frames of a tag this member already finished are *stale*: DATA is re-acknowledged (the
@@ -119,12 +119,12 @@ class Endpoint:
             raise ValueError("ack_delay must be >= 0 and below retransmit_after")
         self.max_early_tags = max_early_tags
         self.stats = stats or Stats()
+        caps = transport.capabilities
         # A transport that authenticates every frame end to end (federation/signed.py) makes the
-        # frame CRC redundant: not checked on receipt; not computed when ``frame_crc`` is False.
-        self.check_crc = not getattr(transport, "authenticated", False)
-        # ``frame_room``: spare bytes after each frame, for a transport that seals it in place.
-        self.frame_kw: dict[str, Any] = {"crc": bool(getattr(transport, "frame_crc", True)),
-                                         "room": int(getattr(transport, "frame_room", 0))}
+        # frame CRC redundant: not checked on receipt; not computed when ``framing.crc`` is False.
+        self.check_crc = not caps.framing.authenticated
+        # ``framing.room``: spare bytes after each frame, for a transport that seals it in place.
+        self.frame_kw: dict[str, Any] = {"crc": caps.framing.crc, "room": caps.framing.room}
         self._srtt: float | None = None
         self._lock = threading.Lock()
         self._active: Call | None = None
@@ -146,11 +146,10 @@ class Endpoint:
         self._linger_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        set_receiver = getattr(transport, "set_receiver", None)
-        if set_receiver is not None:
+        if caps.push:
             # Push transport (MQTT): frames are verified and routed on the transport's own
             # receive thread, one thread hand-off less per frame than a pump thread.
-            set_receiver(self._on_buffer)
+            transport.set_receiver(self._on_buffer)
         else:
             self._thread = threading.Thread(target=self._pump, name=f"fed-pump-{self.member_id}", daemon=True)
             self._thread.start()

@@ -23,7 +23,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel
@@ -43,19 +43,19 @@ from federation.auth import (
 )
 from federation.mqtt_transport import MqttTransport
 from federation.ringmac import RingMac, is_mac_envelope, room_for
+from federation.transport import (
+    DEFAULT_MAX_PAYLOAD,
+    Callback,
+    Framing,
+    Payload,
+    Publication,
+    PubSubLink,
+    Subscription,
+)
 
-__all__ = ["PubSub", "SignedLink", "Identity", "load_identity"]
+__all__ = ["SignedLink", "Identity", "load_identity"]
 
 log = logging.getLogger(__name__)
-
-Callback = Callable[[str, bytes], None]
-
-
-class PubSub(Protocol):
-    def publish(self, topic: str, payload: Any, *, retain: bool = False, qos: int = 1) -> Any: ...
-    def subscribe(self, filter: str, callback: Callback) -> Any: ...
-    def close(self) -> None: ...
-
 
 class Identity:
     """Who we are (signer) and whom we trust (keyring): what a member or the fleet loads at start."""
@@ -68,14 +68,14 @@ class Identity:
     def verifier(self, **kw: Any) -> Verifier:
         return Verifier(self.keyring, **kw)
 
-    def link(self, link: PubSub, *, on_reject: Callable[[str, Reject], None] | None = None,
+    def link(self, link: PubSubLink, *, on_reject: Callable[[str, Reject], None] | None = None,
              **verifier_kw: Any) -> SignedLink:
         """``link`` wrapped: signed publishing, verified delivery, ring frames MAC'd when we have
         an X25519 key."""
         verifier = self.verifier(**verifier_kw)
         mac = None
         if self.dh_key is not None:
-            mac = RingMac(self.signer, self.dh_key, verifier, str(getattr(link, "swarm", "")))
+            mac = RingMac(self.signer, self.dh_key, verifier, link.swarm)
         return SignedLink(link, self.signer, verifier, on_reject=on_reject, ring_mac=mac)
 
 
@@ -100,7 +100,7 @@ def _is_ring_topic(topic: str) -> bool:
     return len(parts) == 5 and parts[3] in ("ar", "ack")
 
 
-def _bytes(payload: Any) -> bytes:
+def _bytes(payload: Payload) -> bytes:
     if isinstance(payload, BaseModel):
         return payload.model_dump_json().encode()
     if isinstance(payload, str):
@@ -109,9 +109,10 @@ def _bytes(payload: Any) -> bytes:
 
 
 class SignedLink:
-    """A link whose every published payload is signed and every delivered payload verified."""
+    """A link whose every published payload is signed and every delivered payload verified
+    (a :class:`~federation.transport.PubSubLink` on top of one)."""
 
-    def __init__(self, link: PubSub, signer: Signer, verifier: Verifier,
+    def __init__(self, link: PubSubLink, signer: Signer, verifier: Verifier,
                  on_reject: Callable[[str, Reject], None] | None = None,
                  ring_mac: RingMac | None = None) -> None:
         self.link = link
@@ -119,25 +120,16 @@ class SignedLink:
         self.verifier = verifier
         self.ring_mac = ring_mac
         self._on_reject = on_reject
-        self.swarm: str = str(getattr(link, "swarm", ""))  # fakes in the fleet's tests have none
+        self.swarm: str = link.swarm
         self._ring_topics: dict[str, bool] = {}
+        # Every frame this link delivers was authenticated end to end (ed25519 or a ring MAC), so
+        # the frame layer's CRC is redundant; MAC'd frames (ringmac v3) are sent without one and
+        # with the spare bytes after them that the MAC is sealed into.
+        self.framing = Framing(authenticated=True, crc=ring_mac is None,
+                               room=0 if ring_mac is None else room_for(signer.sender,
+                                                                         topics.allreduce(self.swarm, "")))
 
-    # Every frame this link delivers was authenticated end to end (ed25519 or a ring MAC), so
-    # the frame layer's CRC is redundant; MAC'd frames (ringmac v3) are sent without one.
-    authenticates_frames = True
-
-    @property
-    def macs_frames(self) -> bool:
-        return self.ring_mac is not None
-
-    @property
-    def frame_room(self) -> int:
-        """Spare bytes a ring frame needs after it to be MAC'd in place (0: no ring MACs)."""
-        if self.ring_mac is None:
-            return 0
-        return room_for(self.signer.sender, topics.allreduce(self.swarm, ""))
-
-    def publish_frame(self, topic: str, frame: bytearray, room: int) -> Any:
+    def publish_frame(self, topic: str, frame: bytearray, room: int) -> Publication:
         """Publish a ring frame built with ``room`` spare bytes after it, sealed in place."""
         if self.ring_mac is None or not self._is_ring(topic):
             return self.publish(topic, memoryview(frame)[:len(frame) - room])
@@ -149,12 +141,12 @@ class SignedLink:
 
     @property
     def connected(self) -> bool:
-        return bool(getattr(self.link, "connected", True))
+        return self.link.connected
 
     def on_connect(self, hook: Callable[[bool], None]) -> None:
-        self.link.on_connect(hook)  # type: ignore[attr-defined]
+        self.link.on_connect(hook)
 
-    def transport(self, member_id: str, *, max_payload: int = 256 * 1024) -> MqttTransport:
+    def transport(self, member_id: str, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> MqttTransport:
         """A ring transport for ``member_id`` whose frames are signed and verified."""
         if member_id != self.signer.sender:
             from federation.errors import FederationError
@@ -162,7 +154,7 @@ class SignedLink:
             raise FederationError(f"this link signs as {self.signer.sender!r}, not {member_id!r}")
         return MqttTransport(self, member_id, max_payload=max_payload)
 
-    def sign(self, topic: str, payload: Any, *, will: bool = False) -> bytes:
+    def sign(self, topic: str, payload: Payload, *, will: bool = False) -> bytes:
         return self.signer.sign(topic, _bytes(payload), will=will)
 
     def _is_ring(self, topic: str) -> bool:
@@ -173,17 +165,17 @@ class SignedLink:
             ring = self._ring_topics[topic] = _is_ring_topic(topic)
         return ring
 
-    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int = 1) -> Any:
+    def publish(self, topic: str, payload: Payload, *, retain: bool = False, qos: int = 1) -> Publication:
         if self.ring_mac is not None and self._is_ring(topic):
             sealed = self.ring_mac.seal(topic, payload if isinstance(payload, (bytes, bytearray, memoryview))  # type: ignore[union-attr]
                                         else _bytes(payload))
             return self.link.publish(topic, sealed, retain=retain, qos=qos)
         return self.link.publish(topic, self.sign(topic, payload), retain=retain, qos=qos)
 
-    def subscribe(self, filter: str, callback: Callback, **kw: Any) -> Any:
-        """Like the link's ``subscribe`` (same keywords); the callback gets only verified payloads
+    def subscribe(self, filter: str, callback: Callback, *, inline: bool = False,
+                  copy: bool = True) -> Subscription:
+        """Like the link's ``subscribe``; the callback gets only verified payloads
         (``copy=False``: a zero-copy view into the received buffer)."""
-        copy = kw.get("copy", True)
 
         mac = self.ring_mac
 
@@ -214,7 +206,7 @@ class SignedLink:
                 return
             callback(topic, bytes(msg.payload) if copy else msg.payload)  # type: ignore[arg-type]
 
-        return self.link.subscribe(filter, verified, **kw)  # type: ignore[call-arg]
+        return self.link.subscribe(filter, verified, inline=inline, copy=copy)
 
     def verify(self, topic: str, data: bytes | bytearray | memoryview) -> Verified | None:
         """The verified message, or ``None`` (dropped, counted, logged at debug level)."""

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
 from api.cli import app
 from api.cli.net import port_problem
 from edgenode.common import NodeError, freeze_startup_heap
+
+if TYPE_CHECKING:
+    from edgenode.config import NodeConfig
+    from edgenode.node import EdgeNode
 
 __all__ = ["node", "serve_node"]
 
@@ -21,8 +26,12 @@ def _check_port_free(host: str, port: int) -> None:
         raise NodeError(problem, hint="change `port` (or `host`) in NODE.toml")
 
 
-def serve_node(config_path: Path, *, log_level: str = "info") -> int:
+def serve_node(config_path: Path, *, log_level: str = "info",
+               build: Callable[[NodeConfig], EdgeNode] | None = None) -> int:
     """Load the config, build and start the EdgeNode, serve its API with uvicorn until SIGINT/SIGTERM.
+
+    ``build``: how the node is made from its config (default ``EdgeNode(config)``; a test's entry
+    point passes one that injects faults, tests/edgenode/faultnode.py).
 
     Returns the exit code: 0, or ``firmware.boot.REBOOT_EXIT_CODE`` when the node staged an image
     update (or an image rollback) and its boot supervisor should start the other slot."""
@@ -40,7 +49,7 @@ def serve_node(config_path: Path, *, log_level: str = "info") -> int:
     from edgenode.node import EdgeNode
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    node = EdgeNode(cfg)
+    node = (build or EdgeNode)(cfg)
     # cast: NodeLike declares plain attributes, EdgeNode exposes read-only properties
     server = uvicorn.Server(uvicorn.Config(create_node_app(cast(Any, node)), host=cfg.host, port=cfg.port,
                                            log_level="warning", timeout_graceful_shutdown=2))

@@ -11,7 +11,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,6 +26,7 @@ from federation import grants, topics
 from federation.auth import Keyring, Reject
 from federation.messages import EventKind, NodeState, parse_event, parse_status
 from federation.signed import SignedLink, load_identity
+from federation.transport import PubSubLink
 
 __all__ = ["FleetService", "Link", "LinkFactory"]
 
@@ -40,12 +40,8 @@ def _rollback_running(rb: Rollback) -> str:
 log = logging.getLogger("fractal.fleet")
 
 
-class Link(Protocol):
-    """What the fleet needs from an MQTT connection (``federation.mqtt.MqttLink`` provides it)."""
-
-    def publish(self, topic: str, payload: Any, *, retain: bool = False, qos: int = 1) -> Any: ...
-    def subscribe(self, filter: str, callback: Callable[[str, bytes], None]) -> Any: ...
-    def close(self) -> None: ...
+# The MQTT connection: federation's one publish/subscribe Protocol (``federation.mqtt.MqttLink``).
+Link = PubSubLink
 
 
 LinkFactory = Callable[[FleetSettings], Link]
@@ -127,7 +123,7 @@ class FleetService:
     @property
     def connected(self) -> bool:
         """Started and (when the link can tell) currently connected to the broker."""
-        return self._link is not None and bool(getattr(self._link, "connected", True))
+        return self._link is not None and self._link.connected
 
     # -- MQTT in --------------------------------------------------------------------------
     def _on_status(self, topic: str, payload: bytes) -> None:

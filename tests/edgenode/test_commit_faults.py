@@ -1,6 +1,8 @@
 """The two-phase commit under faults, with real processes (issue 12): three `fractal node`
 processes on a real Mosquitto; one of them (the victim) SIGKILLs itself or fails a write at each
-step of the commit (``FRACTAL_FAULTS``, edgenode/faults.py), then is restarted.
+step of the commit (a fault plan, edgenode/faults.py: the victim runs as
+``python -m tests.edgenode.faultnode --faults PLAN``, the others as ``fractal node``), then is
+restarted.
 
 Documented outcomes (PROTOCOL.md section 7, "Failures"):
 * before the decision (prepare, vote, inside the vote): nobody commits; every node stays on
@@ -52,12 +54,14 @@ class NodeProc:
     port: int
     env: dict
     log: Path
+    faults: str | None = None  # the fault plan this node runs with (the victim)
     proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         out = open(self.log, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "node",
-                                      "--config", str(self.config)], cwd=ROOT, env=self.env,
+        cmd = ([sys.executable, "-m", "tests.edgenode.faultnode", "--faults", self.faults] if self.faults
+               else [sys.executable, "-c", "from api.cli import main; main()", "node"])
+        self.proc = subprocess.Popen([*cmd, "--config", str(self.config)], cwd=ROOT, env=self.env,
                                      stdout=out, stderr=subprocess.STDOUT)
         out.close()
 
@@ -101,9 +105,7 @@ def test_two_phase_commit_under_kills_and_write_failures(mosquitto, swarm_id, mq
             "broker": mosquitto.url, "swarm": swarm_id, "heartbeat_s": 1.0, "keepalive_s": 2,
             "training": {"nice": 0}})
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TVM_NUM_THREADS": "1"}
-        if i == victim:
-            env["FRACTAL_FAULTS"] = faults
-        procs[i] = NodeProc(i, cfg, port, env, tmp_path / f"{i}.log")
+        procs[i] = NodeProc(i, cfg, port, env, tmp_path / f"{i}.log", faults if i == victim else None)
     fleet = mqtt_link_factory(mosquitto, "fleet")
     watch = SwarmWatch(fleet, swarm_id)
 

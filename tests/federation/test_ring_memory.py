@@ -15,6 +15,7 @@ from federation.errors import RoundAborted, UpdateRejected
 from federation.framing import FrameKind, decode
 from federation.memory import MemoryHub
 from federation.ring import RingAllreduce
+from federation.transport import Polled
 from tests.federation.ringutil import allreduce_all, assert_identical, close_all, ids, make_ring, run_members
 
 # The two ways an allreduce runs (federation/ring.py): around the ring, or the direct path that
@@ -236,9 +237,9 @@ def _first_data_frame(engine, vec, hub) -> bytes:
                   count=3, total=vec.size, payload=[vec[:3]])
 
 
-class _Recorder:
-    """Wraps a transport and records decoded outgoing frames (for flow-control checks); sets
-    ``retransmitted`` when a DATA frame goes out a second time."""
+class _Recorder(Polled):
+    """Wraps a (polled) transport and records decoded outgoing frames (for flow-control checks);
+    sets ``retransmitted`` when a DATA frame goes out a second time."""
 
     def __init__(self, inner) -> None:
         self.inner, self.member_id, self.max_payload = inner, inner.member_id, inner.max_payload
