@@ -38,9 +38,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from firmware import keys as keymod
 from firmware.errors import DeviceError, FirmwareError, ImageError
-from firmware.image import Image, member_name_ok, open_image, parse_version
+from firmware.image import Image, open_image
+from firmware.manifest import ImageManifest, member_name_ok, parse_manifest, parse_version
 
-__all__ = ["Device", "SLOTS", "SlotState", "flash", "rollback", "status", "verify_slot", "KILL_ENV"]
+__all__ = ["Device", "SLOTS", "SlotState", "flash", "rollback", "status", "verify_slot", "promote_keys",
+           "KILL_ENV"]
 
 SLOTS = ("a", "b")
 STATE_FORMAT = 1
@@ -163,6 +165,16 @@ class Device:
             atomic_write(path, keymod.public_pem(key))
 
 
+def promote_keys(dev: Device, rec: dict[str, Any]) -> list[str]:
+    """Trust the keys a slot's image asked for (``pending_keys``, once it booted good); their ids."""
+    ids = []
+    for pem in rec.pop("pending_keys", []):
+        key = keymod.public_from_pem(pem.encode(), "a key in the image")
+        dev.add_key(key)
+        ids.append(keymod.key_id(key))
+    return ids
+
+
 def _new_state(board: str, arch: str) -> dict[str, Any]:
     return {
         "format_version": STATE_FORMAT,
@@ -222,8 +234,8 @@ def _write_slot(img: Image, slot_dir: Path) -> None:
     _fsync_dir(slot_dir.parent)
 
 
-def verify_slot(dev: Device, slot: str) -> dict[str, Any]:
-    """Re-verify a slot from disk (signature by a trusted key, every member's sha256); its manifest."""
+def verify_slot(dev: Device, slot: str) -> ImageManifest:
+    """Re-verify a slot from disk (signature by a trusted key, the manifest, every member's sha256)."""
     d = dev.slot(slot)
     try:
         mbytes = (d / SLOT_MANIFEST).read_bytes()
@@ -231,9 +243,13 @@ def verify_slot(dev: Device, slot: str) -> dict[str, Any]:
     except OSError:
         raise DeviceError(f"slot {slot} holds no complete image", hint="flash an image into it") from None
     keymod.verify_with(dev.trusted(), mbytes, sig)
-    manifest = json.loads(mbytes)
-    for m in manifest["members"]:
-        name = m["name"]
+    try:
+        raw = json.loads(mbytes)
+    except ValueError:
+        raise DeviceError(f"slot {slot} has a corrupt manifest", hint="flash the slot again") from None
+    manifest = parse_manifest(raw, f"slot {slot}")
+    for m in manifest.members:
+        name = m.name
         if not member_name_ok(name):
             raise DeviceError(f"slot {slot} lists an unsafe member {name!r}", hint="flash the slot again")
         path = d / name
@@ -243,7 +259,7 @@ def verify_slot(dev: Device, slot: str) -> dict[str, Any]:
         with open(path, "rb") as fh:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
-        if h.hexdigest() != m["sha256"]:
+        if h.hexdigest() != m.sha256:
             raise DeviceError(
                 f"slot {slot} file {name!r} fails its sha256 check", hint="flash the slot again"
             )
@@ -256,8 +272,10 @@ def _slot_record(img: Image, state: str) -> dict[str, Any]:
         "version": img.version,
         "rollback_index": img.rollback_index,
         "signer": img.signer,
-        "artifact": img.manifest["artifact_name"],
+        "artifact": img.spec.artifact_name,
         "board": img.board,
+        # Keys this image asks the device to trust: trusted only once it booted good (firmware.boot).
+        "pending_keys": list(img.spec.add_keys),
     }
 
 
@@ -293,7 +311,7 @@ def flash(
             state, trusted = None, given
         img = open_image(image, trusted)  # everything verified before anything is written
         if state is None:
-            state = _new_state(img.board, str(img.manifest["arch"]))
+            state = _new_state(img.board, img.spec.arch)
         if img.board != state["board"]:
             raise ImageError(
                 f"the image is for board {img.board}, this device is a {state['board']}",
@@ -338,13 +356,12 @@ def flash(
         dev.save_state(state)
         _write_slot(img, dev.slot(target))
         verify_slot(dev, target)  # what is on disk, not what we meant to write
-        for pem in img.manifest["trust"].get("add_keys", []):  # key rotation, vouched for by a trusted signer
-            dev.add_key(keymod.public_from_pem(pem.encode(), "a key in the image"))
         state["slots"][target] = _slot_record(img, SlotState.TRIAL)
         state["previous"] = (
             active if active is not None and state["slots"][active]["state"] == SlotState.GOOD else None
         )
         state["active"] = target
+        state.pop("halt", None)
         state["trials_left"] = state["trials_max"] = trials
         kind, _ = _kill_point()
         dev.save_state(state, before_rename=_die if kind == "switch" else None)
@@ -386,6 +403,9 @@ def status(device: str | Path) -> dict[str, Any]:
     out["slots"] = {}
     for s in SLOTS:
         rec = dict(state["slots"][s])
+        pems = rec.pop("pending_keys", None)
+        if pems:
+            rec["pending_key_ids"] = [keymod.key_id(keymod.public_from_pem(p.encode())) for p in pems]
         if rec["state"] in (SlotState.TRIAL, SlotState.GOOD):
             try:
                 verify_slot(dev, s)
