@@ -100,10 +100,6 @@ class ImageManifest:
     raw: dict[str, Any]
 
 
-def _int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 class _Check:
     def __init__(self, source: str) -> None:
         self.source = source
@@ -134,7 +130,7 @@ def _members(c: _Check, raw: object) -> tuple[MemberSpec, ...]:
                              hint=_CRAFTED)
         if name.lower() in names:
             raise c.bad(f"member {name!r} is listed twice")
-        if not _int(size) or not 0 <= size <= MAX_MEMBER:
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_MEMBER:
             raise c.bad(f"member {name!r} has size {size!r}, expected 0..{MAX_MEMBER}")
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise c.bad(f"member {name!r} has no sha256 of 64 lowercase hex digits")
@@ -204,7 +200,7 @@ def parse_manifest(raw: object, source: str) -> ImageManifest:
     if arch != b.arch:
         raise c.bad(f"arch {arch!r} is not board {b.name}'s ({b.arch})")
     index = raw.get("rollback_index")
-    if not _int(index) or not 0 <= index <= MAX_ROLLBACK_INDEX:
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= MAX_ROLLBACK_INDEX:
         raise c.bad(f"rollback_index {index!r} is not an integer in 0..{MAX_ROLLBACK_INDEX}")
     c.field(raw, "artifact", dict)
     artifact_name = c.field(raw, "artifact_name", str)
