@@ -51,19 +51,29 @@ def _request(url: str, deadline: float, body: bytes | None = None) -> tuple[int,
     u = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=left)
     expired = threading.Event()
+    lock = threading.Lock()
+    sock: list[socket.socket] = []  # the connection's socket (the response keeps it after conn.close)
 
     def cut() -> None:  # a blocked read returns at once when its socket is shut down
-        expired.set()
-        if conn.sock is not None:
-            try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        with lock:
+            expired.set()
+            for sk in sock:
+                try:
+                    sk.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     timer = threading.Timer(left, cut)
     timer.daemon = True
     timer.start()
+    resp: http.client.HTTPResponse | None = None
     try:
+        conn.connect()
+        with lock:
+            if conn.sock is not None:
+                sock.append(conn.sock)
+            if expired.is_set():
+                raise _Expired
         headers = {"Content-Type": "application/json"} if body is not None else {}
         conn.request("POST" if body is not None else "GET", u.path or "/", body=body, headers=headers)
         resp = conn.getresponse()
@@ -80,6 +90,8 @@ def _request(url: str, deadline: float, body: bytes | None = None) -> tuple[int,
         raise
     finally:
         timer.cancel()
+        if resp is not None:
+            resp.close()
         conn.close()
     if expired.is_set():  # what was read as the deadline passed does not count
         raise _Expired
