@@ -2,16 +2,21 @@
 
 One boot attempt:
 
+0. stop a node that a killed supervisor left running (``firmware.nodeproc``), and refuse a port
+   another process listens on, before anything changes;
 1. under the device lock, pick the active slot; a slot on trial spends one trial *before* the
    node starts (so a crash or power cut during the check still counts); a trial slot with no
-   trials left, a bad slot, or one whose files no longer verify is marked bad and the previous
-   good slot becomes active;
+   trials left, a bad slot, one whose files no longer verify, or one below the anti-rollback
+   floor is marked bad and the previous good slot becomes active. With none left, nothing is
+   started: the boot state records why (``halt``) and :class:`NoBootableSlot` is raised;
 2. write the node config from the slot's template (artifact in the slot, data dir in the data
-   area that survives updates), start ``fractal node`` from the slot;
-3. health check: ``/v2/health/ready``, then one inference on the image's reference input that
-   must match its expected output within ``atol``;
-4. pass: a trial slot is marked good and the rollback floor rises to its index. Fail: the
-   node is stopped, a trial slot is marked bad and the previous good slot is booted instead.
+   area that survives updates, a fresh ``boot_id``), start ``fractal node`` from the slot;
+3. health check (``firmware.health``, one deadline): ``/v2/health/ready`` answered by *this*
+   node (its boot id), then one inference on the image's reference input that must match its
+   expected output within ``atol``;
+4. pass: a trial slot is marked good, the rollback floor rises to its index and the keys its
+   image adds become trusted. Fail: the node is stopped, a trial slot is marked bad (its keys
+   dropped) and the previous good slot is booted instead.
 
 A node that has staged an update (or switched back to its previous slot) for the fleet exits
 with :data:`REBOOT_EXIT_CODE`; ``fractal boot`` then boots again (steps 1-4) instead of exiting,
