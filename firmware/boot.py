@@ -32,9 +32,9 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from firmware.device import Device, SlotState, promote_keys, verify_slot
+from firmware.bootstate import BootState, SlotState
+from firmware.device import Device, promote_keys, verify_slot
 from firmware.errors import BootError, FirmwareError, NoBootableSlot
 from firmware.health import health_check
 from firmware.manifest import NODE_TEMPLATE_MEMBER, ImageManifest
@@ -114,33 +114,41 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _fall_back(state: dict[str, Any], slot: str, why: str, log: Callable[[str], None]) -> None:
+def _fall_back(state: BootState, slot: str, why: str, log: Callable[[str], None]) -> None:
     """Mark ``slot`` bad (its pending keys are never trusted) and make the previous good slot active
     (none left: ``active`` is None and the caller halts)."""
-    rec = state["slots"][slot]
-    rec["state"] = SlotState.BAD
-    rec["problem"] = why
-    rec.pop("pending_keys", None)
-    prev = state["previous"]
-    state["trials_left"] = 0
-    if prev is None or state["slots"][prev]["state"] != SlotState.GOOD:
-        state["active"] = None
+    prev = state.fall_back(slot, why)
+    if prev is None:
         log(f"slot {slot} is bad ({why}) and there is no good slot to fall back to")
-        return
-    state["active"], state["previous"] = prev, None
-    log(f"slot {slot} is bad ({why}); falling back to slot {prev}")
+    else:
+        log(f"slot {slot} is bad ({why}); falling back to slot {prev}")
 
 
-def _halt(dev: Device, state: dict[str, Any], why: str) -> NoBootableSlot:
+def _halt(dev: Device, state: BootState, why: str) -> NoBootableSlot:
     """Record that no slot may boot (``image status`` shows it); the error to raise."""
-    state["halt"] = why
-    state["booted"] = None
-    state["health"] = "none"
+    state.halted(why)
     dev.save_state(state)
     return NoBootableSlot(
         f"no bootable slot on this device: {why}",
         hint="flash a current image with `fractal image flash IMAGE --device PATH`",
     )
+
+
+def _refusal(state: BootState, slot: str, dev: Device) -> tuple[str | None, ImageManifest | None]:
+    """Why ``slot`` may not start now (None: it may), and its verified manifest."""
+    rec = state.slot(slot)
+    if rec.state is SlotState.TRIAL and state.trials_left <= 0:
+        return "trial boots used up without passing the health check", None
+    if rec.state not in (SlotState.TRIAL, SlotState.GOOD):
+        return f"slot is {rec.state.value}", None
+    try:
+        manifest = verify_slot(dev, slot)
+    except FirmwareError as exc:
+        return f"its files do not verify: {exc}", None
+    index = min(manifest.rollback_index, rec.rollback_index)  # the signed index and the record's
+    if index < state.rollback_floor:  # anti-rollback holds at boot too, not only at flash
+        return f"its rollback index {index} is below the device's floor {state.rollback_floor}", None
+    return None, manifest
 
 
 def _pick(dev: Device, log: Callable[[str], None]) -> tuple[str, ImageManifest, bool]:
@@ -150,35 +158,17 @@ def _pick(dev: Device, log: Callable[[str], None]) -> tuple[str, ImageManifest, 
     with dev.locked(_LOCK_WAIT_S):
         state = dev.load_state()
         for _ in range(_MAX_ATTEMPTS):
-            slot = state["active"]
+            slot = state.active
             if slot is None:
-                raise _halt(dev, state, "; ".join(reasons) or state.get("halt") or "no slot is active")
-            rec = state["slots"][slot]
-            floor = int(state["rollback_floor"])
-            why = None
-            if rec["state"] == SlotState.TRIAL and state["trials_left"] <= 0:
-                why = "trial boots used up without passing the health check"
-            elif rec["state"] not in (SlotState.TRIAL, SlotState.GOOD):
-                why = f"slot is {rec['state']}"
-            if why is None:
-                try:
-                    manifest = verify_slot(dev, slot)
-                except FirmwareError as exc:
-                    why = f"its files do not verify: {exc}"
-                else:
-                    index = min(manifest.rollback_index, int(rec.get("rollback_index", 0)))
-                    if index < floor:  # anti-rollback holds at boot too, not only at flash
-                        why = f"its rollback index {index} is below the device's floor {floor}"
-            if why is not None:
+                raise _halt(dev, state, "; ".join(reasons) or state.halt or "no slot is active")
+            why, manifest = _refusal(state, slot, dev)
+            if why is not None or manifest is None:
+                why = why or "no manifest"
                 reasons.append(f"slot {slot}: {why}")
                 _fall_back(state, slot, why, log)
                 fell_back = True
                 continue
-            if rec["state"] == SlotState.TRIAL:
-                state["trials_left"] -= 1
-            state["booted"] = slot
-            state["health"] = "pending"  # this boot's health check (a running node reports it)
-            state.pop("halt", None)
+            state.start(slot)  # a trial slot spends its trial now; health pending (the node reports it)
             dev.save_state(state)
             return slot, manifest, fell_back
         raise _halt(dev, state, "; ".join(reasons) or "no slot passed verification")
@@ -188,22 +178,23 @@ def _settle(dev: Device, slot: str, why: str | None, log: Callable[[str], None])
     """Record the health-check outcome of ``slot``; True when another slot should be tried."""
     with dev.locked(_LOCK_WAIT_S):
         state = dev.load_state()
-        rec = state["slots"][slot]
+        rec = state.slot(slot)
         if why is None:
-            state["health"] = "passed"
-            if rec["state"] == SlotState.TRIAL:
-                rec["state"] = SlotState.GOOD
-                state["trials_left"] = 0
-                state["rollback_floor"] = max(int(state["rollback_floor"]), int(rec.get("rollback_index", 0)))
-                keys = promote_keys(dev, rec)  # key rotation: trusted once the image that adds it booted good
-                log(f"slot {slot} (version {rec.get('version')}) passed its health check: marked good"
-                    + (f"; now trusting key(s) {', '.join(keys)}" if keys else ""))
+            was_trial = rec.state is SlotState.TRIAL
+            pending = state.passed(slot)
             dev.save_state(state)
+            if pending:  # key rotation: trusted once the image that adds them booted good
+                keys = promote_keys(dev, pending)
+                state.keys_trusted(slot)
+                dev.save_state(state)
+                log(f"slot {slot}: now trusting key(s) {', '.join(keys)}")
+            if was_trial:
+                log(f"slot {slot} (version {rec.version}) passed its health check: marked good")
             return False
-        if rec["state"] == SlotState.TRIAL:
+        if rec.state is SlotState.TRIAL:
             _fall_back(state, slot, why, log)
             dev.save_state(state)
-            return state["active"] is not None
+            return state.active is not None
         dev.save_state(state)
         raise BootError(
             f"the good slot {slot} failed its health check: {why}",
@@ -235,11 +226,11 @@ def boot(
         state = dev.load_state()
         boot_id = secrets.token_hex(16)
         cfg = node_config(
-            dev, slot, node_id=node_id or dev.root.name, host=host, port=port, board=state["board"],
+            dev, slot, node_id=node_id or dev.root.name, host=host, port=port, board=state.board,
             boot_id=boot_id,
         )
         logf = open(dev.data / f"node-{slot}.log", "ab")  # noqa: SIM115 - handed to the child
-        log(f"starting slot {slot} (version {manifest.version}, trials left {state['trials_left']})")
+        log(f"starting slot {slot} (version {manifest.version}, trials left {state.trials_left})")
         proc = subprocess.Popen(
             [*launcher.argv, "node", "--config", str(cfg)],
             env=launcher.env,
