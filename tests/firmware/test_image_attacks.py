@@ -95,6 +95,7 @@ def test_crafted_manifests_are_refused_whole_before_anything_is_written(tmp_path
         assert set(tree(fresh)) <= {".lock"}, name  # the lock file only: no slot, no data area
 
 
+@pytest.mark.slow
 def test_a_key_added_by_an_image_is_trusted_only_once_that_image_booted_good(tmp_path, fw_image, fw_keys):
     """Finding 6: the key of `--add-key` is pending with the slot; a failed check, or a flash killed
     before the switch, never makes the device trust it (before: trusted at flash time)."""
@@ -149,6 +150,7 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.slow
 def test_no_fallback_below_the_rollback_floor_the_board_halts_and_says_why(tmp_path, fw_image, fw_keys):
     """Finding 7: floor 5, one flipped byte in the active slot's params.npz: `boot` must not fall
     back to the slot of index 1. It starts nothing, exits 78, and `image status` says why (before:
