@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from fractal.oip import DATATYPES, TensorError, as_int, check_shape, datatype_of, decode_json_data, loads
+
 __all__ = [
     "DATATYPES",
     "BatchTooLarge",
@@ -36,26 +38,12 @@ __all__ = [
     "parse_infer_request",
 ]
 
-# OIP datatype name <-> numpy dtype (BYTES and BF16 have no fixed numpy form; edge models never use them).
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-}
-_BY_DTYPE = {v: k for k, v in DATATYPES.items()}
-
-
-class TensorError(ValueError):
-    """A request that does not decode to the tensors the model needs (-> HTTP 400)."""
+# The datatype table and the decoder of one JSON tensor live in the shared base (the boot health
+# check reads the node's replies with them); re-exported here under the names the node uses.
+_loads = loads
+_as_int = as_int
+_check_shape = check_shape
+_from_json_data = decode_json_data
 
 
 class BatchTooLarge(TensorError):
@@ -73,14 +61,6 @@ class InferRequest:
     binary: dict[str, bool] = field(default_factory=dict)  # output name -> send as binary
 
 
-def datatype_of(dtype: Any) -> str:
-    """OIP datatype name of a numpy dtype (or dtype string such as ``"float32"``)."""
-    try:
-        return _BY_DTYPE[np.dtype(dtype)]
-    except (KeyError, TypeError) as exc:
-        raise TensorError(f"dtype {dtype} has no Open Inference Protocol datatype") from exc
-
-
 def metadata_shape(shape: Sequence[int | None | str], *, batched: bool = True) -> list[int]:
     """Model-metadata shape: the leading batch dim is variable (-1) when the model has one;
     symbolic dims are -1 too."""
@@ -88,67 +68,6 @@ def metadata_shape(shape: Sequence[int | None | str], *, batched: bool = True) -
     if dims and batched:
         dims[0] = -1
     return dims
-
-
-def _reject_constant(token: str) -> Any:
-    raise TensorError(f"non-finite number {token} in request JSON (NaN and Infinity are not allowed)")
-
-
-def _loads(raw: bytes | str) -> Any:
-    try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except TensorError:
-        raise
-    except RecursionError as exc:
-        raise TensorError("malformed JSON: nested too deeply") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TensorError(f"malformed JSON: {exc}") from exc
-
-
-def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TensorError(f"{what} must be an integer, got {json.dumps(value)[:40]}")
-    return value
-
-
-def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
-    """The declared shape: a non-empty list of non-negative integers (whether it fits the model is
-    the validator's business)."""
-    if not isinstance(shape, list) or not shape:
-        raise TensorError(f"input '{name}': 'shape' must be a non-empty list of integers")
-    dims = tuple(_as_int(d, f"input '{name}': shape entry") for d in shape)
-    if any(d < 0 for d in dims):
-        raise TensorError(f"input '{name}': shape {list(dims)} has a negative dimension")
-    return dims
-
-
-def _from_json_data(name: str, data: Any, dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    if not isinstance(data, list):
-        raise TensorError(f"input '{name}': 'data' must be a list (flat or nested row-major)")
-    try:
-        arr = np.asarray(data)
-    except (ValueError, TypeError) as exc:  # ragged nesting
-        raise TensorError(f"input '{name}': 'data' is ragged or malformed: {exc}") from exc
-    if arr.dtype.kind not in "biuf" or (arr.dtype.kind == "b") != (dtype.kind == "b"):
-        raise TensorError(f"input '{name}': 'data' must hold only "
-                          f"{'booleans' if dtype.kind == 'b' else 'numbers'}")
-    if arr.size != math.prod(dims):
-        raise TensorError(f"input '{name}': 'data' has {arr.size} elements but shape {list(dims)} "
-                          f"needs {math.prod(dims)}")
-    if dtype.kind == "f":
-        with np.errstate(over="ignore", invalid="ignore"):
-            out = arr.astype(dtype, copy=False).reshape(dims)
-        if not np.isfinite(out).all():
-            raise TensorError(f"input '{name}': 'data' has non-finite values "
-                              f"(NaN, Infinity or out of {datatype_of(dtype)} range)")
-        return out
-    if dtype.kind in "iu":
-        if arr.dtype.kind == "f":
-            raise TensorError(f"input '{name}': 'data' must hold integers for {datatype_of(dtype)}")
-        info = np.iinfo(dtype)
-        if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
-            raise TensorError(f"input '{name}': 'data' is out of {datatype_of(dtype)} range")
-    return arr.astype(dtype).reshape(dims)
 
 
 def _parse_outputs(req: dict[str, Any], output_names: Sequence[str],

@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Iterable
@@ -32,6 +34,7 @@ __all__ = [
     "params_sha256",
     "fsync_dir",
     "atomic_write_bytes",
+    "SeenIds",
     "freeze_startup_heap",
 ]
 
@@ -92,6 +95,50 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+class SeenIds:
+    """Ids of the signed commands (or rounds) a node acted on, newest last, kept in a JSON list at
+    ``path`` across restarts: a command captured off the broker and replayed later (after a restart,
+    when the signature's in-memory replay window is empty, or after other commands) is recognised
+    and not run again. Bounded to the ``kept`` newest ids; every :meth:`add` is written durably
+    (atomic write) before the command acts. An unreadable file is logged and starts empty; a data
+    directory that refuses writes is logged too (the node keeps running)."""
+
+    def __init__(self, path: Path, kept: int, ids: collections.OrderedDict[str, None] | None = None) -> None:
+        self.path = Path(path)
+        self.kept = kept
+        self.ids: collections.OrderedDict[str, None] = self._load() if ids is None else ids
+
+    def _load(self) -> collections.OrderedDict[str, None]:
+        log = get_logger("agent")
+        try:
+            ids = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            ids = []
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s: %s", self.path, exc)
+            ids = []
+        if not isinstance(ids, list):
+            log.warning("ignoring %s: not a list of ids", self.path)
+            ids = []
+        return collections.OrderedDict.fromkeys([i for i in ids if isinstance(i, str)][-self.kept:])
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self.ids
+
+    def add(self, cid: str) -> None:
+        self.ids[cid] = None
+        self.ids.move_to_end(cid)
+        while len(self.ids) > self.kept:
+            self.ids.popitem(last=False)
+        self.save()
+
+    def save(self) -> None:
+        try:
+            atomic_write_bytes(self.path, json.dumps(list(self.ids)).encode())
+        except OSError as exc:
+            get_logger("agent").warning("could not record the ids in %s: %s", self.path, exc)
 
 
 def fsync_dir(path: Path) -> None:

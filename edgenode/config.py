@@ -144,6 +144,9 @@ class NodeConfig(_Section):
     # The device directory this node was booted from (written by `fractal boot`): with it, the node
     # reports its image in its status and takes image updates / image rollbacks from the fleet.
     device: Path | None = None
+    # A fresh id per boot, written by `fractal boot` and returned on /v2/health/ready: the boot's
+    # health check trusts only the node it started, never another process on the port.
+    boot_id: str = Field(default="", max_length=64)
     training: TrainingConfig = TrainingConfig()
     store: StoreConfig = StoreConfig()
 

@@ -6,18 +6,18 @@ the state declared below (the model, the store, the collective, the link and the
 from __future__ import annotations
 
 import collections
-import json
 import os
 import threading
 import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from edgenode.common import InvalidInput, NodeBusy, NodeError, RoundFailed, atomic_write_bytes, get_logger
+from edgenode.common import InvalidInput, NodeBusy, NodeError, RoundFailed, SeenIds, get_logger
 from edgenode.config import NodeConfig
 from edgenode.faults import Faults
 from edgenode.metrics import NodeMetrics
@@ -54,19 +54,7 @@ _SEEN_FILE = "rounds-seen.json"
 def load_seen_rounds(data_dir: Path) -> collections.OrderedDict[str, None]:
     """The ids of the rounds this node started (newest last), as :func:`save_seen_rounds` left
     them; empty if there is no such file or it cannot be read (logged)."""
-    path = data_dir / _SEEN_FILE
-    try:
-        ids = json.loads(path.read_text())
-    except FileNotFoundError:
-        ids = []
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring %s: %s", path, exc)
-        ids = []
-    if not isinstance(ids, list):
-        log.warning("ignoring %s: not a list of round ids", path)
-        ids = []
-    kept = [i for i in ids if isinstance(i, str)][-SEEN_ROUNDS_KEPT:]
-    return collections.OrderedDict.fromkeys(kept)
+    return SeenIds(data_dir / _SEEN_FILE, SEEN_ROUNDS_KEPT).ids
 
 
 def save_seen_rounds(data_dir: Path, seen: collections.OrderedDict[str, None]) -> None:
@@ -75,10 +63,7 @@ def save_seen_rounds(data_dir: Path, seen: collections.OrderedDict[str, None]) -
     which a new process starts empty) must not run a round a second time. Durable (atomic
     write); a node whose data directory refuses writes still runs (logged; its round fails at
     the commit anyway)."""
-    try:
-        atomic_write_bytes(data_dir / _SEEN_FILE, json.dumps(list(seen)).encode())
-    except OSError as exc:
-        log.warning("could not record the rounds started in %s: %s", data_dir, exc)
+    SeenIds(data_dir / _SEEN_FILE, SEEN_ROUNDS_KEPT, seen).save()
 
 
 class RoundControl:
@@ -105,6 +90,9 @@ class RoundControl:
     last_result: RoundResult | None
     last_error: str | None
     validation: Validation | None
+
+    if TYPE_CHECKING:  # provided by ImageControl (first in EdgeNode's bases)
+        def first_time(self, command_id: str) -> bool: ...
 
     @property
     def node_id(self) -> str:
@@ -148,7 +136,7 @@ class RoundControl:
                     self._ring.cancel(f"aborted by the fleet: {command.reason}")
             return
         if isinstance(command, RollbackCommand):
-            if self.node_id in command.nodes:
+            if self.node_id in command.nodes and self.first_time(command.rollback_id):
                 self.rollback(command.to_version, command.rollback_id)
             return
         if isinstance(command, (ImageUpdateCommand, ImageRollbackCommand)):

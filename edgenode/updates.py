@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from edgenode.common import get_logger
+from edgenode.common import SeenIds, get_logger
 from edgenode.ports import Publication, Updater
 from federation.grants import prove_url
 from federation.messages import ImageInfo, ImageRollbackCommand, ImageUpdateCommand
@@ -26,9 +26,15 @@ from fractal import FractalError
 if TYPE_CHECKING:
     from edgenode.security import NodeAuth
 
-__all__ = ["ImageControl"]
+if TYPE_CHECKING:
+    from edgenode.config import NodeConfig
+
+__all__ = ["ImageControl", "COMMANDS_SEEN_KEPT"]
 
 log = get_logger("agent")
+
+COMMANDS_SEEN_KEPT = 256
+_COMMANDS_SEEN_FILE = "commands-seen.json"  # in the node's data dir, beside rounds-seen.json
 
 
 class ImageControl:
@@ -38,10 +44,12 @@ class ImageControl:
     reboot_requested: threading.Event
     _update_thread: threading.Thread | None
     _stopping: threading.Event
+    _commands_seen: SeenIds | None = None
 
     if TYPE_CHECKING:  # provided by EdgeNode / RoundControl (declared only for the type checker:
         # a runtime stub here would shadow them, this class comes first in EdgeNode's bases)
         auth: NodeAuth | None
+        config: NodeConfig
 
         @property
         def node_id(self) -> str: ...
@@ -49,6 +57,18 @@ class ImageControl:
         def publish_status(self) -> Publication | None: ...
 
         def round_busy(self) -> bool: ...
+
+    def first_time(self, command_id: str) -> bool:
+        """True the first time this node sees ``command_id`` (then remembered durably, across
+        restarts): no signed command (image update, image rollback, model rollback) runs twice,
+        however often it is replayed."""
+        if self._commands_seen is None:
+            self._commands_seen = SeenIds(self.config.data_dir / _COMMANDS_SEEN_FILE, COMMANDS_SEEN_KEPT)
+        if command_id in self._commands_seen:
+            log.info("ignoring repeated command %s (already acted on)", command_id)
+            return False
+        self._commands_seen.add(command_id)
+        return True
 
     def image_info(self) -> ImageInfo | None:
         """The device image this node runs from, for its status (None when not booted from one)."""
@@ -72,8 +92,7 @@ class ImageControl:
         if self.updater is None:
             log.warning("image %s %s refused: this node was not booted from a device", kind, uid)
             return  # nothing to record on; the fleet refuses nodes without an image before it asks
-        if self.updater.last_update_id() == uid:  # QoS 1 redelivery, or the command seen before a restart
-            log.info("ignoring repeated image command %s", uid)
+        if not self.first_time(uid):  # QoS 1 redelivery, or a replay (also after a restart)
             return
         why = None
         info = self.image_info()

@@ -2,16 +2,21 @@
 
 One boot attempt:
 
+0. stop a node that a killed supervisor left running (``firmware.nodeproc``), and refuse a port
+   another process listens on, before anything changes;
 1. under the device lock, pick the active slot; a slot on trial spends one trial *before* the
    node starts (so a crash or power cut during the check still counts); a trial slot with no
-   trials left, a bad slot, or one whose files no longer verify is marked bad and the previous
-   good slot becomes active;
+   trials left, a bad slot, one whose files no longer verify, or one below the anti-rollback
+   floor is marked bad and the previous good slot becomes active. With none left, nothing is
+   started: the boot state records why (``halt``) and :class:`NoBootableSlot` is raised;
 2. write the node config from the slot's template (artifact in the slot, data dir in the data
-   area that survives updates), start ``fractal node`` from the slot;
-3. health check: ``/v2/health/ready``, then one inference on the image's reference input that
-   must match its expected output within ``atol``;
-4. pass: a trial slot is marked good and the rollback floor rises to its index. Fail: the
-   node is stopped, a trial slot is marked bad and the previous good slot is booted instead.
+   area that survives updates, a fresh ``boot_id``), start ``fractal node`` from the slot;
+3. health check (``firmware.health``, one deadline): ``/v2/health/ready`` answered by *this*
+   node (its boot id), then one inference on the image's reference input that must match its
+   expected output within ``atol``;
+4. pass: a trial slot is marked good, the rollback floor rises to its index and the keys its
+   image adds become trusted. Fail: the node is stopped, a trial slot is marked bad (its keys
+   dropped) and the previous good slot is booted instead.
 
 A node that has staged an update (or switched back to its previous slot) for the fleet exits
 with :data:`REBOOT_EXIT_CODE`; ``fractal boot`` then boots again (steps 1-4) instead of exiting,
@@ -22,26 +27,30 @@ config written here.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
-import time
 import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from firmware.bootstate import BootState, SlotState
+from firmware.device import Device, promote_keys, verify_slot
+from firmware.errors import BootError, FirmwareError, NoBootableSlot
+from firmware.health import health_check
+from firmware.manifest import NODE_TEMPLATE_MEMBER, ImageManifest
+from firmware.nodeproc import port_free, record, stop_leftover
 
-from firmware.device import Device, SlotState, verify_slot
-from firmware.errors import BootError, FirmwareError
-
-__all__ = ["Launcher", "BootResult", "boot", "node_config", "health_check", "REBOOT_EXIT_CODE"]
+__all__ = ["Launcher", "BootResult", "boot", "node_config", "health_check", "REBOOT_EXIT_CODE",
+           "NO_SLOT_EXIT_CODE"]
 
 # The node's way of asking its supervisor to boot again (into the slot the boot state now names):
 # EX_TEMPFAIL of sysexits.h, "try again". Any other exit code ends `fractal boot` with that code.
 REBOOT_EXIT_CODE = 75
+# `fractal boot` found no slot it may start (none verifies, none passes, or all are below the
+# anti-rollback floor): nothing runs, the boot state's ``halt`` says why. EX_CONFIG of sysexits.h;
+# fractal-boot.service does not restart on it (a restart cannot change the outcome).
+NO_SLOT_EXIT_CODE = 78
 
 _MAX_ATTEMPTS = 4  # slots to try in one boot (active, then its fallback), with margin
 _LOCK_WAIT_S = 60.0  # the running node may be flashing an over-the-air update right now
@@ -68,9 +77,10 @@ def _toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
 
 
-def node_config(dev: Device, slot: str, *, node_id: str, host: str, port: int, board: str) -> Path:
+def node_config(dev: Device, slot: str, *, node_id: str, host: str, port: int, board: str,
+                boot_id: str = "") -> Path:
     """Fill the slot's node.toml.in; device settings in data/node.extra.toml are appended."""
-    template = (dev.slot(slot) / "node.toml.in").read_text()
+    template = (dev.slot(slot) / NODE_TEMPLATE_MEMBER).read_text()
     values = {
         "NODE_ID": _toml_str(node_id),
         "ARTIFACT": _toml_str(str((dev.slot(slot) / "artifact").resolve())),
@@ -82,7 +92,10 @@ def node_config(dev: Device, slot: str, *, node_id: str, host: str, port: int, b
     for k, v in values.items():
         template = template.replace(f"@{k}@", v)
     # First line, so it stays a top-level key whatever tables the template or the extras open.
-    template = f"device = {_toml_str(str(dev.root.resolve()))}\n" + template
+    head = f"device = {_toml_str(str(dev.root.resolve()))}\n"
+    if boot_id:  # the node returns it on /v2/health/ready: the check trusts only this process
+        head += f"boot_id = {_toml_str(boot_id)}\n"
+    template = head + template
     extra = dev.data / "node.extra.toml"
     if extra.is_file():
         template += "\n# from data/node.extra.toml\n" + extra.read_text()
@@ -92,95 +105,14 @@ def node_config(dev: Device, slot: str, *, node_id: str, host: str, port: int, b
     return out
 
 
-def _npz(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
-
-
-def _get(url: str, timeout: float) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-
-
-def health_check(
-    url: str, slot_dir: Path, manifest: dict[str, Any], proc: subprocess.Popen[bytes], timeout_s: float,
-    token: str | None = None,
-) -> str | None:
-    """None when healthy, else why not: readiness, then one reference inference within atol
-    (presenting ``token``, the node's ``auth_token``, when it has one)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            return f"the node exited with code {proc.returncode} before it was ready"
-        try:
-            if _get(f"{url}/v2/health/ready", 5) == 200:
-                break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            return f"the node was not ready within {timeout_s:.0f} s"
-        time.sleep(0.2)
-    health = manifest["health"]
-    if not health.get("input"):
-        return None  # no reference runtime for this arch at build time: readiness only
-    inputs = _npz(slot_dir / health["input"])
-    expected = _npz(slot_dir / health["expected"])
-    body = {
-        "inputs": [
-            {"name": k, "shape": list(v.shape), "datatype": _datatype(v), "data": v.ravel().tolist()}
-            for k, v in inputs.items()
-        ]
-    }
-    req = urllib.request.Request(
-        f"{url}/v2/models/{health['model']}/infer",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **_auth(token)},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=max(5.0, deadline - time.monotonic())) as r:
-            reply = json.loads(r.read())
-    except (OSError, ValueError) as exc:
-        return f"the reference inference failed ({exc})"
-    got = {
-        o["name"]: np.asarray(o["data"], dtype=np.float64).reshape(o["shape"])
-        for o in reply.get("outputs", [])
-    }
-    atol = float(health.get("atol", 1e-4))
-    for name, want in expected.items():
-        if name not in got or got[name].shape != want.shape:
-            return f"the reference inference lacks output {name!r} of shape {list(want.shape)}"
-        err = float(np.max(np.abs(got[name] - want.astype(np.float64)))) if want.size else 0.0
-        if not err <= atol:
-            return f"output {name!r} differs from the image's expected output by {err:.3g} (> {atol})"
-    return None
-
-
 def _config_token(cfg: Path) -> str | None:
-    """The node config's ``auth_token`` (None when absent, or when the node will refuse the file)."""
+    """The node config's ``auth_token`` (None when absent, or when the node will refuse the file):
+    a board configured with an API token must present it in its own health check."""
     try:
         token = tomllib.loads(cfg.read_text()).get("auth_token")
     except (OSError, tomllib.TOMLDecodeError):
         return None
     return token if isinstance(token, str) else None
-
-
-def _auth(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def _datatype(a: np.ndarray) -> str:
-    return {
-        "float32": "FP32",
-        "float64": "FP64",
-        "int64": "INT64",
-        "int32": "INT32",
-        "uint8": "UINT8",
-        "float16": "FP16",
-        "int8": "INT8",
-    }[str(a.dtype)]
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -193,75 +125,87 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _fall_back(state: dict[str, Any], slot: str, why: str, log: Callable[[str], None]) -> None:
-    """Mark ``slot`` bad and make the previous good slot active (BootError when there is none)."""
-    state["slots"][slot]["state"] = SlotState.BAD
-    state["slots"][slot]["problem"] = why
-    prev = state["previous"]
-    state["trials_left"] = 0
-    if prev is None or state["slots"][prev]["state"] != SlotState.GOOD:
-        state["active"] = None
+def _fall_back(state: BootState, slot: str, why: str, log: Callable[[str], None]) -> None:
+    """Mark ``slot`` bad (its pending keys are never trusted) and make the previous good slot active
+    (none left: ``active`` is None and the caller halts)."""
+    prev = state.fall_back(slot, why)
+    if prev is None:
         log(f"slot {slot} is bad ({why}) and there is no good slot to fall back to")
-        return
-    state["active"], state["previous"] = prev, None
-    log(f"slot {slot} is bad ({why}); falling back to slot {prev}")
+    else:
+        log(f"slot {slot} is bad ({why}); falling back to slot {prev}")
 
 
-def _pick(dev: Device, log: Callable[[str], None]) -> tuple[str, dict[str, Any], bool]:
+def _halt(dev: Device, state: BootState, why: str) -> NoBootableSlot:
+    """Record that no slot may boot (``image status`` shows it); the error to raise."""
+    state.halted(why)
+    dev.save_state(state)
+    return NoBootableSlot(
+        f"no bootable slot on this device: {why}",
+        hint="flash a current image with `fractal image flash IMAGE --device PATH`",
+    )
+
+
+def _refusal(state: BootState, slot: str, dev: Device) -> tuple[str | None, ImageManifest | None]:
+    """Why ``slot`` may not start now (None: it may), and its verified manifest."""
+    rec = state.slot(slot)
+    if rec.state is SlotState.TRIAL and state.trials_left <= 0:
+        return "trial boots used up without passing the health check", None
+    if rec.state not in (SlotState.TRIAL, SlotState.GOOD):
+        return f"slot is {rec.state.value}", None
+    try:
+        manifest = verify_slot(dev, slot)
+    except FirmwareError as exc:
+        return f"its files do not verify: {exc}", None
+    index = min(manifest.rollback_index, rec.rollback_index)  # the signed index and the record's
+    if index < state.rollback_floor:  # anti-rollback holds at boot too, not only at flash
+        return f"its rollback index {index} is below the device's floor {state.rollback_floor}", None
+    return None, manifest
+
+
+def _pick(dev: Device, log: Callable[[str], None]) -> tuple[str, ImageManifest, bool]:
     """Under the lock: the slot to start now and its verified manifest; spends one trial."""
     fell_back = False
+    reasons: list[str] = []
     with dev.locked(_LOCK_WAIT_S):
         state = dev.load_state()
         for _ in range(_MAX_ATTEMPTS):
-            slot = state["active"]
+            slot = state.active
             if slot is None:
-                dev.save_state(state)
-                raise BootError(
-                    "no bootable slot on this device",
-                    hint="flash an image with `fractal image flash IMAGE --device PATH`",
-                )
-            rec = state["slots"][slot]
-            if rec["state"] == SlotState.TRIAL and state["trials_left"] <= 0:
-                _fall_back(state, slot, "trial boots used up without passing the health check", log)
+                raise _halt(dev, state, "; ".join(reasons) or state.halt or "no slot is active")
+            why, manifest = _refusal(state, slot, dev)
+            if why is not None or manifest is None:
+                why = why or "no manifest"
+                reasons.append(f"slot {slot}: {why}")
+                _fall_back(state, slot, why, log)
                 fell_back = True
                 continue
-            if rec["state"] not in (SlotState.TRIAL, SlotState.GOOD):
-                _fall_back(state, slot, f"slot is {rec['state']}", log)
-                fell_back = True
-                continue
-            try:
-                manifest = verify_slot(dev, slot)
-            except FirmwareError as exc:
-                _fall_back(state, slot, f"its files do not verify: {exc}", log)
-                fell_back = True
-                continue
-            if rec["state"] == SlotState.TRIAL:
-                state["trials_left"] -= 1
-            state["booted"] = slot
-            state["health"] = "pending"  # this boot's health check (a running node reports it)
+            state.start(slot)  # a trial slot spends its trial now; health pending (the node reports it)
             dev.save_state(state)
             return slot, manifest, fell_back
-    raise BootError("no slot passed verification", hint="flash an image again")
+        raise _halt(dev, state, "; ".join(reasons) or "no slot passed verification")
 
 
 def _settle(dev: Device, slot: str, why: str | None, log: Callable[[str], None]) -> bool:
     """Record the health-check outcome of ``slot``; True when another slot should be tried."""
     with dev.locked(_LOCK_WAIT_S):
         state = dev.load_state()
-        rec = state["slots"][slot]
+        rec = state.slot(slot)
         if why is None:
-            state["health"] = "passed"
-            if rec["state"] == SlotState.TRIAL:
-                rec["state"] = SlotState.GOOD
-                state["trials_left"] = 0
-                state["rollback_floor"] = max(int(state["rollback_floor"]), int(rec.get("rollback_index", 0)))
-                log(f"slot {slot} (version {rec.get('version')}) passed its health check: marked good")
+            was_trial = rec.state is SlotState.TRIAL
+            pending = state.passed(slot)
             dev.save_state(state)
+            if pending:  # key rotation: trusted once the image that adds them booted good
+                keys = promote_keys(dev, pending)
+                state.keys_trusted(slot)
+                dev.save_state(state)
+                log(f"slot {slot}: now trusting key(s) {', '.join(keys)}")
+            if was_trial:
+                log(f"slot {slot} (version {rec.version}) passed its health check: marked good")
             return False
-        if rec["state"] == SlotState.TRIAL:
+        if rec.state is SlotState.TRIAL:
             _fall_back(state, slot, why, log)
             dev.save_state(state)
-            return state["active"] is not None
+            return state.active is not None
         dev.save_state(state)
         raise BootError(
             f"the good slot {slot} failed its health check: {why}",
@@ -279,18 +223,25 @@ def boot(
     health_timeout_s: float = 120.0,
     log: Callable[[str], None] = print,
 ) -> BootResult:
-    """Boot the device: pick, start, check, mark good or fall back. The node keeps running."""
+    """Boot the device: pick, start, check, mark good or fall back. The node keeps running.
+
+    NoBootableSlot when no slot may boot (nothing started, the boot state says why)."""
     dev = Device(Path(device))
+    dev.load_state()  # not provisioned: say so before anything else
     fell_back = False
     for _ in range(_MAX_ATTEMPTS):
+        stop_leftover(dev, log)  # a node a killed supervisor left serving on our port
+        port_free(host, port)  # before a trial is spent: a foreign listener is not the slot's fault
         slot, manifest, fb = _pick(dev, log)
         fell_back |= fb
         state = dev.load_state()
+        boot_id = secrets.token_hex(16)
         cfg = node_config(
-            dev, slot, node_id=node_id or dev.root.name, host=host, port=port, board=state["board"]
+            dev, slot, node_id=node_id or dev.root.name, host=host, port=port, board=state.board,
+            boot_id=boot_id,
         )
         logf = open(dev.data / f"node-{slot}.log", "ab")  # noqa: SIM115 - handed to the child
-        log(f"starting slot {slot} (version {manifest['version']}, trials left {state['trials_left']})")
+        log(f"starting slot {slot} (version {manifest.version}, trials left {state.trials_left})")
         proc = subprocess.Popen(
             [*launcher.argv, "node", "--config", str(cfg)],
             env=launcher.env,
@@ -299,17 +250,22 @@ def boot(
             stdin=subprocess.DEVNULL,
         )
         logf.close()
-        url = f"http://{host}:{port}"
-        why = health_check(url, dev.slot(slot), manifest, proc, health_timeout_s, _config_token(cfg))
+        try:
+            record(dev, proc.pid, boot_id)
+            url = f"http://{host}:{port}"
+            why = health_check(url, dev.slot(slot), manifest.health, proc, health_timeout_s, boot_id,
+                               token=_config_token(cfg))
+        except BaseException:
+            _stop(proc)
+            raise
         if why is None:
             _settle(dev, slot, None, log)
-            return BootResult(slot, str(manifest["version"]), fell_back, proc, url)
+            return BootResult(slot, manifest.version, fell_back, proc, url)
         log(f"slot {slot} failed its health check: {why}")
         _stop(proc)
         if not _settle(dev, slot, why, log):
-            raise BootError(
-                f"slot {slot} failed its health check and no good slot is left: {why}",
-                hint="flash a working image",
-            )
+            with dev.locked(_LOCK_WAIT_S):
+                raise _halt(dev, dev.load_state(), f"slot {slot} failed its health check ({why}) "
+                                                   "and no good slot is left")
         fell_back = True
     raise BootError("no slot passed its health check", hint="flash a working image")

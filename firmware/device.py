@@ -37,31 +37,19 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from firmware import keys as keymod
+from firmware.bootstate import DEFAULT_TRIALS, SLOTS, BootState, SlotRecord, SlotState, other
 from firmware.errors import DeviceError, FirmwareError, ImageError
-from firmware.image import Image, member_name_ok, open_image, parse_version
+from firmware.image import Image, open_image
+from firmware.manifest import ImageManifest, member_name_ok, parse_manifest, parse_version
 
-__all__ = ["Device", "SLOTS", "SlotState", "flash", "rollback", "status", "verify_slot", "KILL_ENV"]
+__all__ = ["Device", "SLOTS", "SlotState", "flash", "rollback", "status", "verify_slot", "promote_keys",
+           "KILL_ENV"]
 
-SLOTS = ("a", "b")
-STATE_FORMAT = 1
-DEFAULT_TRIALS = 3
 SLOT_MANIFEST = "image.manifest.json"
 SLOT_SIG = "image.sig"
 # Test hook (tests/firmware): "bytes:N" SIGKILLs the flasher after N payload bytes are written,
 # "switch" right before the boot-state rename. Read in this one place only.
 KILL_ENV = "FRACTAL_FLASH_KILL_AT"
-
-
-class SlotState:
-    EMPTY = "empty"
-    WRITING = "writing"
-    TRIAL = "trial"
-    GOOD = "good"
-    BAD = "bad"
-
-
-def other(slot: str) -> str:
-    return "b" if slot == "a" else "a"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -130,27 +118,29 @@ class Device:
         finally:
             os.close(fd)
 
-    def load_state(self) -> dict[str, Any]:
+    def load_state(self) -> BootState:
         if not self.provisioned():
             raise DeviceError(
                 f"{self.root} is not a provisioned device (no {self.state_path.name})",
                 hint="flash a first image with `fractal image flash IMAGE --device PATH --pubkey KEY.pub`",
             )
         try:
-            state = json.loads(self.state_path.read_bytes())
+            raw = json.loads(self.state_path.read_bytes())
         except ValueError:
             raise DeviceError(
                 f"the boot state of {self.root} is corrupt", hint="re-provision the device"
             ) from None
-        if not isinstance(state, dict) or state.get("format_version") != STATE_FORMAT:
+        try:
+            return BootState.from_json(raw)
+        except (ValueError, KeyError, TypeError):
             raise DeviceError(
                 f"the boot state of {self.root} has an unknown format", hint="re-provision the device"
-            )
-        return state
+            ) from None
 
-    def save_state(self, state: dict[str, Any], *, before_rename: Any = None) -> None:
+    def save_state(self, state: BootState, *, before_rename: Any = None) -> None:
         atomic_write(
-            self.state_path, json.dumps(state, indent=1, sort_keys=True).encode(), before_rename=before_rename
+            self.state_path, json.dumps(state.to_json(), indent=1, sort_keys=True).encode(),
+            before_rename=before_rename,
         )
 
     def trusted(self) -> list[Ed25519PublicKey]:
@@ -163,19 +153,14 @@ class Device:
             atomic_write(path, keymod.public_pem(key))
 
 
-def _new_state(board: str, arch: str) -> dict[str, Any]:
-    return {
-        "format_version": STATE_FORMAT,
-        "board": board,
-        "arch": arch,
-        "active": None,
-        "previous": None,
-        "booted": None,
-        "trials_left": 0,
-        "trials_max": DEFAULT_TRIALS,
-        "rollback_floor": 0,
-        "slots": {s: {"state": SlotState.EMPTY} for s in SLOTS},
-    }
+def promote_keys(dev: Device, pems: list[str]) -> list[str]:
+    """Trust the keys a slot's image asked for (once it booted good); their ids."""
+    ids = []
+    for pem in pems:
+        key = keymod.public_from_pem(pem.encode(), "a key in the image")
+        dev.add_key(key)
+        ids.append(keymod.key_id(key))
+    return ids
 
 
 def _kill_point() -> tuple[str, int]:
@@ -222,8 +207,8 @@ def _write_slot(img: Image, slot_dir: Path) -> None:
     _fsync_dir(slot_dir.parent)
 
 
-def verify_slot(dev: Device, slot: str) -> dict[str, Any]:
-    """Re-verify a slot from disk (signature by a trusted key, every member's sha256); its manifest."""
+def verify_slot(dev: Device, slot: str) -> ImageManifest:
+    """Re-verify a slot from disk (signature by a trusted key, the manifest, every member's sha256)."""
     d = dev.slot(slot)
     try:
         mbytes = (d / SLOT_MANIFEST).read_bytes()
@@ -231,9 +216,13 @@ def verify_slot(dev: Device, slot: str) -> dict[str, Any]:
     except OSError:
         raise DeviceError(f"slot {slot} holds no complete image", hint="flash an image into it") from None
     keymod.verify_with(dev.trusted(), mbytes, sig)
-    manifest = json.loads(mbytes)
-    for m in manifest["members"]:
-        name = m["name"]
+    try:
+        raw = json.loads(mbytes)
+    except ValueError:
+        raise DeviceError(f"slot {slot} has a corrupt manifest", hint="flash the slot again") from None
+    manifest = parse_manifest(raw, f"slot {slot}")
+    for m in manifest.members:
+        name = m.name
         if not member_name_ok(name):
             raise DeviceError(f"slot {slot} lists an unsafe member {name!r}", hint="flash the slot again")
         path = d / name
@@ -243,22 +232,17 @@ def verify_slot(dev: Device, slot: str) -> dict[str, Any]:
         with open(path, "rb") as fh:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
-        if h.hexdigest() != m["sha256"]:
+        if h.hexdigest() != m.sha256:
             raise DeviceError(
                 f"slot {slot} file {name!r} fails its sha256 check", hint="flash the slot again"
             )
     return manifest
 
 
-def _slot_record(img: Image, state: str) -> dict[str, Any]:
-    return {
-        "state": state,
-        "version": img.version,
-        "rollback_index": img.rollback_index,
-        "signer": img.signer,
-        "artifact": img.manifest["artifact_name"],
-        "board": img.board,
-    }
+def _slot_record(img: Image) -> SlotRecord:
+    # The keys this image asks the device to trust stay pending until it booted good (firmware.boot).
+    return SlotRecord(SlotState.TRIAL, img.version, img.rollback_index, img.signer, img.spec.artifact_name,
+                      img.board, list(img.spec.add_keys))
 
 
 def flash(
@@ -293,34 +277,29 @@ def flash(
             state, trusted = None, given
         img = open_image(image, trusted)  # everything verified before anything is written
         if state is None:
-            state = _new_state(img.board, str(img.manifest["arch"]))
-        if img.board != state["board"]:
+            state = BootState(board=img.board, arch=img.spec.arch)
+        if img.board != state.board:
             raise ImageError(
-                f"the image is for board {img.board}, this device is a {state['board']}",
-                hint=f"build the image with --board {state['board']}",
+                f"the image is for board {img.board}, this device is a {state.board}",
+                hint=f"build the image with --board {state.board}",
             )
-        if img.rollback_index < int(state["rollback_floor"]):
+        if img.rollback_index < state.rollback_floor:
             raise DeviceError(
                 f"the image's rollback index {img.rollback_index} is below the device's floor "
-                f"{state['rollback_floor']} (anti-rollback)",
+                f"{state.rollback_floor} (anti-rollback)",
                 hint="flash an image built with a current --rollback-index",
             )
-        active = state["active"]
+        active = state.active
         if active is not None and not allow_downgrade:
-            cur = state["slots"][active].get("version")
+            cur = state.slot(active).version
             if cur and parse_version(img.version) < parse_version(cur):
                 raise DeviceError(
                     f"image version {img.version} is older than the running {cur}",
                     hint="pass --allow-downgrade to install an older version on purpose",
                 )
         target = "a" if active is None else other(active)
-        prev = state["previous"]
-        if (
-            active is not None
-            and state["slots"][active]["state"] == SlotState.TRIAL
-            and prev == target
-            and state["slots"][target]["state"] == SlotState.GOOD
-        ):
+        on_trial = active is not None and state.slot(active).state is SlotState.TRIAL
+        if on_trial and state.good_fallback() == target:
             # The inactive slot is the only known-good fallback while the active one is unconfirmed.
             raise DeviceError(
                 f"slot {active} is still on trial and slot {target} is the only good fallback",
@@ -332,20 +311,11 @@ def flash(
                 dev.add_key(k)
             for s in SLOTS:
                 dev.slot(s).mkdir(exist_ok=True)
-        state["slots"][target] = {"state": SlotState.WRITING}
-        if state["previous"] == target:
-            state["previous"] = None
+        state.begin_write(target)
         dev.save_state(state)
         _write_slot(img, dev.slot(target))
         verify_slot(dev, target)  # what is on disk, not what we meant to write
-        for pem in img.manifest["trust"].get("add_keys", []):  # key rotation, vouched for by a trusted signer
-            dev.add_key(keymod.public_from_pem(pem.encode(), "a key in the image"))
-        state["slots"][target] = _slot_record(img, SlotState.TRIAL)
-        state["previous"] = (
-            active if active is not None and state["slots"][active]["state"] == SlotState.GOOD else None
-        )
-        state["active"] = target
-        state["trials_left"] = state["trials_max"] = trials
+        state.switch_to_trial(target, _slot_record(img), trials)
         kind, _ = _kill_point()
         dev.save_state(state, before_rename=_die if kind == "switch" else None)
         return {"slot": target, "version": img.version, "board": img.board, "signer": img.signer}
@@ -356,43 +326,39 @@ def rollback(device: str | Path, *, lock_wait_s: float = 0.0) -> dict[str, Any]:
     dev = Device(Path(device))
     with dev.locked(lock_wait_s):
         state = dev.load_state()
-        prev = state["previous"]
-        if prev is None or state["slots"][prev]["state"] != SlotState.GOOD:
+        prev = state.good_fallback()
+        if prev is None:
             raise DeviceError(
                 "there is no previous good slot to roll back to",
                 hint="see `fractal image status`; flash an image instead",
             )
-        verify_slot(dev, prev)
-        if int(state["slots"][prev].get("rollback_index", 0)) < int(state["rollback_floor"]):
+        manifest = verify_slot(dev, prev)
+        if min(state.slot(prev).rollback_index, manifest.rollback_index) < state.rollback_floor:
             raise DeviceError(
-                f"slot {prev} is below the device's rollback floor {state['rollback_floor']}",
+                f"slot {prev} is below the device's rollback floor {state.rollback_floor}",
                 hint="flash a current image instead",
             )
-        cur = state["active"]
-        state["active"], state["previous"] = (
-            prev,
-            cur if state["slots"][cur]["state"] == SlotState.GOOD else None,
-        )
-        state["trials_left"] = 0
+        state.roll_back()
         dev.save_state(state)
-        return {"slot": prev, "version": state["slots"][prev].get("version")}
+        return {"slot": prev, "version": state.slot(prev).version}
 
 
 def status(device: str | Path) -> dict[str, Any]:
     """The boot state plus, per slot, whether its files verify right now."""
     dev = Device(Path(device))
     state = dev.load_state()
-    out = dict(state)
-    out["slots"] = {}
+    out = state.to_json()
     for s in SLOTS:
-        rec = dict(state["slots"][s])
-        if rec["state"] in (SlotState.TRIAL, SlotState.GOOD):
+        rec = out["slots"][s]
+        pems = rec.pop("pending_keys", None)
+        if pems:
+            rec["pending_key_ids"] = [keymod.key_id(keymod.public_from_pem(p.encode())) for p in pems]
+        if state.slot(s).state in (SlotState.TRIAL, SlotState.GOOD):
             try:
                 verify_slot(dev, s)
                 rec["verified"] = True
             except FirmwareError as exc:
                 rec["verified"] = False
                 rec["problem"] = str(exc)
-        out["slots"][s] = rec
     out["trusted_keys"] = sorted(keymod.key_id(k) for k in dev.trusted())
     return out

@@ -3,14 +3,15 @@
 FirmwareError
 ├── ImageError     the image file: not an image, truncated, tampered, bad signature, wrong board
 ├── DeviceError    the device directory: not provisioned, unknown key, downgrade, locked
-└── BootError      the boot supervisor: no bootable slot, health check failed
+└── BootError      the boot supervisor: health check failed, device busy, port taken
+    └── NoBootableSlot   no slot may boot (none verifies or passes, all below the rollback floor)
 """
 
 from __future__ import annotations
 
 from fractal import FractalError
 
-__all__ = ["FirmwareError", "ImageError", "DeviceError", "BootError"]
+__all__ = ["FirmwareError", "ImageError", "DeviceError", "BootError", "NoBootableSlot"]
 
 
 class FirmwareError(FractalError):
@@ -27,3 +28,7 @@ class DeviceError(FirmwareError):
 
 class BootError(FirmwareError):
     """The boot supervisor found no slot it could start."""
+
+
+class NoBootableSlot(BootError):
+    """No slot may boot: nothing was started and the boot state's ``halt`` says why."""

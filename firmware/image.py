@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import struct
 import time
 from collections.abc import Iterator
@@ -35,6 +34,14 @@ from firmware import keys as keymod
 from firmware.artifact_view import ArtifactInfo, artifact_info
 from firmware.boards import get_board
 from firmware.errors import FirmwareError, ImageError
+from firmware.manifest import (
+    IMAGE_FORMAT,
+    NODE_TEMPLATE_MEMBER,
+    ImageManifest,
+    member_name_ok,
+    parse_manifest,
+    parse_version,
+)
 
 __all__ = [
     "MAGIC",
@@ -52,17 +59,12 @@ __all__ = [
 ]
 
 MAGIC = b"FRCTIMG1"
-IMAGE_FORMAT = 1
 _HEADER = struct.Struct(">8sIH")
 MAX_MANIFEST = 1 << 20
 SIG_LEN = 64
-MAX_MEMBERS = 256
-MAX_MEMBER = 2 << 30
 MAX_IMAGE = 4 << 30
 HEALTH_ATOL = 1e-4
 _CHUNK = 1 << 20
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
-_SEMVER = re.compile(r"(0|[1-9]\d{0,8})\.(0|[1-9]\d{0,8})\.(0|[1-9]\d{0,8})(?:-([0-9A-Za-z.-]{1,40}))?")
 
 # Filled by the boot supervisor (firmware.boot.node_config); @X@ tokens, never str.format braces.
 NODE_TEMPLATE = """\
@@ -112,21 +114,6 @@ def _runtime(art: ArtifactInfo, board_arch: str) -> dict[str, Any]:
     return {"arch": board_arch, "kind": "c", **_C_RUNTIME.get(board_arch, _C_DEFAULT), "native": native}
 
 
-def parse_version(text: str) -> tuple[int, int, int, int, str]:
-    """Sort key of a semantic version ``MAJOR.MINOR.PATCH[-PRE]`` (a release sorts after its pre-releases)."""
-    m = _SEMVER.fullmatch(text) if isinstance(text, str) else None
-    if m is None:
-        raise ImageError(f"{text!r} is not a semantic version", hint="use MAJOR.MINOR.PATCH, e.g. 1.2.0")
-    return int(m[1]), int(m[2]), int(m[3]), 0 if m[4] else 1, m[4] or ""
-
-
-def member_name_ok(name: object) -> bool:
-    """Relative POSIX path of safe components: no '..', no absolute path, no hidden files, no backslash."""
-    if not isinstance(name, str) or not 0 < len(name) <= 200:
-        return False
-    return all(_NAME.fullmatch(part) for part in name.split("/"))
-
-
 @dataclass(frozen=True)
 class Member:
     name: str
@@ -141,23 +128,28 @@ class Image:
     """An image whose signature and every member have been verified."""
 
     path: Path
-    manifest: dict[str, Any]
+    spec: ImageManifest  # the validated manifest (firmware.manifest)
     manifest_bytes: bytes
     signature: bytes
     signer: str  # key id
     members: tuple[Member, ...]
 
     @property
+    def manifest(self) -> dict[str, Any]:
+        """The whole signed manifest as JSON (what ``image info`` shows)."""
+        return self.spec.raw
+
+    @property
     def version(self) -> str:
-        return str(self.manifest["version"])
+        return self.spec.version
 
     @property
     def board(self) -> str:
-        return str(self.manifest["board"])
+        return self.spec.board
 
     @property
     def rollback_index(self) -> int:
-        return int(self.manifest["rollback_index"])
+        return self.spec.rollback_index
 
     def iter_member(self, fh: IO[bytes], m: Member) -> Iterator[bytes]:
         fh.seek(m.offset)
@@ -252,7 +244,7 @@ def build_image(
     ref = reference if reference is not None else _reference(art, artifact_dir)
     if ref is not None:
         files += [("health/input.npz", _npy(ref[0])), ("health/expected.npz", _npy(ref[1]))]
-    files.append(("node.toml.in", NODE_TEMPLATE.encode()))
+    files.append((NODE_TEMPLATE_MEMBER, NODE_TEMPLATE.encode()))
 
     # The runners are programs the board starts: their members say so (signed like the rest), and
     # flashing gives them mode 0755. Readers before this key ignore it.
@@ -274,7 +266,7 @@ def build_image(
         "artifact": art.manifest,
         "artifact_name": art.name,
         "artifact_preset": art.preset,
-        "node_template": "node.toml.in",
+        "node_template": NODE_TEMPLATE_MEMBER,
         "runtime": _runtime(art, b.arch),
         "health": {
             "ready": "/v2/health/ready",
@@ -369,56 +361,12 @@ def read_unverified(path: str | Path) -> tuple[dict[str, Any], bytes, bytes, int
     return manifest, mbytes, sig, size
 
 
-def _schema(path: Path, m: dict[str, Any]) -> tuple[Member, ...]:
-    bad = ImageError(f"{path} has an invalid manifest", hint="rebuild the image with `fractal image build`")
-    if m.get("format") != "fractal-image" or m.get("format_version") != IMAGE_FORMAT:
-        raise ImageError(
-            f"{path} has image format {m.get('format_version')!r}, this build reads {IMAGE_FORMAT}",
-            hint="rebuild the image with this version of fractal",
-        )
-    for k, t in (
-        ("board", str),
-        ("arch", str),
-        ("version", str),
-        ("rollback_index", int),
-        ("members", list),
-        ("health", dict),
-        ("trust", dict),
-        ("artifact", dict),
-        ("artifact_name", str),
-    ):
-        if not isinstance(m.get(k), t):
-            raise bad
-    parse_version(m["version"])
-    get_board(m["board"])
-    members = m["members"]
-    if not 0 < len(members) <= MAX_MEMBERS:
-        raise bad
-    offset = 0  # relative to the first member; open_image adds the header size
-    out: list[Member] = []
-    seen: set[str] = set()
-    for e in members:
-        if not isinstance(e, dict):
-            raise bad
-        name, msize, digest = e.get("name"), e.get("size"), e.get("sha256")
-        executable = e.get("exec", False)
-        if not member_name_ok(name) or not isinstance(name, str):
-            raise ImageError(
-                f"{path} lists an unsafe member name {name!r}",
-                hint="the image was crafted or corrupted; do not flash it",
-            )
-        if (
-            name.lower() in seen
-            or not isinstance(msize, int)
-            or not 0 <= msize <= MAX_MEMBER
-            or not isinstance(digest, str)
-            or not re.fullmatch(r"[0-9a-f]{64}", digest)
-            or not isinstance(executable, bool)
-        ):
-            raise bad
-        seen.add(name.lower())
-        out.append(Member(name, msize, digest, offset, executable))
-        offset += msize
+def _members(spec: ImageManifest) -> tuple[Member, ...]:
+    """The members with their offsets relative to the first one (open_image adds the header size)."""
+    out, offset = [], 0
+    for m in spec.members:
+        out.append(Member(m.name, m.size, m.sha256, offset, m.executable))
+        offset += m.size
     return tuple(out)
 
 
@@ -426,7 +374,8 @@ def open_image(path: str | Path, trusted: list[Ed25519PublicKey]) -> Image:
     """Fully verify the image at ``path`` against ``trusted`` keys: size, signature, schema, every member."""
     path = Path(path)
     manifest, mbytes, sig, size = read_unverified(path)
-    members = _schema(path, manifest)  # bounded schema first: sizes decide truncation
+    spec = parse_manifest(manifest, str(path))  # the whole manifest first: sizes decide truncation
+    members = _members(spec)
     base = _HEADER.size + len(mbytes) + len(sig)
     total = base + sum(m.size for m in members)
     if total > MAX_IMAGE:
@@ -442,7 +391,7 @@ def open_image(path: str | Path, trusted: list[Ed25519PublicKey]) -> Image:
         )
     signer = keymod.verify_with(trusted, mbytes, sig)
     members = tuple(replace(m, offset=base + m.offset) for m in members)
-    img = Image(path, manifest, mbytes, sig, keymod.key_id(signer), members)
+    img = Image(path, spec, mbytes, sig, keymod.key_id(signer), members)
     with open(path, "rb") as fh:
         for m in members:
             h = hashlib.sha256()

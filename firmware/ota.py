@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from firmware.bootstate import SLOTS, Health, SlotState
 from firmware.device import flash
 from firmware.errors import FirmwareError
 
@@ -238,29 +239,28 @@ class DeviceUpdates:
             state = self.dev.load_state()
         except FirmwareError:
             return None
-        booted = state.get("booted")
-        if booted not in ("a", "b"):
+        booted = state.booted
+        if booted is None:
             return None
-        slots = state["slots"]
-        prev = state.get("previous")
+        prev = state.previous
         out: dict[str, Any] = {
-            "version": str(slots[booted].get("version", "")),
+            "version": state.slot(booted).version or "",
             "slot": booted,
-            "state": str(slots[booted]["state"]),
-            "health": str(state.get("health", "")),
-            "previous": str(slots[prev].get("version", "")) if prev in ("a", "b") else None,
+            "state": state.slot(booted).state.value,
+            "health": state.health.value,
+            "previous": (state.slot(prev).version or "") if prev is not None else None,
             "update": None,
         }
         rec = self._record()
         if rec is not None:
             upd = {k: rec.get(k) for k in ("update_id", "kind", "phase", "version", "error")}
-            if rec.get("phase") == Phase.REBOOTING and rec.get("slot") in ("a", "b"):
-                target = slots[rec["slot"]]
-                if target["state"] == "bad" and target.get("version") == rec.get("version"):
+            if rec.get("phase") == Phase.REBOOTING and rec.get("slot") in SLOTS:
+                target = state.slot(rec["slot"])
+                if target.state is SlotState.BAD and target.version == rec.get("version"):
                     upd["phase"] = Phase.ROLLED_BACK
-                    upd["error"] = str(target.get("problem", "the new slot failed"))[:500]
+                    upd["error"] = str(target.problem or "the new slot failed")[:500]
                 elif booted == rec["slot"]:
-                    passed = target["state"] == "good" and state.get("health") == "passed"
+                    passed = target.state is SlotState.GOOD and state.health is Health.PASSED
                     upd["phase"] = Phase.DONE if passed else Phase.TRIAL
             out["update"] = upd
         return out

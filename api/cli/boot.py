@@ -55,9 +55,12 @@ def boot(
     """Pick the slot, start the node from it, health-check it, mark it good or fall back.
 
     When the node exits with the reboot code (it staged an image update from the fleet, or
-    switched back to its previous slot), boot again instead of exiting."""
-    from firmware.boot import REBOOT_EXIT_CODE
+    switched back to its previous slot), boot again instead of exiting. With no slot it may
+    start (none verifies or passes its check, or all are below the anti-rollback floor) it
+    starts nothing and exits 78; `fractal image status` shows why."""
+    from firmware.boot import NO_SLOT_EXIT_CODE, REBOOT_EXIT_CODE
     from firmware.boot import boot as _boot
+    from firmware.errors import NoBootableSlot
 
     if emulate_arm and emulate_riscv:
         from firmware.errors import FirmwareError
@@ -77,15 +80,21 @@ def boot(
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
     while True:
-        r = _boot(
-            device,
-            _launcher(arch),
-            node_id=node_id,
-            host=host,
-            port=port,
-            health_timeout_s=health_timeout,
-            log=lambda m: typer.echo(f"boot: {m}", err=True),
-        )
+        try:
+            r = _boot(
+                device,
+                _launcher(arch),
+                node_id=node_id,
+                host=host,
+                port=port,
+                health_timeout_s=health_timeout,
+                log=lambda m: typer.echo(f"boot: {m}", err=True),
+            )
+        except NoBootableSlot as exc:  # the safe state: nothing runs, `image status` says why
+            from api.cli.errors import format_error
+
+            typer.echo(format_error(exc), err=True)
+            raise typer.Exit(NO_SLOT_EXIT_CODE) from None
         typer.echo(
             f"booted slot {r.slot} version {r.version}{' (after fallback)' if r.fell_back else ''}: {r.url}"
         )

@@ -158,6 +158,8 @@ def status(
         f"device {device}: board {s['board']}, active {s['active']}, previous {s['previous']}, "
         f"booted {s['booted']}, trials left {s['trials_left']}, rollback floor {s['rollback_floor']}"
     )
+    if s.get("halt"):
+        typer.echo(f"  NO BOOTABLE SLOT: {s['halt']} (flash a current image)")
     for name in SLOTS:
         r = s["slots"][name]
         mark = "*" if name == s["active"] else " "
@@ -167,7 +169,9 @@ def status(
             if "verified" not in r
             else (" verified" if r["verified"] else f" NOT VERIFIED: {r.get('problem')}")
         )
-        typer.echo(f" {mark} slot {name}: {r['state']}{ver}{chk}")
+        pending = f" (will trust key(s) {', '.join(r['pending_key_ids'])} once good)" if r.get(
+            "pending_key_ids") else ""
+        typer.echo(f" {mark} slot {name}: {r['state']}{ver}{chk}{pending}")
     typer.echo(f"  trusted keys: {', '.join(s['trusted_keys'])}")
 
 

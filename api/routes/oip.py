@@ -103,7 +103,9 @@ async def ready(node: NodeDep) -> Response:
     why = node.readiness()
     if why is not None:
         raise ApiError(503, f"not ready: {why}")
-    return Response(b'{"ready":true}', media_type="application/json")
+    boot_id = node.config.boot_id  # set when `fractal boot` started this node (firmware/health.py)
+    headers = {"Fractal-Boot-Id": boot_id} if boot_id else None
+    return Response(b'{"ready":true}', media_type="application/json", headers=headers)
 
 
 @router.get("", summary="Server metadata")
@@ -137,4 +139,6 @@ async def model_ready(name: str, node: NodeDep, version: str | None = None) -> R
     why = node.readiness()
     if why is not None:
         raise ApiError(400, f"model '{name}' is not ready: {why}")
-    return Response(b'{"ready":true}', media_type="application/json")
+    boot_id = node.config.boot_id  # set when `fractal boot` started this node (firmware/health.py)
+    headers = {"Fractal-Boot-Id": boot_id} if boot_id else None
+    return Response(b'{"ready":true}', media_type="application/json", headers=headers)

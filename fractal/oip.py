@@ -1,0 +1,139 @@
+"""Open Inference Protocol v2 JSON tensors: the datatype table and the strict decoder of one tensor.
+
+Shared by the node's request codec (``api.tensors``) and the boot health check
+(``firmware.health``), which reads the node's reply: one table, one decoder, one set of
+messages. Imports nothing of the project (this is the shared base, under every layer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DATATYPES",
+    "TensorError",
+    "as_int",
+    "check_shape",
+    "datatype_of",
+    "decode_json_data",
+    "decode_json_tensor",
+    "json_tensor",
+    "loads",
+]
+
+# OIP datatype name <-> numpy dtype (BYTES and BF16 have no fixed numpy form; edge models never use them).
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+_BY_DTYPE = {v: k for k, v in DATATYPES.items()}
+
+
+class TensorError(ValueError):
+    """A tensor (or the JSON around it) that does not decode to what it declares."""
+
+
+def datatype_of(dtype: Any) -> str:
+    """OIP datatype name of a numpy dtype (or dtype string such as ``"float32"``)."""
+    try:
+        return _BY_DTYPE[np.dtype(dtype)]
+    except (KeyError, TypeError) as exc:
+        raise TensorError(f"dtype {dtype} has no Open Inference Protocol datatype") from exc
+
+
+def _reject_constant(token: str) -> Any:
+    raise TensorError(f"non-finite number {token} in request JSON (NaN and Infinity are not allowed)")
+
+
+def loads(raw: bytes | str) -> Any:
+    """Strict JSON: NaN/Infinity, too deep nesting and bad UTF-8 are TensorErrors."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except TensorError:
+        raise
+    except RecursionError as exc:
+        raise TensorError("malformed JSON: nested too deeply") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TensorError(f"malformed JSON: {exc}") from exc
+
+
+def as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TensorError(f"{what} must be an integer, got {json.dumps(value)[:40]}")
+    return value
+
+
+def check_shape(name: str, shape: Any, what: str = "input") -> tuple[int, ...]:
+    """The declared shape: a non-empty list of non-negative integers (whether it fits the model is
+    the validator's business)."""
+    if not isinstance(shape, list) or not shape:
+        raise TensorError(f"{what} '{name}': 'shape' must be a non-empty list of integers")
+    dims = tuple(as_int(d, f"{what} '{name}': shape entry") for d in shape)
+    if any(d < 0 for d in dims):
+        raise TensorError(f"{what} '{name}': shape {list(dims)} has a negative dimension")
+    return dims
+
+
+def decode_json_data(name: str, data: Any, dims: tuple[int, ...], dtype: np.dtype,
+                     what: str = "input") -> np.ndarray:
+    """``data`` (flat or nested row-major) as an array of ``dtype`` and shape ``dims``, or TensorError."""
+    if not isinstance(data, list):
+        raise TensorError(f"{what} '{name}': 'data' must be a list (flat or nested row-major)")
+    try:
+        arr = np.asarray(data)
+    except (ValueError, TypeError) as exc:  # ragged nesting
+        raise TensorError(f"{what} '{name}': 'data' is ragged or malformed: {exc}") from exc
+    if arr.dtype.kind not in "biuf" or (arr.dtype.kind == "b") != (dtype.kind == "b"):
+        raise TensorError(f"{what} '{name}': 'data' must hold only "
+                          f"{'booleans' if dtype.kind == 'b' else 'numbers'}")
+    if arr.size != math.prod(dims):
+        raise TensorError(f"{what} '{name}': 'data' has {arr.size} elements but shape {list(dims)} "
+                          f"needs {math.prod(dims)}")
+    if dtype.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = arr.astype(dtype, copy=False).reshape(dims)
+        if not np.isfinite(out).all():
+            raise TensorError(f"{what} '{name}': 'data' has non-finite values "
+                              f"(NaN, Infinity or out of {datatype_of(dtype)} range)")
+        return out
+    if dtype.kind in "iu":
+        if arr.dtype.kind == "f":
+            raise TensorError(f"{what} '{name}': 'data' must hold integers for {datatype_of(dtype)}")
+        info = np.iinfo(dtype)
+        if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
+            raise TensorError(f"{what} '{name}': 'data' is out of {datatype_of(dtype)} range")
+    return arr.astype(dtype).reshape(dims)
+
+
+def decode_json_tensor(t: Any, what: str = "output") -> tuple[str, np.ndarray]:
+    """One JSON tensor object ``{"name", "datatype", "shape", "data"}`` as (name, array)."""
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+        raise TensorError(f"each {what} must be an object with a string 'name'")
+    name = t["name"]
+    dt = t.get("datatype")
+    if not isinstance(dt, str) or dt not in DATATYPES:
+        raise TensorError(f"{what} '{name}': datatype {json.dumps(dt)[:40]} is not one of "
+                          f"{', '.join(DATATYPES)}")
+    dims = check_shape(name, t.get("shape"), what)
+    return name, decode_json_data(name, t.get("data"), dims, DATATYPES[dt], what)
+
+
+def json_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
+    """``arr`` as a JSON tensor object (the form a request's inputs and a reply's outputs take)."""
+    a = np.asarray(arr)
+    return {"name": name, "datatype": datatype_of(a.dtype), "shape": list(a.shape),
+            "data": a.ravel().tolist()}
