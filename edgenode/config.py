@@ -32,6 +32,14 @@ Example::
     max_samples = 100000
     retention = "drop-oldest"             # or "reject"
 
+    [[streams]]                           # sensor topics on the broker -> windows -> samples
+    name = "vib"                          # (all keys: edgenode/streams/config.py)
+    topic = "sensors/m1/#"
+    format = "senml"
+    fields = ["ax"]
+    sample_rate_hz = 1000.0
+    window = 640
+
 Any problem becomes one :class:`ConfigError` naming the key and how to fix it.
 """
 
@@ -45,6 +53,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edgenode.common import ConfigError
+from edgenode.streams.config import StreamConfig
 from federation.roundspec import RoundDefaults
 from federation.topics import validate_id
 
@@ -146,6 +155,8 @@ class NodeConfig(_Section):
     device: Path | None = None
     training: TrainingConfig = TrainingConfig()
     store: StoreConfig = StoreConfig()
+    # Sensor streams over MQTT into the sample store (edgenode/streams/): needs `broker`.
+    streams: list[StreamConfig] = Field(default_factory=list, max_length=64)
 
     @field_validator("node_id", "swarm")
     @classmethod
@@ -185,6 +196,12 @@ class NodeConfig(_Section):
                 "key_file": rel(cfg.key_file), "keyring_file": rel(cfg.keyring_file),
                 "device": rel(cfg.device),
             })
+        if cfg.streams and cfg.broker is None:
+            raise ConfigError(f"{source}: [[streams]] needs `broker`",
+                              hint="set broker = \"mqtt://host:port\" (the broker the sensors publish to)")
+        names = [s.name for s in cfg.streams]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{source}: two [[streams]] share a name", hint="give each stream its own name")
         if (cfg.key_file is None) != (cfg.keyring_file is None):
             raise ConfigError(f"{source}: key_file and keyring_file go together",
                               hint="make both with python -m deploy.keys")
@@ -206,7 +223,7 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
         return ConfigError(f"{source}: unknown key `{key}`",
                            hint="remove it or fix its spelling (keys: node_id, artifact, port, data_dir, "
                                 "broker, swarm, auth_token, max_body_bytes, max_batch, host, device, "
-                                "[training], [store])")
+                                "[training], [store], [[streams]])")
     if kind == "enum":
         allowed = err.get("ctx", {}).get("expected", "")
         return ConfigError(f"{source}: `{key}` = {err.get('input')!r} is not allowed",

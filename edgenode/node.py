@@ -37,6 +37,7 @@ from edgenode.model import ModelHolder
 from edgenode.ports import Collective, Engine, Link, Publication, Spec, StepRunner, Trainer, Updater
 from edgenode.rounds import RoundControl, load_seen_rounds
 from edgenode.store import SampleSpec, SampleStore
+from edgenode.streams.runner import StreamRunner
 from edgenode.training import RoundResult
 from edgenode.trainproc import TrainerWorkerError, TrainingWorker
 from edgenode.updates import ImageControl
@@ -127,6 +128,7 @@ class EdgeNode(ImageControl, RoundControl):
             from firmware.ota import DeviceUpdates  # lazy: only nodes that run from a device image
 
             self.updater = DeviceUpdates(config.device)
+        self.streams = self._stream_runners()  # [[streams]]: started with the broker link
         self.reboot_requested = threading.Event()  # set when a staged image waits for a restart
         self._update_thread: threading.Thread | None = None
 
@@ -243,6 +245,28 @@ class EdgeNode(ImageControl, RoundControl):
             self.publish_status()  # at most once a second (heartbeats carry the rest)
         return count
 
+    def _stream_runners(self) -> list[StreamRunner]:
+        if not self.config.streams:
+            return []
+        if len(self.inputs) != 1:
+            raise ConfigError("[[streams]] feed models with one input; this model has "
+                              f"{len(self.inputs)}", hint="remove [[streams]] or use a one-input model")
+        spec = self.inputs[0]
+        runners = []
+        for sc in self.config.streams:
+            if sc.input is not None and sc.input != spec.name:
+                raise ConfigError(f"[[streams]] {sc.name}: input {sc.input!r} is not the model's input "
+                                  f"{spec.name!r}", hint=f"set input = \"{spec.name}\" or remove it")
+            runners.append(StreamRunner(sc, spec.name, tuple(int(d) for d in spec.shape[1:]),
+                                        self.add_stream_samples, self.metrics))
+        return runners
+
+    def add_stream_samples(self, input_name: str, values: np.ndarray, taken: np.ndarray) -> int:
+        """Store windows from a stream as unlabelled samples taken at ``taken`` (unix s)."""
+        count = self.store.add({input_name: values}, None, ts=taken)
+        self.metrics.samples(int(values.shape[0]))
+        return count
+
     # -- life cycle --------------------------------------------------------------------------------
     def start(self) -> None:
         """Connect to the broker (if configured), publish the retained status, start heartbeats.
@@ -271,6 +295,9 @@ class EdgeNode(ImageControl, RoundControl):
             # a restarted broker without persistence forgot our retained status: say it again
             self._link.on_connect(self._on_connect)
             self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
+            for runner in self.streams:  # sensors do not sign: the raw link, never the signed one
+                runner.start()
+                link.subscribe(runner.cfg.topic, runner.on_message, inline=True)
         if self._transport is not None:
             if any(r.point == Point.VOTED for r in self.faults.rules):
                 self._transport = FaultyTransport(self._transport, self.faults)
@@ -331,6 +358,8 @@ class EdgeNode(ImageControl, RoundControl):
             self._link = None
         if self._ring is not None:
             self._ring.close()
+        for runner in self.streams:
+            runner.stop()
         self.store.close()
         log.info("node %s stopped", self.node_id)
 
