@@ -259,8 +259,12 @@ class SampleStore:
         """Give stored samples a label that arrived later: the rows ``ids``, or the rows taken in
         ``[since, until)`` (unix s). One durable transaction; returns how many rows it labelled.
         The validation side of a row stays where it was (it is fixed at insert)."""
-        lab = np.asarray(label)
-        if lab.dtype.kind == "f" and self.spec.label_dtype == "int64" and np.all(np.mod(lab, 1) == 0):
+        try:
+            lab = np.asarray(label)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"label is malformed: {exc}") from None
+        if lab.dtype.kind == "f" and self.spec.label_dtype == "int64" and np.isfinite(lab).all() \
+                and np.all(np.mod(lab, 1) == 0):
             lab = lab.astype(np.int64)
         if lab.shape != self.spec.label_shape or not _castable(lab.dtype, np.dtype(self.spec.label_dtype)):
             raise InvalidInput(f"label: shape {list(lab.shape)} dtype {lab.dtype}, expected shape "
