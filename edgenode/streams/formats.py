@@ -16,7 +16,6 @@ channel are counted (``unmapped``), the rest is returned.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -37,10 +36,16 @@ class Parsed:
 
 
 def _num(v: object) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
+    """A finite JSON number as float, else None (bool is not a number here)."""
+    t = type(v)
+    if t is float:
+        return v if v - v == 0.0 else None  # type: ignore[operator,return-value]  # inf/nan: nan
+    if t is int:
+        try:
+            return float(v)  # type: ignore[arg-type]
+        except OverflowError:  # a 400-digit JSON integer
+            return None
+    return None
 
 
 def _loads(payload: bytes) -> object:
@@ -68,11 +73,12 @@ def parse_senml(payload: bytes, channels: Mapping[str, int], now: float) -> Pars
                 out.malformed += 1
                 continue
             bn = rec["bn"]
-        base_t, base_v = _num(rec.get("bt", bt)), _num(rec.get("bv", bv))
-        if base_t is None or base_v is None:
-            out.malformed += 1
-            continue
-        bt, bv = base_t, base_v
+        if "bt" in rec or "bv" in rec:
+            base_t, base_v = _num(rec.get("bt", bt)), _num(rec.get("bv", bv))
+            if base_t is None or base_v is None:
+                out.malformed += 1
+                continue
+            bt, bv = base_t, base_v
         name = rec.get("n", "")
         if not isinstance(name, str):
             out.malformed += 1
@@ -83,7 +89,7 @@ def parse_senml(payload: bytes, channels: Mapping[str, int], now: float) -> Pars
         if ch is None:
             out.unmapped += 1
             continue
-        v, t = _num(rec.get("v")), _num(rec.get("t", 0.0))
+        v, t = _num(rec.get("v")), (_num(rec["t"]) if "t" in rec else 0.0)
         if v is None or t is None:
             out.malformed += 1
             continue

@@ -130,7 +130,9 @@ def test_senml_pack_resolves_base_fields_and_groups_by_time() -> None:
     assert p.unmapped == 1 and p.malformed == 3
     rel = parse_senml(b'[{"n":"ax","v":5,"t":-1}]', {"ax": 0}, now=1000.0)
     assert rel.readings == [(999.0, {0: 5.0})]  # RFC 8428: small times are relative to now
-    for bad in (b"", b"{}", b"[]", b"not json", b"[NaN]", b'[{"n":"ax","v":NaN}]', b"[" * 100_000):
+    for bad in (b"", b"{}", b"[]", b"not json", b"[NaN]", b'[{"n":"ax","v":NaN}]', b"[" * 100_000,
+                b'[{"n":"ax","v":1' + b"0" * 400 + b"}]", b'[{"n":"ax","v":1e400}]', b'[{"n":"ax","v":true}]',
+                b'[{"n":"ax","v":1,"t":"x"}]', b'[{"bn":5,"n":"ax","v":1}]'):
         assert parse_senml(bad, {"ax": 0}, now=0.0).malformed >= 1
 
 
