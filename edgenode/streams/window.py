@@ -179,7 +179,10 @@ class Windower:
             if row is None:
                 row = np.full(spec.channels, np.nan, np.float32)
             hole = np.isnan(row)
-            if self._last is None:
+            if not hole.any() and self._last is not None:  # the common case: a whole row
+                self._missing[:] = 0
+                self._last = row
+            elif self._last is None:
                 if hole.any():  # a segment starts at a slot holding every channel
                     continue
                 self._last = row.copy()
