@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from edgenode.store import SampleSpec, SampleStore
 from tests.edgenode.test_cli_node import free_port, get
@@ -41,6 +42,7 @@ def pack(slots: list[int]) -> bytes:
     return json.dumps(recs).encode()
 
 
+@pytest.mark.slow  # a node process's start (TVM import) under a loaded machine: 20-40 s
 def test_node_process_stores_windows_from_senml(tmp_path, digits_artifact, mosquitto, swarm_id,
                                                 mqtt_link_factory):
     port = free_port()
