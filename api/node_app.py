@@ -24,8 +24,8 @@ from api.middleware import (
     InternalErrorMiddleware,
     MetricsMiddleware,
 )
+from api.routes import labels, oip, samples
 from api.routes import node as node_routes
-from api.routes import oip, samples
 from api.tensors import BatchTooLarge
 
 __all__ = ["create_node_app"]
@@ -57,6 +57,7 @@ def create_node_app(node: NodeLike, *, auth_token: str | None = None,
 
     app.include_router(oip.router)
     app.include_router(samples.router)
+    app.include_router(labels.router)
     app.include_router(node_routes.router)
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=limit)

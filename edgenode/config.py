@@ -32,6 +32,20 @@ Example::
     max_samples = 100000
     retention = "drop-oldest"             # or "reject"
 
+    [anomaly]                             # reconstruction models (autoencoders): edgenode/anomaly.py
+    mode = "auto"                         # auto | on | off
+    percentile = 99.0                     # threshold = this percentile of recent normal errors
+    threshold_samples = 1000
+    refresh_samples = 200
+
+    [[streams]]                           # sensor topics on the broker -> windows -> samples
+    name = "vib"                          # (all keys: edgenode/streams/config.py)
+    topic = "sensors/m1/#"
+    format = "senml"
+    fields = ["ax"]
+    sample_rate_hz = 1000.0
+    window = 640
+
 Any problem becomes one :class:`ConfigError` naming the key and how to fix it.
 """
 
@@ -45,11 +59,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edgenode.common import ConfigError
+from edgenode.streams.config import StreamConfig
 from federation.roundspec import RoundDefaults
 from federation.topics import validate_id
 
-__all__ = ["NodeConfig", "TrainingConfig", "StoreConfig", "Retention", "Isolation", "WorkerPriority",
-           "load_config"]
+__all__ = ["NodeConfig", "AnomalyConfig", "AnomalyMode", "TrainingConfig", "StoreConfig", "Retention",
+           "Isolation", "WorkerPriority", "load_config"]
 
 
 class Retention(enum.StrEnum):
@@ -118,6 +133,22 @@ class StoreConfig(_Section):
     retention: Retention = Retention.DROP_OLDEST
 
 
+class AnomalyMode(enum.StrEnum):
+    AUTO = "auto"  # on for a model whose training loss is mse and whose output has its input's shape
+    ON = "on"  # on for any model that reconstructs its input (one input, output of the same shape)
+    OFF = "off"
+
+
+class AnomalyConfig(_Section):
+    """``[anomaly]``: scores, flags and threshold of a reconstruction model (edgenode/anomaly.py)."""
+
+    mode: AnomalyMode = AnomalyMode.AUTO
+    # The threshold is this percentile of the reconstruction errors of the newest normal samples.
+    percentile: float = Field(default=99.0, gt=0, le=100)
+    threshold_samples: int = Field(default=1000, ge=1, le=1_000_000)
+    refresh_samples: int = Field(default=200, ge=1)  # new samples between threshold refreshes
+
+
 class NodeConfig(_Section):
     node_id: str
     artifact: Path
@@ -149,6 +180,9 @@ class NodeConfig(_Section):
     boot_id: str = Field(default="", max_length=64)
     training: TrainingConfig = TrainingConfig()
     store: StoreConfig = StoreConfig()
+    anomaly: AnomalyConfig = AnomalyConfig()
+    # Sensor streams over MQTT into the sample store (edgenode/streams/): needs `broker`.
+    streams: list[StreamConfig] = Field(default_factory=list, max_length=64)
 
     @field_validator("node_id", "swarm")
     @classmethod
@@ -188,6 +222,12 @@ class NodeConfig(_Section):
                 "key_file": rel(cfg.key_file), "keyring_file": rel(cfg.keyring_file),
                 "device": rel(cfg.device),
             })
+        if cfg.streams and cfg.broker is None:
+            raise ConfigError(f"{source}: [[streams]] needs `broker`",
+                              hint="set broker = \"mqtt://host:port\" (the broker the sensors publish to)")
+        names = [s.name for s in cfg.streams]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{source}: two [[streams]] share a name", hint="give each stream its own name")
         if (cfg.key_file is None) != (cfg.keyring_file is None):
             raise ConfigError(f"{source}: key_file and keyring_file go together",
                               hint="make both with python -m deploy.keys")
@@ -209,7 +249,7 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
         return ConfigError(f"{source}: unknown key `{key}`",
                            hint="remove it or fix its spelling (keys: node_id, artifact, port, data_dir, "
                                 "broker, swarm, auth_token, max_body_bytes, max_batch, host, device, "
-                                "[training], [store])")
+                                "[training], [store], [anomaly], [[streams]])")
     if kind == "enum":
         allowed = err.get("ctx", {}).get("expected", "")
         return ConfigError(f"{source}: `{key}` = {err.get('input')!r} is not allowed",

@@ -36,6 +36,14 @@ class NodeMetrics:
                                  registry=r)
         self._loss = Gauge("fractal_node_last_loss", "Loss of the last training step", registry=r)
         self._training = Gauge("fractal_node_training", "1 while a round runs", registry=r)
+        self._stream_readings = Counter(
+            "fractal_node_stream_readings", "Sensor readings from [[streams]] by outcome (accepted, "
+            "out_of_order, late, duplicate, malformed, unmapped, overflow, store_failed)",
+            ["stream", "outcome"], registry=r)
+        self._stream_windows = Counter("fractal_node_stream_windows", "Windows stored from [[streams]]",
+                                       ["stream"], registry=r)
+        self._stream_gaps = Counter("fractal_node_stream_gaps", "Windows restarted after a gap longer "
+                                    "than the stream's gap_tolerance_s", ["stream"], registry=r)
         Gauge("fractal_node_samples", "Samples in the store", registry=r).set_function(sample_count)
         Gauge("fractal_node_model_version", "Committed parameter version",
               registry=r).set_function(model_version)
@@ -73,6 +81,18 @@ class NodeMetrics:
 
     def training(self, on: bool) -> None:
         self._training.set(1 if on else 0)
+
+    def stream_readings(self, stream: str, outcome: str, n: int = 1) -> None:
+        if n:
+            self._stream_readings.labels(stream=stream, outcome=outcome).inc(n)
+
+    def stream_windows(self, stream: str, n: int) -> None:
+        if n:
+            self._stream_windows.labels(stream=stream).inc(n)
+
+    def stream_gaps(self, stream: str, n: int) -> None:
+        if n:
+            self._stream_gaps.labels(stream=stream).inc(n)
 
     def snapshot(self) -> dict[str, float | int | None]:
         """The plain counters as a dict."""

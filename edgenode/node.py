@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from edgenode.anomaly import AnomalyScorer, is_reconstruction
 from edgenode.common import ConfigError, get_logger
-from edgenode.config import Isolation, NodeConfig, WorkerPriority
+from edgenode.config import AnomalyMode, Isolation, NodeConfig, WorkerPriority
 from edgenode.devicefacts import DeviceFacts
 from edgenode.faults import NO_FAULTS, Faults, FaultyTransport, Point
 from edgenode.metrics import NodeMetrics
@@ -37,6 +38,7 @@ from edgenode.model import ModelHolder
 from edgenode.ports import Collective, Engine, Link, Publication, Spec, StepRunner, Trainer, Updater
 from edgenode.rounds import RoundControl, load_seen_rounds
 from edgenode.store import SampleSpec, SampleStore
+from edgenode.streams.runner import StreamRunner
 from edgenode.training import RoundResult
 from edgenode.trainproc import TrainerWorkerError, TrainingWorker
 from edgenode.updates import ImageControl
@@ -94,6 +96,9 @@ class EdgeNode(ImageControl, RoundControl):
                               f"batch {self.trainer.batch}",
                               hint=f"set batch = {self.trainer.batch} or recompile with --batch {tb}")
         self.model = ModelHolder(artifact, config.data_dir, keep_versions=config.training.keep_versions)
+        self.anomaly: AnomalyScorer | None = self._anomaly_scorer()
+        self._since_fit = 0  # samples stored since the anomaly threshold was last computed
+        self._refit = threading.Event()
         self.store = SampleStore(config.data_dir / "samples.db", self._sample_spec(),
                                  max_samples=config.store.max_samples, retention=config.store.retention,
                                  num_classes=self._num_classes())
@@ -117,6 +122,7 @@ class EdgeNode(ImageControl, RoundControl):
         self._seen_rounds: collections.OrderedDict[str, None] = load_seen_rounds(config.data_dir)
         self._stopping = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self._threshold_thread: threading.Thread | None = None
         self._started = False
         self._listeners: list[Callable[[RoundEvent], None]] = []
         self._last_status = 0.0
@@ -130,6 +136,7 @@ class EdgeNode(ImageControl, RoundControl):
             from firmware.ota import DeviceUpdates  # lazy: only nodes that run from a device image
 
             self.updater = DeviceUpdates(config.device)
+        self.streams = self._stream_runners()  # [[streams]]: started with the broker link
         self.reboot_requested = threading.Event()  # set when a staged image waits for a restart
         self._update_thread: threading.Thread | None = None
 
@@ -159,7 +166,16 @@ class EdgeNode(ImageControl, RoundControl):
 
     @property
     def outputs(self) -> list[Spec]:
-        return list(self.artifact.outputs)
+        """The artifact's outputs, plus ``anomaly_score`` and ``anomaly`` for an anomaly model."""
+        outs: list[Spec] = list(self.artifact.outputs)
+        if self.anomaly is not None:
+            outs += self.anomaly.specs(int(outs[0].shape[0]))
+        return outs
+
+    @property
+    def labels_optional(self) -> bool:
+        """Whether samples may come without labels over HTTP (anomaly models learn from unlabelled)."""
+        return self.anomaly is not None
 
     @property
     def batched(self) -> bool:
@@ -208,16 +224,33 @@ class EdgeNode(ImageControl, RoundControl):
                 "model_version": snap.version, "params_sha256": snap.sha256, "round_id": self._round_id,
                 "samples": self.store.count, "state": self._state.value, "swarm": self.config.swarm,
                 "broker": self.config.broker is not None, "trainable": self.trainer is not None,
-                "last_loss": self.metrics.last_loss, "last_error": self.last_error}
+                "last_loss": self.metrics.last_loss, "last_error": self.last_error,
+                "anomaly_threshold": None if self.anomaly is None else self.anomaly.threshold}
+
+    def _anomaly_scorer(self) -> AnomalyScorer | None:
+        ac = self.config.anomaly
+        recon = is_reconstruction(self.inputs, self.artifact.outputs)
+        if ac.mode == AnomalyMode.OFF or (ac.mode == AnomalyMode.AUTO and not (
+                recon and self.trainer is not None and self.trainer.loss == "mse")):
+            return None
+        if not recon:
+            raise ConfigError("[anomaly] mode = \"on\" needs a model that reconstructs its input (one "
+                              "input, a first output of the same shape)", hint="set mode = \"off\"")
+        return AnomalyScorer(self.inputs[0].name, self.artifact.outputs[0].name,
+                             percentile=ac.percentile)
 
     def _sample_spec(self) -> SampleSpec:
         ins = tuple((s.name, tuple(int(d) for d in s.shape[1:]), str(np.dtype(s.dtype))) for s in self.inputs)
+        if self.anomaly is not None:  # labels are flags (0 normal, 1 anomalous); the target is the input
+            return SampleSpec(ins, (), "int64")
         if self.trainer is not None and self.trainer.loss == "mse":
             out = self.outputs[0]
             return SampleSpec(ins, tuple(int(d) for d in out.shape[1:]), "float32")
         return SampleSpec(ins, (), "int64")
 
     def _num_classes(self) -> int | None:
+        if self.anomaly is not None:
+            return 2
         if self.trainer is not None and self.trainer.loss == "mse":
             return None
         return int(self.outputs[0].shape[-1]) if self.outputs and self.outputs[0].shape else None
@@ -231,20 +264,87 @@ class EdgeNode(ImageControl, RoundControl):
         """
         t0 = time.perf_counter()
         out = self.model.infer(inputs)
+        if self.anomaly is not None:
+            out.update(self.anomaly.score(dict(inputs), out))
         self.metrics.inference(time.perf_counter() - t0)
         return out
 
-    def add_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray) -> int:
-        """Store labelled samples durably (one fsynced transaction) and return the new sample count.
+    def add_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray | None) -> int:
+        """Store samples durably (one fsynced transaction) and return the new sample count."""
+        return self.insert_samples(inputs, labels)[1]
+
+    def insert_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray | None, *,
+                       taken: np.ndarray | None = None) -> tuple[list[int], int]:
+        """Store samples durably (one fsynced transaction); returns their ids and the new count.
 
         ``inputs[name]`` is (N, *input shape without batch), ``labels`` (N,) class ids for a ce
-        model or (N, *output shape) targets for mse. Raises InvalidInput or StoreError (full).
+        model, (N, *output shape) targets for mse, (N,) flags 0/1 for an anomaly model, or None
+        (not known yet: ``set_labels`` later). Raises InvalidInput or StoreError (full).
         """
-        count = self.store.add(inputs, labels)
-        self.metrics.samples(int(np.shape(labels)[0]))
+        ids, count = self.store.insert(inputs, labels, ts=taken)
+        self.metrics.samples(len(ids))
+        self._samples_stored(len(ids))
         if time.monotonic() - self._last_status > _STATUS_MIN_S:  # sample count changed: tell the fleet,
             self.publish_status()  # at most once a second (heartbeats carry the rest)
-        return count
+        return ids, count
+
+    def set_labels(self, label: Any, *, ids: list[int] | None = None, since: float | None = None,
+                   until: float | None = None) -> int:
+        """Labels that arrived later for stored samples (by id or time range); how many were set."""
+        n = self.store.set_labels(label, ids=ids, since=since, until=until)
+        if n and self.anomaly is not None:
+            self._refit.set()  # samples flagged anomalous leave the threshold's normal set
+        return n
+
+    def _samples_stored(self, n: int) -> None:
+        if self.anomaly is None:
+            return
+        self._since_fit += n
+        if self._since_fit >= self.config.anomaly.refresh_samples or self.anomaly.threshold is None:
+            self._refit.set()
+
+    def refresh_threshold(self) -> float | None:
+        """Recompute the anomaly threshold now from the newest normal samples (committed params)."""
+        if self.anomaly is None:
+            return None
+        self._since_fit = 0
+        samples = self.store.snapshot(limit=self.config.anomaly.threshold_samples, which="normal")
+        snap = self.model.snapshot
+        params = snap.prepared if snap.prepared is not None else list(snap.params)
+        out = self.artifact.outputs[0].name
+        return self.anomaly.fit(lambda x: self.artifact.infer(x, params=params)[out], samples, snap.version)
+
+    def _threshold_loop(self) -> None:
+        while not self._stopping.is_set():
+            if not self._refit.wait(0.5):
+                continue
+            self._refit.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.refresh_threshold()
+            except Exception:  # noqa: BLE001 - a failed refresh keeps the last threshold
+                log.exception("anomaly threshold refresh failed")
+
+    def _stream_runners(self) -> list[StreamRunner]:
+        if not self.config.streams:
+            return []
+        if len(self.inputs) != 1:
+            raise ConfigError("[[streams]] feed models with one input; this model has "
+                              f"{len(self.inputs)}", hint="remove [[streams]] or use a one-input model")
+        spec = self.inputs[0]
+        runners = []
+        for sc in self.config.streams:
+            if sc.input is not None and sc.input != spec.name:
+                raise ConfigError(f"[[streams]] {sc.name}: input {sc.input!r} is not the model's input "
+                                  f"{spec.name!r}", hint=f"set input = \"{spec.name}\" or remove it")
+            runners.append(StreamRunner(sc, spec.name, tuple(int(d) for d in spec.shape[1:]),
+                                        self.add_stream_samples, self.metrics))
+        return runners
+
+    def add_stream_samples(self, input_name: str, values: np.ndarray, taken: np.ndarray) -> int:
+        """Store windows from a stream as unlabelled samples taken at ``taken`` (unix s)."""
+        return self.insert_samples({input_name: values}, None, taken=taken)[1]
 
     # -- life cycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -274,6 +374,9 @@ class EdgeNode(ImageControl, RoundControl):
             # a restarted broker without persistence forgot our retained status: say it again
             self._link.on_connect(self._on_connect)
             self._link.subscribe(topics.command(self.config.swarm), self._on_command_message)
+            for runner in self.streams:  # sensors do not sign: the raw link, never the signed one
+                runner.start()
+                link.subscribe(runner.cfg.topic, runner.on_message, inline=True)
         if self._transport is not None:
             if any(r.point == Point.VOTED for r in self.faults.rules):
                 self._transport = FaultyTransport(self._transport, self.faults)
@@ -282,6 +385,11 @@ class EdgeNode(ImageControl, RoundControl):
                 from federation.ring import RingAllreduce
 
                 self._ring = RingAllreduce(self._transport, swarm=self.config.swarm)
+        if self.anomaly is not None:
+            self._refit.set()
+            self._threshold_thread = threading.Thread(target=self._threshold_loop,
+                                                      name=f"anomaly-{self.node_id}", daemon=True)
+            self._threshold_thread.start()
         self.publish_status()
         if self._link is not None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"hb-{self.node_id}",
@@ -322,6 +430,8 @@ class EdgeNode(ImageControl, RoundControl):
             w.join(timeout)
         if self._heartbeat is not None:
             self._heartbeat.join(timeout)
+        if self._threshold_thread is not None:
+            self._threshold_thread.join(timeout)
         self._state = NodeState.OFFLINE
         info = self.publish_status()
         if info is not None:  # let the offline status reach the broker before we disconnect
@@ -334,6 +444,8 @@ class EdgeNode(ImageControl, RoundControl):
             self._link = None
         if self._ring is not None:
             self._ring.close()
+        for runner in self.streams:
+            runner.stop()
         self.store.close()
         log.info("node %s stopped", self.node_id)
 

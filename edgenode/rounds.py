@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from edgenode.anomaly import AnomalyScorer, evaluate_anomaly
 from edgenode.common import InvalidInput, NodeBusy, NodeError, RoundFailed, SeenIds, get_logger
 from edgenode.config import NodeConfig
 from edgenode.faults import Faults
@@ -75,6 +76,8 @@ class RoundControl:
     store: SampleStore
     metrics: NodeMetrics
     trainer: Trainer | None
+    anomaly: AnomalyScorer | None  # a reconstruction model's scorer (edgenode/anomaly.py)
+    _refit: threading.Event  # set: recompute the anomaly threshold
     _steps: StepRunner | None  # the training worker process ([training] isolation = "process")
     _ring: Collective | None
     faults: Faults
@@ -186,13 +189,18 @@ class RoundControl:
                 ok = True
         if ok:
             self.validation = self._evaluate(snap, self._validation_samples())
+            self._refit.set()
         self.publish_status()
         return ok
 
     def _validation_samples(self) -> Samples:
         tcfg = self.config.training
         budget = int(tcfg.round_memory_mb * 1024 * 1024) // max(1, self.store.sample_bytes)
-        return self.store.snapshot(limit=max(1, budget), part="val", share=tcfg.validation_share)
+        # an anomaly model is scored on every validation sample (AUC on the labelled ones); a
+        # supervised model only on the samples whose label is known
+        which = "any" if self.anomaly is not None else "known"
+        return self.store.snapshot(limit=max(1, budget), part="val", share=tcfg.validation_share,
+                                   which=which)
 
     def _evaluate(self, snap: ParamsSnapshot, samples: Samples) -> Validation | None:
         """Loss/accuracy of ``snap`` on ``samples``; None without a training module or samples."""
@@ -201,6 +209,9 @@ class RoundControl:
         out = self.artifact.outputs[0].name
         params = snap.prepared if snap.prepared is not None else list(snap.params)
         try:
+            if self.anomaly is not None:
+                return evaluate_anomaly(lambda x: self.artifact.infer(x, params=params)[out], samples,
+                                        self.anomaly.input_name, version=snap.version)
             return evaluate(lambda x: self.artifact.infer(x, params=params)[out], samples,
                             loss=self.trainer.loss, version=snap.version)
         except Exception as exc:  # noqa: BLE001 - a failed evaluation must not fail the round
@@ -288,9 +299,14 @@ class RoundControl:
                                      zlib.crc32(cmd.round_id.encode())])
         try:
             budget = int(tcfg.round_memory_mb * 1024 * 1024)
+            # anomaly model: every sample not flagged anomalous, the input as its target; supervised:
+            # the samples whose label is known (stream windows wait for theirs)
             samples = self.store.snapshot(limit=max(1, budget // max(1, self.store.sample_bytes)),
-                                          part="train", share=tcfg.validation_share)
+                                          part="train", share=tcfg.validation_share,
+                                          which="normal" if self.anomaly is not None else "known")
             self._check_labels(plan, samples)
+            if self.anomaly is not None:
+                samples = self.anomaly.as_targets(samples)
             val_samples = self._validation_samples()
             val_before = self._evaluate(self.model.snapshot, val_samples)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
@@ -317,6 +333,7 @@ class RoundControl:
         self.metrics.round_finished(True)
         # The same validation samples before and after: the difference is the round's doing.
         self.validation = self._evaluate(self.model.snapshot, val_samples)
+        self._refit.set()  # new parameters: the anomaly threshold follows them (no-op otherwise)
         final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
         self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
                               step=plan.steps, loss=final, params_sha256=result.sha256,

@@ -26,6 +26,7 @@ import hashlib
 import json
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,12 +69,17 @@ class Samples:
 
     inputs: dict[str, np.ndarray]
     labels: np.ndarray
+    known: np.ndarray | None = None  # bool (N,): whether each label was given (None: all were)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
 
 Part = str  # "train" or "val" (None in a call: every sample)
+# Which rows a read returns: "any", "known" (labelled rows only: what a supervised round trains
+# on), "normal" (rows not labelled as anomalous, i.e. unlabelled or label 0: what an anomaly
+# model learns normal from).
+Which = str
 
 
 class SampleStore:
@@ -102,6 +108,7 @@ class SampleStore:
                          " data BLOB NOT NULL, label BLOB NOT NULL)")
         self._check_spec()
         self._add_split_column()
+        self._add_label_columns()
         self._count = self._db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
 
     def _add_split_column(self) -> None:
@@ -114,6 +121,18 @@ class SampleStore:
             rows = self._db.execute("SELECT id, data, label FROM samples").fetchall()
             self._db.executemany("UPDATE samples SET split = ? WHERE id = ?",
                                  [(split_key(d + lab), i) for i, d, lab in rows])
+
+    def _add_label_columns(self) -> None:
+        """``ts`` (when the sample was taken, unix s) and ``labelled`` (0: its label is not known
+        yet, the label bytes are zeros): samples from streams come without labels, which may
+        arrive later (:meth:`set_labels`). Older stores get both columns (their rows labelled)."""
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(samples)")}
+        with self._tx():
+            if "ts" not in cols:
+                self._db.execute("ALTER TABLE samples ADD COLUMN ts REAL")
+            if "labelled" not in cols:
+                self._db.execute("ALTER TABLE samples ADD COLUMN labelled INTEGER NOT NULL DEFAULT 1")
+            self._db.execute("CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts)")
 
     def _check_spec(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
@@ -137,8 +156,9 @@ class SampleStore:
         return self._count
 
     def validate(self, inputs: dict[str, np.ndarray],
-                 labels: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Check names, per-sample shapes, dtypes and label count; return arrays in spec order."""
+                 labels: np.ndarray | None) -> tuple[list[np.ndarray], np.ndarray]:
+        """Check names, per-sample shapes, dtypes and label count; return arrays in spec order.
+        ``labels=None``: unlabelled samples (zero labels are returned for them)."""
         names = [n for n, _, _ in self.spec.inputs]
         extra = [n for n in inputs if n not in names]
         if extra:
@@ -162,6 +182,8 @@ class SampleStore:
             n = a.shape[0]
             with np.errstate(over="ignore", invalid="ignore"):  # out of range -> inf, refused below
                 arrays.append(np.ascontiguousarray(a, dtype=dtype))
+        if labels is None:
+            labels = np.zeros((n or 0, *self.spec.label_shape), self.spec.label_dtype)
         lab = np.asarray(labels)
         if lab.shape != (n, *self.spec.label_shape):
             raise InvalidInput(f"labels: shape {list(lab.shape)}, expected {[n, *self.spec.label_shape]}",
@@ -191,21 +213,35 @@ class SampleStore:
         if lab.dtype.kind == "f" and not np.isfinite(lab).all():
             raise InvalidInput("labels contain NaN or Inf", hint="send finite numbers")
 
-    def add(self, inputs: dict[str, np.ndarray], labels: np.ndarray) -> int:
-        """Insert a batch in ONE transaction, durable (fsynced) on return; returns the new count."""
+    def add(self, inputs: dict[str, np.ndarray], labels: np.ndarray | None, *,
+            ts: np.ndarray | list[float] | None = None) -> int:
+        """Insert a batch in ONE transaction, durable (fsynced) on return; returns the new count.
+        ``labels=None``: the samples' labels are not known (yet); ``ts``: when each was taken
+        (unix seconds; default now)."""
+        return self.insert(inputs, labels, ts=ts)[1]
+
+    def insert(self, inputs: dict[str, np.ndarray], labels: np.ndarray | None, *,
+               ts: np.ndarray | list[float] | None = None) -> tuple[list[int], int]:
+        """As :meth:`add`; returns the new rows' ids and the new count."""
         arrays, lab = self.validate(inputs, labels)
         n = lab.shape[0]
+        now = time.time()
+        when = np.full(n, now) if ts is None else np.asarray(ts, np.float64).reshape(-1)
+        if when.shape != (n,) or not np.isfinite(when).all():
+            raise InvalidInput("ts: one finite time per sample")
+        known = int(labels is not None)
         rows = []
         for i in range(n):
             data, label = b"".join(a[i].tobytes() for a in arrays), lab[i].tobytes()
-            rows.append((data, label, split_key(data + label)))
+            rows.append((data, label, split_key(data + label), float(when[i]), known))
         with self._lock:
             if self.retention == "reject" and self._count + n > self.max_samples:
                 raise StoreError(f"sample store is full ({self._count}/{self.max_samples} samples)",
                                  hint="raise [store].max_samples or use retention = \"drop-oldest\"")
             try:
                 with self._tx():
-                    self._db.executemany("INSERT INTO samples (data, label, split) VALUES (?, ?, ?)", rows)
+                    ids = [int(self._db.execute("INSERT INTO samples (data, label, split, ts, labelled) "
+                                                "VALUES (?, ?, ?, ?, ?)", r).lastrowid or 0) for r in rows]
                     over = self._count + n - self.max_samples
                     if over > 0:  # drop-oldest: ids grow monotonically (AUTOINCREMENT), oldest = smallest
                         self._db.execute("DELETE FROM samples WHERE id IN "
@@ -216,7 +252,47 @@ class SampleStore:
                                  hint="check the node's data_dir (permissions, free space)") from None
             self._write_error = None
             self._count = min(self._count + n, self.max_samples)
-            return self._count
+            return ids, self._count
+
+    def set_labels(self, label: np.ndarray | float | int, *, ids: list[int] | None = None,
+                   since: float | None = None, until: float | None = None) -> int:
+        """Give stored samples a label that arrived later: the rows ``ids``, or the rows taken in
+        ``[since, until)`` (unix s). One durable transaction; returns how many rows it labelled.
+        The validation side of a row stays where it was (it is fixed at insert)."""
+        try:
+            lab = np.asarray(label)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"label is malformed: {exc}") from None
+        if lab.dtype.kind == "f" and self.spec.label_dtype == "int64" and np.isfinite(lab).all() \
+                and np.all(np.mod(lab, 1) == 0):
+            lab = lab.astype(np.int64)
+        if lab.shape != self.spec.label_shape or not _castable(lab.dtype, np.dtype(self.spec.label_dtype)):
+            raise InvalidInput(f"label: shape {list(lab.shape)} dtype {lab.dtype}, expected shape "
+                               f"{list(self.spec.label_shape)} of {self.spec.label_dtype}")
+        lab = np.ascontiguousarray(lab, dtype=self.spec.label_dtype)
+        self.check_labels(lab.reshape(1, *lab.shape))
+        if (ids is None) == (since is None and until is None):
+            raise InvalidInput("give either sample ids or a time range", hint="ids: [...] or since/until")
+        if ids is not None:
+            where = f"id IN ({','.join('?' * len(ids))})"
+            args: tuple[object, ...] = tuple(int(i) for i in ids)
+            if not ids:
+                return 0
+        else:
+            lo = -np.inf if since is None else float(since)
+            hi = np.inf if until is None else float(until)
+            if np.isnan(lo) or np.isnan(hi) or lo >= hi:
+                raise InvalidInput("since must be before until")
+            where, args = "ts >= ? AND ts < ?", (lo, hi)
+        with self._lock:
+            try:
+                with self._tx():
+                    cur = self._db.execute(f"UPDATE samples SET label = ?, labelled = 1 WHERE {where}",
+                                           (lab.tobytes(), *args))
+            except sqlite3.Error as exc:
+                raise StoreError(f"the sample store cannot write ({exc}); no label was stored",
+                                 hint="check the node's data_dir (permissions, free space)") from None
+            return int(cur.rowcount)
 
     def problem(self) -> str | None:
         """Why the store cannot take samples now (closed, or its last write failed), or None."""
@@ -233,18 +309,41 @@ class SampleStore:
         label = int(np.prod(self.spec.label_shape, dtype=np.int64)) * np.dtype(self.spec.label_dtype).itemsize
         return size + label
 
-    def snapshot(self, limit: int | None = None, *, part: Part | None = None, share: float = 0.0) -> Samples:
+    def snapshot(self, limit: int | None = None, *, part: Part | None = None, share: float = 0.0,
+                 which: Which = "any") -> Samples:
         """The stored samples (or the newest ``limit``) as arrays; a consistent read. ``part``:
-        only the training (``split >= share``) or the validation (``split < share``) samples."""
-        where, args = _part_clause(part, share)
+        only the training (``split >= share``) or the validation (``split < share``) samples;
+        ``which``: all, only labelled, or only normal rows (see :data:`Which`)."""
+        where, args = self._where(part, share, which)
         with self._lock:
             if limit is None:
-                rows = self._db.execute(f"SELECT data, label FROM samples {where} ORDER BY id",
+                rows = self._db.execute(f"SELECT data, label, labelled FROM samples {where} ORDER BY id",
                                         args).fetchall()
             else:
-                rows = self._db.execute(f"SELECT data, label FROM samples {where} ORDER BY id DESC LIMIT ?",
-                                        (*args, int(limit))).fetchall()[::-1]
+                rows = self._db.execute(f"SELECT data, label, labelled FROM samples {where} "
+                                        "ORDER BY id DESC LIMIT ?", (*args, int(limit))).fetchall()[::-1]
         return self._decode(rows)
+
+    def _where(self, part: Part | None, share: float, which: Which) -> tuple[str, tuple[object, ...]]:
+        where, part_args = _part_clause(part, share)
+        args: tuple[object, ...] = part_args
+        conds: list[str] = [where.removeprefix("WHERE ")] if where else []
+        if which == "known":
+            conds.append("labelled = 1")
+        elif which == "normal":
+            zero = bytes(np.zeros(self.spec.label_shape, self.spec.label_dtype).tobytes())
+            conds.append("(labelled = 0 OR label = ?)")
+            args = (*args, zero)
+        elif which != "any":
+            raise ValueError(f"which must be 'any', 'known' or 'normal', not {which!r}")
+        return ("WHERE " + " AND ".join(conds)) if conds else "", args
+
+    def count_labelled(self) -> int:
+        """How many stored samples have a known label."""
+        with self._lock:
+            if self._closed:
+                return 0
+            return int(self._db.execute("SELECT COUNT(*) FROM samples WHERE labelled = 1").fetchone()[0])
 
     def count_part(self, part: Part, share: float) -> int:
         """How many stored samples are training (``part="train"``) or validation (``"val"``)."""
@@ -254,7 +353,7 @@ class SampleStore:
                 return 0
             return int(self._db.execute(f"SELECT COUNT(*) FROM samples {where}", args).fetchone()[0])
 
-    def _decode(self, rows: list[tuple[bytes, bytes]]) -> Samples:
+    def _decode(self, rows: list[tuple[bytes, bytes, int]]) -> Samples:
         n = len(rows)
         data = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.uint8).reshape(n, -1) if n else \
             np.zeros((0, 0), np.uint8)
@@ -270,7 +369,8 @@ class SampleStore:
             off += size
         labels = np.frombuffer(b"".join(r[1] for r in rows), dtype=self.spec.label_dtype)
         labels = labels.reshape(n, *self.spec.label_shape).copy()
-        return Samples(inputs, labels)
+        known = np.fromiter((bool(r[2]) for r in rows), dtype=bool, count=n)
+        return Samples(inputs, labels, known)
 
     def clear(self) -> None:
         """Delete every sample (durably)."""

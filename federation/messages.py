@@ -100,6 +100,8 @@ class Validation(_Part):
 
     loss: b.Finite
     accuracy: float | None = Field(default=None, ge=0, le=1)  # None for regression models
+    # anomaly models (edgenode/anomaly.py): ROC AUC of the scores on the labelled validation samples
+    auc: float | None = Field(default=None, ge=0, le=1)
     samples: b.Samples
     model_version: b.ModelVersion | None = None  # the parameters it was measured on
 

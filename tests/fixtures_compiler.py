@@ -8,6 +8,7 @@ Built once per session into a session tmp dir, for this machine's preset:
   sgd, batch 32, lr 0.1). ``digits_artifact`` is the artifact DIRECTORY (a ``Path``); load it
   with ``compiler.load_artifact(path)``. Treat it as read-only (copy it with
   ``shutil.copytree`` before modifying anything).
+* ``autoencoder_artifact``: zoo ``fc-autoencoder`` with training (mse, adam, batch 32, lr 0.001).
 * ``cnn_onnx`` / ``cnn_artifact``: a small CNN (x [N, 3, 8, 8] -> logits [N, 4]; Conv, depthwise
   Conv, BatchNorm, MaxPool, GlobalAveragePool, Gemm) with training (ce, sgd, batch 4, lr 0.05).
 """
@@ -79,3 +80,15 @@ def cnn_artifact(compiler_build_dir: Path, cnn_onnx: Path) -> Path:
         train=TrainSettings(loss="ce", optimizer="sgd", lr=0.05, batch=4),
         progress=False,
     )
+
+
+@pytest.fixture(scope="session")
+def autoencoder_artifact(compiler_build_dir: Path) -> Path:
+    """The zoo ``fc-autoencoder`` (x [N, 640] -> recon [N, 640], MLPerf Tiny's anomaly model)
+    compiled for the host preset with training (mse, adam, batch 32, lr 0.001): ~1 min to build."""
+    from compiler import TrainSettings, compile_model, host_preset_name, zoo
+
+    onnx_path = Path(zoo.save("fc-autoencoder", compiler_build_dir / "fc-autoencoder.onnx"))
+    return compile_model(onnx_path, target=host_preset_name(), out_dir=compiler_build_dir / "fc-autoencoder",
+                         train=TrainSettings(loss="mse", optimizer="adam", lr=0.001, batch=32),
+                         progress=False)

@@ -1,4 +1,7 @@
-"""``POST /v1/samples``: labelled sensor samples for on-device training, stored durably before 2xx."""
+"""``POST /v1/samples``: sensor samples for on-device training, stored durably before 2xx.
+
+Labels are required, except for an anomaly model (edgenode/anomaly.py), which learns from
+unlabelled samples; the response carries the stored samples' ids for ``POST /v1/labels``."""
 
 from __future__ import annotations
 
@@ -23,12 +26,13 @@ _BODY = {
     "required": True,
     "content": {"application/json": {"schema": {
         "type": "object",
-        "required": ["inputs", "labels"],
+        "required": ["inputs"],
         "properties": {
             "inputs": {"type": "object", "additionalProperties": {"type": "array"},
                        "description": "INPUT_NAME -> list of samples, each shaped like the input "
                                       "without its batch dimension"},
-            "labels": {"type": "array", "description": "one label per sample"},
+            "labels": {"type": "array", "description": "one label per sample (optional for anomaly "
+                                                         "models: unlabelled samples)"},
         },
     }}},
 }
@@ -71,7 +75,7 @@ def _labels_array(value: Any, count: int) -> np.ndarray:
     return out
 
 
-def parse_samples(body: bytes, node: NodeLike) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def parse_samples(body: bytes, node: NodeLike) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """Decode a samples body into arrays; whether they fit the model (names, shapes, dtypes, finite
     values) is the sample store's one check (``edgenode.store.SampleStore.validate``)."""
     try:
@@ -88,14 +92,16 @@ def parse_samples(body: bytes, node: NodeLike) -> tuple[dict[str, np.ndarray], n
     if len(counts) > 1:
         raise _bad(f"inputs disagree on the number of samples: {sorted(counts)}")
     if "labels" not in req:
-        raise _bad("missing 'labels'")
+        if node.labels_optional:
+            return arrays, None
+        raise _bad("missing 'labels' (only an anomaly model takes samples without labels)")
     return arrays, _labels_array(req["labels"], counts.pop())
 
 
 def _store(node: NodeLike, body: bytes) -> dict[str, Any]:
     arrays, labels = parse_samples(body, node)
-    count = node.add_samples(arrays, labels)  # returns the new count once the store committed
-    return {"stored": int(labels.shape[0]), "sample_count": int(count)}
+    ids, count = node.insert_samples(arrays, labels)  # once the store committed
+    return {"stored": len(ids), "sample_count": int(count), "ids": ids}
 
 
 @router.post("/samples", summary="Store labelled samples", openapi_extra={"requestBody": _BODY},

@@ -123,3 +123,40 @@ def test_sample_bytes():
         store = SampleStore(Path(d) / "s.db", store_spec)
         assert store.sample_bytes == 2 * 3 * 4 + 4 * 4 + 8
         store.close()
+
+
+def test_unlabelled_rows_late_labels_and_an_older_store(tmp_path):
+    """Rows without labels are read as unknown, get labels later by id or time, and a store
+    written before these columns keeps its rows as labelled."""
+    import sqlite3
+
+    spec = SampleSpec((("x", (2,), "float32"),), (), "int64")
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)  # the schema of a store before ts/labelled existed
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("INSERT INTO meta VALUES ('spec', ?), ('schema', '1')", (spec.to_json(),))
+    db.execute("CREATE TABLE samples (id INTEGER PRIMARY KEY AUTOINCREMENT, data BLOB NOT NULL, "
+               "label BLOB NOT NULL, split REAL)")
+    db.execute("INSERT INTO samples (data, label, split) VALUES (?, ?, 0.5)",
+               (np.zeros(2, np.float32).tobytes(), np.int64(4).tobytes()))
+    db.commit()
+    db.close()
+    store = SampleStore(path, spec, num_classes=5)
+    try:
+        ids, count = store.insert({"x": np.ones((3, 2), np.float32)}, None, ts=[10.0, 20.0, 30.0])
+        assert count == 4 and ids == [2, 3, 4]
+        snap = store.snapshot()
+        assert snap.known.tolist() == [True, False, False, False] and snap.labels.tolist() == [4, 0, 0, 0]
+        assert len(store.snapshot(which="known")) == 1 and len(store.snapshot(which="normal")) == 3
+        assert store.set_labels(1, since=15.0, until=30.0) == 1  # until is exclusive
+        assert store.set_labels(2, ids=[4, 99]) == 1
+        assert store.snapshot(which="known").labels.tolist() == [4, 1, 2]
+        assert len(store.snapshot(which="normal")) == 1  # only the unlabelled row 2
+        with pytest.raises(InvalidInput):
+            store.set_labels(5, ids=[2])  # 5 classes: 0..4
+        with pytest.raises(InvalidInput):
+            store.set_labels(1)  # neither ids nor a time range
+        with pytest.raises(InvalidInput):
+            store.insert({"x": np.ones((1, 2), np.float32)}, None, ts=[float("nan")])
+    finally:
+        store.close()
