@@ -1,0 +1,130 @@
+"""Hierarchical allreduce (federation/hierarchy.py) on the in-memory transport: the pure plan,
+results against numpy (bit for bit where the sums are exact), bit-identical members in every
+site, a leader killed mid-round (everyone aborts, nobody returns a result; the next round elects
+the next member and commits), and the vote across levels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from federation.errors import RoundAborted
+from federation.hierarchy import HierarchicalAllreduce, Topology, plan
+from federation.memory import MemoryHub
+from federation.ring import RingAllreduce
+from tests.federation.ringutil import assert_identical, bits, run_members
+
+
+def _topology(sizes: list[int]) -> Topology:
+    return Topology.from_groups({f"s{g}": [f"s{g}n{i}" for i in range(k)] for g, k in enumerate(sizes)})
+
+
+def _engines(topo: Topology, **kw) -> tuple[dict[str, MemoryHub], MemoryHub,
+                                            dict[str, HierarchicalAllreduce]]:
+    """One hub per site (its broker), one backbone hub; every member gets both engines."""
+    sites = {s: MemoryHub() for s, _ in topo.sites}
+    backbone = MemoryHub()
+    engines = {}
+    for s, ms in topo.sites:
+        for m in ms:
+            engines[m] = HierarchicalAllreduce(
+                RingAllreduce(sites[s].transport(m, max_payload=2048), retransmit_after=0.2, **kw),
+                RingAllreduce(backbone.transport(m, max_payload=2048), retransmit_after=0.2, **kw))
+    return sites, backbone, engines
+
+
+def _run(engines, topo, vecs, *, tag, op, timeout=10.0, members=None):
+    members = members or topo.members
+    return run_members({m: (lambda m=m: engines[m].allreduce(vecs[m], topology=topo, tag=tag, op=op,
+                                                             timeout=timeout)) for m in members})
+
+
+def test_plan_elects_the_lowest_member_of_each_site_and_reelects_without_it() -> None:
+    topo = Topology.of({"b2": "B", "a1": "A", "b1": "B", "a0": "A", "c9": "C"})
+    assert topo.sites == (("A", ("a0", "a1")), ("B", ("b1", "b2")), ("C", ("c9",)))
+    assert topo.leaders() == ["a0", "b1", "c9"]
+    r = plan(topo, "a1")
+    assert (r.site, r.leader, r.is_leader, r.leaders) == ("A", "a0", False, ("a0", "b1", "c9"))
+    assert plan(topo, "b1").is_leader
+    nxt = topo.without(["a0", "c9"])
+    assert nxt.leaders() == ["a1", "b1"] and nxt.size == 3
+    with pytest.raises(ValueError, match="sites"):
+        Topology.from_groups({"A": ["x"], "B": ["x"]})
+    with pytest.raises(ValueError, match="not a participant"):
+        plan(topo, "zz")
+
+
+@pytest.mark.parametrize("sizes", [[1], [3], [2, 3], [4, 1, 3], [5, 5, 5, 5]])
+def test_result_equals_numpy_bit_for_bit_on_exact_sums_and_is_identical(sizes: list[int]) -> None:
+    topo = _topology(sizes)
+    n = topo.size
+    rng = np.random.default_rng(n)
+    _, _, engines = _engines(topo)
+    try:
+        for i, length in enumerate([0, 1, n + 1, 1500]):
+            # Integer-valued floats: every partial sum is exact, so any summation order gives
+            # numpy's bits; the mean rounds once (sum / n), as numpy's does.
+            vecs = {m: rng.integers(-1000, 1000, length).astype(np.float32) for m in topo.members}
+            stack = np.stack([vecs[m] for m in topo.members]) if length else np.zeros((n, 0), np.float32)
+            for op in ("sum", "mean"):
+                got = assert_identical(_run(engines, topo, vecs, tag=f"e{i}{op}", op=op))
+                ref = (stack.sum(axis=0, dtype=np.float32) if op == "sum"
+                       else stack.mean(axis=0, dtype=np.float32))
+                assert bits(got) == bits(ref)
+            # Arbitrary floats: identical on every member, within float32 rounding of numpy.
+            vecs = {m: rng.standard_normal(length).astype(np.float32) for m in topo.members}
+            got = assert_identical(_run(engines, topo, vecs, tag=f"f{i}", op="sum"))
+            ref = np.stack([vecs[m].astype(np.float64) for m in topo.members]).sum(axis=0) if length else 0
+            tol = n * np.finfo(np.float32).eps * sum(np.abs(v) for v in vecs.values()) + 1e-6
+            assert np.all(np.abs(got - ref) <= tol)
+    finally:
+        for e in engines.values():
+            e.close()
+
+
+def test_a_leader_killed_mid_round_aborts_everywhere_and_the_next_round_reelects() -> None:
+    topo = _topology([3, 3])
+    sites, backbone, engines = _engines(topo)
+    victim = topo.leaders()[0]  # s0n0
+    # The victim dies (both links) right after its first backbone frame: its site has reduced,
+    # the leaders' ring has started, its site waits for its broadcast.
+    bt = engines[victim].backbone.endpoint.transport
+    send = bt.send
+
+    def send_then_die(dst: str, payload: bytes) -> None:
+        send(dst, payload)
+        sites["s0"].kill(victim)
+        backbone.kill(victim)
+
+    bt.send = send_then_die  # type: ignore[method-assign]
+    vecs = {m: np.full(20000, i + 1, np.float32) for i, m in enumerate(topo.members)}
+    try:
+        res = _run(engines, topo, vecs, tag="k1", op="mean", timeout=3.0)
+        alive = [m for m in topo.members if m != victim]
+        for m in alive:
+            assert isinstance(res[m], RoundAborted), f"{m} returned {res[m]!r}: a partial commit"
+        # The site of the dead leader heard its ABORT or timed out; nobody waited past the deadline.
+        assert max(res["_elapsed"][m] for m in alive) < 3.0 * 2.5
+        # The fleet sees it offline; the next round leaves it out and s0n1 leads site s0.
+        nxt = topo.without([victim])
+        assert nxt.leaders() == ["s0n1", "s1n0"]
+        got = assert_identical(_run(engines, nxt, vecs, tag="k2", op="sum", members=nxt.members))
+        assert bits(got) == bits(np.full(20000, sum(i + 1 for i in range(1, 6)), np.float32))
+    finally:
+        for e in engines.values():
+            e.close()
+
+
+def test_vote_aggregates_per_site_and_names_the_site_that_did_not_prepare() -> None:
+    topo = _topology([2, 3, 2])
+    _, _, engines = _engines(topo)
+    try:
+        res = run_members({m: (lambda m=m: engines[m].vote(True, topology=topo, tag="v1", timeout=5))
+                           for m in topo.members})
+        assert all(res[m] == [] for m in topo.members)
+        res = run_members({m: (lambda m=m: engines[m].vote(m != "s1n2", topology=topo, tag="v2", timeout=5))
+                           for m in topo.members})
+        assert all(res[m] == ["s1"] for m in topo.members)
+    finally:
+        for e in engines.values():
+            e.close()
