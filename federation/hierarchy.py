@@ -36,10 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from federation import bounds as b
 from federation.errors import RoundAborted, TransportError
 from federation.ring import ReduceOp, RingAllreduce
 
-__all__ = ["Topology", "Role", "plan", "HierarchicalAllreduce", "LEVEL_SITE", "LEVEL_BACKBONE",
+__all__ = ["Topology", "Role", "plan", "round_sites", "HierarchicalAllreduce", "LEVEL_SITE", "LEVEL_BACKBONE",
            "LEVEL_BROADCAST"]
 
 # Tag suffixes of the three collectives of one hierarchical call (tags are ids: [A-Za-z0-9_.-]).
@@ -103,6 +104,38 @@ class Topology:
         gone = set(dead)
         return Topology(tuple((s, tuple(m for m in ms if m not in gone)) for s, ms in self.sites
                               if any(m not in gone for m in ms)))
+
+
+def round_sites(participants: Iterable[str], site_of: Mapping[str, str | None], *,
+                per_site: int = b.SITE_PARTICIPANTS_MAX) -> dict[str, list[str]] | None:
+    """The sites a RoundCommand names for ``participants`` (None: one flat ring).
+
+    Members are grouped by the site their status declares (none: ``default``); a round whose
+    members all share one site and fit one ring stays flat. A site larger than ``per_site`` is cut
+    into near-equal consecutive groups (in sorted order) named ``{site}.{k}``, each its own ring
+    with its own leader, on the same broker.
+    """
+    groups: dict[str, list[str]] = {}
+    for m in sorted(set(participants)):
+        groups.setdefault(site_of.get(m) or "default", []).append(m)
+    if len(groups) == 1 and sum(len(ms) for ms in groups.values()) <= per_site:
+        return None
+    out: dict[str, list[str]] = {}
+    for site in sorted(groups):
+        ms = groups[site]
+        if len(ms) <= per_site:
+            out[site] = ms
+            continue
+        k = -(-len(ms) // per_site)
+        size, extra = divmod(len(ms), k)
+        start = 0
+        for i in range(k):
+            stop = start + size + (1 if i < extra else 0)
+            out[f"{site[:58]}.{i}"] = ms[start:stop]
+            start = stop
+    if len(out) > b.SITES_MAX:
+        raise ValueError(f"{len(out)} sites: a round takes at most {b.SITES_MAX}")
+    return out
 
 
 @dataclass(frozen=True)

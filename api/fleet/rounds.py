@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.fleet.history import FleetHistory
 from federation import topics
 from federation.bounds import PARTICIPANTS_MAX, Id
+from federation.hierarchy import round_sites
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, Validation
 from federation.roundspec import Compression, RoundSpec, SyncMode
 from federation.startversion import start_hash
@@ -380,12 +381,15 @@ class RoundManager:
 
     def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float,
               holdings: dict[str, str] | None = None,
-              val_counts: dict[str, int | None] | None = None) -> Round:
+              val_counts: dict[str, int | None] | None = None,
+              site_of: dict[str, str | None] | None = None) -> Round:
         """Validate against the live swarm, publish the RoundCommand, return the new round.
         ``holdings`` (node -> params_sha256 of its last status) fixes the start parameters by
         the start-version rule (federation/startversion.py), never by the highest version.
         ``val_counts`` (node -> validation samples its status reported) bounds each member's
-        weight in the round's validation figure. Members left out for failing rounds are skipped."""
+        weight in the round's validation figure. Members left out for failing rounds are skipped.
+        ``site_of`` (node -> the site its status declares) groups a round past one ring's size, or
+        spanning sites, into the sites its command names (federation/hierarchy.py)."""
         if req.steps > self._max_steps:
             raise RoundRejected(f"steps={req.steps} exceeds this fleet's limit of {self._max_steps}", 422)
         with self._lock:
@@ -430,7 +434,7 @@ class RoundManager:
                 "compression": req.compression or Compression.NONE,
                 "step_timeout_s": req.step_timeout_s or self._step_timeout}
             cmd = RoundCommand(round_id=_new_round_id(), participants=participants, issued_at=now,
-                               start_sha256=start, **spec)
+                               start_sha256=start, sites=round_sites(participants, site_of or {}), **spec)
             rnd = Round(command=cmd, started_at=now, skipped=skipped,
                         progress={n: _Progress() for n in participants}, margin=self._margin,
                         checked_val={n: (val_counts or {}).get(n) for n in participants},

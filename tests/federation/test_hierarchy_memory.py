@@ -128,3 +128,29 @@ def test_vote_aggregates_per_site_and_names_the_site_that_did_not_prepare() -> N
     finally:
         for e in engines.values():
             e.close()
+
+
+def test_round_sites_and_the_command_keep_every_ring_within_one_ring_size() -> None:
+    from pydantic import ValidationError
+
+    from federation import bounds as b
+    from federation.hierarchy import round_sites
+    from federation.messages import RoundCommand
+
+    few = [f"n{i}" for i in range(10)]
+    assert round_sites(few, {}) is None  # one site, one ring: flat, as before
+    assert round_sites(few, {"n0": "a"}) == {"a": ["n0"], "default": few[1:]}
+    many = [f"n{i:03d}" for i in range(130)]
+    sites = round_sites(many, {})
+    assert sites is not None and [len(v) for v in sites.values()] == [44, 43, 43]
+    cmd = RoundCommand(round_id="r", participants=many, steps=1, sites=sites)
+    assert Topology.from_groups(cmd.sites or {}).leaders() == ["n000", "n044", "n087"]
+    with pytest.raises(ValidationError, match="flat ring takes at most"):
+        RoundCommand(round_id="r", participants=many, steps=1)
+    with pytest.raises(ValidationError, match="per site"):
+        RoundCommand(round_id="r", participants=many, steps=1, sites={"a": many[:65], "b": many[65:]})
+    with pytest.raises(ValidationError, match="exactly once"):
+        RoundCommand(round_id="r", participants=few, steps=1, sites={"a": few[:5], "b": few[4:]})
+    with pytest.raises(ValidationError):
+        RoundCommand(round_id="r", participants=[f"n{i}" for i in range(b.PARTICIPANTS_MAX + 1)], steps=1,
+                     sites=round_sites([f"n{i}" for i in range(b.PARTICIPANTS_MAX + 1)], {}))

@@ -100,8 +100,8 @@ def test_two_sites_over_bridged_brokers_agree_bit_for_bit_with_signed_frames(bro
         attacker.publish(topics.backbone_allreduce(swarm_id, "w0"), b"\x00" * 80)
         rng = np.random.default_rng(3)
         vecs = {m: rng.standard_normal(5000).astype(np.float32) for m in members}
-        res = run_members({m: (lambda m=m: engines[m].allreduce(vecs[m], topology=topo, tag="r1.s0", op="mean",
-                                                                timeout=20)) for m in members})
+        res = run_members({m: (lambda m=m: engines[m].allreduce(vecs[m], topology=topo, tag="r1.s0",
+                                                                op="mean", timeout=20)) for m in members})
         got = assert_identical(res)
         ref = np.mean([vecs[m].astype(np.float64) for m in members], axis=0)
         assert np.abs(got - ref).max() < 1e-5
