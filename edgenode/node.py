@@ -350,7 +350,7 @@ class EdgeNode(ImageControl, RoundControl):
         return NodeStatus(node_id=self.node_id, state=state or self._state, arch=self.arch, board=self.board,
                           model=self.model_name, model_version=snap.version, params_sha256=snap.sha256,
                           samples=count,
-                          round_id=self._round_id, api_url=self.config.advertised_url,
+                          round_id=self._round_id, api_url=self.config.advertised_url, site=self.config.site,
                           artifact=ArtifactInfo(model=self.model_name, target=m.preset, tuned=m.tuning.tuned,
                                                 tvm_version=m.tvm_version),
                           health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,
