@@ -1,11 +1,20 @@
 """Two sites over bridged Mosquittos (deploy/mosquitto/site-bridge.conf, backbone.conf), real
 broker processes: three members per site on their site's broker, signed frames; a hierarchical
 round's mean and vote agree bit for bit on both sites, only the leaders' subtree crosses the
-bridge, and a frame forged on one site is dropped by the other site's leader."""
+bridge, and a frame forged on one site is dropped by the other site's leader. Then six member
+processes: a site leader SIGKILLed mid-round fails the round on every other member (nobody
+returns a result or votes), and the next round, led by the next member of its site, commits."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import queue
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +33,8 @@ from tests.federation.ringutil import assert_identical, run_members
 
 pytestmark = pytest.mark.mosquitto
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "mosquitto"
 SITES = {"east": ["e0", "e1", "e2"], "west": ["w0", "w1", "w2"]}
 
 
@@ -118,3 +128,67 @@ def test_two_sites_over_bridged_brokers_agree_bit_for_bit_with_signed_frames(bro
             e.close()
         for link in links.values():
             link.link.close()
+
+
+class _Member:
+    """One ``tests/federation/hier_member.py`` process and the lines it prints."""
+
+    def __init__(self, url: str, swarm: str, member: str, value: float) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.federation.hier_member", "--url", url, "--swarm", swarm,
+             "--id", member, "--value", str(value)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+        self.lines.put("EXIT")
+
+    def expect(self, timeout: float = 30.0) -> str:
+        return self.lines.get(timeout=timeout)
+
+    def run(self, tag: str, sites: dict, die: bool = False) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{tag} {json.dumps(sites, separators=(',', ':'))}{' DIE' if die else ''}\n")
+        self.proc.stdin.flush()
+
+
+def test_a_site_leader_killed_mid_round_fails_it_everywhere_and_the_next_leader_commits(
+        brokers, swarm_id) -> None:
+    _, sites = brokers
+    _wait_bridged(sites, swarm_id)
+    value = {m: float(i + 1) for i, m in enumerate(m for ms in SITES.values() for m in ms)}
+    procs = {m: _Member(sites[s].url, swarm_id, m, value[m]) for s, ms in SITES.items() for m in ms}
+    try:
+        for m, p in procs.items():
+            assert p.expect() == "READY", m
+        victim = "e0"  # east's leader: the lowest id of its site
+        t0 = time.monotonic()
+        for m, p in procs.items():
+            p.run("k1", SITES, die=m == victim)
+        assert procs[victim].expect() == "EXIT" and procs[victim].proc.wait(10) == -9
+        for m, p in procs.items():
+            if m != victim:
+                line = p.expect()
+                assert line.startswith("ABORTED k1"), f"{m}: {line} (a partial result)"
+        assert time.monotonic() - t0 < 3.0 * 3 + 5  # each waits at most its levels' deadlines
+        # The fleet leaves the dead node out; e1 now leads east.
+        nxt = {s: [m for m in ms if m != victim] for s, ms in SITES.items()}
+        assert Topology.from_groups(nxt).leaders() == ["e1", "w0"]
+        for m in procs:
+            if m != victim:
+                procs[m].run("k2", nxt)
+        want = np.full(20000, sum(v for m, v in value.items() if m != victim), np.float32)
+        digest = hashlib.sha256(want.tobytes()).hexdigest()
+        for m in procs:
+            if m != victim:
+                assert procs[m].expect() == f"RESULT k2 {digest} -", m  # same bytes, vote: commit
+    finally:
+        for p in procs.values():
+            if p.proc.poll() is None:
+                p.proc.kill()
+            p.proc.wait(10)
