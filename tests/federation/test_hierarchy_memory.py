@@ -154,3 +154,31 @@ def test_round_sites_and_the_command_keep_every_ring_within_one_ring_size() -> N
     with pytest.raises(ValidationError):
         RoundCommand(round_id="r", participants=[f"n{i}" for i in range(b.PARTICIPANTS_MAX + 1)], steps=1,
                      sites=round_sites([f"n{i}" for i in range(b.PARTICIPANTS_MAX + 1)], {}))
+
+
+def test_a_round_of_130_members_in_sites_of_at_most_one_ring_sums_exactly() -> None:
+    from federation.hierarchy import round_sites
+    from federation.messages import RoundCommand
+
+    members = [f"n{i:03d}" for i in range(130)]
+    site_of = {m: ("east" if i < 70 else "west") for i, m in enumerate(members)}
+    cmd = RoundCommand(round_id="big", participants=members, steps=1, sites=round_sites(members, site_of))
+    assert cmd.sites is not None and sorted(map(len, cmd.sites.values())) == [35, 35, 60]
+    topo = Topology.from_groups(cmd.sites)
+    hubs = {s: MemoryHub() for s, _ in topo.sites}
+    backbone = MemoryHub()
+    leaders = set(topo.leaders())
+    engines = {m: HierarchicalAllreduce(
+        RingAllreduce(hubs[topo.site_of(m)].transport(m), retransmit_after=0.5),
+        RingAllreduce(backbone.transport(m), retransmit_after=0.5) if m in leaders else None)
+        for m in members}
+    try:
+        vecs = {m: np.full(3000, i % 7 - 3, np.float32) for i, m in enumerate(members)}
+        got = assert_identical(_run(engines, topo, vecs, tag="big", op="mean", timeout=30))
+        stack = np.stack([vecs[m] for m in members])
+        assert bits(got) == bits(stack.mean(axis=0, dtype=np.float32))
+        # The three leaders reduced over the backbone; nobody else has a backbone engine.
+        assert all(engines[m].backbone.stats.data_frames_sent > 0 for m in leaders)  # type: ignore[union-attr]
+    finally:
+        for e in engines.values():
+            e.close()
