@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -53,6 +53,7 @@ from federation.transport import Transport
 
 if TYPE_CHECKING:  # the signing stack (cryptography) loads only in a signed swarm
     from edgenode.security import NodeAuth
+    from federation.ring import RingAllreduce
 
 __all__ = ["EdgeNode"]
 
@@ -105,6 +106,7 @@ class EdgeNode(ImageControl, RoundControl):
         self.faults = Faults.from_env()  # process-level commit tests only (edgenode/faults.py)
         self._transport = transport
         self._ring: Collective | None = None
+        self._backbone: RingAllreduce | None = None  # site leaders' ring (federation/hierarchy.py)
         self._link: Link | None = None
         self._lock = threading.Lock()  # guards state / round bookkeeping below
         self._state = NodeState.ONLINE
@@ -279,6 +281,14 @@ class EdgeNode(ImageControl, RoundControl):
                 from federation.ring import RingAllreduce
 
                 self._ring = RingAllreduce(self._transport, swarm=self.config.swarm)
+                if self._link is not None:  # a site leader's ring to the other sites (bridged topics)
+                    from federation.backbone import backbone_transport
+                    from federation.mqtt_transport import PubSubLink
+
+                    # An MqttLink or SignedLink, as for the site transport above.
+                    pubsub = cast(PubSubLink, self._link)
+                    self._backbone = RingAllreduce(backbone_transport(pubsub, self.node_id),
+                                                   swarm=self.config.swarm)
         self.publish_status()
         if self._link is not None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"hb-{self.node_id}",
@@ -331,6 +341,9 @@ class EdgeNode(ImageControl, RoundControl):
             self._link = None
         if self._ring is not None:
             self._ring.close()
+        if self._backbone is not None:
+            self._backbone.close()
+            self._backbone = None
         self.store.close()
         log.info("node %s stopped", self.node_id)
 

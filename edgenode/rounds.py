@@ -27,6 +27,7 @@ from edgenode.store import Samples, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
 from edgenode.validation import evaluate
 from federation import topics
+from federation.hierarchy import HierarchicalCollective, Topology
 from federation.messages import (
     AnyCommand,
     EventKind,
@@ -40,6 +41,7 @@ from federation.messages import (
     Validation,
     parse_command,
 )
+from federation.ring import RingAllreduce
 
 __all__ = ["SEEN_ROUNDS_KEPT", "RoundControl", "load_seen_rounds", "save_seen_rounds"]
 
@@ -92,6 +94,7 @@ class RoundControl:
     trainer: Trainer | None
     _steps: StepRunner | None  # the training worker process ([training] isolation = "process")
     _ring: Collective | None
+    _backbone: RingAllreduce | None  # the site leaders' ring of hierarchical rounds (thread isolation)
     faults: Faults
     _link: Link | None
     _lock: threading.Lock
@@ -146,6 +149,8 @@ class RoundControl:
                 # that never comes, up to step_timeout_s): freed now, peers told by ABORT frames.
                 if self._ring is not None:
                     self._ring.cancel(f"aborted by the fleet: {command.reason}")
+                if self._backbone is not None:
+                    self._backbone.cancel(f"aborted by the fleet: {command.reason}")
             return
         if isinstance(command, RollbackCommand):
             if self.node_id in command.nodes:
@@ -253,6 +258,15 @@ class RoundControl:
             return not w.is_alive()
         return True
 
+    def _hierarchical(self, cmd: RoundCommand) -> Collective:
+        """The collective of a round whose command names its sites (federation/PROTOCOL.md
+        section 10): this node's site ring and, if it leads its site, the bridged backbone ring."""
+        assert cmd.sites is not None
+        if not isinstance(self._ring, RingAllreduce) or self._backbone is None:
+            raise RoundFailed(f"{self.node_id} cannot run hierarchical round {cmd.round_id} in a "
+                              "training worker process", hint='set [training] isolation = "thread"')
+        return HierarchicalCollective(self._ring, self._backbone, Topology.from_groups(cmd.sites))
+
     def _round_worker(self, cmd: RoundCommand) -> None:
         _lower_thread_priority(self.config.training.nice)
         try:
@@ -305,9 +319,10 @@ class RoundControl:
             self._check_labels(plan, samples)
             val_samples = self._validation_samples()
             val_before = self._evaluate(self.model.snapshot, val_samples)
+            ring, steps = (self._ring, self._steps) if cmd.sites is None else (self._hierarchical(cmd), None)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
-                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step,
-                               faults=self.faults, steps=self._steps)
+                               samples=samples, ring=ring, rng=rng, abort=self._abort, on_step=on_step,
+                               faults=self.faults, steps=steps)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
             # compression residuals of a void round must not leak into the next
             self._ring.reset_feedback()

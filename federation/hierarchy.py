@@ -33,15 +33,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from federation import bounds as b
+from federation.checks import clip_l2
 from federation.errors import RoundAborted, TransportError
 from federation.ring import ReduceOp, RingAllreduce
 
-__all__ = ["Topology", "Role", "plan", "round_sites", "HierarchicalAllreduce", "LEVEL_SITE", "LEVEL_BACKBONE",
-           "LEVEL_BROADCAST"]
+__all__ = ["Topology", "Role", "plan", "round_sites", "HierarchicalAllreduce", "HierarchicalCollective",
+           "LEVEL_SITE", "LEVEL_BACKBONE", "LEVEL_BROADCAST"]
 
 # Tag suffixes of the three collectives of one hierarchical call (tags are ids: [A-Za-z0-9_.-]).
 LEVEL_SITE, LEVEL_BACKBONE, LEVEL_BROADCAST = ".g", ".x", ".b"
@@ -224,3 +226,81 @@ class HierarchicalAllreduce:
         self.site.close()
         if self.backbone is not None:
             self.backbone.close()
+
+
+class HierarchicalCollective:
+    """A node's collective for one hierarchical round: the calls a round makes (edgenode's
+    ``Collective`` port) mapped onto :class:`HierarchicalAllreduce` over ``topology``.
+
+    * ``allreduce``: the hierarchy (``group`` must be the round's participants). Uncompressed,
+      unscreened means only: outlier screening checks claims per ring and compressed codecs keep
+      per-ring error feedback, neither of which spans levels yet (the fleet's hierarchical
+      commands ask for neither); asking for them fails the call before anything is sent.
+    * ``broadcast``: a SUM where every member but the root contributes ``-0.0``: ``x + (-0.0)``
+      is ``x`` bit for bit for every float (``+0.0`` included), so every member gets the root's
+      bytes, across sites.
+    * ``exchange`` (robust aggregations' all-gather): refused, as above.
+    """
+
+    def __init__(self, site: RingAllreduce, backbone: RingAllreduce | None, topology: Topology) -> None:
+        self.engine = HierarchicalAllreduce(site, backbone)
+        self.topology = topology
+        self.member_id = site.member_id
+
+    def _check_group(self, group: list[str]) -> None:
+        if sorted(group) != self.topology.members:
+            raise ValueError("a hierarchical collective spans the round's participants: "
+                             f"got {len(group)} of {self.topology.size}")
+
+    def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: Any = "mean",
+                  timeout: float = 30.0, compression: Any = "none", clip_norm: float | None = None,
+                  claims: np.ndarray | None = None, screen: Any = None,
+                  algorithm: str = "auto") -> np.ndarray:
+        self._check_group(group)
+        if claims is not None or screen is not None or str(compression) != "none":
+            raise RoundAborted(f"round {tag!r}: a hierarchical round takes uncompressed, unscreened means",
+                               member=self.member_id,
+                               hint="run it with compression none, outlier_factor 0 and aggregation mean")
+        x = np.asarray(vec, np.float32)
+        if clip_norm is not None:
+            x, _ = clip_l2(x, clip_norm)
+        return self.engine.allreduce(x, topology=self.topology, tag=tag, op=op, timeout=timeout)
+
+    def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
+                  timeout: float = 30.0) -> np.ndarray:
+        self._check_group(group)
+        length = np.zeros(1, np.float32)
+        if self.member_id == root:
+            if vec is None:
+                raise ValueError("the root of a broadcast needs a vector")
+            length[0] = np.asarray(vec).size
+        # The length first (an exact sum), then the root's bytes plus everyone else's -0.0.
+        size = int(self.engine.allreduce(length, topology=self.topology, tag=tag + ".n",
+                                         op="sum", timeout=timeout)[0])
+        x = (np.asarray(vec, np.float32) if self.member_id == root
+             else np.full(size, -0.0, np.float32))
+        return self.engine.allreduce(x, topology=self.topology, tag=tag, op="sum",
+                                     timeout=timeout)
+
+    def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0,
+                 compression: Any = "none") -> np.ndarray:
+        raise RoundAborted(f"round {tag!r}: a hierarchical round has no all-gather (robust aggregations)",
+                           member=self.member_id, hint="run it with aggregation mean")
+
+    def reset_feedback(self) -> None:
+        self.engine.site.reset_feedback()
+
+    def abort(self, tag: str, peers: list[str], reason: str) -> None:
+        role = plan(self.topology, self.member_id)
+        self.engine.site.abort(tag + LEVEL_SITE, list(role.group), reason)
+        if role.is_leader and self.engine.backbone is not None:
+            self.engine.backbone.abort(tag + LEVEL_BACKBONE, list(role.leaders), reason)
+
+    def cancel(self, reason: str) -> bool:
+        hit = self.engine.site.cancel(reason)
+        if self.engine.backbone is not None:
+            hit = self.engine.backbone.cancel(reason) or hit
+        return hit
+
+    def close(self) -> None:
+        """The engines belong to the node (they outlive the round)."""

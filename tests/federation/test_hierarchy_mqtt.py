@@ -24,71 +24,22 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from federation import topics
 from federation.auth import KeyEntry, Keyring, Role, Signer, generate_key
 from federation.backbone import backbone_transport
-from federation.broker import start_mosquitto
 from federation.hierarchy import HierarchicalAllreduce, Topology
 from federation.mqtt import MqttLink
 from federation.ring import RingAllreduce
 from federation.signed import Identity
 from tests.federation.ringutil import assert_identical, run_members
+from tests.fixtures_sites import wait_bridged
 
 pytestmark = pytest.mark.mosquitto
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy" / "mosquitto"
 SITES = {"east": ["e0", "e1", "e2"], "west": ["w0", "w1", "w2"]}
 
 
-def _conf(name: str, **subst: str) -> str:
-    text = (DEPLOY / name).read_text()
-    for k, v in subst.items():
-        text = text.replace(f"@{k}@", v)
-    return "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
-
-
-@pytest.fixture
-def brokers(tmp_path):
-    started = []
-    try:
-        backbone = start_mosquitto(workdir=tmp_path / "backbone", extra_config=_conf("backbone.conf"))
-        started.append(backbone)
-        sites = {}
-        for s in SITES:
-            sites[s] = start_mosquitto(workdir=tmp_path / s, extra_config=_conf(
-                "site-bridge.conf", BACKBONE=f"127.0.0.1:{backbone.port}", SITE=s))
-            started.append(sites[s])
-        yield backbone, sites
-    finally:
-        for b in started:
-            b.close()
-
-
-def _wait_bridged(sites, swarm: str) -> None:
-    """Until a backbone-subtree message published on each site reaches the other (the bridges
-    connect asynchronously); also proves a site-only topic does not cross."""
-    got: dict[str, threading.Event] = {s: threading.Event() for s in sites}
-    leaked = threading.Event()
-    links = {s: MqttLink(b.url, swarm=swarm, client_id=f"probe-{s}") for s, b in sites.items()}
-    try:
-        (a, la), (b, lb) = links.items()
-        la.subscribe(topics.backbone_allreduce(swarm, "probe-a"), lambda t, p: got[a].set())
-        lb.subscribe(topics.backbone_allreduce(swarm, "probe-b"), lambda t, p: got[b].set())
-        lb.subscribe(topics.allreduce(swarm, "probe-b"), lambda t, p: leaked.set())
-        for _ in range(100):
-            la.publish(topics.backbone_allreduce(swarm, "probe-b"), b"x")
-            lb.publish(topics.backbone_allreduce(swarm, "probe-a"), b"x")
-            la.publish(topics.allreduce(swarm, "probe-b"), b"x")
-            if got[a].wait(0.1) and got[b].wait(0.1):
-                break
-        assert got[a].is_set() and got[b].is_set(), "the bridges never carried the backbone subtree"
-        assert not leaked.is_set(), "a site ring topic crossed the bridge"
-    finally:
-        for link in links.values():
-            link.close()
-
-
-def test_two_sites_over_bridged_brokers_agree_bit_for_bit_with_signed_frames(brokers, swarm_id) -> None:
-    _, sites = brokers
-    _wait_bridged(sites, swarm_id)
+def test_two_sites_over_bridged_brokers_agree_bit_for_bit_with_signed_frames(site_brokers, swarm_id) -> None:
+    _, sites = site_brokers
+    wait_bridged(sites, swarm_id)
     members = [m for ms in SITES.values() for m in ms]
     keys = {m: generate_key() for m in members}
     dh = {m: X25519PrivateKey.generate() for m in members}
@@ -158,9 +109,9 @@ class _Member:
 
 
 def test_a_site_leader_killed_mid_round_fails_it_everywhere_and_the_next_leader_commits(
-        brokers, swarm_id) -> None:
-    _, sites = brokers
-    _wait_bridged(sites, swarm_id)
+        site_brokers, swarm_id) -> None:
+    _, sites = site_brokers
+    wait_bridged(sites, swarm_id)
     value = {m: float(i + 1) for i, m in enumerate(m for ms in SITES.values() for m in ms)}
     procs = {m: _Member(sites[s].url, swarm_id, m, value[m]) for s, ms in SITES.items() for m in ms}
     try:
