@@ -8,6 +8,7 @@ Example::
     data_dir = "data/node-1"
     broker = "mqtt://127.0.0.1:1883"      # absent = no swarm (inference + samples only)
     swarm = "default"
+    site = "east"                         # optional: its site in hierarchical rounds (PROTOCOL.md s. 10)
     auth_token = "s3cret"                 # optional: every route but health needs Bearer
     max_body_bytes = 8388608
     max_batch = 256                       # largest inference batch per request (HTTP answers 413 above)
