@@ -80,6 +80,20 @@ def test_seventy_nodes_run_one_hierarchical_round_in_sites_of_at_most_one_ring(s
     (cmd,) = swarm.commands()
     assert cmd.sites == {"east": nodes[:30], "default": nodes[30:]}
     assert all(len(ms) <= SITE_PARTICIPANTS_MAX for ms in cmd.sites.values())
+    # Hierarchical rounds run plain means (federation/PROTOCOL.md section 10).
+    assert (cmd.outlier_factor, cmd.aggregation, cmd.compression) == (0, "mean", "none")
+
+
+@pytest.mark.parametrize("asked", [{"outlier_factor": 3}, {"aggregation": "median"}, {"compression": "int8"}])
+def test_a_hierarchical_round_asked_for_screening_codecs_or_robust_aggregation_is_a_422(swarm, asked):
+    for n in ("a", "b"):
+        swarm.status(n, site=f"site-{n}")
+    r = swarm.post("/api/rounds", {"steps": 1, **asked})
+    (key,) = asked
+    assert r.status_code == 422 and key in r.text and "section 10" in r.text
+    assert swarm.commands() == []
+    assert swarm.post("/api/rounds", {"steps": 1, key: {"outlier_factor": 0, "aggregation": "mean",
+                                                        "compression": "none"}[key]}).status_code == 201
 
 
 def test_past_one_thousand_nodes_are_refused_naming_the_limit_not_a_500(swarm):
