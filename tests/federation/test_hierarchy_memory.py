@@ -182,3 +182,27 @@ def test_a_round_of_130_members_in_sites_of_at_most_one_ring_sums_exactly() -> N
     finally:
         for e in engines.values():
             e.close()
+
+
+def test_the_collective_broadcasts_the_roots_exact_bytes_and_refuses_what_spans_no_levels() -> None:
+    from federation.hierarchy import HierarchicalCollective
+
+    topo = _topology([2, 3])
+    _, _, engines = _engines(topo)
+    cols = {m: HierarchicalCollective(e.site, e.backbone, topo) for m, e in engines.items()}
+    root = "s1n2"  # not a leader: its bytes cross its site, the backbone and the other site
+    vec = np.array([0.0, -0.0, 1e-45, -3.0e38, 7.25, -1e-30], np.float32)
+    try:
+        res = run_members({m: (lambda m=m: cols[m].broadcast(vec if m == root else None, root=root,
+                                                             group=topo.members, tag="p/params", timeout=10))
+                           for m in topo.members})
+        assert bits(assert_identical(res)) == bits(vec)
+        with pytest.raises(RoundAborted, match="unscreened"):
+            cols["s0n0"].allreduce(vec, group=topo.members, tag="s", screen=(vec, None))
+        with pytest.raises(RoundAborted, match="all-gather"):
+            cols["s0n0"].exchange(vec, group=topo.members, tag="x")
+        with pytest.raises(ValueError, match="participants"):
+            cols["s0n0"].allreduce(vec, group=["s0n0", "s0n1"], tag="g")
+    finally:
+        for e in engines.values():
+            e.close()
