@@ -18,6 +18,7 @@ from federation.errors import (
     TransportError,
     UpdateRejected,
 )
+from federation.hierarchy import HierarchicalAllreduce, Topology
 from federation.memory import MemoryHub, MemoryTransport
 from federation.messages import Compression
 from federation.ring import ReduceOp, RingAllreduce
@@ -48,6 +49,7 @@ __all__ = [
     "Compression",
     "FederationError",
     "FrameError",
+    "HierarchicalAllreduce",
     "Membership",
     "MemoryHub",
     "MemoryTransport",
@@ -58,6 +60,7 @@ __all__ = [
     "RoundDefaults",
     "RoundSpec",
     "StarAllreduce",
+    "Topology",
     "Stats",
     "StatusPublisher",
     "TlsOptions",
