@@ -14,37 +14,21 @@ from pathlib import Path
 
 import pytest
 
+from deploy.sites import start_sites
 from federation import topics
-from federation.broker import MosquittoBroker, start_mosquitto
+from federation.broker import MosquittoBroker
 from federation.mqtt import MqttLink
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto"
-SITE_NAMES = ("east", "west")
-
-
-def deploy_conf(name: str, **subst: str) -> str:
-    """A deploy/mosquitto file with its @KEY@ placeholders filled, comments dropped."""
-    text = (DEPLOY / name).read_text()
-    for k, v in subst.items():
-        text = text.replace(f"@{k}@", v)
-    return "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+SITE_NAMES = ["east", "west"]
 
 
 @pytest.fixture
 def site_brokers(tmp_path: Path) -> Iterator[tuple[MosquittoBroker, dict[str, MosquittoBroker]]]:
-    started: list[MosquittoBroker] = []
+    sites = start_sites(SITE_NAMES, workdir=tmp_path)
     try:
-        backbone = start_mosquitto(workdir=tmp_path / "backbone", extra_config=deploy_conf("backbone.conf"))
-        started.append(backbone)
-        sites = {}
-        for s in SITE_NAMES:
-            sites[s] = start_mosquitto(workdir=tmp_path / s, extra_config=deploy_conf(
-                "site-bridge.conf", BACKBONE=f"127.0.0.1:{backbone.port}", SITE=s))
-            started.append(sites[s])
-        yield backbone, sites
+        yield sites.backbone, sites.sites
     finally:
-        for b in started:
-            b.close()
+        sites.close()
 
 
 def wait_bridged(sites: dict[str, MosquittoBroker], swarm: str) -> None:
