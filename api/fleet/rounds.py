@@ -241,6 +241,7 @@ class Round:
             "state": self.state.value,
             "reason": self.reason,
             "participants": list(cmd.participants),
+            "sites": cmd.sites,  # None: one flat ring (federation/PROTOCOL.md section 10)
             "skipped": self.skipped,
             "left_out": self.left_out,
             "steps": cmd.steps,

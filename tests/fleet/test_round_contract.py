@@ -79,6 +79,7 @@ def test_seventy_nodes_run_one_hierarchical_round_in_sites_of_at_most_one_ring(s
     assert r.status_code == 201 and len(r.json()["participants"]) == 70
     (cmd,) = swarm.commands()
     assert cmd.sites == {"east": nodes[:30], "default": nodes[30:]}
+    assert swarm.get(f"/api/rounds/{cmd.round_id}").json()["sites"] == cmd.sites
     assert all(len(ms) <= SITE_PARTICIPANTS_MAX for ms in cmd.sites.values())
     # Hierarchical rounds run plain means (federation/PROTOCOL.md section 10).
     assert (cmd.outlier_factor, cmd.aggregation, cmd.compression) == (0, "mean", "none")

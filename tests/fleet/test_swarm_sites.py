@@ -40,6 +40,7 @@ def test_swarm_on_two_bridged_sites_runs_a_hierarchical_round(tmp_path_factory):
             while (rnd := c.get(f"{sp.base}/api/rounds/{rid}").json())["state"] == "running":
                 assert time.monotonic() < deadline, rnd
                 time.sleep(0.5)
+        assert rnd["sites"] == {"site-1": ["node-1", "node-2"], "site-2": ["node-3", "node-4"]}
         assert rnd["state"] == "done", rnd.get("reason")
         assert rnd["params_agree"] is True
     finally:
