@@ -56,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 @dataclass
 class SwarmOptions:
     nodes: int = 3
+    sites: int = 1  # > 1: a bridged Mosquitto per site and a backbone (federation/PROTOCOL.md section 10)
     emulate_arm: bool = False
     emulate_riscv: bool = False
     port: int = 8080
@@ -198,7 +199,7 @@ def start_demo_broker() -> Broker:
 
 
 def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, data_dir: Path, broker: str,
-                       swarm: str, token: str, keys: Path) -> None:
+                       swarm: str, token: str, keys: Path, site: str | None = None) -> None:
     # Written by hand: the demo's NODE.toml doubles as a readable example of the format.
     path.write_text(
         f'node_id = "{node_id}"\n'
@@ -211,9 +212,13 @@ def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, d
         "# signed swarm (python -m deploy.keys): only the fleet's key starts rounds\n"
         f'key_file = "{keys / "keys" / f"{node_id}.key"}"\n'
         f'keyring_file = "{keys / "keyring.json"}"\n'
-        "\n[training]\n"
+        + ("# its site: rounds across sites are hierarchical (federation/PROTOCOL.md section 10)\n"
+           f'site = "{site}"\n' if site else "")
+        + "\n[training]\n"
         'sync = "gradient"\n'
         "step_timeout_s = 30.0\n"
+        + ('isolation = "thread"  # hierarchical rounds run on the round thread in this release\n'
+           if site else "")
     )
 
 
@@ -242,6 +247,7 @@ class Swarm:
     owns_workdir: bool
     broker: Any = None  # federation.broker.Broker when we started one
     broker_url: str = ""
+    sites: Any = None  # deploy.sites.Sites with --sites > 1 (broker_url is then the backbone's)
     nodes: list[NodeProcess] = field(default_factory=list)
     feeders: list[Feeder] = field(default_factory=list)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -251,6 +257,14 @@ class Swarm:
         return self.workdir / "keys"
 
     def start_broker(self) -> None:
+        if self.opts.sites > 1:
+            from deploy.sites import site_names, start_sites
+
+            self.sites = start_sites(site_names(self.opts.sites))
+            self.broker_url = self.sites.backbone.url
+            _say(f"started {self.opts.sites} site brokers bridged to the backbone {self.broker_url}: "
+                 + ", ".join(f"{s} {b.url}" for s, b in self.sites.sites.items()))
+            return
         if self.opts.broker:
             self.broker_url = self.opts.broker
             _say(f"using broker {self.broker_url}")
@@ -277,9 +291,10 @@ class Swarm:
             node_id = f"node-{i + 1}"
             port = _free_port()
             cfg = self.workdir / f"{node_id}.toml"
+            site, broker = self.site_of(i)
             _write_node_config(cfg, node_id=node_id, artifact=artifacts[arch], port=port,
-                               data_dir=self.workdir / "data" / node_id, broker=self.broker_url,
-                               swarm=self.opts.swarm, token=self.token, keys=self.keys)
+                               data_dir=self.workdir / "data" / node_id, broker=broker,
+                               swarm=self.opts.swarm, token=self.token, keys=self.keys, site=site)
             if arch in launchers:
                 prefix, env = launchers[arch]
                 argv = [*prefix, "node", "--config", str(cfg)]
@@ -289,6 +304,14 @@ class Swarm:
             np_.start()
             self.nodes.append(np_)
         _say(f"started {len(self.nodes)} nodes: " + ", ".join(f"{n.node_id} ({n.url})" for n in self.nodes))
+
+    def site_of(self, i: int) -> tuple[str | None, str]:
+        """Node ``i``'s site and broker: consecutive nodes share a site (none without --sites)."""
+        if self.sites is None:
+            return None, self.broker_url
+        names = list(self.sites.sites)
+        site = names[i * len(names) // self.opts.nodes]
+        return site, self.sites.sites[site].url
 
     def wait_nodes_ready(self) -> None:
         deadline = time.monotonic() + self.opts.node_ready_timeout_s
@@ -341,6 +364,9 @@ class Swarm:
             n.wait_or_kill(8.0)
         for f in self.feeders:
             f.join(2)
+        if self.sites is not None:
+            self.sites.close()
+            self.sites = None
         if self.broker is not None:
             # MosquittoBroker.close also deletes its temp dir; the embedded broker only has stop.
             (getattr(self.broker, "close", None) or self.broker.stop)()

@@ -8,6 +8,7 @@ Example::
     data_dir = "data/node-1"
     broker = "mqtt://127.0.0.1:1883"      # absent = no swarm (inference + samples only)
     swarm = "default"
+    site = "east"                         # optional: its site in hierarchical rounds (PROTOCOL.md s. 10)
     auth_token = "s3cret"                 # optional: every route but health needs Bearer
     max_body_bytes = 8388608
     max_batch = 256                       # largest inference batch per request (HTTP answers 413 above)
@@ -156,6 +157,9 @@ class NodeConfig(_Section):
     data_dir: Path
     broker: str | None = None
     swarm: str = "default"
+    # The site (broker) this node belongs to in hierarchical rounds (federation/PROTOCOL.md
+    # section 10); reported in its status, the fleet groups a round's participants by it.
+    site: str | None = None
     auth_token: str | None = None
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # Largest batch N one HTTP inference request may carry: a binary batch under max_body_bytes
@@ -188,6 +192,11 @@ class NodeConfig(_Section):
     @classmethod
     def _topic_safe(cls, v: str) -> str:
         return validate_id(v, "id")
+
+    @field_validator("site")
+    @classmethod
+    def _site_id(cls, v: str | None) -> str | None:
+        return None if v is None else validate_id(v, "site")
 
     @field_validator("broker")
     @classmethod

@@ -55,6 +55,7 @@ from federation.transport import Transport
 
 if TYPE_CHECKING:  # the signing stack (cryptography) loads only in a signed swarm
     from edgenode.security import NodeAuth
+    from federation.ring import RingAllreduce
 
 __all__ = ["EdgeNode"]
 
@@ -113,6 +114,7 @@ class EdgeNode(ImageControl, RoundControl):
             log.warning("fault injection active: %s", faults)
         self._transport = transport
         self._ring: Collective | None = None
+        self._backbone: RingAllreduce | None = None  # site leaders' ring (federation/hierarchy.py)
         self._link: Link | None = None
         self._lock = threading.Lock()  # guards state / round bookkeeping below
         self._state = NodeState.ONLINE
@@ -385,6 +387,11 @@ class EdgeNode(ImageControl, RoundControl):
                 from federation.ring import RingAllreduce
 
                 self._ring = RingAllreduce(self._transport, swarm=self.config.swarm)
+                if self._link is not None:  # a site leader's ring to the other sites (bridged topics)
+                    from federation.backbone import backbone_transport
+
+                    self._backbone = RingAllreduce(backbone_transport(self._link, self.node_id),
+                                                   swarm=self.config.swarm)
         if self.anomaly is not None:
             self._refit.set()
             self._threshold_thread = threading.Thread(target=self._threshold_loop,
@@ -446,6 +453,9 @@ class EdgeNode(ImageControl, RoundControl):
             self._ring.close()
         for runner in self.streams:
             runner.stop()
+        if self._backbone is not None:
+            self._backbone.close()
+            self._backbone = None
         self.store.close()
         log.info("node %s stopped", self.node_id)
 
@@ -465,7 +475,7 @@ class EdgeNode(ImageControl, RoundControl):
         return NodeStatus(node_id=self.node_id, state=state or self._state, arch=self.arch, board=self.board,
                           model=self.model_name, model_version=snap.version, params_sha256=snap.sha256,
                           samples=count,
-                          round_id=self._round_id, api_url=self.config.advertised_url,
+                          round_id=self._round_id, api_url=self.config.advertised_url, site=self.config.site,
                           artifact=ArtifactInfo(model=self.model_name, target=m.preset, tuned=m.tuning.tuned,
                                                 tvm_version=m.tvm_version),
                           health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,

@@ -28,6 +28,7 @@ from edgenode.store import Samples, SampleStore
 from edgenode.training import RoundPlan, RoundResult, run_round
 from edgenode.validation import evaluate
 from federation import topics
+from federation.hierarchy import HierarchicalCollective, Topology
 from federation.messages import (
     AnyCommand,
     EventKind,
@@ -41,6 +42,7 @@ from federation.messages import (
     Validation,
     parse_command,
 )
+from federation.ring import RingAllreduce
 
 __all__ = ["SEEN_ROUNDS_KEPT", "RoundControl", "load_seen_rounds", "save_seen_rounds"]
 
@@ -80,6 +82,7 @@ class RoundControl:
     _refit: threading.Event  # set: recompute the anomaly threshold
     _steps: StepRunner | None  # the training worker process ([training] isolation = "process")
     _ring: Collective | None
+    _backbone: RingAllreduce | None  # the site leaders' ring of hierarchical rounds (thread isolation)
     faults: Faults
     _link: Link | None
     _lock: threading.Lock
@@ -137,6 +140,8 @@ class RoundControl:
                 # that never comes, up to step_timeout_s): freed now, peers told by ABORT frames.
                 if self._ring is not None:
                     self._ring.cancel(f"aborted by the fleet: {command.reason}")
+                if self._backbone is not None:
+                    self._backbone.cancel(f"aborted by the fleet: {command.reason}")
             return
         if isinstance(command, RollbackCommand):
             if self.node_id in command.nodes and self.first_time(command.rollback_id):
@@ -252,6 +257,15 @@ class RoundControl:
             return not w.is_alive()
         return True
 
+    def _hierarchical(self, cmd: RoundCommand) -> Collective:
+        """The collective of a round whose command names its sites (federation/PROTOCOL.md
+        section 10): this node's site ring and, if it leads its site, the bridged backbone ring."""
+        assert cmd.sites is not None
+        if not isinstance(self._ring, RingAllreduce) or self._backbone is None:
+            raise RoundFailed(f"{self.node_id} cannot run hierarchical round {cmd.round_id} in a "
+                              "training worker process", hint='set [training] isolation = "thread"')
+        return HierarchicalCollective(self._ring, self._backbone, Topology.from_groups(cmd.sites))
+
     def _round_worker(self, cmd: RoundCommand) -> None:
         _lower_thread_priority(self.config.training.nice)
         try:
@@ -309,9 +323,10 @@ class RoundControl:
                 samples = self.anomaly.as_targets(samples)
             val_samples = self._validation_samples()
             val_before = self._evaluate(self.model.snapshot, val_samples)
+            ring, steps = (self._ring, self._steps) if cmd.sites is None else (self._hierarchical(cmd), None)
             result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
-                               samples=samples, ring=self._ring, rng=rng, abort=self._abort, on_step=on_step,
-                               faults=self.faults, steps=self._steps)
+                               samples=samples, ring=ring, rng=rng, abort=self._abort, on_step=on_step,
+                               faults=self.faults, steps=steps)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
             # compression residuals of a void round must not leak into the next
             self._ring.reset_feedback()

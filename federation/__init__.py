@@ -18,6 +18,7 @@ from federation.errors import (
     TransportError,
     UpdateRejected,
 )
+from federation.hierarchy import HierarchicalAllreduce, Topology
 from federation.memory import MemoryHub, MemoryTransport
 from federation.messages import Compression
 from federation.ring import ReduceOp, RingAllreduce
@@ -50,6 +51,7 @@ __all__ = [
     "FederationError",
     "FrameError",
     "Framing",
+    "HierarchicalAllreduce",
     "Membership",
     "MemoryHub",
     "MemoryTransport",
@@ -61,6 +63,7 @@ __all__ = [
     "RoundDefaults",
     "RoundSpec",
     "StarAllreduce",
+    "Topology",
     "Stats",
     "StatusPublisher",
     "TlsOptions",

@@ -266,6 +266,7 @@ def swarm_policy(topic: str, sender: str, role: Role) -> bool:
     * ``fractal/v1/{swarm}/cmd``: the fleet only.
     * ``status/{node}`` and ``rounds/{id}/events/{node}``: that node only.
     * ``ar/{dst}``, ``ack/{dst}``, ``params/{dst}``: any node but ``dst`` itself.
+    * ``x/ar/{dst}`` (site leaders' ring, bridged between sites): any node but ``dst`` itself.
     Anything else: nobody.
     """
     parts = topic.split("/")
@@ -282,6 +283,8 @@ def swarm_policy(topic: str, sender: str, role: Role) -> bool:
         return rest[3] == sender
     if len(rest) == 2 and rest[0] in ("ar", "ack", "params"):
         return rest[1] != sender
+    if len(rest) == 3 and rest[:2] == ["x", "ar"]:
+        return rest[2] != sender
     return False
 
 

@@ -30,6 +30,8 @@ __all__ = [
     "STEP_TIMEOUT_MIN_S",
     "STEP_TIMEOUT_MAX_S",
     "PARTICIPANTS_MAX",
+    "SITE_PARTICIPANTS_MAX",
+    "SITES_MAX",
     "UPDATE_NORM_FACTOR",
     "SYNC_GAP_OF_UPDATE",
     "SYNC_GAP_OF_PARAMS",
@@ -85,7 +87,14 @@ LOCAL_STEPS_MAX = 1_000
 ROUND_WORK_MAX = 1_000_000  # steps x local_steps: bounds the local compute of one round
 STEP_TIMEOUT_MIN_S = 0.1
 STEP_TIMEOUT_MAX_S = 300.0  # a stalled ring frees its members within 5 minutes at worst
-PARTICIPANTS_MAX = 64
+# A round has at most PARTICIPANTS_MAX participants; past SITE_PARTICIPANTS_MAX (the largest flat
+# ring) the round is hierarchical (federation/hierarchy.py): its command names its sites, none
+# larger than SITE_PARTICIPANTS_MAX, at most SITES_MAX of them, so every ring, the leaders' ring and
+# the vote (one slot per site) stay bounded. A command of 1,000 64-character ids is ~140 KB, far
+# below the 2 MiB MQTT limit (federation.broker.MESSAGE_SIZE_LIMIT).
+PARTICIPANTS_MAX = 1000
+SITE_PARTICIPANTS_MAX = 64
+SITES_MAX = 64
 # A round's update (final - start parameters) may not exceed this many times the start norm
 # (at least 1): a member committing it would replace the model rather than train it.
 UPDATE_NORM_FACTOR = 100.0
@@ -102,7 +111,7 @@ OUTLIER_FACTOR_DEFAULT = 10.0
 OUTLIER_FACTOR_MAX = 1e6
 
 # Statuses (NodeStatus) and the fleet's registry.
-REGISTRY_MAX_NODES = 256  # statuses of further unknown nodes are dropped and counted
+REGISTRY_MAX_NODES = 2 * PARTICIPANTS_MAX  # statuses of further unknown nodes are dropped and counted
 HEARTBEAT_MIN_S = 0.1
 HEARTBEAT_MAX_S = 600.0
 KEEPALIVE_MIN_S = 1.0

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from federation import bounds as b
 from federation.roundspec import Compression, RoundSpec, SyncMode
@@ -141,6 +141,7 @@ class NodeStatus(_Msg):
     samples: b.Samples = 0
     round_id: b.Id | None = None
     api_url: b.Url = ""
+    site: b.Id | None = None  # its site (broker) in hierarchical rounds (federation/hierarchy.py)
     # Optional (older nodes leave them out): the device, for the fleet's node table.
     artifact: ArtifactInfo | None = None
     health: NodeHealth | None = None
@@ -168,6 +169,26 @@ class RoundCommand(_Msg, RoundSpec):
     issued_at: b.Finite = Field(default_factory=time.time)
     # The parameters the round starts from (federation/startversion.py); None = the members decide.
     start_sha256: b.Sha256Hex | None = None
+    # site -> its participants: a hierarchical round (federation/hierarchy.py); None = one flat
+    # ring, at most SITE_PARTICIPANTS_MAX participants.
+    sites: dict[b.Id, list[b.Id]] | None = Field(default=None, max_length=b.SITES_MAX)
+
+    @model_validator(mode="after")
+    def _sites_partition_participants(self) -> RoundCommand:
+        if self.sites is None:
+            if len(self.participants) > b.SITE_PARTICIPANTS_MAX:
+                raise ValueError(f"{len(self.participants)} participants: a flat ring takes at most "
+                                 f"{b.SITE_PARTICIPANTS_MAX}; name its sites to run it hierarchically")
+            return self
+        seen: list[str] = []
+        for site, members in self.sites.items():
+            if not 1 <= len(members) <= b.SITE_PARTICIPANTS_MAX:
+                raise ValueError(f"site {site} has {len(members)} participants: 1 to "
+                                 f"{b.SITE_PARTICIPANTS_MAX} per site")
+            seen += members
+        if len(seen) != len(set(seen)) or set(seen) != set(self.participants):
+            raise ValueError("sites must name every participant exactly once")
+        return self
 
 
 class RoundAbort(_Msg):

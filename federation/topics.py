@@ -7,6 +7,8 @@
     fractal/v1/{swarm}/ar/{dst}                     binary allreduce frames addressed to member dst
     fractal/v1/{swarm}/ack/{dst}                    binary flow-control acks addressed to member dst
     fractal/v1/{swarm}/params/{dst}                 binary parameter transfer to a joining member dst
+    fractal/v1/{swarm}/x/ar/{dst}                   allreduce frames between site leaders (the
+                                                    subtree site brokers bridge to the backbone)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ __all__ = [
     "ack",
     "params",
     "validate_id",
+    "backbone_allreduce",
+    "BACKBONE_BRIDGE",
 ]
 
 import re
@@ -70,3 +74,11 @@ def ack(swarm: str, dst: str) -> str:
 
 def params(swarm: str, dst: str) -> str:
     return f"{ROOT}/{swarm}/params/{dst}"
+
+
+# The one topic subtree a site's broker bridges to the backbone broker (deploy/mosquitto/).
+BACKBONE_BRIDGE = f"{ROOT}/+/x/#"
+
+
+def backbone_allreduce(swarm: str, dst: str) -> str:
+    return f"{ROOT}/{swarm}/x/ar/{dst}"

@@ -72,6 +72,9 @@ def swarm(
     emulate_riscv: bool = typer.Option(False, "--emulate-riscv", help="Run one node as riscv64 under "
                                        "qemu-user with the model's C library (needs make sysroot-riscv64); "
                                        "combines with --emulate-arm."),
+    sites: int = typer.Option(1, "--sites", min=1, max=8, help="Split the nodes over this many sites, "
+                              "each with its own Mosquitto bridged to a backbone (hierarchical rounds, "
+                              "federation/PROTOCOL.md section 10)."),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="HTTP port of the fleet dashboard."),
     broker: str | None = typer.Option(None, "--broker", help="Use this broker instead of starting one."),
     token: str | None = typer.Option(None, "--token", help="Operator token (default: random, printed)."),
@@ -91,8 +94,12 @@ def swarm(
     from api.fleet.serve import check_port_free
     from deploy.swarm import SwarmOptions, run_swarm
 
-    opts = SwarmOptions(nodes=nodes, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv, port=port,
-                        broker=broker, token=token, workdir=workdir, cache_dir=cache_dir,
+    if sites > nodes:
+        raise FleetError(f"--sites {sites} is more than --nodes {nodes}", hint="every site needs a node")
+    if sites > 1 and broker:
+        raise FleetError("--sites starts its own brokers", hint="leave out --broker")
+    opts = SwarmOptions(nodes=nodes, sites=sites, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv,
+                        port=port, broker=broker, token=token, workdir=workdir, cache_dir=cache_dir,
                         feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot)
     check_port_free(opts.host, opts.port)  # fail before minutes of work
     run_swarm(opts, _serve_swarm_fleet)

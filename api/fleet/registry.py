@@ -53,6 +53,7 @@ class NodeEntry:
             "samples": st.samples,
             "round_id": st.round_id,
             "api_url": st.api_url,
+            "site": st.site,
             # Device facts newer nodes report (None when the node does not).
             "artifact": st.artifact.model_dump() if st.artifact else None,
             "health": st.health.model_dump() if st.health else None,

@@ -36,8 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.fleet.history import FleetHistory
 from federation import topics
-from federation.bounds import PARTICIPANTS_MAX, Id
+from federation.bounds import PARTICIPANTS_MAX, SITE_PARTICIPANTS_MAX, Id
+from federation.hierarchy import round_sites
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, Validation
+from federation.robust import Aggregation
 from federation.roundspec import Compression, RoundSpec, SyncMode
 from federation.startversion import start_hash
 
@@ -74,6 +76,18 @@ class RoundRequest(RoundSpec):
     model_config = ConfigDict(extra="forbid")
 
     nodes: Annotated[list[Id], Field(max_length=PARTICIPANTS_MAX)] | None = None
+
+
+def _hierarchical_settings(req: RoundRequest) -> dict:
+    """What a hierarchical round (participants past one ring, or across sites) runs with: plain
+    means (federation/hierarchy.py HierarchicalCollective); other requested settings are refused."""
+    asked = {"compression": (req.compression, Compression.NONE), "outlier_factor": (req.outlier_factor, 0),
+             "aggregation": (req.aggregation, Aggregation.MEAN)}
+    for key, (value, plain) in asked.items():
+        if value is not None and value != plain:
+            raise RoundRejected(f"{key}={value}: a round across sites or past {SITE_PARTICIPANTS_MAX} "
+                                f"participants runs {key}={plain} (federation/PROTOCOL.md section 10)", 422)
+    return {key: plain for key, (_, plain) in asked.items()}
 
 
 def too_many_participants(count: int, what: str = "a round") -> str:
@@ -227,6 +241,7 @@ class Round:
             "state": self.state.value,
             "reason": self.reason,
             "participants": list(cmd.participants),
+            "sites": cmd.sites,  # None: one flat ring (federation/PROTOCOL.md section 10)
             "skipped": self.skipped,
             "left_out": self.left_out,
             "steps": cmd.steps,
@@ -380,12 +395,15 @@ class RoundManager:
 
     def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float,
               holdings: dict[str, str] | None = None,
-              val_counts: dict[str, int | None] | None = None) -> Round:
+              val_counts: dict[str, int | None] | None = None,
+              site_of: dict[str, str | None] | None = None) -> Round:
         """Validate against the live swarm, publish the RoundCommand, return the new round.
         ``holdings`` (node -> params_sha256 of its last status) fixes the start parameters by
         the start-version rule (federation/startversion.py), never by the highest version.
         ``val_counts`` (node -> validation samples its status reported) bounds each member's
-        weight in the round's validation figure. Members left out for failing rounds are skipped."""
+        weight in the round's validation figure. Members left out for failing rounds are skipped.
+        ``site_of`` (node -> the site its status declares) groups a round past one ring's size, or
+        spanning sites, into the sites its command names (federation/hierarchy.py)."""
         if req.steps > self._max_steps:
             raise RoundRejected(f"steps={req.steps} exceeds this fleet's limit of {self._max_steps}", 422)
         with self._lock:
@@ -429,8 +447,11 @@ class RoundManager:
                 "sync": req.sync or SyncMode.GRADIENT, "local_steps": req.local_steps or 1,
                 "compression": req.compression or Compression.NONE,
                 "step_timeout_s": req.step_timeout_s or self._step_timeout}
+            sites = round_sites(participants, site_of or {})
+            if sites is not None:
+                spec |= _hierarchical_settings(req)
             cmd = RoundCommand(round_id=_new_round_id(), participants=participants, issued_at=now,
-                               start_sha256=start, **spec)
+                               start_sha256=start, sites=sites, **spec)
             rnd = Round(command=cmd, started_at=now, skipped=skipped,
                         progress={n: _Progress() for n in participants}, margin=self._margin,
                         checked_val={n: (val_counts or {}).get(n) for n in participants},

@@ -330,7 +330,8 @@ class FleetService:
         rnd = self.rounds.start(req, online={n for n, v in views.items() if v["state"] == "online"},
                                 known=set(views), now=now,
                                 holdings={n: v["params_sha256"] for n, v in views.items()},
-                                val_counts={n: v["samples_val"] for n, v in views.items()})
+                                val_counts={n: v["samples_val"] for n, v in views.items()},
+                                site_of={n: v["site"] for n, v in views.items()})
         self.history.record_action("start_round", {"round_id": rnd.round_id,
                                                    "request": req.model_dump(mode="json")}, now)
         self._publish_round(rnd.round_id)

@@ -58,6 +58,7 @@ def test_good_config_resolves_paths_and_types(tmp_path):
     (lambda t: t.replace("mqtt://127.0.0.1:1883", "http://x"), "`broker`"),
     (lambda t: t.replace('artifact = "art"', 'artifact = "nope"'), "artifact"),
     (lambda t: t.replace('node_id = "node-1"', 'node_id = "a/b"'), "`node_id`"),
+    (lambda t: t.replace('node_id = "node-1"', 'node_id = "node-1"\nsite = "east/1"'), "`site`"),
     (lambda t: t + "\n[[broken", "not valid TOML"),
     (lambda t: t.replace("local_steps = 4", 'local_steps = 4\naggregation = "max"'),
      "`training.aggregation` = 'max' is not"),

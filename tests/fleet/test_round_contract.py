@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from api.fleet.settings import FleetSettings
 from api.fleet_app import create_fleet_app
 from federation import topics
-from federation.bounds import PARTICIPANTS_MAX
+from federation.bounds import PARTICIPANTS_MAX, SITE_PARTICIPANTS_MAX
+from federation.broker import MESSAGE_SIZE_LIMIT
 from federation.messages import (
     EventKind,
     NodeState,
@@ -69,21 +70,53 @@ def swarm(tmp_path) -> Iterator[Swarm]:
         yield Swarm(client, link)
 
 
-# -- finding 8: more nodes than a command can carry --------------------------------------------------
-def test_seventy_nodes_are_refused_naming_the_limit_not_a_500(swarm):
+# -- finding 8 / issue 28 #2: more nodes than a command can carry -------------------------------------
+def test_seventy_nodes_run_one_hierarchical_round_in_sites_of_at_most_one_ring(swarm):
     nodes = [f"n{i:02d}" for i in range(70)]
+    for i, n in enumerate(nodes):
+        swarm.status(n, site="east" if i < 30 else None)
+    r = swarm.post("/api/rounds", {"steps": 1})
+    assert r.status_code == 201 and len(r.json()["participants"]) == 70
+    (cmd,) = swarm.commands()
+    assert cmd.sites == {"east": nodes[:30], "default": nodes[30:]}
+    assert swarm.get(f"/api/rounds/{cmd.round_id}").json()["sites"] == cmd.sites
+    assert all(len(ms) <= SITE_PARTICIPANTS_MAX for ms in cmd.sites.values())
+    # Hierarchical rounds run plain means (federation/PROTOCOL.md section 10).
+    assert (cmd.outlier_factor, cmd.aggregation, cmd.compression) == (0, "mean", "none")
+
+
+@pytest.mark.parametrize("asked", [{"outlier_factor": 3}, {"aggregation": "median"}, {"compression": "int8"}])
+def test_a_hierarchical_round_asked_for_screening_codecs_or_robust_aggregation_is_a_422(swarm, asked):
+    for n in ("a", "b"):
+        swarm.status(n, site=f"site-{n}")
+    r = swarm.post("/api/rounds", {"steps": 1, **asked})
+    (key,) = asked
+    assert r.status_code == 422 and key in r.text and "section 10" in r.text
+    assert swarm.commands() == []
+    assert swarm.post("/api/rounds", {"steps": 1, key: {"outlier_factor": 0, "aggregation": "mean",
+                                                        "compression": "none"}[key]}).status_code == 201
+
+
+def test_past_one_thousand_nodes_are_refused_naming_the_limit_not_a_500(swarm):
+    nodes = [f"n{i:04d}" for i in range(PARTICIPANTS_MAX + 1)]
     for n in nodes:
         swarm.status(n)
     r = swarm.post("/api/rounds", {"steps": 1})
     assert r.status_code == 409 and f"at most {PARTICIPANTS_MAX} participants" in r.text and "nodes" in r.text
     r = swarm.post("/api/rollback", {})
     assert r.status_code == 409 and f"at most {PARTICIPANTS_MAX} participants" in r.text
-    r = swarm.post("/api/rounds", {"steps": 1, "nodes": nodes[:65]})
+    r = swarm.post("/api/rounds", {"steps": 1, "nodes": nodes})
     assert r.status_code == 422 and str(PARTICIPANTS_MAX) in r.text
-    assert swarm.post("/api/rollback", {"nodes": nodes[:65]}).status_code == 422
+    assert swarm.post("/api/rollback", {"nodes": nodes}).status_code == 422
     assert swarm.commands() == []
     r = swarm.post("/api/rounds", {"steps": 1, "nodes": nodes[:PARTICIPANTS_MAX]})
     assert r.status_code == 201 and len(r.json()["participants"]) == PARTICIPANTS_MAX
+    (cmd,) = swarm.commands()
+    # One site of 1,000 (no site declared) is cut into 16 rings of 62-63, one leader each.
+    assert cmd.sites is not None and len(cmd.sites) == 16
+    assert {len(ms) for ms in cmd.sites.values()} == {62, 63}
+    assert sum(len(ms) for ms in cmd.sites.values()) == PARTICIPANTS_MAX
+    assert len(cmd.model_dump_json()) < MESSAGE_SIZE_LIMIT // 8
 
 
 # -- finding 12: one bound per value -----------------------------------------------------------------
