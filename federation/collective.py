@@ -25,8 +25,10 @@ log = logging.getLogger("fractal.federation.collective")
 
 __all__ = ["CollectiveBase", "Feedback", "ReduceOp", "Screen", "as_vector", "ordered_group", "violation"]
 
-# (this member's claim row, decide(all rows) -> (claims to check, whether to send our vector))
-Screen = tuple[np.ndarray, Callable[[np.ndarray], tuple[np.ndarray, bool]]]
+# (this member's claim row, decide(all claim rows, the members' vectors or None) -> (claims to
+# check, whether to send our vector)); the vectors are given on the direct path only (every
+# member holds every row there), None around the ring.
+Screen = tuple[np.ndarray, Callable[[np.ndarray, np.ndarray | None], tuple[np.ndarray, bool]]]
 
 
 class ReduceOp(enum.StrEnum):

@@ -181,7 +181,7 @@ class DirectRun:
         assert self.screen is not None
         n = self.n
         claims = np.stack([robust.chunk_norms(rows[j], n) for j in range(n)])
-        bounds, _ = self.screen[1](claims)
+        bounds, _ = self.screen[1](claims, rows)
         bounds = np.asarray(bounds, np.float64).reshape(n, n)
         for c, (a, b) in enumerate(sch.chunk_bounds(n, self.L)):
             for j in range(n):

@@ -138,13 +138,13 @@ class RingAllreduce(CollectiveBase):
 
         ``screen = (claim, decide)``: the claims are exchanged inside this call first (one hop,
         phase EXCHANGE, chunk = the sender's rank): ``claim`` is this member's row (n floats), and
-        ``decide(rows)`` (n x n, the same bits on every member) returns ``(claims, send)``: the
-        claims to check (as above) and whether this member contributes its ``vec`` (else zeros).
-        One call instead of an exchange and an allreduce: one set-up and one drain per step.
-        On the direct path (small F32 vectors) no claims travel: ``decide`` gets
-        ``robust.chunk_norms`` of every member's actual vector (so ``claim`` must be that of
-        ``vec``, or zeros for a member that sends zeros) and the chunks it bounds to 0 count as
-        zeros.
+        ``decide(rows, None)`` (rows n x n, the same bits on every member) returns
+        ``(claims, send)``: the claims to check (as above) and whether this member contributes its
+        ``vec`` (else zeros). One call instead of an exchange and an allreduce: one set-up and one
+        drain per step. On the direct path (small F32 vectors) no claims travel: ``decide(rows,
+        vectors)`` gets ``robust.chunk_norms`` of every member's actual vector (so ``claim`` must
+        be that of ``vec``, or zeros for a member that sends zeros) and the ``(n, L)`` vectors
+        themselves (e.g. for a direction check); the chunks it bounds to 0 count as zeros.
 
         Raises :class:`RoundAborted` (deadline, dead member, peer abort) or
         :class:`UpdateRejected` (NaN/Inf or a broken claim, naming the sender); on either nothing
@@ -419,7 +419,7 @@ class _RingRun:
                 violation(fr, "unexpected claim frame")
             rows[j] = comp.decode(Codec.F32, fr.payload, n)
             pending.discard(j)
-        claims, send = decide(rows)
+        claims, send = decide(rows, None)
         self.claims = np.asarray(claims, np.float64).reshape(n, n)
         if not send:
             self.x = np.zeros_like(self.x)

@@ -49,6 +49,7 @@ __all__ = [
     "claims_tolerance",
     "TRIM_FRACTION",
     "norms_from_claims",
+    "opposed",
 ]
 
 NON_FINITE = -1.0  # a claimed chunk norm that says "my update is not finite" (norms are >= 0)
@@ -137,6 +138,30 @@ def aggregate(rows: np.ndarray, method: Aggregation | str, trim_fraction: float 
         k = (m - 1) // 2
     s = np.sort(rows, axis=0)
     return s[k:m - k].mean(axis=0, dtype=np.float64).astype(np.float32)
+
+
+def opposed(rows: np.ndarray, kept: tuple[int, ...] | list[int], min_cosine: float) -> dict[int, str]:
+    """The direction check: which of the ``kept`` rows point away from the others, i.e. whose
+    cosine similarity to the coordinate-wise median of the kept rows is below ``min_cosine``
+    (rank -> why). A scaled-up *and* flipped update (e.g. gradient x -4) stays under a norm bound
+    but points against the median, which a minority cannot move. Needs 3 or more kept rows (with
+    2 the median is their mean and lies between them); a zero row (nothing to say) or a zero
+    median (no common direction) is not judged."""
+    if len(kept) < 3:
+        return {}
+    sub = np.asarray(rows, np.float32)[list(kept)].astype(np.float64)
+    med = np.median(sub, axis=0)
+    m = math.sqrt(float(np.dot(med, med)))
+    if not m > 0:
+        return {}
+    out = {}
+    for k, r in zip(kept, sub, strict=True):
+        norm = math.sqrt(float(np.dot(r, r)))
+        if norm > 0:
+            cos = float(np.dot(r, med)) / (norm * m)
+            if cos < min_cosine:
+                out[k] = f"update points away from the members' median (cosine {cos:.2f} < {min_cosine:g})"
+    return out
 
 
 TRIM_FRACTION = 0.2  # trimmed_mean drops this share (at least one) of the values at each end
