@@ -140,27 +140,30 @@ def aggregate(rows: np.ndarray, method: Aggregation | str, trim_fraction: float 
     return s[k:m - k].mean(axis=0, dtype=np.float64).astype(np.float32)
 
 
-def opposed(rows: np.ndarray, kept: tuple[int, ...] | list[int], min_cosine: float) -> dict[int, str]:
-    """The direction check: which of the ``kept`` rows point away from the others, i.e. whose
-    cosine similarity to the coordinate-wise median of the kept rows is below ``min_cosine``
-    (rank -> why). A scaled-up *and* flipped update (e.g. gradient x -4) stays under a norm bound
-    but points against the median, which a minority cannot move. Needs 3 or more kept rows (with
-    2 the median is their mean and lies between them); a zero row (nothing to say) or a zero
-    median (no common direction) is not judged."""
+def opposed(rows: np.ndarray, kept: tuple[int, ...] | list[int], factor: float) -> dict[int, str]:
+    """The direction check: which of the ``kept`` rows pull against the others, i.e. point away
+    from the coordinate-wise median of the *other* kept rows (cosine similarity < 0; its own row
+    is left out of its reference, which it would otherwise drag along) with a norm above
+    ``factor`` x the median of the kept rows' norms (rank -> why). An opposed update gets a
+    tighter norm bound than an aligned one (the outlier factor): a gradient x -4 stays under
+    10 x the median norm but is caught here, while an honest member on non-IID data, whose update
+    can point away from the others', does so with an ordinary norm. Needs 3 or more kept rows
+    (with 2 there is no majority to point with); a zero row or reference judges nobody."""
     if len(kept) < 3:
         return {}
     sub = np.asarray(rows, np.float32)[list(kept)].astype(np.float64)
-    med = np.median(sub, axis=0)
-    m = math.sqrt(float(np.dot(med, med)))
-    if not m > 0:
-        return {}
+    norms = [math.sqrt(float(np.dot(r, r))) for r in sub]
+    typical = float(np.median(norms))
     out = {}
-    for k, r in zip(kept, sub, strict=True):
-        norm = math.sqrt(float(np.dot(r, r)))
-        if norm > 0:
-            cos = float(np.dot(r, med)) / (norm * m)
-            if cos < min_cosine:
-                out[k] = f"update points away from the members' median (cosine {cos:.2f} < {min_cosine:g})"
+    for i, k in enumerate(kept):
+        if not norms[i] > factor * typical:
+            continue  # an ordinary norm: whatever its direction, not an amplified pull
+        ref = np.median(np.delete(sub, i, axis=0), axis=0)
+        m = math.sqrt(float(np.dot(ref, ref)))
+        cos = float(np.dot(sub[i], ref)) / (norms[i] * m) if m > 0 else 0.0
+        if cos < 0:
+            out[k] = (f"update points away from the other members' median (cosine {cos:.2f}) with "
+                      f"norm {norms[i]:.3g} > {factor:g} x median {typical:.3g}")
     return out
 
 
