@@ -140,11 +140,12 @@ def aggregate(rows: np.ndarray, method: Aggregation | str, trim_fraction: float 
     return s[k:m - k].mean(axis=0, dtype=np.float64).astype(np.float32)
 
 
-def opposed(rows: np.ndarray, kept: tuple[int, ...] | list[int], factor: float) -> dict[int, str]:
+def opposed(rows: np.ndarray, kept: tuple[int, ...] | list[int], factor: float,
+            cosine: float = 0.0) -> dict[int, str]:
     """The direction check: which of the ``kept`` rows pull against the others, i.e. point away
-    from the coordinate-wise median of the *other* kept rows (cosine similarity < 0; its own row
-    is left out of its reference, which it would otherwise drag along) with a norm above
-    ``factor`` x the median of the kept rows' norms (rank -> why). An opposed update gets a
+    from the coordinate-wise median of the *other* kept rows (cosine similarity below ``cosine``;
+    its own row is left out of its reference, which it would otherwise drag along) with a norm
+    above ``factor`` x the median of the kept rows' norms (rank -> why). An opposed update gets a
     tighter norm bound than an aligned one (the outlier factor): a gradient x -4 stays under
     10 x the median norm but is caught here, while an honest member on non-IID data, whose update
     can point away from the others', does so with an ordinary norm. Needs 3 or more kept rows
@@ -161,7 +162,7 @@ def opposed(rows: np.ndarray, kept: tuple[int, ...] | list[int], factor: float) 
         ref = np.median(np.delete(sub, i, axis=0), axis=0)
         m = math.sqrt(float(np.dot(ref, ref)))
         cos = float(np.dot(sub[i], ref)) / (norms[i] * m) if m > 0 else 0.0
-        if cos < 0:
+        if cos < cosine:
             out[k] = (f"update points away from the other members' median (cosine {cos:.2f}) with "
                       f"norm {norms[i]:.3g} > {factor:g} x median {typical:.3g}")
     return out

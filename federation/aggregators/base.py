@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from federation import robust
-from federation.bounds import DIRECTION_NORM_FACTOR
+from federation.bounds import DIRECTION_MAX_COSINE, DIRECTION_NORM_FACTOR
 from federation.errors import AllExcluded
 from federation.roundspec import Compression
 
@@ -89,7 +89,7 @@ def screen(step: Step, norms: list[float],
     excluded = dict(s.excluded)
     kept = s.kept
     if rows is not None and step.outlier_factor > 0:
-        opposed = robust.opposed(rows, kept, DIRECTION_NORM_FACTOR)
+        opposed = robust.opposed(rows, kept, DIRECTION_NORM_FACTOR, DIRECTION_MAX_COSINE)
         excluded.update(opposed)
         kept = tuple(k for k in kept if k not in opposed)
     if not kept:
