@@ -267,7 +267,7 @@ def train_steps(plan: RoundPlan, *, node_id: str, trainer: Trainer, params: list
         losses.append(loss)
         if on_step is not None:
             on_step(step, loss)
-    return params, losses, dict(reducer.excluded)
+    return params, losses, reducer.named()
 
 
 def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: ModelHolder,
@@ -446,7 +446,12 @@ def _local_sgd_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray],
 
 class _Combiner:
     """This round's aggregator (``federation.aggregators``, picked by the round's settings) applied
-    step after step; ``excluded`` collects who was left out (and why) over the round."""
+    step after step; ``excluded`` collects who was left out (and why) over the round.
+
+    A member left out by the direction check alone is named only when that happened in at least
+    half of the round's steps (:meth:`named`): an honest member on skewed data can look like a
+    flipped one now and then (PROTOCOL.md section 7.1), an insider does so step after step. Its
+    update is left out of those steps either way."""
 
     def __init__(self, plan: RoundPlan, node_id: str, group: list[str], ring: Collective,
                  contributors: list[bool]) -> None:
@@ -454,6 +459,8 @@ class _Combiner:
         self.contributors = tuple(contributors)  # members with samples (the others send zeros)
         self.aggregator = aggregator_for(plan)
         self.excluded: dict[str, str] = {}
+        self.opposed: dict[str, tuple[int, str]] = {}  # member -> (steps, first reason)
+        self.steps = 0
 
     def reduce(self, update: np.ndarray, step: int) -> np.ndarray:
         p = self.plan
@@ -463,9 +470,22 @@ class _Combiner:
             out = self.aggregator.combine(at, np.asarray(update, np.float32))
         except AllExcluded as exc:
             raise RoundFailed(str(exc)) from exc
+        self.steps += 1
         for m, why in out.excluded.items():
-            if m not in self.excluded:
+            if m not in self.excluded and m not in self.opposed:
                 log.warning("%s: round %s step %d: excluding %s's update (%s)", self.node_id, p.round_id,
                             step, m, why)
+            if m in out.opposed:
+                count, first = self.opposed.get(m, (0, f"step {step}: {why}"))
+                self.opposed[m] = (count + 1, first)
+            elif m not in self.excluded:
                 self.excluded[m] = f"step {step}: {why}"
         return out.update
+
+    def named(self) -> dict[str, str]:
+        """The members to name as excluded from the round (member -> why)."""
+        out = dict(self.excluded)
+        for m, (count, first) in self.opposed.items():
+            if m not in out and 2 * count >= self.steps:
+                out[m] = f"{first} (pointed away in {count} of {self.steps} steps)"
+        return out

@@ -67,6 +67,7 @@ class Combined:
 
     update: np.ndarray
     excluded: dict[str, str] = field(default_factory=dict)
+    opposed: frozenset[str] = frozenset()  # those of ``excluded`` left out by the direction check alone
 
 
 class Aggregator(Protocol):
@@ -80,14 +81,15 @@ class Aggregator(Protocol):
 
 
 def screen(step: Step, norms: list[float],
-           rows: np.ndarray | None = None) -> tuple[tuple[int, ...], dict[str, str]]:
+           rows: np.ndarray | None = None) -> tuple[tuple[int, ...], dict[str, str], frozenset[str]]:
     """The screening of a step (PROTOCOL.md section 7.1): the norm screen of
     :func:`federation.robust.screen`, then, when the members' ``rows`` are at hand, the direction
-    check (:func:`federation.robust.opposed`). -> (ranks kept, member -> why excluded). Raises
-    :class:`AllExcluded` when nobody is kept."""
+    check (:func:`federation.robust.opposed`). -> (ranks kept, member -> why excluded, the members
+    excluded by the direction check). Raises :class:`AllExcluded` when nobody is kept."""
     s = robust.screen(norms, list(step.contributors), step.outlier_factor)
     excluded = dict(s.excluded)
     kept = s.kept
+    opposed: dict[int, str] = {}
     if rows is not None and step.outlier_factor > 0:
         opposed = robust.opposed(rows, kept, DIRECTION_NORM_FACTOR, DIRECTION_MAX_COSINE)
         excluded.update(opposed)
@@ -95,7 +97,8 @@ def screen(step: Step, norms: list[float],
     if not kept:
         raise AllExcluded(f"round {step.round_id} step {step.step}: every update was excluded "
                           f"({', '.join(step.group[j] for j in excluded)})")
-    return kept, {step.group[j]: why for j, why in sorted(excluded.items())}
+    return (kept, {step.group[j]: why for j, why in sorted(excluded.items())},
+            frozenset(step.group[j] for j in opposed))
 
 
 def sum_rows(rows: np.ndarray, which: Any, count: int) -> np.ndarray:

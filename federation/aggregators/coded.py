@@ -36,8 +36,8 @@ class CodedMean:
             rows = exchange_checked(step, update if step.contributors[step.rank] else np.zeros_like(update))
             norms = [float(np.linalg.norm(r.astype(np.float64))) if np.isfinite(r).all() else float("nan")
                      for r in rows]
-            kept, excluded = screen(step, norms, rows)
-            return Combined(sum_rows(rows, kept, len(kept)), excluded)
+            kept, excluded, opposed = screen(step, norms, rows)
+            return Combined(sum_rows(rows, kept, len(kept)), excluded, opposed)
         n, contributors = len(step.group), sum(step.contributors)
         if (n - 1) * 4 * update.size > DIRECT_MAX_BYTES:
             return Combined(ring_mean(step, update, n / contributors))

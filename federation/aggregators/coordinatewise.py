@@ -24,5 +24,5 @@ def coordinatewise(step: Step, update: np.ndarray, method: robust.Aggregation) -
     rows = out[:, 1:]
     norms = [float(np.linalg.norm(rows[j].astype(np.float64))) if out[j, 0] == 1.0 else float("nan")
              for j in range(len(step.group))]
-    kept, excluded = screen(step, norms, rows)
-    return Combined(robust.aggregate(rows[list(kept)], method, robust.TRIM_FRACTION), excluded)
+    kept, excluded, opposed = screen(step, norms, rows)
+    return Combined(robust.aggregate(rows[list(kept)], method, robust.TRIM_FRACTION), excluded, opposed)

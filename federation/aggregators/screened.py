@@ -26,12 +26,14 @@ class ScreenedMean:
         row = robust.chunk_norms(update, n) if step.contributors[k] else np.zeros(n, np.float32)
         kept: list[int] = []
         excluded: dict[str, str] = {}
+        opposed: set[str] = set()
 
         def decide(claims: np.ndarray, rows: np.ndarray | None) -> tuple[np.ndarray, bool]:
             # Every member gets the same rows (each straight from its sender) and decides alike.
-            s_kept, s_excluded = screen(step, robust.norms_from_claims(claims), rows)
+            s_kept, s_excluded, s_opposed = screen(step, robust.norms_from_claims(claims), rows)
             kept.extend(s_kept)
             excluded.update(s_excluded)
+            opposed.update(s_opposed)
             bounds = claims.astype(np.float64)
             for j in range(n):
                 if j not in s_kept:
@@ -41,4 +43,5 @@ class ScreenedMean:
         avg = np.asarray(step.collective.allreduce(update, group=step.members, tag=step.tag, op="mean",
                                                    timeout=step.timeout, compression=step.compression,
                                                    screen=(row, decide)), np.float32)
-        return Combined(avg * np.float32(n / len(kept)) if len(kept) != n else avg, excluded)
+        return Combined(avg * np.float32(n / len(kept)) if len(kept) != n else avg, excluded,
+                        frozenset(opposed))

@@ -73,7 +73,8 @@ def test_a_member_sending_its_gradient_times_minus_4_is_excluded_and_named(digit
     # 4 x its norm is often within the norm screen's 10 x the median: the direction catches it
     assert any("away from the other members' median" in c["lq1"] for c in screenings)
     assert {v[2] for v in out.values()} == {1} and len({v[1] for v in out.values()}) == 1  # committed
-    assert all(list(v[0]) == ["lq1"] and v[0]["lq1"].startswith("step 0: ") for v in out.values()), out
+    # named by every member: it pointed away in most steps (not a skewed honest member's odd step)
+    assert all(list(v[0]) == ["lq1"] and "pointed away in" in v[0]["lq1"] for v in out.values()), out
 
 
 @pytest.mark.parametrize("aggregation", ["mean", "median"])
