@@ -32,10 +32,10 @@ def screenings(monkeypatch):
     real = base.screen
 
     def spy(step, norms, rows=None):
-        kept, excluded = real(step, norms, rows)
+        kept, excluded, opposed = real(step, norms, rows)
         with lock:
             calls.append(dict(excluded))
-        return kept, excluded
+        return kept, excluded, opposed
 
     for module in (screened, coordinatewise):
         monkeypatch.setattr(module, "screen", spy)
