@@ -51,16 +51,15 @@ from edgenode.faults import NO_FAULTS, Faults, Point
 from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
 from edgenode.ports import Collective, StepRunner, Trainer
 from edgenode.store import Samples
-from federation import robust
+from federation.aggregators import Step, aggregator_for
 from federation.bounds import (
     OUTLIER_FACTOR_DEFAULT,
     SYNC_GAP_OF_PARAMS,
     SYNC_GAP_OF_UPDATE,
     UPDATE_NORM_FACTOR,
 )
-from federation.errors import RoundAborted, UpdateRejected
+from federation.errors import AllExcluded, RoundAborted
 from federation.messages import Compression, RoundCommand, SyncMode
-from federation.ring import DIRECT_MAX_BYTES
 from federation.robust import Aggregation
 from federation.roundspec import RoundDefaults, resolve
 
@@ -83,7 +82,7 @@ class RoundPlan:
     compression: Compression = Compression.NONE
     step_timeout_s: float = 30.0
     start_sha256: str | None = None  # the fleet's start-version decision (federation/startversion.py)
-    aggregation: Aggregation = Aggregation.MEAN  # federation/robust.py
+    aggregation: Aggregation = Aggregation.MEAN  # federation/aggregators/
     outlier_factor: float = OUTLIER_FACTOR_DEFAULT  # 0 = no outlier screening
 
     @classmethod
@@ -246,7 +245,7 @@ def train_steps(plan: RoundPlan, *, node_id: str, trainer: Trainer, params: list
     and tells its peers. Deterministic for equal inputs (the swarm compares parameter hashes).
     """
     group = list(plan.group)
-    reducer = _Reducer(plan, node_id, group, ring, contributors)
+    reducer = _Combiner(plan, node_id, group, ring, contributors)
     sampler = BatchSampler(samples, int(trainer.batch), rng) if len(samples) else None
     losses: list[float] = []
     state = trainer.init_state(params)
@@ -268,7 +267,7 @@ def train_steps(plan: RoundPlan, *, node_id: str, trainer: Trainer, params: list
         losses.append(loss)
         if on_step is not None:
             on_step(step, loss)
-    return params, losses, dict(reducer.excluded)
+    return params, losses, reducer.named()
 
 
 def _prepare_and_vote(plan: RoundPlan, node_id: str, group: list[str], model: ModelHolder,
@@ -412,7 +411,7 @@ _Step = tuple[float, list[np.ndarray], list[np.ndarray]]
 
 
 def _gradient_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
-                   sampler: BatchSampler | None, reducer: _Reducer, step: int) -> _Step:
+                   sampler: BatchSampler | None, reducer: _Combiner, step: int) -> _Step:
     if sampler is not None:
         x, y = _batch_xy(trainer, sampler)
         loss, grads = trainer.loss_and_grad(params, x, y)
@@ -425,7 +424,7 @@ def _gradient_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], 
 
 
 def _local_sgd_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray], state: list[np.ndarray],
-                    sampler: BatchSampler | None, reducer: _Reducer, step: int,
+                    sampler: BatchSampler | None, reducer: _Combiner, step: int,
                     abort: threading.Event | None = None) -> _Step:
     start = flatten(params)
     losses = []
@@ -445,123 +444,48 @@ def _local_sgd_step(plan: RoundPlan, trainer: Trainer, params: list[np.ndarray],
     return (float(np.mean(losses)) if losses else float("nan")), new, state
 
 
-class _Reducer:
-    """Combines one step's updates of all members (federation/robust.py): screening of outliers
-    and non-finite updates, then the mean (ring allreduce with checked norm claims) or a robust
-    coordinate-wise aggregate (all-gather). Every member gets the same bits and the same
-    exclusions; ``excluded`` collects who was left out (and why) over the round."""
+class _Combiner:
+    """This round's aggregator (``federation.aggregators``, picked by the round's settings) applied
+    step after step; ``excluded`` collects who was left out (and why) over the round.
+
+    A member left out by the direction check alone is named only when that happened in at least
+    half of the round's steps (:meth:`named`): an honest member on skewed data can look like a
+    flipped one now and then (PROTOCOL.md section 7.1), an insider does so step after step. Its
+    update is left out of those steps either way."""
 
     def __init__(self, plan: RoundPlan, node_id: str, group: list[str], ring: Collective,
                  contributors: list[bool]) -> None:
         self.plan, self.node_id, self.group, self.ring = plan, node_id, group, ring
-        self.contributors = contributors  # members with samples (the others send zeros)
-        self.k = group.index(node_id)
+        self.contributors = tuple(contributors)  # members with samples (the others send zeros)
+        self.aggregator = aggregator_for(plan)
         self.excluded: dict[str, str] = {}
+        self.opposed: dict[str, tuple[int, str]] = {}  # member -> (steps, first reason)
+        self.steps = 0
 
     def reduce(self, update: np.ndarray, step: int) -> np.ndarray:
-        update = np.asarray(update, np.float32)
-        if self.plan.aggregation != Aggregation.MEAN:
-            return self._robust(update, step)
-        if self.plan.outlier_factor > 0:
-            if self.plan.compression in (Compression.NONE, Compression.FP16):
-                return self._screened_mean(update, step)
-            return self._screened_exchange(update, step)
-        # No screening: a non-finite update aborts the call, as the ring does for any NaN/Inf.
-        n, kept = len(self.group), sum(self.contributors)
-        if (self.plan.compression in (Compression.INT8, Compression.TOPK)
-                and (n - 1) * 4 * update.size <= DIRECT_MAX_BYTES):
-            return self._coded_mean(update, step, kept)
-        return self._mean(update, step, None, n / kept)
-
-    def _coded_mean(self, update: np.ndarray, step: int, kept: int) -> np.ndarray:
-        """An unscreened int8/top-k step of a vector small enough for the direct path: the coded
-        exchange (one hop; around the ring it takes 2 (n - 1), measured 2.1x slower for
-        digits-mlp on 4 nodes) and the sum of every row in group order, over the contributors.
-        A non-finite row fails the step naming its sender, as the ring's check would; every member
-        holds the same rows, so all fail alike."""
-        rows = self._rows(update, step)
-        for j, r in enumerate(rows):
-            if not np.isfinite(r).all():
-                raise UpdateRejected(f"round {self.plan.round_id!r} step {step}: the update from "
-                                     f"{self.group[j]} is not finite", member=self.group[j],
-                                     hint="that member's update diverged")
-        return self._sum(rows, range(len(rows)), kept)
-
-    def _rows(self, row: np.ndarray, step: int) -> np.ndarray:
-        return np.asarray(self.ring.exchange(row, group=self.group, tag=f"{self.plan.round_id}/{step}",
-                                             timeout=self.plan.step_timeout_s,
-                                             compression=self.plan.compression), np.float32)
-
-    @staticmethod
-    def _sum(rows: np.ndarray, which: Any, count: int) -> np.ndarray:
-        acc = np.zeros(rows.shape[1], np.float32)
-        for j in which:  # ascending, i.e. group order on every member: the same bits everywhere
-            acc += rows[j]
-        return acc / np.float32(count)
-
-    def _mean(self, update: np.ndarray, step: int, claims: np.ndarray | None, scale: float) -> np.ndarray:
-        avg = np.asarray(self.ring.allreduce(update, group=self.group, tag=f"{self.plan.round_id}/{step}",
-                                             op="mean", timeout=self.plan.step_timeout_s,
-                                             compression=self.plan.compression, claims=claims), np.float32)
-        return avg * np.float32(scale) if scale != 1.0 else avg
-
-    def _screened_mean(self, update: np.ndarray, step: int) -> np.ndarray:
-        n, k = len(self.group), self.k
-        row = robust.chunk_norms(update, n) if self.contributors[k] else np.zeros(n, np.float32)
-        kept: list[int] = []
-
-        def decide(claims: np.ndarray) -> tuple[np.ndarray, bool]:
-            # Every member gets the same rows (each straight from its sender) and decides alike.
-            s = self._screen(robust.norms_from_claims(claims), step)
-            kept.extend(s.kept)
-            bounds = claims.astype(np.float64)
-            for j in range(n):
-                if j not in s.kept:
-                    bounds[j] = 0.0  # excluded members and members without samples send zeros
-            return bounds, k in s.kept
-
-        avg = np.asarray(self.ring.allreduce(update, group=self.group, tag=f"{self.plan.round_id}/{step}",
-                                             op="mean", timeout=self.plan.step_timeout_s,
-                                             compression=self.plan.compression, screen=(row, decide)),
-                         np.float32)
-        return avg * np.float32(n / len(kept)) if len(kept) != n else avg
-
-    def _screened_exchange(self, update: np.ndarray, step: int) -> np.ndarray:
-        """Screening with a codec that has error feedback (int8, top-k). No claim bounds such a
-        frame (what a member sends includes its residual of earlier steps, and the ring
-        re-encodes partial sums), so the members exchange their encoded rows directly (one hop,
-        each row encoded once, ``ring.exchange(compression=...)``) and every member screens the
-        decoded rows' own norms, as on the direct path: no lie about a norm is possible. The
-        result is the mean of the rows kept, summed in group order (the same bits everywhere).
-        Bytes per member and step: ``(n - 1) x`` the encoded row (int8: ~L bytes per peer)."""
-        rows = self._rows(update if self.contributors[self.k] else np.zeros_like(update), step)
-        norms = [float(np.linalg.norm(r.astype(np.float64))) if np.isfinite(r).all() else float("nan")
-                 for r in rows]
-        s = self._screen(norms, step)
-        return self._sum(rows, s.kept, len(s.kept))
-
-    def _robust(self, update: np.ndarray, step: int) -> np.ndarray:
-        ok = self.contributors[self.k] and bool(np.isfinite(update).all())
-        row = np.zeros(update.size + 1, np.float32)  # [1 = finite, the update]; zeros = nothing to add
-        if ok:
-            row[0], row[1:] = 1.0, update
-        out = np.asarray(self.ring.exchange(row, group=self.group, tag=f"{self.plan.round_id}/{step}",
-                                            timeout=self.plan.step_timeout_s), np.float32)
-        rows = out[:, 1:]
-        norms = [float(np.linalg.norm(rows[j].astype(np.float64))) if out[j, 0] == 1.0 else float("nan")
-                 for j in range(len(self.group))]
-        s = self._screen(norms, step)
-        return robust.aggregate(rows[list(s.kept)], self.plan.aggregation, robust.TRIM_FRACTION)
-
-    def _screen(self, norms: list[float], step: int) -> robust.Screening:
-        s = robust.screen(norms, self.contributors, self.plan.outlier_factor)
-        for j, why in s.excluded.items():
-            m = self.group[j]
-            if m not in self.excluded:
-                log.warning("%s: round %s step %d: excluding %s's update (%s)", self.node_id,
-                            self.plan.round_id, step, m, why)
+        p = self.plan
+        at = Step(self.ring, self.node_id, tuple(self.group), self.contributors, p.round_id, step,
+                  p.step_timeout_s, p.compression, p.outlier_factor)
+        try:
+            out = self.aggregator.combine(at, np.asarray(update, np.float32))
+        except AllExcluded as exc:
+            raise RoundFailed(str(exc)) from exc
+        self.steps += 1
+        for m, why in out.excluded.items():
+            if m not in self.excluded and m not in self.opposed:
+                log.warning("%s: round %s step %d: excluding %s's update (%s)", self.node_id, p.round_id,
+                            step, m, why)
+            if m in out.opposed:
+                count, first = self.opposed.get(m, (0, f"step {step}: {why}"))
+                self.opposed[m] = (count + 1, first)
+            elif m not in self.excluded:
                 self.excluded[m] = f"step {step}: {why}"
-        if not s.kept:
-            raise RoundFailed(f"round {self.plan.round_id} step {step}: every update was excluded "
-                              f"({', '.join(self.group[j] for j in s.excluded)})")
-        return s
+        return out.update
+
+    def named(self) -> dict[str, str]:
+        """The members to name as excluded from the round (member -> why)."""
+        out = dict(self.excluded)
+        for m, (count, first) in self.opposed.items():
+            if m not in out and 2 * count >= self.steps:
+                out[m] = f"{first} (pointed away in {count} of {self.steps} steps)"
+        return out

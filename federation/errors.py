@@ -5,6 +5,7 @@
     ├── FrameError          bad version, checksum mismatch, malformed frame (message rejected)
     ├── RoundAborted        deadline passed, member died, update rejected (reason names the member)
     ├── UpdateRejected      NaN/Inf or over-norm update (a RoundAborted)
+    ├── AllExcluded         a screened step excluded every member's update (nobody to blame)
     └── RetriesExhausted    a frame stayed unacknowledged after ``max_retransmits`` (a RoundAborted)
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from fractal import FractalError
 
 __all__ = ["FederationError", "TransportError", "FrameError", "RoundAborted", "UpdateRejected",
-           "RetriesExhausted"]
+           "AllExcluded", "RetriesExhausted"]
 
 
 class FederationError(FractalError):
@@ -36,6 +37,10 @@ class RoundAborted(FederationError):
 
 class UpdateRejected(RoundAborted):
     pass
+
+
+class AllExcluded(FederationError):
+    """Screening left no update to combine in a step (every member excluded)."""
 
 
 class RetriesExhausted(RoundAborted):

@@ -49,21 +49,8 @@ Reliability rules (see :mod:`federation.session`)
 * Ranks, chunks and parts are all derived from ``sorted(group)``, the vector length (equal on
   every member; a mismatch aborts), the codec, ``max_payload`` and ``topk_ratio``.
 
-Direct path (small F32 vectors)
-* When the whole vector, sent to every peer, is at most ``direct_max_bytes`` per member
-  (``(n - 1) * 4 * L``; default ``DIRECT_MAX_BYTES``), the allreduce skips the ring: every member
-  sends its own (checked, clipped) vector to every peer (phase EXCHANGE, step 1, chunk = its rank,
-  F32 parts) and sums the n rows itself in ``sorted(group)`` order, so the result is still
-  bit-identical everywhere. One hop instead of ``2 (n - 1)``: a small vector's allreduce is bound
-  by per-frame latency, not bytes (``(n - 1) L`` floats sent instead of ``2 (n - 1) L / n``).
-* Same START, DRAIN, deadline and ABORT rules as the ring. Checks are per member rather than
-  per partial sum: a row with NaN/Inf, or longer in any ring chunk than its sender claimed
-  (``claims=``), is rejected naming its sender. With ``screen=`` no claims travel: every member
-  has every row, so ``decide`` gets the rows' own chunk norms (``robust.chunk_norms``, what an
-  honest member claims) and the chunks it bounds to 0 count as zeros: one hop per step, not two,
-  and no norm to lie about.
-* The choice depends only on ``n``, ``L``, the codec and ``direct_max_bytes``: every member of a
-  swarm makes the same one (a member that differs breaks the schedule and the round aborts).
+Direct path (small F32 vectors): see :mod:`federation.direct` (the choice is
+:meth:`RingAllreduce.algorithm`).
 
 Broadcast (``broadcast(vec_or_None, root=..., group=..., tag=...)``)
 * Chain along the ring from the root: hop ``d`` is rank ``(root + d) % n``; each hop receives
@@ -75,128 +62,34 @@ Broadcast (``broadcast(vec_or_None, root=..., group=..., tag=...)``)
 
 from __future__ import annotations
 
-import enum
-import logging
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
 from federation import compression as comp
-from federation import robust
+from federation import direct, robust
 from federation import schedule as sch
 from federation.checks import all_finite, check_finite, clip_l2
-from federation.errors import RoundAborted, TransportError, UpdateRejected
+from federation.collective import (
+    CollectiveBase,
+    Feedback,
+    ReduceOp,
+    Screen,
+    as_vector,
+    ordered_group,
+    violation,
+)
+from federation.direct import DIRECT_MAX_BYTES, DirectRun
+from federation.errors import RoundAborted, UpdateRejected
 from federation.framing import Codec, Frame, FrameKind, Phase, encode
 from federation.messages import Compression
-from federation.session import Call, Endpoint
-from federation.stats import Stats
+from federation.session import Call
 from federation.transport import Transport
-
-log = logging.getLogger("fractal.federation.ring")
 
 __all__ = ["RingAllreduce", "ReduceOp", "Screen", "DIRECT_MAX_BYTES"]
 
-# An F32 allreduce whose direct exchange sends at most this many bytes per member goes direct
-# (one hop) instead of around the ring (2 (n - 1) hops): docs/benchmarks-history.md, "Direct path".
-DIRECT_MAX_BYTES = 256 * 1024
 
-# (this member's claim row, decide(all rows) -> (claims to check, whether to send our vector))
-Screen = tuple[np.ndarray, Callable[[np.ndarray], tuple[np.ndarray, bool]]]
-
-
-class ReduceOp(enum.StrEnum):
-    SUM = "sum"
-    MEAN = "mean"
-
-
-@dataclass
-class _Feedback:
-    key: tuple
-    residual: np.ndarray
-
-
-def as_vector(vec: object) -> np.ndarray:
-    """A contiguous 1-D float32 array (copy only if needed); ValueError otherwise."""
-    a = np.asarray(vec)
-    if a.ndim != 1:
-        raise ValueError(f"allreduce takes a 1-D vector, got shape {a.shape}: flatten it first")
-    if a.dtype != np.float32:
-        if not np.issubdtype(a.dtype, np.number):
-            raise ValueError(f"allreduce takes float32 numbers, got dtype {a.dtype}")
-        a = a.astype(np.float32)
-    return np.ascontiguousarray(a)
-
-
-def ordered_group(group: list[str], me: str) -> list[str]:
-    """``sorted(group)``, validated: unique ids, ``me`` included."""
-    members = sorted(group)
-    if len(set(members)) != len(members):
-        raise ValueError(f"group has duplicate members: {members}")
-    if me not in members:
-        raise ValueError(f"{me!r} is not in the group {members}")
-    return members
-
-
-class _Collective:
-    """What the ring and the star share: one reliable :class:`Endpoint` on a transport, stats,
-    the error-feedback state of compressed rounds, and close/context-manager plumbing."""
-
-    def __init__(self, transport: Transport, *, swarm: str = "default", max_in_flight: int = 16,
-                 retransmit_after: float = 1.0, topk_ratio: float = 0.01, max_early_tags: int = 4,
-                 max_retransmits: int = 100) -> None:
-        self.endpoint = Endpoint(transport, swarm=swarm, max_in_flight=max_in_flight,
-                                 retransmit_after=retransmit_after, max_early_tags=max_early_tags,
-                                 max_retransmits=max_retransmits)
-        self.member_id: str = transport.member_id
-        self.swarm = swarm
-        self.max_payload: int = int(transport.max_payload)
-        self.topk_ratio = topk_ratio
-        self._feedback: _Feedback | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def stats(self) -> Stats:
-        return self.endpoint.stats
-
-    @property
-    def feedback_residual(self) -> np.ndarray | None:
-        """A copy of this member's error-feedback residual (INT8 / TOPK rounds), or None."""
-        return None if self._feedback is None else self._feedback.residual.copy()
-
-    def reset_feedback(self) -> None:
-        """Forget error-feedback residuals (e.g. after the parameters were replaced)."""
-        self._feedback = None
-
-    def cancel(self, reason: str) -> bool:
-        """Fail the collective this member is blocked in right now (if any), e.g. when the fleet
-        aborts the round: its peers get ABORT frames. Returns whether one was running."""
-        return self.endpoint.cancel(reason)
-
-    def abort(self, tag: str, peers: list[str], reason: str) -> None:
-        """Void the collective ``tag`` at once: the session sends ABORT to every peer, so members
-        blocked in (or about to start) that collective stop now instead of at their deadline.
-        Best effort: a peer that misses it still times out on its own."""
-        try:
-            with self.endpoint.call(tag, [p for p in peers if p != self.member_id], 1.0):
-                raise RoundAborted(reason)
-        except (RoundAborted, TransportError, RuntimeError, ValueError) as exc:
-            log.debug("abort of %s: %s", tag, exc)
-
-    def close(self) -> None:
-        """Stop the receive thread and close the transport."""
-        self.endpoint.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class RingAllreduce(_Collective):
+class RingAllreduce(CollectiveBase):
     """Ring allreduce and ring broadcast for one member (see the module docstring).
 
     ``transport.max_payload`` bounds every frame; all members of a swarm must use the same
@@ -218,14 +111,6 @@ class RingAllreduce(_Collective):
             raise ValueError(f"direct_max_bytes must be an int >= 0, got {direct_max_bytes!r}")
         self.direct_max_bytes = direct_max_bytes
         self.linger = bool(linger)
-
-    def _finish(self, call: Call) -> None:
-        """End an all-to-all call: every peer needs our row to finish it, so its ACK need not be
-        waited for (``linger``)."""
-        if self.linger:
-            call.linger()
-        else:
-            call.drain()
 
     def algorithm(self, n: int, size: int, compression: Compression | str = Compression.NONE) -> str:
         """``"direct"`` or ``"ring"``: how an allreduce of ``size`` floats over ``n`` members runs
@@ -253,13 +138,13 @@ class RingAllreduce(_Collective):
 
         ``screen = (claim, decide)``: the claims are exchanged inside this call first (one hop,
         phase EXCHANGE, chunk = the sender's rank): ``claim`` is this member's row (n floats), and
-        ``decide(rows)`` (n x n, the same bits on every member) returns ``(claims, send)``: the
-        claims to check (as above) and whether this member contributes its ``vec`` (else zeros).
-        One call instead of an exchange and an allreduce: one set-up and one drain per step.
-        On the direct path (small F32 vectors) no claims travel: ``decide`` gets
-        ``robust.chunk_norms`` of every member's actual vector (so ``claim`` must be that of
-        ``vec``, or zeros for a member that sends zeros) and the chunks it bounds to 0 count as
-        zeros.
+        ``decide(rows, None)`` (rows n x n, the same bits on every member) returns
+        ``(claims, send)``: the claims to check (as above) and whether this member contributes its
+        ``vec`` (else zeros). One call instead of an exchange and an allreduce: one set-up and one
+        drain per step. On the direct path (small F32 vectors) no claims travel: ``decide(rows,
+        vectors)`` gets ``robust.chunk_norms`` of every member's actual vector (so ``claim`` must
+        be that of ``vec``, or zeros for a member that sends zeros) and the ``(n, L)`` vectors
+        themselves (e.g. for a direction check); the chunks it bounds to 0 count as zeros.
 
         Raises :class:`RoundAborted` (deadline, dead member, peer abort) or
         :class:`UpdateRejected` (NaN/Inf or a broken claim, naming the sender); on either nothing
@@ -281,9 +166,11 @@ class RingAllreduce(_Collective):
             raise ValueError(f"unknown algorithm {algorithm!r} (auto, ring or direct)")
         elif algorithm == "direct" and codec != Codec.F32:
             raise ValueError(f"the direct path sends float32 only, not {codec.name}")
-        run = _DirectRun if algorithm == "direct" else _RingRun
         with self._lock:
-            return run(self, x, members, tag, op, timeout, codec, clip_norm, claims, screen).run()
+            if algorithm == "direct":
+                return DirectRun(self, x, members, tag, op, timeout, codec, clip_norm, claims, screen,
+                                 linger=self.linger).run()
+            return _RingRun(self, x, members, tag, op, timeout, codec, clip_norm, claims, screen).run()
 
     # -- exchange ----------------------------------------------------------------------------
     def exchange(self, vec: np.ndarray, *, group: list[str], tag: str, timeout: float = 30.0,
@@ -305,83 +192,7 @@ class RingAllreduce(_Collective):
         members = ordered_group(group, self.member_id)
         codec = comp.codec_for(compression)
         with self._lock:
-            if codec == Codec.F32:
-                return self._exchange(x, members, tag, timeout)
-            return self._exchange_coded(x, members, tag, timeout, codec)
-
-    def _exchange(self, x: np.ndarray, members: list[str], tag: str, timeout: float) -> np.ndarray:
-        with self.endpoint.call(tag, [m for m in members if m != self.member_id], timeout) as call:
-            out = self._gather_rows(call, x, members, 0)
-            self._finish(call)
-        return out
-
-    def _exchange_coded(self, x: np.ndarray, members: list[str], tag: str, timeout: float,
-                        codec: Codec) -> np.ndarray:
-        key = (tuple(members), "exchange", codec, x.size, self.topk_ratio)
-        fb = self._feedback
-        residual = (fb.residual.copy() if fb is not None and fb.key == key
-                    else np.zeros(x.size, np.float32)) if codec in comp.FEEDBACK_CODECS else None
-        parts = sch.part_bounds(0, x.size, comp.per_part(codec, self.max_payload, self.topk_ratio),
-                                at_least_one=True)
-        if all_finite(x):
-            pieces = [comp.encode(codec, x[a:b], None if residual is None else residual[a:b],
-                                  topk_ratio=self.topk_ratio) for a, b in parts]
-        else:  # carried as non-finite (int8 would zero it); the residual is left as it was
-            pieces = [comp.encode_nonfinite(codec, b - a) for a, b in parts]
-        with self.endpoint.call(tag, [m for m in members if m != self.member_id], timeout) as call:
-            out = self._gather_rows(call, x, members, 0, codec=codec, pieces=pieces)
-            self._finish(call)
-        if residual is not None:
-            self._feedback = _Feedback(key, residual)
-        return out
-
-    def _gather_rows(self, call: Call, x: np.ndarray, members: list[str], step: int,
-                     stash: list[Frame] | None = None, *, codec: Codec = Codec.F32,
-                     pieces: list[list] | None = None) -> np.ndarray:
-        """Send ``x`` to every peer (phase EXCHANGE, ``step``, chunk = our rank) and receive
-        theirs: the ``(n, L)`` rows in ``members`` order (frames in ``stash`` are taken first).
-        With ``pieces`` (one list of encoded payload pieces per part, see :meth:`exchange`) those
-        go out instead, with ``codec``, and every row is the decoded one, ours too."""
-        n, me, size = len(members), self.member_id, x.size
-        rank = members.index(me)
-        per = comp.per_part(codec, self.max_payload, self.topk_ratio)
-        parts = sch.part_bounds(0, size, per, at_least_one=True)
-        out = np.empty((n, size), np.float32)
-        if pieces is None:
-            out[rank] = x
-        else:
-            for p, (a, b) in enumerate(parts):
-                out[rank, a:b] = comp.decode(codec, comp.join_pieces(pieces[p]), b - a)
-        for dst in members:
-            if dst != me:
-                for p in range(len(parts)):
-                    call.queue(dst, (Phase.EXCHANGE, step, rank, p),
-                               self._exchange_builder(call.tag, step, rank, p, parts, x, codec, pieces))
-        pending = {(j, p) for j in range(n) if j != rank for p in range(len(parts))}
-        while pending:
-            fr = stash.pop(0) if stash else call.wait(lambda: [members[j] for j, _ in sorted(pending)])
-            if fr is None:
-                continue
-            j = members.index(fr.sender) if fr.sender in members else -1
-            if (fr.phase != Phase.EXCHANGE or fr.codec != codec or fr.step != step or fr.chunk != j
-                    or fr.total != size or fr.nparts != len(parts) or (j, fr.part) not in pending
-                    or (fr.offset, fr.offset + fr.count) != parts[fr.part]):
-                _violation(fr, "unexpected exchange frame")
-            a, b = parts[fr.part]
-            out[j, a:b] = comp.decode(codec, fr.payload, b - a)
-            pending.discard((j, fr.part))
-        return out
-
-    def _exchange_builder(self, tag: str, step: int, rank: int, part: int, parts: list[tuple[int, int]],
-                          x: np.ndarray, codec: Codec = Codec.F32, pieces: list[list] | None = None):
-        a, b = parts[part]
-        payload = [x[a:b]] if pieces is None else pieces[part]
-
-        def build() -> bytes:
-            return encode(FrameKind.DATA, Phase.EXCHANGE, swarm=self.swarm, tag=tag, sender=self.member_id,
-                          codec=codec, step=step, chunk=rank, part=part, nparts=len(parts), offset=a,
-                          count=b - a, total=x.size, payload=payload, **self.endpoint.frame_kw)
-        return build
+            return direct.exchange(self, x, members, tag, timeout, codec, self.linger)
 
     # -- broadcast ---------------------------------------------------------------------------
     def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
@@ -429,7 +240,7 @@ class RingAllreduce(_Collective):
                     continue
                 if (fr.phase != Phase.BROADCAST or fr.sender != pred or fr.step != hop - 1
                         or fr.codec != Codec.F32):
-                    _violation(fr, "unexpected broadcast frame")
+                    violation(fr, "unexpected broadcast frame")
                 if result is None:
                     result = np.empty(fr.total, np.float32)
                     parts = sch.part_bounds(0, fr.total, per, at_least_one=True)
@@ -437,7 +248,7 @@ class RingAllreduce(_Collective):
                 assert pending is not None
                 if (fr.total != result.size or fr.nparts != len(parts) or fr.part not in pending
                         or (fr.offset, fr.offset + fr.count) != parts[fr.part]):
-                    _violation(fr, "broadcast part layout mismatch (same max_payload everywhere?)")
+                    violation(fr, "broadcast part layout mismatch (same max_payload everywhere?)")
                 a, b = parts[fr.part]
                 result[a:b] = comp.decode(Codec.F32, fr.payload, b - a)
                 pending.discard(fr.part)
@@ -457,13 +268,6 @@ class RingAllreduce(_Collective):
                           count=b - a, total=total, payload=pieces, **self.endpoint.frame_kw)
         return build
 
-
-def _violation(fr: Frame, what: str) -> None:
-    raise RoundAborted(
-        f"{what}: {fr.phase.name} step {fr.step} chunk {fr.chunk} part {fr.part}/{fr.nparts} "
-        f"[{fr.offset}+{fr.count} of {fr.total}] codec {fr.codec.name} from {fr.sender}",
-        member=fr.sender, hint="every member must run the same release with the same max_payload",
-    )
 
 
 class _RingRun:
@@ -581,7 +385,7 @@ class _RingRun:
                 self._exchange(call)
             call.drain()
         if self.residual is not None:
-            self.eng._feedback = _Feedback((tuple(self.members), self.op, self.codec, self.L,
+            self.eng._feedback = Feedback((tuple(self.members), self.op, self.codec, self.L,
                                             self.eng.topk_ratio), self.residual)
         return self.result
 
@@ -612,10 +416,10 @@ class _RingRun:
             j = self.members.index(fr.sender) if fr.sender in self.members else -1
             if (j not in pending or fr.chunk != j or fr.codec != Codec.F32 or fr.step != 0
                     or fr.total != n or fr.count != n or fr.nparts != 1):
-                _violation(fr, "unexpected claim frame")
+                violation(fr, "unexpected claim frame")
             rows[j] = comp.decode(Codec.F32, fr.payload, n)
             pending.discard(j)
-        claims, send = decide(rows)
+        claims, send = decide(rows, None)
         self.claims = np.asarray(claims, np.float64).reshape(n, n)
         if not send:
             self.x = np.zeros_like(self.x)
@@ -634,12 +438,12 @@ class _RingRun:
             k = (fr.phase, fr.step, fr.part)
             if (k not in pending or fr.sender != self.pred or fr.codec != self.codec or fr.total != self.L
                     or fr.step >= n - 1):
-                _violation(fr, "unexpected allreduce frame")
+                violation(fr, "unexpected allreduce frame")
             t = (self.rs if fr.phase == Phase.REDUCE_SCATTER else self.ag)[fr.step]
             parts = self.parts[t.recv_chunk]
             span = (fr.offset, fr.offset + fr.count)
             if fr.chunk != t.recv_chunk or fr.nparts != len(parts) or parts[fr.part] != span:
-                _violation(fr, "allreduce part layout mismatch (same max_payload and topk_ratio everywhere?)")
+                violation(fr, "allreduce part layout mismatch (same max_payload and topk_ratio everywhere?)")
             a, b = parts[fr.part]
             vals = comp.decode(self.codec, fr.payload, b - a)
             if not all_finite(vals):
@@ -660,66 +464,3 @@ class _RingRun:
                 self.result[a:b] = vals
                 if fr.step < last:
                     self._queue_ag(call, fr.step + 1, fr.part, fr.payload)
-
-
-class _DirectRun(_RingRun):
-    """One allreduce as a direct exchange ("Direct path" in the module docstring): the checks,
-    clipping and drain of :class:`_RingRun` without its claims exchange; every row travels
-    straight from its sender, so ``decide`` gets the chunk norms of the rows themselves."""
-
-    def run(self) -> np.ndarray:
-        n, peers = self.n, [m for m in self.members if m != self.me]
-        with self.eng.endpoint.call(self.tag, peers, self.timeout) as call:
-            if self.screen is None:
-                check_finite(self.x, member=self.me)
-            x = self.x
-            if self.clip_norm is not None and all_finite(x):  # a non-finite one is screened out below
-                x, _ = clip_l2(x, self.clip_norm)
-            rows = self.eng._gather_rows(call, np.ascontiguousarray(x, np.float32), self.members, 1)
-            if self.screen is not None:
-                self._screen_rows(rows)
-            for j, m in enumerate(self.members):
-                if not all_finite(rows[j]):
-                    raise UpdateRejected(f"round {self.tag!r}: data from {m} is not finite", member=m,
-                                         hint="that member's update diverged")
-            if self.claims is not None:
-                self._check_rows(rows)
-            acc = rows[0].copy()
-            for j in range(1, n):  # in sorted(group) order on every member: bit-identical sums
-                acc += rows[j]
-            if self.op == ReduceOp.MEAN:
-                np.divide(acc, np.float32(n), out=acc)
-            if not all_finite(acc):
-                raise RoundAborted(f"round {self.tag!r}: the reduced sum overflowed float32 on {self.me}",
-                                   member=self.me, hint="scale the updates down or enable clip_norm")
-            self.result = acc
-            self.eng._finish(call)
-        return self.result
-
-    def _screen_rows(self, rows: np.ndarray) -> None:
-        """``decide`` on the rows' own chunk norms (what honest members claim); the chunks it
-        bounds to 0 (excluded members, members without samples) count as zeros."""
-        assert self.screen is not None
-        n = self.n
-        claims = np.stack([robust.chunk_norms(rows[j], n) for j in range(n)])
-        bounds, _ = self.screen[1](claims)
-        bounds = np.asarray(bounds, np.float64).reshape(n, n)
-        for c, (a, b) in enumerate(sch.chunk_bounds(n, self.L)):
-            for j in range(n):
-                if bounds[j, c] == 0:
-                    rows[j, a:b] = 0.0
-
-    def _check_rows(self, rows: np.ndarray) -> None:
-        """Each member's own vector, chunk by chunk, can be no longer than it claimed (our own
-        row too: a member that breaks its claim fails like its peers, not only by their ABORT)."""
-        assert self.claims is not None
-        tol = robust.claims_tolerance(self.n, False)
-        for j, m in enumerate(self.members):
-            norms = robust.chunk_norms(rows[j], self.n)  # as its sender computes its claims
-            over = np.flatnonzero(norms > self.claims[j] * tol)
-            if over.size:
-                c = int(over[0])
-                raise UpdateRejected(
-                    f"round {self.tag!r}: the update from {m} has norm {norms[c]:.3g} in chunk {c}, "
-                    f"above the {self.claims[j, c] * tol:.3g} it claimed", member=m,
-                    hint="that member lied about its update norm (or sent an excluded update)")

@@ -49,6 +49,7 @@ __all__ = [
     "claims_tolerance",
     "TRIM_FRACTION",
     "norms_from_claims",
+    "opposed",
 ]
 
 NON_FINITE = -1.0  # a claimed chunk norm that says "my update is not finite" (norms are >= 0)
@@ -137,6 +138,34 @@ def aggregate(rows: np.ndarray, method: Aggregation | str, trim_fraction: float 
         k = (m - 1) // 2
     s = np.sort(rows, axis=0)
     return s[k:m - k].mean(axis=0, dtype=np.float64).astype(np.float32)
+
+
+def opposed(rows: np.ndarray, kept: tuple[int, ...] | list[int], factor: float,
+            cosine: float = 0.0) -> dict[int, str]:
+    """The direction check: which of the ``kept`` rows pull against the others, i.e. point away
+    from the coordinate-wise median of the *other* kept rows (cosine similarity below ``cosine``;
+    its own row is left out of its reference, which it would otherwise drag along) with a norm
+    above ``factor`` x the median of the kept rows' norms (rank -> why). An opposed update gets a
+    tighter norm bound than an aligned one (the outlier factor): a gradient x -4 stays under
+    10 x the median norm but is caught here, while an honest member on non-IID data, whose update
+    can point away from the others', does so with an ordinary norm. Needs 3 or more kept rows
+    (with 2 there is no majority to point with); a zero row or reference judges nobody."""
+    if len(kept) < 3:
+        return {}
+    sub = np.asarray(rows, np.float32)[list(kept)].astype(np.float64)
+    norms = [math.sqrt(float(np.dot(r, r))) for r in sub]
+    typical = float(np.median(norms))
+    out = {}
+    for i, k in enumerate(kept):
+        if not norms[i] > factor * typical:
+            continue  # an ordinary norm: whatever its direction, not an amplified pull
+        ref = np.median(np.delete(sub, i, axis=0), axis=0)
+        m = math.sqrt(float(np.dot(ref, ref)))
+        cos = float(np.dot(sub[i], ref)) / (norms[i] * m) if m > 0 else 0.0
+        if cos < cosine:
+            out[k] = (f"update points away from the other members' median (cosine {cos:.2f}) with "
+                      f"norm {norms[i]:.3g} > {factor:g} x median {typical:.3g}")
+    return out
 
 
 TRIM_FRACTION = 0.2  # trimmed_mean drops this share (at least one) of the values at each end

@@ -20,16 +20,16 @@ import numpy as np
 from federation import compression as comp
 from federation import schedule as sch
 from federation.checks import all_finite, check_finite, clip_l2
+from federation.collective import CollectiveBase, Feedback, ReduceOp, as_vector, ordered_group, violation
 from federation.errors import RoundAborted, UpdateRejected
 from federation.framing import Codec, FrameKind, Phase, encode
 from federation.messages import Compression
-from federation.ring import ReduceOp, _Collective, _Feedback, _violation, as_vector, ordered_group
 from federation.session import Call
 
 __all__ = ["StarAllreduce"]
 
 
-class StarAllreduce(_Collective):
+class StarAllreduce(CollectiveBase):
     """Same ``allreduce`` API as the ring; the coordinator is ``sorted(group)[0]``."""
 
     def allreduce(self, vec: np.ndarray, *, group: list[str], tag: str, op: ReduceOp | str = "mean",
@@ -68,7 +68,7 @@ class _StarRun:
         if (fr.phase != phase or (phase == Phase.SCATTER and fr.sender != sender) or fr.codec != self.codec
                 or fr.total != self.L or fr.nparts != len(self.parts)
                 or self.parts[fr.part] != (fr.offset, fr.offset + fr.count)):
-            _violation(fr, "unexpected star frame (same vector length and max_payload everywhere?)")
+            violation(fr, "unexpected star frame (same vector length and max_payload everywhere?)")
         a, b = self.parts[fr.part]
         return a, b
 
@@ -92,7 +92,7 @@ class _StarRun:
                 self._member(call)
             call.drain()
         if self.residual is not None:
-            self.eng._feedback = _Feedback(key, self.residual)
+            self.eng._feedback = Feedback(key, self.residual)
         return self.result
 
     def _gather_frame(self, p: int) -> bytes:
@@ -126,7 +126,7 @@ class _StarRun:
                 continue
             a, b = self._check(fr, Phase.GATHER, fr.sender)
             if fr.sender not in missing.get(fr.part, ()):
-                _violation(fr, "unexpected star frame")
+                violation(fr, "unexpected star frame")
             vals = comp.decode(self.codec, fr.payload, b - a)
             if not all_finite(vals):
                 raise UpdateRejected(f"round {self.tag!r}: update from {fr.sender} is not finite",

@@ -128,7 +128,7 @@ def _screen_for(members, me, vec, factor=10.0):
     """What a node passes as ``screen``: its claim row and the shared decision rule."""
     n = len(members)
 
-    def decide(rows):
+    def decide(rows, vectors):
         s = robust.screen(robust.norms_from_claims(rows), [True] * n, factor)
         bounds = rows.astype(np.float64)
         for j in range(n):
