@@ -56,7 +56,8 @@ def _measure(models: list[str], work: Path, threads: int, seconds: float) -> lis
         f32 = ort.InferenceSession(str(work / f"{name}.onnx"), so, providers=["CPUExecutionProvider"])
         q8 = ort.InferenceSession(str(work / f"{name}.int8.onnx"), so, providers=["CPUExecutionProvider"])
         art = load_artifact(work / f"{name}-int8")
-        fns = {"ort_f32_us": lambda s=f32, x=x: s.run(None, x), "ort_int8_us": lambda s=q8, x=x: s.run(None, x),
+        fns = {"ort_f32_us": lambda s=f32, x=x: s.run(None, x),
+               "ort_int8_us": lambda s=q8, x=x: s.run(None, x),
                "tvm_int8_us": lambda a=art, x=x: a.infer(x)}
         us: dict[str, list[float]] = {k: [] for k in fns}
         for _ in range(3):
