@@ -110,3 +110,28 @@ def test_runner_threads_flag(conv_c: tuple, tmp_path: Path) -> None:
         p = subprocess.run([str(out / RUNNER_NAME), "--threads", bad, "main", str(ind), str(tmp_path)],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and p.stderr.startswith("error: --threads"), (bad, p.stderr)
+
+
+@pytest.mark.slow
+def test_riscv64_runner_threads_under_qemu(conv_c: tuple, tmp_path: Path) -> None:
+    """Board images run the same runtime: the riscv64 runner on 1, 2 and 4 threads under
+    qemu-user gives the same bytes, and the x86_64 build's outputs to float rounding."""
+    from compiler.emulate import runner_command
+
+    host_out, params, x = conv_c
+    out = compile_model(host_out.parent / "conv.onnx", target="riscv64", out_dir=tmp_path / "rv",
+                        progress=False)
+    ind = tmp_path / "in"
+    ind.mkdir()
+    for i, a in enumerate([x, *params]):
+        np.save(ind / f"{i}.npy", a)
+    res = []
+    for n in ("1", "2", "4"):
+        od = tmp_path / f"out{n}"
+        od.mkdir()
+        cmd = [*runner_command(out / RUNNER_NAME, "riscv64"), "--threads", n, "main", str(ind), str(od)]
+        subprocess.run(cmd, check=True, timeout=120, capture_output=True)
+        res.append(np.load(od / "0.npy"))
+    assert all(r.tobytes() == res[0].tobytes() for r in res)
+    host = CLibrary(host_out / LIB_NAME).call("main", [x, *params])[0]
+    assert np.abs(res[0] - host).max() <= 1e-4 * max(1.0, float(np.abs(host).max()))
