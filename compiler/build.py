@@ -47,6 +47,7 @@ __all__ = ["compile_model", "tune_model", "TuneBudget", "TrainSettings", "build_
 INFER_LIB = "infer.so"
 TRAIN_LIB = "train.so"
 PARAMS_FILE = "params.npz"
+QUANT_FILE = "model.int8.onnx"  # the QDQ model a --quantize compile built (onnxruntime's reference)
 C_TRAIN_PREFIX = "train-"  # the C route's training library and runner: train-libmodel.so, train-fractal-run
 INFER_FUNC = "main"
 
@@ -207,7 +208,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                   tune: bool = False, trials: int | None = 64, db_dir: str | Path | None = None,
                   train: TrainSettings | None = None, progress: bool = True,
                   default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None,
-                  prepack: bool = True, time_budget: float | None = None, rpc: str | None = None) -> Path:
+                  prepack: bool = True, time_budget: float | None = None, rpc: str | None = None,
+                  quantize: str | None = None, calibration: str | Path | None = None) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
 
     Without ``tune`` the inference kernels get :mod:`compiler.schedules`' default CPU schedules
@@ -218,6 +220,9 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     ``input_shapes``: input name -> dims (``--shape``) fixing dynamic dimensions; -1 leaves one dynamic.
     Tuning budget: ``trials`` (total, an equal share per task) and/or ``time_budget`` seconds;
     ``rpc`` "HOST:PORT": measure on the board's RPC server (any preset of the board's arch).
+    ``quantize="int8"`` with ``calibration`` (an .npz of input samples): the float model is
+    quantized first (static post-training, QDQ, :mod:`compiler.quantize`) and the QDQ model is
+    compiled; it is kept in the artifact as ``QUANT_FILE`` (the reference onnxruntime runs).
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
     """
@@ -238,8 +243,25 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
         linker_for(preset)  # fail fast on a missing cross compiler, before minutes of work
     onnx_path = Path(onnx_path)
     out_dir = Path(out_dir)
-    model = load_onnx(onnx_path)
     name = name or onnx_path.stem
+    src_onnx = onnx_path  # the manifest names the model given, the artifact also keeps the QDQ one
+    quant_dir, quant_steps = None, []
+    if quantize is not None or calibration is not None:
+        from compiler import quantize as _quant
+
+        if quantize not in _quant.MODES or calibration is None:
+            raise CompilerError(f"--quantize {quantize} --calibration {calibration}: both are needed, "
+                                f"the mode one of {', '.join(_quant.MODES)}",
+                                hint="--quantize int8 --calibration SAMPLES.npz")
+        if train is not None:
+            raise CompilerError("--quantize builds an int8 inference artifact; training stays float",
+                                hint="compile the training artifact without --quantize")
+        quant_dir = tempfile.TemporaryDirectory(prefix="fractal-quant-")
+        _say(progress, f"quantizing {onnx_path.name} to int8 (calibration: {Path(calibration).name})")
+        qpath, n_cal = _quant.quantize_int8(onnx_path, calibration, Path(quant_dir.name) / QUANT_FILE)
+        quant_steps = [f"quantize_int8(qdq, per-channel weights, {n_cal} calibration samples)"]
+        onnx_path = qpath
+    model = load_onnx(onnx_path)
     _say(progress, f"importing {onnx_path.name} for {preset.name}")
     imported = import_model(model, shapes=input_shapes)
     if imported.prepared_steps:
@@ -312,11 +334,14 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
         arrays = {param_key(i): p for i, p in enumerate(imported.params)}
         np.savez(tmp / PARAMS_FILE, **arrays)  # type: ignore[arg-type]  # (numpy stubs: **kwds vs allow_pickle)
         files.append(PARAMS_FILE)
+        if quant_dir is not None:
+            shutil.copy2(onnx_path, tmp / QUANT_FILE)
+            files.append(QUANT_FILE)
         manifest = Manifest(
             name=name,
             created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            onnx_file=onnx_path.name,
-            onnx_sha256=file_sha256(onnx_path),
+            onnx_file=src_onnx.name,
+            onnx_sha256=file_sha256(src_onnx),
             tvm_version=tvm.__version__,
             target=TargetInfo(preset.name, preset.arch, dict(preset.target), preset.cross_compiler,
                               preset.description),
@@ -332,7 +357,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             training=training,
             compile_seconds=round(time.perf_counter() - t0, 3),
             compiled_shapes={s.name: tuple(s.shape) for s in imported.inputs},
-            prepared_steps=tuple(imported.prepared_steps),
+            prepared_steps=(*quant_steps, *imported.prepared_steps),
             batched=imported.batched,
         )
         manifest.write(tmp)
@@ -340,5 +365,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if quant_dir is not None:
+            quant_dir.cleanup()
     _say(progress, f"wrote {out_dir} in {time.perf_counter() - t0:.1f}s")
     return out_dir

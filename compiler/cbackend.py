@@ -8,7 +8,7 @@ are compiled by TVM's LLVM backend for the preset's own target dict into one obj
 plain C function, generated here, that places the planned buffers in one caller-provided
 workspace and calls the kernels in order through their packed ``__tvm_ffi_<name>`` ABI with
 DLTensor pointers. The small runtime in ``compiler/cruntime`` supplies what kernels call
-(error parts, workspace allocation, serial parallel-launch). No TVM runtime, no C++, no
+(error parts, workspace allocation, a pthreads pool for parallel loops). No TVM runtime, no C++, no
 serialized executable: the same sources build with any C compiler for any board.
 
 Outputs (per build, cached by the hash of every input under ``.cache/cbackend``):
@@ -462,7 +462,7 @@ def build_native(entry_c: str, kernels_o: Path, arch: str, cflags: tuple[str, ..
 
     t0 = time.perf_counter()
     cc = c_compiler_for(arch)
-    flags = ["-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-fPIC", *cflags]
+    flags = ["-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-fPIC", "-pthread", *cflags]
     h = hashlib.sha256()
     for part in (cc, " ".join(flags), entry_c):
         h.update(part.encode() + b"\0")

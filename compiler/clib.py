@@ -109,6 +109,22 @@ class CLibrary:
     def signature(self, name: str) -> CSignature:
         return self._get(name)[1]
 
+    @property
+    def threads(self) -> int:
+        """Threads the library's parallel loops run on (1 for libraries built before the pool)."""
+        get = getattr(self._lib, "fr_get_num_threads", None)
+        return int(get()) if get is not None else 1
+
+    def set_threads(self, n: int) -> int:
+        """Run parallel loops on ``n`` threads (0: the default, see fractal_rt.h); the count now in
+        force. Process-wide for this library; outputs do not depend on it (bit-identical)."""
+        fn = getattr(self._lib, "fr_set_num_threads", None)
+        if fn is None:
+            return 1
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_int]
+        return int(fn(int(n)))
+
     def _get(self, name: str) -> tuple[_Func, CSignature]:
         try:
             return self.functions[name]

@@ -37,6 +37,10 @@ def compile_cmd(
     batch: int = typer.Option(32, "--batch", help="Training batch size."),
     shape: list[str] = typer.Option([], "--shape", help="Fix an input's dims: NAME=D0,D1,... (repeatable; "
                                     "? keeps the batch dynamic). See `fractal inspect`."),
+    quantize: str | None = typer.Option(None, "--quantize", help="int8: quantize the float model first "
+                                        "(static post-training, QDQ, per-channel weights; --calibration)."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="With --quantize: .npz of input "
+                                            "samples, one [N, ...] float32 array per input, named so."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
     """Compile an ONNX model for a board into an artifact directory (manifest + libraries)."""
@@ -56,7 +60,7 @@ def compile_cmd(
     out_dir = compile_model(model, target=target, out_dir=out, name=name, tune=tune,
                             trials=default_trials(trials, time_budget), time_budget=time_budget, rpc=rpc,
                             db_dir=db, train=settings, progress=not quiet, input_shapes=shapes,
-                            prepack=not no_prepack)
+                            prepack=not no_prepack, quantize=quantize, calibration=calibration)
     typer.echo(str(out_dir))
 
 

@@ -1,8 +1,10 @@
 /* fractal-run: run one function of an ahead-of-time compiled model on .npy files.
  *
  *   fractal-run --list                 one line per function: name, inputs and outputs
- *   fractal-run FUNC IN_DIR OUT_DIR    read IN_DIR/0.npy .. IN_DIR/<n_in-1>.npy (the function's
- *                                      flattened inputs, in order), write OUT_DIR/0.npy ..
+ *   fractal-run [--threads N] FUNC IN_DIR OUT_DIR
+ *                                      read IN_DIR/0.npy .. IN_DIR/<n_in-1>.npy (the function's
+ *                                      flattened inputs, in order), write OUT_DIR/0.npy ..;
+ *                                      N threads run parallel loops (default: see fractal_rt.h)
  *
  * Files are NumPy .npy (format 1.0 to 3.0 read, 1.0 written): little-endian, C order, exactly
  * the dtype and shape the function was compiled for, and exactly as many data bytes as that
@@ -321,8 +323,19 @@ int main(int argc, char** argv) {
     for (int32_t i = 0; i < fr_num_functions(); ++i) print_sig(fr_get_function(i));
     return 0;
   }
+  if (argc == 6 && strcmp(argv[1], "--threads") == 0) {
+    char* end;
+    long n = strtol(argv[2], &end, 10);
+    if (*argv[2] == 0 || *end != 0 || n < 1 || n > FR_MAX_THREADS) {
+      fprintf(stderr, "error: --threads takes a count in [1, %d], got '%s'\n", FR_MAX_THREADS, argv[2]);
+      return 2;
+    }
+    fr_set_num_threads((int)n);
+    argv += 2;
+    argc -= 2;
+  }
   if (argc != 4) {
-    fprintf(stderr, "usage: %s --list | FUNC IN_DIR OUT_DIR\n", argv[0]);
+    fprintf(stderr, "usage: %s --list | [--threads N] FUNC IN_DIR OUT_DIR\n", argv[0]);
     return 2;
   }
   const fr_function* fn = NULL;

@@ -1,0 +1,127 @@
+"""Static post-training int8 quantization of a float ONNX model (``fractal compile --quantize int8
+--calibration DATA.npz``), by onnxruntime's ``quantization.quantize_static``.
+
+The result is a QDQ model (QuantizeLinear / DequantizeLinear pairs around each quantized op):
+int8 activations (asymmetric, MinMax-calibrated on the calibration samples) and int8 weights
+(symmetric, per output channel). The float graph is first run through onnxruntime's
+``quant_pre_process`` (shape inference and graph optimization: BatchNorm folded into the
+convolutions) so the quantized ops are the ones that do the work.
+
+Calibration data: an ``.npz`` with one array per model input, named as the input (a model with
+one input also takes an ``.npz`` holding a single array under any name), each
+``[N, *input_shape[1:]]`` float32 samples: the samples are fed in batches of the model's batch
+size (N at least that size; a remainder is left out).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import InputError, ModelError
+
+__all__ = ["MODES", "load_calibration", "quantize_int8"]
+
+MODES = ("int8",)
+
+
+def _graph_inputs(model: Any) -> list[tuple[str, list[int]]]:
+    inits = {i.name for i in model.graph.initializer}
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in vi.type.tensor_type.shape.dim]
+        out.append((vi.name, dims))
+    return out
+
+
+def load_calibration(path: str | Path, model: Any) -> list[dict[str, np.ndarray]]:
+    """The calibration batches for ``model`` from the ``.npz`` at ``path``; InputError naming the
+    problem when the file does not fit the model."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"calibration file {str(path)!r} not found",
+                         hint="pass an .npz written with numpy.savez(path, INPUT_NAME=samples)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path.name} is not a readable .npz file ({exc})",
+                         hint="write it with numpy.savez(path, INPUT_NAME=samples)") from None
+    inputs = _graph_inputs(model)
+    if len(inputs) == 1 and len(arrays) == 1 and inputs[0][0] not in arrays:
+        arrays = {inputs[0][0]: next(iter(arrays.values()))}
+    missing = [n for n, _ in inputs if n not in arrays]
+    if missing:
+        raise InputError(f"{path.name} has no samples for the model input(s) {', '.join(missing)}",
+                         hint=f"it has: {', '.join(arrays) or 'nothing'}; name each array as its input")
+    counts = set()
+    for name, dims in inputs:
+        a = arrays[name]
+        if a.dtype != np.float32:
+            raise InputError(f"{path.name}: {name} is {a.dtype}, the model takes float32",
+                             hint="save the samples as float32")
+        if a.ndim != len(dims) or any(d > 0 and d != s for d, s in zip(dims[1:], a.shape[1:], strict=True)):
+            raise InputError(f"{path.name}: {name} has shape {list(a.shape)}, the model takes "
+                             f"[N, {', '.join(str(d) for d in dims[1:])}]",
+                             hint="stack the samples along the first axis")
+        if not np.isfinite(a).all():
+            raise InputError(f"{path.name}: {name} holds NaN or infinite values", hint="clean the samples")
+        counts.add(a.shape[0])
+    if len(counts) != 1:
+        raise InputError(f"{path.name}: the inputs have different sample counts {sorted(counts)}",
+                         hint="give every input the same number of samples")
+    n = counts.pop()
+    batch = max(1, inputs[0][1][0]) if inputs and inputs[0][1] else 1
+    if n < batch:
+        raise InputError(f"{path.name} holds {n} samples; the model's batch is {batch}",
+                         hint=f"give at least {batch} samples (a few hundred calibrate well)")
+    return [{name: np.ascontiguousarray(arrays[name][i:i + batch]) for name, _ in inputs}
+            for i in range(0, n - batch + 1, batch)]
+
+
+def quantize_int8(model_path: str | Path, calibration: str | Path, out_path: str | Path) -> tuple[Path, int]:
+    """Write the int8 QDQ model of ``model_path``, calibrated on ``calibration``, to ``out_path``.
+
+    Returns (out_path, number of calibration samples)."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    model_path, out_path = Path(model_path), Path(out_path)
+    batches = load_calibration(calibration, onnx.load(str(model_path), load_external_data=False))
+
+    class _Reader(CalibrationDataReader):  # type: ignore[misc]  # (untyped base class)
+        def __init__(self) -> None:
+            self._it = iter(batches)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+    with tempfile.TemporaryDirectory(prefix="fractal-quant-") as tmp:
+        pre = Path(tmp) / "pre.onnx"
+        try:
+            quant_pre_process(str(model_path), str(pre), skip_symbolic_shape=True)
+            quantize_static(str(pre), str(out_path), _Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                            calibrate_method=CalibrationMethod.MinMax,
+                            extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+        except (InputError, ModelError):
+            raise
+        except Exception as exc:
+            raise ModelError(f"onnxruntime could not quantize {model_path.name}: "
+                             f"{' '.join(str(exc).split())[:300]}",
+                             hint="check the model runs in onnxruntime; compile without --quantize") from None
+    n = sum(next(iter(b.values())).shape[0] for b in batches)
+    return out_path, n
