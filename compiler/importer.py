@@ -148,7 +148,10 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int,
                 dims.append(d.dim_value)
         specs.append(TensorSpec(inp.name, tuple(dims), _elem_dtype(inp)))
     leading = {s.name: s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
-    if len(set(leading.values())) > 1:
+    # a rank-0 input (Clip's bounds, a threshold) has no batch dimension to share
+    scalars = {s.name: 0 for s in specs if not s.shape}
+    if len(set(leading.values())) > 1 or scalars:
+        leading.update(scalars)
         shown = ", ".join(f"{k}: {v}" for k, v in leading.items())
         dynamic = [s.name for s in specs if s.shape and s.shape[0] < 0]
         if dynamic:
