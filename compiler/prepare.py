@@ -11,6 +11,8 @@ that changed something (``fractal compile`` prints them).
                          become constants (Shape -> Gather -> Concat -> Reshape chains collapse).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
+6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
+                         result (0 or the sign) instead of LLVM's undefined shift.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from compiler.errors import ModelError
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
-           "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
+           "guard_bitshift", "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
 
 MIN_OPSET = 13  # below this, try onnx.version_converter (TVM's converters are best tested from here)
 FLOOR_OPSET = 7  # below this, the upgrade must succeed
@@ -606,6 +608,65 @@ def decompose_rnn(model: Any) -> bool:
     return True
 
 
+# ---------------------------------------------------------------------------------------------- 6
+def guard_bitshift(model: Any) -> bool:
+    """BitShift by an amount outside [0, bits) (a negative amount counts as a huge unsigned one):
+    ONNX gives 0 (left, or right of an unsigned value) or the sign (right of a signed value);
+    LLVM's shift is undefined there. Clamp the amount to bits - 1 and select 0 where it was out
+    of range (a signed right shift by bits - 1 already gives the sign)."""
+    import onnx
+    from onnx import helper
+
+    g = model.graph
+    if not any(n.op_type == "BitShift" for n in g.node):
+        return False
+    consts = _const_inputs(model)
+    try:
+        typed = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        typed = g
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*typed.input, *typed.value_info, *typed.output]
+             if vi.type.tensor_type.elem_type}
+    types.update({t.name: t.data_type for t in g.initializer})
+    new_nodes = []
+    changed = False
+    for i, node in enumerate(g.node):
+        if node.op_type != "BitShift" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            new_nodes.append(node)
+            continue
+        x, amount = node.input[0], node.input[1]
+        elem = types.get(x) or types.get(amount)
+        if elem is None:
+            raise ModelError(f"BitShift at node {node.name or f'#{i}'!r}: the type of its input is unknown",
+                             hint="run onnx.shape_inference on the model or give its inputs types")
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+        bits = dtype.itemsize * 8
+        known = consts.get(amount)
+        if known is not None and np.all((known >= 0) & (known < bits)):
+            new_nodes.append(node)
+            continue
+        bld = _Builder(model, f"{node.name or 'BitShift'}_{i}")
+        limit = bld.const(np.array(bits, dtype), "bits")
+        out = bld.op("GreaterOrEqual", [amount, limit])
+        if dtype.kind == "i":
+            out = bld.op("Or", [out, bld.op("Less", [amount, bld.const(np.array(0, dtype), "zero")])])
+        safe = bld.op("Where", [out, bld.const(np.array(bits - 1, dtype), "top"), amount])
+        direction = next((a.s.decode() for a in node.attribute if a.name == "direction"), "")
+        shifted = bld.op("BitShift", [x, safe], direction=direction)
+        if direction == "RIGHT" and dtype.kind == "i":
+            bld.op("Identity", [shifted], out=node.output[0])
+        else:
+            bld.op("Where", [out, bld.const(np.array(0, dtype), "zero"), shifted], out=node.output[0])
+        new_nodes.extend(bld.nodes)
+        g.initializer.extend(bld.inits)
+        changed = True
+    if changed:
+        del g.node[:]
+        g.node.extend(new_nodes)
+        del g.value_info[:]
+    return changed
+
+
 # ---------------------------------------------------------------------------------------------- all
 def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
             batch: int | None = None) -> tuple[Any, list[str]]:
@@ -619,6 +680,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
         ("fold_constants", lambda: fold_constants(model)),
         ("decompose_rnn", lambda: decompose_rnn(model)),
+        ("guard_bitshift", lambda: guard_bitshift(model)),
     ]
     changed = []
     for name, step in steps:
