@@ -344,6 +344,12 @@ def _check_constructs(model: Any) -> None:
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     runtime_inputs = {i.name for i in g.input if i.name not in consts}
     types = _value_types(model)
+    for vi in g.output:
+        kind = vi.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            raise ModelError(f"output {vi.name!r} is a {kind.removesuffix('_type')}, not a tensor; only "
+                             "tensor outputs are supported",
+                             hint="return the tensors themselves (e.g. SequenceAt / ConcatFromSequence)")
     for vi in [*g.input, *g.output]:
         if vi.type.tensor_type.elem_type == 16:  # BFLOAT16: numpy and DLPack have no such dtype
             raise ModelError(f"{vi.name!r} is a bfloat16 tensor, which is not supported",

@@ -13,6 +13,8 @@ that changed something (``fractal compile`` prints them).
                          sequence length into MatMul / Add / Mul / activations.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
+7. ``fix_reduce_extremes`` -- float ReduceMax/ReduceMin of a slice of only -inf/+inf gives the
+                         infinity, not TVM's finite initial value (fully masked attention rows).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from compiler.errors import ModelError
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
-           "guard_bitshift", "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
+           "guard_bitshift", "fix_reduce_extremes", "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
 
 MIN_OPSET = 13  # below this, try onnx.version_converter (TVM's converters are best tested from here)
 FLOOR_OPSET = 7  # below this, the upgrade must succeed
@@ -614,20 +616,13 @@ def guard_bitshift(model: Any) -> bool:
     ONNX gives 0 (left, or right of an unsigned value) or the sign (right of a signed value);
     LLVM's shift is undefined there. Clamp the amount to bits - 1 and select 0 where it was out
     of range (a signed right shift by bits - 1 already gives the sign)."""
-    import onnx
     from onnx import helper
 
     g = model.graph
     if not any(n.op_type == "BitShift" for n in g.node):
         return False
     consts = _const_inputs(model)
-    try:
-        typed = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:
-        typed = g
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*typed.input, *typed.value_info, *typed.output]
-             if vi.type.tensor_type.elem_type}
-    types.update({t.name: t.data_type for t in g.initializer})
+    types = _elem_types(model)
     new_nodes = []
     changed = False
     for i, node in enumerate(g.node):
@@ -667,6 +662,58 @@ def guard_bitshift(model: Any) -> bool:
     return changed
 
 
+# ---------------------------------------------------------------------------------------------- 7
+_FLOAT_ELEMS: dict[int, type[np.floating[Any]]] = {1: np.float32, 10: np.float16, 11: np.float64}  # onnx FLOAT, FLOAT16, DOUBLE
+
+
+def _elem_types(model: Any) -> dict[str, int]:
+    import onnx
+
+    try:
+        typed = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        typed = model.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*typed.input, *typed.value_info, *typed.output]
+             if vi.type.tensor_type.elem_type}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return types
+
+
+def fix_reduce_extremes(model: Any) -> bool:
+    """TVM starts a float ReduceMax at the lowest finite value (ReduceMin at the highest), so a
+    slice of only -inf (+inf) gives -3.4e38 (3.4e38) instead of -inf (+inf); attention masks make
+    such rows, and the Equal(max, -inf) guard after them then fails (NaN instead of 0). Map the
+    finite extreme back to the infinity."""
+    g = model.graph
+    if not any(n.op_type in ("ReduceMax", "ReduceMin") for n in g.node):
+        return False
+    types = _elem_types(model)
+    new_nodes = []
+    changed = False
+    for i, node in enumerate(g.node):
+        dtype = _FLOAT_ELEMS.get(types.get(node.input[0], 0)) if node.input else None
+        reduce = node.op_type in ("ReduceMax", "ReduceMin") and node.domain in ("", "ai.onnx")
+        if not reduce or dtype is None:
+            new_nodes.append(node)
+            continue
+        bld = _Builder(model, f"{node.name or node.op_type}_{i}")
+        out = node.output[0]
+        raw = bld.name("raw")
+        node.output[0] = raw
+        info = np.finfo(dtype)
+        finite, inf = (info.min, -np.inf) if node.op_type == "ReduceMax" else (info.max, np.inf)
+        hit = bld.op("Equal", [raw, bld.const(np.array(finite, dtype), "extreme")])
+        bld.op("Where", [hit, bld.const(np.array(inf, dtype), "inf"), raw], out=out)
+        new_nodes.extend([node, *bld.nodes])
+        g.initializer.extend(bld.inits)
+        changed = True
+    if changed:
+        del g.node[:]
+        g.node.extend(new_nodes)
+        del g.value_info[:]
+    return changed
+
+
 # ---------------------------------------------------------------------------------------------- all
 def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
             batch: int | None = None) -> tuple[Any, list[str]]:
@@ -681,6 +728,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("fold_constants", lambda: fold_constants(model)),
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
+        ("fix_reduce_extremes", lambda: fix_reduce_extremes(model)),
     ]
     changed = []
     for name, step in steps:

@@ -69,10 +69,13 @@ def data_root() -> Path:
     return Path(onnx.__file__).parent / "backend" / "test" / "data"
 
 
+NODE_FORMAT = "r2"  # bump when _write_node_cases changes what it writes
+
+
 def node_root() -> Path:
     import onnx
 
-    return CACHE / f"node-{onnx.__version__}"
+    return CACHE / f"node-{onnx.__version__}-{NODE_FORMAT}"
 
 
 def _write_node_cases(root: Path) -> None:
@@ -81,6 +84,7 @@ def _write_node_cases(root: Path) -> None:
     import warnings
 
     import onnx
+    from onnx import numpy_helper
     from onnx.backend.test.case.node import collect_testcases
 
     with warnings.catch_warnings():
@@ -97,6 +101,9 @@ def _write_node_cases(root: Path) -> None:
         model.ir_version = min(model.ir_version, 10)  # onnxruntime refuses newer IR versions
         (d / "model.onnx").write_bytes(model.SerializeToString())
         inputs, outputs = tc.data_sets[0] if tc.data_sets else ([], [])
+        # float8/int4 values come as TensorProtos: numpy arrays of ml_dtypes' types
+        inputs, outputs = ([numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v for v in vs]
+                           for vs in (inputs, outputs))
         (d / "data.pkl").write_bytes(pickle.dumps({"inputs": list(inputs), "outputs": list(outputs),
                                                    "rtol": tc.rtol, "atol": tc.atol}))
         names.append(tc.name)
@@ -200,6 +207,8 @@ def _compare(got: list[Any], want: list[Any], rtol: float = RTOL, atol: float = 
                 return f"output {i}: optional differs"
             continue
         g, w = np.asarray(g), np.asarray(w)
+        if w.dtype.kind not in "biufcO" or g.dtype.kind not in "biufcO":  # float8, int4 (ml_dtypes)
+            g, w = g.astype(np.float64), w.astype(np.float64)
         if g.shape != w.shape:
             return f"output {i} has shape {list(g.shape)}, expected {list(w.shape)}"
         if w.dtype == object or g.dtype == object:
@@ -229,7 +238,7 @@ def run_project(case: Case, work: Path) -> dict[str, Any]:
 
     model = onnx.load(str(case.model))
     feeds, want = load_data(case, model)
-    shapes = {k: list(v.shape) for k, v in feeds.items() if v.ndim > 0}
+    shapes = {k: list(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray) and v.ndim > 0}
     out = work / "artifact"
     t0 = time.perf_counter()
     try:
@@ -333,6 +342,16 @@ def _cache_file(case: Case, version: str) -> Path:
     return CACHE / f"{case_key(case, version)}.json"
 
 
+def _guarded(run: Any, *args: Any) -> dict[str, Any]:
+    """A pipeline's result; an exception the pipeline did not classify (e.g. while preparing the
+    case's inputs) is an error of that pipeline, not the end of the worker."""
+    try:
+        result: dict[str, Any] = run(*args)
+    except Exception as exc:
+        return {"status": "error", "detail": "harness: " + _one_line(exc)}
+    return result
+
+
 def _worker(paths: list[str], version: str) -> None:
     """Child process: run every pipeline on each case; write its cache file as it finishes."""
     by_model = {str(c.model): c for c in cases((*SUITES, NODE))}
@@ -344,10 +363,10 @@ def _worker(paths: list[str], version: str) -> None:
         res: dict[str, Any] = {"case": case.id}
         with tempfile.TemporaryDirectory(prefix="conformance-") as tmp:
             t0 = time.perf_counter()
-            res["project"] = run_project(case, Path(tmp))
+            res["project"] = _guarded(run_project, case, Path(tmp))
             res["project"]["seconds"] = round(time.perf_counter() - t0, 2)
-        res["ort"] = run_ort(case)
-        res["tvm"] = run_tvm(case)
+        res["ort"] = _guarded(run_ort, case)
+        res["tvm"] = _guarded(run_tvm, case)
         dest = _cache_file(case, version)
         tmpf = dest.with_suffix(f".tmp{os.getpid()}")
         tmpf.write_text(json.dumps(res))
