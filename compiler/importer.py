@@ -351,9 +351,11 @@ def _check_constructs(model: Any) -> None:
                              "tensor outputs are supported",
                              hint="return the tensors themselves (e.g. SequenceAt / ConcatFromSequence)")
     for vi in [*g.input, *g.output]:
-        if vi.type.tensor_type.elem_type == 16:  # BFLOAT16: numpy and DLPack have no such dtype
-            raise ModelError(f"{vi.name!r} is a bfloat16 tensor, which is not supported",
-                             hint="export the model in float32 (or float16)")
+        elem = vi.type.tensor_type.elem_type
+        if elem in _NO_DLPACK:  # numpy and DLPack have no such dtypes
+            raise ModelError(f"{vi.name!r} is a {_NO_DLPACK[elem]} tensor, which is not supported as a "
+                             "model input or output",
+                             hint="give the model float32 (or float16, int8) inputs and outputs")
     for idx, node in enumerate(g.node):
         where = f"{node.op_type} at node {node.name or f'#{idx}'!r}"
         for pos in _SHAPE_OPERANDS.get(node.op_type, ()):
@@ -385,6 +387,8 @@ def _attr(node: Any, name: str, default: Any = None) -> Any:
 
 
 _INT_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # onnx TensorProto (U)INT8..64
+_NO_DLPACK = {16: "bfloat16", 17: "float8", 18: "float8", 19: "float8", 20: "float8", 21: "uint4", 22: "int4",
+              23: "float4", 24: "float8", 25: "uint2", 26: "int2"}
 
 
 def _value_types(model: Any) -> dict[str, tuple[int, int]]:

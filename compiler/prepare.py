@@ -13,7 +13,8 @@ that changed something (``fractal compile`` prints them).
                          sequence length into MatMul / Add / Mul / activations.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
-7. ``fix_reduce_extremes`` -- float ReduceMax/ReduceMin of a slice of only -inf/+inf gives the
+7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
+8. ``fix_reduce_extremes`` -- float ReduceMax/ReduceMin of a slice of only -inf/+inf gives the
                          infinity, not TVM's finite initial value (fully masked attention rows).
 """
 
@@ -28,7 +29,8 @@ import numpy as np
 from compiler.errors import ModelError
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
-           "guard_bitshift", "fix_reduce_extremes", "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
+           "guard_bitshift", "fix_reduce_extremes", "promote_float16",
+           "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
 
 MIN_OPSET = 13  # below this, try onnx.version_converter (TVM's converters are best tested from here)
 FLOOR_OPSET = 7  # below this, the upgrade must succeed
@@ -662,8 +664,9 @@ def guard_bitshift(model: Any) -> bool:
     return changed
 
 
-# ---------------------------------------------------------------------------------------------- 7
-_FLOAT_ELEMS: dict[int, type[np.floating[Any]]] = {1: np.float32, 10: np.float16, 11: np.float64}  # onnx FLOAT, FLOAT16, DOUBLE
+# ---------------------------------------------------------------------------------------------- 8
+# onnx FLOAT, FLOAT16, DOUBLE
+_FLOAT_ELEMS: dict[int, type[np.floating[Any]]] = {1: np.float32, 10: np.float16, 11: np.float64}
 
 
 def _elem_types(model: Any) -> dict[str, int]:
@@ -714,6 +717,81 @@ def fix_reduce_extremes(model: Any) -> bool:
     return changed
 
 
+# ---------------------------------------------------------------------------------------------- 7
+_FP16, _FP32 = 10, 1
+_DTYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
+                "RandomNormalLike": "dtype", "RandomUniformLike": "dtype", "Bernoulli": "dtype"}
+
+
+def promote_float16(model: Any) -> bool:
+    """Compute a float16 model in float32: inputs are cast up once, outputs cast back, float16
+    constants widened. TVM computes float16 with a rounding after every operation (x86 has no
+    float16 arithmetic), which drifts past 1e-3 over a softmax or a convolution; onnxruntime's CPU
+    kernels, the reference users compare with, widen too."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    if not _uses_float16(model):
+        return False
+    inits = {t.name for t in g.initializer}
+    rename: dict[str, str] = {}
+    head = []
+    for inp in g.input:
+        if inp.name not in inits and inp.type.tensor_type.elem_type == _FP16:
+            rename[inp.name] = f"{inp.name}/float32"
+            head.append(helper.make_node("Cast", [inp.name], [rename[inp.name]], to=_FP32,
+                                         name=f"promote_{inp.name}"))
+    for node in g.node:
+        for k, name in enumerate(node.input):
+            if name in rename:
+                node.input[k] = rename[name]
+        for a in node.attribute:
+            if a.name == "value" and a.type == 4 and a.t.data_type == _FP16:  # TENSOR attribute
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+            if node.op_type in _DTYPE_ATTRS and a.name == _DTYPE_ATTRS[node.op_type] and a.i == _FP16:
+                a.i = _FP32
+    for k, t in enumerate(g.initializer):
+        if t.data_type == _FP16:
+            widened = numpy_helper.to_array(t).astype(np.float32)
+            g.initializer[k].CopyFrom(numpy_helper.from_array(widened, t.name))
+    for inp in g.input:
+        if inp.name in inits and inp.type.tensor_type.elem_type == _FP16:
+            inp.type.tensor_type.elem_type = _FP32
+    tail = []
+    for out in g.output:
+        if out.type.tensor_type.elem_type != _FP16:
+            continue
+        wide = f"{out.name}/float32"
+        for node in g.node:
+            for k, name in enumerate(node.output):
+                if name == out.name:
+                    node.output[k] = wide
+        source = rename.get(out.name, wide)
+        tail.append(helper.make_node("Cast", [source], [out.name], to=_FP16, name=f"narrow_{out.name}"))
+    nodes = [*head, *g.node, *tail]
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.value_info[:]
+    return True
+
+
+def _uses_float16(model: Any) -> bool:
+    g = model.graph
+    if any(t.data_type == _FP16 for t in g.initializer):
+        return True
+    if any(vi.type.tensor_type.elem_type == _FP16 for vi in [*g.input, *g.output]):
+        return True
+    for node in g.node:
+        for a in node.attribute:
+            if a.type == 5 or a.type == 10:  # a subgraph: not rewritten
+                return False
+        for a in node.attribute:
+            if (a.name == "value" and a.type == 4 and a.t.data_type == _FP16) or \
+                    (node.op_type in _DTYPE_ATTRS and a.name == _DTYPE_ATTRS[node.op_type] and a.i == _FP16):
+                return True
+    return False
+
+
 # ---------------------------------------------------------------------------------------------- all
 def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
             batch: int | None = None) -> tuple[Any, list[str]]:
@@ -728,6 +806,8 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("fold_constants", lambda: fold_constants(model)),
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
+        ("promote_float16", lambda: promote_float16(model)),
+        # after promote_float16: the finite extreme is the computing type's
         ("fix_reduce_extremes", lambda: fix_reduce_extremes(model)),
     ]
     changed = []
