@@ -436,7 +436,9 @@ def totals(res: dict[str, dict[str, Any]]) -> dict[str, int]:
 # ------------------------------------------------------------------------------- node suite report
 # How a result counts in the node-suite table: a refusal is an error from the compiler's error
 # tree (for onnxruntime: any error); anything else that is not pass/wrong is a crash.
-_KIND = {"pass": "pass", "wrong": "wrong", "refused": "refused", "skipped": "refused"}
+# An InputError at inference (the node refuses NaN/inf inputs by design) is a refusal too.
+_KIND = {"pass": "pass", "wrong": "wrong", "refused": "refused", "refused-at-run": "refused",
+         "skipped": "refused"}
 
 
 def kind(status: str, pipeline: str = "project") -> str:
