@@ -216,6 +216,8 @@ NODE_SHARD = 24  # make test: one case in NODE_SHARD by a stable hash of its nam
 # Cases that gave a wrong answer or crashed on b10b7cb (issue 29): always run.
 NODE_GUARD = frozenset("""
 attention_4d_fp16_expanded attention_causal_boolmask_nan_robustness_expanded
+attention_24_qk_matmul_output_mode3_softmax_precision_expanded
+attention_4d_gqa_with_past_and_present_fp16_expanded
 attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded attention_local_window_gqa_rank4_mask_expanded
 batchnorm_example_training_mode batchnorm_epsilon_training_mode
 bitshift_right_int32_shift_ge_width bitshift_left_int32_shift_ge_width
@@ -277,13 +279,12 @@ def test_node_suite() -> None:
         print(f"NEWLY PASSING (add to {NODE_EXPECTED.name}): {new}")
 
 
-def test_node_subset_is_stable() -> None:
-    """The make-test subset is chosen by name only (the same cases on every machine and run) and
-    holds every guarded case."""
+def test_node_subset_and_expected_list() -> None:
+    """The make-test shard takes about one name in NODE_SHARD (a hash, not Python's per-process
+    one), and the committed list of expected passes is well formed."""
     names = [f"test_case_{i}" for i in range(4000)]
     share = sum(_in_shard(n) for n in names) / len(names)
     assert 0.5 / NODE_SHARD < share < 2.0 / NODE_SHARD
-    assert [_in_shard(n) for n in names] == [_in_shard(n) for n in names]
     listed = expected_node_passes()
     assert listed and all(n.startswith("test_") for n in listed)
 
