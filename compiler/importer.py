@@ -371,7 +371,7 @@ def _check_constructs(model: Any) -> None:
                                  hint="use a constant non-negative position")
         if node.op_type == "PRelu" and len(node.input) > 1 and node.input[1] in consts:
             _check_prelu(model, node, where, consts[node.input[1]].shape)
-        refusal = _refusal(node, types)
+        refusal = _refusal(node, types, consts)
         if refusal is not None:
             raise ModelError(f"{where} {refusal[0]}", hint=refusal[1])
 
@@ -409,7 +409,16 @@ def _value_types(model: Any) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _refusal(node: Any, types: dict[str, tuple[int, int]]) -> tuple[str, str] | None:
+def _const_false(consts: dict[str, np.ndarray], name: str) -> bool:
+    return name in consts and not bool(np.any(consts[name]))
+
+
+def _const_zero(consts: dict[str, np.ndarray], name: str) -> bool:
+    return bool(name) and name in consts and bool(np.all(consts[name] == 0))
+
+
+def _refusal(node: Any, types: dict[str, tuple[int, int]],
+             consts: dict[str, np.ndarray]) -> tuple[str, str] | None:
     """(reason, hint) for operators and attributes TVM's frontend imports wrongly or crashes on
     (each found by ONNX's operator suite, see tests/compiler/test_conformance.py), else None."""
     op = node.op_type
@@ -428,6 +437,10 @@ def _refusal(node: Any, types: dict[str, tuple[int, int]]) -> tuple[str, str] | 
     if op == "SpaceToDepth" and _attr(node, "mode", "DCR") != "DCR":
         return ("uses mode 'CRD', which TVM's converter ignores",
                 "use mode 'DCR' or express it with Reshape/Transpose")
+    if op == "Dropout" and len(node.input) > 2 and node.input[2] and \
+            not (_const_false(consts, node.input[2]) or _const_zero(consts, node.input[1])):
+        return ("may run in training mode (random masks), which is not supported",
+                "export the model in inference mode (model.eval() before torch.onnx.export)")
     if op == "NonMaxSuppression":
         return ("has an output whose shape depends on the data, which is not supported",
                 "run box selection outside the model (e.g. in numpy after inference)")
