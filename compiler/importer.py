@@ -452,8 +452,6 @@ def _refusal(node: Any, types: dict[str, tuple[int, int]],
     if op == "RMSNormalization" and _attr(node, "axis", -1) in (0, -types.get(node.input[0], (0, 0))[1]):
         return ("normalizes over every axis (axis 0), which TVM's converter fails on",
                 "normalize over the trailing axes (axis >= 1) or expand it into ReduceMean/Sqrt/Div")
-    if op == "SplitToSequence" and _attr(node, "keepdims", 1) == 0:
-        return ("has keepdims=0, which TVM's converter does not support", "use keepdims=1 and Squeeze")
     if op == "Pow" and types.get(node.input[0], (0, 0))[0] in _INT_TYPES:
         return ("raises an integer tensor to a power, which TVM supports only for floats",
                 "Cast the base to float before Pow")
