@@ -512,10 +512,14 @@ def _timeout(chosen: list[Case]) -> float:
 if __name__ == "__main__":
     workers = int(os.environ.get("CONFORMANCE_WORKERS", "2"))
     if len(sys.argv) >= 2 and sys.argv[1] in ("report", "table", "jsonl"):
-        # report [SUITE...] [FILTER...]: per case; table: per operator (node suite); jsonl OUT: per case file
-        args = sys.argv[2:]
+        # report [SUITE...] [FILTER...]: per case; table: per operator (node suite); jsonl OUT: per
+        # case file
+        # --cached: only the cases with a result for this code version (a partial run's figures)
+        args = [a for a in sys.argv[2:] if a != "--cached"]
         dest = args.pop(0) if sys.argv[1] == "jsonl" else None
         chosen = _select(args)
+        if "--cached" in sys.argv:
+            chosen = [c for c in chosen if _cache_file(c, code_version()).is_file()]
         res = results(chosen, workers=workers, timeout=_timeout(chosen))
         if sys.argv[1] == "table":
             print(node_table(res, [c for c in chosen if c.suite == NODE]))
