@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "conformance"
+CACHE = Path(os.environ.get("CONFORMANCE_CACHE") or ROOT / ".cache" / "conformance")
 SUITES = ("simple", "pytorch-operator", "pytorch-converted", "light")
 NODE = "node"
 RTOL, ATOL = 1e-3, 1e-7  # onnx.backend.test.case.model defaults
