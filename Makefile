@@ -58,11 +58,14 @@ SOAK_MINUTES ?= 5
 soak: install-dev
 	$(BIN)/python -m harness.soak --minutes $(SOAK_MINUTES) --out $(CACHE)/soak-report.json
 
-# Not part of `make test` in full: every ONNX backend test case and every light model-zoo network
-# through the project, onnxruntime and plain TVM (cached in .cache/conformance); prints the table.
+# Not part of `make test` in full: every ONNX backend test case, every light model-zoo network and
+# every case of ONNX's operator (node) suite through the project, onnxruntime and (not for the node
+# suite) plain TVM, cached in .cache/conformance; prints the per-case report and the node suite's
+# table by operator (`make test` runs a stable subset of the node suite).
 conformance: install-dev
 	CONFORMANCE_FULL=1 $(BIN)/pytest -q -s -p no:cacheprovider tests/compiler/test_conformance.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python -m tests.compiler.conformance report
+	PYTHONPATH=$(CURDIR) $(BIN)/python -m tests.compiler.conformance table node
 
 check: install-dev
 	$(BIN)/ruff check fractal compiler federation edgenode api firmware deploy bench harness tests

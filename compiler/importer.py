@@ -148,7 +148,10 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int,
                 dims.append(d.dim_value)
         specs.append(TensorSpec(inp.name, tuple(dims), _elem_dtype(inp)))
     leading = {s.name: s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
-    if len(set(leading.values())) > 1:
+    # a rank-0 input (Clip's bounds, a threshold) has no batch dimension to share
+    scalars = {s.name: 0 for s in specs if not s.shape}
+    if len(set(leading.values())) > 1 or scalars:
+        leading.update(scalars)
         shown = ", ".join(f"{k}: {v}" for k, v in leading.items())
         dynamic = [s.name for s in specs if s.shape and s.shape[0] < 0]
         if dynamic:
@@ -340,6 +343,19 @@ def _check_constructs(model: Any) -> None:
     g = model.graph
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     runtime_inputs = {i.name for i in g.input if i.name not in consts}
+    types = _value_types(model)
+    for vi in g.output:
+        kind = vi.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            raise ModelError(f"output {vi.name!r} is a {kind.removesuffix('_type')}, not a tensor; only "
+                             "tensor outputs are supported",
+                             hint="return the tensors themselves (e.g. SequenceAt / ConcatFromSequence)")
+    for vi in [*g.input, *g.output]:
+        elem = vi.type.tensor_type.elem_type
+        if elem in _NO_DLPACK:  # numpy and DLPack have no such dtypes
+            raise ModelError(f"{vi.name!r} is a {_NO_DLPACK[elem]} tensor, which is not supported as a "
+                             "model input or output",
+                             hint="give the model float32 (or float16, int8) inputs and outputs")
     for idx, node in enumerate(g.node):
         where = f"{node.op_type} at node {node.name or f'#{idx}'!r}"
         for pos in _SHAPE_OPERANDS.get(node.op_type, ()):
@@ -355,6 +371,92 @@ def _check_constructs(model: Any) -> None:
                                  hint="use a constant non-negative position")
         if node.op_type == "PRelu" and len(node.input) > 1 and node.input[1] in consts:
             _check_prelu(model, node, where, consts[node.input[1]].shape)
+        refusal = _refusal(node, types, consts)
+        if refusal is not None:
+            raise ModelError(f"{where} {refusal[0]}", hint=refusal[1])
+
+
+def _attr(node: Any, name: str, default: Any = None) -> Any:
+    import onnx
+
+    for a in node.attribute:
+        if a.name == name:
+            value = onnx.helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+_INT_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # onnx TensorProto (U)INT8..64
+_NO_DLPACK = {16: "bfloat16", 17: "float8", 18: "float8", 19: "float8", 20: "float8", 21: "uint4", 22: "int4",
+              23: "float4", 24: "float8", 25: "uint2", 26: "int2"}
+
+
+def _value_types(model: Any) -> dict[str, tuple[int, int]]:
+    """name -> (ONNX element type, rank or -1) of every value shape inference knows."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    g = inferred.graph
+    out = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        tt = vi.type.tensor_type
+        out[vi.name] = (tt.elem_type, len(tt.shape.dim) if tt.HasField("shape") else -1)
+    for t in g.initializer:
+        out[t.name] = (t.data_type, len(t.dims))
+    return out
+
+
+def _const_false(consts: dict[str, np.ndarray], name: str) -> bool:
+    return name in consts and not bool(np.any(consts[name]))
+
+
+def _const_zero(consts: dict[str, np.ndarray], name: str) -> bool:
+    return bool(name) and name in consts and bool(np.all(consts[name] == 0))
+
+
+def _refusal(node: Any, types: dict[str, tuple[int, int]],
+             consts: dict[str, np.ndarray]) -> tuple[str, str] | None:
+    """(reason, hint) for operators and attributes TVM's frontend imports wrongly or crashes on
+    (each found by ONNX's operator suite, see tests/compiler/test_conformance.py), else None."""
+    op = node.op_type
+    outputs = [o for o in node.output]
+    if op == "LayerNormalization" and any(outputs[1:]):
+        return ("asks for the Mean/InvStdDev outputs, which TVM's converter does not compute",
+                "use only the first output (Y), or compute the statistics with ReduceMean")
+    if op == "BatchNormalization" and _attr(node, "training_mode", 0):
+        return ("is in training mode (batch statistics), which is not supported",
+                "export the model in inference mode (model.eval() before torch.onnx.export)")
+    if op == "ConvTranspose" and _attr(node, "output_shape") is not None:
+        return ("sets output_shape, which TVM's converter ignores",
+                "give the equivalent pads / output_padding instead of output_shape")
+    if op == "RoiAlign" and _attr(node, "mode", "avg") != "avg":
+        return ("uses mode 'max', which TVM's converter computes wrongly", "use mode 'avg'")
+    if op == "SpaceToDepth" and _attr(node, "mode", "DCR") != "DCR":
+        return ("uses mode 'CRD', which TVM's converter ignores",
+                "use mode 'DCR' or express it with Reshape/Transpose")
+    if op == "Dropout" and len(node.input) > 2 and node.input[2] and \
+            not (_const_false(consts, node.input[2]) or _const_zero(consts, node.input[1])):
+        return ("may run in training mode (random masks), which is not supported",
+                "export the model in inference mode (model.eval() before torch.onnx.export)")
+    if op == "NonMaxSuppression":
+        return ("has an output whose shape depends on the data, which is not supported",
+                "run box selection outside the model (e.g. in numpy after inference)")
+    if op in ("Scatter", "ScatterElements"):
+        return ("is not supported (TVM fails to schedule it)", "use ScatterND")
+    if op == "MaxUnpool":
+        return ("is not supported (TVM fails to import or schedule it)",
+                "rewrite it with ScatterND, or keep it outside the model")
+    if op == "RMSNormalization" and _attr(node, "axis", -1) in (0, -types.get(node.input[0], (0, 0))[1]):
+        return ("normalizes over every axis (axis 0), which TVM's converter fails on",
+                "normalize over the trailing axes (axis >= 1) or expand it into ReduceMean/Sqrt/Div")
+    if op == "Pow" and types.get(node.input[0], (0, 0))[0] in _INT_TYPES:
+        return ("raises an integer tensor to a power, which TVM supports only for floats",
+                "Cast the base to float before Pow")
+    return None
+
 
 
 def _check_prelu(model: Any, node: Any, where: str, slope: tuple[int, ...]) -> None:

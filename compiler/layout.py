@@ -40,7 +40,10 @@ def channels_last(mod: Any) -> Any:
     try:
         return transform.Sequential([
             relax.transform.FoldConstant(),  # (ConvertLayout crashes on add(constant, prim value))
-            relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]}),
+            # conv2d_transpose follows its input into NHWC unless told otherwise, and this TVM
+            # cannot legalize an NHWC conv2d_transpose (PaddleOCR's detector stopped compiling)
+            relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"],
+                                           "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}),
             relax.transform.DeadCodeElimination(),
         ])(mod)
     except Exception:  # noqa: BLE001 - TVM's InternalError from layout inference: keep NCHW

@@ -11,6 +11,11 @@ that changed something (``fractal compile`` prints them).
                          become constants (Shape -> Gather -> Concat -> Reshape chains collapse).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
+6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
+                         result (0 or the sign) instead of LLVM's undefined shift.
+7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
+8. ``fix_reduce_extremes`` -- float ReduceMax/ReduceMin of a slice of only -inf/+inf gives the
+                         infinity, not TVM's finite initial value (fully masked attention rows).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 from compiler.errors import ModelError
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
+           "guard_bitshift", "fix_reduce_extremes", "promote_float16",
            "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
 
 MIN_OPSET = 13  # below this, try onnx.version_converter (TVM's converters are best tested from here)
@@ -606,6 +612,186 @@ def decompose_rnn(model: Any) -> bool:
     return True
 
 
+# ---------------------------------------------------------------------------------------------- 6
+def guard_bitshift(model: Any) -> bool:
+    """BitShift by an amount outside [0, bits) (a negative amount counts as a huge unsigned one):
+    ONNX gives 0 (left, or right of an unsigned value) or the sign (right of a signed value);
+    LLVM's shift is undefined there. Clamp the amount to bits - 1 and select 0 where it was out
+    of range (a signed right shift by bits - 1 already gives the sign)."""
+    from onnx import helper
+
+    g = model.graph
+    if not any(n.op_type == "BitShift" for n in g.node):
+        return False
+    consts = _const_inputs(model)
+    types = _elem_types(model)
+    new_nodes = []
+    changed = False
+    for i, node in enumerate(g.node):
+        if node.op_type != "BitShift" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            new_nodes.append(node)
+            continue
+        x, amount = node.input[0], node.input[1]
+        elem = types.get(x) or types.get(amount)
+        if elem is None:
+            raise ModelError(f"BitShift at node {node.name or f'#{i}'!r}: the type of its input is unknown",
+                             hint="run onnx.shape_inference on the model or give its inputs types")
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+        bits = dtype.itemsize * 8
+        known = consts.get(amount)
+        if known is not None and np.all((known >= 0) & (known < bits)):
+            new_nodes.append(node)
+            continue
+        bld = _Builder(model, f"{node.name or 'BitShift'}_{i}")
+        limit = bld.const(np.array(bits, dtype), "bits")
+        out = bld.op("GreaterOrEqual", [amount, limit])
+        if dtype.kind == "i":
+            out = bld.op("Or", [out, bld.op("Less", [amount, bld.const(np.array(0, dtype), "zero")])])
+        safe = bld.op("Where", [out, bld.const(np.array(bits - 1, dtype), "top"), amount])
+        direction = next((a.s.decode() for a in node.attribute if a.name == "direction"), "")
+        shifted = bld.op("BitShift", [x, safe], direction=direction)
+        if direction == "RIGHT" and dtype.kind == "i":
+            bld.op("Identity", [shifted], out=node.output[0])
+        else:
+            bld.op("Where", [out, bld.const(np.array(0, dtype), "zero"), shifted], out=node.output[0])
+        new_nodes.extend(bld.nodes)
+        g.initializer.extend(bld.inits)
+        changed = True
+    if changed:
+        del g.node[:]
+        g.node.extend(new_nodes)
+        del g.value_info[:]
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------- 8
+# onnx FLOAT, FLOAT16, DOUBLE
+_FLOAT_ELEMS: dict[int, type[np.floating[Any]]] = {1: np.float32, 10: np.float16, 11: np.float64}
+
+
+def _elem_types(model: Any) -> dict[str, int]:
+    import onnx
+
+    try:
+        typed = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        typed = model.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*typed.input, *typed.value_info, *typed.output]
+             if vi.type.tensor_type.elem_type}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return types
+
+
+def fix_reduce_extremes(model: Any) -> bool:
+    """TVM starts a float ReduceMax at the lowest finite value (ReduceMin at the highest), so a
+    slice of only -inf (+inf) gives -3.4e38 (3.4e38) instead of -inf (+inf); attention masks make
+    such rows, and the Equal(max, -inf) guard after them then fails (NaN instead of 0). Map the
+    finite extreme back to the infinity."""
+    g = model.graph
+    if not any(n.op_type in ("ReduceMax", "ReduceMin") for n in g.node):
+        return False
+    types = _elem_types(model)
+    new_nodes = []
+    changed = False
+    for i, node in enumerate(g.node):
+        dtype = _FLOAT_ELEMS.get(types.get(node.input[0], 0)) if node.input else None
+        reduce = node.op_type in ("ReduceMax", "ReduceMin") and node.domain in ("", "ai.onnx")
+        if not reduce or dtype is None:
+            new_nodes.append(node)
+            continue
+        bld = _Builder(model, f"{node.name or node.op_type}_{i}")
+        out = node.output[0]
+        raw = bld.name("raw")
+        node.output[0] = raw
+        info = np.finfo(dtype)
+        finite, inf = (info.min, -np.inf) if node.op_type == "ReduceMax" else (info.max, np.inf)
+        hit = bld.op("Equal", [raw, bld.const(np.array(finite, dtype), "extreme")])
+        bld.op("Where", [hit, bld.const(np.array(inf, dtype), "inf"), raw], out=out)
+        new_nodes.extend([node, *bld.nodes])
+        g.initializer.extend(bld.inits)
+        changed = True
+    if changed:
+        del g.node[:]
+        g.node.extend(new_nodes)
+        del g.value_info[:]
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------- 7
+_FP16, _FP32 = 10, 1
+_DTYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
+                "RandomNormalLike": "dtype", "RandomUniformLike": "dtype", "Bernoulli": "dtype"}
+
+
+def promote_float16(model: Any) -> bool:
+    """Compute a float16 model in float32: inputs are cast up once, outputs cast back, float16
+    constants widened. TVM computes float16 with a rounding after every operation (x86 has no
+    float16 arithmetic), which drifts past 1e-3 over a softmax or a convolution; onnxruntime's CPU
+    kernels, the reference users compare with, widen too."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    if not _uses_float16(model):
+        return False
+    inits = {t.name for t in g.initializer}
+    rename: dict[str, str] = {}
+    head = []
+    for inp in g.input:
+        if inp.name not in inits and inp.type.tensor_type.elem_type == _FP16:
+            rename[inp.name] = f"{inp.name}/float32"
+            head.append(helper.make_node("Cast", [inp.name], [rename[inp.name]], to=_FP32,
+                                         name=f"promote_{inp.name}"))
+    for node in g.node:
+        for k, name in enumerate(node.input):
+            if name in rename:
+                node.input[k] = rename[name]
+        for a in node.attribute:
+            if a.name == "value" and a.type == 4 and a.t.data_type == _FP16:  # TENSOR attribute
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+            if node.op_type in _DTYPE_ATTRS and a.name == _DTYPE_ATTRS[node.op_type] and a.i == _FP16:
+                a.i = _FP32
+    for k, t in enumerate(g.initializer):
+        if t.data_type == _FP16:
+            widened = numpy_helper.to_array(t).astype(np.float32)
+            g.initializer[k].CopyFrom(numpy_helper.from_array(widened, t.name))
+    for inp in g.input:
+        if inp.name in inits and inp.type.tensor_type.elem_type == _FP16:
+            inp.type.tensor_type.elem_type = _FP32
+    tail = []
+    for out in g.output:
+        if out.type.tensor_type.elem_type != _FP16:
+            continue
+        wide = f"{out.name}/float32"
+        for node in g.node:
+            for k, name in enumerate(node.output):
+                if name == out.name:
+                    node.output[k] = wide
+        source = rename.get(out.name, wide)
+        tail.append(helper.make_node("Cast", [source], [out.name], to=_FP16, name=f"narrow_{out.name}"))
+    nodes = [*head, *g.node, *tail]
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.value_info[:]
+    return True
+
+
+def _uses_float16(model: Any) -> bool:
+    g = model.graph
+    if any(t.data_type == _FP16 for t in g.initializer):
+        return True
+    if any(vi.type.tensor_type.elem_type == _FP16 for vi in [*g.input, *g.output]):
+        return True
+    for node in g.node:
+        for a in node.attribute:
+            if a.type == 5 or a.type == 10:  # a subgraph: not rewritten
+                return False
+        for a in node.attribute:
+            if (a.name == "value" and a.type == 4 and a.t.data_type == _FP16) or \
+                    (node.op_type in _DTYPE_ATTRS and a.name == _DTYPE_ATTRS[node.op_type] and a.i == _FP16):
+                return True
+    return False
+
+
 # ---------------------------------------------------------------------------------------------- all
 def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
             batch: int | None = None) -> tuple[Any, list[str]]:
@@ -619,6 +805,10 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
         ("fold_constants", lambda: fold_constants(model)),
         ("decompose_rnn", lambda: decompose_rnn(model)),
+        ("guard_bitshift", lambda: guard_bitshift(model)),
+        ("promote_float16", lambda: promote_float16(model)),
+        # after promote_float16: the finite extreme is the computing type's
+        ("fix_reduce_extremes", lambda: fix_reduce_extremes(model)),
     ]
     changed = []
     for name, step in steps:

@@ -307,6 +307,17 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW, tile: tuple[int, int] | N
     return [Safe(r) for r in rules]
 
 
+# an integer division or remainder whose divisor is read from a buffer (TVMScript prints integer
+# Div/truncmod as calls, floor division as // and %; index arithmetic divides by constants)
+_DATA_DIVISOR = re.compile(r"T\.(Div|truncdiv|truncmod)\(|(//|%)\s*\(*\s*(T\.Cast\([^,]*,\s*)?[A-Za-z_]\w*\[")
+
+
+def _divides_by_data(func: Any) -> bool:
+    """Whether ``func`` divides by a value it reads: timed on zero-filled integer inputs it would
+    raise SIGFPE, so such functions keep their rule schedule untimed."""
+    return bool(_DATA_DIVISOR.search(func.script()))
+
+
 def _time_all(funcs: dict[str, Any], target: Any) -> dict[str, float]:
     """Best-of-5 time (us) of each PrimFunc on random inputs, built as one library (one
     LLVM run) and run in this process. Functions that fail to build or run are left out."""
@@ -327,6 +338,8 @@ def _time_all(funcs: dict[str, Any], target: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for name in funcs:
         func = mod[name]
+        if _divides_by_data(func):  # zeros would divide by zero (SIGFPE kills the compiler)
+            continue
         try:
             args = []
             for info in ArgInfo.from_prim_func(func):

@@ -1,5 +1,13 @@
 """ONNX backend test data (shipped in the onnx wheel) through three pipelines, one case at a time.
 
+Suites: the data folders ``simple``, ``pytorch-operator``, ``pytorch-converted`` and ``light``, and
+``node``: ONNX's operator suite (1,884 one-operator cases). The wheel ships no data files for it,
+only the case definitions (``onnx.backend.test.case.node.collect_testcases``); they are written once
+per onnx version under ``.cache/conformance/node-<version>/`` (``model.onnx`` with ``ir_version``
+lowered to 10, which onnxruntime requires, and ``data.pkl``: the first data set and the case's
+tolerances). A node case passes within max(case rtol, 1e-3) and max(case atol, 1e-4); it does not
+run the plain-TVM pipeline.
+
 * ``project``: ``compile_model`` (prepare + TVM, x86_64, untuned, input shapes from the test data)
   -> ``load_artifact`` -> ``infer``. A ``CompilerError`` at compile time is a clean *refusal*.
 * ``ort``:     onnxruntime on the unmodified model (what a user would compare against).
@@ -16,9 +24,11 @@ crash (the process died) | skipped (no test data).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,9 +41,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "conformance"
+CACHE = Path(os.environ.get("CONFORMANCE_CACHE") or ROOT / ".cache" / "conformance")
 SUITES = ("simple", "pytorch-operator", "pytorch-converted", "light")
+NODE = "node"
 RTOL, ATOL = 1e-3, 1e-7  # onnx.backend.test.case.model defaults
+NODE_RTOL, NODE_ATOL = 1e-3, 1e-4  # floors for the node suite (its cases carry their own, often tighter)
 PIPELINES = ("project", "ort", "tvm")
 
 
@@ -42,7 +54,9 @@ class Case:
     suite: str
     name: str
     model: Path
-    data: Path | None  # test_data_set_0 (None for light: dummy inputs, expected output beside the model)
+    # test_data_set_0 (None for light: dummy inputs, expected output beside the model; a data.pkl
+    # file for the node suite)
+    data: Path | None
 
     @property
     def id(self) -> str:
@@ -55,10 +69,69 @@ def data_root() -> Path:
     return Path(onnx.__file__).parent / "backend" / "test" / "data"
 
 
+NODE_FORMAT = "r2"  # bump when _write_node_cases changes what it writes
+
+
+def node_root() -> Path:
+    import onnx
+
+    return CACHE / f"node-{onnx.__version__}-{NODE_FORMAT}"
+
+
+def _write_node_cases(root: Path) -> None:
+    """Materialise the node suite's case definitions as files (once per onnx version)."""
+    import pickle
+    import warnings
+
+    import onnx
+    from onnx import numpy_helper
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = collect_testcases(None)
+    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    names = []
+    for tc in found:
+        d = tmp / tc.name
+        d.mkdir(exist_ok=True)
+        model = onnx.ModelProto()
+        model.CopyFrom(tc.model)
+        model.ir_version = min(model.ir_version, 10)  # onnxruntime refuses newer IR versions
+        (d / "model.onnx").write_bytes(model.SerializeToString())
+        inputs, outputs = tc.data_sets[0] if tc.data_sets else ([], [])
+        # float8/int4 values come as TensorProtos: numpy arrays of ml_dtypes' types
+        inputs, outputs = ([numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v for v in vs]
+                           for vs in (inputs, outputs))
+        (d / "data.pkl").write_bytes(pickle.dumps({"inputs": list(inputs), "outputs": list(outputs),
+                                                   "rtol": tc.rtol, "atol": tc.atol}))
+        names.append(tc.name)
+    (tmp / "index.json").write_text(json.dumps(names))
+    try:
+        tmp.replace(root)
+    except OSError:  # another process won the race
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def node_cases() -> list[Case]:
+    root = node_root()
+    if not (root / "index.json").is_file():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        _write_node_cases(root)
+    names = json.loads((root / "index.json").read_text())
+    return [Case(NODE, n, root / n / "model.onnx", root / n / "data.pkl") for n in names]
+
+
 def cases(suites: tuple[str, ...] = SUITES) -> list[Case]:
     out = []
     root = data_root()
     for suite in suites:
+        if suite == NODE:
+            out.extend(node_cases())
+            continue
         base = root / suite
         if suite == "light":
             for m in sorted(base.glob("light_*.onnx")):
@@ -83,9 +156,27 @@ def _graph_inputs(model: Any) -> list[Any]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def load_data(case: Case, model: Any) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+def node_data(case: Case) -> dict[str, Any]:
+    import pickle
+
+    assert case.data is not None
+    data: dict[str, Any] = pickle.loads(case.data.read_bytes())  # written by _write_node_cases
+    return data
+
+
+def tolerances(case: Case) -> tuple[float, float]:
+    if case.suite != NODE:
+        return RTOL, ATOL
+    d = node_data(case)
+    return max(d["rtol"], NODE_RTOL), max(d["atol"], NODE_ATOL)
+
+
+def load_data(case: Case, model: Any) -> tuple[dict[str, Any], list[Any]]:
     """(inputs by name, expected outputs in order)."""
     ins = _graph_inputs(model)
+    if case.suite == NODE:
+        d = node_data(case)
+        return {x.name: v for x, v in zip(ins, d["inputs"], strict=False)}, d["outputs"]
     if case.data is None:  # light: the runner's dummy data (arange / n), expected output beside the model
         feeds = {}
         for x in ins:
@@ -100,11 +191,24 @@ def load_data(case: Case, model: Any) -> tuple[dict[str, np.ndarray], list[np.nd
     return feeds, [_read_tensor(f) for f in out_files]
 
 
-def _compare(got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
+def _compare(got: list[Any], want: list[Any], rtol: float = RTOL, atol: float = ATOL) -> str | None:
     if len(got) != len(want):
         return f"{len(got)} outputs, expected {len(want)}"
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        g = np.asarray(g)
+        if isinstance(w, list) or isinstance(g, list):  # a sequence output
+            if not isinstance(w, list) or not isinstance(g, list) or len(g) != len(w):
+                return f"output {i}: sequence differs"
+            bad = _compare(g, w, rtol, atol)
+            if bad:
+                return f"output {i}: sequence element {bad}"
+            continue
+        if w is None or g is None:  # an optional output
+            if (w is None) != (g is None):
+                return f"output {i}: optional differs"
+            continue
+        g, w = np.asarray(g), np.asarray(w)
+        if w.dtype.kind not in "biufcO" or g.dtype.kind not in "biufcO":  # float8, int4 (ml_dtypes)
+            g, w = g.astype(np.float64), w.astype(np.float64)
         if g.shape != w.shape:
             return f"output {i} has shape {list(g.shape)}, expected {list(w.shape)}"
         if w.dtype == object or g.dtype == object:
@@ -113,7 +217,7 @@ def _compare(got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
             continue
         try:
             np.testing.assert_allclose(g.astype(np.float64) if g.dtype == bool else g,
-                                       w.astype(np.float64) if w.dtype == bool else w, rtol=RTOL, atol=ATOL)
+                                       w.astype(np.float64) if w.dtype == bool else w, rtol=rtol, atol=atol)
         except AssertionError:
             err = float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64))))
             return f"output {i} differs (max abs error {err:.3g})"
@@ -134,7 +238,7 @@ def run_project(case: Case, work: Path) -> dict[str, Any]:
 
     model = onnx.load(str(case.model))
     feeds, want = load_data(case, model)
-    shapes = {k: list(v.shape) for k, v in feeds.items() if v.ndim > 0}
+    shapes = {k: list(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray) and v.ndim > 0}
     out = work / "artifact"
     t0 = time.perf_counter()
     try:
@@ -154,7 +258,7 @@ def run_project(case: Case, work: Path) -> dict[str, Any]:
         return {"status": "refused-at-run", "detail": str(exc), "compile_s": compile_s}
     except Exception as exc:
         return {"status": "error", "detail": "infer: " + _one_line(exc), "compile_s": compile_s}
-    bad = _compare(got, want)
+    bad = _compare(got, want, *tolerances(case))
     return {"status": "wrong" if bad else "pass", "detail": bad or "", "compile_s": compile_s, "steps": steps}
 
 
@@ -171,13 +275,15 @@ def run_ort(case: Case) -> dict[str, Any]:
         got = sess.run(None, feeds)
     except Exception as exc:
         return {"status": "error", "detail": _one_line(exc)}
-    bad = _compare(got, want)
+    bad = _compare(got, want, *tolerances(case))
     return {"status": "wrong" if bad else "pass", "detail": bad or ""}
 
 
 def run_tvm(case: Case) -> dict[str, Any]:
     import warnings
 
+    if case.suite == NODE:
+        return {"status": "skipped", "detail": "not run on the node suite"}
     import onnx
     import tvm
     from tvm import relax
@@ -201,7 +307,7 @@ def run_tvm(case: Case) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ caching
-HARNESS_REV = "2"  # bump when this file changes how a result is obtained or judged
+HARNESS_REV = "3"  # bump when this file changes how a result is obtained or judged
 # The modules a compile + infer goes through (benchmark, zoo, inspect, emulation code does not count).
 def code_version() -> str:
     """Hash of what decides a result: the pipeline's compiler sources, the harness revision, TVM,
@@ -219,11 +325,14 @@ def code_version() -> str:
     return h.hexdigest()[:16]
 
 
+@functools.cache
 def case_key(case: Case, version: str) -> str:
     h = hashlib.sha256(version.encode())
     h.update(case.id.encode())
     h.update(case.model.read_bytes())
-    if case.data is not None:
+    if case.data is not None and case.data.is_file():
+        h.update(case.data.read_bytes())
+    elif case.data is not None:
         for f in sorted(case.data.glob("*.pb")):
             h.update(f.read_bytes())
     return h.hexdigest()[:24]
@@ -233,9 +342,19 @@ def _cache_file(case: Case, version: str) -> Path:
     return CACHE / f"{case_key(case, version)}.json"
 
 
+def _guarded(run: Any, *args: Any) -> dict[str, Any]:
+    """A pipeline's result; an exception the pipeline did not classify (e.g. while preparing the
+    case's inputs) is an error of that pipeline, not the end of the worker."""
+    try:
+        result: dict[str, Any] = run(*args)
+    except Exception as exc:
+        return {"status": "error", "detail": "harness: " + _one_line(exc)}
+    return result
+
+
 def _worker(paths: list[str], version: str) -> None:
     """Child process: run every pipeline on each case; write its cache file as it finishes."""
-    by_model = {str(c.model): c for c in cases()}
+    by_model = {str(c.model): c for c in cases((*SUITES, NODE))}
     CACHE.mkdir(parents=True, exist_ok=True)
     for p in paths:
         case = by_model[p]
@@ -244,10 +363,10 @@ def _worker(paths: list[str], version: str) -> None:
         res: dict[str, Any] = {"case": case.id}
         with tempfile.TemporaryDirectory(prefix="conformance-") as tmp:
             t0 = time.perf_counter()
-            res["project"] = run_project(case, Path(tmp))
+            res["project"] = _guarded(run_project, case, Path(tmp))
             res["project"]["seconds"] = round(time.perf_counter() - t0, 2)
-        res["ort"] = run_ort(case)
-        res["tvm"] = run_tvm(case)
+        res["ort"] = _guarded(run_ort, case)
+        res["tvm"] = _guarded(run_tvm, case)
         dest = _cache_file(case, version)
         tmpf = dest.with_suffix(f".tmp{os.getpid()}")
         tmpf.write_text(json.dumps(res))
@@ -314,14 +433,102 @@ def totals(res: dict[str, dict[str, Any]]) -> dict[str, int]:
     return {p: sum(1 for r in res.values() if r[p]["status"] == "pass") for p in PIPELINES}
 
 
+# ------------------------------------------------------------------------------- node suite report
+# How a result counts in the node-suite table: a refusal is an error from the compiler's error
+# tree (for onnxruntime: any error); anything else that is not pass/wrong is a crash.
+# An InputError at inference (the node refuses NaN/inf inputs by design) is a refusal too.
+_KIND = {"pass": "pass", "wrong": "wrong", "refused": "refused", "refused-at-run": "refused",
+         "skipped": "refused"}
+
+
+def kind(status: str, pipeline: str = "project") -> str:
+    if pipeline == "ort" and status == "error":
+        return "refused"
+    return _KIND.get(status, "crash")
+
+
+def operator(case: Case) -> str:
+    """The operator a node case tests: the first non-Constant node of its un-expanded model."""
+    import onnx
+
+    base = case.model.parent.parent / re.sub(r"_expanded.*$", "", case.name) / "model.onnx"
+    model = onnx.load(str(base if base.is_file() else case.model))
+    ops = [n.op_type for n in model.graph.node if n.op_type != "Constant"]
+    return ops[0] if ops else "Constant"
+
+
+def node_table(res: dict[str, dict[str, Any]], chosen: list[Case]) -> str:
+    """Markdown table: per operator, the project's and onnxruntime's pass/wrong/refused/crash."""
+    rows: dict[str, dict[str, int]] = {}
+    for c in chosen:
+        r = res[c.id]
+        row = rows.setdefault(operator(c), dict.fromkeys(
+            [f"{p} {k}" for p in ("project", "ort") for k in ("pass", "wrong", "refused", "crash")], 0))
+        row[f"project {kind(r['project']['status'])}"] += 1
+        row[f"ort {kind(r['ort']['status'], 'ort')}"] += 1
+    kinds = ("pass", "wrong", "refused", "crash")
+
+    def cells(row: dict[str, int], p: str) -> str:
+        return " / ".join(str(row.get(f"{p} {k}", 0)) for k in kinds)
+
+    lines = ["| operator | cases | project pass/wrong/refused/crash | onnxruntime pass/wrong/refused/crash |",
+             "|---|---:|---|---|"]
+    total: dict[str, int] = {}
+    for op, row in sorted(rows.items()):
+        n = sum(v for k, v in row.items() if k.startswith("project"))
+        lines.append(f"| {op} | {n} | {cells(row, 'project')} | {cells(row, 'ort')} |")
+        for k, v in row.items():
+            total[k] = total.get(k, 0) + v
+    lines.append(f"| **all** | {len(chosen)} | {cells(total, 'project')} | {cells(total, 'ort')} |")
+    return "\n".join(lines)
+
+
+def node_jsonl(res: dict[str, dict[str, Any]], chosen: list[Case]) -> str:
+    """One JSON object per case, the format of /work/shared/measurements/onnx-node-suite-*.jsonl."""
+    out = []
+    for c in chosen:
+        r = res[c.id]
+        row: dict[str, Any] = {"case": c.name, "ort": kind(r["ort"]["status"], "ort"),
+                               "project": kind(r["project"]["status"])}
+        if row["project"] != "pass" and r["project"].get("detail"):
+            row["error"] = r["project"]["detail"][:300]
+        if "seconds" in r["project"]:
+            row["s"] = r["project"]["seconds"]
+        out.append(json.dumps(row))
+    return "\n".join(out) + "\n"
+
+
+def _select(args: list[str]) -> list[Case]:
+    suites = tuple(a for a in args if a in (*SUITES, NODE)) or SUITES
+    only = [a for a in args if a not in suites]
+    return [c for c in cases(suites) if not only or any(o in c.id for o in only)]
+
+
+def _timeout(chosen: list[Case]) -> float:
+    default = 120.0 if chosen and all(c.suite == NODE for c in chosen) else 900.0
+    return float(os.environ.get("CONFORMANCE_TIMEOUT", default))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) >= 2 and sys.argv[1] == "report":
-        only = sys.argv[2:]
-        chosen = [c for c in cases() if not only or any(o in c.id for o in only)]
-        res = results(chosen, workers=int(os.environ.get("CONFORMANCE_WORKERS", "2")))
-        for cid, r in sorted(res.items()):
-            print(f"{cid:<60} project={r['project']['status']:<8} ort={r['ort']['status']:<6} "
-                  f"tvm={r['tvm']['status']:<6} {r['project'].get('detail', '')[:150]}")
+    workers = int(os.environ.get("CONFORMANCE_WORKERS", "2"))
+    if len(sys.argv) >= 2 and sys.argv[1] in ("report", "table", "jsonl"):
+        # report [SUITE...] [FILTER...]: per case; table: per operator (node suite); jsonl OUT: per
+        # case file
+        # --cached: only the cases with a result for this code version (a partial run's figures)
+        args = [a for a in sys.argv[2:] if a != "--cached"]
+        dest = args.pop(0) if sys.argv[1] == "jsonl" else None
+        chosen = _select(args)
+        if "--cached" in sys.argv:
+            chosen = [c for c in chosen if _cache_file(c, code_version()).is_file()]
+        res = results(chosen, workers=workers, timeout=_timeout(chosen))
+        if sys.argv[1] == "table":
+            print(node_table(res, [c for c in chosen if c.suite == NODE]))
+        elif dest is not None:
+            Path(dest).write_text(node_jsonl(res, [c for c in chosen if c.suite == NODE]))
+        else:
+            for cid, r in sorted(res.items()):
+                print(f"{cid:<60} project={r['project']['status']:<8} ort={r['ort']['status']:<6} "
+                      f"tvm={r['tvm']['status']:<6} {r['project'].get('detail', '')[:150]}")
         print(json.dumps(totals(res)), "of", len(res))
     else:
         _worker(sys.argv[2:], sys.argv[1])

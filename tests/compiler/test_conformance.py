@@ -7,11 +7,19 @@ cases: a case that stops passing fails the test; a case that starts passing is p
 be added. Every case that does not pass must be refused at compile time with one clear line.
 
 Measure by hand: ``PYTHONPATH=. python -m tests.compiler.conformance report``.
+
+ONNX's operator ("node") suite (1,884 one-operator cases) runs the same way: ``make test`` runs a
+stable subset (every case that once gave a wrong answer or crashed, plus one case in
+``NODE_SHARD``), ``make conformance`` (CONFORMANCE_FULL=1) all of them. Both fail on a wrong answer,
+a crash (including a dead or hung worker: each case has a time limit) and on any case listed in
+``node_suite_expected.txt`` that no longer passes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +208,116 @@ LIGHT_QUICK = frozenset({"light/light_squeezenet", "light/light_shufflenet", "li
 def test_light_model_zoo() -> None:
     """The `light` model-zoo networks (ResNet-50, DenseNet-121, VGG-19, ...) through the project."""
     _check(("light",), None if os.environ.get("CONFORMANCE_FULL") else LIGHT_QUICK)
+
+
+# ------------------------------------------------------------------------------ ONNX's node suite
+NODE_EXPECTED = Path(__file__).with_name("node_suite_expected.txt")  # cases that pass; keep sorted
+NODE_SHARD = 24  # make test: one case in NODE_SHARD by a stable hash of its name, plus NODE_GUARD
+# Cases that gave a wrong answer or crashed on b10b7cb (issue 29): always run.
+NODE_GUARD = frozenset("""
+attention_4d_fp16_expanded attention_causal_boolmask_nan_robustness_expanded
+attention_24_qk_matmul_output_mode3_softmax_precision_expanded
+attention_4d_gqa_with_past_and_present_fp16_expanded
+attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded attention_local_window_gqa_rank4_mask_expanded
+batchnorm_example_training_mode batchnorm_epsilon_training_mode
+bitshift_right_int32_shift_ge_width bitshift_left_int32_shift_ge_width
+bitshift_right_int32_negative_shift bitshift_left_int32_negative_shift
+causal_conv_with_state_silu_fp16_expanded convtranspose_output_shape
+layer_normalization_2d_axis1 layer_normalization_4d_axis_negative_3 layer_normalization_default_axis
+roialign_mode_max spacetodepth_crd_mode_example
+clip clip_default_int8_max clip_default_min_expanded dequantizelinear quantizelinear_uint16
+div_int8 div_uint64 mod_mixed_sign_int32 mod_broadcast mod_uint8
+dropout_default_ratio training_dropout_mask training_dropout training_dropout_zero_ratio
+einsum_sum_bfloat16 einsum_scalar if if_seq
+maxunpool_export_without_output_shape nonmaxsuppression_single_box nonmaxsuppression_two_batches
+pow_bcast_scalar pow_types_int32_int32 rms_normalization_2d_axis0 scatter_with_axis
+scatter_elements_with_reduction_max split_to_sequence_nokeepdims triu_neg tril_pos
+""".split())
+
+
+def _in_shard(name: str) -> bool:
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % NODE_SHARD == 0
+
+
+def node_subset(all_cases: list[cf.Case]) -> list[cf.Case]:
+    return [c for c in all_cases if c.name.removeprefix("test_") in NODE_GUARD or _in_shard(c.name)]
+
+
+def expected_node_passes() -> set[str]:
+    lines = NODE_EXPECTED.read_text().splitlines()
+    return {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+
+
+@pytest.mark.slow
+def test_node_suite() -> None:
+    """ONNX's operator suite through compile_model + inference, next to onnxruntime: no wrong answer,
+    no crash, every refusal one line from the compiler's error tree, no expected pass lost."""
+    every = cf.node_cases()
+    assert len(every) > 1800, f"only {len(every)} node cases collected"
+    full = bool(os.environ.get("CONFORMANCE_FULL"))
+    selected = every if full else node_subset(every)
+    assert NODE_GUARD <= {c.name.removeprefix("test_") for c in every}, "a guarded case was renamed"
+    res = cf.results(selected, timeout=float(os.environ.get("CONFORMANCE_TIMEOUT", "120")))
+    kinds = {c.name: cf.kind(res[c.id]["project"]["status"]) for c in selected}
+    ort = {c.name: cf.kind(res[c.id]["ort"]["status"], "ort") for c in selected}
+    count = {k: sum(1 for v in kinds.values() if v == k) for k in ("pass", "wrong", "refused", "crash")}
+    print(f"\nnode suite ({'all' if full else 'make-test subset'}, {len(selected)} cases): project "
+          f"{count}; onnxruntime passes {sum(1 for v in ort.values() if v == 'pass')}")
+    if full:
+        print(cf.node_table(res, selected))
+    bad = {n: res[f"node/{n}"]["project"].get("detail", "")[:200] for n, k in kinds.items()
+           if k in ("wrong", "crash")}
+    assert not bad, f"wrong answers or crashes (a clean refusal is better than either): {bad}"
+    for n, k in kinds.items():
+        line = res[f"node/{n}"]["project"].get("detail", "")
+        if k == "refused":
+            assert line and "\n" not in line and "Traceback" not in line, (n, line)
+    expected = expected_node_passes() & set(kinds)
+    lost = sorted(n for n in expected if kinds[n] != "pass")
+    assert not lost, f"cases that passed before and do not now: {lost}"
+    new = sorted(n for n, k in kinds.items() if k == "pass" and n not in expected)
+    if new:
+        print(f"NEWLY PASSING (add to {NODE_EXPECTED.name}): {new}")
+
+
+def test_node_subset_and_expected_list() -> None:
+    """The make-test shard takes about one name in NODE_SHARD (a hash, not Python's per-process
+    one), and the committed list of expected passes is well formed."""
+    names = [f"test_case_{i}" for i in range(4000)]
+    share = sum(_in_shard(n) for n in names) / len(names)
+    assert 0.5 / NODE_SHARD < share < 2.0 / NODE_SHARD
+    listed = expected_node_passes()
+    assert listed and all(n.startswith("test_") for n in listed)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_conv_transpose_after_conv(tmp_path: Path, stride: int) -> None:
+    """Conv then ConvTranspose (the shape of PaddleOCR's text detector, issue 29) through the default
+    x86_64 path: the convolution goes channels-last, the transposed one must still compile (it stopped
+    doing so: "CodeGenVM cannot emit ... R.nn.conv2d_transpose") and match onnxruntime."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compiler.artifact import load_artifact
+    from compiler.build import compile_model
+
+    rng = np.random.default_rng(stride)
+    wc = numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "wc")
+    wt = numpy_helper.from_array(rng.standard_normal((8, 4, 2, 2)).astype(np.float32), "wt")
+    size = (16 - 1) * stride + 2
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "wc"], ["h"], pads=[1, 1, 1, 1]),
+         helper.make_node("ConvTranspose", ["h", "wt"], ["y"], strides=[stride, stride])],
+        "conv_then_transpose", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])], [wc, wt])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    compile_model(path, target="x86_64", out_dir=tmp_path / "art", progress=False)
+    x = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    got = load_artifact(tmp_path / "art").infer({"x": x})["y"]
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
