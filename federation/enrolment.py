@@ -117,7 +117,7 @@ def public_b64(key: Ed25519PublicKey) -> str:
     return base64.b64encode(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
 
 
-def apply_update(current: Keyring, payload: bytes, verifier_factory) -> tuple[list[str], list[str]]:
+def apply_update(current: Keyring, topic: str, payload: bytes, verifier_factory) -> tuple[list[str], list[str]]:
     """Check a signed keyring update (an envelope from the fleet on :func:`keyring_topic`) and apply
     it to ``current`` in place; (added, revoked). ``verifier_factory(keyring)`` makes the envelope
     verifier (the receiver's policy and clock; retained updates may be old, so its max age is long:
@@ -126,7 +126,7 @@ def apply_update(current: Keyring, payload: bytes, verifier_factory) -> tuple[li
 
     verifier = verifier_factory(current)
     try:
-        msg = verifier.verify(keyring_topic(current.swarm), payload)
+        msg = verifier.verify(topic, payload)
     except AuthRejected as exc:
         raise FederationError(f"keyring update refused: {exc}") from None
     if msg.role != Role.FLEET:
