@@ -194,3 +194,27 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def enrolment_dir(cfg) -> Path | None:
+    """Where this node's ``enrollment.toml`` is (its data_dir, or the device directory's data/), if any."""
+    for d in (Path(cfg.data_dir), *([Path(cfg.device) / "data"] if getattr(cfg, "device", None) else [])):
+        if (d / "enrollment.toml").exists():
+            return d
+    return None
+
+
+def enrolled_config(cfg, *, poll_s: float = 2.0):
+    """``cfg`` with the enrolled settings (keys, keyring, broker credentials, swarm); runs the
+    enrolment first when the device has an ``enrollment.toml`` and is not enrolled yet (blocks until
+    the operator decides). A config without ``enrollment.toml`` comes back unchanged."""
+    import platform
+
+    d = enrolment_dir(cfg)
+    if d is None:
+        return cfg
+    arch = platform.machine() or "unknown"
+    e = (enrol(d, device_id=cfg.node_id, arch=arch, board=getattr(cfg, "board", None) or arch, poll_s=poll_s)
+         if needs_enrolment(d) else load_enrolled(d))
+    return cfg.model_copy(update={"key_file": e.key_file, "keyring_file": e.keyring_file, "broker": e.broker,
+                                  "swarm": e.swarm})
