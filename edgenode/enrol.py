@@ -29,11 +29,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from edgenode.common import ConfigError
+
+if TYPE_CHECKING:
+    from edgenode.config import NodeConfig
 from federation import enrolment as wire
 from federation.auth import (
     Keyring,
@@ -72,7 +76,7 @@ def _write_private(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _keys(path: Path, device_id: str):
+def _keys(path: Path, device_id: str) -> tuple[Any, X25519PrivateKey]:
     """The device's keys: loaded when made before (a reboot while pending), else made now."""
     if path.exists():
         doc = json.loads(path.read_text())
@@ -83,8 +87,8 @@ def _keys(path: Path, device_id: str):
         return load_private_key(path), dh
     key, dh = generate_key(), X25519PrivateKey.generate()
     pub = wire.public_b64(key.public_key())
-    _write_private(path, json.dumps({"v": 1, "key_id": wire.device_key_id(device_id, pub), "sender": device_id,
-                                     "role": Role.NODE.value,
+    _write_private(path, json.dumps({"v": 1, "key_id": wire.device_key_id(device_id, pub),
+                                     "sender": device_id, "role": Role.NODE.value,
                                      "private_key": base64.b64encode(private_key_bytes(key)).decode(),
                                      "dh_private": raw_b64(dh)}) + "\n")
     return key, dh
@@ -104,14 +108,15 @@ def _post(url: str, body: dict, timeout: float = 15.0) -> tuple[int, dict]:
 
 
 def enrol(data_dir: str | Path, *, device_id: str, arch: str, board: str, poll_s: float = 2.0,
-          timeout_s: float | None = None, clock=time.time, sleep=time.sleep) -> Enrolled:
+          timeout_s: float | None = None, clock: Any = time.time, sleep: Any = time.sleep) -> Enrolled:
     """Run the enrolment (idempotent across reboots); ConfigError when refused, rejected or timed out."""
     data = Path(data_dir)
     try:
         conf = tomllib.loads((data / "enrollment.toml").read_text())
         fleet, token = str(conf["fleet"]).rstrip("/"), str(conf["enroll_token"])
     except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{data / 'enrollment.toml'}: {exc}", hint="fleet and enroll_token are required") from None
+        raise ConfigError(f"{data / 'enrollment.toml'}: {exc}",
+                          hint="fleet and enroll_token are required") from None
     key_file, ring_file = data / "keys" / "device.key", data / "keys" / "keyring.json"
     key, dh = _keys(key_file, device_id)
     pub, dh_pub = wire.public_b64(key.public_key()), raw_b64(dh.public_key())
@@ -161,50 +166,16 @@ def load_enrolled(data_dir: str | Path) -> Enrolled:
     return Enrolled(Path(d["key_file"]), Path(d["keyring_file"]), d["broker"], d["swarm"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m edgenode.enrol --data DIR --device-id ID --arch A --board B --node-config IN --out OUT``:
-    enrol, then write OUT, a NODE.toml made of IN plus the enrolled settings (what a board's boot runs)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m edgenode.enrol")
-    for a in ("--data", "--device-id", "--arch", "--board", "--node-config", "--out"):
-        p.add_argument(a, required=True)
-    p.add_argument("--poll-s", type=float, default=2.0)
-    p.add_argument("--timeout-s", type=float, default=None)
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    try:
-        e = (load_enrolled(a.data) if not needs_enrolment(Path(a.data)) else
-             enrol(a.data, device_id=a.device_id, arch=a.arch, board=a.board, poll_s=a.poll_s,
-                   timeout_s=a.timeout_s))
-    except ConfigError as exc:
-        print(f"error: {exc}", flush=True)
-        return 2
-    base = tomllib.loads(Path(a.node_config).read_text())
-    base |= {"key_file": str(e.key_file), "keyring_file": str(e.keyring_file), "broker": e.broker,
-             "swarm": e.swarm}
-    lines = [f"{k} = {json.dumps(v)}" for k, v in base.items() if not isinstance(v, dict)]
-    for k, v in base.items():
-        if isinstance(v, dict):
-            lines += [f"[{k}]"] + [f"{kk} = {json.dumps(vv)}" for kk, vv in v.items()]
-    _write_private(Path(a.out), "\n".join(lines) + "\n")
-    print(f"enrolled: {a.out}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
-def enrolment_dir(cfg) -> Path | None:
+def enrolment_dir(cfg: NodeConfig) -> Path | None:
     """Where this node's ``enrollment.toml`` is (its data_dir, or the device directory's data/), if any."""
-    for d in (Path(cfg.data_dir), *([Path(cfg.device) / "data"] if getattr(cfg, "device", None) else [])):
+    dirs = [Path(cfg.data_dir)] + ([Path(cfg.device) / "data"] if cfg.device is not None else [])
+    for d in dirs:
         if (d / "enrollment.toml").exists():
             return d
     return None
 
 
-def enrolled_config(cfg, *, poll_s: float = 2.0):
+def enrolled_config(cfg: NodeConfig, *, poll_s: float = 2.0) -> NodeConfig:
     """``cfg`` with the enrolled settings (keys, keyring, broker credentials, swarm); runs the
     enrolment first when the device has an ``enrollment.toml`` and is not enrolled yet (blocks until
     the operator decides). A config without ``enrollment.toml`` comes back unchanged."""
@@ -214,7 +185,7 @@ def enrolled_config(cfg, *, poll_s: float = 2.0):
     if d is None:
         return cfg
     arch = platform.machine() or "unknown"
-    e = (enrol(d, device_id=cfg.node_id, arch=arch, board=getattr(cfg, "board", None) or arch, poll_s=poll_s)
+    e = (enrol(d, device_id=cfg.node_id, arch=arch, board=cfg.board or arch, poll_s=poll_s)
          if needs_enrolment(d) else load_enrolled(d))
     return cfg.model_copy(update={"key_file": e.key_file, "keyring_file": e.keyring_file, "broker": e.broker,
                                   "swarm": e.swarm})

@@ -117,7 +117,8 @@ def public_b64(key: Ed25519PublicKey) -> str:
     return base64.b64encode(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
 
 
-def apply_update(current: Keyring, topic: str, payload: bytes, verifier_factory) -> tuple[list[str], list[str]]:
+def apply_update(current: Keyring, topic: str, payload: bytes,
+                 verifier_factory) -> tuple[list[str], list[str]]:
     """Check a signed keyring update (an envelope from the fleet on :func:`keyring_topic`) and apply
     it to ``current`` in place; (added, revoked). ``verifier_factory(keyring)`` makes the envelope
     verifier (the receiver's policy and clock; retained updates may be old, so its max age is long:

@@ -281,7 +281,7 @@ class EnrollmentManager:
             return self._view(self._need(device_id, "rejected", "read"))
 
     def revoke(self, device_id: str) -> dict:
-        """Take an accepted device out: key id revoked (keyring saved and published), broker client deleted."""
+        """Take an accepted device out: key id revoked (keyring saved, published), broker client deleted."""
         with self._lock:
             row = self._need(device_id, "accepted", "revoked")
             assert self.identity is not None  # accepted implies a signed fleet

@@ -45,7 +45,8 @@ def _enrol_in_thread(data, device_id, **kw):
 
     def run():
         try:
-            out["ok"] = enrol(data, device_id=device_id, arch="aarch64", board="aarch64-virt", poll_s=0.05, **kw)
+            out["ok"] = enrol(data, device_id=device_id, arch="aarch64", board="aarch64-virt", poll_s=0.05,
+                              **kw)
         except ConfigError as exc:
             out["err"] = str(exc)
 
@@ -155,15 +156,18 @@ def test_bad_enrolment_input_is_4xx(make_fleet, tmp_path):
     pub = wire.public_b64(k.public_key())
     good = {"token": token, "device_id": "d1", "arch": "x86_64", "board": "x86_64", "public_key": pub,
             "dh_public": pub, "proof": base64.b64encode(k.sign(b"wrong")).decode()}
-    cases = [({**good, "device_id": "../x"}, 422, "device_id"), ({**good, "public_key": "AAAA"}, 422, "public_key"),
+    cases = [({**good, "device_id": "../x"}, 422, "device_id"),
+             ({**good, "public_key": "AAAA"}, 422, "public_key"),
              ({**good, "token": "short"}, 422, "token"), ({**good, "extra": 1}, 422, "extra"),
              (good, 400, "proof"), ({"token": token}, 422, "device_id")]
     for body, code, what in cases:
         r = httpx.post(f"{fleet.url}/api/enroll", json=body)
         assert r.status_code == code and what in r.text, (body, r.text)
-    r = httpx.post(f"{fleet.url}/api/enroll", content=b"x" * 100_000, headers={"content-type": "application/json"})
+    r = httpx.post(f"{fleet.url}/api/enroll", content=b"x" * 100_000,
+                   headers={"content-type": "application/json"})
     assert r.status_code == 413
-    assert httpx.post(f"{fleet.url}/api/enroll/nobody/status", json={"ts": 1, "sig": "A" * 86 + "=="}).status_code == 404
+    r = httpx.post(f"{fleet.url}/api/enroll/nobody/status", json={"ts": 1, "sig": "A" * 86 + "=="})
+    assert r.status_code == 404
     assert fleet.post("/api/enrollments/nobody/accept").status_code == 404
     assert fleet.post("/api/enrollments/nobody/reject").status_code == 404
     assert httpx.post(f"{fleet.url}/api/enrollments/nobody/accept").status_code == 401

@@ -70,8 +70,8 @@ def test_pending_device_accepted_and_rejected_on_the_dashboard(make_fleet, brows
     keys = tmp_path / "keys"
     swarm = f"enb{int(time.time() * 1000) % 10**8}"
     provision(keys, swarm, ["node-1"])
-    fleet = make_fleet(swarm=swarm, key_file=str(keys / "keys/fleet.key"), keyring_file=str(keys / "keyring.json"),
-                       db=str(tmp_path / "fleet.sqlite"))
+    fleet = make_fleet(swarm=swarm, key_file=str(keys / "keys/fleet.key"),
+                       keyring_file=str(keys / "keyring.json"), db=str(tmp_path / "fleet.sqlite"))
     token = fleet.post("/api/enrollment-tokens", json={"uses": 2}).json()["token"]
     results: dict[str, object] = {}
 

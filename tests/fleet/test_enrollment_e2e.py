@@ -24,7 +24,7 @@ from api.fleet_app import create_fleet_app
 from api.serving import ServerThread
 from deploy.keys import provision
 from federation import enrolment as wire
-from federation.auth import Keyring
+from federation.auth import Keyring, load_private_key
 from federation.broker import free_port, start_mosquitto
 from federation.dynsec import PLUGIN, DynsecAdmin, init_config
 from federation.errors import TransportError
@@ -128,7 +128,7 @@ def test_device_enrols_joins_a_signed_round_and_is_revoked(dynsec_broker, tmp_pa
                        json={"inputs": {"x": x[1:400:2].tolist()}, "labels": y[1:400:2].tolist()}, timeout=30)
         assert r.status_code < 300, r.text
         _wait(lambda: next(n for n in c.get("/api/nodes").json()["nodes"]
-                           if n["node_id"] == "board-1")["samples"] == 200, 20, "device samples in its status")
+                           if n["node_id"] == "board-1")["samples"] == 200, 20, "the device's samples")
         rid = c.post("/api/rounds", json={"steps": 5, "lr": 0.1, "nodes": ["node-1", "board-1"]}).json()
         assert "round_id" in rid, rid
         rnd = _wait(lambda: (g := c.get(f"/api/rounds/{rid['round_id']}").json())["state"] != "running" and g,
@@ -140,12 +140,14 @@ def test_device_enrols_joins_a_signed_round_and_is_revoked(dynsec_broker, tmp_pa
         enrolled = (dev / "data/enrolled.toml").read_text()
         password = enrolled.split("board-1:", 1)[1].split("@", 1)[0]
         assert c.post("/api/enrollments/board-1/revoke").json()["state"] == "revoked"
-        _wait(lambda: device_pub["key_id"] in Keyring.load(node_ring).revoked, 10, "the member learns the revocation")
+        _wait(lambda: device_pub["key_id"] in Keyring.load(node_ring).revoked, 10, "the member's revocation")
         with pytest.raises(TransportError, match="refused"):
-            MqttLink(f"mqtt://board-1:{password}@{host}", swarm=swarm, client_id="board-1-again", connect_timeout=5)
-        assert wire.device_key_id("board-1", wire.public_b64(
-            __import__("federation.auth", fromlist=["x"]).load_private_key(dev / "data/keys/device.key")
-            .public_key())) == device_pub["key_id"]
+            MqttLink(f"mqtt://board-1:{password}@{host}", swarm=swarm, client_id="board-1-again",
+                     connect_timeout=5)
+        # the device's private key stayed on the device: the fleet only ever saw its public half
+        pub = wire.public_b64(load_private_key(dev / "data/keys/device.key").public_key())
+        assert wire.device_key_id("board-1", pub) == device_pub["key_id"]
+        assert device_pub["private_key"] not in (tmp_path / "fleet.sqlite").read_bytes().decode("latin-1")
     finally:
         proc.terminate()
         try:
