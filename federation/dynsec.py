@@ -29,7 +29,17 @@ __all__ = ["DynsecAdmin", "DynsecError", "swarm_role", "init_config", "PLUGIN", 
 
 CONTROL_TOPIC = "$CONTROL/dynamic-security/v1"
 RESPONSE_TOPIC = CONTROL_TOPIC + "/response"
-PLUGIN = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
+
+
+def plugin_path() -> str:
+    """Where Debian's mosquitto package put the plugin (``/usr/lib/<multiarch>/``)."""
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/*/mosquitto_dynamic_security.so"))
+    return found[0] if found else "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
+
+
+PLUGIN = plugin_path()
 
 
 class DynsecError(TransportError):
