@@ -25,7 +25,8 @@ from typing import Any
 from federation.errors import TransportError
 from federation.mqtt import parse_url
 
-__all__ = ["DynsecAdmin", "DynsecError", "swarm_role", "init_config", "PLUGIN", "CONTROL_TOPIC"]
+__all__ = ["DynsecAdmin", "DynsecError", "DynsecRefused", "swarm_role", "init_config", "PLUGIN",
+           "CONTROL_TOPIC"]
 
 CONTROL_TOPIC = "$CONTROL/dynamic-security/v1"
 RESPONSE_TOPIC = CONTROL_TOPIC + "/response"
@@ -43,7 +44,13 @@ PLUGIN = plugin_path()
 
 
 class DynsecError(TransportError):
-    """The plugin refused a command (its error text) or did not answer in time."""
+    """The plugin refused a command (``refused``: its error text) or did not answer in time."""
+
+    refused = False
+
+
+class DynsecRefused(DynsecError):
+    refused = True
 
 
 def swarm_role(swarm: str) -> str:
@@ -123,7 +130,7 @@ class DynsecAdmin:
             answers = self._answer
         errors = [f"{a.get('command')}: {a['error']}" for a in answers if a.get("error")]
         if errors:
-            raise DynsecError("dynamic security refused " + "; ".join(errors))
+            raise DynsecRefused("dynamic security refused " + "; ".join(errors))
         return answers
 
     def ensure_swarm_role(self, swarm: str) -> str:
@@ -132,7 +139,7 @@ class DynsecAdmin:
         try:
             self.command({"command": "getRole", "rolename": role})
             return role
-        except DynsecError:
+        except DynsecRefused:
             pass
         base = f"fractal/v1/{swarm}/#"
         self.command({"command": "createRole", "rolename": role, "acls": [
@@ -146,7 +153,7 @@ class DynsecAdmin:
         """A client that may connect now; an existing one of that name is replaced (new password)."""
         try:
             self.command({"command": "deleteClient", "username": username})
-        except DynsecError:
+        except DynsecRefused:
             pass  # not there yet
         self.command({"command": "createClient", "username": username, "password": password,
                       "roles": [{"rolename": r} for r in roles]})
@@ -155,7 +162,7 @@ class DynsecAdmin:
         """Remove a client (the broker disconnects it); False when there was none."""
         try:
             self.command({"command": "deleteClient", "username": username})
-        except DynsecError:
+        except DynsecRefused:
             return False
         return True
 

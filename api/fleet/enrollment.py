@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import re
 import secrets
 import sqlite3
@@ -39,6 +40,8 @@ from api.fleet.errors import FleetError
 from federation import enrolment as wire
 from federation.auth import KeyEntry, Role
 from federation.signed import Identity
+
+log = logging.getLogger("fractal.fleet.enrollment")
 
 __all__ = [
     "EnrollmentManager",
@@ -249,8 +252,14 @@ class EnrollmentManager:
                 )
             password = secrets.token_urlsafe(24)
             if self.dynsec is not None:
-                role = self.dynsec.ensure_swarm_role(self.swarm)
-                self.dynsec.create_client(device_id, password, [role])
+                from federation.errors import FederationError
+
+                try:
+                    role = self.dynsec.ensure_swarm_role(self.swarm)
+                    self.dynsec.create_client(device_id, password, [role])
+                except FederationError as exc:
+                    raise EnrollmentRejected(f"the broker did not make the device's client: {exc}",
+                                             503) from None
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
             from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
@@ -288,7 +297,13 @@ class EnrollmentManager:
             self.identity.keyring.revoke(wire.device_key_id(device_id, row[4]))
             self._keyring_changed()
             if self.dynsec is not None:
-                self.dynsec.delete_client(device_id)
+                from federation.errors import FederationError
+
+                try:
+                    self.dynsec.delete_client(device_id)
+                except FederationError as exc:  # the key is revoked; say the broker part failed
+                    raise EnrollmentRejected(f"key revoked, but the broker did not delete the device's "
+                                             f"client: {exc}; revoke again", 503) from None
             self._conn.execute(
                 "UPDATE enrollments SET state = 'revoked', decided_at = ?, password = NULL "
                 "WHERE device_id = ?",
@@ -302,8 +317,17 @@ class EnrollmentManager:
         tmp = self.keyring_file.with_name(f".{self.keyring_file.name}.tmp")
         tmp.write_text(text)
         tmp.replace(self.keyring_file)
-        if self.publish is not None:
-            self.publish(wire.keyring_topic(self.swarm), text.encode())
+        self.publish_keyring(text)
+
+    def publish_keyring(self, text: str | None = None) -> None:
+        """Publish the keyring, retained and signed (the fleet's link signs it); a broker that is
+        down is logged, not raised: the fleet publishes it again at its next start."""
+        if self.publish is None or self.identity is None:
+            return
+        try:
+            self.publish(wire.keyring_topic(self.swarm), (text or self.identity.keyring.to_json()).encode())
+        except Exception as exc:  # noqa: BLE001 - the decision stands; members catch up at the next publish
+            log.warning("could not publish the keyring: %s", exc)
 
     def signed_keyring(self) -> dict:
         assert self.identity is not None

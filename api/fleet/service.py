@@ -117,6 +117,7 @@ class FleetService:
             from federation.dynsec import DynsecAdmin
 
             self.enrollment.dynsec = DynsecAdmin(self.settings.dynsec_admin)
+        self.enrollment.publish_keyring()  # members that missed an update get it (retained)
         self._link.subscribe(topics.status_all(self.settings.swarm), self._on_status)
         self._link.subscribe(topics.round_events_all(self.settings.swarm), self._on_event)
         self._stop.clear()
