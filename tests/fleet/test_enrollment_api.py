@@ -225,3 +225,28 @@ def test_keyring_update_only_adds_or_revokes(tmp_path):
     other = Keyring.load(tmp_path / "other/keyring.json")  # same ids, other keys: a changed key
     with pytest.raises(FederationError, match="changes"):
         wire.check_update(ring, other)
+
+
+class _DownBroker:
+    def ensure_swarm_role(self, swarm):
+        from federation.dynsec import DynsecError
+
+        raise DynsecError("no answer from the dynamic-security plugin within 10 s")
+
+
+def test_accept_with_the_broker_down_is_503_and_changes_nothing(tmp_path):
+    provision(tmp_path / "k", "s", ["node-1"])
+    ident = load_identity(tmp_path / "k/keys/fleet.key", tmp_path / "k/keyring.json")
+    published: list = []
+    m = EnrollmentManager(tmp_path / "f.sqlite", swarm="s", broker_url="mqtt://b", identity=ident,
+                          keyring_file=str(tmp_path / "k/keyring.json"), dynsec=_DownBroker(),
+                          publish=lambda t, p: published.append(t))
+    tok = m.create_token(TokenRequest())["token"]
+    m.request(_req(tok, "dev-1"))
+    with pytest.raises(EnrollmentRejected) as exc:
+        m.accept("dev-1")
+    assert exc.value.status_code == 503 and "no answer" in exc.value.reason
+    assert [r["state"] for r in m.list()] == ["pending"] and published == []
+    assert "dev-1" not in Keyring.load(tmp_path / "k/keyring.json").members()
+    m.dynsec = None  # the broker is back (here: no broker clients at all): accept works now
+    assert m.accept("dev-1")["state"] == "accepted" and published == ["fractal/v1/s/keyring"]
