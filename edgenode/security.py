@@ -29,6 +29,7 @@ class NodeAuth:
     def __init__(self, key_file: str | Path, keyring_file: str | Path, node_id: str,
                  registry: CollectorRegistry) -> None:
         self.identity: Identity = load_identity(key_file, keyring_file)
+        self._keyring_file = Path(keyring_file)
         if self.identity.signer.sender != node_id:
             from edgenode.common import ConfigError
 
@@ -45,7 +46,33 @@ class NodeAuth:
                                          will=True)
 
     def wrap(self, link: PubSubLink) -> SignedLink:
+        self._follow_keyring(link)
         return self.identity.link(link, on_reject=self._on_reject)
+
+    def _follow_keyring(self, link: PubSubLink) -> None:
+        """Apply the fleet's signed keyring updates (enrolments, revocations) in place, and save them."""
+        from federation import enrolment
+
+        ring = self.identity.keyring
+
+        def on_update(topic: str, payload: bytes) -> None:
+            if not payload:
+                return
+            try:
+                # retained: an update may be old; replays of older keyrings fail check_update
+                added, revoked = enrolment.apply_update(
+                    ring, topic, payload, lambda kr: self.identity.verifier(max_age_s=10 * 365 * 86400.0))
+            except Exception as exc:  # a bad update is dropped and counted, never a crash
+                self._on_reject(topic, Reject.MALFORMED)
+                log.warning("keyring update dropped: %s", str(exc)[:300])
+                return
+            if added or revoked:
+                tmp = self._keyring_file.with_name(f".{self._keyring_file.name}.tmp")
+                tmp.write_text(ring.to_json())
+                tmp.replace(self._keyring_file)
+                log.info("keyring updated: added %s, revoked %s", added, revoked)
+
+        link.subscribe(enrolment.keyring_topic(str(getattr(link, "swarm", ring.swarm))), on_update)
 
     def count(self, topic: str, reason: Reject) -> None:
         """Count a message the node dropped before verifying it (e.g. ``oversized``)."""

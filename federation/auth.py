@@ -223,6 +223,10 @@ class Keyring:
                 found = e
         return found
 
+    def entries(self) -> list[KeyEntry]:
+        """Every key, revoked ones included, in the order added."""
+        return list(self._keys.values())
+
     def members(self, role: Role = Role.NODE) -> set[str]:
         """Senders holding at least one unrevoked key of ``role``."""
         return {e.sender for k, e in self._keys.items() if e.role == role and k not in self.revoked}
@@ -263,7 +267,7 @@ class Keyring:
 def swarm_policy(topic: str, sender: str, role: Role) -> bool:
     """May ``sender`` (holding a key of ``role``) publish on ``topic``? (topics.py's tree)
 
-    * ``fractal/v1/{swarm}/cmd``: the fleet only.
+    * ``fractal/v1/{swarm}/cmd`` and ``.../keyring``: the fleet only.
     * ``status/{node}`` and ``rounds/{id}/events/{node}``: that node only.
     * ``ar/{dst}``, ``ack/{dst}``, ``params/{dst}``: any node but ``dst`` itself.
     * ``x/ar/{dst}`` (site leaders' ring, bridged between sites): any node but ``dst`` itself.
@@ -273,7 +277,7 @@ def swarm_policy(topic: str, sender: str, role: Role) -> bool:
     if len(parts) < 4 or parts[0] != "fractal" or parts[1] != "v1":
         return False
     rest = parts[3:]
-    if rest == ["cmd"]:
+    if rest == ["cmd"] or rest == ["keyring"]:  # keyring: enrolment updates (federation/enrolment.py)
         return role == Role.FLEET
     if role != Role.NODE:
         return False

@@ -38,6 +38,10 @@ def serve_node(config_path: Path, *, log_level: str = "info",
     from edgenode.config import load_config
 
     cfg = load_config(config_path)  # ConfigError -> one line, exit 1 (api.cli.main)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from edgenode.enrol import enrolled_config
+
+    cfg = enrolled_config(cfg)  # first boot of a flashed board: enrol with the fleet (edgenode/enrol.py)
     _check_port_free(cfg.host, cfg.port)
     try:
         from api.node_app import create_node_app

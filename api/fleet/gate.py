@@ -35,6 +35,9 @@ def is_open(method: str, path: str) -> bool:
     """May this request come without the operator token?"""
     if path in _OPEN or path.startswith("/static/"):
         return True
+    if method == "POST" and (path == "/api/enroll" or (path.startswith("/api/enroll/")
+                                                       and path.endswith("/status"))):
+        return True  # a device's enrolment: its token and key proofs are checked by the route
     # a node's download: the route checks its grant (or the token) itself; no body
     return method in ("GET", "HEAD") and path.startswith("/api/images/")
 

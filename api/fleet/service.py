@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 
+from api.fleet.enrollment import EnrollmentManager, device_broker_url
 from api.fleet.events import EventBus, EventType
 from api.fleet.history import FleetHistory
 from api.fleet.images import GrantRefused, ImageCatalogue
@@ -25,7 +26,7 @@ from api.fleet.settings import FleetSettings
 from federation import grants, topics
 from federation.auth import Keyring, Reject
 from federation.messages import EventKind, NodeState, parse_event, parse_status
-from federation.signed import SignedLink, load_identity
+from federation.signed import Identity, SignedLink, load_identity
 from federation.transport import PubSubLink
 
 __all__ = ["FleetService", "Link", "LinkFactory"]
@@ -97,14 +98,26 @@ class FleetService:
         self._round_events = threading.Lock()  # one reader+publisher of round states at a time
         self._round_seq = 0  # bumped by every published round state (see round_view)
         self._ticker: threading.Thread | None = None
+        self._ident: Identity | None = None
+        self.enrollment = EnrollmentManager(
+            settings.db_path(), swarm=settings.swarm, broker_url=device_broker_url(settings),
+            identity=None, keyring_file=settings.keyring_file, publish=self._publish_retained, clock=clock)
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
         link = self._link_factory(self.settings)
         if self.settings.key_file and self.settings.keyring_file:
             ident = load_identity(self.settings.key_file, self.settings.keyring_file)
+            # one keyring object: what enrolment adds or revokes, the link's verifier and grants see
+            self._ident = self.enrollment.identity = ident
+            self._keyring = ident.keyring
             link = SignedLink(link, ident.signer, ident.verifier(), on_reject=self._auth_reject)
         self._link = link
+        if self.settings.dynsec_admin and self.enrollment.dynsec is None:
+            from federation.dynsec import DynsecAdmin
+
+            self.enrollment.dynsec = DynsecAdmin(self.settings.dynsec_admin)
+        self.enrollment.publish_keyring()  # members that missed an update get it (retained)
         self._link.subscribe(topics.status_all(self.settings.swarm), self._on_status)
         self._link.subscribe(topics.round_events_all(self.settings.swarm), self._on_event)
         self._stop.clear()
@@ -118,6 +131,9 @@ class FleetService:
         if self._link is not None:
             self._link.close()
             self._link = None
+        if self.enrollment.dynsec is not None:
+            self.enrollment.dynsec.close()
+            self.enrollment.dynsec = None
         self.history.close()
 
     @property
@@ -299,6 +315,11 @@ class FleetService:
             raise RuntimeError("fleet service is not connected to the broker")
         self._link.publish(topic, msg.model_dump_json().encode(), retain=False, qos=1)
 
+    def _publish_retained(self, topic: str, payload: bytes) -> None:
+        if self._link is None:
+            raise RuntimeError("fleet service is not connected to the broker")
+        self._link.publish(topic, payload, retain=True, qos=1)
+
     def nodes(self) -> list[dict]:
         """The node table; ``left_out`` says why a node is left out of rounds (None: it is not)."""
         left_out = self.rounds.left_out()
@@ -418,4 +439,5 @@ class FleetService:
         return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.round_history(),
                 "actions": self.history.actions(50), "margin": self.settings.rollback_margin,
                 "auto_rollback": self.settings.auto_rollback, "rollouts": self.rollouts.recent(),
-                "images": self.images.list() if self.images is not None else None}
+                "images": self.images.list() if self.images is not None else None,
+                "enrollments": self.enrollment.list()}

@@ -58,6 +58,11 @@ class FleetSettings(BaseSettings):
     # The fleet's address as the nodes reach it (the download URL in image commands); empty: the
     # address the operator's roll-out request came in on.
     public_url: str = ""
+    # Enrolment (api/fleet/enrollment.py): the broker URL handed to accepted devices (empty: ``broker``
+    # without its credentials), and the dynamic-security admin URL (mqtt://ADMIN:PW@host:port) through
+    # which the fleet makes and deletes devices' broker clients (empty: it makes none).
+    device_broker: str = ""
+    dynsec_admin: str = Field(default="", repr=False)
 
     def db_path(self) -> Path:
         """Where the fleet keeps its durable state (``db``, or a per-swarm file in the user data dir)."""

@@ -4,7 +4,7 @@
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#e07b39", "#3aa17e", "#8e5bd0", "#d04f7a", "#3f8fd2", "#9a8a2e", "#5e6d7e", "#c2462d"];
 const state = {swarm: "", nodes: new Map(), rounds: new Map(), selected: null, es: null, connected: false,
-  rollback: null, actions: [], margin: null, images: null, rollouts: new Map()};
+  rollback: null, actions: [], margin: null, images: null, rollouts: new Map(), enrollments: []};
 
 // ---- the error banner: dismissable, and it clears itself once its condition is gone -------------
 const banner = {resolved: null};
@@ -95,6 +95,40 @@ function renderNodes() {
   renderRolloutNodes();
   recheckBanner();
 }
+
+// ---- enrolment: devices that announced themselves with a token wait for the operator --------------
+function renderEnrollments() {
+  const rows = state.enrollments.filter((e) => e.state === "pending" || Date.now() / 1000 - (e.decided_at || 0) < 86400);
+  const pending = rows.filter((e) => e.state === "pending").length;
+  $("enrol-count").textContent = pending ? `${pending} pending` : "";
+  $("no-enrollments").hidden = rows.length > 0;
+  $("enrollments").querySelector("tbody").innerHTML = rows.map((e) => {
+    const fp = e.key_fingerprint.replace("SHA256:", "");
+    const acts = e.state === "pending"
+      ? `<button type="button" class="small" data-enrol="accept" data-device="${esc(e.device_id)}">accept</button>
+         <button type="button" class="small secondary" data-enrol="reject" data-device="${esc(e.device_id)}">reject</button>`
+      : e.state === "accepted" ? `<button type="button" class="small secondary" data-enrol="revoke" data-device="${esc(e.device_id)}">revoke</button>` : "";
+    return `<tr data-device-id="${esc(e.device_id)}" data-state="${esc(e.state)}"><td><b>${esc(e.device_id)}</b></td>
+      <td>${esc(e.arch)} <span class="muted">${esc(e.board)}</span></td>
+      <td><span class="hash" title="${esc(e.key_fingerprint)}">${esc(fp.slice(0, 16))}…${esc(fp.slice(-8))}</span></td>
+      <td>${ago(e.requested_at)}</td><td><span class="badge ${esc(e.state)}">${esc(e.state)}</span></td><td>${acts}</td></tr>`;
+  }).join("");
+}
+
+$("enrollments").addEventListener("click", async (ev) => {
+  const b = ev.target.closest("button[data-enrol]");
+  if (!b) return;
+  showError("");
+  b.disabled = true;
+  try {
+    await api("POST", `/api/enrollments/${encodeURIComponent(b.dataset.device)}/${b.dataset.enrol}`);
+    state.enrollments = (await api("GET", "/api/enrollments")).enrollments;
+    renderEnrollments();
+  } catch (e) {
+    b.disabled = false;
+    showError(`Not done (${b.dataset.enrol} ${b.dataset.device}): ${e.message}`, () => false);
+  }
+});
 
 // A node the fleet leaves out of rounds (its peers kept naming it as the cause of failed rounds).
 function leftOut(n) {
@@ -435,8 +469,10 @@ function connect() {
     if (!state.rounds.has(state.selected)) state.selected = s.rounds.length ? s.rounds[0].round_id : null;
     state.images = s.images ?? null;
     state.rollouts = new Map((s.rollouts || []).map((r) => [r.rollout_id, r]));
-    renderNodes(); renderRounds(); renderActions(); renderImages(); renderRollout();
+    state.enrollments = s.enrollments || [];
+    renderNodes(); renderRounds(); renderActions(); renderImages(); renderRollout(); renderEnrollments();
   });
+  es.addEventListener("enrollment", (ev) => { state.enrollments = JSON.parse(ev.data).enrollments; renderEnrollments(); });
   es.addEventListener("node", (ev) => {
     const n = JSON.parse(ev.data);
     if (n.removed) state.nodes.delete(n.node_id); else state.nodes.set(n.node_id, n);

@@ -76,7 +76,8 @@ def test_every_fleet_request_field_over_its_bounds(tmp_path):
                 cmds = [parse_command(p) for t, p in link.published if t == topics.command("bd")]
                 assert len(cmds) == 1 and isinstance(cmds[0], RoundCommand)
                 resolve(cmds[0], TrainingConfig())  # every node accepts and resolves it
-        if case.method != "GET" and r.status_code < 300:
+        # a new enrolment token changes nothing another case depends on: no fresh fleet for it
+        if case.method != "GET" and r.status_code < 300 and case.path != "/api/enrollment-tokens":
             fleet.__exit__(None, None, None)
             fleet = None
     if fleet is not None:
