@@ -48,6 +48,9 @@ class NodeState(enum.StrEnum):
     ONLINE = "online"  # idle, serving inference
     TRAINING = "training"  # inside a round
     OFFLINE = "offline"  # graceful stop or Last Will
+    # `fractal boot` found no slot it may start (firmware/boot.py): nothing runs, ``halt`` says
+    # why. Published once, retained, without heartbeats: it stays until the board boots again.
+    HALTED = "halted"
 
 
 class EventKind(enum.StrEnum):
@@ -150,6 +153,7 @@ class NodeStatus(_Msg):
     validation: Validation | None = None  # after the last committed round (or rollback)
     versions: list[b.ModelVersion] = Field(default_factory=list, max_length=1024)  # rollback targets
     image: ImageInfo | None = None  # None: the node does not run from a device image
+    halt: b.Reason | None = None  # state HALTED: why no slot may boot (the boot state's ``halt``)
     heartbeat_s: b.HeartbeatS = 5.0  # a status is re-published at least this often
     keepalive_s: b.KeepaliveS = 10.0  # MQTT keepalive: the Last Will fires within 1.5x of it
     ts: b.Finite = Field(default_factory=time.time)

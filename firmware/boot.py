@@ -8,7 +8,8 @@ One boot attempt:
    node starts (so a crash or power cut during the check still counts); a trial slot with no
    trials left, a bad slot, one whose files no longer verify, or one below the anti-rollback
    floor is marked bad and the previous good slot becomes active. With none left, nothing is
-   started: the boot state records why (``halt``) and :class:`NoBootableSlot` is raised;
+   started: the boot state records why (``halt``), the fleet is told when the node settings
+   name a broker (``firmware.halt``: retained status ``halted``) and :class:`NoBootableSlot` is raised;
 2. write the node config from the slot's template (artifact in the slot, data dir in the data
    area that survives updates, a fresh ``boot_id``), start ``fractal node`` from the slot;
 3. health check (``firmware.health``, one deadline): ``/v2/health/ready`` answered by *this*
@@ -37,6 +38,7 @@ from pathlib import Path
 from firmware.bootstate import BootState, SlotState
 from firmware.device import Device, promote_keys, verify_slot
 from firmware.errors import BootError, FirmwareError, NoBootableSlot
+from firmware.halt import announce_halt
 from firmware.health import health_check
 from firmware.manifest import NODE_TEMPLATE_MEMBER, ImageManifest
 from firmware.nodeproc import port_free, record, stop_leftover
@@ -228,6 +230,18 @@ def boot(
     NoBootableSlot when no slot may boot (nothing started, the boot state says why)."""
     dev = Device(Path(device))
     dev.load_state()  # not provisioned: say so before anything else
+    try:
+        return _boot(dev, launcher, node_id=node_id or dev.root.name, host=host, port=port,
+                     health_timeout_s=health_timeout_s, log=log)
+    except NoBootableSlot:
+        why = dev.load_state().halt or "no slot may boot"
+        if announce_halt(dev, why, node_id=node_id or dev.root.name, host=host, port=port, log=log):
+            log("told the fleet: halted, no bootable slot")
+        raise
+
+
+def _boot(dev: Device, launcher: Launcher, *, node_id: str, host: str, port: int,
+          health_timeout_s: float, log: Callable[[str], None]) -> BootResult:
     fell_back = False
     for _ in range(_MAX_ATTEMPTS):
         stop_leftover(dev, log)  # a node a killed supervisor left serving on our port
@@ -237,7 +251,7 @@ def boot(
         state = dev.load_state()
         boot_id = secrets.token_hex(16)
         cfg = node_config(
-            dev, slot, node_id=node_id or dev.root.name, host=host, port=port, board=state.board,
+            dev, slot, node_id=node_id, host=host, port=port, board=state.board,
             boot_id=boot_id,
         )
         logf = open(dev.data / f"node-{slot}.log", "ab")  # noqa: SIM115 - handed to the child

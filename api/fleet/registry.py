@@ -2,7 +2,9 @@
 
 A node is offline when its last status says so (graceful stop or Last Will) or when it has
 not been heard from for 1.5x its MQTT keepalive: the broker fires the Last Will at that
-point, so waiting longer than that only hides a dead node.
+point, so waiting longer than that only hides a dead node. A node whose board found no slot it
+may boot says so once (state ``halted``, ``halt`` = why; no heartbeats follow): it is shown
+halted with that reason, never online, until it publishes another status.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class NodeEntry:
     expired: bool = False  # heartbeat timed out (reported once)
 
     def state(self, now: float) -> NodeState:
+        if self.status.state is NodeState.HALTED:  # final until the board boots: no heartbeats
+            return NodeState.HALTED
         if self.status.state is NodeState.OFFLINE or self.is_stale(now):
             return NodeState.OFFLINE
         return self.status.state
@@ -36,14 +40,17 @@ class NodeEntry:
         st = self.status
         state = self.state(now)
         reason = None
-        if state is NodeState.OFFLINE:
+        if state is NodeState.HALTED:
+            reason = f"halted: no bootable slot ({st.halt or 'no reason given'})"
+        elif state is NodeState.OFFLINE:
             reason = "offline status (stopped or Last Will)" if st.state is NodeState.OFFLINE else (
                 f"no heartbeat for {now - self.last_seen:.0f}s")
         return {
             "node_id": st.node_id,
             "state": state.value,
-            "online": state is not NodeState.OFFLINE,
+            "online": state not in (NodeState.OFFLINE, NodeState.HALTED),
             "offline_reason": reason,
+            "halt": st.halt if state is NodeState.HALTED else None,
             "arch": st.arch,
             "board": st.board,
             "model": st.model,
@@ -98,7 +105,7 @@ class NodeRegistry:
         out = []
         with self._lock:
             for entry in self._nodes.values():
-                if entry.status.state is NodeState.OFFLINE or entry.expired:
+                if entry.status.state in (NodeState.OFFLINE, NodeState.HALTED) or entry.expired:
                     continue
                 if entry.is_stale(now):
                     entry.expired = True
@@ -107,7 +114,8 @@ class NodeRegistry:
 
     def online_ids(self, now: float) -> set[str]:
         with self._lock:
-            return {nid for nid, e in self._nodes.items() if e.state(now) is not NodeState.OFFLINE}
+            return {nid for nid, e in self._nodes.items()
+                    if e.state(now) not in (NodeState.OFFLINE, NodeState.HALTED)}
 
     def idle_ids(self, now: float) -> set[str]:
         """Online and not busy with a round (a node still inside an aborted round is not idle:

@@ -164,6 +164,10 @@ class RolloutManager:
         unknown = [n for n in targets if n not in views]
         if unknown:
             raise RoundRejected(f"unknown node(s): {', '.join(unknown)}", 404)
+        halted = [f"{n} ({views[n].get('halt') or 'no reason given'})" for n in targets
+                  if views[n]["state"] == "halted"]
+        if halted:
+            raise RoundRejected(f"node(s) halted, no bootable slot: {'; '.join(halted)}")
         offline = [n for n in targets if not views[n]["online"]]
         if offline:
             raise RoundRejected(f"node(s) offline: {', '.join(offline)}")
@@ -293,6 +297,23 @@ class RolloutManager:
             self._record(f"image.{r.kind}.{r.state.value}", r, now)
         if cmd is not None:
             self._publish(topics.command(self._swarm), cmd)
+        return r
+
+    def on_halt(self, node_id: str, reason: str, now: float) -> Rollout | None:
+        """A node of the running roll-out says its board halted (no bootable slot): the roll-out
+        fails now with that reason instead of waiting out its deadline; returns it."""
+        with self._lock:
+            r = self._running()
+            if r is None or node_id not in r.nodes:
+                return None
+            p = r.nodes[node_id]
+            if p.finished_at is not None:
+                return None
+            role = "canary " if r.kind == "rollout" and p.stage == 0 else ""
+            p.finished_at, p.error = now, f"halted, no bootable slot: {reason}"
+            r.state, r.finished_at = RolloutState.FAILED, now
+            r.reason = f"{role}{node_id} {p.error}"
+        self._record(f"image.{r.kind}.failed", r, now)
         return r
 
     def tick(self, now: float) -> Rollout | None:

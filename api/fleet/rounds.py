@@ -394,6 +394,7 @@ class RoundManager:
         return (rnd, why) if why else None
 
     def start(self, req: RoundRequest, *, online: set[str], known: set[str], now: float,
+              halted: dict[str, str] | None = None,
               holdings: dict[str, str] | None = None,
               val_counts: dict[str, int | None] | None = None,
               site_of: dict[str, str | None] | None = None) -> Round:
@@ -429,6 +430,8 @@ class RoundManager:
             if len(participants) < 2:
                 have = ", ".join(participants) or "none"
                 out = "".join(f"; {n} is left out: {why}" for n, why in sorted(self._left_out.items()))
+                out += "".join(f"; {n} is halted, no bootable slot: {why}"
+                               for n, why in sorted((halted or {}).items()) if n in wanted)
                 raise RoundRejected(
                     f"fewer than 2 nodes online and idle among the requested participants (idle: {have}); "
                     f"a round needs at least 2{out}")

@@ -163,6 +163,10 @@ class FleetService:
             return
         self.bus.publish(EventType.NODE, view | {"left_out": self.rounds.left_out().get(node)})
         if not view["online"]:
+            if view["state"] == NodeState.HALTED.value:  # the board will not come back by itself
+                ro = self.rollouts.on_halt(node, view["halt"] or "no reason given", now)
+                if ro is not None:
+                    self._rollout_changed(ro)
             # a Last Will also fires when a connection merely drops: the round waits for the grace
             self._rounds_changed(self.rounds.node_offline(node, now))
             return
@@ -349,6 +353,8 @@ class FleetService:
             raise RoundRejected(_rollback_running(pending))
         views = self._settled(self.nodes())
         rnd = self.rounds.start(req, online={n for n, v in views.items() if v["state"] == "online"},
+                                halted={n: v["halt"] or "no reason given" for n, v in views.items()
+                                        if v["state"] == NodeState.HALTED.value},
                                 known=set(views), now=now,
                                 holdings={n: v["params_sha256"] for n, v in views.items()},
                                 val_counts={n: v["samples_val"] for n, v in views.items()},

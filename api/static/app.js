@@ -80,7 +80,7 @@ function renderNodes() {
     return `<tr data-node-id="${esc(id)}" data-state="${esc(n.state)}" data-version="${esc(n.model_version)}"
       data-image-version="${esc(im ? im.version : "")}" data-image-slot="${esc(im ? im.slot : "")}" data-image-health="${esc(im ? im.health : "")}">
       <td><b>${esc(id)}</b>${url}</td><td>${esc(device(n))}</td>
-      <td><span class="badge ${esc(n.state)}" title="${esc(n.offline_reason || "")}">${esc(n.state)}</span>${leftOut(n)}</td>
+      <td><span class="badge ${esc(n.state)}" title="${esc(n.offline_reason || "")}">${esc(n.state)}</span>${halted(n)}${leftOut(n)}</td>
       <td>${artifact(n)}</td>
       <td class="image">${imageCell(im)}</td>
       <td class="version"><b>v${esc(n.model_version)}</b> <span class="hash" title="${esc(n.params_sha256)}">${esc(n.params_short)}</span></td>
@@ -129,6 +129,12 @@ $("enrollments").addEventListener("click", async (ev) => {
     showError(`Not done (${b.dataset.enrol} ${b.dataset.device}): ${e.message}`, () => false);
   }
 });
+
+// A board that found no slot it may boot (`fractal boot` exited 78): why, until it boots again.
+function halted(n) {
+  if (n.state !== "halted") return "";
+  return `<div class="muted small halt-reason">no bootable slot: ${esc(n.halt || "no reason given")}</div>`;
+}
 
 // A node the fleet leaves out of rounds (its peers kept naming it as the cause of failed rounds).
 function leftOut(n) {

@@ -19,6 +19,7 @@ from firmware.keys import load_public
 from tests.edgenode.test_cli_node import free_port
 from tests.firmware.conftest import assert_refused, cli, tree
 from tests.firmware.crafted import EMPTY_SHA256, craft
+from tests.fleet.conftest import broker, make_fleet  # noqa: F401 - fixtures
 
 
 def pub(key: Path) -> Path:
@@ -185,6 +186,48 @@ def test_no_fallback_below_the_rollback_floor_the_board_halts_and_says_why(tmp_p
     assert r.returncode == 0, r.stderr
     assert "halt" not in _status(device)
     assert _boot(dev) == "a"
+
+
+@pytest.mark.slow
+@pytest.mark.mosquitto
+def test_a_halted_board_tells_the_fleet_why_signed(tmp_path, fw_image, fw_keys, make_fleet):  # noqa: F811
+    """Finding 7, on the fleet: the board of the floor case above, in a signed swarm whose broker
+    is named in data/node.extra.toml. `fractal boot` exits 78 and publishes the node's retained
+    status once as ``halted`` with the reason, signed with the node's key; GET /api/nodes shows
+    it (never online), and a round names it as halted (before: the fleet only saw
+    the node go offline)."""
+    from deploy.keys import provision
+
+    swarm = f"halt-{tmp_path.name[-12:].strip('_-') or 'x'}"
+    keys = tmp_path / "swarm-keys"
+    provision(keys, swarm, ["node-1", "node-2"])
+    fleet = make_fleet(swarm=swarm, key_file=str(keys / "keys/fleet.key"),
+                       keyring_file=str(keys / "keyring.json"))
+    device = tmp_path / "node-1"  # the node id is the device directory's name
+    dev = Device(device)
+    assert cli("image", "flash", fw_image("1.0.0", rollback_index=1), "--device", device, "--pubkey",
+               pub(fw_keys["k1"])).returncode == 0
+    _boot(dev)
+    assert cli("image", "flash", fw_image("2.0.0", rollback_index=5), "--device", device).returncode == 0
+    assert _boot(dev) == "b"
+    _flip_params_byte(device / "b")
+    (device / "data" / "node.extra.toml").write_text(
+        f'broker = "{fleet.broker_url}"\nswarm = "{swarm}"\nkeepalive_s = 1\n'
+        f'key_file = "{keys}/keys/node-1.key"\nkeyring_file = "{keys}/keyring.json"\n')
+
+    port = free_port()
+    r = cli("boot", "--device", device, "--port", str(port), "--once", "--health-timeout", "30")
+    assert r.returncode == 78, (r.returncode, r.stdout, r.stderr)
+    assert "told the fleet: halted" in r.stderr, r.stderr
+    assert not _listening(port)
+    node = fleet.wait_for(lambda: fleet.node("node-1"), 10, "the halted status")
+    assert node["state"] == "halted" and node["online"] is False, node
+    assert "below the device's floor 5" in node["halt"] and "do not verify" in node["halt"], node
+    assert node["offline_reason"].startswith("halted: no bootable slot"), node
+    # the fleet is signed: it lists only statuses signed by their node's key
+    assert fleet.get("/api/nodes").json()["nodes"] == [node]
+    r2 = fleet.post("/api/rounds", json={"steps": 1, "nodes": ["node-1"]})
+    assert r2.status_code == 409 and "node-1 is halted, no bootable slot: " in r2.json()["error"], r2.text
 
 
 @pytest.mark.parametrize("floor_in_record", [True, False])

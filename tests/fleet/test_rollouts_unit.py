@@ -186,3 +186,35 @@ def test_each_stage_carries_a_fresh_short_grant():
     m.on_status("n1", status(r.rollout_id, "done"), 1500.0)
     assert sent[1].url == "http://f/api/images/x?exp=2400&grant=g2" and sent[1].nodes == ["n2"]
     assert not m.downloading(IMG["id"], "n1") and m.downloading(IMG["id"], "n2")
+
+
+def test_a_halted_node_is_refused_and_fails_the_running_rollout_with_its_reason(mgr):
+    """Issue 26 finding 7: a board with no bootable slot says so (state ``halted``, ``halt``); a
+    roll-out refuses it naming the reason, and a running one fails at once instead of waiting out
+    its deadline."""
+    halted = view("n2", online=False) | {"state": "halted", "halt": "slot a: below the floor 5"}
+    with pytest.raises(RoundRejected, match=r"halted, no bootable slot: n2 \(slot a: below the floor 5\)"):
+        mgr.start(RolloutRequest(image=IMG["id"], nodes=["n1", "n2"]), image=IMG, url="http://f/x",
+                  nodes=[view("n1"), halted], now=100.0)
+    r = mgr.start(RolloutRequest(image=IMG["id"], nodes=["n1", "n2"]), image=IMG, url="http://f/x",
+                  nodes=NODES, now=100.0)
+    assert mgr.on_halt("n3", "not in it", 101.0) is None
+    assert mgr.on_halt("n1", "slot b: its files do not verify", 101.0) is r
+    assert r.state.value == "failed" and r.reason == "canary n1 halted, no bootable slot: slot b: its files do not verify"
+
+
+def test_the_registry_keeps_a_halted_node_halted_without_heartbeats():
+    """A halted board publishes once and never heartbeats: it is never online, never idle, and is
+    not turned into "offline, no heartbeat" however long it stays silent."""
+    from api.fleet.registry import NodeRegistry
+    from federation.messages import NodeState, NodeStatus
+
+    reg = NodeRegistry()
+    st = NodeStatus(node_id="n1", state=NodeState.HALTED, halt="slot a: below the floor 5", keepalive_s=1, ts=0)
+    assert reg.update(st, 0.0)["state"] == "halted"
+    assert reg.expire(1e6) == [] and reg.online_ids(1e6) == set() and reg.idle_ids(1e6) == set()
+    (v,) = reg.snapshot(1e6)
+    assert (v["state"], v["online"], v["halt"]) == ("halted", False, "slot a: below the floor 5")
+    assert v["offline_reason"] == "halted: no bootable slot (slot a: below the floor 5)"
+    reg.update(st.model_copy(update={"state": NodeState.ONLINE, "ts": 2e6}), 2e6)  # it booted again
+    assert reg.snapshot(2e6)[0]["halt"] is None and reg.online_ids(2e6) == {"n1"}
