@@ -225,7 +225,8 @@ def test_a_halted_board_tells_the_fleet_why_signed(tmp_path, fw_image, fw_keys, 
     assert "below the device's floor 5" in node["halt"] and "do not verify" in node["halt"], node
     assert node["offline_reason"].startswith("halted: no bootable slot"), node
     # the fleet is signed: it lists only statuses signed by their node's key
-    assert fleet.get("/api/nodes").json()["nodes"] == [node]
+    body = fleet.get("/api/nodes").json()
+    assert [n["node_id"] for n in body["nodes"]] == ["node-1"] and not any(body["rejected"].values()), body
     r2 = fleet.post("/api/rounds", json={"steps": 1, "nodes": ["node-1"]})
     assert r2.status_code == 409 and "node-1 is halted, no bootable slot: " in r2.json()["error"], r2.text
 
