@@ -18,18 +18,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fractal import FractalError
-
 from firmware.device import Device, verify_slot
 from firmware.errors import FirmwareError
 from firmware.manifest import NODE_TEMPLATE_MEMBER
+from fractal import FractalError
 
 __all__ = ["announce_halt", "HALT_PUBLISH_TIMEOUT_S"]
 
 HALT_PUBLISH_TIMEOUT_S = 10.0  # connect, then the broker's PUBACK: each within this
 
 
-def _settings(dev: Device, node_id: str, host: str, port: int, board: str) -> tuple[dict[str, Any], Path] | None:
+def _settings(dev: Device, node_id: str, host: str, port: int,
+              board: str) -> tuple[dict[str, Any], Path] | None:
     """The node config the device would run with (parsed) and its path; None when no slot has a template."""
     from firmware.boot import node_config  # firmware.boot imports this module
 
@@ -93,7 +93,8 @@ def _publish(doc: dict[str, Any], cfg: Path, broker: str, why: str, *, node_id: 
         node_id=node_id, state=NodeState.HALTED, arch=arch, board=board,
         site=doc.get("site") if isinstance(doc.get("site"), str) else None, halt=why,
     )
-    key_file, keyring_file = _path(doc.get("key_file"), cfg.parent), _path(doc.get("keyring_file"), cfg.parent)
+    key_file = _path(doc.get("key_file"), cfg.parent)
+    keyring_file = _path(doc.get("keyring_file"), cfg.parent)
     identity = None
     if key_file is not None and keyring_file is not None:
         from federation.signed import load_identity  # `cryptography` only for signed swarms

@@ -200,7 +200,8 @@ def test_a_halted_node_is_refused_and_fails_the_running_rollout_with_its_reason(
                   nodes=NODES, now=100.0)
     assert mgr.on_halt("n3", "not in it", 101.0) is None
     assert mgr.on_halt("n1", "slot b: its files do not verify", 101.0) is r
-    assert r.state.value == "failed" and r.reason == "canary n1 halted, no bootable slot: slot b: its files do not verify"
+    assert r.state.value == "failed"
+    assert r.reason == "canary n1 halted, no bootable slot: slot b: its files do not verify"
 
 
 def test_the_registry_keeps_a_halted_node_halted_without_heartbeats():
@@ -210,7 +211,8 @@ def test_the_registry_keeps_a_halted_node_halted_without_heartbeats():
     from federation.messages import NodeState, NodeStatus
 
     reg = NodeRegistry()
-    st = NodeStatus(node_id="n1", state=NodeState.HALTED, halt="slot a: below the floor 5", keepalive_s=1, ts=0)
+    st = NodeStatus(node_id="n1", state=NodeState.HALTED, halt="slot a: below the floor 5",
+                    keepalive_s=1, ts=0)
     assert reg.update(st, 0.0)["state"] == "halted"
     assert reg.expire(1e6) == [] and reg.online_ids(1e6) == set() and reg.idle_ids(1e6) == set()
     (v,) = reg.snapshot(1e6)
