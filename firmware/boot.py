@@ -235,7 +235,9 @@ def boot(
                      health_timeout_s=health_timeout_s, log=log)
     except NoBootableSlot:
         why = dev.load_state().halt or "no slot may boot"
-        if announce_halt(dev, why, node_id=node_id or dev.root.name, host=host, port=port, log=log):
+        nid, board = node_id or dev.root.name, dev.load_state().board
+        if announce_halt(dev, why, node_id=nid, log=log, config_for=lambda slot: node_config(
+                dev, slot, node_id=nid, host=host, port=port, board=board)):
             log("told the fleet: halted, no bootable slot")
         raise
 

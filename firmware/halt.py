@@ -28,11 +28,8 @@ __all__ = ["announce_halt", "HALT_PUBLISH_TIMEOUT_S"]
 HALT_PUBLISH_TIMEOUT_S = 10.0  # connect, then the broker's PUBACK: each within this
 
 
-def _settings(dev: Device, node_id: str, host: str, port: int,
-              board: str) -> tuple[dict[str, Any], Path] | None:
+def _settings(dev: Device, config_for: Callable[[str], Path]) -> tuple[dict[str, Any], Path] | None:
     """The node config the device would run with (parsed) and its path; None when no slot has a template."""
-    from firmware.boot import node_config  # firmware.boot imports this module
-
     slots = [s for s in ("a", "b") if (dev.slot(s) / NODE_TEMPLATE_MEMBER).is_file()]
     verified = []
     for s in slots:
@@ -42,7 +39,7 @@ def _settings(dev: Device, node_id: str, host: str, port: int,
             continue
         verified.append(s)
     for s in verified + [s for s in slots if s not in verified]:
-        cfg = node_config(dev, s, node_id=node_id, host=host, port=port, board=board)
+        cfg = config_for(s)
         try:
             return tomllib.loads(cfg.read_text()), cfg
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
@@ -57,13 +54,14 @@ def _path(value: object, base: Path) -> Path | None:
     return p if p.is_absolute() else base / p
 
 
-def announce_halt(dev: Device, why: str, *, node_id: str, host: str, port: int,
+def announce_halt(dev: Device, why: str, *, node_id: str, config_for: Callable[[str], Path],
                   log: Callable[[str], None]) -> bool:
     """Publish the retained ``halted`` status when the node settings name a broker; True when the
-    broker acknowledged it. Never raises: the board halts whatever the broker does."""
+    broker acknowledged it. ``config_for(slot)`` writes the node config the slot would run with
+    (``firmware.boot.node_config``). Never raises: the board halts whatever the broker does."""
     try:
         state = dev.load_state()
-        found = _settings(dev, node_id, host, port, state.board)
+        found = _settings(dev, config_for)
     except (FractalError, OSError) as exc:
         log(f"cannot read the node settings to tell the fleet: {exc}")
         return False
