@@ -120,11 +120,11 @@ class Membership:
             return dict(self._status)
 
     def live(self) -> dict[str, NodeStatus]:
-        """Nodes whose last status is not offline and not stale, by id."""
+        """Nodes whose last status is not offline (nor halted: no bootable slot) and not stale, by id."""
         now = time.monotonic()
         with self._lock:
             return {n: s for n, s in self._status.items()
-                    if s.state != NodeState.OFFLINE
+                    if s.state not in (NodeState.OFFLINE, NodeState.HALTED)
                     and now - self._seen_at[n] <= self.stale_factor * max(s.heartbeat_s, 0.1)}
 
     def wait_for(self, predicate: Callable[[dict[str, NodeStatus]], bool], timeout: float) -> bool:

@@ -431,7 +431,8 @@ class RoundManager:
                 have = ", ".join(participants) or "none"
                 out = "".join(f"; {n} is left out: {why}" for n, why in sorted(self._left_out.items()))
                 out += "".join(f"; {n} is halted, no bootable slot: {why}"
-                               for n, why in sorted((halted or {}).items()) if n in wanted)
+                               for n, why in sorted((halted or {}).items())
+                               if req.nodes is None or n in wanted)
                 raise RoundRejected(
                     f"fewer than 2 nodes online and idle among the requested participants (idle: {have}); "
                     f"a round needs at least 2{out}")

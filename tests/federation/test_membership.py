@@ -112,3 +112,16 @@ def test_rogue_statuses_are_rejected_and_counted(mosquitto, mqtt_link_factory, s
     # an empty retained payload removes the node
     rogue.publish(topics.status(swarm_id, "ok"), b"", retain=True)
     assert m.wait_for(lambda live: not live, 5) and "ok" not in m.all()
+
+
+def test_a_halted_node_is_known_but_never_live(mosquitto, mqtt_link_factory, swarm_id):
+    """A board with no bootable slot publishes `halted` once (firmware/halt.py): members see it
+    with its reason but never count it live."""
+    m = Membership(mqtt_link_factory(mosquitto, "observer"))
+    seen = threading.Event()
+    m.on_change(lambda n, old, new: n == "h" and new is not None and seen.set())
+    board = mqtt_link_factory(mosquitto, "h-boot")
+    board.publish(topics.status(swarm_id, "h"), NodeStatus(node_id="h", state=NodeState.HALTED,
+                                                           halt="slot a: below the floor 5"), retain=True)
+    assert seen.wait(5)
+    assert "h" not in m.live() and m.all()["h"].halt == "slot a: below the floor 5"

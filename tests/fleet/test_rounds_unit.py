@@ -120,3 +120,17 @@ def test_without_a_grace_or_for_an_expired_node_the_round_fails_at_once():
         rid = m.start(RoundRequest(steps=10), online={"a", "b"}, known={"a", "b"}, now=0.0).round_id
         [rnd] = m.node_offline("b", 1.0, immediate=immediate)
         assert rnd.round_id == rid and rnd.reason == "node b went offline during the round"
+
+
+def test_a_round_that_cannot_start_names_the_halted_nodes_and_why():
+    """Issue 26 finding 7: a board with no bootable slot is unavailable with its reason."""
+    m = _manager([])
+    for nodes in (None, ["a", "h"]):
+        with pytest.raises(RoundRejected) as e:
+            m.start(RoundRequest(steps=1, nodes=nodes), online={"a"}, known={"a", "h"}, now=0,
+                    halted={"h": "slot a: below the floor 5"})
+        assert e.value.status_code == 409
+        assert "; h is halted, no bootable slot: slot a: below the floor 5" in e.value.reason
+    rnd = m.start(RoundRequest(steps=1, nodes=None), online={"a", "b"}, known={"a", "b", "h"}, now=0,
+                  halted={"h": "slot a: below the floor 5"})
+    assert rnd.command.participants == ["a", "b"]
