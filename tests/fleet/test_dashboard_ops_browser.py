@@ -142,3 +142,24 @@ def test_round_validation_rollback_and_restart(make_fleet, browser, tmp_path):
     finally:
         page.close()
         sim.close()
+
+
+def test_the_node_table_shows_a_halted_board_and_why(fleet, browser):
+    """Issue 26 finding 7: a board with no bootable slot publishes `halted` with the reason
+    (firmware/halt.py); the node table shows the state and the reason, live."""
+    from federation.messages import NodeState
+
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        _open(page, fleet)
+        fleet.announce("node-h", NodeState.HALTED, halt="slot b: its rollback index 1 is below the floor 5")
+        row = page.locator("#nodes tbody tr[data-node-id=node-h][data-state=halted]")
+        row.wait_for(timeout=10_000)
+        assert row.locator(".badge.halted").inner_text() == "halted"
+        assert row.locator(".halt-reason").inner_text() == \
+            "no bootable slot: slot b: its rollback index 1 is below the floor 5"
+        assert not errors, errors
+    finally:
+        page.close()
