@@ -69,8 +69,9 @@ def test_a_round_across_two_bridged_sites_commits_the_same_parameters_everywhere
 def test_a_site_leader_killed_in_the_vote_fails_the_round_everywhere_then_the_next_leader_commits(
         site_brokers, swarm_id, mqtt_link_factory, digits_artifact, digits_data, tmp_path) -> None:
     """Real `fractal node` processes; the east leader SIGKILLs itself inside the round's vote
-    (``FRACTAL_FAULTS=kill@vote``): its vote is out, no decision yet. Nobody commits; the next
-    round, without it, is led on east by east-n1 and commits on all three."""
+    (fault plan ``kill@vote:hk1``, through tests/edgenode/faultnode.py): its vote is out, no
+    decision yet. Nobody commits; the next round, without it, is led on east by east-n1 and
+    commits on all three."""
     import os
 
     import httpx
@@ -93,9 +94,8 @@ def test_a_site_leader_killed_in_the_vote_fails_the_round_everywhere_then_the_ne
             "broker": sites[s].url, "swarm": swarm_id, "site": s, "heartbeat_s": 1.0, "keepalive_s": 2,
             "training": {"nice": 0, "isolation": "thread"}})
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TVM_NUM_THREADS": "1"}
-        if i == victim:
-            env["FRACTAL_FAULTS"] = "kill@vote:hk1"
-        procs[i] = NodeProc(i, cfg, port, env, tmp_path / f"{i}.log")
+        procs[i] = NodeProc(i, cfg, port, env, tmp_path / f"{i}.log",
+                            faults="kill@vote:hk1" if i == victim else None)
     fleet = mqtt_link_factory(backbone, "fleet")
     watch = SwarmWatch(fleet, swarm_id)
 
