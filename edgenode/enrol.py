@@ -185,7 +185,17 @@ def enrolled_config(cfg: NodeConfig, *, poll_s: float = 2.0) -> NodeConfig:
     if d is None:
         return cfg
     arch = platform.machine() or "unknown"
-    e = (enrol(d, device_id=cfg.node_id, arch=arch, board=cfg.board or arch, poll_s=poll_s)
-         if needs_enrolment(d) else load_enrolled(d))
+    if needs_enrolment(d):
+        try:
+            e = enrol(d, device_id=cfg.node_id, arch=arch, board=cfg.board or arch, poll_s=poll_s)
+        except urllib.error.URLError as exc:
+            if isinstance(exc, urllib.error.HTTPError):
+                raise
+            # The fleet cannot be reached (yet): serve locally, unenrolled (no keys, no credentials:
+            # it cannot join the swarm); the enrolment runs again at the next start.
+            log.warning("enrolment: the fleet is unreachable (%s); starting unenrolled", exc.reason)
+            return cfg
+    else:
+        e = load_enrolled(d)
     return cfg.model_copy(update={"key_file": e.key_file, "keyring_file": e.keyring_file, "broker": e.broker,
                                   "swarm": e.swarm})
