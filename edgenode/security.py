@@ -72,7 +72,7 @@ class NodeAuth:
                 tmp.replace(self._keyring_file)
                 log.info("keyring updated: added %s, revoked %s", added, revoked)
 
-        link.subscribe(enrolment.keyring_topic(str(getattr(link, "swarm", ring.swarm))), on_update)
+        link.subscribe(enrolment.keyring_topic(link.swarm), on_update)
 
     def count(self, topic: str, reason: Reject) -> None:
         """Count a message the node dropped before verifying it (e.g. ``oversized``)."""
