@@ -334,6 +334,14 @@ def _drop_dead_nodes(model: Any) -> None:
         g.node.extend(reversed(keep))
 
 
+def _replace_nodes(g: Any, nodes: list[Any]) -> None:
+    """The end of every rewrite step: the graph's nodes become ``nodes`` and the inferred
+    value_info, stale now, is dropped (shape inference fills it again)."""
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.value_info[:]
+
+
 def _drop_unused_initializers(model: Any) -> None:
     g = model.graph
     used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
@@ -605,9 +613,7 @@ def decompose_rnn(model: Any) -> bool:
             g.initializer.extend(bld.inits)
         else:
             new_nodes.append(node)
-    del g.node[:]
-    g.node.extend(new_nodes)
-    del g.value_info[:]
+    _replace_nodes(g, new_nodes)
     _drop_unused_initializers(model)
     return True
 
@@ -658,9 +664,7 @@ def guard_bitshift(model: Any) -> bool:
         g.initializer.extend(bld.inits)
         changed = True
     if changed:
-        del g.node[:]
-        g.node.extend(new_nodes)
-        del g.value_info[:]
+        _replace_nodes(g, new_nodes)
     return changed
 
 
@@ -711,9 +715,7 @@ def fix_reduce_extremes(model: Any) -> bool:
         g.initializer.extend(bld.inits)
         changed = True
     if changed:
-        del g.node[:]
-        g.node.extend(new_nodes)
-        del g.value_info[:]
+        _replace_nodes(g, new_nodes)
     return changed
 
 
@@ -768,10 +770,7 @@ def promote_float16(model: Any) -> bool:
                     node.output[k] = wide
         source = rename.get(out.name, wide)
         tail.append(helper.make_node("Cast", [source], [out.name], to=_FP16, name=f"narrow_{out.name}"))
-    nodes = [*head, *g.node, *tail]
-    del g.node[:]
-    g.node.extend(nodes)
-    del g.value_info[:]
+    _replace_nodes(g, [*head, *g.node, *tail])
     return True
 
 
