@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import hypothesis.strategies as st
 import pytest
 import schemathesis
@@ -21,7 +19,6 @@ def schema(api_node):
 
 
 def test_no_server_errors(schema, api_node):
-    t0 = time.monotonic()
     ops = [r.ok() for r in schema.get_all_operations()]
     assert {op.label for op in ops} >= {"POST /v2/models/{name}/infer", "POST /v1/samples", "GET /v1/node",
                                         "GET /v2/models/{name}", "GET /metrics"}
@@ -30,7 +27,6 @@ def test_no_server_errors(schema, api_node):
         _fuzz(op, api_node.model_name, seen)
     infer_codes = seen["POST /v2/models/{name}/infer"]
     assert 400 in infer_codes and 404 in infer_codes  # it did reach the decoder and the model check
-    assert time.monotonic() - t0 < 60
 
 
 def _fuzz(op, model_name: str, seen: dict[str, set[int]]) -> None:
