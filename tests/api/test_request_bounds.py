@@ -4,7 +4,6 @@ never a 5xx. The cases come from the node's OpenAPI schema (``tests/boundcases.p
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 from fastapi.testclient import TestClient
@@ -14,7 +13,6 @@ from tests.boundcases import operation_cases
 
 
 def test_every_node_request_field_over_its_bounds(api_node):
-    t0 = time.monotonic()
     app = create_node_app(api_node)
     cases = list(operation_cases(app.openapi()))
     labels = {f"{c.method} {c.path}" for c in cases}
@@ -31,4 +29,3 @@ def test_every_node_request_field_over_its_bounds(api_node):
             assert r.status_code < 500, (case, r.status_code, r.text[:300])
             codes[r.status_code] += 1
     assert codes[400] and codes[404] and codes[200]
-    assert time.monotonic() - t0 < 60, len(cases)

@@ -7,7 +7,6 @@ The cases come from the fleet's OpenAPI schema (the pydantic models' field metad
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
@@ -50,7 +49,6 @@ def test_every_fleet_request_field_over_its_bounds(tmp_path):
     """Fresh fleet per case (two idle nodes a and b, so round and rollback requests get past the
     swarm checks to the command they build): no 5xx; every accepted round's signed command parses
     and resolves against a node's defaults."""
-    t0 = time.monotonic()
     app0, _ = _fleet(tmp_path, 0)
     cases = list(operation_cases(app0.openapi(), SKIP))
     rounds = [c for c in cases if (c.method, c.path) == ("POST", "/api/rounds")]
@@ -84,7 +82,6 @@ def test_every_fleet_request_field_over_its_bounds(tmp_path):
         fleet.__exit__(None, None, None)
     assert codes["POST rounds"][201] and codes["POST rounds"][422]
     assert codes["POST rollback"][202] and codes["POST rollback"][422]
-    assert time.monotonic() - t0 < 120, len(cases)
 
 
 @pytest.mark.parametrize("name", sorted(RoundSettings.model_fields))
