@@ -97,7 +97,8 @@ def _get(url: str, timeout: float = 5) -> Any:
 
 
 def _post(url: str, body: Mapping[str, Any], timeout: float = 30) -> Any:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
@@ -125,7 +126,8 @@ def start_node(artifact: Path, workdir: Path, *, broker_url: str, swarm: str, no
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 out = node.stop()
-                raise RuntimeError(f"fractal node did not get ready (exit {proc.returncode}):\n{out[-3000:]}")
+                raise RuntimeError(f"fractal node did not get ready (exit {proc.returncode}):\n"
+                                   f"{out[-3000:]}") from None
             time.sleep(0.1)
 
 

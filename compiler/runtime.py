@@ -58,9 +58,10 @@ class Runtime:
         except ImportError:  # a node install (no `[compiler]` extra) runs C-backend artifacts only
             from fractal.extras import COMPILER_INSTALL
 
-            raise ArtifactError(f"{lib_path.parent.name} was compiled for the TVM runtime, which this install "
-                                "lacks", hint=f"{COMPILER_INSTALL}, or compile the model for a C preset "
-                                "(e.g. --target x86_64-c)") from None
+            raise ArtifactError(f"{lib_path.parent.name} was compiled for the TVM runtime, which this "
+                                "install lacks",
+                                hint=f"{COMPILER_INSTALL}, or compile the model for a C preset "
+                                     "(e.g. --target x86_64-c)") from None
 
         self._tvm = tvm
         self._relax = relax
