@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NodeProc", "start_node", "run_round", "infer", "rss_mb", "measure", "main"]
+__all__ = ["NodeProc", "provision_keys", "start_node", "run_round", "infer", "rss_mb", "pss_mb", "measure", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,6 +39,15 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024 / 1e6
     raise RuntimeError(f"no VmRSS for pid {pid} (a zombie?)")
+
+
+def pss_mb(pid: int) -> float:
+    """Proportional set size (``Pss`` of smaps_rollup): shared pages split among their sharers, so
+    that node + worker count the library pages they share (libpython, numpy, ...) once."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024 / 1e6
+    raise RuntimeError(f"no Pss for pid {pid}")
 
 
 def children(pid: int) -> list[int]:
@@ -103,15 +112,28 @@ def _post(url: str, body: Mapping[str, Any], timeout: float = 30) -> Any:
         return json.loads(r.read())
 
 
+def provision_keys(workdir: Path, swarm: str, node_id: str) -> Path:
+    """Keys for a signed swarm of one node plus the fleet (``deploy.keys``, as the demo swarm)."""
+    from deploy.keys import provision
+
+    keys = workdir / "keys"
+    provision(keys, swarm, [node_id])
+    return keys
+
+
 def start_node(artifact: Path, workdir: Path, *, broker_url: str, swarm: str, node_id: str = "rss",
-               env: Mapping[str, str] | None = None, timeout: float = 120) -> NodeProc:
-    """Start ``fractal node`` on ``artifact`` with the broker; return once ``/v2/health/ready``
-    answers. ``env`` replaces the child's environment (PYTHONPATH is set to this checkout)."""
+               keys: Path | None = None, env: Mapping[str, str] | None = None,
+               timeout: float = 120) -> NodeProc:
+    """Start ``fractal node`` on ``artifact`` with the broker (signed with ``keys`` from
+    :func:`provision_keys`); return once ``/v2/health/ready`` answers. ``env`` replaces the child's
+    environment (PYTHONPATH is set to this checkout)."""
     port = _free_port()
     cfg = workdir / "NODE.toml"
     workdir.mkdir(parents=True, exist_ok=True)
+    signing = (f'key_file = "{keys / "keys" / f"{node_id}.key"}"\nkeyring_file = "{keys / "keyring.json"}"\n'
+               if keys is not None else "")
     cfg.write_text(f'node_id = "{node_id}"\nartifact = "{artifact}"\nport = {port}\n'
-                   f'data_dir = "{workdir / "data"}"\nbroker = "{broker_url}"\nswarm = "{swarm}"\n')
+                   f'data_dir = "{workdir / "data"}"\nbroker = "{broker_url}"\nswarm = "{swarm}"\n' + signing)
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (child_env.get("PYTHONPATH"), str(ROOT)) if p)
     proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "node", "--config",
@@ -140,16 +162,21 @@ def infer(node: NodeProc, model: str, name: str, x: np.ndarray) -> np.ndarray:
 
 
 def run_round(node: NodeProc, broker_url: str, x: np.ndarray, y: np.ndarray, *, steps: int,
-              round_id: str = "rss-r1", timeout: float = 300) -> Any:
-    """Store ``(x, y)`` on the node over HTTP, publish a one-member round over MQTT, wait for its
-    DONE event (returned); raises on FAILED."""
+              round_id: str = "rss-r1", keys: Path | None = None, timeout: float = 300) -> Any:
+    """Store ``(x, y)`` on the node over HTTP, publish a one-member round over MQTT (signed by the
+    fleet's key in ``keys``), wait for its DONE event (returned); raises on FAILED."""
     from federation import topics
     from federation.messages import EventKind, RoundCommand, parse_event
     from federation.mqtt import MqttLink
 
     _post(f"{node.url}/v1/samples", {"inputs": {"x": x.tolist()}, "labels": y.tolist()})
     events: queue.Queue[Any] = queue.Queue()
-    link = MqttLink(broker_url, swarm=node.swarm, client_id=f"{node.swarm}-bench-fleet")
+    raw = MqttLink(broker_url, swarm=node.swarm, client_id=f"{node.swarm}-bench-fleet")
+    link: Any = raw
+    if keys is not None:
+        from federation.signed import load_identity
+
+        link = load_identity(keys / "keys" / "fleet.key", keys / "keyring.json").link(raw)
     try:
         link.subscribe(topics.round_events_all(node.swarm), lambda _t, p: events.put(parse_event(p)))
         link.publish(topics.command(node.swarm),
@@ -162,7 +189,7 @@ def run_round(node: NodeProc, broker_url: str, x: np.ndarray, y: np.ndarray, *, 
             if ev.round_id == round_id and ev.kind == EventKind.FAILED:
                 raise RuntimeError(f"round failed: {ev.reason}")
     finally:
-        link.close()
+        raw.close()
 
 
 def _settled(pid: int, quiet_s: float = 1.0, timeout: float = 120) -> float:
@@ -188,24 +215,31 @@ def _worker(node: NodeProc, timeout: float = 60) -> int:
     return pid
 
 
-def measure(artifact: Path, broker_url: str, workdir: Path, *, steps: int = 20) -> dict[str, Any]:
+def measure(artifact: Path, broker_url: str, workdir: Path, *, steps: int = 20,
+            signed: bool = False) -> dict[str, Any]:
     """RSS (MB) of node and worker: idle once ready, and after one ``steps``-step round."""
     from sklearn.datasets import load_digits
 
     manifest = json.loads((artifact / "manifest.json").read_text())
     d = load_digits()
     x, y = (d.data[:256] / 16.0).astype(np.float32), d.target[:256].astype(np.int64)
-    node = start_node(artifact, workdir, broker_url=broker_url, swarm=f"rss{os.getpid()}-{workdir.name}")
+    swarm = f"rss{os.getpid()}-{workdir.name}"
+    keys = provision_keys(workdir, swarm, "rss") if signed else None
+    node = start_node(artifact, workdir, broker_url=broker_url, swarm=swarm, keys=keys)
     try:
         wpid = _worker(node)
-        idle = {"node": _settled(node.proc.pid), "worker": _settled(wpid)}
-        run_round(node, broker_url, x, y, steps=steps)
-        after = {"node": _settled(node.proc.pid), "worker": _settled(wpid)}
+        idle = _snapshot(node.proc.pid, wpid)
+        run_round(node, broker_url, x, y, steps=steps, keys=keys)
+        after = _snapshot(node.proc.pid, wpid)
     finally:
         node.stop()
-    return {"artifact": str(artifact), "target": manifest.get("target", {}).get("preset"),
-            "idle": {**idle, "total": idle["node"] + idle["worker"]},
-            "after_round": {**after, "total": after["node"] + after["worker"]}, "steps": steps}
+    return {"artifact": str(artifact), "target": manifest.get("target", {}).get("preset"), "signed": signed,
+            "idle": idle, "after_round": after, "steps": steps}
+
+
+def _snapshot(node: int, worker: int) -> dict[str, float]:
+    rss = {"node": _settled(node), "worker": _settled(worker)}
+    return {**rss, "total": rss["node"] + rss["worker"], "pss_total": pss_mb(node) + pss_mb(worker)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.noderss")
     ap.add_argument("artifacts", type=Path, nargs="+")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--signed", action="store_true", help="a signed swarm, as the demo's (deploy.keys)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from federation.broker import start_mosquitto
@@ -222,17 +257,19 @@ def main(argv: list[str] | None = None) -> None:
         broker = start_mosquitto(workdir=Path(tmp) / "broker")
         try:
             for k, art in enumerate(args.artifacts):
-                results.append(measure(art.resolve(), broker.url, Path(tmp) / f"n{k}", steps=args.steps))
+                results.append(measure(art.resolve(), broker.url, Path(tmp) / f"n{k}", steps=args.steps,
+                                       signed=args.signed))
         finally:
             broker.close()
     if args.json:
         print(json.dumps({"rss_mb": results}))
         return
     for r in results:
-        print(f"{r['target'] or r['artifact']}: idle node {r['idle']['node']:.1f} + worker "
-              f"{r['idle']['worker']:.1f} = {r['idle']['total']:.1f} MB; after a {r['steps']}-step round "
-              f"{r['after_round']['node']:.1f} + {r['after_round']['worker']:.1f} = "
-              f"{r['after_round']['total']:.1f} MB")
+        i, a = r["idle"], r["after_round"]
+        print(f"{r['target'] or r['artifact']}{' signed' if r['signed'] else ''}: VmRSS idle node "
+              f"{i['node']:.1f} + worker {i['worker']:.1f} = {i['total']:.1f} MB (PSS {i['pss_total']:.1f}); "
+              f"after a {r['steps']}-step round {a['node']:.1f} + {a['worker']:.1f} = {a['total']:.1f} MB "
+              f"(PSS {a['pss_total']:.1f})")
 
 
 if __name__ == "__main__":
