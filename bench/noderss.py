@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NodeProc", "provision_keys", "start_node", "run_round", "infer", "rss_mb", "pss_mb", "measure", "main"]
+__all__ = ["NodeProc", "provision_keys", "start_node", "run_round", "infer", "rss_mb", "pss_mb", "measure",
+           "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
