@@ -4,7 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 CACHE   := .cache
 NODES   ?= 3
-# Stamps: the runtime install (enough for `make demo`) and the dev extras (tests, torch, browsers).
+# Stamps: the workstation install (the node plus the `[compiler]` extra: TVM, onnx, the demo's
+# data and broker; enough for `make demo`, which compiles models) and the dev extras (tests,
+# torch, browsers). A board's node alone is `pip install fractal-edge` (no compiler).
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
@@ -23,7 +25,7 @@ $(BIN)/python: | pycheck
 	$(BIN)/pip install -q --upgrade pip
 
 $(RUNTIME): pyproject.toml setup.py federation/_gmac.c | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[compiler]'
 	touch $@
 
 $(DEV): pyproject.toml $(RUNTIME)

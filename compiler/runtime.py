@@ -52,8 +52,16 @@ class Runtime:
     """A loaded library plus one VirtualMachine per calling thread (a VM is not thread-safe)."""
 
     def __init__(self, lib_path: Path) -> None:
-        import tvm
-        from tvm import relax
+        try:
+            import tvm
+            from tvm import relax
+        except ImportError:  # a node install (no `[compiler]` extra) runs C-backend artifacts only
+            from fractal.extras import COMPILER_INSTALL
+
+            raise ArtifactError(f"{lib_path.parent.name} was compiled for the TVM runtime, which this "
+                                "install lacks",
+                                hint=f"{COMPILER_INSTALL}, or compile the model for a C preset "
+                                     "(e.g. --target x86_64-c)") from None
 
         self._tvm = tvm
         self._relax = relax

@@ -1,11 +1,20 @@
 """edgenode: the agent that runs on every board (artifact + params + samples + training rounds).
 
-Import the node itself from :mod:`edgenode.node` (it pulls in the compiler and MQTT lazily);
-this package root only re-exports the light pieces.
+Import the node itself from :mod:`edgenode.node` (it pulls in the compiler and MQTT lazily).
+Every name here is imported on first use, so that ``import edgenode.x`` costs only ``x``: the
+training worker (edgenode/trainproc.py) never loads the node's config models (issue 25: a
+board's memory).
 """
 
-from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
-from edgenode.config import NodeConfig, load_config
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
+    from edgenode.config import NodeConfig, load_config
+    from edgenode.node import EdgeNode
 
 __all__ = [
     "NodeError",
@@ -19,10 +28,28 @@ __all__ = [
     "EdgeNode",
 ]
 
+# name -> submodule, resolved by __getattr__ on first access
+_LAZY = {
+    "NodeError": "edgenode.common",
+    "ConfigError": "edgenode.common",
+    "InvalidInput": "edgenode.common",
+    "StoreError": "edgenode.common",
+    "NodeBusy": "edgenode.common",
+    "RoundFailed": "edgenode.common",
+    "NodeConfig": "edgenode.config",
+    "load_config": "edgenode.config",
+    "EdgeNode": "edgenode.node",
+}
 
-def __getattr__(name: str) -> type:
-    if name == "EdgeNode":  # lazy: edgenode.node imports numpy-heavy and MQTT modules
-        from edgenode.node import EdgeNode
 
-        return EdgeNode
-    raise AttributeError(name)
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edgenode' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

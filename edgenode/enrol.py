@@ -32,22 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
 from edgenode.common import ConfigError
 
+# The signing stack (cryptography) is imported by the functions that enrol: a node that has no
+# enrollment.toml never loads it (issue 25: a board's memory).
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
     from edgenode.config import NodeConfig
-from federation import enrolment as wire
-from federation.auth import (
-    Keyring,
-    Role,
-    generate_key,
-    load_dh_key,
-    load_private_key,
-    private_key_bytes,
-    raw_b64,
-)
 
 __all__ = ["Enrolled", "enrol", "needs_enrolment", "ENROLLED_FILE"]
 
@@ -78,6 +70,11 @@ def _write_private(path: Path, text: str) -> None:
 
 def _keys(path: Path, device_id: str) -> tuple[Any, X25519PrivateKey]:
     """The device's keys: loaded when made before (a reboot while pending), else made now."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from federation import enrolment as wire
+    from federation.auth import Role, generate_key, load_dh_key, load_private_key, private_key_bytes, raw_b64
+
     if path.exists():
         doc = json.loads(path.read_text())
         if doc.get("sender") != device_id:
@@ -110,6 +107,9 @@ def _post(url: str, body: dict, timeout: float = 15.0) -> tuple[int, dict]:
 def enrol(data_dir: str | Path, *, device_id: str, arch: str, board: str, poll_s: float = 2.0,
           timeout_s: float | None = None, clock: Any = time.time, sleep: Any = time.sleep) -> Enrolled:
     """Run the enrolment (idempotent across reboots); ConfigError when refused, rejected or timed out."""
+    from federation import enrolment as wire
+    from federation.auth import Keyring, Role, raw_b64
+
     data = Path(data_dir)
     try:
         conf = tomllib.loads((data / "enrollment.toml").read_text())

@@ -43,7 +43,6 @@ from edgenode.training import RoundResult
 from edgenode.trainproc import TrainerWorkerError, TrainingWorker
 from edgenode.updates import ImageControl
 from federation import topics
-from federation.auth import Reject
 from federation.messages import (
     ArtifactInfo,
     NodeState,
@@ -503,6 +502,8 @@ class EdgeNode(ImageControl, RoundControl):
     def _on_oversized(self, topic: str, size: int) -> None:
         """A payload over MESSAGE_SIZE_LIMIT, dropped by the link before anything parsed it."""
         if self.auth is not None:
+            from federation.auth import Reject  # lazy: `cryptography` only for signed swarms
+
             self.auth.count(topic, Reject.OVERSIZED)
         else:
             self.metrics.rejected()

@@ -42,7 +42,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,16 +52,19 @@ from edgenode.model import ModelHolder, ParamsSnapshot, flatten, unflatten
 from edgenode.ports import Collective, StepRunner, Trainer
 from edgenode.store import Samples
 from federation.aggregators import Step, aggregator_for
-from federation.bounds import (
+from federation.errors import AllExcluded, RoundAborted
+from federation.limits import (
     OUTLIER_FACTOR_DEFAULT,
     SYNC_GAP_OF_PARAMS,
     SYNC_GAP_OF_UPDATE,
     UPDATE_NORM_FACTOR,
 )
-from federation.errors import AllExcluded, RoundAborted
-from federation.messages import Compression, RoundCommand, SyncMode
+from federation.modes import Compression, SyncMode
 from federation.robust import Aggregation
-from federation.roundspec import RoundDefaults, resolve
+
+if TYPE_CHECKING:  # the node's side only: the worker's train_steps never loads the message models
+    from federation.messages import RoundCommand
+    from federation.roundspec import RoundDefaults
 
 __all__ = ["RoundPlan", "RoundResult", "BatchSampler", "run_round", "train_steps", "choose_start"]
 
@@ -90,6 +93,8 @@ class RoundPlan:
         """The command's settings, those it leaves null or out taken from the node's ``[training]``
         table (``federation.roundspec.resolve``); an unset ``lr`` everywhere means the artifact's
         compiled rate."""
+        from federation.roundspec import resolve
+
         r = resolve(cmd, defaults)
         return cls(round_id=cmd.round_id, steps=r.steps, lr=r.lr, sync=r.sync, local_steps=r.local_steps,
                    group=tuple(sorted(set(cmd.participants))), compression=r.compression,

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from edgenode.common import SeenIds, get_logger
 from edgenode.ports import Publication, Updater
-from federation.grants import prove_url
 from federation.messages import ImageInfo, ImageRollbackCommand, ImageUpdateCommand
 from fractal import FractalError
 
@@ -117,6 +116,8 @@ class ImageControl:
         accepts a grant only from a node it sent it to: federation/grants.py)."""
         if self.auth is None:
             return cmd.url
+        from federation.grants import prove_url  # lazy: `cryptography` only for signed swarms
+
         return prove_url(cmd.url, cmd.image_id, self.auth.identity.signer)
 
     def _run_image_command(self, cmd: ImageUpdateCommand | ImageRollbackCommand) -> None:

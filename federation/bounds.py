@@ -37,6 +37,8 @@ __all__ = [
     "SYNC_GAP_OF_PARAMS",
     "OUTLIER_FACTOR_DEFAULT",
     "OUTLIER_FACTOR_MAX",
+    "DIRECTION_NORM_FACTOR",
+    "DIRECTION_MAX_COSINE",
     "OutlierFactor",
     "REGISTRY_MAX_NODES",
     "HEARTBEAT_MIN_S",
@@ -95,29 +97,17 @@ STEP_TIMEOUT_MAX_S = 300.0  # a stalled ring frees its members within 5 minutes 
 PARTICIPANTS_MAX = 1000
 SITE_PARTICIPANTS_MAX = 64
 SITES_MAX = 64
-# A round's update (final - start parameters) may not exceed this many times the start norm
-# (at least 1): a member committing it would replace the model rather than train it.
-UPDATE_NORM_FACTOR = 100.0
-# Final sync without a majority (edgenode/training.py:_agree): a member adopts the first member's
-# parameters only if they lie within SYNC_GAP_OF_UPDATE x its own update of the round plus
-# SYNC_GAP_OF_PARAMS x its own parameters' norm (L2) of its own result. Boards that round
-# differently drift apart by a few ulps per step, orders of magnitude below this; a member that
-# split the others' views on purpose moves the model by at most this, or fails the round.
-SYNC_GAP_OF_UPDATE = 1e-2
-SYNC_GAP_OF_PARAMS = 1e-5
-# A step's update whose norm exceeds this many times the median of the members' is excluded
-# (federation/robust.py); 0 = no screening. Below 1 honest members would be excluded.
-OUTLIER_FACTOR_DEFAULT = 10.0
-OUTLIER_FACTOR_MAX = 1e6
-# A screened step also excludes a member whose update points away from the coordinate-wise median
-# of the other kept updates (cosine below DIRECTION_MAX_COSINE) with a norm above
-# DIRECTION_NORM_FACTOR x the median norm (federation/robust.py opposed; 3 or more kept updates,
-# only where every member holds every update: PROTOCOL.md section 7.1). Measured on the digits
-# splits of tests/edgenode/learning.py: a gradient x -4 is at 2.9 x or more, its cosine below -0.2
-# in about 90% of the steps; an honest non-IID member was excluded in 15 of 631 steps (a member is
-# named only when excluded so in half the round's steps: edgenode/training.py).
-DIRECTION_NORM_FACTOR = 2.5
-DIRECTION_MAX_COSINE = -0.2
+# The numbers of a round's arithmetic (update size, final sync, screening) are in
+# federation/limits.py, plain numbers the training worker reads without pydantic; re-exported here.
+from federation.limits import (  # noqa: E402
+    DIRECTION_MAX_COSINE,
+    DIRECTION_NORM_FACTOR,
+    OUTLIER_FACTOR_DEFAULT,
+    OUTLIER_FACTOR_MAX,
+    SYNC_GAP_OF_PARAMS,
+    SYNC_GAP_OF_UPDATE,
+    UPDATE_NORM_FACTOR,
+)
 
 # Statuses (NodeStatus) and the fleet's registry.
 REGISTRY_MAX_NODES = 2 * PARTICIPANTS_MAX  # statuses of further unknown nodes are dropped and counted

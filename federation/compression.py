@@ -38,7 +38,7 @@ import numpy as np
 
 from federation.errors import FrameError
 from federation.framing import MAX_OVERHEAD, Codec
-from federation.messages import Compression
+from federation.modes import Compression
 
 __all__ = [
     "Codec",

@@ -82,7 +82,7 @@ from federation.collective import (
 from federation.direct import DIRECT_MAX_BYTES, DirectRun
 from federation.errors import RoundAborted, UpdateRejected
 from federation.framing import Codec, Frame, FrameKind, Phase, encode
-from federation.messages import Compression
+from federation.modes import Compression
 from federation.session import Call
 from federation.transport import Transport
 

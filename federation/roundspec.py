@@ -16,28 +16,16 @@ value from the node's defaults, the one place where that happens. The numbers th
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from federation import bounds as b
+from federation.modes import Compression, SyncMode  # re-exported: a round's settings
 from federation.robust import Aggregation
 
 __all__ = ["SyncMode", "Compression", "RoundSettings", "RoundSpec", "RoundDefaults", "ResolvedRound",
            "resolve"]
-
-
-class SyncMode(enum.StrEnum):
-    GRADIENT = "gradient"  # allreduce gradients every step (synchronous SGD)
-    LOCAL_SGD = "local-sgd"  # k local steps, then average the parameter deltas
-
-
-class Compression(enum.StrEnum):
-    NONE = "none"
-    FP16 = "fp16"
-    INT8 = "int8"  # with error feedback
-    TOPK = "topk"  # with error feedback
 
 
 class RoundSettings(BaseModel):

@@ -23,7 +23,7 @@ from federation.checks import all_finite, check_finite, clip_l2
 from federation.collective import CollectiveBase, Feedback, ReduceOp, as_vector, ordered_group, violation
 from federation.errors import RoundAborted, UpdateRejected
 from federation.framing import Codec, FrameKind, Phase, encode
-from federation.messages import Compression
+from federation.modes import Compression
 from federation.session import Call
 
 __all__ = ["StarAllreduce"]

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Protocol, Union, runtime_checkable
 
 from federation.errors import TransportError
+
+if TYPE_CHECKING:  # a name only: the training worker moves frames without loading pydantic
+    from pydantic import BaseModel
 
 __all__ = ["Framing", "Capabilities", "Transport", "Polled", "Receiver", "Callback", "Payload", "Publication",
            "Subscription", "PubSubLink", "DEFAULT_MAX_PAYLOAD"]
@@ -35,7 +36,7 @@ DEFAULT_MAX_PAYLOAD = 256 * 1024  # bytes per MQTT message of the ring (every me
 
 Receiver = Callable[[bytes], None]
 Callback = Callable[[str, bytes], None]
-Payload = bytes | bytearray | memoryview | str | BaseModel
+Payload = Union[bytes, bytearray, memoryview, str, "BaseModel"]  # noqa: UP007 - a forward reference
 
 
 @dataclass(frozen=True)

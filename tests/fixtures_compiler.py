@@ -8,6 +8,8 @@ Built once per session into a session tmp dir, for this machine's preset:
   sgd, batch 32, lr 0.1). ``digits_artifact`` is the artifact DIRECTORY (a ``Path``); load it
   with ``compiler.load_artifact(path)``. Treat it as read-only (copy it with
   ``shutil.copytree`` before modifying anything).
+* ``digits_c_artifact``: the same digits-mlp with the same training module for ``x86_64-c`` (the
+  C backend: what a board runs, no TVM needed to load it).
 * ``autoencoder_artifact``: zoo ``fc-autoencoder`` with training (mse, adam, batch 32, lr 0.001).
 * ``cnn_onnx`` / ``cnn_artifact``: a small CNN (x [N, 3, 8, 8] -> logits [N, 4]; Conv, depthwise
   Conv, BatchNorm, MaxPool, GlobalAveragePool, Gemm) with training (ce, sgd, batch 4, lr 0.05).
@@ -58,6 +60,15 @@ def digits_onnx(compiler_digits_onnx: Path) -> Path:
 def digits_artifact(compiler_digits_artifact: Path) -> Path:
     """Alias of ``compiler_digits_artifact`` (the shared name other areas use)."""
     return compiler_digits_artifact
+
+
+@pytest.fixture(scope="session")
+def digits_c_artifact(compiler_build_dir: Path, compiler_digits_onnx: Path) -> Path:
+    """``digits-mlp`` for ``x86_64-c`` with training (ce, sgd, batch 32, lr 0.1), as digits_artifact."""
+    from compiler import TrainSettings, compile_model
+
+    return compile_model(compiler_digits_onnx, target="x86_64-c", out_dir=compiler_build_dir / "digits-mlp-c",
+                         train=TrainSettings(loss="ce", optimizer="sgd", lr=0.1, batch=32), progress=False)
 
 
 @pytest.fixture(scope="session")

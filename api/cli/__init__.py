@@ -13,6 +13,7 @@ import sys
 import typer
 
 from api.cli.errors import format_error, is_user_error
+from fractal.extras import missing_compiler
 
 __all__ = ["app", "main"]
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # the CLI boundary: a user error is one line and exit 1
+        if (missing := missing_compiler(exc)) is not None:  # a node install running `fractal compile`
+            exc = missing
         if is_user_error(exc):
             print(format_error(exc), file=sys.stderr)
             sys.exit(1)

@@ -21,8 +21,8 @@ from federation.aggregators.mean import Mean
 from federation.aggregators.median import Median
 from federation.aggregators.screened import ScreenedMean
 from federation.aggregators.trimmed import TrimmedMean
+from federation.modes import Compression
 from federation.robust import Aggregation
-from federation.roundspec import Compression
 
 __all__ = ["Aggregator", "Combined", "Exchanger", "Step", "Mean", "ScreenedMean", "CodedMean", "Median",
            "TrimmedMean", "TABLE", "Settings", "aggregator_for"]

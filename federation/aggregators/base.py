@@ -15,9 +15,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from federation import robust
-from federation.bounds import DIRECTION_MAX_COSINE, DIRECTION_NORM_FACTOR
 from federation.errors import AllExcluded
-from federation.roundspec import Compression
+from federation.limits import DIRECTION_MAX_COSINE, DIRECTION_NORM_FACTOR
+from federation.modes import Compression
 
 __all__ = ["Aggregator", "Combined", "Exchanger", "Step", "screen", "sum_rows", "exchange_checked"]
 

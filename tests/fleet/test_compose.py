@@ -133,7 +133,8 @@ def test_feeder_targets_the_node_services():
 def test_dockerfile_installs_like_the_readme_and_builds_the_artifact():
     docker = (ROOT / "deploy/Dockerfile").read_text()
     readme = (ROOT / "README.md").read_text()
-    install = re.search(r"RUN (python3 -m venv \.venv && \.venv/bin/pip install -e \.)\s*$", docker, re.M)
+    install = re.search(r"RUN (python3 -m venv \.venv && \.venv/bin/pip install -e '\.\[compiler\]')\s*$",
+                        docker, re.M)
     assert install and install.group(1) in readme
     compile_cmd = re.search(r"fractal compile (.*?)--quiet", docker, re.S).group(0)
     preset = "\"$(python -c 'from compiler import host_preset_name; print(host_preset_name())')\""
