@@ -133,7 +133,7 @@ def test_a_round_start_replayed_after_a_restart_does_not_run_again(mosquitto, sw
             assert not bad, bad
             return {e.node_id for e in watch.events if e.round_id == rid and e.kind == EventKind.DONE}
 
-    _wait(lambda: all(status(i) and status(i).samples == 200 for i in ids), 10, "both nodes online")
+    _wait(lambda: all(status(i) and status(i).samples == 200 for i in ids), 30, "both nodes online")
     t = topics.command(swarm_id)
     r1 = RoundCommand(round_id="r1", steps=5, lr=0.1, participants=ids, step_timeout_s=15)
     captured = fleet.sign(t, r1)
@@ -141,15 +141,15 @@ def test_a_round_start_replayed_after_a_restart_does_not_run_again(mosquitto, sw
     _wait(lambda: done("r1") == set(ids), 60, "round r1 done on both")
 
     nodes[1].stop(timeout=10)
-    _wait(lambda: status(ids[1]).state == NodeState.OFFLINE, 10, "n1 offline")
+    _wait(lambda: status(ids[1]).state == NodeState.OFFLINE, 30, "n1 offline")
     nodes[1] = start(1)
-    _wait(lambda: status(ids[1]).state == NodeState.ONLINE and status(ids[1]).model_version == 1, 10,
+    _wait(lambda: status(ids[1]).state == NodeState.ONLINE and status(ids[1]).model_version == 1, 30,
           "n1 back online")
     with watch.lock:
         seen = len(watch.events)
     replayed = _rejected(nodes[0], "replayed")
     attacker.publish(t, captured)  # seconds old: fresh for the signature check of a new process
-    _wait(lambda: _rejected(nodes[0], "replayed") > replayed, 10, "the replay reached n0")
+    _wait(lambda: _rejected(nodes[0], "replayed") > replayed, 30, "the replay reached n0")
     fleet.publish(t, RoundCommand(round_id="r2", steps=5, lr=0.1, participants=ids, step_timeout_s=15))
     _wait(lambda: done("r2") == set(ids), 60, "round r2 done on both")
     with watch.lock:
