@@ -166,15 +166,15 @@ BAD = ("wrong", "error", "crash", "refused-at-run")
 def _check(suites: tuple[str, ...], only: frozenset[str] | None = None) -> None:
     selected = [c for c in cf.cases(suites) if only is None or c.id in only]
     assert selected, f"no ONNX backend test data found under {cf.data_root()}"
-    res = cf.results(selected)
+    # the plain-TVM comparison is for the report (nothing here asserts on it, and it nearly doubles
+    # a cold run): `make test` leaves it out, `make conformance` computes it for its report
+    res = cf.results(selected, plain_tvm=bool(os.environ.get("CONFORMANCE_FULL")))
     ids = set(res)
     passed = {c for c, r in res.items() if r["project"]["status"] == "pass"}
     ort = {c for c, r in res.items() if r["ort"]["status"] == "pass"}
-    tvm = {c for c, r in res.items() if r["tvm"]["status"] == "pass"}
     n = len(ids)
-    print(f"\nconformance {'+'.join(suites)}: project {len(passed)}/{n}, onnxruntime {len(ort)}/{n}, "
-          f"plain TVM import {len(tvm)}/{len(ids)}; of onnxruntime's {len(ort)}: project passes "
-          f"{len(ort & passed)}")
+    print(f"\nconformance {'+'.join(suites)}: project {len(passed)}/{n}, onnxruntime {len(ort)}/{n}; "
+          f"of onnxruntime's {len(ort)}: project passes {len(ort & passed)}")
     for c in sorted(ort - passed):
         print(f"  onnxruntime passes, project refuses: {c}: {res[c]['project'].get('detail', '')[:160]}")
     bad = {c: f"{r['project']['status']}: {r['project'].get('detail', '')}" for c, r in res.items()

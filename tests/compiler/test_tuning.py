@@ -16,6 +16,9 @@ from compiler.importer import import_model
 from compiler.targets import get_preset
 
 TRIALS = 8
+# --tune --train: the inference module has 2 tuning tasks and the training module 5; 5 trials still
+# measure every task of both (3+2 and 1 each), which is what the gradient check needs
+TRAIN_TRIALS = 5
 
 
 @pytest.fixture(scope="module")
@@ -173,12 +176,16 @@ def test_tuned_training_module_matches_pytorch(tmp_path, mlp_onnx):
     from tests.compiler.test_training import _assert_grads_close, _mlp_torch, _torch_loss_grad
 
     train = TrainSettings(loss="ce", optimizer="sgd", lr=0.1, batch=8)
-    out = compile_model(mlp_onnx, target=host_preset_name(), out_dir=tmp_path / "a", tune=True, trials=TRIALS,
-                        db_dir=tmp_path / "db", train=train, progress=False)
+    out = compile_model(mlp_onnx, target=host_preset_name(), out_dir=tmp_path / "a", tune=True,
+                        trials=TRAIN_TRIALS, db_dir=tmp_path / "db", train=train, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     tt = manifest["training"]["tuning"]
     assert manifest["training"]["tuned"] is True and tt["tuned"] is True and tt["trials_run"] > 0
     assert tt["db_id"] != manifest["tuning"]["db_id"]  # the training workloads have their own database
+    for info in (manifest["tuning"], tt):  # every task of both modules was measured
+        meta = json.loads((tmp_path / "db" / info["db_id"] / "tune.json").read_text())
+        assert meta["tasks"] >= 2 and min(meta["per_task"].values()) >= 1, meta
+        assert len(meta["per_task"]) == meta["tasks"], meta
     art = load_artifact(out)
     tr = art.trainer
     rng = np.random.default_rng(7)

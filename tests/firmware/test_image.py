@@ -1,4 +1,5 @@
-"""Image format, signing and every refusal of `fractal image build/verify/info/flash` (real CLI processes)."""
+"""Image format, signing and every refusal of `fractal image build/verify/info/flash` (real CLI processes;
+loops over many corruptions send the first through a process and the rest through the CLI's main())."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.firmware.conftest import assert_refused, cli, tree
+from tests.firmware.conftest import assert_refused, cli, cli_main, tree
 
 
 def pub(key: Path) -> Path:
@@ -123,14 +124,15 @@ def test_verify_and_flash_refuse_every_corruption_and_write_nothing(tmp_path, fw
     r = cli("image", "flash", fw_image("1.0.0"), "--device", device, "--pubkey", pub(fw_keys["k1"]))
     assert r.returncode == 0, r.stderr
     before = tree(device)
-    for name, (data, word) in _corruptions(good).items():
+    for k, (name, (data, word)) in enumerate(_corruptions(good).items()):
+        run = cli if k == 0 else cli_main  # one through a real process, the rest through its main()
         bad = tmp_path / "bad.img"
         bad.write_bytes(data)
-        assert_refused(cli("image", "verify", bad, "--pubkey", pub(fw_keys["k1"])), word)
-        assert_refused(cli("image", "flash", bad, "--device", device), word)
+        assert_refused(run("image", "verify", bad, "--pubkey", pub(fw_keys["k1"])), word)
+        assert_refused(run("image", "flash", bad, "--device", device), word)
         assert tree(device) == before, name
         new_dev = tmp_path / "new-dev"
-        assert_refused(cli("image", "flash", bad, "--device", new_dev, "--pubkey", pub(fw_keys["k1"])), word)
+        assert_refused(run("image", "flash", bad, "--device", new_dev, "--pubkey", pub(fw_keys["k1"])), word)
         assert tree(new_dev) in ({}, {".lock": tree(new_dev).get(".lock", "")}), name
         shutil.rmtree(new_dev, ignore_errors=True)
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 
@@ -17,6 +18,7 @@ from federation.broker import free_port
 from tests.fleet.swarm_proc import FRACTAL, start_swarm
 
 ROOT = Path(__file__).resolve().parents[2]
+STEPS_3ARCH = 8  # enough for the mean loss to fall, few enough for three boards under qemu
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
 
@@ -106,53 +108,40 @@ def _screenshot_mixed_swarm(sp) -> None:
             page.goto(sp.url)
             page.wait_for_selector("#rounds tbody tr[data-state=done]", timeout=15_000)
             table = page.inner_text("#nodes")
-            assert "aarch64" in table and "x86_64" in table
+            assert "aarch64" in table and "riscv64" in table and "x86_64" in table, table
             OUT.mkdir(exist_ok=True)
             page.screenshot(path=str(OUT / "dashboard-mixed-arch.png"), full_page=True)
         finally:
             browser.close()
 
 
+def _node_urls(sp) -> dict[str, str]:
+    """{node id: URL} from the banner's ``nodes:`` line."""
+    line = next(ln for ln in sp.lines if ln.strip().startswith("nodes:"))
+    pairs = [p.split() for p in line.split(":", 1)[1].split(",")]
+    return {node_id: url for node_id, url in pairs}
+
+
+def _infer(c: httpx.Client, url: str, x: np.ndarray) -> np.ndarray:
+    body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    r = c.post(f"{url}/v2/models/digits-mlp/infer", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return np.asarray(r.json()["outputs"][0]["data"], np.float32).reshape(len(x), 10)
+
+
 @pytest.mark.emulate
 @pytest.mark.browser
-def test_emulate_arm_mixed_swarm_trains_to_identical_params(tmp_path_factory):
-    """One x86 node + one aarch64 node under qemu-user: both online, a round ends done and the
-    two architectures commit bit-identical parameters."""
-    sysroot = ROOT / ".cache" / "sysroot-aarch64"
-    assert (sysroot / ".done").is_file(), "run `make sysroot` (make test depends on it)"
-    sp = start_swarm(2, tmp_path_factory.getbasetemp() / "swarm-cache", "arm-token", timeout=300,
-                     extra=("--emulate-arm", "--sysroot", str(sysroot)))
-    try:
-        with httpx.Client(headers={"Authorization": "Bearer arm-token"}, timeout=10) as c:
-            deadline = time.monotonic() + 60
-            while True:
-                nodes = c.get(sp.base + "/api/nodes").json()["nodes"]
-                if len(nodes) == 2 and all(n["online"] and n["samples"] >= 64 for n in nodes):
-                    break
-                assert time.monotonic() < deadline, nodes
-                time.sleep(0.5)
-            assert sorted(n["arch"] for n in nodes) == ["aarch64", "x86_64"]
-            rid = c.post(sp.base + "/api/rounds", json={"steps": 20, "lr": 0.1}).json()["round_id"]
-            deadline = time.monotonic() + 120
-            while (rnd := c.get(f"{sp.base}/api/rounds/{rid}").json())["state"] == "running":
-                assert time.monotonic() < deadline, rnd
-                time.sleep(0.5)
-        assert rnd["state"] == "done", rnd["reason"]
-        assert rnd["params_agree"] is True
-        means = [s["mean"] for s in rnd["loss"] if s["complete"]]
-        assert means[-1] < means[0], means
-        _screenshot_mixed_swarm(sp)
-    finally:
-        assert sp.interrupt() in (0, 130), sp.output()
-
-
-@pytest.mark.emulate
 def test_three_arch_swarm_round_commits_bit_identical_params(tmp_path_factory):
     """x86_64 (Relax VM) + riscv64 (the model's C library via ctypes, qemu-riscv64, trixie Python)
     + aarch64 (Relax VM, qemu-aarch64): a gradient round commits on all three with one
     params_sha256, and without the commit step's fallback broadcast: the averaged gradient is the
     same bytes everywhere and the SGD update rounds identically on every ISA (the raw per-node
-    gradients do differ; see federation/PROTOCOL.md section 7)."""
+    gradients do differ; see federation/PROTOCOL.md section 7). The loss falls, every node then
+    serves the committed parameters (the emulated boards answer as the x86 node does), and the
+    dashboard shows all three architectures.
+
+    One emulated swarm carries what once took three (an x86 + aarch64 swarm, and an aarch64
+    `fractal node` next to in-process x86 nodes): each emulated node costs a minute of start-up."""
     arm_root = ROOT / ".cache" / "sysroot-aarch64"
     rv_root = ROOT / ".cache" / "sysroot-riscv64"
     for root in (arm_root, rv_root):
@@ -173,7 +162,7 @@ def test_three_arch_swarm_round_commits_bit_identical_params(tmp_path_factory):
             by_arch = {n["arch"]: n for n in nodes}
             assert sorted(by_arch) == ["aarch64", "riscv64", "x86_64"], nodes
             assert by_arch["riscv64"]["artifact"]["target"] == "riscv64"  # the C-backend artifact
-            rid = c.post(sp.base + "/api/rounds", json={"steps": 5, "lr": 0.1}).json()["round_id"]
+            rid = c.post(sp.base + "/api/rounds", json={"steps": STEPS_3ARCH, "lr": 0.1}).json()["round_id"]
             deadline = time.monotonic() + 120
             while (rnd := c.get(f"{sp.base}/api/rounds/{rid}").json())["state"] == "running":
                 assert time.monotonic() < deadline, rnd
@@ -181,12 +170,20 @@ def test_three_arch_swarm_round_commits_bit_identical_params(tmp_path_factory):
             assert rnd["state"] == "done", rnd["reason"]
             assert rnd["params_agree"] is True and rnd["version_after"] == 1
             assert len({s["params_sha256"] for s in rnd["nodes"].values()}) == 1, rnd["nodes"]
-            assert len([s for s in rnd["loss"] if s["complete"]]) == 5
+            means = [s["mean"] for s in rnd["loss"] if s["complete"]]
+            assert len(means) == STEPS_3ARCH and means[-1] < means[0], means
             deadline = time.monotonic() + 30  # each node's status follows its round.done event
             while {n["params_sha256"] for n in c.get(sp.base + "/api/nodes").json()["nodes"]} != \
                     {rnd["params_sha256"]}:
                 assert time.monotonic() < deadline, c.get(sp.base + "/api/nodes").json()
                 time.sleep(0.5)
+            # every board serves the committed parameters: the same predictions on every ISA
+            urls = _node_urls(sp)
+            x = np.random.default_rng(0).random((4, 64), dtype=np.float32)
+            out = {n["arch"]: _infer(c, urls[n["node_id"]], x) for n in nodes}
+            for arch in ("aarch64", "riscv64"):
+                np.testing.assert_allclose(out[arch], out["x86_64"], rtol=1e-4, atol=1e-5, err_msg=arch)
+        _screenshot_mixed_swarm(sp)
         logs = {p.name: p.read_text(errors="replace") for p in (work / "logs").glob("node-*.log")}
         assert len(logs) == 3
         # No member ended with other bits than its peers (the _agree fallback logs this line).
