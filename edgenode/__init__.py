@@ -4,8 +4,8 @@ Import the node itself from :mod:`edgenode.node` (it pulls in the compiler and M
 this package root only re-exports the light pieces.
 """
 
-from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
 from edgenode.config import NodeConfig, load_config
+from edgenode.errors import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
 
 __all__ = [
     "NodeError",

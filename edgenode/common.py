@@ -1,11 +1,7 @@
-"""The edge node's bottom layer: its error tree and a few small helpers. No internal imports.
+"""The edge node's bottom layer: a few small helpers (logger, parameter hash, replay ids, heap freeze).
 
-    NodeError               base: a message and a ``hint`` (how to fix it); the CLI prints one line
-    ├── ConfigError         NODE.toml missing, unreadable, a bad or unknown key
-    ├── InvalidInput        an inference or sample request with wrong names, shapes, dtypes or labels
-    ├── StoreError          the sample store is full (retention "reject") or unusable
-    ├── NodeBusy            a round command arrived while another round runs
-    └── RoundFailed         a training round could not finish (nothing of it was applied)
+The node's errors live in :mod:`edgenode.errors`; they are re-exported here only so that modules
+written against the old place keep importing (import them from ``edgenode.errors``).
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fractal import FractalError
+from edgenode.errors import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
 
 __all__ = [
     "NodeError",
@@ -37,32 +33,6 @@ __all__ = [
     "SeenIds",
     "freeze_startup_heap",
 ]
-
-
-class NodeError(FractalError):
-    """Base of every error the edge node raises on purpose (a user can act on it)."""
-
-
-class ConfigError(NodeError):
-    pass
-
-
-class InvalidInput(NodeError):
-    """Bad request data; the HTTP layer answers 400 (or 404 for an unknown model)."""
-
-
-class StoreError(NodeError):
-    pass
-
-
-class NodeBusy(NodeError):
-    pass
-
-
-class RoundFailed(NodeError):
-    def __init__(self, message: str, *, member: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.member = member
 
 
 def get_logger(name: str) -> logging.Logger:

@@ -34,7 +34,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from edgenode.common import ConfigError
+from edgenode.errors import ConfigError
 
 if TYPE_CHECKING:
     from edgenode.config import NodeConfig

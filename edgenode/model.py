@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import InputError
-from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, fsync_dir, get_logger, params_sha256
+from edgenode.common import atomic_write_bytes, fsync_dir, get_logger, params_sha256
+from edgenode.errors import InvalidInput, NodeError
 from edgenode.ports import Engine
 from edgenode.versions import ParamVersions
 

@@ -31,7 +31,7 @@ class NodeAuth:
         self.identity: Identity = load_identity(key_file, keyring_file)
         self._keyring_file = Path(keyring_file)
         if self.identity.signer.sender != node_id:
-            from edgenode.common import ConfigError
+            from edgenode.errors import ConfigError
 
             raise ConfigError(f"key_file {key_file} belongs to {self.identity.signer.sender!r}, "
                               f"not to this node ({node_id!r})", hint="give each node its own keys/NODE.key")

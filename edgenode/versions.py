@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from edgenode.common import NodeError, atomic_write_bytes, get_logger, params_sha256
+from edgenode.common import atomic_write_bytes, get_logger, params_sha256
+from edgenode.errors import NodeError
 
 __all__ = ["ParamVersions"]
 

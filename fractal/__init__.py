@@ -7,7 +7,7 @@ Every layer (compiler, federation, firmware, edgenode, api) derives its own erro
     ├── compiler.errors.CompilerError     ModelError, TargetError, ArtifactError, InputError, EmulationError
     ├── federation.errors.FederationError TransportError, FrameError, RoundAborted > UpdateRejected
     ├── firmware.errors.FirmwareError     (device images, flashing, boot)
-    ├── edgenode.common.NodeError         ConfigError, InvalidInput, StoreError, NodeBusy, RoundFailed
+    ├── edgenode.errors.NodeError         ConfigError, InvalidInput, StoreError, NodeBusy, RoundFailed
     ├── deploy.errors.DeployError         (launchers: qemu or a sysroot missing, a node failing to start)
     └── api.fleet.errors.FleetError       (fleet service; HTTP statuses live only in api/)
 """
