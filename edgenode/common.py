@@ -11,13 +11,13 @@ import gc
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from edgenode.errors import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
+from fractal.files import atomic_write
 
 __all__ = [
     "NodeError",
@@ -28,8 +28,6 @@ __all__ = [
     "RoundFailed",
     "get_logger",
     "params_sha256",
-    "fsync_dir",
-    "atomic_write_bytes",
     "SeenIds",
     "freeze_startup_heap",
 ]
@@ -49,22 +47,6 @@ def params_sha256(params: Iterable[np.ndarray]) -> str:
     for p in params:
         h.update(np.ascontiguousarray(p, dtype=np.float32).tobytes())
     return h.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a crash leaves either the old or the new file, never a torn one.
-
-    temp file in the same directory -> fsync -> rename over the target -> fsync the directory
-    (the rename itself is only durable once the directory entry is on disk).
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class SeenIds:
@@ -106,18 +88,9 @@ class SeenIds:
 
     def save(self) -> None:
         try:
-            atomic_write_bytes(self.path, json.dumps(list(self.ids)).encode())
+            atomic_write(self.path, json.dumps(list(self.ids)))
         except OSError as exc:
             get_logger("agent").warning("could not record the ids in %s: %s", self.path, exc)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory (a rename is only durable once its directory entry is on disk)."""
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def freeze_startup_heap() -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import time
 import tomllib
 import urllib.error
@@ -35,6 +34,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from edgenode.errors import ConfigError
+from fractal.files import atomic_write
 
 if TYPE_CHECKING:
     from edgenode.config import NodeConfig
@@ -69,11 +69,7 @@ def needs_enrolment(data_dir: Path) -> bool:
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    tmp.replace(path)
+    atomic_write(path, text, mode=0o600)
 
 
 def _keys(path: Path, device_id: str) -> tuple[Any, X25519PrivateKey]:

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter
 from federation.auth import Reject
 from federation.signed import Identity, SignedLink, load_identity
 from federation.transport import PubSubLink
+from fractal.files import atomic_write
 
 __all__ = ["NodeAuth"]
 
@@ -67,9 +68,7 @@ class NodeAuth:
                 log.warning("keyring update dropped: %s", str(exc)[:300])
                 return
             if added or revoked:
-                tmp = self._keyring_file.with_name(f".{self._keyring_file.name}.tmp")
-                tmp.write_text(ring.to_json())
-                tmp.replace(self._keyring_file)
+                atomic_write(self._keyring_file, ring.to_json())
                 log.info("keyring updated: added %s, revoked %s", added, revoked)
 
         link.subscribe(enrolment.keyring_topic(link.swarm), on_update)

@@ -41,6 +41,7 @@ from firmware.bootstate import DEFAULT_TRIALS, SLOTS, BootState, SlotRecord, Slo
 from firmware.errors import DeviceError, FirmwareError, ImageError
 from firmware.image import Image, open_image
 from firmware.manifest import ImageManifest, member_name_ok, parse_manifest, parse_version
+from fractal.files import atomic_write, fsync_dir
 
 __all__ = ["Device", "SLOTS", "SlotState", "flash", "rollback", "status", "verify_slot", "promote_keys",
            "KILL_ENV"]
@@ -50,27 +51,6 @@ SLOT_SIG = "image.sig"
 # Test hook (tests/firmware): "bytes:N" SIGKILLs the flasher after N payload bytes are written,
 # "switch" right before the boot-state rename. Read in this one place only.
 KILL_ENV = "FRACTAL_FLASH_KILL_AT"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, *, before_rename: Any = None) -> None:
-    """write temp, fsync, (hook), rename over ``path``, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if before_rename is not None:
-        before_rename()
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 @dataclass
@@ -203,8 +183,8 @@ def _write_slot(img: Image, slot_dir: Path) -> None:
     for name, data in ((SLOT_MANIFEST, img.manifest_bytes), (SLOT_SIG, img.signature)):
         atomic_write(slot_dir / name, data)
     for d in sorted(dirs, key=lambda p: -len(p.parts)):
-        _fsync_dir(d)
-    _fsync_dir(slot_dir.parent)
+        fsync_dir(d)
+    fsync_dir(slot_dir.parent)
 
 
 def verify_slot(dev: Device, slot: str) -> ImageManifest:

@@ -1,4 +1,5 @@
-"""The project's shared bottom: the root error and the version. Imports nothing internal.
+"""The project's shared bottom: the root error and the version (and ``fractal.files``, the one atomic
+file replacement; ``fractal.heap``; ``fractal.oip``). Imports nothing internal.
 
 Every layer (compiler, federation, firmware, edgenode, api) derives its own errors from
 :class:`FractalError`, so the CLI needs one ``isinstance`` to print any of them as one line::
