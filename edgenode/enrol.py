@@ -43,11 +43,10 @@ from federation.auth import (
     Keyring,
     Role,
     generate_key,
-    load_dh_key,
-    load_private_key,
-    private_key_bytes,
+    load_key_file,
     raw_b64,
 )
+from fractal.keyfile import KeyFile, write_key_file
 
 __all__ = ["Enrolled", "enrol", "needs_enrolment", "ENROLLED_FILE"]
 
@@ -75,18 +74,14 @@ def _write_private(path: Path, text: str) -> None:
 def _keys(path: Path, device_id: str) -> tuple[Any, X25519PrivateKey]:
     """The device's keys: loaded when made before (a reboot while pending), else made now."""
     if path.exists():
-        doc = json.loads(path.read_text())
-        if doc.get("sender") != device_id:
-            raise ConfigError(f"{path} belongs to {doc.get('sender')!r}, not {device_id!r}")
-        dh = load_dh_key(path)
-        assert dh is not None
-        return load_private_key(path), dh
+        kf = load_key_file(path)
+        if kf.sender != device_id or kf.dh_private is None:
+            raise ConfigError(f"{path} belongs to {kf.sender!r}, not {device_id!r}" if kf.sender != device_id
+                              else f"{path} holds no X25519 key (a device key file needs one)")
+        return kf.private_key, kf.dh_private
     key, dh = generate_key(), X25519PrivateKey.generate()
     pub = wire.public_b64(key.public_key())
-    _write_private(path, json.dumps({"v": 1, "key_id": wire.device_key_id(device_id, pub),
-                                     "sender": device_id, "role": Role.NODE.value,
-                                     "private_key": base64.b64encode(private_key_bytes(key)).decode(),
-                                     "dh_private": raw_b64(dh)}) + "\n")
+    write_key_file(path, KeyFile(wire.device_key_id(device_id, pub), device_id, Role.NODE.value, key, dh))
     return key, dh
 
 

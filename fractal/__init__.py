@@ -1,5 +1,6 @@
 """The project's shared bottom: the root error and the version (and ``fractal.files``, the one atomic
-file replacement; ``fractal.heap``; ``fractal.oip``). Imports nothing internal.
+file replacement; ``fractal.keyfile``, the one private key file format; ``fractal.heap``;
+``fractal.oip``). Imports nothing internal.
 
 Every layer (compiler, federation, firmware, edgenode, api) derives its own errors from
 :class:`FractalError`, so the CLI needs one ``isinstance`` to print any of them as one line::
