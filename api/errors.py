@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from api.tensors import TensorError
-from edgenode.common import InvalidInput, NodeBusy, NodeError, StoreError
+from edgenode.errors import InvalidInput, NodeBusy, NodeError, StoreError
 
 __all__ = ["ApiError", "error_response", "install_error_handlers", "install_common_handlers"]
 

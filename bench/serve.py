@@ -26,6 +26,7 @@ import numpy as np
 from bench.artifacts import zoo_artifact
 from bench.host import machine
 from bench.loadgen import http_caller, run_closed_loop, summarize
+from fractal.oip import json_tensor
 
 __all__ = ["run", "DEFAULT_MODELS"]
 
@@ -40,8 +41,7 @@ AB_SEGMENTS = 6  # idle/training segments per point (each duration / AB_SEGMENTS
 
 def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], bytes]:
     inputs = {s.name: rng.standard_normal((1, *s.shape[1:])).astype(s.dtype) for s in art.inputs}
-    body = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32", "data": a.ravel().tolist()}
-                       for n, a in inputs.items()]}
+    body = {"inputs": [json_tensor(n, a) for n, a in inputs.items()]}
     return inputs, json.dumps(body).encode()
 
 

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ArtifactError, InputError
+from compiler.runtime import aligned_empty  # numpy only at import: tvm stays lazy, boards have none
 
 __all__ = ["CLibrary", "CRuntime", "CSignature", "TensorDesc", "LIB_NAME", "RUNNER_NAME"]
 
 LIB_NAME = "libmodel.so"
 RUNNER_NAME = "fractal-run"
 _MAX_DIMS = 8
-_ALIGN = 64
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,6 @@ class CSignature:
     inputs: tuple[TensorDesc, ...]
     outputs: tuple[TensorDesc, ...]
     workspace: int
-
-
-def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
-    off = (-buf.ctypes.data) % _ALIGN
-    return buf[off:off + nbytes].view(dtype).reshape(shape)
 
 
 class _Desc(ctypes.Structure):
@@ -145,7 +137,7 @@ class CLibrary:
         if st is None:
             st = self._local.state[name] = (
                 (ctypes.c_void_p * max(1, len(sig.inputs)))(), (ctypes.c_void_p * max(1, len(sig.outputs)))(),
-                _aligned_empty((max(1, sig.workspace),), np.uint8), [None] * len(sig.inputs),
+                aligned_empty((max(1, sig.workspace),), np.uint8), [None] * len(sig.inputs),
                 [np.dtype(d.dtype) for d in sig.inputs])
         ins, outp, ws, last, dtypes = st
         for i, (a, d) in enumerate(zip(arrays, sig.inputs, strict=True)):
@@ -161,7 +153,7 @@ class CLibrary:
                 a = np.require(a, a.dtype.newbyteorder("="), requirements="C")
             last[i] = a
             ins[i] = a.ctypes.data
-        outs = [_aligned_empty(d.shape, d.dtype) for d in sig.outputs]
+        outs = [aligned_empty(d.shape, d.dtype) for d in sig.outputs]
         for i, o in enumerate(outs):
             outp[i] = o.ctypes.data
         if f.fn(ins, outp, ctypes.c_void_p(ws.ctypes.data)) != 0:

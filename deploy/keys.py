@@ -13,7 +13,8 @@ adds only that node; ``--revoke`` removes a node everywhere)::
     DIR/mosquitto/fractal.passwd  Mosquitto password file (PBKDF2-SHA512 ``$7$``, as mosquitto_passwd)
     DIR/mosquitto/fractal.acl     Mosquitto ACLs for the swarm (deploy/mosquitto/mosquitto.conf)
 
-Key file format (JSON, one object): ``{"v": 1, "key_id": "node-1-k1", "sender": "node-1",
+Key file format (``fractal/keyfile.py``, the one for every private key of the project; JSON, one
+object): ``{"v": 1, "key_id": "node-1-k1", "sender": "node-1",
 "role": "node", "private_key": "<base64 of the 32-byte ed25519 seed>", "dh_private": "<base64
 of a 32-byte X25519 key (nodes only: pairwise ring-frame MACs, federation/ringmac.py)>"}``. The key id is
 ``{sender}-k{n}``; a rotation adds ``-k{n+1}`` and revokes the old id.
@@ -29,9 +30,7 @@ The broker's TLS certificates come from ``deploy/certs.sh``.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
-import os
 import secrets
 import sys
 from pathlib import Path
@@ -44,13 +43,12 @@ from federation.auth import (
     Keyring,
     Role,
     generate_key,
-    load_dh_key,
-    load_private_key,
-    private_key_bytes,
-    raw_b64,
+    load_key_file,
 )
 from federation.bounds import check_id
 from federation.broker import _password_line  # the one Mosquitto password-line writer
+from fractal.files import atomic_write
+from fractal.keyfile import KeyFile, write_key_file
 
 __all__ = ["FLEET_USER", "provision", "acl_text", "main"]
 
@@ -87,26 +85,20 @@ def acl_text(swarm: str, nodes: list[str]) -> str:
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    atomic_write(path, text, mode=0o600)
 
 
 def _key(out: Path, sender: str, role: Role) -> tuple[str, Ed25519PrivateKey, X25519PrivateKey | None]:
     path = out / "keys" / f"{sender}.key"
     if path.exists():
-        doc = json.loads(path.read_text())
-        return doc["key_id"], load_private_key(path), load_dh_key(path)
+        kf = load_key_file(path)
+        return kf.key_id, kf.private_key, kf.dh_private
     key = generate_key()
     # Nodes also get an X25519 key: pairwise MACs on ring frames (federation/ringmac.py).
     dh = X25519PrivateKey.generate() if role == Role.NODE else None
-    key_id = f"{sender}-k1"
-    seed = base64.b64encode(private_key_bytes(key)).decode()
-    doc = {"v": 1, "key_id": key_id, "sender": sender, "role": role.value, "private_key": seed}
-    if dh is not None:
-        doc["dh_private"] = raw_b64(dh)
-    _write_private(path, json.dumps(doc) + "\n")
-    return key_id, key, dh
+    kf = KeyFile(f"{sender}-k1", sender, role.value, key, dh)
+    write_key_file(path, kf)
+    return kf.key_id, key, dh
 
 
 def _password(out: Path, user: str) -> str:

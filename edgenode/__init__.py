@@ -12,8 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from edgenode.common import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
     from edgenode.config import NodeConfig, load_config
+    from edgenode.errors import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
     from edgenode.node import EdgeNode
 
 __all__ = [
@@ -30,12 +30,12 @@ __all__ = [
 
 # name -> submodule, resolved by __getattr__ on first access
 _LAZY = {
-    "NodeError": "edgenode.common",
-    "ConfigError": "edgenode.common",
-    "InvalidInput": "edgenode.common",
-    "StoreError": "edgenode.common",
-    "NodeBusy": "edgenode.common",
-    "RoundFailed": "edgenode.common",
+    "NodeError": "edgenode.errors",
+    "ConfigError": "edgenode.errors",
+    "InvalidInput": "edgenode.errors",
+    "StoreError": "edgenode.errors",
+    "NodeBusy": "edgenode.errors",
+    "RoundFailed": "edgenode.errors",
     "NodeConfig": "edgenode.config",
     "load_config": "edgenode.config",
     "EdgeNode": "edgenode.node",

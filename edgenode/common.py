@@ -1,11 +1,7 @@
-"""The edge node's bottom layer: its error tree and a few small helpers. No internal imports.
+"""The edge node's bottom layer: a few small helpers (logger, parameter hash, replay ids, heap freeze).
 
-    NodeError               base: a message and a ``hint`` (how to fix it); the CLI prints one line
-    ├── ConfigError         NODE.toml missing, unreadable, a bad or unknown key
-    ├── InvalidInput        an inference or sample request with wrong names, shapes, dtypes or labels
-    ├── StoreError          the sample store is full (retention "reject") or unusable
-    ├── NodeBusy            a round command arrived while another round runs
-    └── RoundFailed         a training round could not finish (nothing of it was applied)
+The node's errors live in :mod:`edgenode.errors`; they are re-exported here only so that modules
+written against the old place keep importing (import them from ``edgenode.errors``).
 """
 
 from __future__ import annotations
@@ -15,13 +11,13 @@ import gc
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from fractal import FractalError
+from edgenode.errors import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
+from fractal.files import atomic_write
 
 __all__ = [
     "NodeError",
@@ -32,37 +28,9 @@ __all__ = [
     "RoundFailed",
     "get_logger",
     "params_sha256",
-    "fsync_dir",
-    "atomic_write_bytes",
     "SeenIds",
     "freeze_startup_heap",
 ]
-
-
-class NodeError(FractalError):
-    """Base of every error the edge node raises on purpose (a user can act on it)."""
-
-
-class ConfigError(NodeError):
-    pass
-
-
-class InvalidInput(NodeError):
-    """Bad request data; the HTTP layer answers 400 (or 404 for an unknown model)."""
-
-
-class StoreError(NodeError):
-    pass
-
-
-class NodeBusy(NodeError):
-    pass
-
-
-class RoundFailed(NodeError):
-    def __init__(self, message: str, *, member: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.member = member
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -79,22 +47,6 @@ def params_sha256(params: Iterable[np.ndarray]) -> str:
     for p in params:
         h.update(np.ascontiguousarray(p, dtype=np.float32).tobytes())
     return h.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a crash leaves either the old or the new file, never a torn one.
-
-    temp file in the same directory -> fsync -> rename over the target -> fsync the directory
-    (the rename itself is only durable once the directory entry is on disk).
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class SeenIds:
@@ -136,18 +88,9 @@ class SeenIds:
 
     def save(self) -> None:
         try:
-            atomic_write_bytes(self.path, json.dumps(list(self.ids)).encode())
+            atomic_write(self.path, json.dumps(list(self.ids)))
         except OSError as exc:
             get_logger("agent").warning("could not record the ids in %s: %s", self.path, exc)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory (a rename is only durable once its directory entry is on disk)."""
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def freeze_startup_heap() -> int:

@@ -59,7 +59,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from edgenode.common import ConfigError
+from edgenode.errors import ConfigError
 from edgenode.streams.config import StreamConfig
 from federation.roundspec import RoundDefaults
 from federation.topics import validate_id

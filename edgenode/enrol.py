@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import time
 import tomllib
 import urllib.error
@@ -32,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from edgenode.common import ConfigError
+from edgenode.errors import ConfigError
+from fractal.files import atomic_write
 
 # The signing stack (cryptography) is imported by the functions that enrol: a node that has no
 # enrollment.toml never loads it (issue 25: a board's memory).
@@ -61,11 +61,7 @@ def needs_enrolment(data_dir: Path) -> bool:
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    tmp.replace(path)
+    atomic_write(path, text, mode=0o600)
 
 
 def _keys(path: Path, device_id: str) -> tuple[Any, X25519PrivateKey]:
@@ -73,21 +69,18 @@ def _keys(path: Path, device_id: str) -> tuple[Any, X25519PrivateKey]:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
     from federation import enrolment as wire
-    from federation.auth import Role, generate_key, load_dh_key, load_private_key, private_key_bytes, raw_b64
+    from federation.auth import Role, generate_key, load_key_file
+    from fractal.keyfile import KeyFile, write_key_file
 
     if path.exists():
-        doc = json.loads(path.read_text())
-        if doc.get("sender") != device_id:
-            raise ConfigError(f"{path} belongs to {doc.get('sender')!r}, not {device_id!r}")
-        dh = load_dh_key(path)
-        assert dh is not None
-        return load_private_key(path), dh
+        kf = load_key_file(path)
+        if kf.sender != device_id or kf.dh_private is None:
+            raise ConfigError(f"{path} belongs to {kf.sender!r}, not {device_id!r}" if kf.sender != device_id
+                              else f"{path} holds no X25519 key (a device key file needs one)")
+        return kf.private_key, kf.dh_private
     key, dh = generate_key(), X25519PrivateKey.generate()
     pub = wire.public_b64(key.public_key())
-    _write_private(path, json.dumps({"v": 1, "key_id": wire.device_key_id(device_id, pub),
-                                     "sender": device_id, "role": Role.NODE.value,
-                                     "private_key": base64.b64encode(private_key_bytes(key)).decode(),
-                                     "dh_private": raw_b64(dh)}) + "\n")
+    write_key_file(path, KeyFile(wire.device_key_id(device_id, pub), device_id, Role.NODE.value, key, dh))
     return key, dh
 
 

@@ -30,7 +30,8 @@ import os
 import signal
 from dataclasses import dataclass
 
-from edgenode.common import ConfigError, get_logger
+from edgenode.common import get_logger
+from edgenode.errors import ConfigError
 from federation.errors import FrameError
 from federation.framing import FrameKind, Phase, decode
 from federation.transport import Capabilities, Polled, Transport

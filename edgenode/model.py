@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import InputError
-from edgenode.common import InvalidInput, NodeError, atomic_write_bytes, fsync_dir, get_logger, params_sha256
+from edgenode.common import get_logger, params_sha256
+from edgenode.errors import InvalidInput, NodeError
 from edgenode.ports import Engine
 from edgenode.versions import ParamVersions
+from fractal.files import atomic_write, replace_durably
 
 __all__ = ["ParamsSnapshot", "ModelHolder", "flatten", "unflatten"]
 
@@ -160,14 +162,11 @@ class ModelHolder:
 
     def commit_prepared(self, snap: ParamsSnapshot) -> ParamsSnapshot:
         """Phase 2: make the staged parameters current (atomic rename, then the in-memory swap)."""
-        import os
-
         with self._lock:
             self._swapping = True  # readiness: "not ready" while parameters change
             try:
                 snap = self._prepare(snap)
-                os.replace(self.prepared_path, self.path)
-                fsync_dir(self.path.parent)
+                replace_durably(self.prepared_path, self.path)
                 self._snap = snap
             finally:
                 self._swapping = False
@@ -213,7 +212,7 @@ class ModelHolder:
         arrays: dict[str, Any] = {f"p{i}": p for i, p in enumerate(snap.params)}
         arrays["__meta__"] = np.array(json.dumps(meta))
         np.savez(buf, **arrays)
-        atomic_write_bytes(path, buf.getvalue())
+        atomic_write(path, buf.getvalue())
 
     def _restore(self) -> ParamsSnapshot | None:
         if not self.path.exists():

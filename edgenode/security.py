@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter
 from federation.auth import Reject
 from federation.signed import Identity, SignedLink, load_identity
 from federation.transport import PubSubLink
+from fractal.files import atomic_write
 
 __all__ = ["NodeAuth"]
 
@@ -31,7 +32,7 @@ class NodeAuth:
         self.identity: Identity = load_identity(key_file, keyring_file)
         self._keyring_file = Path(keyring_file)
         if self.identity.signer.sender != node_id:
-            from edgenode.common import ConfigError
+            from edgenode.errors import ConfigError
 
             raise ConfigError(f"key_file {key_file} belongs to {self.identity.signer.sender!r}, "
                               f"not to this node ({node_id!r})", hint="give each node its own keys/NODE.key")
@@ -67,9 +68,7 @@ class NodeAuth:
                 log.warning("keyring update dropped: %s", str(exc)[:300])
                 return
             if added or revoked:
-                tmp = self._keyring_file.with_name(f".{self._keyring_file.name}.tmp")
-                tmp.write_text(ring.to_json())
-                tmp.replace(self._keyring_file)
+                atomic_write(self._keyring_file, ring.to_json())
                 log.info("keyring updated: added %s, revoked %s", added, revoked)
 
         link.subscribe(enrolment.keyring_topic(link.swarm), on_update)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgenode.common import InvalidInput, StoreError
+from edgenode.errors import InvalidInput, StoreError
 
 __all__ = ["SampleSpec", "SampleStore", "Samples", "Part", "split_key"]
 

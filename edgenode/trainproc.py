@@ -58,7 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from edgenode.common import NodeError, freeze_startup_heap, get_logger
+from edgenode.common import freeze_startup_heap, get_logger
+from edgenode.errors import NodeError
 from federation.transport import Capabilities, Framing, Polled, Transport
 
 __all__ = ["TrainingWorker", "TrainerWorkerError"]

@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from edgenode.common import NodeError, atomic_write_bytes, get_logger, params_sha256
+from edgenode.common import get_logger, params_sha256
+from edgenode.errors import NodeError
+from fractal.files import atomic_write
 
 __all__ = ["ParamVersions"]
 
@@ -58,7 +60,7 @@ class ParamVersions:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         with self._lock:
-            atomic_write_bytes(self.dir / f"v{version}.npz", buf.getvalue())
+            atomic_write(self.dir / f"v{version}.npz", buf.getvalue())
             for old in self._on_disk()[:-self.keep]:
                 (self.dir / f"v{old}.npz").unlink(missing_ok=True)
 

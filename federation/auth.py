@@ -67,6 +67,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from federation.errors import FederationError
+from fractal.keyfile import KeyFile, KeyFileError, read_key_file
 
 __all__ = [
     "MAGIC",
@@ -86,6 +87,7 @@ __all__ = [
     "generate_key",
     "private_key_bytes",
     "load_private_key",
+    "load_key_file",
     "public_key_b64",
 ]
 
@@ -132,7 +134,7 @@ def generate_key() -> Ed25519PrivateKey:
 
 
 def private_key_bytes(key: Ed25519PrivateKey) -> bytes:
-    """The 32-byte raw seed, base64 in the key files (one line, no PEM)."""
+    """The 32-byte raw seed (base64 in the key files, fractal/keyfile.py)."""
     from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
 
     return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
@@ -143,19 +145,21 @@ def public_key_b64(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
     return base64.b64encode(pub.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
 
 
+def load_key_file(path: str | Path) -> KeyFile:
+    """Read a key file (the project's one format, fractal/keyfile.py: key id, sender, role, the
+    ed25519 seed and, for nodes, the X25519 key of the ring's pairwise frame MACs)."""
+    try:
+        return read_key_file(path)
+    except KeyFileError as exc:
+        raise FederationError(str(exc), hint=exc.hint) from None
+
+
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
-    """Read a key file: JSON ``{"v": 1, "key_id", "sender", "private_key": base64 seed,
-    "dh_private": base64 X25519 key (nodes; for the ring's pairwise frame MACs)}``."""
-    doc = json.loads(Path(path).read_text())
-    if doc.get("v") != KEYRING_VERSION:
-        raise FederationError(f"{path}: unsupported key file version {doc.get('v')!r}")
-    return Ed25519PrivateKey.from_private_bytes(base64.b64decode(doc["private_key"], validate=True))
+    return load_key_file(path).private_key
 
 
 def load_dh_key(path: str | Path) -> X25519PrivateKey | None:
-    doc = json.loads(Path(path).read_text())
-    raw = doc.get("dh_private")
-    return X25519PrivateKey.from_private_bytes(base64.b64decode(raw, validate=True)) if raw else None
+    return load_key_file(path).dh_private
 
 
 def raw_b64(key: X25519PrivateKey | X25519PublicKey) -> str:

@@ -38,8 +38,7 @@ from federation.auth import (
     Signer,
     Verified,
     Verifier,
-    load_dh_key,
-    load_private_key,
+    load_key_file,
 )
 from federation.mqtt_transport import MqttTransport
 from federation.ringmac import RingMac, is_mac_envelope, room_for
@@ -81,10 +80,8 @@ class Identity:
 
 def load_identity(key_file: str | Path, keyring_file: str | Path) -> Identity:
     """Load ``deploy/keys.py``'s key file (ours) and keyring (everyone's public keys)."""
-    import json
-
-    doc = json.loads(Path(key_file).read_text())
-    signer = Signer(doc["sender"], doc["key_id"], load_private_key(key_file))
+    kf = load_key_file(key_file)
+    signer = Signer(kf.sender, kf.key_id, kf.private_key)
     ring = Keyring.load(keyring_file)
     entry = ring.get(signer.key_id)
     if entry is None or entry.sender != signer.sender:
@@ -92,7 +89,7 @@ def load_identity(key_file: str | Path, keyring_file: str | Path) -> Identity:
 
         raise FederationError(f"key {signer.key_id!r} of {signer.sender!r} is not (or no longer) in "
                               f"the keyring {keyring_file}", hint="re-provision with deploy/keys.py")
-    return Identity(signer, ring, load_dh_key(key_file))
+    return Identity(signer, ring, kf.dh_private)
 
 
 def _is_ring_topic(topic: str) -> bool:

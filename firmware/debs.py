@@ -159,6 +159,8 @@ def fetch(pins: list[Pin], mirror: str, dest: Path) -> list[Path]:
         if len(data) != pin.size or _sha256(data) != pin.sha256:
             raise DebsError(f"{pin.package} {pin.version}: downloaded file does not match the lock "
                             f"({len(data)} bytes, expected {pin.size})")
+        # not fractal.files.atomic_write: sysroot.sh runs this file as a script with the system
+        # python3, where the project is not importable (a torn download is re-fetched: sha256 above)
         fd, tmp = tempfile.mkstemp(dir=dest, prefix=".part-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -27,9 +27,8 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,38 +38,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from firmware import keys as keymod
 from firmware.bootstate import DEFAULT_TRIALS, SLOTS, BootState, SlotRecord, SlotState, other
 from firmware.errors import DeviceError, FirmwareError, ImageError
+from firmware.faults import NO_FLASH_FAULTS, FlashFaults, die
 from firmware.image import Image, open_image
 from firmware.manifest import ImageManifest, member_name_ok, parse_manifest, parse_version
+from fractal.files import atomic_write, fsync_dir
 
-__all__ = ["Device", "SLOTS", "SlotState", "flash", "rollback", "status", "verify_slot", "promote_keys",
-           "KILL_ENV"]
+__all__ = ["Device", "SLOTS", "SlotState", "flash", "rollback", "status", "verify_slot", "promote_keys"]
 
 SLOT_MANIFEST = "image.manifest.json"
 SLOT_SIG = "image.sig"
-# Test hook (tests/firmware): "bytes:N" SIGKILLs the flasher after N payload bytes are written,
-# "switch" right before the boot-state rename. Read in this one place only.
-KILL_ENV = "FRACTAL_FLASH_KILL_AT"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, *, before_rename: Any = None) -> None:
-    """write temp, fsync, (hook), rename over ``path``, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if before_rename is not None:
-        before_rename()
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 @dataclass
@@ -137,7 +113,7 @@ class Device:
                 f"the boot state of {self.root} has an unknown format", hint="re-provision the device"
             ) from None
 
-    def save_state(self, state: BootState, *, before_rename: Any = None) -> None:
+    def save_state(self, state: BootState, *, before_rename: Callable[[], None] | None = None) -> None:
         atomic_write(
             self.state_path, json.dumps(state.to_json(), indent=1, sort_keys=True).encode(),
             before_rename=before_rename,
@@ -163,20 +139,8 @@ def promote_keys(dev: Device, pems: list[str]) -> list[str]:
     return ids
 
 
-def _kill_point() -> tuple[str, int]:
-    spec = os.environ.get(KILL_ENV, "")
-    if spec.startswith("bytes:"):
-        return "bytes", int(spec[6:])
-    return (spec, -1) if spec else ("", -1)
-
-
-def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _write_slot(img: Image, slot_dir: Path) -> None:
+def _write_slot(img: Image, slot_dir: Path, faults: FlashFaults) -> None:
     """Replace ``slot_dir``'s contents with the image's members, every file and directory fsynced."""
-    kind, kill_at = _kill_point()
     if slot_dir.is_symlink():
         raise DeviceError(f"slot {slot_dir} is a symlink", hint="the device directory was tampered with")
     shutil.rmtree(slot_dir, ignore_errors=True)
@@ -192,10 +156,10 @@ def _write_slot(img: Image, slot_dir: Path) -> None:
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
             with os.fdopen(fd, "wb") as out:
                 for chunk in img.iter_member(src, m):
-                    if kind == "bytes" and written + len(chunk) > kill_at:
-                        out.write(chunk[: kill_at - written])
+                    if (head := faults.cut(written, chunk)) is not None:
+                        out.write(head)
                         out.flush()
-                        _die()
+                        die()
                     out.write(chunk)
                     written += len(chunk)
                 out.flush()
@@ -203,8 +167,8 @@ def _write_slot(img: Image, slot_dir: Path) -> None:
     for name, data in ((SLOT_MANIFEST, img.manifest_bytes), (SLOT_SIG, img.signature)):
         atomic_write(slot_dir / name, data)
     for d in sorted(dirs, key=lambda p: -len(p.parts)):
-        _fsync_dir(d)
-    _fsync_dir(slot_dir.parent)
+        fsync_dir(d)
+    fsync_dir(slot_dir.parent)
 
 
 def verify_slot(dev: Device, slot: str) -> ImageManifest:
@@ -253,8 +217,11 @@ def flash(
     allow_downgrade: bool = False,
     trials: int = DEFAULT_TRIALS,
     lock_wait_s: float = 0.0,
+    faults: FlashFaults = NO_FLASH_FAULTS,
 ) -> dict[str, Any]:
-    """Verify ``image`` completely, write it into the inactive slot, switch to it for a trial boot."""
+    """Verify ``image`` completely, write it into the inactive slot, switch to it for a trial boot.
+
+    ``faults``: where a test kills this process (firmware/faults.py); none in production."""
     dev = Device(Path(device))
     given = [keymod.load_public(p) for p in pubkeys]
     with dev.locked(lock_wait_s):
@@ -313,11 +280,10 @@ def flash(
                 dev.slot(s).mkdir(exist_ok=True)
         state.begin_write(target)
         dev.save_state(state)
-        _write_slot(img, dev.slot(target))
+        _write_slot(img, dev.slot(target), faults)
         verify_slot(dev, target)  # what is on disk, not what we meant to write
         state.switch_to_trial(target, _slot_record(img), trials)
-        kind, _ = _kill_point()
-        dev.save_state(state, before_rename=_die if kind == "switch" else None)
+        dev.save_state(state, before_rename=die if faults.kill_at_switch else None)
         return {"slot": target, "version": img.version, "board": img.board, "signer": img.signer}
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import time
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from firmware.manifest import (
     parse_manifest,
     parse_version,
 )
+from fractal.files import atomic_open
 
 __all__ = [
     "MAGIC",
@@ -285,24 +285,17 @@ def build_image(
         )
     sig = keymod.sign(priv, mbytes)
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(_HEADER.pack(MAGIC, len(mbytes), len(sig)))
-            fh.write(mbytes)
-            fh.write(sig)
-            for _name, src in files:
-                if isinstance(src, bytes):
-                    fh.write(src)
-                else:
-                    with open(src, "rb") as sf:
-                        while chunk := sf.read(_CHUNK):
-                            fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_open(out) as fh:
+        fh.write(_HEADER.pack(MAGIC, len(mbytes), len(sig)))
+        fh.write(mbytes)
+        fh.write(sig)
+        for _name, src in files:
+            if isinstance(src, bytes):
+                fh.write(src)
+            else:
+                with open(src, "rb") as sf:
+                    while chunk := sf.read(_CHUNK):
+                        fh.write(chunk)
     return out
 
 

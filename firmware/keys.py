@@ -1,13 +1,13 @@
 """ed25519 signing keys for device images (``cryptography``).
 
-Private keys are PKCS#8 PEM (mode 0600), public keys SubjectPublicKeyInfo PEM. A key's id is
-the first 16 hex digits of the sha256 of its raw 32 public bytes (shown by ``image info``).
+Private keys are the project's one key file format (``fractal/keyfile.py``: JSON with the key's
+id, mode 0600; a release key in the old PKCS#8 PEM form is still read), public keys
+SubjectPublicKeyInfo PEM (``KEY.pub``). A key's id is the first 16 hex digits of the sha256 of its
+raw 32 public bytes (shown by ``image info``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -15,6 +15,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from firmware.errors import FirmwareError, ImageError
+from fractal.files import atomic_write
+from fractal.keyfile import KeyFile, KeyFileError, derived_key_id, read_key_file, write_key_file
 
 __all__ = [
     "keygen",
@@ -42,14 +44,8 @@ def keygen(out: str | Path) -> tuple[Path, Path]:
                 f"{p} already exists", hint="choose another --out or delete the old key first"
             )
     key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    priv_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(pem)
-    pub_path.write_bytes(public_pem(key.public_key()))
+    write_key_file(priv_path, KeyFile(key_id(key.public_key()), "release", "image", key))
+    atomic_write(pub_path, public_pem(key.public_key()))
     return priv_path, pub_path
 
 
@@ -67,17 +63,11 @@ def _read_small(path: str | Path, what: str) -> bytes:
 
 
 def load_private(path: str | Path) -> Ed25519PrivateKey:
-    data = _read_small(path, "private key")
+    """A release key (the key file format of fractal/keyfile.py, or the old PEM form)."""
     try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError):
-        raise FirmwareError(
-            f"{path} is not an unencrypted PEM private key",
-            hint="pass the KEY written by `fractal image keygen` (not KEY.pub)",
-        ) from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise FirmwareError(f"{path} is not an ed25519 key", hint="create one with `fractal image keygen`")
-    return key
+        return read_key_file(path).private_key
+    except KeyFileError as exc:
+        raise FirmwareError(str(exc), hint=exc.hint) from None
 
 
 def public_from_pem(data: bytes, source: str = "key") -> Ed25519PublicKey:
@@ -103,8 +93,7 @@ def public_pem(key: Ed25519PublicKey) -> bytes:
 
 
 def key_id(key: Ed25519PublicKey) -> str:
-    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return hashlib.sha256(raw).hexdigest()[:16]
+    return derived_key_id(key)
 
 
 def sign(key: Ed25519PrivateKey, manifest_bytes: bytes) -> bytes:

@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from firmware.device import Device, atomic_write
+from firmware.device import Device
 from firmware.errors import BootError
+from fractal.files import atomic_write
 
 __all__ = ["PROCESS_RECORD", "port_free", "record", "stop_leftover"]
 

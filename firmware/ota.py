@@ -27,6 +27,7 @@ from typing import Any
 from firmware.bootstate import SLOTS, Health, SlotState
 from firmware.device import flash
 from firmware.errors import FirmwareError
+from fractal.files import atomic_write, replace_durably
 
 __all__ = ["DownloadStats", "download", "stage", "MAX_DOWNLOAD", "DeviceUpdates", "Phase", "UPDATE_RECORD"]
 
@@ -116,7 +117,7 @@ def download(
                 last_error = str(exc)
                 continue
         if have == total:
-            os.replace(part, dest)
+            replace_durably(part, dest)
             return stats
         last_error = f"connection closed after {have} of {total} bytes"
     raise FirmwareError(
@@ -180,8 +181,6 @@ class DeviceUpdates:
         return rec if isinstance(rec, dict) and "update_id" in rec else None
 
     def _write(self, rec: dict[str, Any]) -> None:
-        from firmware.device import atomic_write
-
         atomic_write(self.record_path, json.dumps(rec, sort_keys=True).encode())
 
     def last_update_id(self) -> str | None:

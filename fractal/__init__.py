@@ -1,4 +1,6 @@
-"""The project's shared bottom: the root error and the version. Imports nothing internal.
+"""The project's shared bottom: the root error and the version (and ``fractal.files``, the one atomic
+file replacement; ``fractal.keyfile``, the one private key file format; ``fractal.heap``;
+``fractal.oip``). Imports nothing internal.
 
 Every layer (compiler, federation, firmware, edgenode, api) derives its own errors from
 :class:`FractalError`, so the CLI needs one ``isinstance`` to print any of them as one line::
@@ -7,7 +9,7 @@ Every layer (compiler, federation, firmware, edgenode, api) derives its own erro
     ├── compiler.errors.CompilerError     ModelError, TargetError, ArtifactError, InputError, EmulationError
     ├── federation.errors.FederationError TransportError, FrameError, RoundAborted > UpdateRejected
     ├── firmware.errors.FirmwareError     (device images, flashing, boot)
-    ├── edgenode.common.NodeError         ConfigError, InvalidInput, StoreError, NodeBusy, RoundFailed
+    ├── edgenode.errors.NodeError         ConfigError, InvalidInput, StoreError, NodeBusy, RoundFailed
     ├── deploy.errors.DeployError         (launchers: qemu or a sysroot missing, a node failing to start)
     └── api.fleet.errors.FleetError       (fleet service; HTTP statuses live only in api/)
 """

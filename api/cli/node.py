@@ -12,7 +12,8 @@ import typer
 
 from api.cli import app
 from api.cli.net import port_problem
-from edgenode.common import NodeError, freeze_startup_heap
+from edgenode.common import freeze_startup_heap
+from edgenode.errors import NodeError
 
 if TYPE_CHECKING:
     from edgenode.config import NodeConfig

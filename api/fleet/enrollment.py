@@ -40,6 +40,7 @@ from api.fleet.errors import FleetError
 from federation import enrolment as wire
 from federation.auth import KeyEntry, Role
 from federation.signed import Identity
+from fractal.files import atomic_write
 
 log = logging.getLogger("fractal.fleet.enrollment")
 
@@ -314,9 +315,7 @@ class EnrollmentManager:
     def _keyring_changed(self) -> None:
         assert self.identity is not None and self.keyring_file is not None
         text = self.identity.keyring.to_json()
-        tmp = self.keyring_file.with_name(f".{self.keyring_file.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(self.keyring_file)
+        atomic_write(self.keyring_file, text)
         self.publish_keyring(text)
 
     def publish_keyring(self, text: str | None = None) -> None:

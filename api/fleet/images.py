@@ -25,6 +25,7 @@ from typing import Any
 
 from firmware.image import MAX_IMAGE, open_image
 from firmware.keys import load_public
+from fractal.files import atomic_write, replace_durably
 
 __all__ = ["ImageCatalogue", "UploadTooLarge", "GrantRefused", "GRANT_S"]
 
@@ -108,6 +109,8 @@ class ImageCatalogue:
                         raise UploadTooLarge(f"the upload exceeds {max_bytes} bytes")
                     h.update(chunk)
                     fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
             if not self.keys:
                 from firmware.errors import ImageError
 
@@ -127,11 +130,9 @@ class ImageCatalogue:
                 "artifact": img.manifest["artifact_name"],
             }
             with self._lock:
-                os.replace(tmp, self.dir / f"{entry['id']}.img")
+                replace_durably(tmp, self.dir / f"{entry['id']}.img")
                 entries = [e for e in self.list() if e["id"] != entry["id"]] + [entry]
-                tmp_index = self._index.with_suffix(".tmp")
-                tmp_index.write_text(json.dumps(entries, indent=1))
-                os.replace(tmp_index, self._index)
+                atomic_write(self._index, json.dumps(entries, indent=1))
             return entry
         finally:
             tmp.unlink(missing_ok=True)

@@ -25,7 +25,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.fleet.history import FleetHistory
-from api.fleet.rounds import RoundRejected, too_many_participants
+from api.fleet.operations import Operations, OpKind, RoundRejected
+from api.fleet.rounds import too_many_participants
 from federation import topics
 from federation.bounds import PARTICIPANTS_MAX, Id
 from federation.messages import RollbackCommand
@@ -75,7 +76,7 @@ class RollbackManager:
     """Thread-safe; one rollback at a time (two overlapping ones could leave the swarm split)."""
 
     def __init__(self, *, swarm: str, publish: Publish, timeout_s: float, store: FleetHistory | None = None,
-                 keep: int = 100) -> None:
+                 keep: int = 100, operations: Operations | None = None) -> None:
         self._swarm = swarm
         self._publish = publish
         self._timeout = timeout_s
@@ -83,10 +84,21 @@ class RollbackManager:
         self._keep = keep
         self._lock = threading.Lock()
         self._all: OrderedDict[str, Rollback] = OrderedDict()
+        self._ops = operations if operations is not None else Operations()
+        self._ops.register(OpKind.ROLLBACK, self._pending_phrase)
 
     def pending(self) -> Rollback | None:
         with self._lock:
             return next((r for r in self._all.values() if r.state is RollbackState.PENDING), None)
+
+    def _pending_phrase(self) -> str | None:
+        rb = self.pending()
+        if rb is None:
+            return None
+        rid = rb.command.rollback_id
+        what = (f"the automatic rollback {rid} of round {rb.round_id} ({rb.command.reason})"
+                if rb.by == "auto" else f"rollback {rid}")
+        return f"{what} is still pending (to v{rb.command.to_version})"
 
     def get(self, rollback_id: str) -> dict | None:
         with self._lock:
@@ -97,7 +109,16 @@ class RollbackManager:
               round_id: str | None = None, why: str = "", current: dict[str, int] | None = None) -> Rollback:
         """Check ``req`` against the node views (``NodeRegistry.snapshot``), publish, record.
         ``current`` overrides the versions the views show (a round's DONE events arrive before the
-        nodes' new statuses). Raises :class:`RoundRejected` (404 unknown node, 409 not now)."""
+        nodes' new statuses). Raises :class:`RoundRejected` (404 unknown node, 409 not now: an
+        operation it may not overlap runs, api/fleet/operations.py)."""
+        with self._ops.starting(OpKind.ROLLBACK):
+            rb = self._register(req, nodes=nodes, now=now, by=by, round_id=round_id, why=why, current=current)
+        self._record("rollback", rb, now)
+        self._publish(topics.command(self._swarm), rb.command)
+        return rb
+
+    def _register(self, req: RollbackRequest, *, nodes: list[dict], now: float, by: str,
+                  round_id: str | None, why: str, current: dict[str, int] | None) -> Rollback:
         views = {n["node_id"]: n for n in nodes}
         if req.nodes is None:
             targets = sorted(n for n, v in views.items() if v["online"])
@@ -134,13 +155,9 @@ class RollbackManager:
         rb = Rollback(command=cmd, by=by, round_id=round_id, started_at=now,
                       reached={n: v for n, v in current.items() if v == to})
         with self._lock:
-            if any(r.state is RollbackState.PENDING for r in self._all.values()):
-                raise RoundRejected("a rollback is still pending; wait for it to finish")
             self._all[cmd.rollback_id] = rb
             while len(self._all) > self._keep:
                 self._all.popitem(last=False)
-        self._record("rollback", rb, now)
-        self._publish(topics.command(self._swarm), cmd)
         return rb
 
     def on_status(self, node_id: str, model_version: int, now: float) -> Rollback | None:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.fleet.history import FleetHistory
 from api.fleet.images import GRANT_S
-from api.fleet.rounds import RoundRejected
+from api.fleet.operations import Operations, OpKind, RoundRejected
 from federation import bounds as b
 from federation import topics
 from federation.messages import ImageRollbackCommand, ImageUpdateCommand, UpdatePhase
@@ -130,7 +130,8 @@ class RolloutManager:
 
     def __init__(self, *, swarm: str, publish: Publish, stage_timeout_s: float,
                  store: FleetHistory | None = None, keep: int = 100,
-                 grant: Callable[[str, int], str] | None = None) -> None:
+                 grant: Callable[[str, int], str] | None = None,
+                 operations: Operations | None = None) -> None:
         self._swarm = swarm
         self._publish = publish
         self._timeout = stage_timeout_s
@@ -140,6 +141,9 @@ class RolloutManager:
         self._keep = keep
         self._lock = threading.Lock()
         self._all: OrderedDict[str, Rollout] = OrderedDict()
+        self._ops = operations if operations is not None else Operations()
+        self._ops.register(OpKind.ROLLOUT, lambda: self._running_phrase("rollout"))
+        self._ops.register(OpKind.IMAGE_ROLLBACK, lambda: self._running_phrase("rollback"))
 
     # -- queries ---------------------------------------------------------------------------------
     def running(self) -> Rollout | None:
@@ -148,6 +152,10 @@ class RolloutManager:
 
     def _running(self) -> Rollout | None:
         return next((r for r in self._all.values() if r.state is RolloutState.RUNNING), None)
+
+    def _running_phrase(self, kind: str) -> str | None:
+        r = self.running()
+        return None if r is None or r.kind != kind else f"image {r.kind} {r.rollout_id} is still running"
 
     def get(self, rollout_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -189,43 +197,48 @@ class RolloutManager:
     def start(self, req: RolloutRequest, *, image: dict[str, Any], url: str, nodes: list[dict],
               now: float) -> Rollout:
         """Check ``req`` against the image and the node views, send the canary its command.
-        Raises :class:`RoundRejected` (404 unknown node, 409 not now / not possible)."""
-        views = {n["node_id"]: n for n in nodes}
-        targets = self._targets(req.nodes, views)
-        wrong_board = [f"{n} ({views[n]['board']})" for n in targets if views[n]["board"] != image["board"]]
-        if wrong_board:
-            raise RoundRejected(f"image {image['id']} is for board {image['board']}, not for "
-                                f"{', '.join(wrong_board)}")
-        there = [n for n in targets if views[n]["image"]["version"] == image["version"]]
-        if there:
-            raise RoundRejected(f"node(s) run version {image['version']} already: {', '.join(there)}")
-        stages = [targets[:1]] + ([targets[1:]] if len(targets) > 1 else [])
-        r = Rollout(rollout_id=self._new_id("u", now), kind="rollout", image=image, stages=stages, url=url,
-                    started_at=now)
-        return self._launch(r, now, {n: str(image["version"]) for n in targets})
+        Raises :class:`RoundRejected` (404 unknown node, 409 not now / not possible: an operation it
+        may not overlap runs, api/fleet/operations.py)."""
+        with self._ops.starting(OpKind.ROLLOUT):
+            views = {n["node_id"]: n for n in nodes}
+            targets = self._targets(req.nodes, views)
+            wrong_board = [f"{n} ({views[n]['board']})" for n in targets
+                           if views[n]["board"] != image["board"]]
+            if wrong_board:
+                raise RoundRejected(f"image {image['id']} is for board {image['board']}, not for "
+                                    f"{', '.join(wrong_board)}")
+            there = [n for n in targets if views[n]["image"]["version"] == image["version"]]
+            if there:
+                raise RoundRejected(f"node(s) run version {image['version']} already: {', '.join(there)}")
+            stages = [targets[:1]] + ([targets[1:]] if len(targets) > 1 else [])
+            r = Rollout(rollout_id=self._new_id("u", now), kind="rollout", image=image, stages=stages,
+                        url=url, started_at=now)
+            cmd = self._register(r, now, {n: str(image["version"]) for n in targets})
+        return self._launch(r, cmd, now)
 
     def start_rollback(self, req: ImageRollbackRequest, *, nodes: list[dict], now: float) -> Rollout:
-        views = {n["node_id"]: n for n in nodes}
-        targets = self._targets(req.nodes, views)
-        none = [n for n in targets if not views[n]["image"].get("previous")]
-        if none:
-            raise RoundRejected(f"node(s) have no previous good slot to return to: {', '.join(none)}")
-        r = Rollout(rollout_id=self._new_id("r", now), kind="rollback", image=None, stages=[targets], url="",
-                    started_at=now)
-        return self._launch(r, now, {n: str(views[n]["image"]["previous"]) for n in targets})
+        with self._ops.starting(OpKind.IMAGE_ROLLBACK):
+            views = {n["node_id"]: n for n in nodes}
+            targets = self._targets(req.nodes, views)
+            none = [n for n in targets if not views[n]["image"].get("previous")]
+            if none:
+                raise RoundRejected(f"node(s) have no previous good slot to return to: {', '.join(none)}")
+            r = Rollout(rollout_id=self._new_id("r", now), kind="rollback", image=None, stages=[targets],
+                        url="", started_at=now)
+            cmd = self._register(r, now, {n: str(views[n]["image"]["previous"]) for n in targets})
+        return self._launch(r, cmd, now)
 
-    def _launch(self, r: Rollout, now: float, expect: dict[str, str]) -> Rollout:
+    def _register(self, r: Rollout, now: float, expect: dict[str, str]) -> BaseModel:
+        """Make ``r`` the running one (the caller holds the coordinator's start lock); its first command."""
         r.nodes = {n: NodeProgress(stage=i, expect=expect[n])
                    for i, stage in enumerate(r.stages) for n in stage}
         with self._lock:
-            running = self._running()
-            if running is not None:
-                raise RoundRejected(
-                    f"image {running.kind} {running.rollout_id} is still running; wait for it")
             self._all[r.rollout_id] = r
             while len(self._all) > self._keep:
                 self._all.popitem(last=False)
-            cmd = self._stage_command(r, 0, now)
+            return self._stage_command(r, 0, now)
+
+    def _launch(self, r: Rollout, cmd: BaseModel, now: float) -> Rollout:
         self._record(f"image.{r.kind}", r, now)
         self._publish(topics.command(self._swarm), cmd)
         return r

@@ -35,6 +35,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.fleet.history import FleetHistory
+from api.fleet.operations import Operations, OpKind, RoundRejected
 from federation import topics
 from federation.bounds import PARTICIPANTS_MAX, SITE_PARTICIPANTS_MAX, Id
 from federation.hierarchy import round_sites
@@ -95,15 +96,6 @@ def too_many_participants(count: int, what: str = "a round") -> str:
     return (f"{count} nodes are online: {what} takes at most {PARTICIPANTS_MAX} participants (the "
             f"signed command's limit until the scale-out work lifts it); pass \"nodes\" with up to "
             f"{PARTICIPANTS_MAX} of them")
-
-
-class RoundRejected(Exception):
-    """A well-formed request the swarm cannot run now (HTTP 409) or that names unknown nodes (404)."""
-
-    def __init__(self, reason: str, status_code: int = 409) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.status_code = status_code
 
 
 @dataclass
@@ -358,7 +350,7 @@ class RoundManager:
     def __init__(self, *, swarm: str, publish: Publish, start_timeout_s: float, idle_timeout_s: float,
                  step_timeout_s: float = 30.0, max_steps: int = 10_000, history: int = 200,
                  store: FleetHistory | None = None, margin: float = 0.02,
-                 offline_grace_s: float = 5.0) -> None:
+                 offline_grace_s: float = 5.0, operations: Operations | None = None) -> None:
         self._swarm = swarm
         self._publish = publish
         self._start_timeout = start_timeout_s
@@ -376,12 +368,20 @@ class RoundManager:
         self._strikes: dict[str, int] = {}
         self._left_out: dict[str, str] = {}
         self.dropped_values = 0  # non-finite losses and steps outside the round
+        # The fleet's one coordinator of what may run together (api/fleet/operations.py); alone
+        # (unit tests), a coordinator of its own that knows only rounds.
+        self._ops = operations if operations is not None else Operations()
+        self._ops.register(OpKind.ROUND, self._running_phrase)
 
     # -- commands -------------------------------------------------------------------------
     def running(self) -> str | None:
         """The id of the running round, if one is."""
         with self._lock:
             return next((r.round_id for r in self._rounds.values() if r.state is RoundState.RUNNING), None)
+
+    def _running_phrase(self) -> str | None:
+        rid = self.running()
+        return None if rid is None else f"round {rid} is still running"
 
     def judge(self, round_id: str) -> tuple[Round, str] | None:
         """Once per round, after it ended DONE: the round and why its validation regressed (else None)."""
@@ -407,10 +407,8 @@ class RoundManager:
         spanning sites, into the sites its command names (federation/hierarchy.py)."""
         if req.steps > self._max_steps:
             raise RoundRejected(f"steps={req.steps} exceeds this fleet's limit of {self._max_steps}", 422)
-        with self._lock:
-            running = [r.round_id for r in self._rounds.values() if r.state is RoundState.RUNNING]
-            if running:
-                raise RoundRejected(f"round {running[0]} is still running; wait for it to finish")
+        # check-then-start under the coordinator's lock: nothing it may not overlap starts meanwhile
+        with self._ops.starting(OpKind.ROUND), self._lock:
             for r in self._rounds.values():
                 if r.state is not RoundState.RUNNING and not r.accounted:
                     self._account(r)

@@ -18,6 +18,7 @@ from api.fleet.enrollment import EnrollmentManager, device_broker_url
 from api.fleet.events import EventBus, EventType
 from api.fleet.history import FleetHistory
 from api.fleet.images import GrantRefused, ImageCatalogue
+from api.fleet.operations import Operations
 from api.fleet.registry import NodeRegistry
 from api.fleet.rollback import Rollback, RollbackManager, RollbackRequest
 from api.fleet.rollouts import ImageRollbackRequest, Rollout, RolloutManager, RolloutRequest
@@ -30,13 +31,6 @@ from federation.signed import Identity, SignedLink, load_identity
 from federation.transport import PubSubLink
 
 __all__ = ["FleetService", "Link", "LinkFactory"]
-
-
-def _rollback_running(rb: Rollback) -> str:
-    """The 409 of a round (or another rollback) asked for while ``rb`` is pending."""
-    what = (f"the automatic rollback {rb.command.rollback_id} of round {rb.round_id} ({rb.command.reason})"
-            if rb.by == "auto" else f"rollback {rb.command.rollback_id}")
-    return f"{what} is still running (to v{rb.command.to_version}); start the round after it"
 
 log = logging.getLogger("fractal.fleet")
 
@@ -69,21 +63,25 @@ class FleetService:
         self.registry = NodeRegistry()
         self.history = FleetHistory(settings.db_path())
         self.history.close_interrupted(clock())
+        # One coordinator of which operations may run together, asked by every manager's start.
+        self.operations = Operations()
         self.rounds = RoundManager(
             swarm=settings.swarm, publish=self._publish,
             start_timeout_s=settings.round_start_timeout_s, idle_timeout_s=settings.round_idle_timeout_s,
             step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history,
             store=self.history, margin=settings.rollback_margin,
-            offline_grace_s=settings.round_offline_grace_s)
+            offline_grace_s=settings.round_offline_grace_s, operations=self.operations)
         self.rollbacks = RollbackManager(swarm=settings.swarm, publish=self._publish,
-                                         timeout_s=settings.rollback_timeout_s, store=self.history)
+                                         timeout_s=settings.rollback_timeout_s, store=self.history,
+                                         operations=self.operations)
         # Download grants for nodes are keyed by the operator token: a restarted fleet honours them.
         grant_key = hashlib.sha256(b"fractal-edge image grant\0" + settings.token.encode()).digest()
         self.images = (ImageCatalogue(settings.images_dir, settings.image_keys, grant_key=grant_key)
                        if settings.images_dir else None)
         self.rollouts = RolloutManager(swarm=settings.swarm, publish=self._publish,
                                        stage_timeout_s=settings.rollout_stage_timeout_s, store=self.history,
-                                       grant=self.images.grant_query if self.images is not None else None)
+                                       grant=self.images.grant_query if self.images is not None else None,
+                                       operations=self.operations)
         # Signed swarm: a download grant is only good together with the addressed node's proof.
         self._keyring: Keyring | None = (Keyring.load(settings.keyring_file)
                                          if settings.key_file and settings.keyring_file else None)
@@ -345,12 +343,6 @@ class FleetService:
 
     def start_round(self, req: RoundRequest) -> dict:
         now = self.clock()
-        ro = self.rollouts.running()
-        if ro is not None:
-            raise RoundRejected(f"image {ro.kind} {ro.rollout_id} is running; start the round after it")
-        pending = self.rollbacks.pending()
-        if pending is not None:
-            raise RoundRejected(_rollback_running(pending))
         views = self._settled(self.nodes())
         rnd = self.rounds.start(req, online={n for n, v in views.items() if v["state"] == "online"},
                                 halted={n: v["halt"] or "no reason given" for n, v in views.items()
@@ -366,9 +358,6 @@ class FleetService:
 
     def rollback(self, req: RollbackRequest) -> dict:
         """The operator's rollback (``POST /api/rollback``); RoundRejected when the swarm cannot."""
-        running = self.rounds.running()
-        if running is not None:
-            raise RoundRejected(f"round {running} is running; roll back after it ends")
         now = self.clock()
         views = self._settled(self.nodes())
         rb = self.rollbacks.start(req, nodes=list(views.values()), now=now, by="operator")
@@ -398,9 +387,6 @@ class FleetService:
         image = self.images.entry(req.image)
         if image is None:
             raise RoundRejected(f"unknown image {req.image!r}", 404)
-        running = self.rounds.running()
-        if running is not None:
-            raise RoundRejected(f"round {running} is running; roll out after it ends")
         now = self.clock()
         base = (self.settings.public_url or base_url).rstrip("/")
         url = f"{base}/api/images/{image['id']}"  # each stage's command adds its own grant
@@ -430,9 +416,6 @@ class FleetService:
 
     def image_rollback(self, req: ImageRollbackRequest) -> dict:
         """Return ``req.nodes`` to their previous good slot (``POST /api/image-rollback``)."""
-        running = self.rounds.running()
-        if running is not None:
-            raise RoundRejected(f"round {running} is running; roll back after it ends")
         ro = self.rollouts.start_rollback(req, nodes=self.nodes(), now=self.clock())
         self._rollout_changed(ro)
         return ro.to_dict()

@@ -16,7 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
-from edgenode.common import ConfigError, get_logger
+from edgenode.common import get_logger
+from edgenode.errors import ConfigError
 from edgenode.streams.config import Layout, StreamConfig, StreamFormat
 from edgenode.streams.formats import FrameClock, parse_f32, parse_json, parse_senml
 from edgenode.streams.window import Window, Windower

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from api.cli.node import serve_node
-from edgenode.common import NodeError
+from edgenode.errors import NodeError
 from edgenode.faults import Faults
 from edgenode.node import EdgeNode
 

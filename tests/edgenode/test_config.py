@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from edgenode.common import ConfigError
 from edgenode.config import NodeConfig, Retention, load_config
+from edgenode.errors import ConfigError
 from federation.messages import SyncMode
 
 GOOD = """

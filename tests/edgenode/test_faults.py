@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgenode.common import ConfigError
 from edgenode.config import NodeConfig
+from edgenode.errors import ConfigError
 from edgenode.faults import NO_FAULTS, Action, Faults, Point
 from edgenode.node import EdgeNode
 from federation.memory import MemoryHub

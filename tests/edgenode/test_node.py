@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from edgenode.common import ConfigError, InvalidInput, NodeError
 from edgenode.config import NodeConfig
+from edgenode.errors import ConfigError, InvalidInput, NodeError
 from edgenode.node import EdgeNode
 from edgenode.training import RoundPlan, choose_start
 from federation.messages import Compression, RoundCommand, SyncMode
@@ -96,7 +96,7 @@ def test_plan_takes_node_defaults_only_for_fields_the_command_omits(tmp_path):
 
 
 def test_choose_start_majority_or_the_fleets_choice_never_the_highest_version():
-    from edgenode.common import RoundFailed
+    from edgenode.errors import RoundFailed
 
     h1, h2 = (1, 2, 3, 4), (9, 9, 9, 9)
     assert choose_start({"a": h1, "b": h1, "evil": h2}, None) == "a"

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from edgenode.common import RoundFailed
 from edgenode.config import NodeConfig
+from edgenode.errors import RoundFailed
 from edgenode.node import EdgeNode
 from federation.memory import MemoryHub
 from federation.messages import RoundCommand

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.node_app import create_node_app
-from edgenode.common import ConfigError
+from edgenode.errors import ConfigError
 from tests.fixtures_node import write_node_toml
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgenode.common import InvalidInput, StoreError
+from edgenode.errors import InvalidInput, StoreError
 from edgenode.store import SampleSpec, SampleStore
 
 SPEC = SampleSpec((("x", (4,), "float32"),), (), "int64")

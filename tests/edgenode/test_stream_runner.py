@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from edgenode.common import ConfigError
+from edgenode.errors import ConfigError
 from edgenode.streams.config import StreamConfig
 from edgenode.streams.runner import StreamRunner
 

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from edgenode.common import NodeError
 from edgenode.devicefacts import DeviceFacts
+from edgenode.errors import NodeError
 from edgenode.store import Samples, split_key
 from edgenode.validation import DIVERGED, evaluate
 from edgenode.versions import ParamVersions

@@ -46,6 +46,17 @@ def cli_main(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(["fractal", *map(str, args)], rc, out.getvalue(), err.getvalue())
 
 
+def flash_killed_at(point: str, image: Path, device: Path) -> subprocess.CompletedProcess[str]:
+    """Flash as `fractal image flash` does, in a process that SIGKILLs itself at ``point``
+    (``bytes:N`` or ``switch``; the plan enters through tests/firmware/flashkill.py)."""
+    e = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.firmware.flashkill", "--at", point, str(image),
+         "--device", str(device)],
+        capture_output=True, text=True, env=e, timeout=300, cwd=REPO,
+    )
+
+
 def assert_refused(r: subprocess.CompletedProcess[str], *words: str) -> None:
     """One-line error naming the cause, non-zero exit, no traceback."""
     assert r.returncode != 0, r.stdout + r.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.edgenode.test_cli_node import free_port
-from tests.firmware.conftest import cli, cli_main
+from tests.firmware.conftest import cli, cli_main, flash_killed_at
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_flash_killed_anywhere_leaves_the_previous_slot_bootable(tmp_path, fw_im
     payload = sum(e["size"] for e in m["members"])
     points = ["bytes:0", "bytes:1", "bytes:4096", f"bytes:{payload // 2}", f"bytes:{payload - 1}", "switch"]
     for k, point in enumerate(points):
-        r = cli("image", "flash", new, "--device", device, env={"FRACTAL_FLASH_KILL_AT": point})
+        r = flash_killed_at(point, new, device)
         assert r.returncode == -9, (point, r.returncode, r.stderr)
         s = state(device)
         assert s["active"] == "a" and s["slots"]["a"]["state"] == "good", point

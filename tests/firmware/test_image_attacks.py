@@ -17,7 +17,7 @@ from firmware.errors import ImageError
 from firmware.image import open_image
 from firmware.keys import load_public
 from tests.edgenode.test_cli_node import free_port
-from tests.firmware.conftest import assert_refused, cli, cli_main, tree
+from tests.firmware.conftest import assert_refused, cli, cli_main, flash_killed_at, tree
 from tests.firmware.crafted import EMPTY_SHA256, craft
 from tests.fleet.conftest import broker, make_fleet  # noqa: F401 - fixtures
 
@@ -120,8 +120,7 @@ def test_a_key_added_by_an_image_is_trusted_only_once_that_image_booted_good(tmp
     assert st["trusted_keys"] == [k1] and "pending_key_ids" not in st["slots"]["b"], st
 
     # a flash killed right before the switch: the key is not trusted either
-    r = cli("image", "flash", fw_image("1.2.0", add_keys=("k2",)), "--device", device,
-            env={"FRACTAL_FLASH_KILL_AT": "switch"})
+    r = flash_killed_at("switch", fw_image("1.2.0", add_keys=("k2",)), device)
     assert r.returncode == -9, r.stderr
     assert _status(device)["trusted_keys"] == [k1]
     assert_refused(cli("image", "flash", fw_image("1.3.0", key="k2"), "--device", device), "trusted key")

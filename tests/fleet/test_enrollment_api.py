@@ -14,8 +14,8 @@ import pytest
 
 from api.fleet.enrollment import EnrollmentManager, EnrollmentRejected, EnrolRequest, TokenRequest
 from deploy.keys import provision
-from edgenode.common import ConfigError
 from edgenode.enrol import enrol
+from edgenode.errors import ConfigError
 from federation import enrolment as wire
 from federation.auth import Keyring, generate_key, load_private_key
 from federation.errors import FederationError

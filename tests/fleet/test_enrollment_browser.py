@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from deploy.keys import provision
-from edgenode.common import ConfigError
 from edgenode.enrol import enrol
+from edgenode.errors import ConfigError
 from federation import topics
 from federation.messages import ImageInfo
 from tests.fleet.conftest import TOKEN

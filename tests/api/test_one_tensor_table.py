@@ -1,0 +1,34 @@
+"""One Open Inference Protocol datatype table and tensor codec (fractal/oip.py): the node's request
+codec, the boot health check (the only OIP client a board runs) and the serving benchmark use it;
+no other shipped module spells a datatype name (a second table, or a hard-coded "FP32")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from fractal import oip
+
+ROOT = Path(__file__).resolve().parents[2]
+_NAMES = "|".join(oip.DATATYPES)
+
+
+def test_no_module_but_fractal_oip_spells_a_datatype():
+    found = []
+    for pkg in ("compiler", "federation", "firmware", "edgenode", "deploy", "api", "bench", "harness"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(rf"[\"']({_NAMES})[\"']", line):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert found == [], "use fractal.oip (DATATYPES, json_tensor, decode_json_tensor):\n" + "\n".join(found)
+
+
+def test_the_codec_round_trips_every_datatype():
+    for name, dtype in oip.DATATYPES.items():
+        a = np.arange(6).reshape(2, 3).astype(dtype)
+        t = oip.json_tensor("x", a)
+        assert t["datatype"] == name
+        got, b = oip.decode_json_tensor(t, "x")
+        assert got == "x" and b.dtype == dtype and np.array_equal(a, b), name
