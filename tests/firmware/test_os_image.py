@@ -377,6 +377,13 @@ def test_board_trains_a_round_with_a_host_node(
     """A round started through the fleet API: the board (C-backend training library under
     emulation) and the x86_64 `fractal node` on this host end with the same parameters."""
     fleet = os_fleet.fleet
+    # what the board trains with: the artifact's training library for the C runtime (no TVM)
+    libs = json.loads((booted.artifact / "manifest.json").read_text())["libs"]
+    assert (libs["runtime"], libs["train"], libs["train_runner"]) == (
+        "c",
+        "train-libmodel.so",
+        "train-fractal-run",
+    )
     x, y = digits_data
     _post(f"{booted.url}/v1/samples", {"inputs": {"x": x[1:400:2].tolist()}, "labels": y[1:400:2].tolist()})
     members = [HOST_NODE, booted.node_id]
@@ -386,6 +393,7 @@ def test_board_trains_a_round_with_a_host_node(
         "both members online with their samples",
         1.0,
     )
+    before = {m: fleet.node(m)["params_sha256"] for m in members}  # type: ignore[index]
     r = fleet.client.post(
         "/api/rounds", json={"steps": 3, "lr": DIGITS_LR, "nodes": members, "step_timeout_s": 120}
     )
@@ -399,7 +407,9 @@ def test_board_trains_a_round_with_a_host_node(
     )
     assert rnd["state"] == "done", rnd
     assert set(rnd["nodes"]) == set(members), rnd["nodes"]
-    assert len({s["params_sha256"] for s in rnd["nodes"].values()}) == 1, rnd["nodes"]
+    assert all(s["done"] and not s["failed"] for s in rnd["nodes"].values()), rnd["nodes"]
+    assert rnd["params_agree"] is True and len({s["params_sha256"] for s in rnd["nodes"].values()}) == 1, rnd
+    assert rnd["params_sha256"] not in before.values(), (before, rnd["params_sha256"])  # it trained
     # both members now serve the round's parameters (their statuses say which)
     wait_for(
         lambda: {fleet.node(m)["params_sha256"] for m in members} == {rnd["params_sha256"]},  # type: ignore[index]
