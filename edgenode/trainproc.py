@@ -308,6 +308,10 @@ class TrainingWorker:
             self._busy = True
             try:
                 if not self._ready:
+                    # The load window opens now, not at the worker's boot: a worker booted at node start
+                    # at SCHED_IDLE gets no CPU while its node starts (minutes on an emulated board)
+                    # and is slow, not hung, when the first round comes.
+                    self._last_heard = max(self._last_heard, time.monotonic())
                     self._wait(proc, _BOOT_TIMEOUT_S, "loading the training module")
                     self._ready = True
                 if msg is None:  # wait_ready

@@ -118,6 +118,19 @@ PACKAGES = (
     "python3-wsproto",
     "python3-multipart",
     "busybox-static",
+    # the data partition grows to fill the card at first boot (files/growdata.sh): sfdisk moves
+    # GPT's backup header and grows the partition, resize2fs grows its ext4 online
+    "fdisk",
+    "libfdisk1",
+    "libmount1",
+    "libsmartcols1",
+    "libblkid1",
+    "libselinux1",
+    "libpcre2-8-0",
+    "e2fsprogs",
+    "libext2fs2t64",
+    "libcom-err2",
+    "libss2",
 )
 # The project's packages a node runs (no TVM: C-backend artifacts load through ctypes).
 NODE_PACKAGES = ("fractal", "compiler", "federation", "edgenode", "firmware", "api")
@@ -259,6 +272,7 @@ def _etc(root: Path, board: OsBoard) -> None:
     )
     _link(etc / "resolv.conf", "/run/resolv.conf")
     _link(etc / "hostname", "/run/hostname")
+    _link(etc / "mtab", "/proc/self/mounts")  # resize2fs reads it to learn /data is mounted
     files = HERE / "files"
     shutil.copyfile(files / "inittab.txt", etc / "inittab")
     for src, dst in (
@@ -266,6 +280,7 @@ def _etc(root: Path, board: OsBoard) -> None:
         ("udhcpc.sh", "fractal/udhcpc.sh"),
         ("service.sh", "fractal/service.sh"),
         ("shutdown.sh", "fractal/shutdown.sh"),
+        ("growdata.sh", "fractal/growdata.sh"),
         ("env.sh", "fractal/env"),
     ):
         shutil.copyfile(files / src, etc / dst)

@@ -8,7 +8,7 @@ the node's device settings (``data/node.extra.toml`` of the device directory, wh
 Keys: ``broker`` (mqtt:// or mqtts://), ``fleet`` (http:// or https://), ``swarm``,
 ``enroll_token``, optional ``api_token`` (the node's HTTP API then requires it as
 ``Authorization: Bearer``), ``hostname``, ``ntp_server``. The fleet URL and enrolment token are
-kept in ``data/enrollment.toml`` for the enrolment step (not yet implemented: issue 25).
+kept in ``data/enrollment.toml`` for the enrolment step (``edgenode/enrol.py``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
-"""Board disk images (firmware/osimage): `fractal image build-os` makes a GPT disk image of a
-C-backend artifact for a qemu ``virt`` board (Debian trixie rootfs from pinned packages, busybox
-init, the node and the boot supervisor, the application in slot a of the data partition), and
-`fractal image try` boots it under qemu-system: the node inside answers an Open Inference
-Protocol request through the forwarded port with onnxruntime's result (1e-4). One booted image
-per board is shared by the tests (session fixture); SIGTERM to `try` stops the machine."""
+"""Board disk images (firmware/osimage), issue 25's main proof: `fractal image build-os` makes a GPT
+disk image of a C-backend artifact with its training module for a qemu ``virt`` board (Debian
+trixie rootfs from pinned packages, busybox init, the node and the boot supervisor, the
+application in slot a of the data partition); `fractal image configure` points it at a signed
+fleet and a Mosquitto (dynamic security, no anonymous access) started here; the image file is
+made larger than built (a bigger card) and `fractal image try` boots it under qemu-system. The
+board grows its data partition to the end of the disk, makes its keys and is pending in
+`GET /api/enrollments`; accepted through the API, it joins the signed swarm, answers an Open
+Inference Protocol request through the forwarded port with onnxruntime's result (1e-4) and
+trains a round with an x86_64 `fractal node` on this host (same parameters on both). One booted
+image per board is shared by the tests (session fixture); SIGTERM to `try` stops the machine."""
 
 from __future__ import annotations
 
@@ -23,15 +28,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from federation.broker import MosquittoBroker
-from tests.edgenode.test_cli_node import free_port
+from federation.broker import free_port
 from tests.firmware.conftest import CLI, REPO, assert_refused, cli
+from tests.fixtures_enrolment import SignedFleet, signed_fleet, start_dynsec_broker, wait_for
+from tests.fixtures_node import DIGITS_BATCH, DIGITS_LR, write_node_toml
 
 # build + boot under TCG runs in the fixture setup, which pytest-timeout counts against the first test
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto, pytest.mark.timeout(2400)]
 
 PRESET = {"aarch64-virt": "aarch64-c", "riscv64-virt": "riscv64"}
 BOOT_TIMEOUT_S = 1500  # build + boot under TCG on a loaded 2-core machine
+HOST_NODE = "host-1"  # the x86_64 member on this host
+CARD_EXTRA_MIB = 192  # the "card" is this much larger than the image
 
 
 @dataclass
@@ -42,8 +50,16 @@ class Booted:
     url: str
     proc: subprocess.Popen[str]
     console: Path
-    checks: dict[str, object]
-    swarm: str  # what the fresh image looked like before the board wrote to it
+    checks: dict[str, object]  # what the fresh image looked like before the board wrote to it
+    node_id: str
+    pending: dict  # its row in GET /api/enrollments while it waited for the operator
+    built_size: int  # bytes of the image as built; the file is CARD_EXTRA_MIB larger at boot
+
+
+@dataclass
+class OsFleet:
+    fleet: SignedFleet
+    host_url: str  # the x86_64 member's HTTP API
 
 
 @pytest.fixture(scope="session")
@@ -55,14 +71,75 @@ def os_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def c_artifacts(tmp_path_factory: pytest.TempPathFactory, digits_onnx: Path) -> dict[str, Path]:
-    """digits-mlp compiled for each board's C preset (the route with no TVM on the board)."""
-    from compiler import compile_model
+    """digits-mlp compiled for each board's C preset (the route with no TVM on the board), with the
+    training module the host's ``digits_artifact`` has (ce, sgd): the boards train with the C
+    backend's training library."""
+    from compiler import TrainSettings, compile_model
 
     d = tmp_path_factory.mktemp("os-artifacts")
+    train = TrainSettings(loss="ce", optimizer="sgd", lr=DIGITS_LR, batch=DIGITS_BATCH)
     return {
-        board: compile_model(digits_onnx, target=preset, out_dir=d / preset, progress=False)
+        board: compile_model(digits_onnx, target=preset, out_dir=d / preset, train=train, progress=False)
         for board, preset in PRESET.items()
     }
+
+
+@pytest.fixture(scope="session")
+def os_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    digits_artifact: Path,
+    digits_data: tuple[np.ndarray, np.ndarray],
+) -> Iterator[OsFleet]:
+    """A signed fleet on a dynamic-security Mosquitto (the boards reach both as the host, 10.0.2.2)
+    and its x86_64 member: `fractal node` on this host with half of the digits samples."""
+    d = tmp_path_factory.mktemp("os-fleet")
+    broker = start_dynsec_broker(d / "mosquitto")
+    proc = None
+    try:
+        with signed_fleet(
+            d, broker, f"os{os.getpid()}", [HOST_NODE], device_broker=f"mqtt://10.0.2.2:{broker.port}"
+        ) as fleet:
+            port = free_port()
+            cfg = write_node_toml(
+                d / HOST_NODE / "NODE.toml",
+                {
+                    "node_id": HOST_NODE,
+                    "artifact": str(digits_artifact),
+                    "port": port,
+                    "data_dir": str(d / HOST_NODE / "data"),
+                    "heartbeat_s": 1.0,
+                    **fleet.member(HOST_NODE),
+                },
+            )
+            with open(d / "host-node.log", "w") as log:
+                proc = subprocess.Popen(
+                    [*CLI, "node", "--config", str(cfg)],
+                    cwd=REPO,
+                    env={**os.environ, "PYTHONPATH": str(REPO)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            url = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _live(url), 120, "the host node's HTTP API", poll_s=0.5)
+            x, y = digits_data
+            _post(f"{url}/v1/samples", {"inputs": {"x": x[0:400:2].tolist()}, "labels": y[0:400:2].tolist()})
+            yield OsFleet(fleet, url)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        broker.close()
+
+
+def _live(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/live", timeout=5) as r:
+            return int(r.status) == 200
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session", params=list(PRESET))
@@ -71,9 +148,10 @@ def booted(
     tmp_path_factory: pytest.TempPathFactory,
     os_keys: Path,
     c_artifacts: dict[str, Path],
-    mosquitto: MosquittoBroker,
+    os_fleet: OsFleet,
 ) -> Iterator[Booted]:
     board = request.param
+    fleet = os_fleet.fleet
     d = tmp_path_factory.mktemp(f"os-{board}")
     img = d / f"{board}.img"
     r = cli(
@@ -92,24 +170,28 @@ def booted(
     )
     assert r.returncode == 0, r.stderr
     checks = _fresh_image_checks(img, d)
-    # first-boot settings: the session's Mosquitto, reached from inside as the host (10.0.2.2)
-    swarm = f"os{os.getpid()}-{board}"
+    # first-boot settings: the fleet and its broker, reached from inside as the host (10.0.2.2)
+    token = fleet.client.post("/api/enrollment-tokens", json={"ttl_s": 3600, "uses": 1}).json()["token"]
+    node_id = f"{board}-1"
     r = cli(
         "image",
         "configure",
         img,
         "--broker",
-        f"mqtt://10.0.2.2:{mosquitto.port}",
+        f"mqtt://10.0.2.2:{fleet.broker.port}",
         "--fleet",
-        "http://10.0.2.2:9",
+        f"http://10.0.2.2:{fleet.url.rsplit(':', 1)[1]}",
         "--swarm",
-        swarm,
+        fleet.swarm,
         "--enroll-token",
-        "enrol-token-1",
+        token,
         "--hostname",
-        f"{board}-1",
+        node_id,
     )
     assert r.returncode == 0, r.stderr
+    # written to a larger card: the board's first boot grows the data partition to its end
+    built_size = img.stat().st_size
+    os.truncate(img, built_size + CARD_EXTRA_MIB * 1024 * 1024)
     console = d / "console.log"
     with open(console, "w") as log:
         proc = subprocess.Popen(
@@ -124,13 +206,21 @@ def booted(
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []], daemon=True).start()
     try:
+        # the node waits for the operator before it serves: pending first, accepted, then ready
+        def pending() -> dict | None:
+            assert proc.poll() is None, f"`image try` exited {proc.returncode}"
+            return fleet.enrollment(node_id, "pending")
+
+        row = wait_for(pending, BOOT_TIMEOUT_S, f"{node_id}'s enrolment request", poll_s=1.0)
+        accepted = fleet.client.post(f"/api/enrollments/{node_id}/accept").json()
+        assert accepted["state"] == "accepted", accepted
         line = lines.get(timeout=BOOT_TIMEOUT_S)
-    except queue.Empty:
-        line = ""
-    if not line.startswith("node: "):
+        assert line.startswith("node: "), f"`image try` printed {line!r}"
+    except (AssertionError, queue.Empty) as exc:
         os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"`image try` printed {line!r}; console:\n{console.read_text()[-4000:]}")
-    yield Booted(board, img, c_artifacts[board], line.split()[1], proc, console, checks, swarm)
+        pytest.fail(f"{board}: {exc!r}; console:\n{console.read_text()[-4000:]}")
+    url = line.split()[1]
+    yield Booted(board, img, c_artifacts[board], url, proc, console, checks, node_id, row, built_size)
     # SIGTERM stops the machine: `try` exits 0 and no qemu is left in its session
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
@@ -261,28 +351,100 @@ def test_build_os_refuses_tvm_artifacts_and_unknown_boards(
     assert not out.exists()
 
 
-def test_configured_board_joins_the_broker_as_its_hostname(
-    booted: Booted, mosquitto: MosquittoBroker
-) -> None:
-    """`fractal image configure` settings, read at boot: the node's retained status is on the
-    configured broker, under the configured swarm, with the configured hostname as node id."""
-    from federation import topics
-    from federation.messages import NodeState, parse_status
-    from federation.mqtt import MqttLink
-
-    got: queue.Queue = queue.Queue()
-    link = MqttLink(mosquitto.url, client_id=f"watch-{booted.swarm}", swarm=booted.swarm)
-    try:
-        link.subscribe(
-            topics.status(booted.swarm, f"{booted.board}-1"), lambda _t, p: got.put(parse_status(p))
-        )
-        status = got.get(timeout=60)  # retained: there as soon as the subscription is
-    finally:
-        link.close()
-    assert status.node_id == f"{booted.board}-1" and status.state == NodeState.ONLINE, status
+def test_board_enrols_and_joins_the_signed_swarm(booted: Booted, os_fleet: OsFleet) -> None:
+    """The device made its own keys and asked to join (pending: device id, arch, board, key
+    fingerprint); accepted, its signed status is on the fleet under the configured swarm, with
+    the configured hostname as node id, and its keyring holds the host member."""
+    fleet = os_fleet.fleet
+    arch = booted.board.split("-")[0]
+    row = booted.pending
+    assert (row["device_id"], row["arch"], row["board"]) == (booted.node_id, arch, PRESET[booted.board]), row
+    assert row["key_fingerprint"].startswith("SHA256:") and row["key_id"], row
+    node = wait_for(
+        lambda: (n := fleet.node(booted.node_id)) and n["online"] and n, 300, "the board's signed status", 1.0
+    )
+    assert node["arch"] == arch, node
+    assert fleet.client.get("/api/nodes").json()["rejected"].get("unknown_key", 0) == 0
+    assert fleet.enrollment(booted.node_id, "accepted") is not None
     with urllib.request.urlopen(f"{booted.url}/v1/node", timeout=60) as r:
-        node = json.loads(r.read())
-    assert (node["node_id"], node["swarm"], node["broker"]) == (f"{booted.board}-1", booted.swarm, True), node
+        mine = json.loads(r.read())
+    assert (mine["node_id"], mine["swarm"], mine["broker"]) == (booted.node_id, fleet.swarm, True), mine
+
+
+def test_board_trains_a_round_with_a_host_node(
+    booted: Booted, os_fleet: OsFleet, digits_data: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A round started through the fleet API: the board (C-backend training library under
+    emulation) and the x86_64 `fractal node` on this host end with the same parameters."""
+    fleet = os_fleet.fleet
+    # what the board trains with: the artifact's training library for the C runtime (no TVM)
+    libs = json.loads((booted.artifact / "manifest.json").read_text())["libs"]
+    assert (libs["runtime"], libs["train"], libs["train_runner"]) == (
+        "c",
+        "train-libmodel.so",
+        "train-fractal-run",
+    )
+    x, y = digits_data
+    _post(f"{booted.url}/v1/samples", {"inputs": {"x": x[1:400:2].tolist()}, "labels": y[1:400:2].tolist()})
+    members = [HOST_NODE, booted.node_id]
+    wait_for(
+        lambda: all((n := fleet.node(m)) and n["online"] and n["samples"] >= 200 for m in members),
+        300,
+        "both members online with their samples",
+        1.0,
+    )
+    before = {m: fleet.node(m)["params_sha256"] for m in members}  # type: ignore[index]
+    r = fleet.client.post(
+        "/api/rounds", json={"steps": 3, "lr": DIGITS_LR, "nodes": members, "step_timeout_s": 120}
+    )
+    assert r.status_code < 300, r.text
+    rid = r.json()["round_id"]
+    rnd = wait_for(
+        lambda: (g := fleet.client.get(f"/api/rounds/{rid}").json())["state"] != "running" and g,
+        900,
+        "the round to end",
+        1.0,
+    )
+    assert rnd["state"] == "done", rnd
+    assert set(rnd["nodes"]) == set(members), rnd["nodes"]
+    assert all(s["done"] and not s["failed"] for s in rnd["nodes"].values()), rnd["nodes"]
+    assert rnd["params_agree"] is True and len({s["params_sha256"] for s in rnd["nodes"].values()}) == 1, rnd
+    assert rnd["params_sha256"] not in before.values(), (before, rnd["params_sha256"])  # it trained
+    # both members now serve the round's parameters (their statuses say which)
+    wait_for(
+        lambda: {fleet.node(m)["params_sha256"] for m in members} == {rnd["params_sha256"]},  # type: ignore[index]
+        120,
+        "both members' statuses to show the round's parameters",
+        1.0,
+    )
+
+
+def test_data_partition_grew_to_fill_the_card(booted: Booted) -> None:
+    """The image file was made CARD_EXTRA_MIB larger before the first boot (a larger card): the
+    board moved GPT's backup header to the disk's end, grew the data partition (the last) to it
+    and grew its ext4 filesystem online (its console, and the image's partition table)."""
+    import re
+
+    from firmware.osimage.disk import read_gpt
+
+    console = booted.console.read_text()
+    m = re.search(r"growdata: \S+ sectors (\d+)\+(\d+) of \S+ \((\d+) sectors\)", console)
+    assert m, console[-3000:]
+    start, size, total = map(int, m.groups())
+    disk = booted.image.stat().st_size
+    assert total * 512 == disk == booted.built_size + CARD_EXTRA_MIB * 1024 * 1024
+    # GPT's backup (33 sectors) at the end; the partition ends within the 1 MiB alignment before it
+    assert total - 33 - 2048 < start + size <= total - 33, (start, size, total)
+    fs = re.search(r"growdata: the filesystem on \S+ is now (\d+) \((\d+)k\) blocks long", console)
+    assert fs, console[-3000:]
+    fs_bytes = int(fs.group(1)) * int(fs.group(2)) * 1024
+    assert size * 512 - 4 * 1024 * 1024 <= fs_bytes <= size * 512, (fs_bytes, size)
+    # the partition table the board wrote (primary GPT and its backup at the last sector)
+    data = read_gpt(booted.image)["data"]
+    assert (data.start, data.size) == (start * 512, size * 512), data
+    with open(booted.image, "rb") as fh:
+        fh.seek(disk - 512)
+        assert fh.read(8) == b"EFI PART"
 
 
 def test_configure_refuses_bad_settings(tmp_path: Path) -> None:

@@ -10,83 +10,46 @@ and the member learnt the revocation."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from api.fleet.settings import FleetSettings
-from api.fleet_app import create_fleet_app
-from api.serving import ServerThread
-from deploy.keys import provision
 from federation import enrolment as wire
 from federation.auth import Keyring, load_private_key
-from federation.broker import free_port, start_mosquitto
-from federation.dynsec import PLUGIN, DynsecAdmin, init_config
+from federation.broker import free_port
 from federation.errors import TransportError
 from federation.mqtt import MqttLink
+from tests.fixtures_enrolment import signed_fleet
+from tests.fixtures_enrolment import wait_for as _wait
 from tests.fixtures_node import write_node_toml
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
 FRACTAL = str(Path(sys.executable).with_name("fractal"))
-TOKEN = "op-token-e2e"
-
-
-def _wait(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not (v := pred()):
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
-    return v
-
-
-@pytest.fixture
-def dynsec_broker(tmp_path):
-    wd = tmp_path / "mosquitto"
-    wd.mkdir()
-    cfg = init_config(wd / "dynsec.json", "admin", "admin-pw")
-    broker = start_mosquitto(workdir=wd, extra_config=f"allow_anonymous false\nplugin {PLUGIN}\n"
-                                                      f"plugin_opt_config_file {cfg}")
-    try:
-        yield broker
-    finally:
-        broker.close()
 
 
 def test_device_enrols_joins_a_signed_round_and_is_revoked(dynsec_broker, tmp_path, node_factory,
                                                            digits_artifact, digits_data):
-    host = f"127.0.0.1:{dynsec_broker.port}"
-    swarm = "enrol-e2e"
-    admin = DynsecAdmin(f"mqtt://admin:admin-pw@{host}")
-    role = admin.ensure_swarm_role(swarm)
-    admin.create_client("fleet", "fleet-pw", [role])
-    admin.create_client("node-1", "node1-pw", [role])
-    admin.close()
-    keys = tmp_path / "keys"
-    provision(keys, swarm, ["node-1"])
-    node_ring = tmp_path / "node-1-keyring.json"  # the member's own copy of the keyring
-    shutil.copy(keys / "keyring.json", node_ring)
+    with signed_fleet(tmp_path, dynsec_broker, "enrol-e2e", ["node-1"]) as fleet:
+        _device_enrols_joins_and_is_revoked(fleet, tmp_path, node_factory, digits_artifact, digits_data)
 
-    settings = FleetSettings(broker=f"mqtt://fleet:fleet-pw@{host}", swarm=swarm, token=TOKEN, tick_s=0.05,
-                             key_file=str(keys / "keys/fleet.key"), keyring_file=str(keys / "keyring.json"),
-                             db=str(tmp_path / "fleet.sqlite"), dynsec_admin=f"mqtt://admin:admin-pw@{host}")
-    srv = ServerThread(create_fleet_app(settings), lifespan="on", timeout_graceful_shutdown=1).start()
-    c = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+
+def _device_enrols_joins_and_is_revoked(fleet, tmp_path, node_factory, digits_artifact, digits_data):
+    host, swarm, c = fleet.host, fleet.swarm, fleet.client
     x, y = digits_data
-    member = node_factory("node-1", digits_artifact, broker=f"mqtt://node-1:node1-pw@{host}", swarm=swarm,
-                          key_file=str(keys / "keys/node-1.key"), keyring_file=str(node_ring))
+    member_keys = fleet.member("node-1")
+    node_ring = Path(member_keys["keyring_file"])  # the member's own copy of the keyring
+    member = node_factory("node-1", digits_artifact, **member_keys)
     member.add_samples({"x": x[0:400:2]}, y[0:400:2])
 
     # the device: a NODE.toml with no broker and no keys; the boot partition's enrolment settings
     token = c.post("/api/enrollment-tokens", json={"ttl_s": 600, "uses": 1}).json()["token"]
     dev = tmp_path / "board-1"
     (dev / "data").mkdir(parents=True)
-    (dev / "data/enrollment.toml").write_text(f'fleet = "{srv.url}"\nenroll_token = "{token}"\n')
+    (dev / "data/enrollment.toml").write_text(f'fleet = "{fleet.url}"\nenroll_token = "{token}"\n')
     port = free_port()
     write_node_toml(dev / "NODE.toml", {"node_id": "board-1", "artifact": str(digits_artifact), "port": port,
                                         "data_dir": str(dev / "data"), "heartbeat_s": 1.0})
@@ -155,6 +118,4 @@ def test_device_enrols_joins_a_signed_round_and_is_revoked(dynsec_broker, tmp_pa
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-        c.close()
-        srv.stop()
         print((tmp_path / "device.log").read_text()[-3000:])

@@ -11,7 +11,15 @@ mount -t tmpfs -o mode=1777 tmp /tmp
 mount -t tmpfs -o mode=1777 shm /dev/shm
 # data: the A/B device directory, the node's samples and parameters (read-write); boot: the
 # settings a user edits on any computer (read-only here).
-mount -t ext4 -o noatime "$(findfs LABEL=fractal-data)" /data || echo "rcS: no data partition"
+# The data partition fills the card: grown (with its filesystem, online) on the first boot of a
+# card larger than the image (/etc/fractal/growdata.sh; a no-op afterwards).
+data=$(findfs LABEL=fractal-data)
+[ -n "$data" ] && /etc/fractal/growdata.sh "$data"
+if mount -t ext4 -o noatime "$data" /data; then
+  resize2fs "$data" 2>&1 | sed -n 's/^The filesystem/growdata: the filesystem/p'
+else
+  echo "rcS: no data partition"
+fi
 mount -t vfat -o ro "$(findfs LABEL=FRACTALBOOT)" /boot || echo "rcS: no boot partition"
 mkdir -p /data/home
 # default hostname fractal-<last 3 bytes of the MAC>; the settings' hostname replaces it
