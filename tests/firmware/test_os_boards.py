@@ -261,7 +261,7 @@ def test_compressed_image_is_what_bmaptool_writes(tmp_path: Path, how: str) -> N
     disk.write_disk(
         img,
         [
-            disk.PartSpec("boot", 32 * disk.MiB, "fat", disk.BOOT_LABEL, content),
+            disk.PartSpec("boot", 64 * disk.MiB, "fat", disk.BOOT_LABEL, content),
             disk.PartSpec("root", 16 * disk.MiB, "ext4", disk.ROOT_LABEL, content),
         ],
     )
