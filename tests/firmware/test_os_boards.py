@@ -232,7 +232,8 @@ def test_rpi4_image_takes_settings_and_is_refused_by_try(
     one line that qemu has no Pi 4 and how to write the card instead."""
     from firmware.osimage import disk
 
-    _, card = rpi4_image
+    card = tmp_path / "pi.img"  # a copy: the other tests read the card as written
+    subprocess.run(["cp", "--sparse=always", str(rpi4_image[1]), str(card)], check=True)
     r = cli(
         "image", "configure", card, "--broker", "mqtt://10.0.0.2:1883", "--fleet", "http://10.0.0.2:8000",
         "--swarm", "pis", "--enroll-token", "enrol-token-1", "--hostname", "pi-1",
@@ -283,3 +284,15 @@ def test_build_os_refuses_unknown_compression(tmp_path: Path, board_release_key:
         "--out", tmp_path / "x.img", "--compress", "rar",
     )  # fmt: skip
     assert_refused(r, "unknown compression 'rar'", "zstd")
+
+
+def test_build_os_help_and_refusal_name_every_board(tmp_path: Path, board_release_key: Path) -> None:
+    from firmware.osimage.boards import OS_BOARDS
+
+    r = cli("image", "build-os", "--help", env={"COLUMNS": "200"})
+    assert r.returncode == 0 and all(b in r.stdout for b in OS_BOARDS), r.stdout
+    r = cli(
+        "image", "build-os", tmp_path, "--board", "rpi5", "--key", board_release_key, "--version", "1.0.0",
+        "--out", tmp_path / "x.img",
+    )  # fmt: skip
+    assert_refused(r, "unknown board 'rpi5'", "x86_64", "rpi4")
