@@ -298,7 +298,8 @@ class Compression(Enum):
         return ".xz" if self is Compression.XZ else ".zst"
 
     def argv(self) -> list[str]:
-        # all cores; xz's default level (6), zstd at 12: both within a minute for a 600 MiB image
+        # all cores; xz's default level (6): smallest, ~5 min for a 600 MiB image on 2 busy cores;
+        # zstd at 12: ~20% larger, 7x faster
         if self is Compression.XZ:
             return ["xz", "-T0", "-6", "-c"]
         return ["zstd", "-T0", "-12", "-q", "-c"]
