@@ -296,3 +296,29 @@ def test_build_os_help_and_refusal_name_every_board(tmp_path: Path, board_releas
         "--out", tmp_path / "x.img",
     )  # fmt: skip
     assert_refused(r, "unknown board 'rpi5'", "x86_64", "rpi4")
+
+
+def test_mbr_disk_as_sfdisk_and_blkid_read_it(tmp_path: Path) -> None:
+    """The Pi's layout on a small disk, without a build: dos label with the given disk id, FAT32
+    (type c, bootable) then Linux partitions, 1 MiB aligned; partitions found again by place."""
+    from firmware.errors import ImageError
+    from firmware.osimage import disk
+
+    content = tmp_path / "content"
+    content.mkdir()
+    (content / "config.txt").write_text("arm_64bit=1\n")
+    img = tmp_path / "pi.img"
+    specs = [
+        disk.PartSpec("boot", 64 * disk.MiB, "fat", disk.BOOT_LABEL, content),
+        disk.PartSpec("root", 16 * disk.MiB, "ext4", disk.ROOT_LABEL, content),
+    ]
+    layout = disk.write_disk(img, specs, mbr_id=0x1234ABCD)
+    table = _sfdisk(img)
+    assert (table["label"], table["id"]) == ("dos", "0x1234abcd"), table
+    assert [(p["type"], bool(p.get("bootable"))) for p in table["partitions"]] == [("c", True), ("83", False)]
+    assert list(disk.read_gpt(img).values()) == layout
+    assert disk.mbr_partuuid(disk.read_mbr(img)[0], 2) == "1234abcd-02"
+    assert _blkid(img, layout[1].start)["LABEL"] == disk.ROOT_LABEL
+    assert "config.txt" in disk.fat_list(img, layout[0])
+    with pytest.raises(ImageError, match="in that order"):
+        disk.write_disk(img, specs[::-1], mbr_id=1)
