@@ -12,6 +12,7 @@ immutable, so a lock stays valid until Debian removes a superseded version from 
 Standalone (stdlib only, run with the host's ``python3`` before the project's venv exists)::
 
     python3 firmware/debs.py lock --mirror URL --suite trixie --arch riscv64 --out LOCK PKG...
+        [--components main,non-free-firmware]
     python3 firmware/debs.py fetch --lock LOCK --dest DIR [--packages PKG...]
 
 ``lock`` checks the index against the suite's InRelease (signature with ``gpgv`` and the Debian
@@ -188,20 +189,27 @@ def verified_release(mirror: str, suite: str, keyring: str) -> str:
 
 
 def make_lock(mirror: str, suite: str, arch: str, names: list[str], *, keyring: str,
-              allow_unverified: bool) -> str:
-    rel_path = f"main/binary-{arch}/Packages.xz"
+              allow_unverified: bool, components: tuple[str, ...] = ("main",)) -> str:
+    """Lock text pinning ``names`` from the indexes of ``components`` (e.g. ``main`` and
+    ``non-free-firmware``, where Debian keeps the Raspberry Pi boot firmware)."""
     release = release_sha256(verified_release(mirror, suite, keyring))
-    xz = _get(f"{mirror.rstrip('/')}/dists/{suite}/{rel_path}")
-    expected = release.get(rel_path)
-    verified = expected is not None and expected == (_sha256(xz), len(xz))
-    if not verified and not allow_unverified:
-        raise DebsError(f"{rel_path} does not match {suite}'s signed Release (mirror mid-sync?); "
-                        "retry later or pass --allow-unverified-index")
-    pins = pins_from_packages(lzma.decompress(xz).decode(), names)
+    texts, sums, verified = [], [], True
+    for comp in components:
+        rel_path = f"{comp}/binary-{arch}/Packages.xz"
+        xz = _get(f"{mirror.rstrip('/')}/dists/{suite}/{rel_path}")
+        expected = release.get(rel_path)
+        ok = expected is not None and expected == (_sha256(xz), len(xz))
+        if not ok and not allow_unverified:
+            raise DebsError(f"{rel_path} does not match {suite}'s signed Release (mirror mid-sync?); "
+                            "retry later or pass --allow-unverified-index")
+        verified = verified and ok
+        texts.append(lzma.decompress(xz).decode())
+        sums.append(f"{comp} {_sha256(xz)}" if len(components) > 1 else _sha256(xz))
+    pins = pins_from_packages("\n\n".join(texts), names)
     head = [
         f"# Debian {suite} {arch} packages for firmware/sysroot.sh (python3 firmware/debs.py lock)",
         f"# mirror {mirror}, {time.strftime('%Y-%m-%d', time.gmtime())}, index Packages.xz "
-        f"sha256 {_sha256(xz)}",
+        f"sha256 {', '.join(sums)}",
         "# index verified against the signed InRelease: " + ("yes" if verified else
             "NO (mirror served an index that did not match; pins taken from it as served)"),
         "# package version sha256 size pool-path",
@@ -219,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     lk.add_argument("--out", required=True, type=Path)
     lk.add_argument("--keyring", default=KEYRING)
     lk.add_argument("--allow-unverified-index", action="store_true")
+    lk.add_argument("--components", default="main",
+                    help="comma-separated archive components to search, e.g. main,non-free-firmware")
     lk.add_argument("packages", nargs="+")
     fe = sub.add_parser("fetch", help="download and verify the files a lock pins")
     fe.add_argument("--lock", required=True, type=Path)
@@ -229,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "lock":
             text = make_lock(a.mirror, a.suite, a.arch, a.packages, keyring=a.keyring,
-                             allow_unverified=a.allow_unverified_index)
+                             allow_unverified=a.allow_unverified_index,
+                             components=tuple(a.components.split(",")))
             a.out.write_text(text)
             print(f"debs: locked {len(a.packages)} packages in {a.out}")
         else:

@@ -205,9 +205,11 @@ def stage(
 @image_app.command("build-os")
 def build_os(
     artifact: Path = typer.Argument(
-        ..., help="C-backend artifact directory (`fractal compile --target aarch64-c|riscv64`)."
+        ..., help="C-backend artifact directory (`fractal compile --target x86_64-c|aarch64-c|riscv64`)."
     ),
-    board: str = typer.Option(..., "--board", help="Board: aarch64-virt or riscv64-virt."),
+    board: str = typer.Option(
+        ..., "--board", help="Board: x86_64 (UEFI), rpi4 (aarch64-c), aarch64-virt or riscv64-virt."
+    ),
     key: Path = typer.Option(
         ..., "--key", help="Private release key (`fractal image keygen`); the board trusts its public key."
     ),
@@ -218,9 +220,27 @@ def build_os(
     rollback_index: int = typer.Option(
         0, "--rollback-index", help="Anti-rollback counter of the application."
     ),
+    compress: str = typer.Option(
+        "",
+        "--compress",
+        help="xz or zstd: write BOARD.img.xz / BOARD.img.zst instead of the raw image "
+        "(the .bmap describes the raw image; `bmaptool copy` reads the compressed file).",
+    ),
 ) -> None:
-    """Build a complete disk image (Debian rootfs, kernel, node, the application in slot a) for a card."""
+    """Build a complete disk image (Debian rootfs, kernel, node, the application in slot a) for a card.
+
+    Boards: x86_64 (UEFI, GPT), rpi4 (MBR, Raspberry Pi firmware), aarch64-virt and riscv64-virt
+    (qemu's virt machines)."""
+    from firmware.errors import ImageError
     from firmware.osimage.build import build_os as _build_os
+    from firmware.osimage.disk import Compression
+
+    try:
+        how = Compression(compress) if compress else None
+    except ValueError:
+        raise ImageError(
+            f"unknown compression {compress!r}", hint="use --compress xz or --compress zstd"
+        ) from None
 
     r = _build_os(
         artifact,
@@ -229,10 +249,12 @@ def build_os(
         version=version,
         out=out,
         rollback_index=rollback_index,
+        compress=how,
         log=lambda m: typer.echo(m, err=True),
     )
     typer.echo(
-        f"wrote {r.path} ({r.size // (1 << 20)} MiB raw, board {r.board}, version {r.version}), "
+        f"wrote {r.path} ({r.size // (1 << 20)} MiB raw, {r.stored // (1 << 20)} MiB on disk, "
+        f"board {r.board}, version {r.version}), "
         f"{r.bmap.name}, {r.sha256.name} in {r.seconds:.1f} s"
     )
 
@@ -270,7 +292,12 @@ def try_(
         typer.echo(f"try: the node answered ready {time.monotonic() - t0:.1f} s after qemu started", err=True)
 
     code = try_image(
-        image, port=port, ready_timeout_s=ready_timeout, on_ready=ready, console=sys.stderr.fileno()
+        image,
+        port=port,
+        ready_timeout_s=ready_timeout,
+        on_ready=ready,
+        console=sys.stderr.fileno(),
+        log=lambda m: typer.echo(m, err=True),
     )
     raise typer.Exit(code)
 

@@ -1,5 +1,20 @@
 """The boards ``fractal image build-os`` makes disk images for, and how qemu-system boots them.
 
+How each board starts its kernel (:class:`BootKind`):
+
+* ``aarch64-virt``, ``riscv64-virt``: qemu loads the kernel and initramfs from the boot partition
+  itself (``-kernel``); a real board of that arch adds its boot firmware.
+* ``x86_64``: UEFI. The ESP holds one Unified Kernel Image at the removable-media path
+  ``EFI/BOOT/BOOTX64.EFI`` (Debian's kernel + our initramfs + the command line inside systemd's
+  EFI stub), which any UEFI firmware boots from the disk alone: no boot loader to configure,
+  no NVRAM entry; qemu runs it with OVMF.
+* ``rpi4``, ``rpi5``: MBR, the Pi's own boot firmware (Debian's ``raspi-firmware``) reads
+  ``config.txt`` on the FAT partition, loads the kernel, initramfs and device tree named there.
+  qemu 7.2 has no Pi 4 machine, so ``fractal image try`` refuses it. No ``rpi5`` yet: Debian
+  trixie's arm64 kernel (6.12) ships the Pi 5 device tree but not its SD controller driver
+  (``CONFIG_MMC_SDHCI_BRCMSTB`` is off) nor the RP1 chip's (Ethernet, USB), so it cannot reach
+  a root filesystem on a Pi 5.
+
 Debian trixie on every board: riscv64 is an official Debian architecture only from trixie on
 (bookworm has no riscv64), and for arm64 bookworm's packages are too old for the node
 (python3-pydantic 1.10, python3-paho-mqtt 1.6, python3-fastapi 0.92, where the node needs
@@ -11,13 +26,25 @@ architectures, the same closure the riscv64 qemu-user sysroot (firmware/sysroot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from firmware.errors import ImageError
 
-__all__ = ["OsBoard", "OS_BOARDS", "get_os_board"]
+__all__ = ["OsBoard", "OS_BOARDS", "get_os_board", "BootKind", "PartitionTable"]
 
 HERE = Path(__file__).resolve().parent
+
+
+class BootKind(Enum):
+    QEMU_DIRECT = "qemu-direct"  # qemu -kernel/-initrd from the boot partition (virt machines)
+    UEFI = "uefi"  # a Unified Kernel Image at EFI/BOOT/BOOT<ARCH>.EFI on the ESP
+    RPI = "rpi"  # Raspberry Pi firmware: config.txt, start*.elf, kernel, initramfs, device tree
+
+
+class PartitionTable(Enum):
+    GPT = "gpt"
+    MBR = "mbr"  # the Pi boot ROM reads only an MBR (dos) partition table
 
 
 @dataclass(frozen=True)
@@ -32,10 +59,46 @@ class OsBoard:
     qemu: str  # qemu-system binary
     qemu_machine: tuple[str, ...]  # -M/-cpu/-bios ... arguments
     description: str
+    boot: BootKind = BootKind.QEMU_DIRECT
+    table: PartitionTable = PartitionTable.GPT
+    boot_packages: tuple[str, ...] = ()  # pinned packages the boot partition takes files from
+    modules: tuple[str, ...] = ()  # kernel modules the initramfs loads beyond the common ones
+    dtbs: tuple[str, ...] = ()  # device trees (paths under the kernel's dtb directory) on the FAT
+    lock_variant: str = ""  # a lock of its own when the kernel differs from the arch's default
+    cmdline_extra: str = ""  # kernel arguments of this board only
 
     @property
     def lock(self) -> Path:
-        return HERE / f"{self.suite}-{self.debarch}.lock"
+        variant = f"-{self.lock_variant}" if self.lock_variant else ""
+        return HERE / f"{self.suite}-{self.debarch}{variant}.lock"
+
+    @property
+    def can_try(self) -> bool:
+        """Whether `fractal image try` can boot the board under this qemu."""
+        return self.boot is not BootKind.RPI
+
+
+def _rpi(name: str, description: str, dtb: str, console: str) -> OsBoard:
+    return OsBoard(
+        name,
+        "aarch64",
+        "arm64",
+        "trixie",
+        # the generic arm64 flavour: the cloud one has no Broadcom SoC drivers and no device trees
+        "linux-image-6.12.117+deb13-arm64-unsigned",
+        ("aarch64-c",),
+        console,  # the UART on the GPIO header (Pi 4: mini UART, enable_uart=1) or the Pi 5's debug port
+        "",
+        (),
+        description,
+        boot=BootKind.RPI,
+        table=PartitionTable.MBR,
+        boot_packages=("raspi-firmware",),
+        # SD card (the Pi 4's emmc2 is an iProc SDHCI), Ethernet (GENET and its Broadcom PHY)
+        modules=("sdhci_iproc", "genet", "broadcom"),
+        dtbs=(dtb,),
+        lock_variant="rpi",
+    )
 
 
 OS_BOARDS: dict[str, OsBoard] = {
@@ -67,6 +130,27 @@ OS_BOARDS: dict[str, OsBoard] = {
             ("-M", "virt", "-cpu", "rv64,v=true,vlen=128,vext_spec=v1.0", "-bios", "default"),
             "generic 64-bit RISC-V board (qemu's virt machine with OpenSBI)",
         ),
+        OsBoard(
+            "x86_64",
+            "x86_64",
+            "amd64",
+            "trixie",
+            # the generic flavour, not cloud: real gateways need its SATA/NVMe/NIC drivers
+            "linux-image-6.12.117+deb13-amd64-unsigned",
+            ("x86_64-c",),
+            "ttyS0",
+            "qemu-system-x86_64",
+            ("-M", "q35", "-bios", "/usr/share/ovmf/OVMF.fd"),
+            "x86-64 edge gateway or PC with UEFI (GPT; boots EFI/BOOT/BOOTX64.EFI from the disk)",
+            boot=BootKind.UEFI,
+            boot_packages=("systemd-boot-efi",),
+            # virtio-pci for qemu/KVM, then the disks and NICs of common gateways
+            modules=("virtio_pci", "nvme", "ahci", "sd_mod", "e1000e", "igb", "igc", "r8169", "realtek"),
+            # the IO-APIC timer check fails when a (loaded) host runs the guest slowly under
+            # emulation, and the kernel then panics; modern PCs' timers do not need it
+            cmdline_extra="no_timer_check",
+        ),
+        _rpi("rpi4", "Raspberry Pi 4 Model B (BCM2711)", "broadcom/bcm2711-rpi-4-b.dtb", "ttyS1,115200"),
     )
 }
 

@@ -10,6 +10,7 @@ boot: ``fractal boot`` marks the slot good once its health check passes on the b
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -19,8 +20,8 @@ from pathlib import Path
 from firmware import keys as keymod
 from firmware.artifact_view import artifact_info
 from firmware.errors import ImageError
-from firmware.osimage import disk, initramfs, rootfs
-from firmware.osimage.boards import OsBoard, get_os_board
+from firmware.osimage import bootfiles, disk, initramfs, rootfs
+from firmware.osimage.boards import OsBoard, PartitionTable, get_os_board
 
 __all__ = ["OsImage", "build_os", "BOOT_INFO", "kernel_cmdline"]
 
@@ -31,17 +32,22 @@ _DATA_MIN_MB = 256
 
 @dataclass(frozen=True)
 class OsImage:
-    path: Path
-    bmap: Path
-    sha256: Path
+    path: Path  # the image as written: raw, or compressed (IMG.xz / IMG.zst) with --compress
+    bmap: Path  # describes the raw image (bmaptool copy reads the compressed one with it)
+    sha256: Path  # of the raw image: what a card holds after `bmaptool copy`
     board: str
     version: str
     size: int  # bytes of the raw image (mostly holes)
     seconds: float
+    stored: int  # bytes of ``path`` on disk (allocated blocks for a sparse raw image)
 
 
-def kernel_cmdline(board: OsBoard) -> str:
-    return f"root=LABEL={disk.ROOT_LABEL} ro console={board.console} panic=10 quiet"
+def kernel_cmdline(board: OsBoard, mbr_id: int | None = None) -> str:
+    """The kernel command line: root by label, or on an MBR image (the Pi's, whose firmware and
+    users expect it) by the root partition's PARTUUID."""
+    root = f"PARTUUID={disk.mbr_partuuid(mbr_id, 2)}" if mbr_id is not None else f"LABEL={disk.ROOT_LABEL}"
+    extra = f" {board.cmdline_extra}" if board.cmdline_extra else ""
+    return f"root={root} ro console={board.console} panic=10 quiet{extra}"
 
 
 def _check_artifact(artifact: Path, board: OsBoard) -> None:
@@ -76,9 +82,11 @@ def build_os(
     version: str,
     out: str | Path,
     rollback_index: int = 0,
+    compress: disk.Compression | None = None,
     log: Callable[[str], None] = print,
 ) -> OsImage:
-    """Write ``out`` (raw GPT disk image), ``out.bmap`` and ``out.sha256``."""
+    """Write ``out`` (raw disk image), ``out.bmap`` and ``out.sha256``; with ``compress``,
+    ``out.xz``/``out.zst`` (and its own ``.sha256``) in place of the raw ``out``."""
     t0 = time.perf_counter()
     b = get_os_board(board)
     artifact, out = Path(artifact), Path(out)
@@ -102,20 +110,19 @@ def build_os(
         kimg, moddir = _kernel(b, debs[b.kernel_package], stage / "kernel")
         boot = stage / "boot"
         (boot / "fractal").mkdir(parents=True)
-        shutil.copyfile(kimg, boot / kimg.name.split("-")[0])
-        (boot / "initrd.img").write_bytes(
-            initramfs.build_initramfs(root / "usr/bin/busybox", moddir, rootfs.APPLETS)
+        # the Pi finds its root by PARTUUID (the MBR's disk id): one per build, like mke2fs's UUIDs
+        mbr_id = secrets.randbits(32) | 1 if b.table is PartitionTable.MBR else None
+        cmdline = kernel_cmdline(b, mbr_id)
+        initrd = initramfs.build_initramfs(root / "usr/bin/busybox", moddir, rootfs.APPLETS, b.modules)
+        boot_fields = bootfiles.populate(
+            b, bootfiles.BootInput(kimg, moddir.name, initrd, cmdline, debs, stage / "bootpkgs"), boot
         )
-        cmdline = kernel_cmdline(b)
-        (boot / "cmdline.txt").write_text(cmdline + "\n")
         info = {
             "format": 1,
             "board": b.name,
             "arch": b.arch,
-            "kernel": kimg.name.split("-")[0],
+            **boot_fields,
             "kernel_version": moddir.name,
-            "initrd": "initrd.img",
-            "cmdline": cmdline,
             "version": version,
         }
         (boot / BOOT_INFO).write_text(json.dumps(info, indent=2) + "\n")
@@ -146,12 +153,22 @@ def build_os(
             disk.PartSpec("data", data_mb * disk.MiB, "ext4", disk.DATA_LABEL, data),
         ]
         tmp_out = out.with_name(f".{out.name}.part")
-        disk.write_disk(tmp_out, parts)
+        disk.write_disk(tmp_out, parts, mbr_id=mbr_id)
         tmp_out.replace(out)
         bmap = disk.write_bmap(out)
         sha = disk.write_sha256(out)
+        raw_size = out.stat().st_size
+        written = out
+        if compress is not None:
+            written = disk.compress(out, compress)
+            disk.write_sha256(written)
+            out.unlink()
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     secs = time.perf_counter() - t0
-    log(f"build-os: wrote {out} ({out.stat().st_size // disk.MiB} MiB raw) in {secs:.1f} s")
-    return OsImage(out, bmap, sha, b.name, version, out.stat().st_size, secs)
+    stored = written.stat().st_blocks * 512 if compress is None else written.stat().st_size
+    log(
+        f"build-os: wrote {written} ({raw_size // disk.MiB} MiB raw, {stored // disk.MiB} MiB "
+        f"{'compressed' if compress else 'allocated'}) in {secs:.1f} s"
+    )
+    return OsImage(written, bmap, sha, b.name, version, raw_size, secs, stored)

@@ -118,8 +118,11 @@ def module_order(moddir: Path, wanted: tuple[str, ...] = WANTED_MODULES) -> list
     return order
 
 
-def build_initramfs(busybox: Path, moddir: Path, applets: tuple[str, ...]) -> bytes:
-    """The initramfs (gzip-compressed cpio) for a kernel whose modules are under ``moddir``."""
+def build_initramfs(
+    busybox: Path, moddir: Path, applets: tuple[str, ...], extra_modules: tuple[str, ...] = ()
+) -> bytes:
+    """The initramfs (gzip-compressed cpio) for a kernel whose modules are under ``moddir``;
+    ``extra_modules`` are the board's own (its disk and network controllers)."""
     w = CpioWriter()
     for d in ("bin", "dev", "proc", "sys", "newroot", "lib", "lib/modules"):
         w.dir(d)
@@ -128,7 +131,7 @@ def build_initramfs(busybox: Path, moddir: Path, applets: tuple[str, ...]) -> by
     w.file("bin/busybox", busybox.read_bytes(), 0o755)
     for a in applets:
         w.symlink(f"bin/{a}", "busybox")
-    order = module_order(moddir)
+    order = module_order(moddir, WANTED_MODULES + extra_modules)
     for name, data in order:
         w.file(f"lib/modules/{name}.ko", data)
     w.file("lib/modules/load-order", "".join(f"{n}\n" for n, _ in order).encode())

@@ -1,5 +1,11 @@
 """``fractal image try IMG``: boot a board image under qemu-system, as a user does before flashing.
 
+The x86_64 board boots as on a PC: qemu's q35 machine with OVMF (UEFI firmware, Debian's
+``ovmf``) starts ``EFI/BOOT/BOOTX64.EFI`` from the disk, under KVM when it is usable
+(hardware-assisted: ``kvm_intel``/``kvm_amd`` loaded and ``/dev/kvm`` read-writable; a
+paravirtual ``/dev/kvm`` such as kvm-pvm, which runs only guests built for it, does not count),
+under TCG emulation otherwise. The Raspberry Pi boards cannot be booted (qemu 7.2 has no Pi 4).
+
 The virt boards are booted directly by qemu (``-kernel``/``-initrd`` read from the image's boot
 partition with mtools, the command line from ``cmdline.txt`` there): qemu's ``virt`` machines
 need no boot loader on the disk (riscv64 still runs OpenSBI, qemu's default ``-bios``). The
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -27,10 +34,10 @@ from types import FrameType
 
 from firmware.errors import ImageError
 from firmware.osimage import disk
-from firmware.osimage.boards import OsBoard, get_os_board
+from firmware.osimage.boards import BootKind, OsBoard, get_os_board
 from firmware.osimage.build import BOOT_INFO
 
-__all__ = ["qemu_argv", "try_image", "boot_files", "NODE_PORT"]
+__all__ = ["qemu_argv", "try_image", "boot_files", "kvm_usable", "NODE_PORT"]
 
 NODE_PORT = 8080  # the node's port inside the board (files/env.sh)
 
@@ -38,13 +45,14 @@ NODE_PORT = 8080  # the node's port inside the board (files/env.sh)
 @dataclass(frozen=True)
 class BootFiles:
     board: OsBoard
-    kernel: Path
-    initrd: Path
+    kernel: Path | None  # None: the firmware boots from the disk (UEFI)
+    initrd: Path | None
     cmdline: str
 
 
 def boot_files(img: Path, dest: Path) -> BootFiles:
-    """Kernel, initrd and command line copied out of the image's boot partition into ``dest``."""
+    """Kernel, initrd and command line copied out of the image's boot partition into ``dest``
+    (for a UEFI board only its record: its firmware reads the disk itself)."""
     if not img.is_file():
         raise ImageError(f"{img}: no such image file", hint="build one with `fractal image build-os`")
     parts = disk.read_gpt(img)
@@ -54,29 +62,61 @@ def boot_files(img: Path, dest: Path) -> BootFiles:
         )
     info = json.loads(disk.fat_read(img, parts["boot"], BOOT_INFO, dest / "image.json").read_text())
     board = get_os_board(str(info["board"]))
+    if not board.can_try:
+        raise ImageError(
+            f"qemu cannot boot a {board.name} image ({board.description}): it has no such machine",
+            hint=f"write it to a card: bmaptool copy {img.name} /dev/sdX",
+        )
+    if board.boot is BootKind.UEFI:
+        return BootFiles(board, None, None, str(info["cmdline"]))
     kernel = disk.fat_read(img, parts["boot"], str(info["kernel"]), dest / "kernel")
     initrd = disk.fat_read(img, parts["boot"], str(info["initrd"]), dest / "initrd.img")
     cmdline = disk.fat_read(img, parts["boot"], "cmdline.txt", dest / "cmdline.txt").read_text().strip()
     return BootFiles(board, kernel, initrd, cmdline)
 
 
+def kvm_usable(board: OsBoard) -> bool:
+    """Whether qemu can run ``board`` under hardware-assisted KVM on this machine."""
+    if board.arch != platform.machine() or not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False
+    return any(Path("/sys/module", m).exists() for m in ("kvm_intel", "kvm_amd"))
+
+
+_QEMU_PKG = {"aarch64": "qemu-system-arm", "riscv64": "qemu-system-misc", "x86_64": "qemu-system-x86"}
+
+
 def qemu_argv(img: Path, files: BootFiles, port: int, *, cpus: int = 2, memory_mb: int = 1024) -> list[str]:
-    exe = shutil.which(files.board.qemu)
+    b = files.board
+    exe = shutil.which(b.qemu)
     if exe is None:
-        pkg = "qemu-system-arm" if files.board.arch == "aarch64" else "qemu-system-misc"
-        raise ImageError(f"{files.board.qemu} is not installed", hint=f"apt-get install {pkg}")
+        raise ImageError(f"{b.qemu} is not installed", hint=f"apt-get install {_QEMU_PKG[b.arch]}")
+    net = f"user,id=net0,hostfwd=tcp:127.0.0.1:{port}-:{NODE_PORT}"
+    drive = f"file={img},format=raw,if=none,id=disk0,cache=writeback"
+    common = ["-smp", str(cpus), "-m", str(memory_mb), "-nographic", "-monitor", "none", "-serial", "stdio"]
+    if files.kernel is None:  # UEFI: the firmware boots EFI/BOOT/BOOT*.EFI from the disk
+        firmware = next((a for a in b.qemu_machine if a.endswith(".fd")), "")
+        if firmware and not Path(firmware).is_file():
+            raise ImageError(f"UEFI firmware {firmware} is missing", hint="apt-get install ovmf")
+        accel = ["-accel", "kvm", "-cpu", "host"] if kvm_usable(b) else ["-accel", "tcg", "-cpu", "max"]
+        return [
+            exe,
+            *b.qemu_machine,
+            *accel,
+            *common,
+            "-drive",
+            drive,
+            "-device",
+            "virtio-blk-pci,drive=disk0,bootindex=0",
+            "-netdev",
+            net,
+            # romfile= : no iPXE option ROM, so the firmware does not try a network boot first
+            "-device",
+            "virtio-net-pci,netdev=net0,romfile=",
+        ]
     return [
         exe,
-        *files.board.qemu_machine,
-        "-smp",
-        str(cpus),
-        "-m",
-        str(memory_mb),
-        "-nographic",
-        "-monitor",
-        "none",
-        "-serial",
-        "stdio",
+        *b.qemu_machine,
+        *common,
         "-kernel",
         str(files.kernel),
         "-initrd",
@@ -84,11 +124,11 @@ def qemu_argv(img: Path, files: BootFiles, port: int, *, cpus: int = 2, memory_m
         "-append",
         files.cmdline,
         "-drive",
-        f"file={img},format=raw,if=none,id=disk0,cache=writeback",
+        drive,
         "-device",
         "virtio-blk-device,drive=disk0",
         "-netdev",
-        f"user,id=net0,hostfwd=tcp:127.0.0.1:{port}-:{NODE_PORT}",
+        net,
         "-device",
         "virtio-net-device,netdev=net0",
     ]
@@ -109,6 +149,7 @@ def try_image(
     ready_timeout_s: float = 1200.0,
     on_ready: Callable[[str], None] = print,
     console: int | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> int:
     """Boot ``img`` and block until the machine stops; ``on_ready(url)`` once the node answers
     ready. Returns qemu's exit code (0 after a power-off or a stop by signal)."""
@@ -117,6 +158,9 @@ def try_image(
     with tempfile.TemporaryDirectory(prefix="fractal-try-") as tmp:
         files = boot_files(img, Path(tmp))
         argv = qemu_argv(img, files, port)
+        if log is not None:
+            how = "KVM" if "kvm" in argv else "TCG emulation"
+            log(f"try: booting {img.name} ({files.board.name}) under {how} with {Path(argv[0]).name}")
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=console, stderr=console, start_new_session=True
         )

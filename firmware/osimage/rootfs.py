@@ -195,6 +195,12 @@ APPLETS = (
     "false",
     "env",
     "touch",
+    "dd",  # with od and basename/readlink: the initramfs finds root=PARTUUID= (the Pi's cmdline)
+    "od",
+    "basename",
+    "dirname",
+    "readlink",
+    "printf",
 )
 _DROP = (
     "usr/share/doc",
@@ -215,7 +221,7 @@ def cache_dir() -> Path:
 def fetch_debs(board: OsBoard) -> dict[str, Path]:
     """{package: verified .deb} for the board's lock (downloads only what the cache lacks)."""
     pins = debs.read_lock(board.lock)
-    have, want = {p.package for p in pins}, {*PACKAGES, board.kernel_package}
+    have, want = {p.package for p in pins}, {*PACKAGES, board.kernel_package, *board.boot_packages}
     if have != want:
         raise ImageError(
             f"{board.lock.name} is stale: missing {sorted(want - have)}, extra {sorted(have - want)}",
@@ -364,6 +370,8 @@ def make_rootfs(board: OsBoard, debs_by_name: dict[str, Path], root: Path) -> No
     for name in PACKAGES:
         unpack(debs_by_name[name], root)
     _merge_usr(root)
+    if (root / "usr/lib64").is_dir():  # amd64's ELF interpreter is /lib64/ld-linux-x86-64.so.2
+        _link(root / "lib64", "usr/lib64")
     for d in _DROP:
         shutil.rmtree(root / d, ignore_errors=True)
     ml = root / "usr" / "lib" / f"{board.arch}-linux-gnu"

@@ -130,5 +130,10 @@ def test_lock_pins_exactly_the_rootfs_packages(board: str) -> None:
 
     b = OS_BOARDS[board]
     pins = read_lock(b.lock)
-    assert {p.package for p in pins} == {*rootfs.PACKAGES, b.kernel_package}
-    assert all(p.path.startswith("pool/main/") and len(p.sha256) == 64 for p in pins)
+    assert {p.package for p in pins} == {*rootfs.PACKAGES, b.kernel_package, *b.boot_packages}
+    # main, except the Pi's boot firmware (Debian keeps it in non-free-firmware)
+    assert all(
+        p.path.startswith("pool/non-free-firmware/" if p.package == "raspi-firmware" else "pool/main/")
+        and len(p.sha256) == 64
+        for p in pins
+    )
