@@ -142,17 +142,16 @@ def test_members_with_different_float_semantics_still_commit_the_same_bits(tmp_p
 
 def _record_final_params(monkeypatch) -> dict[str, str]:
     """node id -> params_sha256 of its own final parameters (before the final sync), per round."""
-    from edgenode import training
-    from edgenode.common import params_sha256
+    from federation import phases
 
     seen: dict[str, str] = {}
-    real_agree = training._agree
+    real_agree = phases.agree
 
-    def recording(plan, node_id, group, params, *args):
-        seen[node_id] = params_sha256(params)
-        return real_agree(plan, node_id, group, params, *args)
+    def recording(ctx, params, start):
+        seen[ctx.node_id] = phases.vector_sha256(params)
+        return real_agree(ctx, params, start)
 
-    monkeypatch.setattr(training, "_agree", recording)
+    monkeypatch.setattr(phases, "agree", recording)
     return seen
 
 
@@ -238,8 +237,8 @@ def test_without_a_majority_the_first_member_imposes_nothing_beyond_rounding(tmp
 
 
 def test_sync_gap_limit_scales_with_the_update_and_the_parameters():
-    from edgenode.training import sync_gap_limit
     from federation.bounds import SYNC_GAP_OF_PARAMS, SYNC_GAP_OF_UPDATE
+    from federation.phases import sync_gap_limit
 
     start = np.zeros(4)
     mine = np.array([3.0, 4.0, 0.0, 0.0])  # update norm 5, params norm 5
