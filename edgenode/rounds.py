@@ -7,7 +7,8 @@ The round path, top to bottom: the node parses a command and hands a ``RoundComm
 :meth:`RoundRunner.handle`; the worker thread's :meth:`RoundRunner.run_round` resolves the
 command against the node's ``[training]`` table (``federation.roundspec.resolve``), picks the
 samples and calls :func:`edgenode.training.run_round`, which runs federation's phases
-(``federation/phases.py``: hello, start, steps, agree, vote) and commits.
+(``federation/phases.py``: hello, start; ``federation/steps.py``: the steps; agree, vote) and
+commits.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder, ParamsSnapshot
 from edgenode.ports import Collective, Engine, Link, Publication, StepRunner, Trainer
 from edgenode.store import Samples, SampleStore
-from edgenode.training import RoundPlan, RoundResult, run_round
+from edgenode.training import RoundResult, run_round
 from edgenode.validation import evaluate
 from federation import topics
 from federation.hierarchy import HierarchicalCollective, Topology
 from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, Validation
+from federation.phases import RoundPlan
 from federation.ring import RingAllreduce
 
 __all__ = ["SEEN_ROUNDS_KEPT", "RoundParts", "RoundRunner", "load_seen_rounds", "save_seen_rounds"]

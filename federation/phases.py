@@ -2,12 +2,13 @@
 
 A member runs them in this order (``edgenode.training.run_round`` is that sequence on a node):
 
+0. :class:`RoundPlan`: the signed command resolved against the member's defaults.
 1. :func:`hello`: every member learns every member's version, parameter hash, parameter count and
    whether it has samples; :func:`choose_start` names whose parameters the round starts from and
    :func:`start_from` hands them to everyone whose hash differs.
-2. The steps: each step's updates are combined by the round's aggregator
-   (:mod:`federation.aggregators`) through a :class:`StepCombiner`, which also keeps who was left
-   out and why.
+2. :func:`federation.steps.train_steps`: each step's updates are combined by the round's
+   aggregator (:mod:`federation.aggregators`) through a :class:`StepCombiner`, which also keeps
+   who was left out and why.
 3. :func:`agree`: the final parameters' hashes are compared; if they differ, one member's
    parameters are adopted (checked against what it reported).
 4. :func:`check_update` and :func:`vote`: every member checks the result and stages it, then all
@@ -30,15 +31,51 @@ import numpy as np
 
 from federation.aggregators import Settings, Step, aggregator_for
 from federation.aggregators.base import Exchanger
-from federation.bounds import SYNC_GAP_OF_PARAMS, SYNC_GAP_OF_UPDATE, UPDATE_NORM_FACTOR
+from federation.bounds import (
+    OUTLIER_FACTOR_DEFAULT,
+    SYNC_GAP_OF_PARAMS,
+    SYNC_GAP_OF_UPDATE,
+    UPDATE_NORM_FACTOR,
+)
 from federation.errors import AllExcluded, RoundRefused
-from federation.roundspec import Compression
+from federation.messages import RoundCommand
+from federation.robust import Aggregation
+from federation.roundspec import Compression, RoundDefaults, SyncMode, resolve
 
-__all__ = ["Members", "RoundContext", "MemberFacts", "hello", "choose_start", "start_from", "StepCombiner",
-           "agree", "sync_gap_limit", "check_update", "vote", "abort_peers", "hash_chunks", "vector_sha256"]
+__all__ = ["RoundPlan", "Members", "RoundContext", "MemberFacts", "hello", "choose_start", "start_from",
+           "StepCombiner", "agree", "sync_gap_limit", "check_update", "vote", "abort_peers", "hash_chunks",
+           "vector_sha256"]
 
 log = logging.getLogger("fractal.federation.phases")
 _SLOT = 7  # hello values per member: version, 4 x 16-bit hash chunks, n_params mod 2^24, has_samples
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A signed RoundCommand as one member runs it: resolved against the member's defaults."""
+
+    round_id: str
+    steps: int
+    lr: float | None
+    sync: SyncMode
+    local_steps: int
+    group: tuple[str, ...]  # ring order = sorted(participants)
+    compression: Compression = Compression.NONE
+    step_timeout_s: float = 30.0
+    start_sha256: str | None = None  # the fleet's start-version decision (federation/startversion.py)
+    aggregation: Aggregation = Aggregation.MEAN  # federation/aggregators/
+    outlier_factor: float = OUTLIER_FACTOR_DEFAULT  # 0 = no outlier screening
+
+    @classmethod
+    def from_command(cls, cmd: RoundCommand, defaults: RoundDefaults | None = None) -> RoundPlan:
+        """The command's settings, those it leaves null or out taken from the member's defaults (a
+        node's ``[training]`` table, :func:`federation.roundspec.resolve`); an unset ``lr``
+        everywhere means the artifact's compiled rate."""
+        r = resolve(cmd, defaults)
+        return cls(round_id=cmd.round_id, steps=r.steps, lr=r.lr, sync=r.sync, local_steps=r.local_steps,
+                   group=tuple(sorted(set(cmd.participants))), compression=r.compression,
+                   step_timeout_s=r.step_timeout_s, start_sha256=cmd.start_sha256,
+                   aggregation=r.aggregation, outlier_factor=r.outlier_factor)
 
 
 class Members(Exchanger, Protocol):
@@ -60,6 +97,10 @@ class RoundContext:
     node_id: str
     group: tuple[str, ...]
     timeout: float
+
+    @classmethod
+    def of(cls, plan: RoundPlan, collective: Members, node_id: str) -> RoundContext:
+        return cls(collective, plan.round_id, node_id, plan.group, plan.step_timeout_s)
 
     @property
     def rank(self) -> int:

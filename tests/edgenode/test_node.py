@@ -10,8 +10,8 @@ from prometheus_client import generate_latest
 from edgenode.common import ConfigError, InvalidInput, NodeError
 from edgenode.config import NodeConfig
 from edgenode.node import EdgeNode
-from edgenode.training import RoundPlan
 from federation.messages import Compression, RoundCommand, SyncMode
+from federation.phases import RoundPlan
 from tests.edgenode.fakes import NumpyArtifact
 
 
