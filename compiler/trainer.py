@@ -126,7 +126,9 @@ class Trainer:
 
     def apply(self, params: list[np.ndarray], grads: list[np.ndarray], state: list[np.ndarray],
               lr: float | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """One optimizer step: (new params, new state). ``lr`` overrides the compiled default."""
+        """One optimizer step: (new params, new state). ``lr`` overrides the compiled default: it
+        is a round's resolved rate (``federation.roundspec.resolve`` gives ``lr`` in (0, LR_MAX] or
+        None for this default; compiler imports nothing of federation, its peer layer)."""
         params = check_params(params, self.param_names, self._ref)
         grads = check_params(grads, self.param_names, self._ref)
         if len(state) != len(self._state_specs):

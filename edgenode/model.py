@@ -26,7 +26,7 @@ from edgenode.ports import Engine
 from edgenode.versions import ParamVersions
 from fractal.files import atomic_write, replace_durably
 
-__all__ = ["ParamsSnapshot", "ModelHolder", "flatten", "unflatten"]
+__all__ = ["ParamsSnapshot", "ModelHolder"]
 
 log = get_logger("model")
 _PARAMS_FORMAT = 1
@@ -51,24 +51,6 @@ class ParamsSnapshot:
             a.setflags(write=False)
             frozen.append(a)
         return cls(tuple(frozen), int(version), params_sha256(frozen))
-
-
-def flatten(arrays: list[np.ndarray] | tuple[np.ndarray, ...]) -> np.ndarray:
-    """Concatenate arrays into one float32 vector (parameter order)."""
-    return np.concatenate([np.asarray(a, dtype=np.float32).ravel() for a in arrays]) if arrays else \
-        np.zeros(0, np.float32)
-
-
-def unflatten(vec: np.ndarray, like: list[np.ndarray] | tuple[np.ndarray, ...]) -> list[np.ndarray]:
-    """Split a flat float32 vector back into arrays shaped like ``like``."""
-    out, off = [], 0
-    for a in like:
-        n = int(np.prod(a.shape, dtype=np.int64))
-        out.append(np.asarray(vec[off:off + n], dtype=np.float32).reshape(a.shape).copy())
-        off += n
-    if off != vec.size:
-        raise ValueError(f"vector has {vec.size} values, parameters need {off}")
-    return out
 
 
 class ModelHolder:

@@ -4,10 +4,12 @@ It composes the artifact (``compiler.load_artifact``), the current parameters
 (:class:`~edgenode.model.ModelHolder`), the sample store (:class:`~edgenode.store.SampleStore`)
 and, with a broker, the swarm side: an ``MqttLink`` whose Last Will is an offline NodeStatus, a
 retained status re-published on every change and every ``heartbeat_s``, the command topic, and
-a ``RingAllreduce`` over the link's transport. Training rounds run on one worker thread, one at
-a time (:class:`~edgenode.rounds.RoundControl`, mixed in); inference keeps running on the
-caller's threads from the last committed parameters. Collaborators are typed by the Protocols
-of :mod:`edgenode.ports`.
+a ``RingAllreduce`` over the link's transport. The node holds its round runner
+(``self.rounds``, :class:`~edgenode.rounds.RoundRunner`: one training round at a time on a
+worker thread) and its image control (``self.images``, :class:`~edgenode.updates.ImageControl`),
+each built with the pieces it uses; commands arrive here and are handed to them
+(:meth:`EdgeNode.handle_command`). Inference keeps running on the caller's threads from the last
+committed parameters. Collaborators are typed by the Protocols of :mod:`edgenode.ports`.
 
 Surface used by the HTTP layer (``api.node_app``): ``config``, ``model_name``, ``model_version``,
 ``inputs``, ``outputs``, ``infer()``, ``add_samples()``, ``info()``, ``metrics``, ``registry``,
@@ -16,7 +18,6 @@ Surface used by the HTTP layer (``api.node_app``): ``config``, ``model_name``, `
 
 from __future__ import annotations
 
-import collections
 import os
 import platform
 import threading
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from edgenode.anomaly import AnomalyScorer, is_reconstruction
 from edgenode.common import ConfigError, get_logger
@@ -35,26 +37,32 @@ from edgenode.devicefacts import DeviceFacts
 from edgenode.faults import NO_FAULTS, Faults, FaultyTransport, Point
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
-from edgenode.ports import Collective, Engine, Link, Publication, Spec, StepRunner, Trainer, Updater
-from edgenode.rounds import RoundControl, load_seen_rounds
+from edgenode.ports import Engine, Link, Publication, Spec, Trainer, Updater
+from edgenode.rounds import RoundParts, RoundRunner
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.streams.runner import StreamRunner
 from edgenode.training import RoundResult
 from edgenode.trainproc import TrainerWorkerError, TrainingWorker
-from edgenode.updates import ImageControl
+from edgenode.updates import CommandLog, ImageControl
 from federation import topics
 from federation.messages import (
+    AnyCommand,
     ArtifactInfo,
+    ImageRollbackCommand,
+    ImageUpdateCommand,
     NodeState,
     NodeStatus,
+    RollbackCommand,
+    RoundAbort,
+    RoundCommand,
     RoundEvent,
     Validation,
+    parse_command,
 )
 from federation.transport import Transport
 
 if TYPE_CHECKING:  # the signing stack (cryptography) loads only in a signed swarm
     from edgenode.security import NodeAuth
-    from federation.ring import RingAllreduce
 
 __all__ = ["EdgeNode"]
 
@@ -62,7 +70,7 @@ log = get_logger("agent")
 _STATUS_MIN_S = 1.0  # extra status publishes (sample count changes) are rate-limited to this
 
 
-class EdgeNode(ImageControl, RoundControl):
+class EdgeNode:
     """One edge node. Build it, ``start()`` it, serve it with ``api.node_app``, ``stop()`` it.
 
     ``artifact`` (an already loaded Artifact) and ``transport`` (e.g. ``MemoryHub().transport(id)``
@@ -87,7 +95,6 @@ class EdgeNode(ImageControl, RoundControl):
         # shared instance) may not be what config.artifact holds, so it trains in-thread as given.
         self._isolate = (loaded_here and self.trainer is not None
                          and config.training.isolation == Isolation.PROCESS)
-        self._steps: StepRunner | None = None
         self._training_worker: TrainingWorker | None = None
         _check_writable(config.data_dir)
         tb = config.training.batch
@@ -112,34 +119,28 @@ class EdgeNode(ImageControl, RoundControl):
         if faults:
             log.warning("fault injection active: %s", faults)
         self._transport = transport
-        self._ring: Collective | None = None
-        self._backbone: RingAllreduce | None = None  # site leaders' ring (federation/hierarchy.py)
         self._link: Link | None = None
-        self._lock = threading.Lock()  # guards state / round bookkeeping below
-        self._state = NodeState.ONLINE
-        self._round_id: str | None = None
-        self._worker: threading.Thread | None = None
-        self._abort = threading.Event()
-        self._seen_rounds: collections.OrderedDict[str, None] = load_seen_rounds(config.data_dir)
         self._stopping = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._threshold_thread: threading.Thread | None = None
         self._started = False
-        self._listeners: list[Callable[[RoundEvent], None]] = []
         self._last_status = 0.0
-        self.last_result: RoundResult | None = None
-        self.last_error: str | None = None
         self.facts = DeviceFacts(config.data_dir)
-        self.validation: Validation | None = None  # after the last committed round or rollback
+        self.commands = CommandLog(config.data_dir)  # signed commands acted on (never twice)
+        self.rounds = RoundRunner(RoundParts(
+            config=config, artifact=artifact, trainer=self.trainer, model=self.model, store=self.store,
+            metrics=self.metrics, publish_status=self.publish_status, params_changed=self._refit.set,
+            anomaly=self.anomaly, faults=faults))
         # Booted from a device (`fractal boot`): image updates from the fleet (edgenode/updates.py).
-        self.updater: Updater | None = None
+        updater: Updater | None = None
         if config.device is not None:
             from firmware.ota import DeviceUpdates  # lazy: only nodes that run from a device image
 
-            self.updater = DeviceUpdates(config.device)
+            updater = DeviceUpdates(config.device)
+        self.images = ImageControl(config.node_id, updater, commands=self.commands,
+                                   publish_status=self.publish_status, round_busy=self.rounds.busy,
+                                   signer=None if self.auth is None else self.auth.identity.signer)
         self.streams = self._stream_runners()  # [[streams]]: started with the broker link
-        self.reboot_requested = threading.Event()  # set when a staged image waits for a restart
-        self._update_thread: threading.Thread | None = None
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -202,11 +203,13 @@ class EdgeNode(ImageControl, RoundControl):
 
     @property
     def state(self) -> NodeState:
-        return self._state
+        if self._stopping.is_set():
+            return NodeState.OFFLINE
+        return NodeState.ONLINE if self.rounds.round_id is None else NodeState.TRAINING
 
     @property
     def round_id(self) -> str | None:
-        return self._round_id
+        return self.rounds.round_id
 
     @property
     def arch(self) -> str:
@@ -222,10 +225,10 @@ class EdgeNode(ImageControl, RoundControl):
         """node_id, arch, board, model, model_version, params_sha256, round_id, samples, state, ..."""
         snap = self.model.snapshot
         return {"node_id": self.node_id, "arch": self.arch, "board": self.board, "model": self.model_name,
-                "model_version": snap.version, "params_sha256": snap.sha256, "round_id": self._round_id,
-                "samples": self.store.count, "state": self._state.value, "swarm": self.config.swarm,
+                "model_version": snap.version, "params_sha256": snap.sha256, "round_id": self.round_id,
+                "samples": self.store.count, "state": self.state.value, "swarm": self.config.swarm,
                 "broker": self.config.broker is not None, "trainable": self.trainer is not None,
-                "last_loss": self.metrics.last_loss, "last_error": self.last_error,
+                "last_loss": self.metrics.last_loss, "last_error": self.rounds.last_error,
                 "anomaly_threshold": None if self.anomaly is None else self.anomaly.threshold}
 
     def _anomaly_scorer(self) -> AnomalyScorer | None:
@@ -379,18 +382,7 @@ class EdgeNode(ImageControl, RoundControl):
                 runner.start()
                 link.subscribe(runner.cfg.topic, runner.on_message, inline=True)
         if self._transport is not None:
-            if any(r.point == Point.VOTED for r in self.faults.rules):
-                self._transport = FaultyTransport(self._transport, self.faults)
-            self._ring = self._start_training_worker(self._transport)
-            if self._ring is None:
-                from federation.ring import RingAllreduce
-
-                self._ring = RingAllreduce(self._transport, swarm=self.config.swarm)
-                if self._link is not None:  # a site leader's ring to the other sites (bridged topics)
-                    from federation.backbone import backbone_transport
-
-                    self._backbone = RingAllreduce(backbone_transport(self._link, self.node_id),
-                                                   swarm=self.config.swarm)
+            self._connect_rounds(self._transport)
         if self.anomaly is not None:
             self._refit.set()
             self._threshold_thread = threading.Thread(target=self._threshold_loop,
@@ -402,6 +394,25 @@ class EdgeNode(ImageControl, RoundControl):
                                                daemon=True)
             self._heartbeat.start()
         log.info("node %s started (model %s v%d)", self.node_id, self.model_name, self.model_version)
+
+    def _connect_rounds(self, transport: Transport) -> None:
+        """The round runner's swarm side: the training worker process (which hosts the collective),
+        or a ring in this process plus, with a broker, a site leader's ring to the other sites."""
+        if any(r.point == Point.VOTED for r in self.faults.rules):
+            transport = self._transport = FaultyTransport(transport, self.faults)
+        worker = self._start_training_worker(transport)
+        if worker is not None:
+            self.rounds.connect(worker, steps=worker, link=self._link)
+            return
+        from federation.ring import RingAllreduce
+
+        ring = RingAllreduce(transport, swarm=self.config.swarm)
+        backbone = None
+        if self._link is not None:  # a site leader's ring to the other sites (bridged topics)
+            from federation.backbone import backbone_transport
+
+            backbone = RingAllreduce(backbone_transport(self._link, self.node_id), swarm=self.config.swarm)
+        self.rounds.connect(ring, backbone=backbone, link=self._link)
 
     @property
     def training_worker(self) -> TrainingWorker | None:
@@ -420,7 +431,7 @@ class EdgeNode(ImageControl, RoundControl):
         except TrainerWorkerError as exc:  # e.g. an emulated node that cannot exec its own Python
             log.warning("%s; training runs in the node process", exc)
             return None
-        self._training_worker = self._steps = worker
+        self._training_worker = worker
         return worker
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -430,16 +441,12 @@ class EdgeNode(ImageControl, RoundControl):
             return
         self._started = False
         self._stopping.set()
-        self._abort.set()
-        w = self._worker
-        if w is not None:
-            w.join(timeout)
+        self.rounds.stop(timeout)
         if self._heartbeat is not None:
             self._heartbeat.join(timeout)
         if self._threshold_thread is not None:
             self._threshold_thread.join(timeout)
-        self._state = NodeState.OFFLINE
-        info = self.publish_status()
+        info = self.publish_status()  # offline (self.state)
         if info is not None:  # let the offline status reach the broker before we disconnect
             try:
                 info.wait_for_publish(timeout=2.0)
@@ -448,13 +455,9 @@ class EdgeNode(ImageControl, RoundControl):
         if self._link is not None:
             self._link.close()
             self._link = None
-        if self._ring is not None:
-            self._ring.close()
+        self.rounds.disconnect()
         for runner in self.streams:
             runner.stop()
-        if self._backbone is not None:
-            self._backbone.close()
-            self._backbone = None
         self.store.close()
         log.info("node %s stopped", self.node_id)
 
@@ -465,21 +468,84 @@ class EdgeNode(ImageControl, RoundControl):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # -- commands ------------------------------------------------------------------------------------
+    def _on_command_message(self, topic: str, payload: bytes) -> None:
+        self.handle_command(payload)
+
+    def handle_command(self, command: bytes | str | AnyCommand) -> None:
+        """Handle one fleet command (non-blocking): rounds go to the round runner, image updates to
+        the image control. Malformed payloads are rejected and counted."""
+        if isinstance(command, (bytes, str)):
+            try:
+                command = parse_command(command)
+            except (ValidationError, ValueError) as exc:
+                self.metrics.rejected()
+                log.warning("rejected malformed command: %s", str(exc).splitlines()[0])
+                return
+        if isinstance(command, RoundCommand):
+            self.rounds.handle(command)
+        elif isinstance(command, RoundAbort):
+            self.rounds.abort(command)
+        elif isinstance(command, RollbackCommand):
+            if self.node_id in command.nodes and self.commands.first_time(command.rollback_id):
+                self.rounds.rollback(command.to_version, command.rollback_id)
+        elif isinstance(command, (ImageUpdateCommand, ImageRollbackCommand)):
+            self.images.handle(command)
+
+    # The round runner's and the image control's surface, for the HTTP layer, embedders and tests.
+    def add_event_listener(self, fn: Callable[[RoundEvent], None]) -> None:
+        """Call ``fn(event)`` for every RoundEvent this node emits (also published over MQTT)."""
+        self.rounds.add_event_listener(fn)
+
+    def start_round(self, cmd: RoundCommand) -> threading.Thread:
+        """Run ``cmd`` on the round worker thread; raises NodeBusy if a round is running."""
+        return self.rounds.start_round(cmd)
+
+    def run_round(self, cmd: RoundCommand) -> RoundResult:
+        """Run one round on the calling thread (STEP/DONE/FAILED events; RoundFailed on failure)."""
+        return self.rounds.run_round(cmd)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no round runs (True) or ``timeout`` passes (False)."""
+        return self.rounds.wait_idle(timeout)
+
+    def rollback(self, to_version: int, rollback_id: str = "") -> bool:
+        """Return to the kept parameters ``to_version``; False (logged) when the node cannot."""
+        return self.rounds.rollback(to_version, rollback_id)
+
+    @property
+    def last_result(self) -> RoundResult | None:
+        return self.rounds.last_result
+
+    @property
+    def last_error(self) -> str | None:
+        return self.rounds.last_error
+
+    @property
+    def validation(self) -> Validation | None:
+        """Loss/accuracy after the last committed round or rollback."""
+        return self.rounds.validation
+
+    @property
+    def reboot_requested(self) -> threading.Event:
+        """Set when a staged image waits for a restart (``fractal node`` exits for the supervisor)."""
+        return self.images.reboot_requested
+
     # -- status --------------------------------------------------------------------------------
     def _status(self, state: NodeState | None = None) -> NodeStatus:
         snap = self.model.snapshot
         count = self.store.count
         val = self.store.count_part("val", self.config.training.validation_share)
         m = self.artifact.manifest
-        return NodeStatus(node_id=self.node_id, state=state or self._state, arch=self.arch, board=self.board,
+        return NodeStatus(node_id=self.node_id, state=state or self.state, arch=self.arch, board=self.board,
                           model=self.model_name, model_version=snap.version, params_sha256=snap.sha256,
                           samples=count,
-                          round_id=self._round_id, api_url=self.config.advertised_url, site=self.config.site,
+                          round_id=self.round_id, api_url=self.config.advertised_url, site=self.config.site,
                           artifact=ArtifactInfo(model=self.model_name, target=m.preset, tuned=m.tuning.tuned,
                                                 tvm_version=m.tvm_version),
                           health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,
-                          validation=self.validation, versions=self.model.versions.available(),
-                          image=self.image_info(),
+                          validation=self.rounds.validation, versions=self.model.versions.available(),
+                          image=self.images.image_info(),
                           heartbeat_s=self.config.heartbeat_s, keepalive_s=float(self.config.keepalive_s))
 
     def status(self) -> NodeStatus:
@@ -513,16 +579,16 @@ class EdgeNode(ImageControl, RoundControl):
             self.publish_status()
 
     def _heartbeat_loop(self) -> None:
-        if self.updater is None:
+        if self.images.updater is None:
             while not self._stopping.wait(self.config.heartbeat_s):
                 self.publish_status()
             return
         # Booted from a device: the supervisor marks the slot good (or not) after the node started;
         # tell the fleet as soon as the boot state says so, not a heartbeat later.
         poll = min(self.config.heartbeat_s, 0.25)
-        seen = self.image_info()
+        seen = self.images.image_info()
         while not self._stopping.wait(poll):
-            now = self.image_info()
+            now = self.images.image_info()
             if now != seen or time.monotonic() - self._last_status >= self.config.heartbeat_s:
                 seen = now
                 self.publish_status()

@@ -145,7 +145,7 @@ class Collective(Protocol):
 
 
 class StepRunner(Protocol):
-    """Phase 3 of a round (``edgenode.training.train_steps``) run elsewhere, with its own trainer
+    """A round's steps (``federation.steps.train_steps``) run elsewhere, with its own trainer
     and collective: same inputs, same bits as running it on the round thread."""
 
     def run_steps(self, plan: Any, *, node_id: str, params: list[np.ndarray], samples: Any,

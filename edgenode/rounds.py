@@ -1,6 +1,14 @@
-"""Round control of an edge node: commands in, one training round at a time on a worker
-thread, STEP/DONE/FAILED events out. Mixed into :class:`edgenode.node.EdgeNode`, which owns
-the state declared below (the model, the store, the collective, the link and the metrics).
+"""The round runner of an edge node: round commands in, one training round at a time on a
+worker thread, STEP/DONE/FAILED events out. :class:`edgenode.node.EdgeNode` holds one
+(``node.rounds``), built with the pieces a round reads and changes (:class:`RoundParts`) and
+connected to the swarm's collective when the node starts (:meth:`RoundRunner.connect`).
+
+The round path, top to bottom: the node parses a command and hands a ``RoundCommand`` to
+:meth:`RoundRunner.handle`; the worker thread's :meth:`RoundRunner.run_round` resolves the
+command against the node's ``[training]`` table (``federation.roundspec.resolve``), picks the
+samples and calls :func:`edgenode.training.run_round`, which runs federation's phases
+(``federation/phases.py``: hello, start; ``federation/steps.py``: the steps; agree, vote) and
+commits.
 """
 
 from __future__ import annotations
@@ -11,40 +19,28 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
 
 from edgenode.anomaly import AnomalyScorer, evaluate_anomaly
 from edgenode.common import InvalidInput, NodeBusy, NodeError, RoundFailed, SeenIds, get_logger
 from edgenode.config import NodeConfig
-from edgenode.faults import Faults
+from edgenode.faults import NO_FAULTS, Faults
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder, ParamsSnapshot
 from edgenode.ports import Collective, Engine, Link, Publication, StepRunner, Trainer
 from edgenode.store import Samples, SampleStore
-from edgenode.training import RoundPlan, RoundResult, run_round
+from edgenode.training import RoundResult, run_round
 from edgenode.validation import evaluate
 from federation import topics
 from federation.hierarchy import HierarchicalCollective, Topology
-from federation.messages import (
-    AnyCommand,
-    EventKind,
-    ImageRollbackCommand,
-    ImageUpdateCommand,
-    NodeState,
-    RollbackCommand,
-    RoundAbort,
-    RoundCommand,
-    RoundEvent,
-    Validation,
-    parse_command,
-)
+from federation.messages import EventKind, RoundAbort, RoundCommand, RoundEvent, Validation
+from federation.phases import RoundPlan
 from federation.ring import RingAllreduce
 
-__all__ = ["SEEN_ROUNDS_KEPT", "RoundControl", "load_seen_rounds", "save_seen_rounds"]
+__all__ = ["SEEN_ROUNDS_KEPT", "RoundParts", "RoundRunner", "load_seen_rounds", "save_seen_rounds"]
 
 log = get_logger("agent")
 _STEP_EVENT_MIN_S = 0.25  # STEP events are throttled: a 1000-step round must not flood the broker
@@ -69,123 +65,129 @@ def save_seen_rounds(data_dir: Path, seen: collections.OrderedDict[str, None]) -
     SeenIds(data_dir / _SEEN_FILE, SEEN_ROUNDS_KEPT, seen).save()
 
 
-class RoundControl:
-    """Commands and rounds. The node provides the attributes and ``publish_status``."""
+@dataclass(frozen=True)
+class RoundParts:
+    """What a :class:`RoundRunner` works with: the node's pieces a round reads and changes, and
+    the two things it tells the node (a new status to publish, new parameters in place)."""
 
     config: NodeConfig
     artifact: Engine
+    trainer: Trainer | None  # the artifact's (None: no training module, every round fails)
     model: ModelHolder
     store: SampleStore
     metrics: NodeMetrics
-    trainer: Trainer | None
-    anomaly: AnomalyScorer | None  # a reconstruction model's scorer (edgenode/anomaly.py)
-    _refit: threading.Event  # set: recompute the anomaly threshold
-    _steps: StepRunner | None  # the training worker process ([training] isolation = "process")
-    _ring: Collective | None
-    _backbone: RingAllreduce | None  # the site leaders' ring of hierarchical rounds (thread isolation)
-    faults: Faults
-    _link: Link | None
-    _lock: threading.Lock
-    _state: NodeState
-    _round_id: str | None
-    _worker: threading.Thread | None
-    _abort: threading.Event
-    _stopping: threading.Event
-    _seen_rounds: collections.OrderedDict[str, None]
-    _listeners: list[Callable[[RoundEvent], None]]
-    last_result: RoundResult | None
-    last_error: str | None
-    validation: Validation | None
+    publish_status: Callable[[], Publication | None]
+    params_changed: Callable[[], None]  # e.g. recompute the anomaly threshold
+    anomaly: AnomalyScorer | None = None  # a reconstruction model's scorer (edgenode/anomaly.py)
+    faults: Faults = NO_FAULTS
 
-    if TYPE_CHECKING:  # provided by ImageControl (first in EdgeNode's bases)
-        def first_time(self, command_id: str) -> bool: ...
 
-    @property
-    def node_id(self) -> str:
-        return self.config.node_id
+class RoundRunner:
+    """One round at a time: starts it on a worker thread, runs it, reports it.
 
-    def publish_status(self) -> Publication | None:
-        raise NotImplementedError
+    Owns the round bookkeeping (the running round, the worker, the abort flag, the rounds seen,
+    the listeners, the last result and validation) and, once :meth:`connect` ed, the swarm side:
+    the collective, the site leaders' backbone ring and the training worker process."""
 
-    def handle_image_command(self, cmd: ImageUpdateCommand | ImageRollbackCommand) -> None:
-        raise NotImplementedError  # edgenode.updates.ImageControl
+    def __init__(self, parts: RoundParts) -> None:
+        self.parts = parts
+        self.node_id = parts.config.node_id
+        self.trainer = parts.trainer  # a test may wrap it (a member computing wrong updates)
+        self.collective: Collective | None = None  # set by connect(): no swarm, no rounds
+        self.backbone: RingAllreduce | None = None  # the site leaders' ring of hierarchical rounds
+        self.steps: StepRunner | None = None  # the training worker process ([training] isolation)
+        self.link: Link | None = None  # events go out on it (and to the listeners)
+        self.round_id: str | None = None  # the running round (the node is TRAINING meanwhile)
+        self.last_result: RoundResult | None = None
+        self.last_error: str | None = None
+        self.validation: Validation | None = None  # after the last committed round or rollback
+        self._lock = threading.Lock()  # guards the bookkeeping below
+        self._worker: threading.Thread | None = None
+        self._abort = threading.Event()
+        self._seen = load_seen_rounds(parts.config.data_dir)
+        self._listeners: list[Callable[[RoundEvent], None]] = []
 
-    def round_busy(self) -> bool:
+    def connect(self, collective: Collective, *, backbone: RingAllreduce | None = None,
+                steps: StepRunner | None = None, link: Link | None = None) -> None:
+        """The swarm side, built when the node starts."""
+        self.collective, self.backbone, self.steps, self.link = collective, backbone, steps, link
+
+    def stop(self, timeout: float) -> None:
+        """Abort a running round and wait up to ``timeout`` for its worker. Idempotent."""
+        self._abort.set()
+        w = self._worker
+        if w is not None:
+            w.join(timeout)
+
+    def disconnect(self) -> None:
+        """Close the swarm side (after the node said it is offline)."""
+        self.link = None
+        if self.collective is not None:
+            self.collective.close()
+        if self.backbone is not None:
+            self.backbone.close()
+            self.backbone = None
+
+    def busy(self) -> bool:
         """A round's worker thread is running."""
         w = self._worker
         return w is not None and w.is_alive()
 
-    # -- commands ----------------------------------------------------------------------------------
     def add_event_listener(self, fn: Callable[[RoundEvent], None]) -> None:
         """Call ``fn(event)`` for every RoundEvent this node emits (also published over MQTT)."""
         self._listeners.append(fn)
 
-    def _on_command_message(self, topic: str, payload: bytes) -> None:
-        self.handle_command(payload)
+    # -- commands ----------------------------------------------------------------------------------
+    def abort(self, command: RoundAbort) -> None:
+        """The fleet aborts ``command.round_id``: stop it if it is the running round."""
+        if command.round_id != self.round_id:
+            return
+        log.info("round %s: abort requested (%s)", command.round_id, command.reason)
+        self._abort.set()
+        # Also fail the collective we may be blocked in (e.g. waiting for a participant that never
+        # comes, up to step_timeout_s): freed now, peers told by ABORT frames.
+        for coll in (self.collective, self.backbone):
+            if coll is not None:
+                coll.cancel(f"aborted by the fleet: {command.reason}")
 
-    def handle_command(self, command: bytes | str | AnyCommand) -> None:
-        """Handle one command (non-blocking). Malformed payloads are rejected and counted."""
-        if not isinstance(command, BaseModel):
-            try:
-                command = parse_command(command)
-            except (ValidationError, ValueError) as exc:
-                self.metrics.rejected()
-                log.warning("rejected malformed command: %s", str(exc).splitlines()[0])
-                return
-        if isinstance(command, RoundAbort):
-            if command.round_id == self._round_id:
-                log.info("round %s: abort requested (%s)", command.round_id, command.reason)
-                self._abort.set()
-                # Also fail the collective we may be blocked in (e.g. waiting for a participant
-                # that never comes, up to step_timeout_s): freed now, peers told by ABORT frames.
-                if self._ring is not None:
-                    self._ring.cancel(f"aborted by the fleet: {command.reason}")
-                if self._backbone is not None:
-                    self._backbone.cancel(f"aborted by the fleet: {command.reason}")
-            return
-        if isinstance(command, RollbackCommand):
-            if self.node_id in command.nodes and self.first_time(command.rollback_id):
-                self.rollback(command.to_version, command.rollback_id)
-            return
-        if isinstance(command, (ImageUpdateCommand, ImageRollbackCommand)):
-            self.handle_image_command(command)
-            return
+    def handle(self, command: RoundCommand) -> None:
+        """A round command from the fleet (non-blocking): start it if this node takes part and
+        has not run it yet; a refusal goes out as a FAILED event."""
         if self.node_id not in command.participants:
             return
         try:
             topics.validate_id(command.round_id, "round id")
         except ValueError as exc:
-            self.metrics.rejected()
+            self.parts.metrics.rejected()
             log.warning("rejected command: %s", exc)
             return
-        if command.round_id in self._seen_rounds:  # QoS 1 redelivery: already run (or running)
+        if command.round_id in self._seen:  # QoS 1 redelivery: already run (or running)
             log.info("ignoring duplicate command for round %s", command.round_id)
             return
         try:
             self.start_round(command)
-        except NodeBusy as exc:
-            self.metrics.rejected()
-            self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
-                                  reason=str(exc)))
         except NodeError as exc:
+            if isinstance(exc, NodeBusy):
+                self.parts.metrics.rejected()
             self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
                                   reason=str(exc)))
 
     def rollback(self, to_version: int, rollback_id: str = "") -> bool:
         """Return to the kept parameter ``to_version`` (a fleet rollback); False, logged, when the
         node cannot (busy with a round, version not kept). The new status tells the fleet."""
+        p = self.parts
         w = self._worker
         if w is not None and w.is_alive() and w is not threading.current_thread():
             # The fleet rolls a round back as soon as every DONE event arrived: this node's worker
             # may still be publishing its status. Give it the time a step may take.
-            w.join(self.config.training.step_timeout_s)
+            w.join(p.config.training.step_timeout_s)
         with self._lock:
             if self._worker is not None and self._worker.is_alive():
-                log.warning("rollback %s refused: round %s is running", rollback_id, self._round_id)
-                self.metrics.rejected()
+                log.warning("rollback %s refused: round %s is running", rollback_id, self.round_id)
+                p.metrics.rejected()
                 return False
             try:
-                snap = self.model.rollback(to_version)
+                snap = p.model.rollback(to_version)
             except NodeError as exc:
                 log.warning("rollback %s to version %d refused: %s", rollback_id, to_version, exc)
                 self.last_error = str(exc)
@@ -194,54 +196,29 @@ class RoundControl:
                 ok = True
         if ok:
             self.validation = self._evaluate(snap, self._validation_samples())
-            self._refit.set()
-        self.publish_status()
+            p.params_changed()
+        p.publish_status()
         return ok
-
-    def _validation_samples(self) -> Samples:
-        tcfg = self.config.training
-        budget = int(tcfg.round_memory_mb * 1024 * 1024) // max(1, self.store.sample_bytes)
-        # an anomaly model is scored on every validation sample (AUC on the labelled ones); a
-        # supervised model only on the samples whose label is known
-        which = "any" if self.anomaly is not None else "known"
-        return self.store.snapshot(limit=max(1, budget), part="val", share=tcfg.validation_share,
-                                   which=which)
-
-    def _evaluate(self, snap: ParamsSnapshot, samples: Samples) -> Validation | None:
-        """Loss/accuracy of ``snap`` on ``samples``; None without a training module or samples."""
-        if self.trainer is None or not len(samples):
-            return None
-        out = self.artifact.outputs[0].name
-        params = snap.prepared if snap.prepared is not None else list(snap.params)
-        try:
-            if self.anomaly is not None:
-                return evaluate_anomaly(lambda x: self.artifact.infer(x, params=params)[out], samples,
-                                        self.anomaly.input_name, version=snap.version)
-            return evaluate(lambda x: self.artifact.infer(x, params=params)[out], samples,
-                            loss=self.trainer.loss, version=snap.version)
-        except Exception as exc:  # noqa: BLE001 - a failed evaluation must not fail the round
-            log.warning("validation failed: %s", exc)
-            return None
 
     def start_round(self, cmd: RoundCommand) -> threading.Thread:
         """Run ``cmd`` on the worker thread; raises NodeBusy if a round is running."""
         w = self._worker
-        if w is not None and w.is_alive() and self._round_id is None:
+        if w is not None and w.is_alive() and self.round_id is None:
             # The previous round already ended (its DONE/FAILED event is out, so the fleet may
             # start the next one at once); its worker is only publishing the status.
             w.join(5.0)
         with self._lock:
-            if cmd.round_id in self._seen_rounds:  # QoS 1 redelivery of a command we already ran
+            if cmd.round_id in self._seen:  # QoS 1 redelivery of a command we already ran
                 raise NodeError(f"round {cmd.round_id} was already run by {self.node_id}")
             if self._worker is not None and self._worker.is_alive():
-                raise NodeBusy(f"{self.node_id} is busy with round {self._round_id}",
+                raise NodeBusy(f"{self.node_id} is busy with round {self.round_id}",
                                hint="wait for the running round or abort it")
-            if self._ring is None:
+            if self.collective is None:
                 raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
-            self._seen_rounds[cmd.round_id] = None
-            while len(self._seen_rounds) > SEEN_ROUNDS_KEPT:
-                self._seen_rounds.popitem(last=False)
-            save_seen_rounds(self.config.data_dir, self._seen_rounds)
+            self._seen[cmd.round_id] = None
+            while len(self._seen) > SEEN_ROUNDS_KEPT:
+                self._seen.popitem(last=False)
+            save_seen_rounds(self.parts.config.data_dir, self._seen)
             log.info("round %s: starting (%d steps, %d participants)", cmd.round_id, cmd.steps,
                      len(cmd.participants))
             self._worker = threading.Thread(target=self._round_worker, args=(cmd,),
@@ -257,17 +234,8 @@ class RoundControl:
             return not w.is_alive()
         return True
 
-    def _hierarchical(self, cmd: RoundCommand) -> Collective:
-        """The collective of a round whose command names its sites (federation/PROTOCOL.md
-        section 10): this node's site ring and, if it leads its site, the bridged backbone ring."""
-        assert cmd.sites is not None
-        if not isinstance(self._ring, RingAllreduce) or self._backbone is None:
-            raise RoundFailed(f"{self.node_id} cannot run hierarchical round {cmd.round_id} in a "
-                              "training worker process", hint='set [training] isolation = "thread"')
-        return HierarchicalCollective(self._ring, self._backbone, Topology.from_groups(cmd.sites))
-
     def _round_worker(self, cmd: RoundCommand) -> None:
-        _lower_thread_priority(self.config.training.nice)
+        _lower_thread_priority(self.parts.config.training.nice)
         try:
             self.run_round(cmd)
         except RoundFailed:
@@ -275,63 +243,47 @@ class RoundControl:
         except Exception:  # noqa: BLE001 - a worker thread must log, not die silently
             log.exception("round %s crashed", cmd.round_id)
 
+    # -- one round ---------------------------------------------------------------------------------
     def run_round(self, cmd: RoundCommand) -> RoundResult:
         """Run one round synchronously on the calling thread (the worker uses this).
 
         Emits STEP/DONE/FAILED events; on failure raises RoundFailed and keeps the old parameters.
         """
-        if self._ring is None:
+        p = self.parts
+        ring = self.collective
+        if ring is None:
             raise NodeError(f"{self.node_id} has no swarm transport", hint="set `broker` in NODE.toml")
-        if self.trainer is None:
+        trainer = self.trainer
+        if trainer is None:
             exc = RoundFailed(f"{self.node_id}: the artifact has no training module",
                               hint="compile with `fractal compile --train`")
-            self.metrics.round_finished(False)
+            p.metrics.round_finished(False)
             self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
                                   reason=str(exc)))
             raise exc
-        tcfg = self.config.training
+        tcfg = p.config.training
         plan = RoundPlan.from_command(cmd, tcfg)
         self._abort.clear()
         with self._lock:
-            self._state, self._round_id = NodeState.TRAINING, cmd.round_id
-        self.metrics.training(True)
-        self.publish_status()
-        last_emit = [0.0]
-        pending: list[float | None] = []  # losses since the last STEP event (it carries them all)
-
-        def on_step(step: int, loss: float) -> None:
-            self.metrics.loss(loss)
-            pending.append(float(loss) if np.isfinite(loss) else None)
-            now = time.monotonic()
-            if now - last_emit[0] >= _STEP_EVENT_MIN_S or step == plan.steps - 1:
-                last_emit[0] = now
-                self._emit(RoundEvent(kind=EventKind.STEP, round_id=cmd.round_id, node_id=self.node_id,
-                                      step=step, loss=pending[-1], losses=list(pending)))
-                pending.clear()
-
+            self.round_id = cmd.round_id
+        p.metrics.training(True)
+        p.publish_status()
+        on_step = self._step_events(plan)
         rng = np.random.default_rng([tcfg.seed, zlib.crc32(self.node_id.encode()),
                                      zlib.crc32(cmd.round_id.encode())])
         try:
-            budget = int(tcfg.round_memory_mb * 1024 * 1024)
-            # anomaly model: every sample not flagged anomalous, the input as its target; supervised:
-            # the samples whose label is known (stream windows wait for theirs)
-            samples = self.store.snapshot(limit=max(1, budget // max(1, self.store.sample_bytes)),
-                                          part="train", share=tcfg.validation_share,
-                                          which="normal" if self.anomaly is not None else "known")
-            self._check_labels(plan, samples)
-            if self.anomaly is not None:
-                samples = self.anomaly.as_targets(samples)
+            samples = self._training_samples(plan)
             val_samples = self._validation_samples()
-            val_before = self._evaluate(self.model.snapshot, val_samples)
-            ring, steps = (self._ring, self._steps) if cmd.sites is None else (self._hierarchical(cmd), None)
-            result = run_round(plan, node_id=self.node_id, model=self.model, trainer=self.trainer,
-                               samples=samples, ring=ring, rng=rng, abort=self._abort, on_step=on_step,
-                               faults=self.faults, steps=steps)
+            val_before = self._evaluate(p.model.snapshot, val_samples)
+            coll, steps = (ring, self.steps) if cmd.sites is None else (self._hierarchical(cmd), None)
+            result = run_round(plan, node_id=self.node_id, model=p.model, trainer=trainer,
+                               samples=samples, ring=coll, rng=rng, abort=self._abort, on_step=on_step,
+                               faults=p.faults, steps=steps)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
             # compression residuals of a void round must not leak into the next
-            self._ring.reset_feedback()
+            ring.reset_feedback()
             self.last_error = str(exc)
-            self.metrics.round_finished(False)
+            p.metrics.round_finished(False)
             log.warning("%s: %s", self.node_id, exc)
             self._emit(RoundEvent(kind=EventKind.FAILED, round_id=cmd.round_id, node_id=self.node_id,
                                   reason=str(exc) or type(exc).__name__,
@@ -341,32 +293,100 @@ class RoundControl:
             raise RoundFailed(f"round {cmd.round_id} failed on {self.node_id}: {exc}") from exc
         finally:
             with self._lock:
-                self._state = NodeState.OFFLINE if self._stopping.is_set() else NodeState.ONLINE
-                self._round_id = None
-            self.metrics.training(False)
+                self.round_id = None
+            p.metrics.training(False)
         self.last_result, self.last_error = result, None
-        self.metrics.round_finished(True)
+        p.metrics.round_finished(True)
         # The same validation samples before and after: the difference is the round's doing.
-        self.validation = self._evaluate(self.model.snapshot, val_samples)
-        self._refit.set()  # new parameters: the anomaly threshold follows them (no-op otherwise)
+        self.validation = self._evaluate(p.model.snapshot, val_samples)
+        p.params_changed()  # new parameters: e.g. the anomaly threshold follows them
         final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
         self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
                               step=plan.steps, loss=final, params_sha256=result.sha256,
                               model_version=result.version, val_before=val_before, val_after=self.validation,
                               excluded=sorted(result.excluded) or None))
-        self.publish_status()
+        p.publish_status()
         return result
+
+    def _step_events(self, plan: RoundPlan) -> Callable[[int, float], None]:
+        """The steps' callback: the loss metric, and STEP events throttled to one per
+        ``_STEP_EVENT_MIN_S`` (each carries every loss since the last one)."""
+        last_emit = [0.0]
+        pending: list[float | None] = []
+
+        def on_step(step: int, loss: float) -> None:
+            self.parts.metrics.loss(loss)
+            pending.append(float(loss) if np.isfinite(loss) else None)
+            now = time.monotonic()
+            if now - last_emit[0] >= _STEP_EVENT_MIN_S or step == plan.steps - 1:
+                last_emit[0] = now
+                self._emit(RoundEvent(kind=EventKind.STEP, round_id=plan.round_id, node_id=self.node_id,
+                                      step=step, loss=pending[-1], losses=list(pending)))
+                pending.clear()
+
+        return on_step
+
+    def _training_samples(self, plan: RoundPlan) -> Samples:
+        """This round's training samples: for an anomaly model every sample not flagged anomalous,
+        the input as its target; for a supervised one the samples whose label is known (stream
+        windows wait for theirs), within ``[training] round_memory_mb``."""
+        p = self.parts
+        tcfg = p.config.training
+        budget = int(tcfg.round_memory_mb * 1024 * 1024)
+        samples = p.store.snapshot(limit=max(1, budget // max(1, p.store.sample_bytes)),
+                                   part="train", share=tcfg.validation_share,
+                                   which="normal" if p.anomaly is not None else "known")
+        self._check_labels(plan, samples)
+        return samples if p.anomaly is None else p.anomaly.as_targets(samples)
+
+    def _validation_samples(self) -> Samples:
+        p = self.parts
+        tcfg = p.config.training
+        budget = int(tcfg.round_memory_mb * 1024 * 1024) // max(1, p.store.sample_bytes)
+        # an anomaly model is scored on every validation sample (AUC on the labelled ones); a
+        # supervised model only on the samples whose label is known
+        which = "any" if p.anomaly is not None else "known"
+        return p.store.snapshot(limit=max(1, budget), part="val", share=tcfg.validation_share, which=which)
+
+    def _evaluate(self, snap: ParamsSnapshot, samples: Samples) -> Validation | None:
+        """Loss/accuracy of ``snap`` on ``samples``; None without a training module or samples."""
+        p = self.parts
+        trainer = self.trainer
+        if trainer is None or not len(samples):
+            return None
+        out = p.artifact.outputs[0].name
+        params = snap.prepared if snap.prepared is not None else list(snap.params)
+
+        def predict(x: dict[str, np.ndarray]) -> np.ndarray:
+            return p.artifact.infer(x, params=params)[out]
+
+        try:
+            if p.anomaly is not None:
+                return evaluate_anomaly(predict, samples, p.anomaly.input_name, version=snap.version)
+            return evaluate(predict, samples, loss=trainer.loss, version=snap.version)
+        except Exception as exc:  # noqa: BLE001 - a failed evaluation must not fail the round
+            log.warning("validation failed: %s", exc)
+            return None
+
+    def _hierarchical(self, cmd: RoundCommand) -> Collective:
+        """The collective of a round whose command names its sites (federation/PROTOCOL.md
+        section 10): this node's site ring and, if it leads its site, the bridged backbone ring."""
+        assert cmd.sites is not None
+        if not isinstance(self.collective, RingAllreduce) or self.backbone is None:
+            raise RoundFailed(f"{self.node_id} cannot run hierarchical round {cmd.round_id} in a "
+                              "training worker process", hint='set [training] isolation = "thread"')
+        return HierarchicalCollective(self.collective, self.backbone, Topology.from_groups(cmd.sites))
 
     def _check_labels(self, plan: RoundPlan, samples: Samples) -> None:
         """Refuse a round over stored labels the compiled loss must not see (a store edited by
         hand or kept from a model with more classes); the peers hear it at once."""
         try:
-            self.store.check_labels(samples.labels)
+            self.parts.store.check_labels(samples.labels)
         except InvalidInput as exc:
             reason = f"{self.node_id}: its stored training samples hold bad labels: {exc}"
-            if self._ring is not None:
-                self._ring.abort(f"{plan.round_id}/hello", [m for m in plan.group if m != self.node_id],
-                                 reason)
+            if self.collective is not None:
+                self.collective.abort(f"{plan.round_id}/hello",
+                                      [m for m in plan.group if m != self.node_id], reason)
             raise RoundFailed(reason, member=self.node_id,
                               hint="remove the node's samples.db (data_dir) and send the samples "
                                    "again") from None
@@ -377,10 +397,10 @@ class RoundControl:
                 fn(event)
             except Exception:  # noqa: BLE001
                 log.exception("event listener failed")
-        link = self._link
+        link = self.link
         if link is not None:
             try:
-                topic = topics.round_events(self.config.swarm, event.round_id, self.node_id)
+                topic = topics.round_events(self.parts.config.swarm, event.round_id, self.node_id)
                 link.publish(topic, event, qos=1)
             except Exception as exc:  # noqa: BLE001
                 log.warning("event publish failed: %s", exc)

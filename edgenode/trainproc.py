@@ -7,7 +7,7 @@ inference threads, which pushed the inference p99 during a round to 1.3-8.7x the
 trip each per step) was measured first and did not help the MLP: the node still spent 0.39 ms of
 CPU per step on the round's Python, the pickling and the collective, more than the 0.31 ms of a
 whole in-thread step. So the boundary is the step loop: the worker runs
-:func:`edgenode.training.train_steps` (sampler, ``loss_and_grad``, the ring allreduce's numpy work,
+:func:`federation.steps.train_steps` (sampler, ``loss_and_grad``, the ring allreduce's numpy work,
 ``apply``) with its own copy of the training module and the node's
 :class:`~federation.ring.RingAllreduce`, whose frames the node only relays between its transport
 (MQTT, or the in-memory hub) and the worker. A single-member step costs the node nothing; a
@@ -457,8 +457,8 @@ def _worker_main(conn: Connection, artifact_dir: str, member_id: str, swarm: str
 
     try:
         from compiler import load_artifact  # the node verified every file's sha256 already
-        from edgenode.training import train_steps
         from federation.ring import RingAllreduce
+        from federation.steps import train_steps
 
         trainer = load_artifact(artifact_dir, verify=False).trainer
         if trainer is None:

@@ -1,5 +1,5 @@
 """Image updates of an edge node: the fleet's ImageUpdateCommand / ImageRollbackCommand in, the
-device's image in every status out. Mixed into :class:`edgenode.node.EdgeNode`.
+device's image in every status out. :class:`edgenode.node.EdgeNode` holds one (``node.images``).
 
 An update runs on its own thread: record ``downloading``, download + verify + flash into the
 inactive slot (:class:`edgenode.ports.Updater`, ``firmware.ota.DeviceUpdates``), then set
@@ -15,6 +15,8 @@ changes nothing but the record (``failed`` with the reason), which the status re
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgenode.common import SeenIds, get_logger
@@ -23,12 +25,9 @@ from federation.messages import ImageInfo, ImageRollbackCommand, ImageUpdateComm
 from fractal import FractalError
 
 if TYPE_CHECKING:
-    from edgenode.security import NodeAuth
+    from federation.auth import Signer
 
-if TYPE_CHECKING:
-    from edgenode.config import NodeConfig
-
-__all__ = ["ImageControl", "COMMANDS_SEEN_KEPT"]
+__all__ = ["ImageControl", "CommandLog", "COMMANDS_SEEN_KEPT"]
 
 log = get_logger("agent")
 
@@ -36,37 +35,52 @@ COMMANDS_SEEN_KEPT = 256
 _COMMANDS_SEEN_FILE = "commands-seen.json"  # in the node's data dir, beside rounds-seen.json
 
 
-class ImageControl:
-    """The node provides ``node_id``, ``updater``, ``publish_status`` and ``round_busy``."""
+class CommandLog:
+    """The signed commands (image update, image rollback, model rollback) this node acted on,
+    kept durably in its data directory: no such command runs twice, however often it is
+    replayed, also across restarts."""
 
-    updater: Updater | None
-    reboot_requested: threading.Event
-    _update_thread: threading.Thread | None
-    _stopping: threading.Event
-    _commands_seen: SeenIds | None = None
-
-    if TYPE_CHECKING:  # provided by EdgeNode / RoundControl (declared only for the type checker:
-        # a runtime stub here would shadow them, this class comes first in EdgeNode's bases)
-        auth: NodeAuth | None
-        config: NodeConfig
-
-        @property
-        def node_id(self) -> str: ...
-
-        def publish_status(self) -> Publication | None: ...
-
-        def round_busy(self) -> bool: ...
+    def __init__(self, data_dir: Path) -> None:
+        self._path = data_dir / _COMMANDS_SEEN_FILE
+        self._seen: SeenIds | None = None  # read at the first command
 
     def first_time(self, command_id: str) -> bool:
-        """True the first time this node sees ``command_id`` (then remembered durably, across
-        restarts): no signed command (image update, image rollback, model rollback) runs twice,
-        however often it is replayed."""
-        if self._commands_seen is None:
-            self._commands_seen = SeenIds(self.config.data_dir / _COMMANDS_SEEN_FILE, COMMANDS_SEEN_KEPT)
-        if command_id in self._commands_seen:
+        """True the first time ``command_id`` is seen (then remembered)."""
+        if self._seen is None:
+            self._seen = SeenIds(self._path, COMMANDS_SEEN_KEPT)
+        if command_id in self._seen:
             log.info("ignoring repeated command %s (already acted on)", command_id)
             return False
-        self._commands_seen.add(command_id)
+        self._seen.add(command_id)
+        return True
+
+
+class ImageControl:
+    """Image updates and rollbacks of the device the node runs from, one at a time.
+
+    ``updater``: the device (None: the node was not booted from one, every command is refused);
+    ``signer``: the node's key in a signed swarm (it proves the download grant);
+    ``round_busy``: whether a training round runs (an update waits for none);
+    ``publish_status``: tell the fleet (the status carries :meth:`image_info`)."""
+
+    def __init__(self, node_id: str, updater: Updater | None, *, commands: CommandLog,
+                 publish_status: Callable[[], Publication | None], round_busy: Callable[[], bool],
+                 signer: Signer | None = None) -> None:
+        self.node_id = node_id
+        self.updater = updater
+        self.commands = commands
+        self.signer = signer
+        self._publish_status = publish_status
+        self._round_busy = round_busy
+        self.reboot_requested = threading.Event()  # set when a staged image waits for a restart
+        self._update_thread: threading.Thread | None = None
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no update runs (True) or ``timeout`` passes (False)."""
+        t = self._update_thread
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
         return True
 
     def image_info(self) -> ImageInfo | None:
@@ -80,7 +94,7 @@ class ImageControl:
             log.warning("cannot report the device image: %s", exc)
             return None
 
-    def handle_image_command(self, cmd: ImageUpdateCommand | ImageRollbackCommand) -> None:
+    def handle(self, cmd: ImageUpdateCommand | ImageRollbackCommand) -> None:
         """Start an image update / rollback addressed to this node (non-blocking)."""
         if self.node_id not in cmd.nodes:
             return
@@ -91,22 +105,22 @@ class ImageControl:
         if self.updater is None:
             log.warning("image %s %s refused: this node was not booted from a device", kind, uid)
             return  # nothing to record on; the fleet refuses nodes without an image before it asks
-        if not self.first_time(uid):  # QoS 1 redelivery, or a replay (also after a restart)
+        if not self.commands.first_time(uid):  # QoS 1 redelivery, or a replay (also after a restart)
             return
         why = None
         info = self.image_info()
         if info is None or info.health != "passed":
             why = "the node's own boot health check has not passed yet"
-        elif self.round_busy():
+        elif self._round_busy():
             why = "busy with a training round"
         elif self._update_thread is not None and self._update_thread.is_alive():
             why = "another image update is in progress"
         if why is not None:
             self.updater.fail(uid, kind, version, why)
-            self.publish_status()
+            self._publish_status()
             return
         self.updater.begin(uid, kind, version)
-        self.publish_status()
+        self._publish_status()
         self._update_thread = threading.Thread(target=self._run_image_command, args=(cmd,),
                                                name=f"image-{uid}", daemon=True)
         self._update_thread.start()
@@ -114,11 +128,11 @@ class ImageControl:
     def _download_url(self, cmd: ImageUpdateCommand) -> str:
         """The command's URL; in a signed swarm with the node's proof for its grant (the fleet
         accepts a grant only from a node it sent it to: federation/grants.py)."""
-        if self.auth is None:
+        if self.signer is None:
             return cmd.url
         from federation.grants import prove_url  # lazy: `cryptography` only for signed swarms
 
-        return prove_url(cmd.url, cmd.image_id, self.auth.identity.signer)
+        return prove_url(cmd.url, cmd.image_id, self.signer)
 
     def _run_image_command(self, cmd: ImageUpdateCommand | ImageRollbackCommand) -> None:
         assert self.updater is not None
@@ -148,9 +162,9 @@ class ImageControl:
                         why = why.replace(secret, cmd.url.split("?")[0])
             log.warning("image %s %s failed: %s", kind, uid, why)
             self.updater.fail(uid, kind, version, why)
-            self.publish_status()
+            self._publish_status()
             return
-        pub = self.publish_status()  # "rebooting": the fleet sees it before the node goes
+        pub = self._publish_status()  # "rebooting": the fleet sees it before the node goes
         if pub is not None:
             try:
                 pub.wait_for_publish(timeout=2.0)

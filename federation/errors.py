@@ -5,6 +5,7 @@
     ├── FrameError          bad version, checksum mismatch, malformed frame (message rejected)
     ├── RoundAborted        deadline passed, member died, update rejected (reason names the member)
     ├── UpdateRejected      NaN/Inf or over-norm update (a RoundAborted)
+    ├── RoundRefused        a round's phase cannot go on (no start, refused final parameters, a no)
     ├── AllExcluded         a screened step excluded every member's update (nobody to blame)
     └── RetriesExhausted    a frame stayed unacknowledged after ``max_retransmits`` (a RoundAborted)
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from fractal import FractalError
 
 __all__ = ["FederationError", "TransportError", "FrameError", "RoundAborted", "UpdateRejected",
-           "AllExcluded", "RetriesExhausted"]
+           "RoundRefused", "AllExcluded", "RetriesExhausted"]
 
 
 class FederationError(FractalError):
@@ -37,6 +38,11 @@ class RoundAborted(FederationError):
 
 class UpdateRejected(RoundAborted):
     pass
+
+
+class RoundRefused(RoundAborted):
+    """A phase of a round (``federation/phases.py``) found that the round cannot go on; ``member``
+    names the member at fault when there is one."""
 
 
 class AllExcluded(FederationError):

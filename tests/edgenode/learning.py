@@ -114,7 +114,7 @@ def swarm(artifact_dir: Path, artifact: Any, x: np.ndarray, y: np.ndarray, shard
         node.start()
         node.add_samples({"x": x[shards[k]]}, y[shards[k]])
         if hostile is not None and k == 1:
-            node.trainer = _Scaled(node.trainer, hostile)
+            node.rounds.trainer = _Scaled(node.rounds.trainer, hostile)
         nodes.append(node)
     steps = int(round(epochs * np.mean([len(s) for s in shards]) / artifact.trainer.batch))
     cmd = RoundCommand(round_id="lq", steps=steps, sync=SyncMode.GRADIENT, participants=ids,

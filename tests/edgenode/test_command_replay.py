@@ -51,14 +51,12 @@ def _node(tmp_path: Path, calls: list[tuple[str, str]]) -> EdgeNode:
     cfg = NodeConfig.from_dict({"node_id": "solo", "artifact": str(tmp_path / "art"),
                                 "data_dir": str(tmp_path / "data")})
     node = EdgeNode(cfg, artifact=NumpyArtifact())
-    node.updater = RecordingDevice(calls)
+    node.images.updater = RecordingDevice(calls)
     return node
 
 
 def _settle(node: EdgeNode) -> None:
-    t = node._update_thread
-    if t is not None:
-        t.join(10)
+    assert node.images.wait_idle(10)
 
 
 def test_a_replayed_signed_command_never_runs_twice_across_restarts(tmp_path):
@@ -86,12 +84,12 @@ def test_a_replayed_signed_command_never_runs_twice_across_restarts(tmp_path):
 
     # a model rollback too: run once, replays ignored (also after a restart)
     rolled: list[int] = []
-    node.rollback = lambda v, rid="": rolled.append(v) or True  # type: ignore[method-assign]
+    node.rounds.rollback = lambda v, rid="": rolled.append(v) or True  # type: ignore[method-assign]
     cmd = RollbackCommand(rollback_id="m1", nodes=["solo"], to_version=0)
     node.handle_command(cmd)
     node.handle_command(cmd)
     node = _node(tmp_path, calls)
-    node.rollback = lambda v, rid="": rolled.append(v) or True  # type: ignore[method-assign]
+    node.rounds.rollback = lambda v, rid="": rolled.append(v) or True  # type: ignore[method-assign]
     node.handle_command(cmd)
     assert rolled == [0]
     # and a new command id still runs

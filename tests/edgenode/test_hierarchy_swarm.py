@@ -61,8 +61,8 @@ def test_a_round_across_two_bridged_sites_commits_the_same_parameters_everywhere
     assert {e.model_version for e in done.values()} == {1}
     assert {n.params_sha256 for n in nodes.values()} == {done[ids[0]].params_sha256}
     # The leaders (east-n0, west-n0) reduced over the bridge; the others never used the backbone.
-    assert all(nodes[i]._backbone.stats.data_frames_sent > 0 for i in ("east-n0", "west-n0"))
-    assert all(nodes[i]._backbone.stats.data_frames_sent == 0 for i in ("east-n1", "west-n1"))
+    assert all(nodes[i].rounds.backbone.stats.data_frames_sent > 0 for i in ("east-n0", "west-n0"))
+    assert all(nodes[i].rounds.backbone.stats.data_frames_sent == 0 for i in ("east-n1", "west-n1"))
 
 
 @pytest.mark.slow

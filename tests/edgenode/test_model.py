@@ -7,7 +7,8 @@ import threading
 
 import numpy as np
 
-from edgenode.model import ModelHolder, flatten, unflatten
+from edgenode.model import ModelHolder
+from federation.steps import flatten, unflatten
 from tests.edgenode.fakes import NumpyArtifact
 
 

@@ -10,8 +10,8 @@ from prometheus_client import generate_latest
 from edgenode.config import NodeConfig
 from edgenode.errors import ConfigError, InvalidInput, NodeError
 from edgenode.node import EdgeNode
-from edgenode.training import RoundPlan, choose_start
 from federation.messages import Compression, RoundCommand, SyncMode
+from federation.phases import RoundPlan
 from tests.edgenode.fakes import NumpyArtifact
 
 
@@ -96,15 +96,16 @@ def test_plan_takes_node_defaults_only_for_fields_the_command_omits(tmp_path):
 
 
 def test_choose_start_majority_or_the_fleets_choice_never_the_highest_version():
-    from edgenode.errors import RoundFailed
+    from federation.errors import RoundRefused
+    from federation.phases import choose_start
 
     h1, h2 = (1, 2, 3, 4), (9, 9, 9, 9)
     assert choose_start({"a": h1, "b": h1, "evil": h2}, None) == "a"
-    with pytest.raises(RoundFailed, match="majority"):
+    with pytest.raises(RoundRefused, match="majority"):
         choose_start({"a": h1, "evil": h2}, None)
     sha = "%04x" * 4 % h2 + "0" * 48  # the fleet named evil's parameters (e.g. a restore)
     assert choose_start({"a": h1, "b": h1, "evil": h2}, sha) == "evil"
-    with pytest.raises(RoundFailed, match="no participant holds"):
+    with pytest.raises(RoundRefused, match="no participant holds"):
         choose_start({"a": h1, "b": h1}, sha)
 
 

@@ -105,7 +105,7 @@ def _run(fleet, watch, swarm_id, ids, nodes, cmd, timeout=120):
 def _make_hostile(swarm4, k: int) -> tuple[str, float]:
     """Node k's gradient scaled by 1e3; -> (its id, the first node's accuracy before)."""
     ids, nodes, _, _, (xt, yt) = swarm4
-    nodes[ids[k]].trainer = ScaledTrainer(nodes[ids[k]].trainer, 1e3)
+    nodes[ids[k]].rounds.trainer = ScaledTrainer(nodes[ids[k]].rounds.trainer, 1e3)
     return ids[k], _accuracy(nodes[ids[0]], xt, yt)
 
 
@@ -138,8 +138,8 @@ def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
     # A liar: same scaled update, but it claims the unscaled norm. On the direct path (this
     # model's 4,810 floats) no claim travels: every member screens the rows themselves, so the
     # lie changes nothing: excluded and named again, the round commits.
-    nodes[hostile]._ring = LyingRing(nodes[hostile]._ring, hostile, 1e3)
-    assert nodes[hostile]._ring.algorithm(4, 4810) == "direct"
+    nodes[hostile].rounds.collective = LyingRing(nodes[hostile].rounds.collective, hostile, 1e3)
+    assert nodes[hostile].rounds.collective.algorithm(4, 4810) == "direct"
     evs = _run(fleet, watch, swarm_id, ids, nodes, cmd.model_copy(update={"round_id": "liar-direct"}))
     done = _committed(evs)
     assert all(e.excluded == [hostile] for e in done) and {e.model_version for e in done} == {2}, done
@@ -148,7 +148,7 @@ def test_an_outlier_is_excluded_named_and_the_round_commits(swarm4, swarm_id):
     # successor's claim check fails the first step; the round fails everywhere naming it and
     # nothing is committed.
     for n in nodes.values():
-        getattr(n._ring, "inner", n._ring).direct_max_bytes = 0
+        getattr(n.rounds.collective, "inner", n.rounds.collective).direct_max_bytes = 0
     state = {i: (n.model_version, n.params_sha256) for i, n in nodes.items()}
     evs = _run(fleet, watch, swarm_id, ids, nodes, cmd.model_copy(update={"round_id": "liar-1"}))
     failed = [e for e in evs if e.kind == EventKind.FAILED]

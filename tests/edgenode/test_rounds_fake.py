@@ -142,17 +142,16 @@ def test_members_with_different_float_semantics_still_commit_the_same_bits(tmp_p
 
 def _record_final_params(monkeypatch) -> dict[str, str]:
     """node id -> params_sha256 of its own final parameters (before the final sync), per round."""
-    from edgenode import training
-    from edgenode.common import params_sha256
+    from federation import phases
 
     seen: dict[str, str] = {}
-    real_agree = training._agree
+    real_agree = phases.agree
 
-    def recording(plan, node_id, group, params, *args):
-        seen[node_id] = params_sha256(params)
-        return real_agree(plan, node_id, group, params, *args)
+    def recording(ctx, params, start):
+        seen[ctx.node_id] = phases.vector_sha256(params)
+        return real_agree(ctx, params, start)
 
-    monkeypatch.setattr(training, "_agree", recording)
+    monkeypatch.setattr(phases, "agree", recording)
     return seen
 
 
@@ -170,7 +169,7 @@ def test_the_final_sync_follows_the_majority_and_checks_what_its_root_sends(tmp_
 
     before_sync = _record_final_params(monkeypatch)
     nodes = swarm(tmp_path, ["a", "b", "c"], "majority")
-    nodes["a"].trainer = OddTrainer()  # "a" is first in ring order
+    nodes["a"].rounds.trainer = OddTrainer()  # "a" is first in ring order
     rng = np.random.default_rng(5)
     try:
         for n in nodes.values():
@@ -181,7 +180,7 @@ def test_the_final_sync_follows_the_majority_and_checks_what_its_root_sends(tmp_
         assert all(n.last_result.final_sync for n in nodes.values())
 
         # b (the majority's first holder) now sends something else than what it reported
-        ring = nodes["b"]._ring
+        ring = nodes["b"].rounds.collective
         real_broadcast = ring.broadcast
         monkeypatch.setattr(ring, "broadcast", lambda vec, **kw: real_broadcast(
             None if vec is None else np.asarray(vec) + np.float32(1.0), **kw))
@@ -216,15 +215,15 @@ def test_without_a_majority_the_first_member_imposes_nothing_beyond_rounding(tmp
         for n in nodes.values():
             n.add_samples({"x": rng.standard_normal((32, 64))}, rng.integers(0, 10, 32))
         # one ulp up on "a", one down on "b": three hashes, no majority, rounding only -> a's
-        nodes["a"].trainer = shifted(lambda v: np.nextafter(v, np.float32(np.inf)))
-        nodes["b"].trainer = shifted(lambda v: np.nextafter(v, np.float32(-np.inf)))
+        nodes["a"].rounds.trainer = shifted(lambda v: np.nextafter(v, np.float32(np.inf)))
+        nodes["b"].rounds.trainer = shifted(lambda v: np.nextafter(v, np.float32(-np.inf)))
         assert not run_all(nodes, RoundCommand(round_id="ulps", steps=2, participants=list(nodes)))
         assert len(set(before_sync.values())) == 3
         assert {n.params_sha256 for n in nodes.values()} == {before_sync["a"]}
         assert all(n.last_result.final_sync for n in nodes.values())
 
         # "a" (first in ring order) ends on another model: refused by b and c, nothing committed
-        nodes["a"].trainer = shifted(lambda v: v + np.float32(0.5))
+        nodes["a"].rounds.trainer = shifted(lambda v: v + np.float32(0.5))
         state = {i: (n.model_version, n.params_sha256) for i, n in nodes.items()}
         errors = run_all(nodes, RoundCommand(round_id="imposed", steps=2, participants=list(nodes)))
         assert len(set(before_sync.values())) == 3
@@ -238,8 +237,8 @@ def test_without_a_majority_the_first_member_imposes_nothing_beyond_rounding(tmp
 
 
 def test_sync_gap_limit_scales_with_the_update_and_the_parameters():
-    from edgenode.training import sync_gap_limit
     from federation.bounds import SYNC_GAP_OF_PARAMS, SYNC_GAP_OF_UPDATE
+    from federation.phases import sync_gap_limit
 
     start = np.zeros(4)
     mine = np.array([3.0, 4.0, 0.0, 0.0])  # update norm 5, params norm 5
@@ -316,7 +315,7 @@ def test_unscreened_compressed_round_fails_naming_a_diverged_member(tmp_path, co
         for n in nodes.values():
             x = rng.standard_normal((64, 64)).astype(np.float32)
             n.add_samples({"x": x}, rng.integers(0, 10, 64))
-        nodes["b"].trainer = _NanTrainer(nodes["b"].trainer)
+        nodes["b"].rounds.trainer = _NanTrainer(nodes["b"].rounds.trainer)
         cmd = RoundCommand(round_id="nan", steps=3, lr=0.1, participants=list(nodes), compression=compression,
                            outlier_factor=0)
         errors = run_all(nodes, cmd)

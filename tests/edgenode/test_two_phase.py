@@ -66,18 +66,18 @@ def test_a_write_failure_on_one_member_commits_nowhere(swarm, monkeypatch):
 def test_non_finite_result_votes_no(swarm, monkeypatch):
     nodes, events = swarm
     before = _state(nodes)
-    import edgenode.training as training
+    from federation import phases
 
-    real_agree = training._agree
+    real_agree = phases.agree
 
-    def poisoned(plan, node_id, group, params, *args):
-        params, synced = real_agree(plan, node_id, group, params, *args)
-        if node_id == "n2":
-            params = [p.copy() for p in params]
-            params[0][0, 0] = np.nan
+    def poisoned(ctx, params, start):
+        params, synced = real_agree(ctx, params, start)
+        if ctx.node_id == "n2":
+            params = params.copy()
+            params[0] = np.nan
         return params, synced
 
-    monkeypatch.setattr(training, "_agree", poisoned)
+    monkeypatch.setattr(phases, "agree", poisoned)
     _run(nodes, RoundCommand(round_id="r-nan", steps=3, lr=0.1, participants=IDS, step_timeout_s=10))
     assert _state(nodes) == before
     reason = [e for e in events["n2"] if e.kind == EventKind.FAILED][0].reason
@@ -91,17 +91,17 @@ def test_everyone_voting_no_names_no_member(swarm, monkeypatch):
     """A result every member refuses (e.g. the combined update diverged) blames nobody: naming the
     first member in ring order would get an honest node left out by the fleet."""
     nodes, events = swarm
-    import edgenode.training as training
+    from federation import phases
 
-    real_agree = training._agree
+    real_agree = phases.agree
 
-    def poisoned(plan, node_id, group, params, *args):
-        params, synced = real_agree(plan, node_id, group, params, *args)
-        params = [p.copy() for p in params]
-        params[0][0, 0] = np.nan
+    def poisoned(ctx, params, start):
+        params, synced = real_agree(ctx, params, start)
+        params = params.copy()
+        params[0] = np.nan
         return params, synced
 
-    monkeypatch.setattr(training, "_agree", poisoned)
+    monkeypatch.setattr(phases, "agree", poisoned)
     _run(nodes, RoundCommand(round_id="r-all-no", steps=2, lr=0.1, participants=IDS, step_timeout_s=10))
     failed = {i: [e for e in events[i] if e.kind == EventKind.FAILED and e.round_id == "r-all-no"]
               for i in IDS}

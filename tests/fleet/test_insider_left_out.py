@@ -59,7 +59,7 @@ def test_an_insider_whose_updates_keep_being_excluded_is_left_out(make_fleet, no
                             training={"isolation": "thread"})  # the round computes in this process
         node.add_samples({"x": x[i:400:4]}, y[i:400:4])
         if n == "evil":
-            node.trainer = ScaledGradients(node.trainer, scale)
+            node.rounds.trainer = ScaledGradients(node.rounds.trainer, scale)
     fleet.wait_for(lambda: sum(1 for v in fleet.get("/api/nodes").json()["nodes"]
                                if v["state"] == "online" and v["samples"] == 100) == 4, 20, "4 idle nodes")
     for _ in range(STRIKES_MAX):
