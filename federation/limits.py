@@ -20,7 +20,7 @@ __all__ = [
 # A round's update (final - start parameters) may not exceed this many times the start norm
 # (at least 1): a member committing it would replace the model rather than train it.
 UPDATE_NORM_FACTOR = 100.0
-# Final sync without a majority (edgenode/training.py:_agree): a member adopts the first member's
+# Final sync without a majority (federation/phases.py:agree): a member adopts the first member's
 # parameters only if they lie within SYNC_GAP_OF_UPDATE x its own update of the round plus
 # SYNC_GAP_OF_PARAMS x its own parameters' norm (L2) of its own result. Boards that round
 # differently drift apart by a few ulps per step, orders of magnitude below this; a member that
@@ -37,6 +37,6 @@ OUTLIER_FACTOR_MAX = 1e6
 # only where every member holds every update: PROTOCOL.md section 7.1). Measured on the digits
 # splits of tests/edgenode/learning.py: a gradient x -4 is at 2.9 x or more, its cosine below -0.2
 # in about 90% of the steps; an honest non-IID member was excluded in 15 of 631 steps (a member is
-# named only when excluded so in half the round's steps: edgenode/training.py).
+# named only when excluded so in half the round's steps: federation/phases.py StepCombiner).
 DIRECTION_NORM_FACTOR = 2.5
 DIRECTION_MAX_COSINE = -0.2

@@ -25,22 +25,25 @@ import hashlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from federation.aggregators import Settings, Step, aggregator_for
 from federation.aggregators.base import Exchanger
-from federation.bounds import (
+from federation.errors import AllExcluded, RoundRefused
+from federation.limits import (
     OUTLIER_FACTOR_DEFAULT,
     SYNC_GAP_OF_PARAMS,
     SYNC_GAP_OF_UPDATE,
     UPDATE_NORM_FACTOR,
 )
-from federation.errors import AllExcluded, RoundRefused
-from federation.messages import RoundCommand
+from federation.modes import Compression, SyncMode
 from federation.robust import Aggregation
-from federation.roundspec import Compression, RoundDefaults, SyncMode, resolve
+
+if TYPE_CHECKING:  # the node's side only: the training worker never loads the message models
+    from federation.messages import RoundCommand
+    from federation.roundspec import RoundDefaults
 
 __all__ = ["RoundPlan", "Members", "RoundContext", "MemberFacts", "hello", "choose_start", "start_from",
            "StepCombiner", "agree", "sync_gap_limit", "check_update", "vote", "abort_peers", "hash_chunks",
@@ -71,6 +74,8 @@ class RoundPlan:
         """The command's settings, those it leaves null or out taken from the member's defaults (a
         node's ``[training]`` table, :func:`federation.roundspec.resolve`); an unset ``lr``
         everywhere means the artifact's compiled rate."""
+        from federation.roundspec import resolve
+
         r = resolve(cmd, defaults)
         return cls(round_id=cmd.round_id, steps=r.steps, lr=r.lr, sync=r.sync, local_steps=r.local_steps,
                    group=tuple(sorted(set(cmd.participants))), compression=r.compression,

@@ -23,8 +23,8 @@ import numpy as np
 
 from federation import phases
 from federation.errors import RoundRefused
+from federation.modes import SyncMode
 from federation.phases import Members, RoundContext, RoundPlan, StepCombiner
-from federation.roundspec import SyncMode
 
 __all__ = ["Learner", "SampleSet", "BatchSampler", "train_steps", "flatten", "unflatten"]
 
