@@ -31,7 +31,7 @@ __all__ = [
 
 _LAZY = {
     "compile_model": "compiler.build",
-    "TrainSettings": "compiler.training",
+    "TrainSettings": "compiler.trainbuild",
     "load_artifact": "compiler.artifact",
     "Artifact": "compiler.artifact",
     "Trainer": "compiler.artifact",

@@ -15,7 +15,7 @@ Layout of an artifact directory::
     params.npz      the initial parameters, keys p0000.. in manifest order
 
 The pieces live in small modules: :mod:`compiler.manifest` (the manifest), :mod:`compiler.runtime`
-(VMs and zero-copy tensors), :mod:`compiler.trainer` (the training step); this module loads and
+(VMs and zero-copy tensors), :mod:`compiler.trainstep` (the training step); this module loads and
 checks an artifact and validates inference inputs, the one place that does.
 """
 
@@ -31,7 +31,7 @@ from compiler.errors import ArtifactError, InputError
 from compiler.manifest import FORMAT_VERSION, MANIFEST, Manifest, TargetInfo, TensorSpec, file_sha256
 from compiler.runtime import PreparedParams, Runtime, aligned_copy, aligned_empty, check_params
 from compiler.targets import cpu_flags, host_arch
-from compiler.trainer import Trainer
+from compiler.trainstep import Trainer
 
 __all__ = [
     "FORMAT_VERSION",

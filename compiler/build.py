@@ -34,7 +34,7 @@ from compiler.manifest import (
     file_sha256,
 )
 from compiler.targets import TargetPreset, get_preset, linker_for
-from compiler.training import (
+from compiler.trainbuild import (
     ADJOINT_FUNC,
     OPTIMIZER_FUNC,
     TrainSettings,

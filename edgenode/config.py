@@ -74,7 +74,7 @@ class Retention(enum.StrEnum):
 
 
 class Isolation(enum.StrEnum):
-    PROCESS = "process"  # the training step computes in a worker process (edgenode/trainproc.py)
+    PROCESS = "process"  # the training step computes in a worker process (edgenode/trainworker.py)
     THREAD = "thread"  # in the node process, on the round thread (shares the GIL with inference)
 
 

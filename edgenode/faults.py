@@ -11,7 +11,7 @@ The plan's text form is a comma-separated list of ``ACTION@POINT[:ROUND_ID]``, e
 as far as the swarm can tell) or ``fail`` (an ``OSError(EIO)`` where the node writes). ``POINT``
 is one of :class:`Point`; without ``ROUND_ID`` the fault fires in every round.
 
-Points, in commit order (edgenode/training.py, PROTOCOL.md section 7):
+Points, in commit order (edgenode/roundphases.py, PROTOCOL.md section 7):
 
 * ``prepare``  before the staged file ``params.npz.prepared`` is written (``fail``: that write)
 * ``vote``     staged, before this member casts its vote

@@ -125,7 +125,7 @@ class ModelHolder:
         log.info("committed params version %d sha256 %s", snap.version, snap.sha256[:12])
         return snap
 
-    # -- two-phase commit (edgenode/training.py) ----------------------------------------------------
+    # -- two-phase commit (edgenode/roundphases.py) ----------------------------------------------------
     @property
     def prepared_path(self) -> Path:
         return self.path.with_name(self.path.name + ".prepared")

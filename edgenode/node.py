@@ -38,11 +38,11 @@ from edgenode.faults import NO_FAULTS, Faults, FaultyTransport, Point
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder
 from edgenode.ports import Engine, Link, Publication, Spec, Trainer, Updater
+from edgenode.roundphases import RoundResult
 from edgenode.rounds import RoundParts, RoundRunner
 from edgenode.store import SampleSpec, SampleStore
 from edgenode.streams.runner import StreamRunner
-from edgenode.training import RoundResult
-from edgenode.trainproc import TrainerWorkerError, TrainingWorker
+from edgenode.trainworker import TrainerWorkerError, TrainingWorker
 from edgenode.updates import CommandLog, ImageControl
 from federation import topics
 from federation.messages import (
@@ -90,7 +90,7 @@ class EdgeNode:
         self.artifact: Engine = artifact
         self.trainer: Trainer | None = artifact.trainer
         # [training] isolation = "process": a worker process runs the rounds' steps and hosts the
-        # collective (edgenode/trainproc.py), started with the swarm transport in start(). Only
+        # collective (edgenode/trainworker.py), started with the swarm transport in start(). Only
         # for the artifact the node loaded itself: an embedder's `artifact=` object (a fake, a
         # shared instance) may not be what config.artifact holds, so it trains in-thread as given.
         self._isolate = (loaded_here and self.trainer is not None

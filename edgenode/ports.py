@@ -7,12 +7,12 @@ classes, so a board can plug in another engine (e.g. the C runtime) and tests pl
 * :class:`Engine`: a loaded artifact (``compiler.artifact.Artifact``): specs, parameters,
   inference (validating inputs: ``compiler.artifact.check_inputs`` is the only validator) and
   an optional :class:`Trainer`.
-* :class:`Trainer`: the compiled training step (``compiler.trainer.Trainer``).
+* :class:`Trainer`: the compiled training step (``compiler.trainstep.Trainer``).
 * :class:`Collective`: the allreduce among members (``federation.ring.RingAllreduce``).
 * :data:`Link`: the MQTT connection, :class:`federation.transport.PubSubLink` (the one Protocol
   of every user of it; ``federation.mqtt.MqttLink``, ``federation.signed.SignedLink``).
 * :class:`Updater`: the device the node was booted from (``firmware.ota.DeviceUpdates``).
-* :class:`StepRunner`: runs a round's steps elsewhere (``edgenode.trainproc.TrainingWorker``, a
+* :class:`StepRunner`: runs a round's steps elsewhere (``edgenode.trainworker.TrainingWorker``, a
   worker process that also hosts the node's collective).
 """
 

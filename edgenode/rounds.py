@@ -6,7 +6,7 @@ connected to the swarm's collective when the node starts (:meth:`RoundRunner.con
 The round path, top to bottom: the node parses a command and hands a ``RoundCommand`` to
 :meth:`RoundRunner.handle`; the worker thread's :meth:`RoundRunner.run_round` resolves the
 command against the node's ``[training]`` table (``federation.roundspec.resolve``), picks the
-samples and calls :func:`edgenode.training.run_round`, which runs federation's phases
+samples and calls :func:`edgenode.roundphases.run_round`, which runs federation's phases
 (``federation/phases.py``: hello, start; ``federation/steps.py``: the steps; agree, vote) and
 commits.
 """
@@ -31,8 +31,8 @@ from edgenode.faults import NO_FAULTS, Faults
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder, ParamsSnapshot
 from edgenode.ports import Collective, Engine, Link, Publication, StepRunner, Trainer
+from edgenode.roundphases import RoundResult, run_round
 from edgenode.store import Samples, SampleStore
-from edgenode.training import RoundResult, run_round
 from edgenode.validation import evaluate
 from federation import topics
 from federation.hierarchy import HierarchicalCollective, Topology

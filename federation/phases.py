@@ -1,6 +1,6 @@
 """A training round's phases as functions over a collective (federation/PROTOCOL.md sections 5-7).
 
-A member runs them in this order (``edgenode.training.run_round`` is that sequence on a node):
+A member runs them in this order (``edgenode.roundphases.run_round`` is that sequence on a node):
 
 0. :class:`RoundPlan`: the signed command resolved against the member's defaults.
 1. :func:`hello`: every member learns every member's version, parameter hash, parameter count and

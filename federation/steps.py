@@ -30,7 +30,7 @@ __all__ = ["Learner", "SampleSet", "BatchSampler", "train_steps", "flatten", "un
 
 
 class Learner(Protocol):
-    """Loss + gradients and the optimizer step at a fixed batch (``compiler.trainer.Trainer``)."""
+    """Loss + gradients and the optimizer step at a fixed batch (``compiler.trainstep.Trainer``)."""
 
     @property
     def batch(self) -> int: ...

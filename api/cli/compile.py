@@ -46,7 +46,7 @@ def compile_cmd(
     """Compile an ONNX model for a board into an artifact directory (manifest + libraries)."""
     from compiler.build import compile_model
     from compiler.errors import CompilerError
-    from compiler.training import TrainSettings
+    from compiler.trainbuild import TrainSettings
 
     shapes = parse_shapes(shape)
 

@@ -21,7 +21,7 @@ from compiler.emulate import run_c_runner, runner_command
 from compiler.errors import EmulationError, InputError, ModelError
 from compiler.manifest import Manifest
 from compiler.targets import get_preset, host_preset_name
-from compiler.training import TrainSettings
+from compiler.trainbuild import TrainSettings
 from compiler.verify import onnxruntime_reference, verify_artifact
 
 MLPS = ["sensor-mlp", "digits-mlp"]

@@ -21,7 +21,7 @@ from compiler import InputError, load_artifact
 from compiler.clib import CLibrary
 from compiler.emulate import runner_command
 from compiler.manifest import Manifest
-from compiler.training import ADJOINT_FUNC
+from compiler.trainbuild import ADJOINT_FUNC
 
 BAD_IDS = [10**9, 10**12, -(10**12), -1, 10]  # digits-mlp has 10 classes
 

@@ -16,7 +16,7 @@ from compiler import compile_model
 from compiler.artifact import load_artifact
 from compiler.errors import InputError, ModelError
 from compiler.manifest import Manifest
-from compiler.training import TrainSettings
+from compiler.trainbuild import TrainSettings
 from compiler.verify import verify_artifact
 from tests.api.conftest import _make_node
 

@@ -1,5 +1,5 @@
 """``[training] isolation = "process"`` (the default): a worker process runs the rounds' steps and
-hosts the node's ring (edgenode/trainproc.py). Real TVM digits-mlp, real RingAllreduce whose
+hosts the node's ring (edgenode/trainworker.py). Real TVM digits-mlp, real RingAllreduce whose
 frames the nodes relay over the in-memory hub.
 
 * a 3-node round in process mode commits the same parameters on every node, bit-identical to
@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from edgenode.trainproc import TrainingWorker
+from edgenode.trainworker import TrainingWorker
 from federation.memory import MemoryHub
 from federation.messages import EventKind, RoundCommand
 

@@ -27,7 +27,7 @@ import pytest
 import edgenode
 import federation
 from edgenode.faults import NO_FAULTS, FaultyTransport
-from edgenode.trainproc import _RelayTransport
+from edgenode.trainworker import _RelayTransport
 from federation.errors import TransportError
 from federation.framing import FrameKind, Phase, decode, encode
 from federation.memory import MemoryHub, MemoryTransport

@@ -13,12 +13,12 @@ whole in-thread step. So the boundary is the step loop: the worker runs
 (MQTT, or the in-memory hub) and the worker. A single-member step costs the node nothing; a
 multi-member step costs it the relaying of frames that it did on the round thread before.
 
-What stays in the node (:func:`edgenode.training.run_round`): the round's control flow, the hello,
+What stays in the node (:func:`edgenode.roundphases.run_round`): the round's control flow, the hello,
 start-parameter sync, agreement and vote collectives (forwarded to the worker's ring, a few calls
 per round), the two-phase commit and the atomic swap of the :class:`~edgenode.model.ModelHolder`
 snapshot (serving sees old or new parameters, never a mix; the worker never touches them).
 
-Worker (``python -m edgenode.trainproc FD ...``: a fresh interpreter, so no TVM threads or locks
+Worker (``python -m edgenode.trainworker FD ...``: a fresh interpreter, so no TVM threads or locks
 are inherited as with fork, and unlike multiprocessing's "spawn" the embedding program's
 ``__main__`` is never re-imported) runs at ``[training] nice`` (or, with ``worker_priority =
 "idle"``, in Linux's SCHED_IDLE class: only on an otherwise idle core) with ``worker_threads``
@@ -140,7 +140,7 @@ class TrainingWorker:
         # link: no CRC check, MAC'd frames carry CRC 0 and need seal room after the frame).
         fmg = self.transport.capabilities.framing
         framing = f"{int(fmg.authenticated)},{int(fmg.crc)},{fmg.room}"
-        cmd = [sys.executable, "-m", "edgenode.trainproc", str(theirs.fileno()), str(self.artifact_dir),
+        cmd = [sys.executable, "-m", "edgenode.trainworker", str(theirs.fileno()), str(self.artifact_dir),
                self.transport.member_id, self.swarm, str(max_payload), str(self._nice), str(self._threads),
                "idle" if self._idle else "nice", framing]
         try:

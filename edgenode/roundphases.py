@@ -98,7 +98,7 @@ def run_round(plan: RoundPlan, *, node_id: str, model: ModelHolder, trainer: Tra
             ring.reset_feedback()  # residuals belong to the parameters we just replaced
             log.info("%s: round %s starts from %s's parameters", node_id, plan.round_id, synced_from)
         start_flat = flatten(params)
-        # 2. steps (federation/steps.py): here, or in a worker process (edgenode.trainproc) that
+        # 2. steps (federation/steps.py): here, or in a worker process (edgenode.trainworker) that
         # runs the same train_steps
         contributors = list(met.contributors)
         if steps is None:
