@@ -70,7 +70,7 @@ class NodeProc:
 
     def worker_pid(self) -> int | None:
         """The training worker's pid (the node's only Python child), or None before it started."""
-        kids = [c for c in children(self.proc.pid) if "edgenode.trainproc" in _cmdline(c)]
+        kids = [c for c in children(self.proc.pid) if "edgenode.trainworker" in _cmdline(c)]
         return kids[0] if kids else None
 
     def stop(self) -> str:

@@ -2,7 +2,7 @@
 
 Import the node itself from :mod:`edgenode.node` (it pulls in the compiler and MQTT lazily).
 Every name here is imported on first use, so that ``import edgenode.x`` costs only ``x``: the
-training worker (edgenode/trainproc.py) never loads the node's config models (issue 25: a
+training worker (edgenode/trainworker.py) never loads the node's config models (issue 25: a
 board's memory).
 """
 

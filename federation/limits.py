@@ -1,7 +1,7 @@
 """The numbers a round's arithmetic checks against (screening, the final sync, the update's size).
 
 Part of :mod:`federation.bounds` (every limit a receiver enforces, in one place), which re-exports
-them; they live in this module of plain numbers so that the training worker (edgenode/trainproc.py)
+them; they live in this module of plain numbers so that the training worker (edgenode/trainworker.py)
 computes a round without loading the message models and pydantic (issue 25: a board's memory).
 """
 

@@ -1,7 +1,7 @@
 """How a round trains: its sync mode and its update compression, as plain enums.
 
 Part of a round's settings (:mod:`federation.roundspec`, which re-exports them, as do the
-messages); a module of their own so that the training worker (edgenode/trainproc.py) and the
+messages); a module of their own so that the training worker (edgenode/trainworker.py) and the
 ring's codecs use them without loading the message models and pydantic (issue 25: a board's
 memory).
 """
