@@ -6,8 +6,9 @@ that has only tvm, tvm_ffi and numpy, so importing this package pulls in nothing
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from fractal.lazy import LazyNames
 
 __all__ = [
     "compile_model",
@@ -50,14 +51,12 @@ _LAZY = {
 }
 
 
+_names = LazyNames(__name__, _LAZY, globals())
+
+
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'compiler' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return _names.get(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _names.dir(__all__)

@@ -8,8 +8,9 @@ board's memory).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from fractal.lazy import LazyNames
 
 if TYPE_CHECKING:
     from edgenode.config import NodeConfig, load_config
@@ -42,14 +43,12 @@ _LAZY = {
 }
 
 
+_names = LazyNames(__name__, _LAZY, globals())
+
+
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'edgenode' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # next access is a plain attribute
-    return value
+    return _names.get(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _names.dir(__all__)

@@ -8,8 +8,9 @@ nothing pays for paho-mqtt (or amqtt) before it needs them (issue 25: a board's 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from fractal.lazy import LazyNames
 
 if TYPE_CHECKING:
     from federation.broker import Broker, start_default, start_embedded, start_mosquitto
@@ -100,14 +101,12 @@ __all__ = [
 ]
 
 
+_names = LazyNames(__name__, _LAZY, globals())
+
+
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'federation' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # next access is a plain attribute
-    return value
+    return _names.get(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _names.dir(__all__)

@@ -7,8 +7,9 @@ the signing stack (issue 25: a board's node memory).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from fractal.lazy import LazyNames
 
 if TYPE_CHECKING:
     from api.fleet.registry import NodeRegistry
@@ -31,14 +32,12 @@ _LAZY = {
 }
 
 
+_names = LazyNames(__name__, _LAZY, globals())
+
+
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'api.fleet' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # next access is a plain attribute
-    return value
+    return _names.get(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _names.dir(__all__)

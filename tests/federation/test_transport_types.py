@@ -153,8 +153,6 @@ def test_links_satisfy_the_one_pubsub_protocol_for_mypy() -> None:
 
 # (file, function) -> why a getattr/hasattr there is no probe of what an object is
 ALLOWED_PROBES = {
-    ("federation/__init__.py", "__getattr__"): "the lazy import of a module attribute",
-    ("edgenode/__init__.py", "__getattr__"): "the lazy import of a module attribute",
     ("federation/stats.py", "add"): "a dataclass's own counter fields, by name",
     ("federation/stats.py", "snapshot"): "a dataclass's own fields, by name",
     ("federation/ringmac.py", "_direction_key"): "the C MAC backend's speed (not a transport)",
