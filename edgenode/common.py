@@ -1,8 +1,5 @@
-"""The edge node's bottom layer: a few small helpers (logger, parameter hash, replay ids, heap freeze).
-
-The node's errors live in :mod:`edgenode.errors`; they are re-exported here only so that modules
-written against the old place keep importing (import them from ``edgenode.errors``).
-"""
+"""The edge node's bottom layer: a few small helpers (logger, parameter hash, replay ids, heap
+freeze). The node's errors are in :mod:`edgenode.errors`."""
 
 from __future__ import annotations
 
@@ -16,16 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edgenode.errors import ConfigError, InvalidInput, NodeBusy, NodeError, RoundFailed, StoreError
 from fractal.files import atomic_write
 
 __all__ = [
-    "NodeError",
-    "ConfigError",
-    "InvalidInput",
-    "StoreError",
-    "NodeBusy",
-    "RoundFailed",
     "get_logger",
     "params_sha256",
     "SeenIds",

@@ -31,9 +31,10 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from edgenode.anomaly import AnomalyScorer, is_reconstruction
-from edgenode.common import ConfigError, get_logger
+from edgenode.common import get_logger
 from edgenode.config import AnomalyMode, Isolation, NodeConfig, WorkerPriority
 from edgenode.devicefacts import DeviceFacts
+from edgenode.errors import ConfigError
 from edgenode.faults import NO_FAULTS, Faults, FaultyTransport, Point
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder

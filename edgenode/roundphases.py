@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgenode.common import RoundFailed, get_logger
+from edgenode.common import get_logger
+from edgenode.errors import RoundFailed
 from edgenode.faults import NO_FAULTS, Faults, Point
 from edgenode.model import ModelHolder, ParamsSnapshot
 from edgenode.ports import Collective, StepRunner, Trainer

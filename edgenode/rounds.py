@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from edgenode.anomaly import AnomalyScorer, evaluate_anomaly
-from edgenode.common import InvalidInput, NodeBusy, NodeError, RoundFailed, SeenIds, get_logger
+from edgenode.common import SeenIds, get_logger
 from edgenode.config import NodeConfig
+from edgenode.errors import InvalidInput, NodeBusy, NodeError, RoundFailed
 from edgenode.faults import NO_FAULTS, Faults
 from edgenode.metrics import NodeMetrics
 from edgenode.model import ModelHolder, ParamsSnapshot
