@@ -156,8 +156,9 @@ def start_node(artifact: Path, workdir: Path, *, broker_url: str, swarm: str, no
 
 def infer(node: NodeProc, model: str, name: str, x: np.ndarray) -> np.ndarray:
     """One OIP v2 JSON inference request; the first output as float32 ``[N, ...]``."""
-    body = {"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
-                        "data": x.ravel().tolist()}]}
+    from fractal.oip import json_tensor
+
+    body = {"inputs": [json_tensor(name, np.asarray(x, np.float32))]}
     out = _post(f"{node.url}/v2/models/{model}/infer", body)["outputs"][0]
     return np.asarray(out["data"], np.float32).reshape(out["shape"])
 
