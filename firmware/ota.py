@@ -13,7 +13,6 @@ restart from that record and the boot state (``done``, ``trial``, ``rolled_back`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compiler.manifest import file_sha256
 from firmware.bootstate import SLOTS, Health, SlotState
 from firmware.device import flash
 from firmware.errors import FirmwareError
@@ -209,7 +209,7 @@ class DeviceUpdates:
                 old.unlink()
         stats = download(url, dest, max_bytes=max_bytes)
         try:
-            digest = _sha256(dest)
+            digest = file_sha256(dest)
             if not digest.startswith(image_id):
                 raise FirmwareError(
                     f"the downloaded image's sha256 {digest[:32]} is not image {image_id}",
@@ -264,10 +264,3 @@ class DeviceUpdates:
             out["update"] = upd
         return out
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -10,7 +10,6 @@ and no root-only mount). Unwritten blocks stay holes, which ``bmaptool create`` 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import struct
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from compiler.manifest import file_sha256
 from firmware.errors import ImageError
 
 __all__ = [
@@ -278,12 +278,8 @@ def write_bmap(img: Path) -> Path:
 
 def write_sha256(img: Path) -> Path:
     """``IMG.sha256`` in ``sha256sum -c`` format."""
-    h = hashlib.sha256()
-    with open(img, "rb") as fh:
-        while chunk := fh.read(4 * MiB):
-            h.update(chunk)
     out = img.with_name(img.name + ".sha256")
-    out.write_text(f"{h.hexdigest()}  {img.name}\n")
+    out.write_text(f"{file_sha256(img)}  {img.name}\n")
     return out
 
 

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -28,18 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compiler.manifest import file_sha256
 from tests.edgenode.test_cli_node import free_port
 from tests.firmware.conftest import CLI, REPO, assert_refused, cli
 
 BOOT_TIMEOUT_S = 1500  # OVMF + kernel + the node's imports under TCG on a loaded 2-core machine
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _build(artifact: Path, board: str, key: Path, out: Path, *extra: str) -> None:
@@ -179,9 +172,9 @@ def rpi4_image(
 def test_rpi4_card_reproduces_the_raw_image(rpi4_image: tuple[Path, Path]) -> None:
     zst, card = rpi4_image
     raw_sha, name = (zst.parent / "rpi4.img.sha256").read_text().split()
-    assert name == "rpi4.img" and _sha256(card) == raw_sha  # the card holds the image, holes included
+    assert name == "rpi4.img" and file_sha256(card) == raw_sha  # the card holds the image, holes included
     zsha, zname = (zst.parent / "rpi4.img.zst.sha256").read_text().split()
-    assert zname == zst.name and zsha == _sha256(zst)
+    assert zname == zst.name and zsha == file_sha256(zst)
     assert zst.stat().st_size < card.stat().st_size // 3
 
 
@@ -275,7 +268,7 @@ def test_compressed_image_is_what_bmaptool_writes(tmp_path: Path, how: str) -> N
         ["bmaptool", "copy", "--bmap", str(bmap), str(packed), str(card)], capture_output=True, text=True
     )
     assert r.returncode == 0, r.stderr
-    assert _sha256(card) == _sha256(img)
+    assert file_sha256(card) == file_sha256(img)
 
 
 def test_build_os_refuses_unknown_compression(tmp_path: Path, board_release_key: Path) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compiler.manifest import file_sha256
 from federation.broker import free_port
 from tests.firmware.conftest import CLI, REPO, assert_refused, cli
 from tests.fixtures_enrolment import SignedFleet, signed_fleet, start_dynsec_broker, wait_for
@@ -228,15 +229,6 @@ def booted(
         os.killpg(proc.pid, 0)
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _fresh_image_checks(img: Path, d: Path) -> dict[str, object]:
     from firmware.osimage.disk import fat_list, read_gpt
@@ -254,11 +246,11 @@ def _fresh_image_checks(img: Path, d: Path) -> dict[str, object]:
     )
     out: dict[str, object] = {
         "partitions": list(parts),
-        "sha256": _sha256(img),
-        "sha256_ok": sha_line == [_sha256(img), img.name],
+        "sha256": file_sha256(img),
+        "sha256_ok": sha_line == [file_sha256(img), img.name],
         "bmap_copy_rc": r.returncode,
         "bmap_stderr": r.stderr[-500:],
-        "copy_sha256": _sha256(card) if card.exists() else None,
+        "copy_sha256": file_sha256(card) if card.exists() else None,
         "size": img.stat().st_size,
         "mapped": int(bmap.findtext("MappedBlocksCount") or 0) * int(bmap.findtext("BlockSize") or 0),
         "boot_files": set(fat_list(img, parts["boot"])),
