@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import queue
+import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,3 +35,25 @@ def board_c_artifact(tmp_path_factory: pytest.TempPathFactory, digits_onnx: Path
         return cache[preset]
 
     return get
+
+
+def image_try(img: Path, console: Path) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
+    """Start `fractal image try IMG` on a free port in a session of its own (kill the group to stop
+    everything), the board's console into ``console``; returns the process and a queue of its
+    stdout lines (the first is ``node: URL`` once the node answered ready)."""
+    from tests.edgenode.test_cli_node import free_port
+    from tests.firmware.conftest import CLI, REPO
+
+    with open(console, "w") as log:
+        proc = subprocess.Popen(
+            [*CLI, "image", "try", str(img), "--port", str(free_port())],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+        )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []], daemon=True).start()
+    return proc, lines

@@ -18,7 +18,6 @@ import queue
 import re
 import signal
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ import pytest
 
 from compiler.manifest import file_sha256
 from tests.edgenode.test_cli_node import free_port
-from tests.firmware.conftest import CLI, REPO, assert_refused, cli
+from tests.firmware.conftest import assert_refused, cli
+from tests.fixtures_osimage import image_try
 
 BOOT_TIMEOUT_S = 1500  # OVMF + kernel + the node's imports under TCG on a loaded 2-core machine
 
@@ -79,18 +79,7 @@ def x86_booted(
     img = d / "x86_64.img"
     _build(board_c_artifact("x86_64-c"), "x86_64", board_release_key, img)
     console = d / "console.log"
-    with open(console, "w") as log:
-        proc = subprocess.Popen(
-            [*CLI, "image", "try", str(img), "--port", str(free_port())],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            start_new_session=True,
-        )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []], daemon=True).start()
+    proc, lines = image_try(img, console)
     try:
         line = lines.get(timeout=BOOT_TIMEOUT_S)
     except queue.Empty:

@@ -17,7 +17,6 @@ import os
 import queue
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -33,6 +32,7 @@ from federation.broker import free_port
 from tests.firmware.conftest import CLI, REPO, assert_refused, cli
 from tests.fixtures_enrolment import SignedFleet, signed_fleet, start_dynsec_broker, wait_for
 from tests.fixtures_node import DIGITS_BATCH, DIGITS_LR, write_node_toml
+from tests.fixtures_osimage import image_try
 
 # build + boot under TCG runs in the fixture setup, which pytest-timeout counts against the first test
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto, pytest.mark.timeout(2400)]
@@ -194,18 +194,7 @@ def booted(
     built_size = img.stat().st_size
     os.truncate(img, built_size + CARD_EXTRA_MIB * 1024 * 1024)
     console = d / "console.log"
-    with open(console, "w") as log:
-        proc = subprocess.Popen(
-            [*CLI, "image", "try", str(img), "--port", str(free_port())],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            start_new_session=True,
-        )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []], daemon=True).start()
+    proc, lines = image_try(img, console)
     try:
         # the node waits for the operator before it serves: pending first, accepted, then ready
         def pending() -> dict | None:
