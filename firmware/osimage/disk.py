@@ -20,6 +20,7 @@ from pathlib import Path
 
 from compiler.manifest import file_sha256
 from firmware.errors import ImageError
+from fractal.files import atomic_open
 
 __all__ = [
     "Partition",
@@ -304,17 +305,14 @@ class Compression(Enum):
 def compress(img: Path, how: Compression) -> Path:
     """``IMG.xz`` or ``IMG.zst`` beside ``img`` (written atomically); ``img`` is left in place."""
     out = img.with_name(img.name + how.suffix)
-    tmp = img.with_name(f".{out.name}.part")
     argv = [*how.argv(), str(img)]
     exe = shutil.which(argv[0])
     if exe is None:
         _run(argv, "compressing the image")  # raises the "not installed" error
-    with open(tmp, "wb") as fh:
+    with atomic_open(out) as fh:  # a failed run leaves no file under the compressed name
         r = subprocess.run([str(exe), *argv[1:]], stdout=fh, stderr=subprocess.PIPE, text=True, check=False)
-    if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise ImageError(f"{argv[0]} of {img.name} failed: {r.stderr.strip()[-300:]}")
-    tmp.replace(out)
+        if r.returncode != 0:
+            raise ImageError(f"{argv[0]} of {img.name} failed: {r.stderr.strip()[-300:]}")
     return out
 
 

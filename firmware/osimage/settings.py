@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from firmware.errors import ImageError
+from fractal.files import atomic_write
 
 __all__ = ["Settings", "SETTINGS_PATH", "parse", "render", "apply", "configure_image"]
 
@@ -125,10 +126,7 @@ def apply(s: Settings, device: Path) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o600)
-    tmp.replace(path)
+    atomic_write(path, text, mode=0o600)
 
 
 def configure_image(img: Path, s: Settings) -> Path:
