@@ -38,6 +38,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.fleet.history import FleetHistory
+from api.fleet.operations import RoundRejected
 from api.fleet.rounds import RoundRequest, Trigger
 
 __all__ = ["Trigger", "Window", "ScheduleTrigger", "SamplesTrigger", "AutoRoundPolicy", "AutoState",
@@ -220,6 +221,7 @@ class AutoRounds:
         self._store = store
         self.clock = clock
         self._lock = threading.Lock()
+        self._checking = threading.Lock()  # one check at a time: decide and start together
         raw = store.get_value(_POLICY_KEY)
         self.policy = AutoRoundPolicy.model_validate_json(raw) if raw else AutoRoundPolicy()
         self.state = AutoState.from_json(store.get_value(_STATE_KEY))
@@ -257,8 +259,10 @@ class AutoRounds:
 
     def check(self, participants: list[str], start: StartRound) -> dict | None:
         """Start a round when a trigger is due; the started round, or None."""
-        from api.fleet.operations import RoundRejected
+        with self._checking:
+            return self._check(participants, start)
 
+    def _check(self, participants: list[str], start: StartRound) -> dict | None:
         now = self.clock()
         with self._lock:
             d = decide(self.policy, self.state, participants, now)

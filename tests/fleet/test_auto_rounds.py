@@ -1,0 +1,242 @@
+"""Automatic rounds (issue 31 item 3): the policy's pure decisions, a node lying about its new
+samples, the HTTP API and its persistence, the schedule driven by an injected clock over a real
+Mosquitto, and two real edge nodes whose new samples start a round that commits by itself."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from api.fleet.autorounds import (
+    AutoRoundPolicy,
+    AutoState,
+    Trigger,
+    Window,
+    accept_samples,
+    decide,
+    next_schedule_due,
+    samples_progress,
+)
+from federation.bounds import SAMPLES_MAX
+from federation.messages import NodeStatus, parse_status
+
+pytestmark = pytest.mark.mosquitto
+
+T0 = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.UTC).timestamp()
+
+
+def _policy(**kw) -> AutoRoundPolicy:
+    return AutoRoundPolicy.model_validate({"enabled": True, **kw})
+
+
+# -- the decision, pure ------------------------------------------------------------------------
+def test_samples_trigger_needs_two_nodes_and_caps_each():
+    p = _policy(samples={"enabled": True, "threshold": 100})
+    st = AutoState()
+    accept_samples(st, "a", 1, SAMPLES_MAX)  # a liar (or the only node with data): half the threshold
+    assert decide(p, st, ["a", "b"], T0).trigger is None
+    assert samples_progress(p, st, ["a", "b"])["nodes"] == {"a": 50, "b": 0}
+    accept_samples(st, "b", 1, 49)
+    assert decide(p, st, ["a", "b"], T0).trigger is None
+    accept_samples(st, "b", 1, 50)
+    assert decide(p, st, ["a", "b"], T0) == decide(p, st, ["a", "b"], T0 + 1)
+    assert decide(p, st, ["a", "b"], T0).trigger is Trigger.SAMPLES
+    assert decide(p, st, ["a"], T0).trigger is None  # only participants' samples count
+    assert decide(p.model_copy(update={"enabled": False}), st, ["a", "b"], T0).trigger is None
+
+
+def test_a_count_going_backwards_is_ignored_until_a_new_version():
+    st = AutoState()
+    assert accept_samples(st, "a", 3, 500)
+    assert not accept_samples(st, "a", 3, 10)  # same version, fewer new samples: a replay or a lie
+    assert st.counts["a"] == (3, 500)
+    assert accept_samples(st, "a", 4, 0)  # a commit resets it
+    assert st.counts["a"] == (4, 0)
+
+
+def test_automatic_rounds_keep_their_spacing_whatever_the_nodes_say():
+    """A node reporting a huge count after every commit cannot start rounds back to back."""
+    p = _policy(samples={"enabled": True, "threshold": 10}, min_spacing_min=5)
+    st = AutoState(last_auto_start=T0)
+    accept_samples(st, "a", 2, SAMPLES_MAX)
+    accept_samples(st, "b", 2, SAMPLES_MAX)
+    d = decide(p, st, ["a", "b"], T0 + 299)
+    assert d.trigger is Trigger.SAMPLES and d.wait and "5 min" in d.wait
+    assert decide(p, st, ["a", "b"], T0 + 300).wait is None
+
+
+def test_schedule_every_n_minutes_within_a_window():
+    p = _policy(schedule={"enabled": True, "every_min": 30})
+    st = AutoState(schedule_anchor=T0)
+    assert next_schedule_due(p, st, T0) == T0 + 1800
+    assert decide(p, st, [], T0 + 1799).trigger is None
+    assert decide(p, st, [], T0 + 1800).trigger is Trigger.SCHEDULE
+    night = _policy(schedule={"enabled": True, "every_min": 30, "window": {"start": "22:00", "end": "06:00"}})
+    # due at 12:30, outside 22:00-06:00: waits for 22:00 the same day
+    assert next_schedule_due(night, st, T0) == T0 + 10 * 3600
+    st2 = AutoState(schedule_anchor=T0 + 11 * 3600)  # 23:00: 23:30 is inside (the window wraps midnight)
+    assert next_schedule_due(night, st2, T0) == T0 + 11.5 * 3600
+    st3 = AutoState(schedule_anchor=T0 + 17.75 * 3600)  # 05:45 next day: 06:15 is out -> 22:00
+    assert next_schedule_due(night, st3, T0) == T0 + 34 * 3600
+    assert Window(start="08:00", end="17:00").contains(T0) and not Window(start="13:00", end="17:00").contains(T0)
+
+
+@pytest.mark.parametrize("body", [
+    {"enabled": "yes please"},
+    {"schedule": {"enabled": True, "every_min": 0.5}},  # below 1 minute
+    {"schedule": {"every_min": 10**6}},
+    {"schedule": {"window": {"start": "25:00", "end": "01:00"}}},
+    {"schedule": {"window": {"start": "01:00", "end": "01:00"}}},
+    {"samples": {"threshold": -5}},
+    {"samples": {"threshold": 1}},
+    {"samples": {"threshold": 10**12}},
+    {"min_spacing_min": 0},
+    {"round": {"steps": 0}},
+    {"round": {"steps": 5, "lr": "NaN"}},
+    {"surprise": 1},
+])
+def test_policy_bounds(body):
+    with pytest.raises(ValidationError):
+        AutoRoundPolicy.model_validate(body)
+
+
+@pytest.mark.parametrize("value", ["-1", "1e400", "NaN", "Infinity", "1.5", str(SAMPLES_MAX + 1), '"many"'])
+def test_status_with_an_impossible_sample_count_is_refused(value):
+    good = json.loads(NodeStatus(node_id="n", state="online", samples_new=3).model_dump_json())
+    assert parse_status(json.dumps(good).encode()).samples_new == 3
+    raw = json.dumps(good).replace('"samples_new":3', f'"samples_new":{value}').replace(
+        '"samples_new": 3', f'"samples_new": {value}')
+    assert value in raw
+    with pytest.raises(ValidationError):
+        parse_status(raw.encode())
+
+
+# -- the API over a real broker ------------------------------------------------------------------
+def test_auto_rounds_api_validates_authenticates_and_survives_a_restart(make_fleet, tmp_path):
+    db = str(tmp_path / "fleet.sqlite")
+    fleet = make_fleet(db=db)
+    got = fleet.get("/api/auto-rounds").json()
+    assert got["policy"]["enabled"] is False and got["status"]["next_due"] is None
+    body = {"enabled": True, "schedule": {"enabled": True, "every_min": 15, "window": None},
+            "samples": {"enabled": True, "threshold": 400}, "min_spacing_min": 3,
+            "round": {"steps": 7, "nodes": None}}
+    assert fleet.client.put("/api/auto-rounds", json=body, headers={"Authorization": "Bearer nope"}
+                            ).status_code == 401
+    for bad in ({"samples": {"threshold": 0}}, {"schedule": {"every_min": float("inf")}}, {"x": 1}):
+        r = fleet.client.put("/api/auto-rounds", content=json.dumps(bad).replace("Infinity", "1e999"),
+                             headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (bad, r.text)
+    assert fleet.client.put("/api/auto-rounds", content=b"{", headers={"Content-Type": "application/json"}
+                            ).status_code == 422
+    r = fleet.client.put("/api/auto-rounds", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["policy"]["samples"]["threshold"] == 400
+    due = r.json()["status"]["next_due"]
+    assert due == pytest.approx(fleet.service.auto.clock() + 900, abs=5)
+    assert fleet.get("/api/actions").json()["actions"][0]["action"] == "auto_rounds.policy"
+    fleet.stop()
+    again = make_fleet(swarm=fleet.swarm, db=db)
+    after = again.get("/api/auto-rounds").json()
+    assert after["policy"] == r.json()["policy"] and after["status"]["next_due"] == pytest.approx(due)
+
+
+def test_schedule_starts_rounds_by_injected_clock_and_waits_when_busy(make_fleet):
+    """A schedule of every minute, its clock advanced by the test: a round starts with trigger
+    "schedule" through the operator's path; the next due time finds it running and waits, recorded."""
+    fleet = make_fleet(auto_check_s=0.05, round_start_timeout_s=600)
+    now = [T0]
+    fleet.service.auto.clock = lambda: now[0]
+    fleet.announce("sa")
+    fleet.announce("sb")
+    fleet.wait_for(lambda: len([n for n in fleet.get("/api/nodes").json()["nodes"] if n["online"]]) == 2,
+                   what="2 online nodes")
+    r = fleet.client.put("/api/auto-rounds", json={"enabled": True, "min_spacing_min": 1,
+                                                   "schedule": {"enabled": True, "every_min": 1},
+                                                   "round": {"steps": 3}})
+    assert r.json()["status"]["next_due"] == T0 + 60
+    now[0] = T0 + 59
+    # nothing is due yet: a check at 59 s starts nothing (the next check sees the same clock)
+    assert fleet.service.check_auto_rounds() is None
+    now[0] = T0 + 60
+    rnd = fleet.wait_for(lambda: next(iter(fleet.get("/api/rounds").json()["rounds"]), None),
+                         what="the scheduled round")
+    assert rnd["trigger"] == "schedule" and rnd["participants"] == ["sa", "sb"] and rnd["steps"] == 3
+    acts = fleet.get("/api/actions").json()["actions"]
+    start = next(a for a in acts if a["action"] == "start_round")
+    assert start["detail"]["trigger"] == "schedule" and start["detail"]["round_id"] == rnd["round_id"]
+    assert fleet.get("/api/auto-rounds").json()["status"]["next_due"] == T0 + 120
+    now[0] = T0 + 120  # due again while the round runs (the sim nodes never answer): it waits
+    waited = fleet.wait_for(lambda: next((a for a in fleet.get("/api/actions").json()["actions"]
+                                          if a["action"] == "auto_round.deferred"), None), what="deferral")
+    assert waited["detail"]["trigger"] == "schedule" and rnd["round_id"] in waited["detail"]["reason"]
+    assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
+    # recorded once, however many checks it waits through
+    fleet.wait_for(lambda: fleet.get("/api/auto-rounds").json()["status"]["waiting"].get("schedule"), what="wait")
+    for _ in range(5):
+        fleet.service.check_auto_rounds()
+    assert sum(a["action"] == "auto_round.deferred" for a in fleet.get("/api/actions").json()["actions"]) == 1
+    # the operator's round meets the same coordinator
+    assert fleet.post("/api/rounds", json={"steps": 2}).status_code == 409
+
+
+def test_a_node_lying_about_its_samples_starts_nothing(make_fleet):
+    fleet = make_fleet(auto_check_s=0.05)
+    fleet.announce("liar", samples_new=SAMPLES_MAX)
+    fleet.announce("honest", samples_new=0)
+    fleet.wait_for(lambda: len([n for n in fleet.get("/api/nodes").json()["nodes"] if n["online"]]) == 2,
+                   what="2 online nodes")
+    r = fleet.client.put("/api/auto-rounds", json={"enabled": True, "samples": {"enabled": True,
+                                                                                 "threshold": 1000}})
+    assert r.json()["status"]["samples"]["nodes"] == {"honest": 0, "liar": 500}
+    fleet.announce("liar", samples_new=3)  # backwards without a new version: ignored
+    fleet.wait_for(lambda: fleet.service.auto.ignored_backwards == 1, what="the ignored status")
+    for _ in range(3):
+        assert fleet.service.check_auto_rounds() is None
+    assert fleet.get("/api/rounds").json()["rounds"] == []
+    assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 500
+
+
+# -- two real edge nodes: new samples start a round by themselves ------------------------------
+@pytest.mark.slow
+def test_new_samples_on_two_nodes_start_a_round_that_commits(make_fleet, node_factory, digits_artifact,
+                                                             digits_data):
+    from compiler import load_artifact
+
+    fleet = make_fleet(auto_check_s=0.1)
+    x, y = digits_data
+    art = load_artifact(digits_artifact)
+    ids = ["auto-n0", "auto-n1"]
+    nodes = [node_factory(n, digits_artifact, artifact=art, broker=fleet.broker_url, swarm=fleet.swarm)
+             for n in ids]
+    fleet.wait_for(lambda: sum(v["online"] for v in fleet.get("/api/nodes").json()["nodes"]) == 2, 20,
+                   "2 online nodes")
+    r = fleet.client.put("/api/auto-rounds", json={"enabled": True, "samples": {"enabled": True, "threshold": 200},
+                                                   "round": {"steps": 3, "lr": 0.05}})
+    assert r.status_code == 200, r.text
+    nodes[0].add_samples({"x": x[:150]}, y[:150])  # one node alone: at most half the threshold
+    fleet.wait_for(lambda: fleet.get("/api/auto-rounds").json()["status"]["samples"]["nodes"].get("auto-n0") == 100,
+                   20, "n0's new samples")
+    assert fleet.get("/api/rounds").json()["rounds"] == []
+    nodes[1].add_samples({"x": x[150:250]}, y[150:250])
+    rnd = fleet.wait_for(lambda: next(iter(fleet.get("/api/rounds").json()["rounds"]), None), 20,
+                         "the automatic round")
+    assert rnd["trigger"] == "samples" and rnd["participants"] == ids
+    done = fleet.wait_for(lambda: (d := fleet.get(f"/api/rounds/{rnd['round_id']}").json())["state"] != "running"
+                          and d, 120, "the round's end")
+    assert done["state"] == "done", done["reason"]
+    assert done["params_agree"] is True and done["version_after"] == 1
+    start = next(a for a in fleet.get("/api/actions").json()["actions"] if a["action"] == "start_round")
+    assert start["detail"] == {"round_id": rnd["round_id"], "trigger": "samples",
+                               "request": start["detail"]["request"]}
+    # the nodes now report nothing new: no second round follows
+    fleet.wait_for(lambda: all(v["samples_new"] == 0 and v["model_version"] == 1
+                               for v in fleet.get("/api/nodes").json()["nodes"]), 20, "statuses after commit")
+    assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 0
+    assert [n.store.count_new() for n in nodes] == [0, 0]
+    nodes[0].add_samples({"x": x[300:310]}, y[300:310])
+    fleet.wait_for(lambda: fleet.get("/api/auto-rounds").json()["status"]["samples"]["nodes"].get("auto-n0") == 10,
+                   20, "samples after the commit")
+    assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
