@@ -81,7 +81,8 @@ def test_schedule_every_n_minutes_within_a_window():
     assert next_schedule_due(night, st2, T0) == T0 + 11.5 * 3600
     st3 = AutoState(schedule_anchor=T0 + 17.75 * 3600)  # 05:45 next day: 06:15 is out -> 22:00
     assert next_schedule_due(night, st3, T0) == T0 + 34 * 3600
-    assert Window(start="08:00", end="17:00").contains(T0) and not Window(start="13:00", end="17:00").contains(T0)
+    assert Window(start="08:00", end="17:00").contains(T0)
+    assert not Window(start="13:00", end="17:00").contains(T0)
 
 
 @pytest.mark.parametrize("body", [
@@ -174,7 +175,8 @@ def test_schedule_starts_rounds_by_injected_clock_and_waits_when_busy(make_fleet
     assert waited["detail"]["trigger"] == "schedule" and rnd["round_id"] in waited["detail"]["reason"]
     assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
     # recorded once, however many checks it waits through
-    fleet.wait_for(lambda: fleet.get("/api/auto-rounds").json()["status"]["waiting"].get("schedule"), what="wait")
+    fleet.wait_for(lambda: fleet.get("/api/auto-rounds").json()["status"]["waiting"].get("schedule"),
+                   what="the wait shown")
     for _ in range(5):
         fleet.service.check_auto_rounds()
     assert sum(a["action"] == "auto_round.deferred" for a in fleet.get("/api/actions").json()["actions"]) == 1
@@ -209,23 +211,28 @@ def test_new_samples_on_two_nodes_start_a_round_that_commits(make_fleet, node_fa
     x, y = digits_data
     art = load_artifact(digits_artifact)
     ids = ["auto-n0", "auto-n1"]
+
+    def new_of(node: str) -> int | None:
+        return fleet.get("/api/auto-rounds").json()["status"]["samples"]["nodes"].get(node)
+
     nodes = [node_factory(n, digits_artifact, artifact=art, broker=fleet.broker_url, swarm=fleet.swarm)
              for n in ids]
     fleet.wait_for(lambda: sum(v["online"] for v in fleet.get("/api/nodes").json()["nodes"]) == 2, 20,
                    "2 online nodes")
-    r = fleet.client.put("/api/auto-rounds", json={"enabled": True, "samples": {"enabled": True, "threshold": 200},
-                                                   "round": {"steps": 3, "lr": 0.05}})
+    policy = {"enabled": True, "samples": {"enabled": True, "threshold": 200},
+              "round": {"steps": 3, "lr": 0.05}}
+    r = fleet.client.put("/api/auto-rounds", json=policy)
     assert r.status_code == 200, r.text
     nodes[0].add_samples({"x": x[:150]}, y[:150])  # one node alone: at most half the threshold
-    fleet.wait_for(lambda: fleet.get("/api/auto-rounds").json()["status"]["samples"]["nodes"].get("auto-n0") == 100,
-                   20, "n0's new samples")
+    fleet.wait_for(lambda: new_of("auto-n0") == 100, 20, "n0's new samples")
     assert fleet.get("/api/rounds").json()["rounds"] == []
     nodes[1].add_samples({"x": x[150:250]}, y[150:250])
     rnd = fleet.wait_for(lambda: next(iter(fleet.get("/api/rounds").json()["rounds"]), None), 20,
                          "the automatic round")
     assert rnd["trigger"] == "samples" and rnd["participants"] == ids
-    done = fleet.wait_for(lambda: (d := fleet.get(f"/api/rounds/{rnd['round_id']}").json())["state"] != "running"
-                          and d, 120, "the round's end")
+    rid = rnd["round_id"]
+    done = fleet.wait_for(lambda: (d := fleet.get(f"/api/rounds/{rid}").json())["state"] != "running" and d,
+                          120, "the round's end")
     assert done["state"] == "done", done["reason"]
     assert done["params_agree"] is True and done["version_after"] == 1
     start = next(a for a in fleet.get("/api/actions").json()["actions"] if a["action"] == "start_round")
@@ -237,6 +244,5 @@ def test_new_samples_on_two_nodes_start_a_round_that_commits(make_fleet, node_fa
     assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 0
     assert [n.store.count_new() for n in nodes] == [0, 0]
     nodes[0].add_samples({"x": x[300:310]}, y[300:310])
-    fleet.wait_for(lambda: fleet.get("/api/auto-rounds").json()["status"]["samples"]["nodes"].get("auto-n0") == 10,
-                   20, "samples after the commit")
+    fleet.wait_for(lambda: new_of("auto-n0") == 10, 20, "samples after the commit")
     assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
