@@ -47,8 +47,7 @@ def test_auto_rounds_switch_schedule_and_trigger_shown(make_fleet, browser):
         page.fill("#auto-spacing", "1")
         page.fill("#auto-steps", "4")
         page.click("#auto-save")
-        page.wait_for_function("() => document.querySelector('#actions tr[data-action=\"auto_rounds.policy\"]')",
-                               timeout=10_000)
+        page.wait_for_selector("#actions tr[data-action='auto_rounds.policy']", timeout=10_000)
         policy = fleet.get("/api/auto-rounds").json()["policy"]
         assert policy["enabled"] is False and policy["schedule"] == {"enabled": True, "every_min": 2.0,
                                                                      "window": None}
