@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from api.fleet.rounds import RoundRequest, Trigger
 
 __all__ = ["Trigger", "Window", "ScheduleTrigger", "SamplesTrigger", "AutoRoundPolicy", "AutoState",
            "Decision", "decide", "samples_progress", "next_schedule_due", "AutoRounds", "NODE_SHARE_MAX"]
+
+log = logging.getLogger("fractal.fleet")
 
 # Each node's new samples count towards the threshold up to this share of it.
 NODE_SHARE_MAX = 0.5
@@ -208,6 +211,19 @@ def _iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _stored_policy(raw: str | None) -> AutoRoundPolicy:
+    """The stored policy; off (the defaults) when none is stored or it no longer validates (a
+    bound tightened by an upgrade): a fleet must start, and must not start rounds on a guess."""
+    if not raw:
+        return AutoRoundPolicy()
+    try:
+        return AutoRoundPolicy.model_validate_json(raw)
+    except ValueError as exc:
+        log.warning("the stored automatic-round policy is not valid any more, automatic rounds are off: %s",
+                    str(exc).splitlines()[0])
+        return AutoRoundPolicy()
+
+
 # start(request, trigger) -> the started round's dict; raises RoundRejected when the swarm cannot.
 StartRound = Callable[[RoundRequest, Trigger], dict]
 
@@ -222,8 +238,7 @@ class AutoRounds:
         self.clock = clock
         self._lock = threading.Lock()
         self._checking = threading.Lock()  # one check at a time: decide and start together
-        raw = store.get_value(_POLICY_KEY)
-        self.policy = AutoRoundPolicy.model_validate_json(raw) if raw else AutoRoundPolicy()
+        self.policy = _stored_policy(store.get_value(_POLICY_KEY))
         self.state = AutoState.from_json(store.get_value(_STATE_KEY))
         self.ignored_backwards = 0  # statuses whose samples_new went backwards
 

@@ -308,7 +308,11 @@ class FleetService:
         return self.auto.view(self._auto_participants())
 
     def set_auto_policy(self, policy: AutoRoundPolicy) -> dict:
-        """``PUT /api/auto-rounds``: store the policy (it survives a restart), publish the new view."""
+        """``PUT /api/auto-rounds``: store the policy (it survives a restart), publish the new view.
+        RoundRejected (422) when its round asks for more steps than this fleet allows."""
+        if policy.round.steps > self.settings.max_steps:
+            raise RoundRejected(f"round.steps={policy.round.steps} exceeds this fleet's limit of "
+                                f"{self.settings.max_steps}", 422)
         self.auto.set_policy(policy)
         self._next_auto_check = 0.0  # check at the next tick
         return self._publish_auto(force=True)

@@ -20,6 +20,7 @@ from api.fleet.autorounds import (
     next_schedule_due,
     samples_progress,
 )
+from api.fleet.history import FleetHistory
 from federation.bounds import SAMPLES_MAX
 from federation.messages import NodeStatus, parse_status
 
@@ -132,6 +133,8 @@ def test_auto_rounds_api_validates_authenticates_and_survives_a_restart(make_fle
         assert r.status_code == 422, (bad, r.text)
     assert fleet.client.put("/api/auto-rounds", content=b"{", headers={"Content-Type": "application/json"}
                             ).status_code == 422
+    r = fleet.client.put("/api/auto-rounds", json={"round": {"steps": 20_000}})  # the fleet's max_steps
+    assert r.status_code == 422 and "limit of 10000" in r.json()["error"]
     r = fleet.client.put("/api/auto-rounds", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["policy"]["samples"]["threshold"] == 400
@@ -142,6 +145,13 @@ def test_auto_rounds_api_validates_authenticates_and_survives_a_restart(make_fle
     again = make_fleet(swarm=fleet.swarm, db=db)
     after = again.get("/api/auto-rounds").json()
     assert after["policy"] == r.json()["policy"] and after["status"]["next_due"] == pytest.approx(due)
+    again.stop()
+    # a stored policy that no longer validates (edited, or a bound tightened): the fleet starts, off
+    store = FleetHistory(db)
+    store.set_value("auto_rounds.policy", '{"enabled": true, "min_spacing_min": 0}')
+    store.close()
+    third = make_fleet(swarm=fleet.swarm, db=db)
+    assert third.get("/api/auto-rounds").json()["policy"]["enabled"] is False
 
 
 def test_schedule_starts_rounds_by_injected_clock_and_waits_when_busy(make_fleet):
@@ -199,6 +209,38 @@ def test_a_node_lying_about_its_samples_starts_nothing(make_fleet):
         assert fleet.service.check_auto_rounds() is None
     assert fleet.get("/api/rounds").json()["rounds"] == []
     assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 500
+
+
+def test_an_automatic_round_that_makes_validation_worse_is_rolled_back(make_fleet):
+    """Simulated nodes report new samples; the round they start costs 20 points of validation
+    accuracy and the fleet rolls it back, as it would an operator's; nothing new: no second round."""
+    from tests.fleet.sim_nodes import SimSwarm
+
+    fleet = make_fleet(auto_check_s=0.05)
+    sim = SimSwarm(fleet.broker_url, fleet.swarm, ["w-1", "w-2"], round_s=0.2)
+    try:
+        sim.gain = -0.2
+        fleet.wait_for(lambda: sum(v["online"] for v in fleet.get("/api/nodes").json()["nodes"]) == 2,
+                       what="2 online nodes")
+        r = fleet.client.put("/api/auto-rounds", json={"enabled": True, "round": {"steps": 6},
+                                                       "samples": {"enabled": True, "threshold": 100}})
+        assert r.status_code == 200
+        for node in sim.nodes.values():
+            node.samples_new = 60
+            node.announce()
+        rnd = fleet.wait_for(lambda: next(iter(fleet.get("/api/rounds").json()["rounds"]), None), 10,
+                             "the automatic round")
+        assert rnd["trigger"] == "samples"
+        done = fleet.wait_for(lambda: (d := fleet.get(f"/api/rounds/{rnd['round_id']}").json())["rollback"]
+                              and d, 20, "the automatic rollback")
+        assert done["state"] == "done" and done["regressed"] and done["rollback"]["by"] == "auto"
+        assert done["rollback"]["to_version"] == 0
+        acts = [a["action"] for a in fleet.get("/api/actions").json()["actions"]]
+        assert acts == ["rollback.done", "rollback", "start_round", "auto_rounds.policy"]
+        assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 0
+        assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
+    finally:
+        sim.close()
 
 
 # -- two real edge nodes: new samples start a round by themselves ------------------------------

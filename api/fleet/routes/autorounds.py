@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 
 from api.fleet.auth import Authenticated
 from api.fleet.autorounds import AutoRoundPolicy
 from api.fleet.deps import Service
+from api.fleet.operations import RoundRejected
 
 router = APIRouter(prefix="/api", tags=["auto-rounds"])
 
@@ -21,4 +22,7 @@ def get_auto_rounds(_: Authenticated, fleet: Service) -> dict:
 @router.put("/auto-rounds")
 def put_auto_rounds(body: AutoRoundPolicy, _: Authenticated, fleet: Service) -> dict:
     """Replace the policy (one JSON object; 422 on a value out of bounds); answers as GET."""
-    return fleet.set_auto_policy(body)
+    try:
+        return fleet.set_auto_policy(body)
+    except RoundRejected as exc:
+        raise HTTPException(exc.status_code, detail=exc.reason) from None
