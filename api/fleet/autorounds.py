@@ -43,7 +43,8 @@ from api.fleet.operations import RoundRejected
 from api.fleet.rounds import RoundRequest, Trigger
 
 __all__ = ["Trigger", "Window", "ScheduleTrigger", "SamplesTrigger", "AutoRoundPolicy", "AutoState",
-           "Decision", "decide", "samples_progress", "next_schedule_due", "AutoRounds", "NODE_SHARE_MAX"]
+           "Decision", "Participants", "decide", "samples_progress", "next_schedule_due", "AutoRounds",
+           "NODE_SHARE_MAX"]
 
 log = logging.getLogger("fractal.fleet")
 
@@ -161,10 +162,17 @@ def accept_samples(state: AutoState, node_id: str, model_version: int, samples_n
     return True
 
 
-def samples_progress(policy: AutoRoundPolicy, state: AutoState, participants: list[str]) -> dict:
-    """New samples the ``participants`` hold together, each capped at NODE_SHARE_MAX of the threshold."""
+# The round's candidate participants: node -> the parameter version the fleet sees it hold.
+Participants = dict[str, int]
+
+
+def samples_progress(policy: AutoRoundPolicy, state: AutoState, participants: Participants) -> dict:
+    """New samples the ``participants`` hold together, each capped at NODE_SHARE_MAX of the threshold.
+    A figure counts only for the version the node holds now: a node whose round just committed
+    (its DONE arrived, its new status not yet) holds nothing new as far as the fleet knows."""
     cap = math.ceil(policy.samples.threshold * NODE_SHARE_MAX)
-    nodes = {n: min(state.counts[n][1], cap) if n in state.counts else 0 for n in sorted(participants)}
+    nodes = {n: min(c[1], cap) if (c := state.counts.get(n)) is not None and c[0] == v else 0
+             for n, v in sorted(participants.items())}
     return {"total": sum(nodes.values()), "threshold": policy.samples.threshold, "node_cap": cap,
             "nodes": nodes}
 
@@ -185,7 +193,7 @@ class Decision:
     wait: str | None = None  # a trigger is due but must wait (the spacing), why
 
 
-def decide(policy: AutoRoundPolicy, state: AutoState, participants: list[str], now: float) -> Decision:
+def decide(policy: AutoRoundPolicy, state: AutoState, participants: Participants, now: float) -> Decision:
     """Is an automatic round due at ``now`` (pure: tests drive it with any clock)?"""
     if not policy.enabled:
         return Decision(None)
@@ -272,12 +280,12 @@ class AutoRounds:
             for n in nodes:
                 self.state.counts[n] = (version, 0)
 
-    def check(self, participants: list[str], start: StartRound) -> dict | None:
+    def check(self, participants: Participants, start: StartRound) -> dict | None:
         """Start a round when a trigger is due; the started round, or None."""
         with self._checking:
             return self._check(participants, start)
 
-    def _check(self, participants: list[str], start: StartRound) -> dict | None:
+    def _check(self, participants: Participants, start: StartRound) -> dict | None:
         now = self.clock()
         with self._lock:
             d = decide(self.policy, self.state, participants, now)
@@ -309,7 +317,7 @@ class AutoRounds:
         self.state.deferred[trigger.value] = why
         self._store.record_action("auto_round.deferred", {"trigger": trigger.value, "reason": why}, now)
 
-    def view(self, participants: list[str]) -> dict[str, Any]:
+    def view(self, participants: Participants) -> dict[str, Any]:
         """The policy and where its triggers stand (the dashboard's panel)."""
         now = self.clock()
         with self._lock:

@@ -289,13 +289,18 @@ class FleetService:
             self.check_auto_rounds()
 
     # -- automatic rounds (api/fleet/autorounds.py) ----------------------------------------
-    def _auto_participants(self) -> list[str]:
-        """Who an automatic round would train now: idle online nodes not left out (within the
-        policy's ``round.nodes`` when it names them); their new samples count towards the threshold."""
+    def _auto_participants(self) -> dict[str, int]:
+        """Who an automatic round would train now, with the version each holds: idle online nodes
+        not left out (within the policy's ``round.nodes`` when it names them); their new samples
+        count towards the threshold."""
         named = self.auto.policy.round.nodes
-        return sorted(n for n, v in self._settled(self.nodes()).items()
-                      if v["state"] == NodeState.ONLINE.value and v["left_out"] is None
-                      and (named is None or n in named))
+        rid = self.rounds.running()
+        running = self.rounds.get(rid) if rid is not None else None
+        # members of the running round, also before their statuses say they train
+        busy = set(running["participants"]) if running is not None else set()
+        return {n: int(v["model_version"]) for n, v in self._settled(self.nodes()).items()
+                if v["state"] == NodeState.ONLINE.value and v["left_out"] is None
+                and n not in busy and (named is None or n in named)}
 
     def check_auto_rounds(self) -> dict | None:
         """Start an automatic round when the policy says one is due (the ticker calls this every

@@ -26,6 +26,7 @@ from federation.messages import NodeStatus, parse_status
 
 pytestmark = pytest.mark.mosquitto
 
+AB = {"a": 1, "b": 1}  # the candidate participants and the version each holds
 T0 = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.UTC).timestamp()
 
 
@@ -38,15 +39,17 @@ def test_samples_trigger_needs_two_nodes_and_caps_each():
     p = _policy(samples={"enabled": True, "threshold": 100})
     st = AutoState()
     accept_samples(st, "a", 1, SAMPLES_MAX)  # a liar (or the only node with data): half the threshold
-    assert decide(p, st, ["a", "b"], T0).trigger is None
-    assert samples_progress(p, st, ["a", "b"])["nodes"] == {"a": 50, "b": 0}
+    assert decide(p, st, AB, T0).trigger is None
+    assert samples_progress(p, st, AB)["nodes"] == {"a": 50, "b": 0}
     accept_samples(st, "b", 1, 49)
-    assert decide(p, st, ["a", "b"], T0).trigger is None
+    assert decide(p, st, AB, T0).trigger is None
     accept_samples(st, "b", 1, 50)
-    assert decide(p, st, ["a", "b"], T0) == decide(p, st, ["a", "b"], T0 + 1)
-    assert decide(p, st, ["a", "b"], T0).trigger is Trigger.SAMPLES
-    assert decide(p, st, ["a"], T0).trigger is None  # only participants' samples count
-    assert decide(p.model_copy(update={"enabled": False}), st, ["a", "b"], T0).trigger is None
+    assert decide(p, st, AB, T0) == decide(p, st, AB, T0 + 1)
+    assert decide(p, st, AB, T0).trigger is Trigger.SAMPLES
+    assert decide(p, st, {"a": 1}, T0).trigger is None  # only participants' samples count
+    # a node whose round just committed (the fleet sees v2) still has a v1 figure: it counts 0
+    assert samples_progress(p, st, {"a": 2, "b": 1})["nodes"] == {"a": 0, "b": 50}
+    assert decide(p.model_copy(update={"enabled": False}), st, AB, T0).trigger is None
 
 
 def test_a_count_going_backwards_is_ignored_until_a_new_version():
@@ -62,19 +65,19 @@ def test_automatic_rounds_keep_their_spacing_whatever_the_nodes_say():
     """A node reporting a huge count after every commit cannot start rounds back to back."""
     p = _policy(samples={"enabled": True, "threshold": 10}, min_spacing_min=5)
     st = AutoState(last_auto_start=T0)
-    accept_samples(st, "a", 2, SAMPLES_MAX)
-    accept_samples(st, "b", 2, SAMPLES_MAX)
-    d = decide(p, st, ["a", "b"], T0 + 299)
+    accept_samples(st, "a", 1, SAMPLES_MAX)
+    accept_samples(st, "b", 1, SAMPLES_MAX)
+    d = decide(p, st, AB, T0 + 299)
     assert d.trigger is Trigger.SAMPLES and d.wait and "5 min" in d.wait
-    assert decide(p, st, ["a", "b"], T0 + 300).wait is None
+    assert decide(p, st, AB, T0 + 300).wait is None
 
 
 def test_schedule_every_n_minutes_within_a_window():
     p = _policy(schedule={"enabled": True, "every_min": 30})
     st = AutoState(schedule_anchor=T0)
     assert next_schedule_due(p, st, T0) == T0 + 1800
-    assert decide(p, st, [], T0 + 1799).trigger is None
-    assert decide(p, st, [], T0 + 1800).trigger is Trigger.SCHEDULE
+    assert decide(p, st, {}, T0 + 1799).trigger is None
+    assert decide(p, st, {}, T0 + 1800).trigger is Trigger.SCHEDULE
     night = _policy(schedule={"enabled": True, "every_min": 30, "window": {"start": "22:00", "end": "06:00"}})
     # due at 12:30, outside 22:00-06:00: waits for 22:00 the same day
     assert next_schedule_due(night, st, T0) == T0 + 10 * 3600
@@ -160,8 +163,8 @@ def test_schedule_starts_rounds_by_injected_clock_and_waits_when_busy(make_fleet
     fleet = make_fleet(auto_check_s=0.05, round_start_timeout_s=600)
     now = [T0]
     fleet.service.auto.clock = lambda: now[0]
-    fleet.announce("sa")
-    fleet.announce("sb")
+    fleet.announce("sa", keepalive_s=600)  # no heartbeats: a slow machine must not see them stale
+    fleet.announce("sb", keepalive_s=600)
     fleet.wait_for(lambda: len([n for n in fleet.get("/api/nodes").json()["nodes"] if n["online"]]) == 2,
                    what="2 online nodes")
     r = fleet.client.put("/api/auto-rounds", json={"enabled": True, "min_spacing_min": 1,
@@ -196,19 +199,25 @@ def test_schedule_starts_rounds_by_injected_clock_and_waits_when_busy(make_fleet
 
 def test_a_node_lying_about_its_samples_starts_nothing(make_fleet):
     fleet = make_fleet(auto_check_s=0.05)
-    fleet.announce("liar", samples_new=SAMPLES_MAX)
-    fleet.announce("honest", samples_new=0)
+    fleet.announce("liar", samples_new=SAMPLES_MAX, keepalive_s=600)
+    fleet.announce("honest", samples_new=0, keepalive_s=600)
     fleet.wait_for(lambda: len([n for n in fleet.get("/api/nodes").json()["nodes"] if n["online"]]) == 2,
                    what="2 online nodes")
     r = fleet.client.put("/api/auto-rounds", json={"enabled": True, "samples": {"enabled": True,
                                                                                  "threshold": 1000}})
     assert r.json()["status"]["samples"]["nodes"] == {"honest": 0, "liar": 500}
-    fleet.announce("liar", samples_new=3)  # backwards without a new version: ignored
+    fleet.announce("liar", samples_new=3, keepalive_s=600)  # backwards without a new version: ignored
     fleet.wait_for(lambda: fleet.service.auto.ignored_backwards == 1, what="the ignored status")
     for _ in range(3):
         assert fleet.service.check_auto_rounds() is None
     assert fleet.get("/api/rounds").json()["rounds"] == []
     assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 500
+    # the operator's round, meanwhile, is recorded as the operator's
+    r = fleet.post("/api/rounds", json={"steps": 2})
+    assert r.status_code == 201, r.text
+    assert fleet.get(f"/api/rounds/{r.json()['round_id']}").json()["trigger"] == "operator"
+    start = fleet.get("/api/actions").json()["actions"][0]
+    assert start["action"] == "start_round" and start["detail"]["trigger"] == "operator"
 
 
 def test_an_automatic_round_that_makes_validation_worse_is_rolled_back(make_fleet):
@@ -235,8 +244,9 @@ def test_an_automatic_round_that_makes_validation_worse_is_rolled_back(make_flee
                               and d, 20, "the automatic rollback")
         assert done["state"] == "done" and done["regressed"] and done["rollback"]["by"] == "auto"
         assert done["rollback"]["to_version"] == 0
-        acts = [a["action"] for a in fleet.get("/api/actions").json()["actions"]]
-        assert acts == ["rollback.done", "rollback", "start_round", "auto_rounds.policy"]
+        got = fleet.get("/api/actions").json()["actions"]
+        acts = [a["action"] for a in got]
+        assert acts == ["rollback.done", "rollback", "start_round", "auto_rounds.policy"], got
         assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 0
         assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
     finally:
@@ -244,7 +254,6 @@ def test_an_automatic_round_that_makes_validation_worse_is_rolled_back(make_flee
 
 
 # -- two real edge nodes: new samples start a round by themselves ------------------------------
-@pytest.mark.slow
 def test_new_samples_on_two_nodes_start_a_round_that_commits(make_fleet, node_factory, digits_artifact,
                                                              digits_data):
     from compiler import load_artifact
@@ -280,6 +289,8 @@ def test_new_samples_on_two_nodes_start_a_round_that_commits(make_fleet, node_fa
     start = next(a for a in fleet.get("/api/actions").json()["actions"] if a["action"] == "start_round")
     assert start["detail"] == {"round_id": rnd["round_id"], "trigger": "samples",
                                "request": start["detail"]["request"]}
+    acts = fleet.get("/api/actions").json()["actions"]
+    assert not [a for a in acts if a["action"] == "auto_round.deferred"]  # nothing fired while it ran
     # the nodes now report nothing new: no second round follows
     fleet.wait_for(lambda: all(v["samples_new"] == 0 and v["model_version"] == 1
                                for v in fleet.get("/api/nodes").json()["nodes"]), 20, "statuses after commit")

@@ -63,6 +63,10 @@ def test_auto_rounds_switch_schedule_and_trigger_shown(make_fleet, browser):
         assert "0 / 500 new samples" in page.inner_text("#auto-samples")
 
         # the schedule's time comes: a round starts by itself, runs and commits; shown with its trigger
+        for node in sim.nodes.values():  # simulated nodes send no heartbeats: fresh statuses first
+            node.announce()
+        fleet.wait_for(lambda: all(v["age_s"] < 5 for v in fleet.get("/api/nodes").json()["nodes"]),
+                       what="fresh statuses")
         now[0] += 120
         row = page.locator("#rounds tbody tr[data-trigger=schedule]")
         row.wait_for(timeout=10_000)
