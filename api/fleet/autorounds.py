@@ -241,9 +241,11 @@ class AutoRounds:
     periodically with the round's candidate participants; :attr:`clock` is the checks' time (a
     test replaces it to drive the schedule)."""
 
-    def __init__(self, store: FleetHistory, clock: Callable[[], float]) -> None:
+    def __init__(self, store: FleetHistory, clock: Callable[[], float],
+                 stamp: Callable[[], float] | None = None) -> None:
         self._store = store
         self.clock = clock
+        self._stamp = stamp or clock  # the time recorded actions carry (the fleet's clock)
         self._lock = threading.Lock()
         self._checking = threading.Lock()  # one check at a time: decide and start together
         self.policy = _stored_policy(store.get_value(_POLICY_KEY))
@@ -262,7 +264,8 @@ class AutoRounds:
             self.state.deferred.clear()
             self._store.set_value(_POLICY_KEY, policy.model_dump_json())
             self._store.set_value(_STATE_KEY, self.state.to_json())
-        self._store.record_action("auto_rounds.policy", {"policy": policy.model_dump(mode="json")}, now)
+        self._store.record_action("auto_rounds.policy", {"policy": policy.model_dump(mode="json")},
+                                  self._stamp())
         return policy.model_dump(mode="json")
 
     def on_status(self, node_id: str, model_version: int, samples_new: int | None) -> None:
@@ -294,13 +297,13 @@ class AutoRounds:
                 self.state.deferred.clear()
                 return None
             if d.wait is not None:
-                self._defer(d.trigger, d.wait, now)
+                self._defer(d.trigger, d.wait)
                 return None
         try:
             rnd = start(policy.round, d.trigger)
         except RoundRejected as exc:
             with self._lock:
-                self._defer(d.trigger, exc.reason, now)
+                self._defer(d.trigger, exc.reason)
             return None
         with self._lock:
             self.state.last_auto_start = now
@@ -310,12 +313,13 @@ class AutoRounds:
             self._store.set_value(_STATE_KEY, self.state.to_json())
         return rnd
 
-    def _defer(self, trigger: Trigger, why: str, now: float) -> None:
+    def _defer(self, trigger: Trigger, why: str) -> None:
         """Record a due round that waits, once per reason (every check retries)."""
         if self.state.deferred.get(trigger.value) == why:
             return
         self.state.deferred[trigger.value] = why
-        self._store.record_action("auto_round.deferred", {"trigger": trigger.value, "reason": why}, now)
+        self._store.record_action("auto_round.deferred", {"trigger": trigger.value, "reason": why},
+                                  self._stamp())
 
     def view(self, participants: Participants) -> dict[str, Any]:
         """The policy and where its triggers stand (the dashboard's panel)."""

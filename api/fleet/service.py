@@ -81,7 +81,7 @@ class FleetService:
             store=self.history, margin=settings.rollback_margin,
             offline_grace_s=settings.round_offline_grace_s, operations=self.operations)
         # Rounds the fleet starts by itself (a schedule, new samples), through start_round.
-        self.auto = AutoRounds(self.history, clock)
+        self.auto = AutoRounds(self.history, clock, stamp=clock)
         self._next_auto_check = 0.0
         self._auto_published: dict | None = None
         self.rollbacks = RollbackManager(swarm=settings.swarm, publish=self._publish,
