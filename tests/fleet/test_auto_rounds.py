@@ -4,9 +4,11 @@ Mosquitto, and two real edge nodes whose new samples start a round that commits 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -256,6 +258,13 @@ def test_an_automatic_round_that_makes_validation_worse_is_rolled_back(make_flee
 # -- two real edge nodes: new samples start a round by themselves ------------------------------
 def test_new_samples_on_two_nodes_start_a_round_that_commits(make_fleet, node_factory, digits_artifact,
                                                              digits_data):
+    with contextlib.ExitStack() as stack:
+        _new_samples_start_a_round(stack, make_fleet, node_factory, digits_artifact, digits_data)
+
+
+def _new_samples_start_a_round(stack, make_fleet, node_factory, digits_artifact, digits_data):
+    from api.node_app import create_node_app
+    from api.serving import ServerThread
     from compiler import load_artifact
 
     fleet = make_fleet(auto_check_s=0.1)
@@ -274,10 +283,18 @@ def test_new_samples_on_two_nodes_start_a_round_that_commits(make_fleet, node_fa
               "round": {"steps": 3, "lr": 0.05}}
     r = fleet.client.put("/api/auto-rounds", json=policy)
     assert r.status_code == 200, r.text
-    nodes[0].add_samples({"x": x[:150]}, y[:150])  # one node alone: at most half the threshold
+    # the samples arrive as a client posts them: over each node's HTTP API
+    servers = [stack.enter_context(ServerThread(create_node_app(n))) for n in nodes]
+
+    def post(k: int, lo: int, hi: int) -> None:
+        body = {"inputs": {"x": x[lo:hi].tolist()}, "labels": y[lo:hi].tolist()}
+        r = httpx.post(f"{servers[k].url}/v1/samples", json=body, timeout=30)
+        assert r.status_code < 300, r.text
+
+    post(0, 0, 150)  # one node alone: at most half the threshold
     fleet.wait_for(lambda: new_of("auto-n0") == 100, 20, "n0's new samples")
     assert fleet.get("/api/rounds").json()["rounds"] == []
-    nodes[1].add_samples({"x": x[150:250]}, y[150:250])
+    post(1, 150, 250)
     rnd = fleet.wait_for(lambda: next(iter(fleet.get("/api/rounds").json()["rounds"]), None), 20,
                          "the automatic round")
     assert rnd["trigger"] == "samples" and rnd["participants"] == ids
@@ -296,6 +313,6 @@ def test_new_samples_on_two_nodes_start_a_round_that_commits(make_fleet, node_fa
                                for v in fleet.get("/api/nodes").json()["nodes"]), 20, "statuses after commit")
     assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 0
     assert [n.store.count_new() for n in nodes] == [0, 0]
-    nodes[0].add_samples({"x": x[300:310]}, y[300:310])
+    post(0, 300, 310)
     fleet.wait_for(lambda: new_of("auto-n0") == 10, 20, "samples after the commit")
     assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
