@@ -48,6 +48,9 @@ __all__ = ["Trigger", "Window", "ScheduleTrigger", "SamplesTrigger", "AutoRoundP
 
 log = logging.getLogger("fractal.fleet")
 
+# Distinct waits recorded as actions between two automatic starts (the rest only show as "waiting").
+RECORDED_WAITS_MAX = 20
+
 # Each node's new samples count towards the threshold up to this share of it.
 NODE_SHARE_MAX = 0.5
 
@@ -133,7 +136,10 @@ class AutoState:
     schedule_anchor: float | None = None  # the schedule counts every_min from here
     # node -> (model_version, samples_new) as last accepted (see accept_samples)
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
-    deferred: dict[str, str] = field(default_factory=dict)  # trigger -> why it waits (recorded once)
+    deferred: dict[str, str] = field(default_factory=dict)  # trigger -> why it waits now
+    # (trigger, why) recorded since the last automatic start or policy change: a count flapping
+    # around the threshold (a node going offline and back) records each reason once, not per check
+    recorded: set[tuple[str, str]] = field(default_factory=set)
 
     def to_json(self) -> str:
         return json.dumps({"last_auto_start": self.last_auto_start, "schedule_anchor": self.schedule_anchor})
@@ -262,6 +268,7 @@ class AutoRounds:
                 self.state.schedule_anchor = now
             self.policy = policy
             self.state.deferred.clear()
+            self.state.recorded.clear()
             self._store.set_value(_POLICY_KEY, policy.model_dump_json())
             self._store.set_value(_STATE_KEY, self.state.to_json())
         self._store.record_action("auto_rounds.policy", {"policy": policy.model_dump(mode="json")},
@@ -310,14 +317,17 @@ class AutoRounds:
             if d.trigger is Trigger.SCHEDULE:
                 self.state.schedule_anchor = now
             self.state.deferred.clear()
+            self.state.recorded.clear()
             self._store.set_value(_STATE_KEY, self.state.to_json())
         return rnd
 
     def _defer(self, trigger: Trigger, why: str) -> None:
         """Record a due round that waits, once per reason (every check retries)."""
-        if self.state.deferred.get(trigger.value) == why:
-            return
         self.state.deferred[trigger.value] = why
+        key = (trigger.value, why)
+        if key in self.state.recorded or len(self.state.recorded) >= RECORDED_WAITS_MAX:
+            return
+        self.state.recorded.add(key)
         self._store.record_action("auto_round.deferred", {"trigger": trigger.value, "reason": why},
                                   self._stamp())
 

@@ -213,6 +213,7 @@ def test_a_node_lying_about_its_samples_starts_nothing(make_fleet):
     for _ in range(3):
         assert fleet.service.check_auto_rounds() is None
     assert fleet.get("/api/rounds").json()["rounds"] == []
+    assert fleet.service.auto.state.recorded == set()  # nothing was due: nothing waited
     assert fleet.get("/api/auto-rounds").json()["status"]["samples"]["total"] == 500
     # the operator's round, meanwhile, is recorded as the operator's
     r = fleet.post("/api/rounds", json={"steps": 2})
@@ -316,3 +317,32 @@ def _new_samples_start_a_round(stack, make_fleet, node_factory, digits_artifact,
     post(0, 300, 310)
     fleet.wait_for(lambda: new_of("auto-n0") == 10, 20, "samples after the commit")
     assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
+
+
+def test_a_flapping_count_records_each_wait_once(tmp_path):
+    """A count crossing the threshold again and again during the spacing (a node dropping off and
+    coming back) records its wait once, however often it flaps; the panel shows it while it waits."""
+    from api.fleet.autorounds import AutoRounds
+    from api.fleet.history import FleetHistory
+
+    store = FleetHistory(tmp_path / "f.sqlite")
+    now = [T0]
+    auto = AutoRounds(store, lambda: now[0])
+    auto.set_policy(_policy(samples={"enabled": True, "threshold": 100}))
+    started: list[str] = []
+    auto.state.last_auto_start = T0 - 60  # a minute ago: 9 to wait
+    for _ in range(50):
+        auto.on_status("a", 1, 60)
+        auto.on_status("b", 1, 60)
+        assert auto.check(AB, lambda req, t: started.append(t) or {}) is None
+        assert auto.view(AB)["status"]["waiting"]["samples"].startswith("the last automatic round")
+        auto.on_status("b", 1, None)  # its Last Will: no figure
+        assert auto.check(AB, lambda req, t: started.append(t) or {}) is None
+        assert auto.view(AB)["status"]["waiting"] == {}
+    waits = [a for a in store.actions(500) if a["action"] == "auto_round.deferred"]
+    assert len(waits) == 1 and started == []
+    now[0] = T0 + 9 * 60
+    auto.on_status("b", 1, 60)
+    assert auto.check(AB, lambda req, t: started.append(t) or {"round_id": "r"}) == {"round_id": "r"}
+    assert started == [Trigger.SAMPLES] and auto.state.last_auto_start == now[0]
+    store.close()
