@@ -10,7 +10,18 @@ from fastapi.staticfiles import StaticFiles
 
 from api.errors import install_common_handlers
 from api.fleet.gate import FleetAuthGate, body_limit
-from api.fleet.routes import auth, enrollment, events, images, nodes, page, rollback, rollouts, rounds
+from api.fleet.routes import (
+    auth,
+    autorounds,
+    enrollment,
+    events,
+    images,
+    nodes,
+    page,
+    rollback,
+    rollouts,
+    rounds,
+)
 from api.fleet.routes.page import STATIC
 from api.fleet.service import FleetService, LinkFactory
 from api.fleet.settings import FleetSettings
@@ -43,7 +54,7 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
     app.state.settings = settings
     app.state.fleet = fleet
     app.state.stopping = asyncio.Event()
-    for r in (auth, nodes, rounds, rollback, images, rollouts, enrollment, events, page):
+    for r in (auth, nodes, rounds, autorounds, rollback, images, rollouts, enrollment, events, page):
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_common_handlers(app)  # error bodies are {"error": ...}, as on the node

@@ -545,6 +545,7 @@ class EdgeNode:
                           artifact=ArtifactInfo(model=self.model_name, target=m.preset, tuned=m.tuning.tuned,
                                                 tvm_version=m.tvm_version),
                           health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,
+                          samples_new=self.store.count_new(),
                           validation=self.rounds.validation, versions=self.model.versions.available(),
                           image=self.images.image_info(),
                           heartbeat_s=self.config.heartbeat_s, keepalive_s=float(self.config.keepalive_s))

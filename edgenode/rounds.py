@@ -273,6 +273,7 @@ class RoundRunner:
         rng = np.random.default_rng([tcfg.seed, zlib.crc32(self.node_id.encode()),
                                      zlib.crc32(cmd.round_id.encode())])
         try:
+            taken_upto = p.store.last_id()  # samples after this one are new to the next round
             samples = self._training_samples(plan)
             val_samples = self._validation_samples()
             val_before = self._evaluate(p.model.snapshot, val_samples)
@@ -301,6 +302,10 @@ class RoundRunner:
         # The same validation samples before and after: the difference is the round's doing.
         self.validation = self._evaluate(p.model.snapshot, val_samples)
         p.params_changed()  # new parameters: e.g. the anomaly threshold follows them
+        try:  # before DONE: the status after it reports samples_new counted from this round
+            p.store.mark_trained(taken_upto)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not undo a committed round
+            log.warning("%s: could not record the samples round %s took: %s", self.node_id, cmd.round_id, exc)
         final = next((x for x in reversed(result.losses) if np.isfinite(x)), None)
         self._emit(RoundEvent(kind=EventKind.DONE, round_id=cmd.round_id, node_id=self.node_id,
                               step=plan.steps, loss=final, params_sha256=result.sha256,

@@ -110,6 +110,8 @@ class SampleStore:
         self._add_split_column()
         self._add_label_columns()
         self._count = self._db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        row = self._db.execute("SELECT value FROM meta WHERE key='trained_upto'").fetchone()
+        self._trained_upto = int(row[0]) if row else 0  # see mark_trained
 
     def _add_split_column(self) -> None:
         """Stores written before the validation share get the column, computed from their rows."""
@@ -371,6 +373,33 @@ class SampleStore:
         labels = labels.reshape(n, *self.spec.label_shape).copy()
         known = np.fromiter((bool(r[2]) for r in rows), dtype=bool, count=n)
         return Samples(inputs, labels, known)
+
+    def last_id(self) -> int:
+        """The id of the newest sample ever stored (ids only grow; 0 for a new store)."""
+        with self._lock:
+            if self._closed:
+                return 0
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='samples'").fetchone()
+            return int(row[0]) if row else 0
+
+    def mark_trained(self, upto_id: int) -> None:
+        """A committed round trained on the samples up to ``upto_id`` (the :meth:`last_id` when it
+        took them): :meth:`count_new` counts from there. Durable (a restarted node keeps it)."""
+        with self._lock:
+            if self._closed or upto_id <= self._trained_upto:
+                return
+            with self._tx():
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('trained_upto', ?)", (str(upto_id),))
+            self._trained_upto = int(upto_id)
+
+    def count_new(self) -> int:
+        """How many stored samples arrived after the last committed round took its samples (all of
+        them before the first): the figure the fleet's automatic rounds wait on."""
+        with self._lock:
+            if self._closed:
+                return 0
+            return int(self._db.execute("SELECT COUNT(*) FROM samples WHERE id > ?",
+                                        (self._trained_upto,)).fetchone()[0])
 
     def clear(self) -> None:
         """Delete every sample (durably)."""

@@ -150,6 +150,9 @@ class NodeStatus(_Msg):
     health: NodeHealth | None = None
     samples_train: b.Samples | None = None
     samples_val: b.Samples | None = None
+    # Samples stored since the node's last committed round took its own (the fleet's automatic
+    # rounds wait on it; api/fleet/autorounds.py). None: an older node.
+    samples_new: b.Samples | None = None
     validation: Validation | None = None  # after the last committed round (or rollback)
     versions: list[b.ModelVersion] = Field(default_factory=list, max_length=1024)  # rollback targets
     image: ImageInfo | None = None  # None: the node does not run from a device image

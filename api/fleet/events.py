@@ -25,6 +25,7 @@ class EventType(enum.StrEnum):
     ROLLBACK = "rollback"  # a rollback started, finished or failed (an operator action was recorded)
     ROLLOUT = "rollout"  # an image roll-out or image rollback progressed
     IMAGES = "images"  # the image catalogue changed (an upload)
+    AUTO_ROUNDS = "auto_rounds"  # the automatic-round policy or where its triggers stand changed
     ENROLLMENT = "enrollment"  # a device asked to enrol, or the operator decided (api/fleet/enrollment.py)
 
 

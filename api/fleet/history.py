@@ -1,4 +1,5 @@
-"""Durable fleet state: round history, per-round metrics and the operator's actions in SQLite.
+"""Durable fleet state: round history, per-round metrics, the operator's actions and run-time
+settings (the automatic-round policy) in SQLite.
 
 One file per fleet (``FleetSettings.db``), WAL mode, written on every round state change and
 every operator action, read when the service starts, so a restarted fleet shows the same history.
@@ -40,6 +41,10 @@ CREATE TABLE IF NOT EXISTS actions (
     ts     REAL NOT NULL,
     action TEXT NOT NULL,
     detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS kv (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
 );
 """
 
@@ -108,6 +113,16 @@ class FleetHistory:
             self.save_round(rnd)
             closed.append(rnd["round_id"])
         return closed
+
+    # -- settings the operator changes at run time (e.g. the automatic-round policy) ------------
+    def get_value(self, key: str) -> str | None:
+        with self._lock:
+            row = self._open().execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_value(self, key: str, value: str) -> None:
+        with self._lock:
+            self._open().execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
 
     # -- operator actions -----------------------------------------------------------------------
     def record_action(self, action: str, detail: dict[str, Any], now: float | None = None) -> None:

@@ -66,6 +66,7 @@ class NodeEntry:
             "health": st.health.model_dump() if st.health else None,
             "samples_train": st.samples_train,
             "samples_val": st.samples_val,
+            "samples_new": st.samples_new,
             "validation": st.validation.model_dump() if st.validation else None,
             "versions": list(st.versions),
             "image": st.image.model_dump(mode="json") if st.image else None,

@@ -44,7 +44,7 @@ from federation.robust import Aggregation
 from federation.roundspec import Compression, RoundSpec, SyncMode
 from federation.startversion import start_hash
 
-__all__ = ["PLOT_POINTS", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager",
+__all__ = ["PLOT_POINTS", "Trigger", "RoundState", "RoundRequest", "RoundRejected", "Round", "RoundManager",
            "swarm_validation", "validation_weights", "regression", "VALIDATION_WEIGHT_FACTOR",
            "ROLLBACK_Z", "STRIKES_MAX", "too_many_participants"]
 
@@ -59,6 +59,14 @@ ROLLBACK_Z = 2.0
 STRIKES_MAX = 3
 
 log = logging.getLogger(__name__)
+
+
+class Trigger(enum.StrEnum):
+    """Who started a round: the operator, or the fleet by itself (api/fleet/autorounds.py)."""
+
+    OPERATOR = "operator"
+    SCHEDULE = "schedule"
+    SAMPLES = "samples"
 
 
 class RoundState(enum.StrEnum):
@@ -149,6 +157,7 @@ class Round:
     checked_val: dict[str, int | None] = field(default_factory=dict)
     accounted: bool = False  # its failure names were counted (RoundManager._account)
     left_out: dict[str, str] = field(default_factory=dict)  # requested, left out for failing rounds
+    trigger: Trigger = Trigger.OPERATOR
 
     @property
     def round_id(self) -> str:
@@ -230,6 +239,7 @@ class Round:
         validation = self.validation()
         return {
             "round_id": cmd.round_id,
+            "trigger": self.trigger.value,
             "state": self.state.value,
             "reason": self.reason,
             "participants": list(cmd.participants),
@@ -397,7 +407,7 @@ class RoundManager:
               halted: dict[str, str] | None = None,
               holdings: dict[str, str] | None = None,
               val_counts: dict[str, int | None] | None = None,
-              site_of: dict[str, str | None] | None = None) -> Round:
+              site_of: dict[str, str | None] | None = None, trigger: Trigger = Trigger.OPERATOR) -> Round:
         """Validate against the live swarm, publish the RoundCommand, return the new round.
         ``holdings`` (node -> params_sha256 of its last status) fixes the start parameters by
         the start-version rule (federation/startversion.py), never by the highest version.
@@ -457,7 +467,7 @@ class RoundManager:
             rnd = Round(command=cmd, started_at=now, skipped=skipped,
                         progress={n: _Progress() for n in participants}, margin=self._margin,
                         checked_val={n: (val_counts or {}).get(n) for n in participants},
-                        left_out=left_out)
+                        left_out=left_out, trigger=trigger)
             self._rounds[cmd.round_id] = rnd
             while len(self._rounds) > self._history:
                 self._rounds.popitem(last=False)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 
+from api.fleet.autorounds import AutoRoundPolicy, AutoRounds
 from api.fleet.enrollment import EnrollmentManager, device_broker_url
 from api.fleet.events import EventBus, EventType
 from api.fleet.history import FleetHistory
@@ -22,7 +23,15 @@ from api.fleet.operations import Operations
 from api.fleet.registry import NodeRegistry
 from api.fleet.rollback import Rollback, RollbackManager, RollbackRequest
 from api.fleet.rollouts import ImageRollbackRequest, Rollout, RolloutManager, RolloutRequest
-from api.fleet.rounds import PLOT_POINTS, Round, RoundManager, RoundRejected, RoundRequest, RoundState
+from api.fleet.rounds import (
+    PLOT_POINTS,
+    Round,
+    RoundManager,
+    RoundRejected,
+    RoundRequest,
+    RoundState,
+    Trigger,
+)
 from api.fleet.settings import FleetSettings
 from federation import grants, topics
 from federation.auth import Keyring, Reject
@@ -71,6 +80,10 @@ class FleetService:
             step_timeout_s=settings.step_timeout_s, max_steps=settings.max_steps, history=settings.history,
             store=self.history, margin=settings.rollback_margin,
             offline_grace_s=settings.round_offline_grace_s, operations=self.operations)
+        # Rounds the fleet starts by itself (a schedule, new samples), through start_round.
+        self.auto = AutoRounds(self.history, clock, stamp=clock)
+        self._next_auto_check = 0.0
+        self._auto_published: dict | None = None
         self.rollbacks = RollbackManager(swarm=settings.swarm, publish=self._publish,
                                          timeout_s=settings.rollback_timeout_s, store=self.history,
                                          operations=self.operations)
@@ -144,6 +157,7 @@ class FleetService:
         now = self.clock()
         node = topic.rsplit("/", 1)[-1]
         if not payload:  # retained status cleared: the node was decommissioned
+            self.auto.forget(node)
             if self.registry.remove(node):
                 self.bus.publish(EventType.NODE, {"node_id": node, "removed": True})
             return
@@ -159,6 +173,7 @@ class FleetService:
         if view is None:
             self._reject(topic, f"registry full ({self.registry.max_nodes} nodes)", "registry_full")
             return
+        self.auto.on_status(node, status.model_version, status.samples_new)
         self.bus.publish(EventType.NODE, view | {"left_out": self.rounds.left_out().get(node)})
         if not view["online"]:
             if view["state"] == NodeState.HALTED.value:  # the board will not come back by itself
@@ -202,6 +217,9 @@ class FleetService:
         else:
             self._rounds_changed([rnd])
             if rnd.state is RoundState.DONE:
+                after = rnd.versions()[1]
+                if after is not None:  # its members hold nothing new until their statuses say so
+                    self.auto.committed(list(rnd.command.participants), after)
                 self._judge(rnd)
 
     def _judge(self, rnd: Round) -> None:
@@ -266,6 +284,51 @@ class FleetService:
             dirty, self._dirty = self._dirty, set()
         for rid in sorted(dirty):
             self._publish_round(rid)
+        if now >= self._next_auto_check:
+            self._next_auto_check = now + self.settings.auto_check_s
+            self.check_auto_rounds()
+
+    # -- automatic rounds (api/fleet/autorounds.py) ----------------------------------------
+    def _auto_participants(self) -> dict[str, int]:
+        """Who an automatic round would train now, with the version each holds: idle online nodes
+        not left out (within the policy's ``round.nodes`` when it names them); their new samples
+        count towards the threshold."""
+        named = self.auto.policy.round.nodes
+        rid = self.rounds.running()
+        running = self.rounds.get(rid) if rid is not None else None
+        # members of the running round, also before their statuses say they train
+        busy = set(running["participants"]) if running is not None else set()
+        return {n: int(v["model_version"]) for n, v in self._settled(self.nodes()).items()
+                if v["state"] == NodeState.ONLINE.value and v["left_out"] is None
+                and n not in busy and (named is None or n in named)}
+
+    def check_auto_rounds(self) -> dict | None:
+        """Start an automatic round when the policy says one is due (the ticker calls this every
+        ``auto_check_s``); the started round, or None. Publishes the panel's view when it changed."""
+        rnd = self.auto.check(self._auto_participants(), lambda req, trigger: self.start_round(req, trigger))
+        self._publish_auto()
+        return rnd
+
+    def auto_view(self) -> dict:
+        return self.auto.view(self._auto_participants())
+
+    def set_auto_policy(self, policy: AutoRoundPolicy) -> dict:
+        """``PUT /api/auto-rounds``: store the policy (it survives a restart), publish the new view.
+        RoundRejected (422) when its round asks for more steps than this fleet allows."""
+        if policy.round.steps > self.settings.max_steps:
+            raise RoundRejected(f"round.steps={policy.round.steps} exceeds this fleet's limit of "
+                                f"{self.settings.max_steps}", 422)
+        self.auto.set_policy(policy)
+        self._next_auto_check = 0.0  # check at the next tick
+        return self._publish_auto(force=True)
+
+    def _publish_auto(self, force: bool = False) -> dict:
+        view = self.auto_view()
+        key = {k: v for k, v in view["status"].items() if k != "now"} | {"policy": view["policy"]}
+        if force or key != self._auto_published:
+            self._auto_published = key
+            self.bus.publish(EventType.AUTO_ROUNDS, view)
+        return view
 
     def _publish_round(self, round_id: str) -> None:
         """Publish the round's current state. Read and publish under one lock: threads (MQTT
@@ -341,7 +404,8 @@ class FleetService:
             out[v["node_id"]] = v
         return out
 
-    def start_round(self, req: RoundRequest) -> dict:
+    def start_round(self, req: RoundRequest, trigger: Trigger = Trigger.OPERATOR) -> dict:
+        """Start a round (the operator's ``POST /api/rounds``, or an automatic one with its trigger)."""
         now = self.clock()
         views = self._settled(self.nodes())
         rnd = self.rounds.start(req, online={n for n, v in views.items() if v["state"] == "online"},
@@ -350,8 +414,8 @@ class FleetService:
                                 known=set(views), now=now,
                                 holdings={n: v["params_sha256"] for n, v in views.items()},
                                 val_counts={n: v["samples_val"] for n, v in views.items()},
-                                site_of={n: v["site"] for n, v in views.items()})
-        self.history.record_action("start_round", {"round_id": rnd.round_id,
+                                site_of={n: v["site"] for n, v in views.items()}, trigger=trigger)
+        self.history.record_action("start_round", {"round_id": rnd.round_id, "trigger": trigger.value,
                                                    "request": req.model_dump(mode="json")}, now)
         self._publish_round(rnd.round_id)
         return rnd.to_dict(PLOT_POINTS)
@@ -429,4 +493,4 @@ class FleetService:
                 "actions": self.history.actions(50), "margin": self.settings.rollback_margin,
                 "auto_rollback": self.settings.auto_rollback, "rollouts": self.rollouts.recent(),
                 "images": self.images.list() if self.images is not None else None,
-                "enrollments": self.enrollment.list()}
+                "enrollments": self.enrollment.list(), "auto_rounds": self.auto_view()}

@@ -49,6 +49,9 @@ class FleetSettings(BaseSettings):
     # SQLite file of round history and operator actions; empty: the user data dir, per swarm.
     db: str = ""
     tick_s: float = Field(default=0.25, gt=0)  # how often deadlines and heartbeats are checked
+    # How often the automatic-round policy (api/fleet/autorounds.py) is checked; a due round that
+    # must wait (the swarm is busy) is tried again at the next check.
+    auto_check_s: float = Field(default=5.0, gt=0, le=3600)
     # Device image catalogue (api/fleet/images.py): off when empty; uploads must verify with image_keys.
     images_dir: str = ""
     image_keys: list[str] = Field(default_factory=list)

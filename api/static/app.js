@@ -4,7 +4,7 @@
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#e07b39", "#3aa17e", "#8e5bd0", "#d04f7a", "#3f8fd2", "#9a8a2e", "#5e6d7e", "#c2462d"];
 const state = {swarm: "", nodes: new Map(), rounds: new Map(), selected: null, es: null, connected: false,
-  rollback: null, actions: [], margin: null, images: null, rollouts: new Map(), enrollments: []};
+  rollback: null, actions: [], margin: null, images: null, rollouts: new Map(), enrollments: [], auto: null};
 
 // ---- the error banner: dismissable, and it clears itself once its condition is gone -------------
 const banner = {resolved: null};
@@ -229,8 +229,9 @@ function renderRounds() {
     const versions = r.version_after != null ? `v${r.version_before} &rarr; v${r.version_after}` : "";
     const canUndo = r.state === "done" && !r.rollback && r.version_after != null;
     const undo = canUndo ? `<button class="undo secondary small" data-undo="${esc(r.round_id)}" ${busy ? "disabled" : ""}>roll back</button>` : "";
-    return `<tr data-round-id="${esc(r.round_id)}" data-state="${esc(r.state)}" data-rolled-back="${r.rollback ? "1" : ""}" class="${r.round_id === state.selected ? "selected" : ""}">
-      <td class="hash">${esc(r.round_id)}</td><td>${new Date(r.started_at * 1000).toLocaleTimeString()}</td>
+    const trig = r.trigger && r.trigger !== "operator" ? ` <span class="badge auto" title="started by the fleet">${esc(r.trigger)}</span>` : "";
+    return `<tr data-round-id="${esc(r.round_id)}" data-state="${esc(r.state)}" data-trigger="${esc(r.trigger || "operator")}" data-rolled-back="${r.rollback ? "1" : ""}" class="${r.round_id === state.selected ? "selected" : ""}">
+      <td class="hash">${esc(r.round_id)}${trig}</td><td>${new Date(r.started_at * 1000).toLocaleTimeString()}</td>
       <td>${esc(r.participants.join(", "))}</td><td class="num">${r.loss.length ? r.loss[r.loss.length - 1].step + 1 : 0}/${r.steps}</td>
       <td>${outcome(r)}</td>
       <td class="num">${ll === null ? "" : ll.toFixed(4)}</td><td class="validation">${validationCell(r)}</td>
@@ -290,7 +291,76 @@ function upsertRound(r) {
   state.rounds.set(r.round_id, r);
   if (isNew && (state.selected === null || r.state === "running")) state.selected = r.round_id;
   renderRounds();
+  if (isNew && r.trigger && r.trigger !== "operator") refreshActions();  // the fleet started it
 }
+
+// ---- automatic rounds (GET/PUT /api/auto-rounds) ---------------------------------------------
+function autoSummary(p) {
+  if (!p.enabled) return "Off: rounds start only when an operator starts one.";
+  const parts = [];
+  if (p.schedule?.enabled) {
+    const w = p.schedule.window;
+    parts.push(`every ${p.schedule.every_min} min${w ? ` between ${w.start} and ${w.end} UTC` : ""}`);
+  }
+  if (p.samples?.enabled) parts.push(`when the participants hold ${p.samples.threshold} new samples`);
+  if (!parts.length) return "On, but no trigger is switched on.";
+  return `On: ${parts.join(", or ")}; at least ${p.min_spacing_min} min apart, ${p.round?.steps} steps each.`;
+}
+
+function renderAuto() {
+  const a = state.auto;
+  $("auto-card").hidden = !a;
+  if (!a) return;
+  const p = a.policy, st = a.status;
+  $("auto-enabled").checked = p.enabled;
+  $("auto-summary").textContent = autoSummary(p);
+  $("auto-card").dataset.enabled = p.enabled ? "1" : "";
+  const next = st.next_due;
+  $("auto-next").textContent = next == null ? "" : `next scheduled round: ${new Date(next * 1000).toLocaleTimeString()}` +
+    ` (${next <= st.now ? "due now" : `in ${dur(next - st.now)}`})`;
+  $("auto-next").dataset.due = next == null ? "" : String(next);
+  const s = st.samples;
+  $("auto-samples-row").hidden = !(p.enabled && p.samples.enabled);
+  $("auto-progress").max = s.threshold; $("auto-progress").value = Math.min(s.total, s.threshold);
+  $("auto-samples").textContent = `${s.total} / ${s.threshold} new samples (each node counts up to ${s.node_cap})`;
+  $("auto-samples").dataset.total = String(s.total);
+  const waits = Object.entries(st.waiting || {});
+  $("auto-waiting").textContent = waits.map(([t, why]) => `${t} round waits: ${why}`).join("; ");
+  if (document.activeElement?.closest("#auto-form")) return;  // do not overwrite what the operator types
+  $("auto-schedule").checked = p.schedule.enabled; $("auto-every").value = p.schedule.every_min;
+  $("auto-from").value = p.schedule.window?.start || ""; $("auto-to").value = p.schedule.window?.end || "";
+  $("auto-on-samples").checked = p.samples.enabled; $("auto-threshold").value = p.samples.threshold;
+  $("auto-spacing").value = p.min_spacing_min; $("auto-steps").value = p.round.steps;
+}
+
+async function putAuto(policy) {
+  showError("");
+  try {
+    state.auto = await api("PUT", "/api/auto-rounds", policy);
+    renderAuto();
+    refreshActions();
+  } catch (e) {
+    showError(`Policy not saved: ${e.message}`, () => false);
+    renderAuto();
+  }
+}
+
+$("auto-enabled").addEventListener("change", () => {
+  if (state.auto) putAuto({...state.auto.policy, enabled: $("auto-enabled").checked});
+});
+
+$("auto-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  if (!state.auto) return;
+  const p = state.auto.policy;
+  const from = $("auto-from").value, to = $("auto-to").value;
+  putAuto({...p,
+    schedule: {enabled: $("auto-schedule").checked, every_min: parseFloat($("auto-every").value),
+      window: from && to ? {start: from, end: to} : null},
+    samples: {enabled: $("auto-on-samples").checked, threshold: parseInt($("auto-threshold").value, 10)},
+    min_spacing_min: parseFloat($("auto-spacing").value),
+    round: {...p.round, steps: parseInt($("auto-steps").value, 10)}});
+});
 
 // ---- device images: catalogue, roll-outs, image rollbacks --------------------------------
 function renderImages() {
@@ -408,8 +478,11 @@ function actionText(a) {
   const d = a.detail || {};
   if (a.action === "start_round") {
     const q = d.request || {};
-    return `round <span class="hash">${esc(d.round_id)}</span>: ${esc(q.steps)} steps${q.lr ? `, lr ${esc(q.lr)}` : ""}`;
+    return `round <span class="hash">${esc(d.round_id)}</span>: ${esc(q.steps)} steps${q.lr ? `, lr ${esc(q.lr)}` : ""}` +
+      ` <span class="badge ${d.trigger && d.trigger !== "operator" ? "auto" : "operator"} trigger">${esc(d.trigger || "operator")}</span>`;
   }
+  if (a.action === "auto_round.deferred") return `${esc(d.trigger)} round waits: ${esc(d.reason)}`;
+  if (a.action === "auto_rounds.policy") return esc(autoSummary(d.policy || {}));
   if (a.action.startsWith("image.")) {
     const what = d.kind === "rollout" ? `${esc(d.version)}, canary ${esc(d.canary)}` : "previous slot";
     return `${esc((d.stages || []).flat().join(", "))}: ${what}${d.reason ? ` <span class="bad">${esc(d.reason)}</span>` : ""}`;
@@ -476,7 +549,8 @@ function connect() {
     state.images = s.images ?? null;
     state.rollouts = new Map((s.rollouts || []).map((r) => [r.rollout_id, r]));
     state.enrollments = s.enrollments || [];
-    renderNodes(); renderRounds(); renderActions(); renderImages(); renderRollout(); renderEnrollments();
+    state.auto = s.auto_rounds || null;
+    renderNodes(); renderRounds(); renderActions(); renderImages(); renderRollout(); renderEnrollments(); renderAuto();
   });
   es.addEventListener("enrollment", (ev) => { state.enrollments = JSON.parse(ev.data).enrollments; renderEnrollments(); });
   es.addEventListener("node", (ev) => {
@@ -488,6 +562,7 @@ function connect() {
   es.addEventListener("rollback", (ev) => onRollback(JSON.parse(ev.data)));
   es.addEventListener("rollout", (ev) => onRollout(JSON.parse(ev.data)));
   es.addEventListener("images", (ev) => { state.images = JSON.parse(ev.data).images; renderImages(); });
+  es.addEventListener("auto_rounds", (ev) => { state.auto = JSON.parse(ev.data); renderAuto(); refreshActions(); });
 }
 
 // ---- actions ----------------------------------------------------------------------------

@@ -160,3 +160,26 @@ def test_unlabelled_rows_late_labels_and_an_older_store(tmp_path):
             store.insert({"x": np.ones((1, 2), np.float32)}, None, ts=[float("nan")])
     finally:
         store.close()
+
+
+def test_samples_new_since_the_last_trained_round_survives_a_restart(tmp_path):
+    """count_new: the samples after the last committed round took its own (the status's
+    samples_new, which the fleet's automatic rounds wait on); drop-oldest cannot make it grow."""
+    store = SampleStore(tmp_path / "s.db", SPEC, max_samples=10)
+    assert store.count_new() == 0 and store.last_id() == 0
+    store.add({"x": np.zeros((6, 4), np.float32)}, np.zeros(6))
+    assert store.count_new() == 6
+    taken = store.last_id()  # a round takes its samples here ...
+    store.add({"x": np.ones((3, 4), np.float32)}, np.ones(3))  # ... these arrive during it
+    store.mark_trained(taken)  # ... and it commits
+    assert store.count_new() == 3
+    store.mark_trained(taken - 2)  # an older mark never moves it back
+    assert store.count_new() == 3
+    store.add({"x": np.ones((8, 4), np.float32)}, np.ones(8))  # past max_samples: the oldest go
+    assert store.count == 10 and store.count_new() == 10
+    store.close()
+    again = SampleStore(tmp_path / "s.db", SPEC, max_samples=10)
+    assert again.count_new() == 10 and again.last_id() == 17
+    again.mark_trained(again.last_id())
+    assert again.count_new() == 0
+    again.close()

@@ -37,6 +37,7 @@ class SimNode:
     accuracy: float = 0.6  # validation accuracy of the current version
     history: dict[int, float] = field(default_factory=dict)  # version -> its accuracy (the kept versions)
     started: float = field(default_factory=time.time)
+    samples_new: int = 0  # samples since its last committed round (a round resets it)
 
     def status(self, state: NodeState = NodeState.ONLINE, round_id: str | None = None) -> NodeStatus:
         return NodeStatus(
@@ -46,7 +47,7 @@ class SimNode:
             artifact=ArtifactInfo(model="digits-mlp", target="x86_64", tuned=False, tvm_version="0.19.0"),
             health=NodeHealth(uptime_s=time.time() - self.started, cpu_percent=2.0, mem_rss_bytes=150 << 20,
                               mem_percent=1.0, disk_free_bytes=20 << 30),
-            samples_train=80, samples_val=20,
+            samples_train=80, samples_val=20, samples_new=self.samples_new,
             validation=self.validation(),
             versions=sorted(self.history)[-5:])
 
@@ -102,6 +103,7 @@ class SimSwarm:
             node.emit(RoundEvent(kind=EventKind.STEP, round_id=cmd.round_id, node_id=node.node_id,
                                  step=first + len(losses) - 1, loss=losses[-1], losses=losses))
         node.version += 1
+        node.samples_new = 0
         node.accuracy = min(1.0, max(0.0, node.accuracy + self.gain))
         node.history[node.version] = node.accuracy
         after = node.validation()
