@@ -31,7 +31,7 @@ from pathlib import Path
 
 from firmware.errors import ImageError
 
-__all__ = ["OsBoard", "OS_BOARDS", "get_os_board", "BootKind", "PartitionTable"]
+__all__ = ["OsBoard", "OS_BOARDS", "get_os_board", "BootKind", "PartitionTable", "WIFI_PACKAGES"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,6 +66,8 @@ class OsBoard:
     dtbs: tuple[str, ...] = ()  # device trees (paths under the kernel's dtb directory) on the FAT
     lock_variant: str = ""  # a lock of its own when the kernel differs from the arch's default
     cmdline_extra: str = ""  # kernel arguments of this board only
+    extra_packages: tuple[str, ...] = ()  # pinned packages of this board's root fs beyond rootfs.PACKAGES
+    rootfs_modules: tuple[str, ...] = ()  # modules /etc/init.d/rcS loads from the root fs (after root)
 
     @property
     def lock(self) -> Path:
@@ -73,9 +75,35 @@ class OsBoard:
         return HERE / f"{self.suite}-{self.debarch}{variant}.lock"
 
     @property
+    def wifi(self) -> bool:
+        """Whether the image joins the Wi-Fi network of its settings (wpa_supplicant on wlan0)."""
+        return "wpasupplicant" in self.extra_packages
+
+    @property
     def can_try(self) -> bool:
         """Whether `fractal image try` can boot the board under this qemu."""
         return self.boot is not BootKind.RPI
+
+
+# Wi-Fi on the Pi: wpa_supplicant and the libraries it links (D-Bus, netlink, PC/SC), the
+# brcmfmac firmware (the Pi 4's CYW43455: brcm/brcmfmac43455-sdio.bin, its .clm_blob and the
+# board's NVRAM file brcmfmac43455-sdio.raspberrypi,4-model-b.txt; non-free-firmware) and the
+# signed regulatory database cfg80211 reads for wifi_country.
+WIFI_PACKAGES = (
+    "wpasupplicant",
+    "libdbus-1-3",
+    "libsystemd0",
+    "libcap2",
+    "libnl-3-200",
+    "libnl-genl-3-200",
+    "libnl-route-3-200",
+    "libpcsclite1",
+    "firmware-brcm80211",
+    "wireless-regdb",
+)
+# brcmfmac and its firmware-vendor modules (6.x asks for brcmfmac-wcc/-cyw by request_module; the
+# root fs has their modules.dep so busybox modprobe finds them, and rcS loads them up front).
+WIFI_MODULES = ("brcmfmac", "brcmfmac_wcc", "brcmfmac_cyw")
 
 
 def _rpi(name: str, description: str, dtb: str, console: str) -> OsBoard:
@@ -98,6 +126,8 @@ def _rpi(name: str, description: str, dtb: str, console: str) -> OsBoard:
         modules=("sdhci_iproc", "genet", "broadcom"),
         dtbs=(dtb,),
         lock_variant="rpi",
+        extra_packages=WIFI_PACKAGES,
+        rootfs_modules=WIFI_MODULES,
     )
 
 

@@ -108,6 +108,9 @@ def build_os(
             f"{time.perf_counter() - t0:.1f} s)"
         )
         kimg, moddir = _kernel(b, debs[b.kernel_package], stage / "kernel")
+        if b.rootfs_modules:
+            mods = initramfs.install_modules(root, moddir, b.rootfs_modules)
+            log(f"build-os: {len(mods)} kernel modules for the root fs ({', '.join(b.rootfs_modules)})")
         boot = stage / "boot"
         (boot / "fractal").mkdir(parents=True)
         # the Pi finds its root by PARTUUID (the MBR's disk id): one per build, like mke2fs's UUIDs

@@ -34,7 +34,6 @@ from tests.fixtures_osimage import image_try
 BOOT_TIMEOUT_S = 1500  # OVMF + kernel + the node's imports under TCG on a loaded 2-core machine
 
 
-
 def _build(artifact: Path, board: str, key: Path, out: Path, *extra: str) -> None:
     r = cli(
         "image", "build-os", artifact, "--board", board, "--key", key, "--version", "1.0.0", "--out", out,
@@ -204,6 +203,69 @@ def test_rpi4_mbr_boot_files_config_and_cmdline(rpi4_image: tuple[Path, Path], t
     assert args["root"] == f"PARTUUID={partuuid}", (args, table["id"])
     assert disk.read_mbr(card)[0] == int(table["id"], 16)
     assert args["console"].startswith("ttyS1"), args
+
+
+def _ext4_cat(img: Path, offset: int, path: str) -> bytes:
+    """A file of the ext4 file system at ``offset`` of ``img``, read with debugfs (no mount)."""
+    r = subprocess.run(
+        ["debugfs", "-R", f"cat {path}", f"{img}?offset={offset}"], capture_output=True, check=True
+    )
+    return r.stdout
+
+
+def _ext4_link(img: Path, offset: int, path: str) -> str:
+    """Where the symbolic link ``path`` points ("" if it is not one)."""
+    r = subprocess.run(
+        ["debugfs", "-R", f"stat {path}", f"{img}?offset={offset}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    m = re.search(r'Fast link dest: "([^"]*)"', r.stdout)
+    return m.group(1) if m else ""
+
+
+@pytest.mark.slow
+def test_rpi4_root_has_wifi(rpi4_image: tuple[Path, Path]) -> None:
+    """What the Pi needs to join Wi-Fi at boot, read from the card's root file system: the
+    aarch64 wpa_supplicant and its libraries, the CYW43455 firmware with the Pi 4's NVRAM file,
+    the regulatory database, brcmfmac with modules.dep/load-order for rcS, and the boot scripts."""
+    from firmware.osimage import disk
+
+    _, card = rpi4_image
+    off = disk.read_gpt(card)["root"].start
+    wpa = _ext4_cat(card, off, "/usr/sbin/wpa_supplicant")
+    assert wpa[:4] == b"\x7fELF" and int.from_bytes(wpa[18:20], "little") == 183  # EM_AARCH64
+    for lib in ("libnl-genl-3.so.200", "libdbus-1.so.3", "libpcsclite.so.1"):
+        assert _ext4_cat(card, off, f"/usr/lib/aarch64-linux-gnu/{lib}")[:4] == b"\x7fELF", lib
+    fw = "/usr/lib/firmware/brcm"
+    assert _ext4_link(card, off, f"{fw}/brcmfmac43455-sdio.bin") == "../cypress/cyfmac43455-sdio.bin"
+    assert len(_ext4_cat(card, off, "/usr/lib/firmware/cypress/cyfmac43455-sdio.bin")) > 500_000
+    assert len(_ext4_cat(card, off, "/usr/lib/firmware/cypress/cyfmac43455-sdio.clm_blob")) > 1000
+    nvram = _ext4_cat(card, off, f"{fw}/brcmfmac43455-sdio.raspberrypi,4-model-b.txt").decode()
+    assert "boardflags" in nvram
+    assert _ext4_link(card, off, "/usr/lib/firmware/regulatory.db") == "regulatory.db-debian"
+    assert len(_ext4_cat(card, off, "/usr/lib/firmware/regulatory.db-debian")) > 1000
+    assert _ext4_link(card, off, "/usr/sbin/modprobe") == "../bin/busybox"
+    kver = json.loads(
+        disk.fat_read(
+            card, disk.read_gpt(card)["boot"], "fractal/image.json", card.parent / "image.json"
+        ).read_text()
+    )["kernel_version"]
+    mods = f"/usr/lib/modules/{kver}"
+    order = _ext4_cat(card, off, f"{mods}/load-order").decode().split()
+    assert {"cfg80211", "brcmutil", "brcmfmac", "brcmfmac_wcc"} <= set(order), order
+    assert order.index("cfg80211") < order.index("brcmfmac") < order.index("brcmfmac_wcc"), order
+    dep = dict(
+        line.split(":", 1) for line in _ext4_cat(card, off, f"{mods}/modules.dep").decode().splitlines()
+    )
+    assert {"cfg80211.ko", "brcmutil.ko"} <= set(dep["brcmfmac.ko"].split()), dep
+    assert "brcmfmac.ko" in dep["brcmfmac_wcc.ko"].split(), dep
+    ko = _ext4_cat(card, off, f"{mods}/brcmfmac.ko")
+    assert ko[:4] == b"\x7fELF" and b"brcm/brcmfmac43455-sdio" in ko  # plain .ko: busybox insmod reads it
+    rcs = _ext4_cat(card, off, "/etc/init.d/rcS").decode()
+    assert "load-order" in rcs and "/etc/fractal/wifi.sh" in rcs
+    assert b"wpa_supplicant -B -i" in _ext4_cat(card, off, "/etc/fractal/wifi.sh")
 
 
 @pytest.mark.slow
