@@ -210,7 +210,7 @@ def build_os(
         ..., help="C-backend artifact directory (`fractal compile --target x86_64-c|aarch64-c|riscv64`)."
     ),
     board: str = typer.Option(
-        ..., "--board", help="Board: x86_64 (UEFI), rpi4 (aarch64-c), aarch64-virt or riscv64-virt."
+        ..., "--board", help="Board: x86_64 (UEFI), rpi4, rpi5 (aarch64-c), aarch64-virt or riscv64-virt."
     ),
     key: Path = typer.Option(
         ..., "--key", help="Private release key (`fractal image keygen`); the board trusts its public key."
@@ -231,8 +231,8 @@ def build_os(
 ) -> None:
     """Build a complete disk image (Debian rootfs, kernel, node, the application in slot a) for a card.
 
-    Boards: x86_64 (UEFI, GPT), rpi4 (MBR, Raspberry Pi firmware), aarch64-virt and riscv64-virt
-    (qemu's virt machines)."""
+    Boards: x86_64 (UEFI, GPT), rpi4 and rpi5 (MBR, Raspberry Pi firmware), aarch64-virt and
+    riscv64-virt (qemu's virt machines)."""
     from firmware.errors import ImageError
     from firmware.osimage.build import build_os as _build_os
     from firmware.osimage.disk import Compression

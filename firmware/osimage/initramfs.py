@@ -36,6 +36,9 @@ WANTED_MODULES = (
     "nls_ascii",
     "nls_iso8859-1",
 )
+# Wanted only where the kernel has it: ext4 reached crc32c through the crypto API up to 6.14
+# (crc32c_generic provides it); later kernels (the Pi 5's 7.x) call the CRC library directly.
+OPTIONAL_MODULES = frozenset({"crc32c_generic"})
 _DEPENDS = re.compile(rb"(?:^|\x00)depends=([^\x00]*)\x00")
 
 
@@ -114,6 +117,8 @@ def module_order(moddir: Path, wanted: tuple[str, ...] = WANTED_MODULES) -> list
         order.append((name, data))
 
     for w in wanted:
+        if w in OPTIONAL_MODULES and w.replace("-", "_") not in mods:
+            continue
         visit(w, ())
     return order
 

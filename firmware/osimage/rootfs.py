@@ -222,7 +222,7 @@ def fetch_debs(board: OsBoard) -> dict[str, Path]:
     """{package: verified .deb} for the board's lock (downloads only what the cache lacks)."""
     pins = debs.read_lock(board.lock)
     have = {p.package for p in pins}
-    want = {*PACKAGES, *board.extra_packages, board.kernel_package, *board.boot_packages}
+    want = {*PACKAGES, *board.extra_packages, board.kernel_package, *board.kernel_extra, *board.boot_packages}
     if have != want:
         raise ImageError(
             f"{board.lock.name} is stale: missing {sorted(want - have)}, extra {sorted(have - want)}",
