@@ -169,11 +169,8 @@ def status(
             if "verified" not in r
             else (" verified" if r["verified"] else f" NOT VERIFIED: {r.get('problem')}")
         )
-        pending = (
-            f" (will trust key(s) {', '.join(r['pending_key_ids'])} once good)"
-            if r.get("pending_key_ids")
-            else ""
-        )
+        pending = f" (will trust key(s) {', '.join(r['pending_key_ids'])} once good)" if r.get(
+            "pending_key_ids") else ""
         typer.echo(f" {mark} slot {name}: {r['state']}{ver}{chk}{pending}")
     typer.echo(f"  trusted keys: {', '.join(s['trusted_keys'])}")
 
@@ -202,6 +199,7 @@ def stage(
         f"downloaded {stats.size} bytes in {stats.requests} request(s) ({stats.resumed} resumed); "
         f"flashed version {r['version']} into slot {r['slot']}; it boots on trial at the next `fractal boot`"
     )
+
 
 
 @image_app.command("build-os")
@@ -307,18 +305,14 @@ def try_(
 @image_app.command("configure")
 def configure(
     image: Path = typer.Argument(..., help="Disk image made by `fractal image build-os`."),
-    broker: str = typer.Option(
-        ..., "--broker", help="MQTT broker the board joins, e.g. mqtt://10.0.2.2:1883."
-    ),
+    broker: str = typer.Option(..., "--broker", help="MQTT broker the board joins, e.g. mqtt://10.0.2.2:1883."),
     fleet: str = typer.Option(..., "--fleet", help="Fleet service URL, e.g. http://10.0.2.2:8000."),
     swarm: str = typer.Option(..., "--swarm", help="Swarm id."),
     enroll_token: str = typer.Option(..., "--enroll-token", help="Enrolment token from the fleet."),
     api_token: str = typer.Option("", "--api-token", help="Bearer token the node's HTTP API requires."),
     hostname: str = typer.Option("", "--hostname", help="Host name, also the node id (default fractal-MAC)."),
     ntp_server: str = typer.Option("", "--ntp-server", help="NTP server the board keeps its clock with."),
-    wifi_ssid: str = typer.Option(
-        "", "--wifi-ssid", help="Wi-Fi network to join (Raspberry Pi; WPA2-Personal)."
-    ),
+    wifi_ssid: str = typer.Option("", "--wifi-ssid", help="Wi-Fi network (Raspberry Pi; WPA2-Personal)."),
     wifi_psk: str = typer.Option(
         "", "--wifi-psk", help="Its passphrase (8-63 characters) or 64-hex PSK; stored as the PSK."
     ),
@@ -332,6 +326,5 @@ def configure(
     )
     configure_image(image, s)
     wifi = f", Wi-Fi {wifi_ssid!r}" if wifi_ssid else ""
-    typer.echo(
-        f"wrote {SETTINGS_PATH} on the boot partition of {image} (broker {broker}, swarm {swarm}{wifi})"
-    )
+    where = f"the boot partition of {image}"
+    typer.echo(f"wrote {SETTINGS_PATH} on {where} (broker {broker}, swarm {swarm}{wifi})")
