@@ -208,7 +208,7 @@ def build_os(
         ..., help="C-backend artifact directory (`fractal compile --target x86_64-c|aarch64-c|riscv64`)."
     ),
     board: str = typer.Option(
-        ..., "--board", help="Board: x86_64 (UEFI), rpi4 (aarch64-c), aarch64-virt or riscv64-virt."
+        ..., "--board", help="Board: x86_64 (UEFI), rpi4, rpi5 (aarch64-c), aarch64-virt or riscv64-virt."
     ),
     key: Path = typer.Option(
         ..., "--key", help="Private release key (`fractal image keygen`); the board trusts its public key."
@@ -229,8 +229,8 @@ def build_os(
 ) -> None:
     """Build a complete disk image (Debian rootfs, kernel, node, the application in slot a) for a card.
 
-    Boards: x86_64 (UEFI, GPT), rpi4 (MBR, Raspberry Pi firmware), aarch64-virt and riscv64-virt
-    (qemu's virt machines)."""
+    Boards: x86_64 (UEFI, GPT), rpi4 and rpi5 (MBR, Raspberry Pi firmware), aarch64-virt and
+    riscv64-virt (qemu's virt machines)."""
     from firmware.errors import ImageError
     from firmware.osimage.build import build_os as _build_os
     from firmware.osimage.disk import Compression
@@ -312,10 +312,19 @@ def configure(
     api_token: str = typer.Option("", "--api-token", help="Bearer token the node's HTTP API requires."),
     hostname: str = typer.Option("", "--hostname", help="Host name, also the node id (default fractal-MAC)."),
     ntp_server: str = typer.Option("", "--ntp-server", help="NTP server the board keeps its clock with."),
+    wifi_ssid: str = typer.Option("", "--wifi-ssid", help="Wi-Fi network (Raspberry Pi; WPA2-Personal)."),
+    wifi_psk: str = typer.Option(
+        "", "--wifi-psk", help="Its passphrase (8-63 characters) or 64-hex PSK; stored as the PSK."
+    ),
+    wifi_country: str = typer.Option("", "--wifi-country", help="Two-letter country code for the radio."),
 ) -> None:
     """Write first-boot settings (fractal/settings.toml) onto the boot partition (no mount)."""
     from firmware.osimage.settings import SETTINGS_PATH, Settings, configure_image
 
-    s = Settings(broker, fleet, swarm, enroll_token, api_token, hostname, ntp_server)
+    s = Settings(
+        broker, fleet, swarm, enroll_token, api_token, hostname, ntp_server, wifi_ssid, wifi_psk, wifi_country
+    )
     configure_image(image, s)
-    typer.echo(f"wrote {SETTINGS_PATH} on the boot partition of {image} (broker {broker}, swarm {swarm})")
+    wifi = f", Wi-Fi {wifi_ssid!r}" if wifi_ssid else ""
+    where = f"the boot partition of {image}"
+    typer.echo(f"wrote {SETTINGS_PATH} on {where} (broker {broker}, swarm {swarm}{wifi})")

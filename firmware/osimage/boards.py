@@ -10,10 +10,8 @@ How each board starts its kernel (:class:`BootKind`):
   no NVRAM entry; qemu runs it with OVMF.
 * ``rpi4``, ``rpi5``: MBR, the Pi's own boot firmware (Debian's ``raspi-firmware``) reads
   ``config.txt`` on the FAT partition, loads the kernel, initramfs and device tree named there.
-  qemu 7.2 has no Pi 4 machine, so ``fractal image try`` refuses it. No ``rpi5`` yet: Debian
-  trixie's arm64 kernel (6.12) ships the Pi 5 device tree but not its SD controller driver
-  (``CONFIG_MMC_SDHCI_BRCMSTB`` is off) nor the RP1 chip's (Ethernet, USB), so it cannot reach
-  a root filesystem on a Pi 5.
+  qemu 7.2 has no Pi 4 or Pi 5 machine, so ``fractal image try`` refuses them. The Pi 5 runs
+  trixie-backports' kernel (7.3): trixie's 6.12 lacks its SD controller and RP1 drivers.
 
 Debian trixie on every board: riscv64 is an official Debian architecture only from trixie on
 (bookworm has no riscv64), and for arm64 bookworm's packages are too old for the node
@@ -31,7 +29,7 @@ from pathlib import Path
 
 from firmware.errors import ImageError
 
-__all__ = ["OsBoard", "OS_BOARDS", "get_os_board", "BootKind", "PartitionTable"]
+__all__ = ["OsBoard", "OS_BOARDS", "get_os_board", "BootKind", "PartitionTable", "WIFI_PACKAGES"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,6 +64,11 @@ class OsBoard:
     dtbs: tuple[str, ...] = ()  # device trees (paths under the kernel's dtb directory) on the FAT
     lock_variant: str = ""  # a lock of its own when the kernel differs from the arch's default
     cmdline_extra: str = ""  # kernel arguments of this board only
+    extra_packages: tuple[str, ...] = ()  # pinned packages of this board's root fs beyond rootfs.PACKAGES
+    rootfs_modules: tuple[str, ...] = ()  # modules /etc/init.d/rcS loads from the root fs (after root)
+    # newer Debian kernels come in three packages: linux-binary-* (vmlinuz), linux-modules-*,
+    # linux-base-* (modules.builtin, config, device trees); kernel_package is then the binary one
+    kernel_extra: tuple[str, ...] = ()
 
     @property
     def lock(self) -> Path:
@@ -73,32 +76,77 @@ class OsBoard:
         return HERE / f"{self.suite}-{self.debarch}{variant}.lock"
 
     @property
+    def wifi(self) -> bool:
+        """Whether the image joins the Wi-Fi network of its settings (wpa_supplicant on wlan0)."""
+        return "wpasupplicant" in self.extra_packages
+
+    @property
     def can_try(self) -> bool:
         """Whether `fractal image try` can boot the board under this qemu."""
         return self.boot is not BootKind.RPI
 
 
-def _rpi(name: str, description: str, dtb: str, console: str) -> OsBoard:
+# Wi-Fi on the Pi: wpa_supplicant and the libraries it links (D-Bus, netlink, PC/SC), the
+# brcmfmac firmware (the Pi 4's CYW43455: brcm/brcmfmac43455-sdio.bin, its .clm_blob and the
+# board's NVRAM file brcmfmac43455-sdio.raspberrypi,4-model-b.txt; non-free-firmware) and the
+# signed regulatory database cfg80211 reads for wifi_country.
+WIFI_PACKAGES = (
+    "wpasupplicant",
+    "libdbus-1-3",
+    "libsystemd0",
+    "libcap2",
+    "libnl-3-200",
+    "libnl-genl-3-200",
+    "libnl-route-3-200",
+    "libpcsclite1",
+    "firmware-brcm80211",
+    "wireless-regdb",
+)
+# brcmfmac and its firmware-vendor modules (6.x asks for brcmfmac-wcc/-cyw by request_module; the
+# root fs has their modules.dep so busybox modprobe finds them, and rcS loads them up front).
+WIFI_MODULES = ("brcmfmac", "brcmfmac_wcc", "brcmfmac_cyw")
+
+
+def _rpi(
+    name: str,
+    description: str,
+    dtb: str,
+    console: str,
+    modules: tuple[str, ...],
+    kernel: str = "linux-image-6.12.117+deb13-arm64-unsigned",
+    kernel_extra: tuple[str, ...] = (),
+    lock_variant: str = "rpi",
+) -> OsBoard:
     return OsBoard(
         name,
         "aarch64",
         "arm64",
         "trixie",
         # the generic arm64 flavour: the cloud one has no Broadcom SoC drivers and no device trees
-        "linux-image-6.12.117+deb13-arm64-unsigned",
+        kernel,
         ("aarch64-c",),
-        console,  # the UART on the GPIO header (Pi 4: mini UART, enable_uart=1) or the Pi 5's debug port
+        console,
         "",
         (),
         description,
         boot=BootKind.RPI,
         table=PartitionTable.MBR,
         boot_packages=("raspi-firmware",),
-        # SD card (the Pi 4's emmc2 is an iProc SDHCI), Ethernet (GENET and its Broadcom PHY)
-        modules=("sdhci_iproc", "genet", "broadcom"),
+        modules=modules,
         dtbs=(dtb,),
-        lock_variant="rpi",
+        lock_variant=lock_variant,
+        extra_packages=WIFI_PACKAGES,
+        rootfs_modules=WIFI_MODULES,
+        kernel_extra=kernel_extra,
     )
+
+
+# The Pi 5 needs a kernel newer than trixie's 6.12, which lacks the drivers of its SD controller
+# (sdhci-brcmstb's bcm2712 support) and of RP1, the chip behind PCIe that holds its Ethernet
+# and GPIO. trixie-backports' 7.3 has them all as modules (rp1_pci, clk-rp1, pinctrl-rp1, macb
+# for RP1's GEM Ethernet, irq-bcm2712-mip for its PCIe MSIs, pinctrl-brcmstb-bcm2712 and
+# gpio-brcmstb for the SoC's pins, sdhci-brcmstb) and the bcm2712-rpi-5-b device tree.
+RPI5_KERNEL = "7.3.4+deb13-arm64"
 
 
 OS_BOARDS: dict[str, OsBoard] = {
@@ -150,7 +198,36 @@ OS_BOARDS: dict[str, OsBoard] = {
             # emulation, and the kernel then panics; modern PCs' timers do not need it
             cmdline_extra="no_timer_check",
         ),
-        _rpi("rpi4", "Raspberry Pi 4 Model B (BCM2711)", "broadcom/bcm2711-rpi-4-b.dtb", "ttyS1,115200"),
+        _rpi(
+            "rpi4",
+            "Raspberry Pi 4 Model B (BCM2711)",
+            "broadcom/bcm2711-rpi-4-b.dtb",
+            "ttyS1,115200",  # the GPIO header's mini UART (enable_uart=1)
+            # SD card (the Pi 4's emmc2 is an iProc SDHCI), Ethernet (GENET and its Broadcom PHY)
+            ("sdhci_iproc", "genet", "broadcom"),
+        ),
+        _rpi(
+            "rpi5",
+            "Raspberry Pi 5 (BCM2712)",
+            "broadcom/bcm2712-rpi-5-b.dtb",
+            "ttyAMA10,115200",  # the debug UART connector (the device tree's serial10)
+            # SD card; pins and MSIs of the SoC; RP1 over PCIe, its clocks and pins, its GEM
+            # Ethernet (macb) and the Broadcom PHY
+            (
+                "sdhci_brcmstb",
+                "pinctrl_brcmstb_bcm2712",
+                "gpio_brcmstb",
+                "irq_bcm2712_mip",
+                "rp1_pci",
+                "clk_rp1",
+                "pinctrl_rp1",
+                "macb",
+                "broadcom",
+            ),
+            kernel=f"linux-binary-{RPI5_KERNEL}",
+            kernel_extra=(f"linux-base-{RPI5_KERNEL}", f"linux-modules-{RPI5_KERNEL}"),
+            lock_variant="rpi5",
+        ),
     )
 }
 

@@ -35,6 +35,7 @@ class BootInput:
     cmdline: str
     debs: dict[str, Path]
     stage: Path  # scratch directory for unpacking boot packages
+    kernel_root: Path  # where the kernel package(s) were unpacked
 
 
 def direct(board: OsBoard, src: BootInput, boot: Path) -> dict[str, object]:
@@ -63,6 +64,12 @@ def uefi(board: OsBoard, src: BootInput, boot: Path) -> dict[str, object]:
     return {"kernel": UEFI_PATH[board.arch], "initrd": None, "cmdline": src.cmdline}
 
 
+_UART_COMMENT = {
+    "rpi4": "# the serial console on the GPIO header (pins 8/10)",
+    "rpi5": "# the kernel's console is the debug UART connector; this enables the GPIO header's UART too",
+}
+
+
 def config_txt(board: OsBoard, kernel: str, initrd: str) -> str:
     """The Pi firmware's config.txt: 64-bit kernel, initramfs after it, the board's device tree."""
     dtb = Path(board.dtbs[0]).name
@@ -74,7 +81,7 @@ def config_txt(board: OsBoard, kernel: str, initrd: str) -> str:
         f"device_tree={dtb}\n"
         "# Debian's kernel is the upstream one: its device trees, not the firmware's overlays\n"
         "upstream_kernel=1\n"
-        "# the serial console on the GPIO header (pins 8/10)\n"
+        f"{_UART_COMMENT.get(board.name, _UART_COMMENT['rpi4'])}\n"
         "enable_uart=1\n"
         "disable_overscan=1\n"
     )
@@ -92,7 +99,9 @@ def rpi(board: OsBoard, src: BootInput, boot: Path) -> dict[str, object]:
         raise ImageError("raspi-firmware has no start4.elf", hint="check the board's lock file")
     for p in files:
         shutil.copyfile(p, boot / p.name)
-    dtbdir = src.kernel.parent.parent / "usr/lib" / f"linux-image-{src.kernel_version}"
+    # /usr/lib/linux-image-VERSION: the device trees (a link into the modules directory in the
+    # split kernel packages of 6.16 and later)
+    dtbdir = src.kernel_root / "usr/lib" / f"linux-image-{src.kernel_version}"
     for dtb in board.dtbs:
         if not (dtbdir / dtb).is_file():
             raise ImageError(

@@ -61,14 +61,19 @@ def _check_artifact(artifact: Path, board: OsBoard) -> None:
         )
 
 
-def _kernel(board: OsBoard, deb: Path, stage: Path) -> tuple[Path, Path]:
-    """(kernel image, modules directory) of the board's kernel package, unpacked under ``stage``."""
-    rootfs.unpack(deb, stage)
-    kernels = sorted((stage / "boot").glob("vmlinu[xz]-*"))
+def _kernel(board: OsBoard, debs: list[Path], stage: Path) -> tuple[Path, Path]:
+    """(kernel image, modules directory) of the board's kernel package(s), unpacked under ``stage``
+    (one linux-image package, or the linux-binary/-modules/-base packages of newer kernels, which
+    keep vmlinuz in the modules directory)."""
+    for deb in debs:
+        rootfs.unpack(deb, stage)
+    kernels = sorted((stage / "boot").glob("vmlinu[xz]-*")) + sorted(
+        stage.glob("usr/lib/modules/*/vmlinu[xz]")
+    )
     mods = sorted((stage / "usr/lib/modules").iterdir())
     if len(kernels) != 1 or len(mods) != 1:
         raise ImageError(
-            f"{deb.name}: expected one kernel and one module tree, found "
+            f"{debs[0].name}: expected one kernel and one module tree, found "
             f"{[k.name for k in kernels]} and {[m.name for m in mods]}"
         )
     return kernels[0], mods[0]
@@ -107,7 +112,11 @@ def build_os(
             f"build-os: root filesystem assembled ({disk.tree_bytes(root) // disk.MiB} MiB, "
             f"{time.perf_counter() - t0:.1f} s)"
         )
-        kimg, moddir = _kernel(b, debs[b.kernel_package], stage / "kernel")
+        kdir = stage / "kernel"
+        kimg, moddir = _kernel(b, [debs[k] for k in (b.kernel_package, *b.kernel_extra)], kdir)
+        if b.rootfs_modules:
+            mods = initramfs.install_modules(root, moddir, b.rootfs_modules)
+            log(f"build-os: {len(mods)} kernel modules for the root fs ({', '.join(b.rootfs_modules)})")
         boot = stage / "boot"
         (boot / "fractal").mkdir(parents=True)
         # the Pi finds its root by PARTUUID (the MBR's disk id): one per build, like mke2fs's UUIDs
@@ -115,7 +124,7 @@ def build_os(
         cmdline = kernel_cmdline(b, mbr_id)
         initrd = initramfs.build_initramfs(root / "usr/bin/busybox", moddir, rootfs.APPLETS, b.modules)
         boot_fields = bootfiles.populate(
-            b, bootfiles.BootInput(kimg, moddir.name, initrd, cmdline, debs, stage / "bootpkgs"), boot
+            b, bootfiles.BootInput(kimg, moddir.name, initrd, cmdline, debs, stage / "bootpkgs", kdir), boot
         )
         info = {
             "format": 1,

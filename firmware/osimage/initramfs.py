@@ -20,7 +20,7 @@ from pathlib import Path
 
 from firmware.errors import ImageError
 
-__all__ = ["build_initramfs", "module_order", "CpioWriter", "WANTED_MODULES"]
+__all__ = ["build_initramfs", "module_order", "install_modules", "CpioWriter", "WANTED_MODULES"]
 
 HERE = Path(__file__).resolve().parent
 # virtio (mmio transport: qemu's virt machines; PCI is built in), disk, network, root and data
@@ -36,6 +36,9 @@ WANTED_MODULES = (
     "nls_ascii",
     "nls_iso8859-1",
 )
+# Wanted only where the kernel has it: ext4 reached crc32c through the crypto API up to 6.14
+# (crc32c_generic provides it); later kernels (the Pi 5's 7.x) call the CRC library directly.
+OPTIONAL_MODULES = frozenset({"crc32c_generic"})
 _DEPENDS = re.compile(rb"(?:^|\x00)depends=([^\x00]*)\x00")
 
 
@@ -114,6 +117,8 @@ def module_order(moddir: Path, wanted: tuple[str, ...] = WANTED_MODULES) -> list
         order.append((name, data))
 
     for w in wanted:
+        if w in OPTIONAL_MODULES and w.replace("-", "_") not in mods:
+            continue
         visit(w, ())
     return order
 
@@ -137,3 +142,37 @@ def build_initramfs(
     w.file("lib/modules/load-order", "".join(f"{n}\n" for n, _ in order).encode())
     w.file("init", (HERE / "files" / "initramfs-init.sh").read_bytes(), 0o755)
     return gzip.compress(w.finish(), compresslevel=6, mtime=0)
+
+
+def _depends(data: bytes) -> list[str]:
+    m = _DEPENDS.search(data)
+    return [d.replace("-", "_") for d in m.group(1).decode().split(",")] if m and m.group(1) else []
+
+
+def install_modules(root: Path, moddir: Path, wanted: tuple[str, ...]) -> list[str]:
+    """Modules the root filesystem loads after the initramfs (the Pi's Wi-Fi: brcmfmac loads its
+    firmware from the root fs, which is only there after switch_root): ``wanted`` and what they
+    need, decompressed into ``/usr/lib/modules/VERSION/``, with a ``modules.dep`` in kmod's format
+    (busybox modprobe and the kernel's request_module through it) and ``load-order`` for rcS.
+    Modules the initramfs already loaded are loaded again harmlessly (insmod says "exists")."""
+    if not wanted:
+        return []
+    order = module_order(moddir, wanted)
+    dest = root / "usr/lib/modules" / moddir.name
+    dest.mkdir(parents=True, exist_ok=True)
+    names = {n for n, _ in order}
+    closure: dict[str, list[str]] = {}
+    dep_lines = []
+    for name, data in order:  # each after what it needs: its deps' closures are known
+        need: list[str] = []
+        for d in _depends(data):
+            for x in [*closure.get(d, []), d]:
+                if x in names and x not in need:
+                    need.append(x)
+        closure[name] = need
+        (dest / f"{name}.ko").write_bytes(data)
+        # kmod's order: the dependency loaded first is listed last
+        dep_lines.append(f"{name}.ko:" + "".join(f" {d}.ko" for d in reversed(need)))
+    (dest / "modules.dep").write_text("\n".join(dep_lines) + "\n")
+    (dest / "load-order").write_text("".join(f"{n}\n" for n, _ in order))
+    return [n for n, _ in order]

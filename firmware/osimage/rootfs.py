@@ -221,7 +221,8 @@ def cache_dir() -> Path:
 def fetch_debs(board: OsBoard) -> dict[str, Path]:
     """{package: verified .deb} for the board's lock (downloads only what the cache lacks)."""
     pins = debs.read_lock(board.lock)
-    have, want = {p.package for p in pins}, {*PACKAGES, board.kernel_package, *board.boot_packages}
+    have = {p.package for p in pins}
+    want = {*PACKAGES, *board.extra_packages, board.kernel_package, *board.kernel_extra, *board.boot_packages}
     if have != want:
         raise ImageError(
             f"{board.lock.name} is stale: missing {sorted(want - have)}, extra {sorted(have - want)}",
@@ -287,6 +288,7 @@ def _etc(root: Path, board: OsBoard) -> None:
         ("service.sh", "fractal/service.sh"),
         ("shutdown.sh", "fractal/shutdown.sh"),
         ("growdata.sh", "fractal/growdata.sh"),
+        ("wifi.sh", "fractal/wifi.sh"),
         ("env.sh", "fractal/env"),
     ):
         shutil.copyfile(files / src, etc / dst)
@@ -367,7 +369,7 @@ def make_rootfs(board: OsBoard, debs_by_name: dict[str, Path], root: Path) -> No
     for d in ("bin", "sbin", "lib"):  # merged-/usr before unpacking, so nothing lands beside it
         (root / "usr" / d).mkdir(parents=True, exist_ok=True)
         _link(root / d, f"usr/{d}")
-    for name in PACKAGES:
+    for name in (*PACKAGES, *board.extra_packages):
         unpack(debs_by_name[name], root)
     _merge_usr(root)
     if (root / "usr/lib64").is_dir():  # amd64's ELF interpreter is /lib64/ld-linux-x86-64.so.2
@@ -384,6 +386,12 @@ def make_rootfs(board: OsBoard, debs_by_name: dict[str, Path], root: Path) -> No
         if not p.exists() and not p.is_symlink():
             p.symlink_to("busybox")
     _link(root / "usr/sbin/init", "../bin/busybox")
+    # the kernel runs /sbin/modprobe for request_module() (brcmfmac asks for its vendor module)
+    _link(root / "usr/sbin/modprobe", "../bin/busybox")
+    fw = root / "usr/lib/firmware"
+    if (fw / "regulatory.db-debian").is_file():  # wireless-regdb: what update-alternatives links
+        _link(fw / "regulatory.db", "regulatory.db-debian")
+        _link(fw / "regulatory.db.p7s", "regulatory.db.p7s-debian")
     for d in ("proc", "sys", "dev", "run", "tmp", "data", "boot", "mnt", "var"):
         (root / d).mkdir(exist_ok=True)
     _link(root / "var" / "tmp", "/tmp")

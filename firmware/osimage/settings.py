@@ -7,30 +7,56 @@ the node's device settings (``data/node.extra.toml`` of the device directory, wh
 
 Keys: ``broker`` (mqtt:// or mqtts://), ``fleet`` (http:// or https://), ``swarm``,
 ``enroll_token``, optional ``api_token`` (the node's HTTP API then requires it as
-``Authorization: Bearer``), ``hostname``, ``ntp_server``. The fleet URL and enrolment token are
-kept in ``data/enrollment.toml`` for the enrolment step (``edgenode/enrol.py``).
+``Authorization: Bearer``), ``hostname``, ``ntp_server``, and on boards with Wi-Fi (the Raspberry
+Pi) ``wifi_ssid``, ``wifi_psk``, ``wifi_country``. The fleet URL and enrolment token are kept in
+``data/enrollment.toml`` for the enrolment step (``edgenode/enrol.py``).
+
+Wi-Fi (WPA2-Personal): ``configure`` stores the 256-bit PSK derived from the passphrase (what
+``wpa_passphrase`` computes: PBKDF2-HMAC-SHA1 over the SSID, 4096 rounds), never the passphrase,
+so the FAT partition anyone can read holds no password; a passphrase typed into the file by hand
+works too. At boot ``/etc/fractal/wifi.sh`` runs ``python3 -m firmware.osimage.settings wifi``,
+which writes ``/run/wpa_supplicant.conf`` (mode 0600 from creation) with the SSID and PSK in hex:
+nothing a user typed is ever parsed by wpa_supplicant's quoting, so quotes, ``#`` or ``}`` in an
+SSID or passphrase cannot change the file's meaning; control characters are refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import subprocess
 import sys
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from firmware.errors import ImageError
 from fractal.files import atomic_write
 
-__all__ = ["Settings", "SETTINGS_PATH", "parse", "render", "apply", "configure_image"]
+if TYPE_CHECKING:
+    from firmware.osimage.disk import Partition
+
+__all__ = [
+    "Settings",
+    "SETTINGS_PATH",
+    "parse",
+    "render",
+    "apply",
+    "configure_image",
+    "wpa_supplicant_conf",
+    "wifi_psk_hex",
+]
 
 SETTINGS_PATH = "fractal/settings.toml"  # on the boot partition
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a topic level (federation.topics.validate_id)
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")  # one DNS label
 _TOKEN = re.compile(r"^[\x21-\x7e]{8,256}$")  # printable, no spaces: goes into HTTP headers
+_HEX_PSK = re.compile(r"^[0-9A-Fa-f]{64}$")  # a raw 256-bit WPA PSK
+_PASSPHRASE = re.compile(r"^[\x20-\x7e]{8,63}$")  # IEEE 802.11i: 8..63 printable ASCII characters
+WPA_CONF = Path("/run/wpa_supplicant.conf")
 
 
 @dataclass(frozen=True)
@@ -42,6 +68,9 @@ class Settings:
     api_token: str = ""
     hostname: str = ""
     ntp_server: str = ""
+    wifi_ssid: str = ""
+    wifi_psk: str = ""  # a passphrase (8..63 printable ASCII) or the 64-hex-digit PSK
+    wifi_country: str = ""  # ISO 3166 alpha-2: which channels and power the radio may use
 
     def check(self) -> Settings:
         """Self, or ImageError naming the first bad value."""
@@ -73,7 +102,64 @@ class Settings:
             )
         if self.ntp_server and not re.match(r"^[A-Za-z0-9.:-]{1,253}$", self.ntp_server):
             raise ImageError(f"ntp server {self.ntp_server!r} is not a host name or address")
+        self._check_wifi()
         return self
+
+    def _check_wifi(self) -> None:
+        # the PSK is never echoed: an error names what is wrong with it, not its value
+        if bool(self.wifi_ssid) != bool(self.wifi_psk):
+            raise ImageError(
+                "wifi-ssid and wifi-psk go together", hint="pass both (WPA2-Personal), or neither"
+            )
+        if not self.wifi_ssid:
+            if self.wifi_country:
+                raise ImageError("wifi-country without wifi-ssid", hint="pass --wifi-ssid and --wifi-psk too")
+            return
+        if len(self.wifi_ssid.encode()) > 32:
+            raise ImageError(f"wifi-ssid {self.wifi_ssid!r} is longer than 32 bytes (802.11's limit)")
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in self.wifi_ssid):
+            raise ImageError(
+                f"wifi-ssid {self.wifi_ssid!r} contains a control character (newline, tab, ...)",
+                hint="an SSID a phone or laptop shows has none",
+            )
+        if not (_HEX_PSK.match(self.wifi_psk) or _PASSPHRASE.match(self.wifi_psk)):
+            raise ImageError(
+                "wifi-psk must be a passphrase of 8-63 printable ASCII characters or 64 hex digits",
+                hint="the Wi-Fi password as typed on a phone (WPA2-Personal)",
+            )
+        if self.wifi_country and not re.match(r"^[A-Z]{2}$", self.wifi_country):
+            raise ImageError(
+                f"wifi-country {self.wifi_country!r} is not a two-letter country code", hint="e.g. DE, GB, US"
+            )
+
+    def with_derived_psk(self) -> Settings:
+        """Self with a passphrase replaced by the PSK it stands for (what goes on the card)."""
+        return replace(self, wifi_psk=wifi_psk_hex(self.wifi_ssid, self.wifi_psk)) if self.wifi_ssid else self
+
+
+def wifi_psk_hex(ssid: str, psk: str) -> str:
+    """The 64-hex-digit WPA PSK: ``psk`` itself if it is one, else derived from the passphrase as
+    802.11i says (PBKDF2-HMAC-SHA1, the SSID as salt, 4096 rounds, 32 bytes): wpa_passphrase's."""
+    if _HEX_PSK.match(psk):
+        return psk.lower()
+    return hashlib.pbkdf2_hmac("sha1", psk.encode(), ssid.encode(), 4096, 32).hex()
+
+
+def wpa_supplicant_conf(s: Settings) -> str:
+    """wpa_supplicant's configuration for the settings' network. SSID and PSK are written as hex
+    (both forms wpa_supplicant reads unquoted), so no user-typed character reaches its parser."""
+    lines = ["# written at boot from the boot partition's fractal/settings.toml (/etc/fractal/wifi.sh)"]
+    if s.wifi_country:
+        lines.append(f"country={s.wifi_country}")
+    lines += [
+        "network={",
+        f"\tssid={s.wifi_ssid.encode().hex()}",
+        "\tscan_ssid=1",  # hidden networks too
+        "\tkey_mgmt=WPA-PSK",
+        f"\tpsk={wifi_psk_hex(s.wifi_ssid, s.wifi_psk)}",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def render(s: Settings) -> str:
@@ -83,8 +169,12 @@ def render(s: Settings) -> str:
         "# edit on any computer). broker/fleet: URLs the board reaches; swarm: its swarm id;",
         "# enroll_token: presented to the fleet at enrolment; api_token: required by the node's",
         "# HTTP API as `Authorization: Bearer` (empty: none); hostname: also the node id.",
+        "# wifi_ssid/wifi_psk (Raspberry Pi; WPA2-Personal): the PSK as 64 hex digits, or the",
+        "# passphrase; wifi_country: two-letter code of where the board is.",
     ]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in asdict(s).items()]
+    # JSON escapes are TOML's, except that JSON writes characters beyond the BMP as surrogate
+    # pairs, which TOML refuses: those (an emoji in an SSID) are written as themselves, UTF-8
+    lines += [f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in asdict(s).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -130,7 +220,8 @@ def _write(path: Path, text: str) -> None:
 
 
 def configure_image(img: Path, s: Settings) -> Path:
-    """Write ``s`` into the image's boot partition (mtools; the image is not mounted)."""
+    """Write ``s`` into the image's boot partition (mtools; the image is not mounted). A Wi-Fi
+    passphrase is stored as the PSK it stands for; Wi-Fi on a board without it is refused."""
     import tempfile
 
     from firmware.osimage import disk
@@ -144,26 +235,67 @@ def configure_image(img: Path, s: Settings) -> Path:
             f"{img} has no partition named boot", hint="pass an image made by `fractal image build-os`"
         )
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "fractal"
-        src.mkdir()
-        (src / "settings.toml").write_text(render(s))
-        disk.fat_write(img, parts["boot"], Path(tmp))
+        if s.wifi_ssid:
+            _check_board_has_wifi(img, parts["boot"], Path(tmp))
+        src = Path(tmp) / "content" / "fractal"
+        src.mkdir(parents=True)
+        (src / "settings.toml").write_text(render(s.with_derived_psk()), encoding="utf-8")
+        disk.fat_write(img, parts["boot"], src.parent)
     return img
+
+
+def _check_board_has_wifi(img: Path, boot: Partition, tmp: Path) -> None:
+    from firmware.osimage import disk
+    from firmware.osimage.boards import OS_BOARDS
+    from firmware.osimage.build import BOOT_INFO
+
+    try:
+        info = json.loads(disk.fat_read(img, boot, BOOT_INFO, tmp / "image.json").read_text())
+    except (ImageError, ValueError):
+        return  # an image without its build record: let the board decide
+    board = OS_BOARDS.get(str(info.get("board")))
+    if board is not None and not board.wifi:
+        wifi = [b.name for b in OS_BOARDS.values() if b.wifi]
+        raise ImageError(
+            f"board {board.name} has no Wi-Fi support in its image",
+            hint=f"Wi-Fi settings are for {', '.join(wifi)}; use Ethernet",
+        )
+
+
+def write_wpa_conf(boot: Path, conf: Path) -> int:
+    """The board's Wi-Fi step (``/etc/fractal/wifi.sh``): ``conf`` (0600) from the settings'
+    Wi-Fi network; 0 and ``conf`` written, 3 when no Wi-Fi is set (``conf`` removed), 1 when the
+    settings do not parse. The PSK is never printed."""
+    path = boot / SETTINGS_PATH
+    try:
+        s = parse(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except ImageError as exc:
+        print(f"wifi: settings ignored: {exc}", file=sys.stderr)
+        return 1
+    if s is None or not s.wifi_ssid:
+        conf.unlink(missing_ok=True)
+        return 3
+    _write(conf, wpa_supplicant_conf(s))
+    print(f"wifi: network {s.wifi_ssid!r}{f' (country {s.wifi_country})' if s.wifi_country else ''}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """On the board, at every boot: settings file -> device settings + hostname."""
     ap = argparse.ArgumentParser(prog="python3 -m firmware.osimage.settings")
-    ap.add_argument("cmd", choices=["apply"])
+    ap.add_argument("cmd", choices=["apply", "wifi"])
     ap.add_argument("--boot", type=Path, default=Path("/boot"))
     ap.add_argument("--device", type=Path, default=Path("/data/device"))
+    ap.add_argument("--conf", type=Path, default=WPA_CONF, help="wifi: wpa_supplicant.conf to write")
     a = ap.parse_args(argv)
+    if a.cmd == "wifi":
+        return write_wpa_conf(a.boot, a.conf)
     path = a.boot / SETTINGS_PATH
     if not path.is_file():
         print("settings: none on the boot partition (run `fractal image configure`); the node runs alone")
         return 0
     try:
-        s = parse(path.read_text())
+        s = parse(path.read_text(encoding="utf-8"))
     except ImageError as exc:
         print(f"settings: ignored: {exc}", file=sys.stderr)
         return 1

@@ -7,6 +7,8 @@
   the Pi firmware and Debian's kernel/device tree on the FAT, ``config.txt`` naming files that
   are there and ``cmdline.txt`` the root partition's real PARTUUID; built ``--compress zstd``,
   ``bmaptool copy`` of the compressed file reproduces the raw image's sha256.
+* ``rpi5``: the same layout with trixie-backports' kernel (7.3: the Pi 5's SD and RP1 drivers,
+  loaded by the initramfs), its device tree and the debug UART console; ``bmaptool copy``.
 * ``--compress xz|zstd`` on a small disk: what ``bmaptool copy`` writes is the raw image.
 """
 
@@ -32,7 +34,6 @@ from tests.firmware.conftest import assert_refused, cli
 from tests.fixtures_osimage import image_try
 
 BOOT_TIMEOUT_S = 1500  # OVMF + kernel + the node's imports under TCG on a loaded 2-core machine
-
 
 
 def _build(artifact: Path, board: str, key: Path, out: Path, *extra: str) -> None:
@@ -167,11 +168,10 @@ def test_rpi4_card_reproduces_the_raw_image(rpi4_image: tuple[Path, Path]) -> No
     assert zst.stat().st_size < card.stat().st_size // 3
 
 
-@pytest.mark.slow
-def test_rpi4_mbr_boot_files_config_and_cmdline(rpi4_image: tuple[Path, Path], tmp_path: Path) -> None:
+def _check_pi_card(card: Path, tmp_path: Path, firmware: set[str], dtb: str, console: str) -> dict[str, str]:
+    """The Pi layout of a card: MBR table, boot files, config.txt, cmdline.txt; cmdline's args."""
     from firmware.osimage import disk
 
-    _, card = rpi4_image
     table = _sfdisk(card)
     assert table["label"] == "dos", table
     parts = table["partitions"]
@@ -185,13 +185,13 @@ def test_rpi4_mbr_boot_files_config_and_cmdline(rpi4_image: tuple[Path, Path], t
     boot = disk.read_gpt(card)["boot"]
     assert boot.start == parts[0]["start"] * 512
     files = set(disk.fat_list(card, boot))
-    assert {"start4.elf", "fixup4.dat", "vmlinuz", "initrd.img", "bcm2711-rpi-4-b.dtb"} <= files, files
+    assert {*firmware, "vmlinuz", "initrd.img", dtb} <= files, files
     cfg = disk.fat_read(card, boot, "config.txt", tmp_path / "config.txt").read_text()
     settings = dict(
         re.split(r"[= ]", line, maxsplit=1) for line in cfg.splitlines() if line and not line.startswith("#")
     )
     assert settings["arm_64bit"] == "1" and settings["enable_uart"] == "1", settings
-    assert settings["kernel"] in files and settings["device_tree"] in files, settings
+    assert settings["kernel"] in files and settings["device_tree"] == dtb, settings
     initrd, follow = settings["initramfs"].split()
     assert initrd in files and follow == "followkernel", settings
     # the kernel really is an arm64 Image (what the firmware jumps into with arm_64bit=1)
@@ -203,7 +203,77 @@ def test_rpi4_mbr_boot_files_config_and_cmdline(rpi4_image: tuple[Path, Path], t
     partuuid = f"{int(table['id'], 16):08x}-02"  # the kernel's PARTUUID of MBR partition 2
     assert args["root"] == f"PARTUUID={partuuid}", (args, table["id"])
     assert disk.read_mbr(card)[0] == int(table["id"], 16)
-    assert args["console"].startswith("ttyS1"), args
+    assert args["console"].startswith(console), args
+    return args
+
+
+@pytest.mark.slow
+def test_rpi4_mbr_boot_files_config_and_cmdline(rpi4_image: tuple[Path, Path], tmp_path: Path) -> None:
+    _check_pi_card(rpi4_image[1], tmp_path, {"start4.elf", "fixup4.dat"}, "bcm2711-rpi-4-b.dtb", "ttyS1")
+
+
+def _ext4_cat(img: Path, offset: int, path: str) -> bytes:
+    """A file of the ext4 file system at ``offset`` of ``img``, read with debugfs (no mount)."""
+    r = subprocess.run(
+        ["debugfs", "-R", f"cat {path}", f"{img}?offset={offset}"], capture_output=True, check=True
+    )
+    return r.stdout
+
+
+def _ext4_link(img: Path, offset: int, path: str) -> str:
+    """Where the symbolic link ``path`` points ("" if it is not one)."""
+    r = subprocess.run(
+        ["debugfs", "-R", f"stat {path}", f"{img}?offset={offset}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    m = re.search(r'Fast link dest: "([^"]*)"', r.stdout)
+    return m.group(1) if m else ""
+
+
+@pytest.mark.slow
+def test_rpi4_root_has_wifi(rpi4_image: tuple[Path, Path]) -> None:
+    """What the Pi needs to join Wi-Fi at boot, read from the card's root file system: the
+    aarch64 wpa_supplicant and its libraries, the CYW43455 firmware with the Pi 4's NVRAM file,
+    the regulatory database, brcmfmac with modules.dep/load-order for rcS, and the boot scripts."""
+    from firmware.osimage import disk
+
+    _, card = rpi4_image
+    off = disk.read_gpt(card)["root"].start
+    wpa = _ext4_cat(card, off, "/usr/sbin/wpa_supplicant")
+    assert wpa[:4] == b"\x7fELF" and int.from_bytes(wpa[18:20], "little") == 183  # EM_AARCH64
+    for lib in ("libnl-genl-3.so.200", "libdbus-1.so.3", "libpcsclite.so.1"):  # a link, or the file
+        real = _ext4_link(card, off, f"/usr/lib/aarch64-linux-gnu/{lib}") or lib
+        assert _ext4_cat(card, off, f"/usr/lib/aarch64-linux-gnu/{real}")[:4] == b"\x7fELF", (lib, real)
+    fw = "/usr/lib/firmware/brcm"
+    assert _ext4_link(card, off, f"{fw}/brcmfmac43455-sdio.bin") == "../cypress/cyfmac43455-sdio.bin"
+    assert len(_ext4_cat(card, off, "/usr/lib/firmware/cypress/cyfmac43455-sdio.bin")) > 500_000
+    assert len(_ext4_cat(card, off, "/usr/lib/firmware/cypress/cyfmac43455-sdio.clm_blob")) > 1000
+    nvram = _ext4_cat(card, off, f"{fw}/brcmfmac43455-sdio.raspberrypi,4-model-b.txt").decode()
+    assert "boardflags" in nvram
+    assert _ext4_link(card, off, "/usr/lib/firmware/regulatory.db") == "regulatory.db-debian"
+    assert len(_ext4_cat(card, off, "/usr/lib/firmware/regulatory.db-debian")) > 1000
+    assert _ext4_link(card, off, "/usr/sbin/modprobe") == "../bin/busybox"
+    kver = json.loads(
+        disk.fat_read(
+            card, disk.read_gpt(card)["boot"], "fractal/image.json", card.parent / "image.json"
+        ).read_text()
+    )["kernel_version"]
+    mods = f"/usr/lib/modules/{kver}"
+    order = _ext4_cat(card, off, f"{mods}/load-order").decode().split()
+    assert {"cfg80211", "brcmutil", "brcmfmac", "brcmfmac_wcc"} <= set(order), order
+    assert order.index("cfg80211") < order.index("brcmfmac") < order.index("brcmfmac_wcc"), order
+    dep = dict(
+        line.split(":", 1) for line in _ext4_cat(card, off, f"{mods}/modules.dep").decode().splitlines()
+    )
+    assert {"cfg80211.ko", "brcmutil.ko"} <= set(dep["brcmfmac.ko"].split()), dep
+    assert "brcmfmac.ko" in dep["brcmfmac_wcc.ko"].split(), dep
+    ko = _ext4_cat(card, off, f"{mods}/brcmfmac.ko")
+    assert ko[:4] == b"\x7fELF" and b"brcm/brcmfmac43455-sdio" in ko  # plain .ko: busybox insmod reads it
+    rcs = _ext4_cat(card, off, "/etc/init.d/rcS").decode()
+    assert "load-order" in rcs and "/etc/fractal/wifi.sh" in rcs
+    assert b"wpa_supplicant -B -i" in _ext4_cat(card, off, "/etc/fractal/wifi.sh")
 
 
 @pytest.mark.slow
@@ -226,6 +296,56 @@ def test_rpi4_image_takes_settings_and_is_refused_by_try(
     assert 'hostname = "pi-1"' in text
     r = cli("image", "try", card, "--port", str(free_port()))
     assert_refused(r, "cannot boot a rpi4 image", "bmaptool copy")
+
+
+# ------------------------------------------------------------------------------------------ rpi5
+
+
+@pytest.fixture(scope="module")
+def rpi5_card(
+    tmp_path_factory: pytest.TempPathFactory, board_c_artifact: Callable[[str], Path], board_release_key: Path
+) -> Path:
+    """The raw rpi5 image (raw: the compressed path is the rpi4's) written by `bmaptool copy`."""
+    d = tmp_path_factory.mktemp("os-rpi5")
+    img = d / "rpi5.img"
+    _build(board_c_artifact("aarch64-c"), "rpi5", board_release_key, img)
+    card = d / "card.img"
+    r = subprocess.run(
+        ["bmaptool", "copy", "--bmap", str(d / "rpi5.img.bmap"), str(img), str(card)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    assert file_sha256(card) == (d / "rpi5.img.sha256").read_text().split()[0]
+    return card
+
+
+@pytest.mark.slow
+def test_rpi5_card_layout_kernel_and_drivers(rpi5_card: Path, tmp_path: Path) -> None:
+    """The Pi 5 card: the Pi layout with trixie-backports' 7.3 kernel, its bcm2712 device tree,
+    the debug UART console, and an initramfs that loads the SD (sdhci-brcmstb) and RP1 Ethernet
+    (rp1_pci, clk-rp1, pinctrl-rp1, macb) drivers the Pi 5 needs to reach its root and network."""
+    import gzip
+
+    from firmware.osimage import disk
+
+    _check_pi_card(rpi5_card, tmp_path, {"config.txt"}, "bcm2712-rpi-5-b.dtb", "ttyAMA10")
+    boot = disk.read_gpt(rpi5_card)["boot"]
+    info = json.loads(disk.fat_read(rpi5_card, boot, "fractal/image.json", tmp_path / "i.json").read_text())
+    assert info["board"] == "rpi5" and info["kernel_version"].startswith("7."), info
+    dtb = disk.fat_read(rpi5_card, boot, "bcm2712-rpi-5-b.dtb", tmp_path / "p5.dtb").read_bytes()
+    assert dtb[:4] == b"\xd0\x0d\xfe\xed" and b"brcm,bcm2712-sdhci" in dtb and b"raspberrypi,rp1-gem" in dtb
+    initrd = gzip.decompress(disk.fat_read(rpi5_card, boot, "initrd.img", tmp_path / "initrd").read_bytes())
+    order = re.search(rb"lib/modules/load-order\x00+([^\x00]*)", initrd)
+    assert order, "no load-order in the initramfs"
+    loaded = order.group(1).decode().split()
+    for m in ("sdhci_brcmstb", "rp1_pci", "clk_rp1", "pinctrl_rp1", "macb", "ext4", "vfat"):
+        assert m in loaded, (m, loaded)
+        assert f"lib/modules/{m}.ko".encode() in initrd, m
+    off = disk.read_gpt(rpi5_card)["root"].start  # the Pi 5's Wi-Fi NVRAM file (same CYW43455)
+    nv = "/usr/lib/firmware/brcm/brcmfmac43455-sdio.raspberrypi,5-model-b.txt"
+    assert _ext4_link(rpi5_card, off, nv) == "brcmfmac43455-sdio.raspberrypi,4-model-b.txt"
 
 
 # -------------------------------------------------------------------------------------- compress
@@ -274,10 +394,10 @@ def test_build_os_help_and_refusal_name_every_board(tmp_path: Path, board_releas
     r = cli("image", "build-os", "--help", env={"COLUMNS": "200"})
     assert r.returncode == 0 and all(b in r.stdout for b in OS_BOARDS), r.stdout
     r = cli(
-        "image", "build-os", tmp_path, "--board", "rpi5", "--key", board_release_key, "--version", "1.0.0",
+        "image", "build-os", tmp_path, "--board", "rpi3", "--key", board_release_key, "--version", "1.0.0",
         "--out", tmp_path / "x.img",
     )  # fmt: skip
-    assert_refused(r, "unknown board 'rpi5'", "x86_64", "rpi4")
+    assert_refused(r, "unknown board 'rpi3'", "x86_64", "rpi4", "rpi5")
 
 
 def test_mbr_disk_as_sfdisk_and_blkid_read_it(tmp_path: Path) -> None:

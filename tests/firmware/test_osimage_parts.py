@@ -130,10 +130,17 @@ def test_lock_pins_exactly_the_rootfs_packages(board: str) -> None:
 
     b = OS_BOARDS[board]
     pins = read_lock(b.lock)
-    assert {p.package for p in pins} == {*rootfs.PACKAGES, b.kernel_package, *b.boot_packages}
-    # main, except the Pi's boot firmware (Debian keeps it in non-free-firmware)
+    assert {p.package for p in pins} == {
+        *rootfs.PACKAGES,
+        *b.extra_packages,
+        b.kernel_package,
+        *b.kernel_extra,
+        *b.boot_packages,
+    }
+    # main, except the Pi's boot and Wi-Fi firmware (Debian keeps them in non-free-firmware)
+    nonfree = {"raspi-firmware", "firmware-brcm80211"}
     assert all(
-        p.path.startswith("pool/non-free-firmware/" if p.package == "raspi-firmware" else "pool/main/")
+        p.path.startswith("pool/non-free-firmware/" if p.package in nonfree else "pool/main/")
         and len(p.sha256) == 64
         for p in pins
     )

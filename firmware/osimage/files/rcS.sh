@@ -31,6 +31,15 @@ hostname "$host"
 ip link set lo up
 # DHCP on Ethernet (busybox udhcpc, keeps renewing in the background).
 ip link set eth0 up 2>/dev/null && udhcpc -b -S -i eth0 -s /etc/fractal/udhcpc.sh -x "hostname:$host"
+# Modules the board loads from the root filesystem (the Pi's Wi-Fi driver brcmfmac: its firmware
+# is in /usr/lib/firmware here, not in the initramfs), then Wi-Fi when the settings name a network.
+mods="/usr/lib/modules/$(uname -r)"
+if [ -f "$mods/load-order" ]; then
+  while read -r m; do
+    insmod "$mods/$m.ko" 2>/dev/null
+  done < "$mods/load-order"
+fi
+[ -x /usr/sbin/wpa_supplicant ] && /etc/fractal/wifi.sh &  # waits for wlan0: not in the way of the node
 # Time: the kernel set the clock from the RTC at boot; with ntp_server in the settings, ntpd
 # keeps it (signatures and certificates need a correct clock).
 echo "rcS: up at $(date -u +%FT%TZ) as $host, kernel $(uname -r)"
