@@ -223,8 +223,11 @@ def booted(
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"{board}: {exc!r}; console:\n{console.read_text()[-4000:]}")
     url = line.split()[1]
-    yield Booted(board, img, c_artifacts[board], url, proc, console, checks, node_id, row, built_size)
-    # SIGTERM stops the machine: `try` exits 0 and no qemu is left in its session
+    b = Booted(board, img, c_artifacts[board], url, proc, console, checks, node_id, row, built_size)
+    yield b
+    # SIGTERM stops the machine: `try` exits 0 and no qemu is left in its session (the machine the
+    # test runs now: a power cut in the over-the-air tests starts another `try`)
+    proc = b.proc
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     with pytest.raises(ProcessLookupError):
