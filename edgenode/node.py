@@ -138,6 +138,8 @@ class EdgeNode:
             from firmware.ota import DeviceUpdates  # lazy: only nodes that run from a device image
 
             updater = DeviceUpdates(config.device)
+            if (phase := updater.recover()) is not None:  # an install cut by a power loss or crash
+                log.warning("the image update interrupted by the last restart is now %s", phase)
         self.images = ImageControl(config.node_id, updater, commands=self.commands,
                                    publish_status=self.publish_status, round_busy=self.rounds.busy,
                                    signer=None if self.auth is None else self.auth.identity.signer)

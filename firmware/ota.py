@@ -231,6 +231,30 @@ class DeviceUpdates:
                      "phase": Phase.REBOOTING, "slot": result["slot"]})
         return result
 
+    def recover(self) -> str | None:
+        """At node start: settle a record a power cut or crash left in ``downloading`` (no update
+        runs in a process that just started). When the flash had switched to the new slot (a slot
+        holds the update's version, on trial, good or failed), the record becomes ``rebooting`` to
+        that slot and :meth:`report` derives the outcome as after any restart; otherwise the
+        install never completed and the record says ``failed`` (nothing was switched), so the
+        fleet's roll-out ends now instead of at its stage deadline. Returns the new phase, if any."""
+        rec = self._record()
+        if rec is None or rec.get("phase") != Phase.DOWNLOADING:
+            return None
+        try:
+            state = self.dev.load_state()
+        except FirmwareError:
+            return None
+        done = [s for s in SLOTS if state.slot(s).version == rec.get("version")
+                and state.slot(s).state in (SlotState.TRIAL, SlotState.GOOD, SlotState.BAD)]
+        if rec.get("kind") == "update" and done:
+            self._write({**rec, "phase": Phase.REBOOTING, "slot": done[0]})
+            return Phase.REBOOTING
+        self._write({**rec, "phase": Phase.FAILED,
+                     "error": f"interrupted: the board restarted before the {rec.get('kind')} completed "
+                              "(power cut or crash); the slots were not switched"})
+        return Phase.FAILED
+
     def report(self) -> dict[str, Any] | None:
         """{version, slot, state, health, previous, update} of the slot this node runs from (None if
         unknown); ``health`` is this boot's health check: pending or passed."""

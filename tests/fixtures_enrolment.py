@@ -93,9 +93,12 @@ class SignedFleet:
 
 @contextmanager
 def signed_fleet(workdir: Path, broker: MosquittoBroker, swarm: str, members: list[str], *,
-                 device_broker: str = "", tick_s: float = 0.05) -> Iterator[SignedFleet]:
+                 device_broker: str = "", tick_s: float = 0.05, image_keys: list[str] | None = None,
+                 public_host: str = "", rollout_stage_timeout_s: float = 900.0) -> Iterator[SignedFleet]:
     """A signed fleet service of ``swarm`` on ``broker`` (dynsec) with broker clients and keys for
-    ``members``; ``device_broker``: the broker URL accepted devices get (default: the fleet's)."""
+    ``members``; ``device_broker``: the broker URL accepted devices get (default: the fleet's).
+    ``image_keys``: release public keys of an image catalogue (in ``workdir/images``);
+    ``public_host``: the host nodes reach the fleet as (its roll-outs' download URLs)."""
     from api.fleet.settings import FleetSettings
     from api.fleet_app import create_fleet_app
     from api.serving import ServerThread
@@ -116,8 +119,12 @@ def signed_fleet(workdir: Path, broker: MosquittoBroker, swarm: str, members: li
     settings = FleetSettings(broker=f"mqtt://fleet:fleet-pw@{host}", swarm=swarm, token=OPERATOR_TOKEN,
                              tick_s=tick_s, key_file=str(keys / "keys/fleet.key"),
                              keyring_file=str(keys / "keyring.json"), db=str(workdir / "fleet.sqlite"),
-                             dynsec_admin=f"mqtt://{DYNSEC_ADMIN}@{host}", device_broker=device_broker)
+                             dynsec_admin=f"mqtt://{DYNSEC_ADMIN}@{host}", device_broker=device_broker,
+                             images_dir=str(workdir / "images") if image_keys else "",
+                             image_keys=image_keys or [], rollout_stage_timeout_s=rollout_stage_timeout_s)
     srv = ServerThread(create_fleet_app(settings), lifespan="on", timeout_graceful_shutdown=1).start()
+    if public_host:  # known once the server is bound; the service reads it at each roll-out
+        settings.public_url = f"http://{public_host}:{srv.port}"
     client = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=30)
     try:
         yield SignedFleet(broker, swarm, workdir, srv.url, client)

@@ -51,11 +51,17 @@ def boot(
     health_timeout: float = typer.Option(
         120.0, "--health-timeout", min=1.0, help="Seconds to wait for readiness."
     ),
+    exit_on_reboot: bool = typer.Option(
+        False, "--exit-on-reboot",
+        help="When the node asks for a reboot, exit with its code (75) instead of booting again "
+        "in this process: the board's service reboots the machine (board images).",
+    ),
 ) -> None:
     """Pick the slot, start the node from it, health-check it, mark it good or fall back.
 
     When the node exits with the reboot code (it staged an image update from the fleet, or
-    switched back to its previous slot), boot again instead of exiting. With no slot it may
+    switched back to its previous slot), boot again instead of exiting (with --exit-on-reboot,
+    exit 75 and let the board reboot: a board image's service does). With no slot it may
     start (none verifies or passes its check, or all are below the anti-rollback floor) it
     starts nothing and exits 78; `fractal image status` shows why."""
     from firmware.boot import NO_SLOT_EXIT_CODE, REBOOT_EXIT_CODE
@@ -107,6 +113,9 @@ def boot(
         if stopping:  # a signal arrived while the slot was being checked
             r.process.send_signal(stopping[0])
         code = r.process.wait()
+        if code == REBOOT_EXIT_CODE and not stopping and exit_on_reboot:
+            typer.echo("boot: the node asked for a reboot (a new slot is staged); exiting for it", err=True)
+            raise typer.Exit(REBOOT_EXIT_CODE)
         if code == REBOOT_EXIT_CODE and not stopping:
             typer.echo("boot: the node asked for a reboot (a new slot is staged); booting again", err=True)
             continue

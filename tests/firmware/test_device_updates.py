@@ -125,3 +125,44 @@ def test_refusals_change_nothing(tmp_path, fw_image, fw_keys, served):
         upd.rollback("r2")
     with pytest.raises(FirmwareError, match="more than"):  # a size cap from the command
         upd.update("u4", served(other), _sha(other)[:32], max_bytes=100)
+
+
+def test_an_install_cut_by_a_restart_is_settled_at_the_next_start(tmp_path, fw_image, fw_keys, served):
+    """A power cut (or crash) during an install leaves the record in `downloading`, which no
+    process advances: before, the fleet's roll-out waited for its stage deadline (15 min by
+    default) while the board ran its old slot. Now the next node start settles it: `failed`
+    (interrupted) when the slots were not switched, `rebooting` to the new slot when the flash had
+    switched (the report then derives trial / done / rolled_back as after any restart)."""
+    device = tmp_path / "dev"
+    flash(fw_image("1.0.0"), device, [f"{fw_keys['k1']}.pub"])
+    dev = Device(device)
+    _boot(dev)
+    upd = DeviceUpdates(device)
+    assert upd.recover() is None  # no record: nothing to settle
+    # cut before the switch: downloading, slot b untouched
+    upd.begin("u5", "update", "2.0.0")
+    assert DeviceUpdates(device).recover() == "failed"
+    rep = upd.report()
+    assert (rep["version"], rep["slot"], rep["update"]["phase"]) == ("1.0.0", "a", "failed")
+    assert "interrupted" in rep["update"]["error"]
+    assert DeviceUpdates(device).recover() is None  # settled once
+    # cut after the switch, before the record said so: the new slot boots on trial, then passes
+    upd.begin("u6", "update", "2.0.0")
+    flash(fw_image("2.0.0"), device, [])
+    assert upd.report()["update"]["phase"] == "downloading"
+    slot, _, _ = _pick(dev, log=lambda m: None)
+    assert slot == "b"
+    assert DeviceUpdates(device).recover() == "rebooting"
+    assert upd.report()["update"]["phase"] == "trial"
+    _settle(dev, slot, None, log=lambda m: None)
+    rep = upd.report()
+    assert (rep["version"], rep["slot"], rep["update"]["phase"]) == ("2.0.0", "b", "done")
+    # cut after the switch to a slot that then fails: rolled back
+    upd.begin("u7", "update", "3.0.0")
+    flash(fw_image("3.0.0", broken=True), device, [])
+    slot, _, _ = _pick(dev, log=lambda m: None)
+    assert _settle(dev, slot, "output 'y' differs from the image's expected output", log=lambda m: None)
+    assert _boot(dev) == "b"
+    assert DeviceUpdates(device).recover() == "rebooting"
+    rep = upd.report()
+    assert (rep["version"], rep["slot"], rep["update"]["phase"]) == ("2.0.0", "b", "rolled_back")

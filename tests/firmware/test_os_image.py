@@ -41,6 +41,10 @@ PRESET = {"aarch64-virt": "aarch64-c", "riscv64-virt": "riscv64"}
 BOOT_TIMEOUT_S = 1500  # build + boot under TCG on a loaded 2-core machine
 HOST_NODE = "host-1"  # the x86_64 member on this host
 CARD_EXTRA_MIB = 192  # the "card" is this much larger than the image
+# Over the air on a booted board: one board, aarch64-virt (it boots to ready in about 130 s under
+# TCG, riscv64-virt in about 400 s: BENCHMARKS.md), so the three roll-outs add the least time.
+OTA_BOARD = "aarch64-virt"
+OTA_TIMEOUT_S = 1800  # a roll-out stage: install, reboot, node start and health check under TCG
 
 
 @dataclass
@@ -90,15 +94,24 @@ def os_fleet(
     tmp_path_factory: pytest.TempPathFactory,
     digits_artifact: Path,
     digits_data: tuple[np.ndarray, np.ndarray],
+    os_keys: Path,
 ) -> Iterator[OsFleet]:
     """A signed fleet on a dynamic-security Mosquitto (the boards reach both as the host, 10.0.2.2)
-    and its x86_64 member: `fractal node` on this host with half of the digits samples."""
+    and its x86_64 member: `fractal node` on this host with half of the digits samples. Its image
+    catalogue takes images signed with the boards' release key (over-the-air roll-outs)."""
     d = tmp_path_factory.mktemp("os-fleet")
     broker = start_dynsec_broker(d / "mosquitto")
     proc = None
     try:
         with signed_fleet(
-            d, broker, f"os{os.getpid()}", [HOST_NODE], device_broker=f"mqtt://10.0.2.2:{broker.port}"
+            d,
+            broker,
+            f"os{os.getpid()}",
+            [HOST_NODE],
+            device_broker=f"mqtt://10.0.2.2:{broker.port}",
+            image_keys=[f"{os_keys}.pub"],
+            public_host="10.0.2.2",
+            rollout_stage_timeout_s=OTA_TIMEOUT_S,
         ) as fleet:
             port = free_port()
             cfg = write_node_toml(
@@ -210,8 +223,11 @@ def booted(
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"{board}: {exc!r}; console:\n{console.read_text()[-4000:]}")
     url = line.split()[1]
-    yield Booted(board, img, c_artifacts[board], url, proc, console, checks, node_id, row, built_size)
-    # SIGTERM stops the machine: `try` exits 0 and no qemu is left in its session
+    b = Booted(board, img, c_artifacts[board], url, proc, console, checks, node_id, row, built_size)
+    yield b
+    # SIGTERM stops the machine: `try` exits 0 and no qemu is left in its session (the machine the
+    # test runs now: a power cut in the over-the-air tests starts another `try`)
+    proc = b.proc
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     with pytest.raises(ProcessLookupError):
@@ -472,3 +488,251 @@ def test_configure_refuses_bad_settings(tmp_path: Path) -> None:
         "abcdefgh1",
     )
     assert_refused(r, "no such image file")
+
+
+# -- over the air on the booted board (one board: OTA_BOARD) ------------------------------------
+# The three roll-outs run in order on the same booted machine (each starts from where the last
+# ended): 1.1.0 into slot b with a real reboot, a 1.2.0 that fails its health check (slot a, rolled
+# back to b), then 1.3.0 with qemu SIGKILLed during the install and the machine powered on again.
+
+_OTA: dict[str, float] = {}  # timings of the first roll-out, for the kill moment of the third
+
+
+@dataclass
+class OtaImages:
+    entries: dict[str, dict]  # version -> its catalogue entry (id, size, version, board)
+
+
+@pytest.fixture(scope="session")
+def ota_images(
+    tmp_path_factory: pytest.TempPathFactory,
+    c_artifacts: dict[str, Path],
+    os_keys: Path,
+    os_fleet: OsFleet,
+    digits_onnx: Path,
+) -> OtaImages:
+    """Newer application bundles of the board's artifact in the fleet's catalogue: 1.1.0 and 1.3.0
+    by `fractal image build` (the OTA unit), 1.2.0 with a wrong expected output (fails its check)."""
+    from compiler.verify import onnxruntime_reference
+    from firmware.image import build_image
+
+    d = tmp_path_factory.mktemp("ota-images")
+    art = c_artifacts[OTA_BOARD]
+    out: dict[str, dict] = {}
+    for version in ("1.1.0", "1.3.0"):
+        r = cli(
+            "image", "build", art, "--board", PRESET[OTA_BOARD], "--key", os_keys, "--version", version,
+            "--out", d / f"{version}.fimg",
+        )
+        assert r.returncode == 0, r.stderr
+    x = {"x": np.random.default_rng(3).random((1, 64)).astype(np.float32)}
+    wrong = {k: v + 1.0 for k, v in onnxruntime_reference(digits_onnx, x, 1).items()}
+    build_image(art, board=PRESET[OTA_BOARD], key=os_keys, out=d / "1.2.0.fimg", version="1.2.0",
+                reference=(x, wrong))
+    for version in ("1.1.0", "1.2.0", "1.3.0"):
+        r = os_fleet.fleet.client.post("/api/images", content=(d / f"{version}.fimg").read_bytes())
+        assert r.status_code < 300, r.text
+        out[version] = r.json()
+    return OtaImages(out)
+
+
+def _board_image(fleet: SignedFleet, node_id: str) -> dict | None:
+    n = fleet.node(node_id)
+    return n["image"] if n and n["online"] and n.get("image") else None
+
+
+def _settled(fleet: SignedFleet, node_id: str) -> dict | None:
+    """The board's image once this boot's health check passed (and it is not training)."""
+    n = fleet.node(node_id)
+    img = n["image"] if n and n["online"] and n["state"] == "online" else None
+    return img if img and img["health"] == "passed" else None
+
+
+def _rollout(fleet: SignedFleet, rid: str) -> dict:
+    return dict(fleet.client.get(f"/api/rollouts/{rid}").json())
+
+
+def _start_rollout(fleet: SignedFleet, image: dict, node_id: str) -> str:
+    r = fleet.client.post("/api/rollouts", json={"image": image["id"], "nodes": [node_id]})
+    assert r.status_code == 202, r.text
+    return str(r.json()["rollout_id"])
+
+
+def _ended(fleet: SignedFleet, rid: str, booted: Booted) -> dict:
+    def ended() -> dict | None:
+        assert booted.proc.poll() is None, f"`image try` exited {booted.proc.returncode}"
+        ro = _rollout(fleet, rid)
+        return ro if ro["state"] != "running" else None
+
+    return dict(wait_for(ended, OTA_TIMEOUT_S, f"roll-out {rid} to end", 1.0))
+
+
+def _phase(fleet: SignedFleet, rid: str, node_id: str) -> str:
+    return str(_rollout(fleet, rid)["nodes"][node_id]["phase"])
+
+
+def _boots(console: Path) -> int:
+    """Kernel boots so far on this console (rcS prints its line once per boot)."""
+    return console.read_text(errors="replace").count("rcS: up at")
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as r:
+            return int(r.status) == 200
+    except OSError:
+        return False
+
+
+def _infers_like_onnxruntime(url: str, digits_onnx: Path) -> float:
+    from compiler.verify import onnxruntime_reference
+
+    x = np.random.default_rng(11).random((2, 64)).astype(np.float32)
+    reply = _post(
+        f"{url}/v2/models/digits-mlp/infer",
+        {"inputs": [{"name": "x", "shape": [2, 64], "datatype": "FP32", "data": x.ravel().tolist()}]},
+    )
+    out = {o["name"]: np.asarray(o["data"], np.float32).reshape(o["shape"]) for o in reply["outputs"]}
+    return float(np.abs(out["logits"] - onnxruntime_reference(digits_onnx, {"x": x}, 1)["logits"]).max())
+
+
+def _console_tail(booted: Booted) -> str:
+    return booted.console.read_text(errors="replace")[-4000:]
+
+
+@pytest.mark.parametrize("booted", [OTA_BOARD], indirect=True)
+def test_ota_rollout_reboots_the_board_into_the_new_slot(
+    booted: Booted, os_fleet: OsFleet, ota_images: OtaImages, digits_onnx: Path
+) -> None:
+    """A roll-out of 1.1.0 from the fleet API: the board downloads it, flashes slot b of its data
+    partition, reports `rebooting` and reboots the machine (its service, on the node's reboot
+    code; qemu resets it: a second kernel boot on the same console); slot b passes its health
+    check and the roll-out is `done` from the board's signed status."""
+    fleet, node = os_fleet.fleet, booted.node_id
+    try:
+        img = wait_for(lambda: _settled(fleet, node), 600, f"{node} settled", 1.0)
+        assert (img["version"], img["slot"]) == ("1.0.0", "a"), img
+        boots = _boots(booted.console)
+        t0 = time.monotonic()
+        rid = _start_rollout(fleet, ota_images.entries["1.1.0"], node)
+        wait_for(lambda: _phase(fleet, rid, node) != "sent", 300, "the board to start the install", 0.2)
+        t_dl = time.monotonic()
+        wait_for(
+            lambda: _phase(fleet, rid, node) not in ("sent", "downloading"), 900, "the install to end", 0.2
+        )
+        t_reb = time.monotonic()
+        assert _phase(fleet, rid, node) == "rebooting", _rollout(fleet, rid)
+        wait_for(lambda: _boots(booted.console) > boots, 900, "the board to boot again", 0.5)
+        t_up = time.monotonic()
+        wait_for(lambda: _ready(booted.url), 900, "the node of the new slot", 0.5)
+        t_ready = time.monotonic()
+        ro = _ended(fleet, rid, booted)
+        t_done = time.monotonic()
+        assert ro["state"] == "done", ro
+        img = wait_for(
+            lambda: (i := _settled(fleet, node)) and i["version"] == "1.1.0" and i, 60, "1.1.0 settled", 1.0
+        )
+        assert (img["slot"], img["state"], img["previous"], img["update"]["phase"]) == (
+            "b", "good", "1.0.0", "done"
+        ), img
+        console = booted.console.read_text(errors="replace")
+        assert "the node asked for a reboot; rebooting the board" in console
+        assert "slot b (version 1.1.0) passed its health check: marked good" in console
+        assert _boots(booted.console) == boots + 1  # one real reboot
+        assert booted.proc.poll() is None  # `try` kept the machine: qemu reset it
+        assert _infers_like_onnxruntime(booted.url, digits_onnx) <= 1e-4
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nconsole:\n{_console_tail(booted)}") from None
+    _OTA.update(command_to_install=t_dl - t0, install=t_reb - t_dl, reboot_to_kernel=t_up - t_reb,
+                reboot_to_ready=t_ready - t_reb, reboot_to_done=t_done - t_reb)
+    print("OTA on the booted board: " + ", ".join(f"{k} {v:.1f} s" for k, v in _OTA.items()))
+
+
+@pytest.mark.parametrize("booted", [OTA_BOARD], indirect=True)
+def test_ota_rollout_failing_its_health_check_rolls_back(
+    booted: Booted, os_fleet: OsFleet, ota_images: OtaImages
+) -> None:
+    """1.2.0 (wrong expected output) is flashed into slot a and booted after a reboot; it fails its
+    health check, the board marks it bad and boots slot b (1.1.0) again by itself; the roll-out
+    fails with the board's reason."""
+    fleet, node = os_fleet.fleet, booted.node_id
+    try:
+        img = wait_for(lambda: _settled(fleet, node), 600, f"{node} settled", 1.0)
+        assert (img["version"], img["slot"]) == ("1.1.0", "b"), img
+        rid = _start_rollout(fleet, ota_images.entries["1.2.0"], node)
+        ro = _ended(fleet, rid, booted)
+        assert ro["state"] == "failed", ro
+        assert "rolled back by itself" in ro["reason"] and "expected output" in ro["reason"], ro["reason"]
+        img = wait_for(lambda: _settled(fleet, node), 600, f"{node} settled", 1.0)
+        assert (img["version"], img["slot"], img["state"], img["update"]["phase"]) == (
+            "1.1.0", "b", "good", "rolled_back"
+        ), img
+        console = booted.console.read_text(errors="replace")
+        assert "slot a failed its health check" in console and "falling back to slot b" in console
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nconsole:\n{_console_tail(booted)}") from None
+
+
+def _qemu_pid(proc: subprocess.Popen[str]) -> int:
+    """The qemu-system process `image try` runs (its child)."""
+    for task in Path(f"/proc/{proc.pid}/task").iterdir():
+        for kid in (task / "children").read_text().split():
+            if Path(f"/proc/{kid}/comm").read_text().startswith("qemu-system"):
+                return int(kid)
+    raise AssertionError(f"`image try` ({proc.pid}) runs no qemu-system")
+
+
+@pytest.mark.parametrize("booted", [OTA_BOARD], indirect=True)
+def test_ota_power_cut_during_an_install_boots_a_verified_slot(
+    booted: Booted, os_fleet: OsFleet, ota_images: OtaImages, digits_onnx: Path
+) -> None:
+    """qemu SIGKILLed (a power cut: the guest's page cache is lost) at a random moment of the
+    1.3.0 install (seed printed; FRACTAL_OTA_KILL_SEED replays it), then `image try` again: the
+    board boots a slot that verifies and passes its check (1.1.0, or 1.3.0 only when its install
+    had completed) and serves inference; the roll-out ends (done on 1.3.0, failed otherwise)."""
+    import random
+
+    fleet, node = os_fleet.fleet, booted.node_id
+    seed = int(os.environ.get("FRACTAL_OTA_KILL_SEED") or time.time_ns() % 2**32)
+    window = _OTA.get("install", 20.0)  # as long as the first install took
+    delay = random.Random(seed).uniform(0.0, window)
+    record = booted.console.with_name("ota-kill.txt")
+    try:
+        img = wait_for(lambda: _settled(fleet, node), 600, f"{node} settled", 1.0)
+        assert (img["version"], img["slot"]) == ("1.1.0", "b"), img
+        rid = _start_rollout(fleet, ota_images.entries["1.3.0"], node)
+        wait_for(lambda: _phase(fleet, rid, node) != "sent", 300, "the board to start the install", 0.2)
+        time.sleep(delay)  # the random moment: a power cut does not wait for events
+        seen = _phase(fleet, rid, node)
+        os.kill(_qemu_pid(booted.proc), signal.SIGKILL)
+        booted.proc.wait(60)
+        what = (f"seed {seed}: qemu SIGKILLed {delay:.2f} s into the install (window {window:.1f} s), "
+                f"the fleet had seen phase {seen!r}")
+        record.write_text(what + "\n")
+        print(f"OTA power cut: {what}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nconsole:\n{_console_tail(booted)}") from None
+    # power on again
+    console = booted.console.with_name("console-after-power-cut.log")
+    proc, lines = image_try(booted.image, console)
+    booted.proc, booted.console = proc, console  # the fixture's teardown stops this machine
+    t0 = time.monotonic()
+    try:
+        line = lines.get(timeout=BOOT_TIMEOUT_S)
+        assert line.startswith("node: "), f"`image try` printed {line!r}"
+        booted.url = line.split()[1]
+        t_ready = time.monotonic()
+        img = wait_for(lambda: _settled(fleet, node), 600, f"{node} settled", 1.0)
+        assert img["state"] == "good", img
+        assert (img["version"], img["slot"]) in (("1.1.0", "b"), ("1.3.0", "a")), img
+        assert _infers_like_onnxruntime(booted.url, digits_onnx) <= 1e-4
+        ro = _ended(fleet, rid, booted)
+        if img["version"] == "1.3.0":  # the install had completed: its trial boot passed
+            assert ro["state"] == "done" and img["update"]["phase"] == "done", (ro, img)
+        else:  # cut before the switch (or the new slot did not verify): the old slot, roll-out failed
+            assert ro["state"] == "failed", ro
+            assert "interrupted" in ro["reason"] or "rolled back" in ro["reason"], ro["reason"]
+        print(f"OTA power cut: powered on again, ready in {t_ready - t0:.1f} s, on {img['version']} "
+              f"(slot {img['slot']}); roll-out {ro['state']}: {ro['reason']}")
+    except (AssertionError, queue.Empty) as exc:
+        raise AssertionError(f"{what}: {exc!r}\nconsole:\n{_console_tail(booted)}") from None
