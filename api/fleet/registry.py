@@ -67,6 +67,7 @@ class NodeEntry:
             "samples_train": st.samples_train,
             "samples_val": st.samples_val,
             "validation": st.validation.model_dump() if st.validation else None,
+            "anomaly": st.anomaly.model_dump() if st.anomaly else None,
             "versions": list(st.versions),
             "image": st.image.model_dump(mode="json") if st.image else None,
             "keepalive_s": st.keepalive_s,
