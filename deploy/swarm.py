@@ -80,7 +80,9 @@ class SwarmOptions:
 
     def model(self) -> tuple[str, dict[str, Any]]:
         """The scenario's zoo model and its training settings."""
-        return (VIBRATION_MODEL, VIBRATION_TRAIN) if self.scenario == "vibration" else (DEMO_MODEL, DEMO_TRAIN)
+        if self.scenario == "vibration":
+            return VIBRATION_MODEL, VIBRATION_TRAIN
+        return DEMO_MODEL, DEMO_TRAIN
 
     def emulated(self) -> list[str]:
         """The arches of the emulated nodes, in node order: they are the last nodes."""
@@ -392,7 +394,8 @@ class Swarm:
         urls = {m.name: n.url for m, n in zip(ms, self.nodes, strict=True)}
         self.vibration = start_vibration(self.broker_url, self.opts.swarm, schedule, urls, self.token,
                                          self.workdir / "faults.json", vo)
-        _say(f"simulated machines publishing SenML at {schedule.rate_hz:.0f} Hz x 2 axes (speed x{vo.speed:g}): "
+        _say(f"simulated machines publishing SenML at {schedule.rate_hz:.0f} Hz x 2 axes "
+             f"(speed x{vo.speed:g}): "
              + ", ".join(f"{m.name} -> {n.node_id} ({m.shaft_hz:.1f} Hz)" for m, n in zip(ms, self.nodes,
                                                                                           strict=True))
              + f"; {len(schedule.faults)} faults scheduled in {self.workdir / 'faults.json'}")

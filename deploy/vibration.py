@@ -199,7 +199,11 @@ class Simulator(threading.Thread):
         self.published = 0  # readings per axis, all machines
         self.sim_now = schedule.t0
         self._halt = threading.Event()
-        self._ended: set[int] = set()
+        # time only moves forward: walk each machine's faults (and all faults by end) once
+        self._ahead = {m.name: sorted((f for f in schedule.faults if f.machine == m.name),
+                                      key=lambda f: f.start) for m in schedule.machines}
+        self._by_end = sorted(schedule.faults, key=lambda f: f.end)
+        self._ended = 0
 
     def stop(self) -> None:
         self._halt.set()
@@ -213,7 +217,7 @@ class Simulator(threading.Thread):
                 break
             ts = sim + np.arange(n) / sched.rate_hz
             for m in sched.machines:
-                fault = sched.fault_at(m.name, float(ts[0]))
+                fault = self._fault(m.name, float(ts[0]))
                 try:
                     self.link.publish(topic(self.swarm, m.name),
                                       senml_pack(m.name, float(ts[0]), readings(m, ts, fault), sched.rate_hz),
@@ -228,12 +232,18 @@ class Simulator(threading.Thread):
             if ahead > 0:
                 self._halt.wait(ahead)
 
+    def _fault(self, machine: str, t: float) -> FaultKind | None:
+        ahead = self._ahead[machine]
+        while ahead and ahead[0].end <= t:
+            ahead.pop(0)
+        return ahead[0].kind if ahead and ahead[0].start <= t else None
+
     def _report_ended(self, sim: float) -> None:
-        for i, f in enumerate(self.schedule.faults):
-            if i not in self._ended and f.end <= sim:
-                self._ended.add(i)
-                if self.on_fault_end is not None:
-                    try:
-                        self.on_fault_end(f)
-                    except Exception:  # noqa: BLE001 - reporting is best effort
-                        log.exception("reporting the end of %s failed", f)
+        while self._ended < len(self._by_end) and self._by_end[self._ended].end <= sim:
+            f = self._by_end[self._ended]
+            self._ended += 1
+            if self.on_fault_end is not None:
+                try:
+                    self.on_fault_end(f)
+                except Exception:  # noqa: BLE001 - reporting is best effort
+                    log.exception("reporting the end of %s failed", f)

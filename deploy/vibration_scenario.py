@@ -2,8 +2,9 @@
 
 Each node gets one simulated machine (deploy/vibration.py): its ``NODE.toml`` subscribes to the
 machine's SenML topic and cuts windows of 640 readings x 2 axes (hop 160, normalised by the
-machine's nominal per-axis spread) and hands their amplitude spectra (320 bins x 2 axes) to the zoo's
-``fc-autoencoder``, which learns the machine's normal from these unlabelled windows. The simulator publishes through the swarm's broker and
+machine's nominal per-axis spread) and hands their amplitude spectra (320 bins x 2 axes) to the
+zoo's ``fc-autoencoder``, which learns the machine's normal from these unlabelled windows. The
+simulator publishes through the swarm's broker and
 writes its fault schedule to ``faults.json``; when a fault is over the scenario reports it to its
 node as a late label (``POST /v1/labels``, label 1 for the fault's time range: as a maintenance
 log would), so fault windows leave the training and threshold data and the dashboard marks them.
@@ -50,7 +51,8 @@ def node_toml(m: Machine, swarm: str) -> str:
     """The ``[anomaly]`` and ``[[streams]]`` tables of a node watching machine ``m``."""
     fields = ", ".join(f'"{f}"' for f in field_names(m.name))
     std = ", ".join(f"{s:.4f}" for s in m.std())
-    return ("\n[anomaly]\n"
+    return ('worker_priority = "nice"  # SCHED_IDLE could starve rounds behind the stream ingestion\n'
+            "\n[anomaly]\n"
             "percentile = 99.0                     # threshold: this percentile of normal scores\n"
             "refresh_samples = 100\n"
             "\n[[streams]]                           # the machine's accelerometer, SenML over MQTT\n"
@@ -83,7 +85,8 @@ class RoundDriver(threading.Thread):
     def __init__(self, fleet_url: str, token: str, nodes: int, opts: ScenarioOptions,
                  on_round: Callable[[str], None] | None = None) -> None:
         super().__init__(name="vibration-rounds", daemon=True)
-        self.client = httpx.Client(base_url=fleet_url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        self.client = httpx.Client(base_url=fleet_url, headers={"Authorization": f"Bearer {token}"},
+                                   timeout=10)
         self.nodes = nodes
         self.opts = opts
         self.on_round = on_round
@@ -98,7 +101,9 @@ class RoundDriver(threading.Thread):
         try:
             while not self._halt.wait(1.0):
                 with contextlib.suppress(httpx.HTTPError, RuntimeError, KeyError, ValueError):
-                    if time.monotonic() - last < self.opts.round_every_s or self._running() or not self._ready():
+                    if time.monotonic() - last < self.opts.round_every_s or self._running():
+                        continue
+                    if not self._ready():
                         continue
                     rid = start_round(self.client, steps=self.opts.round_steps, lr=self.opts.round_lr)
                     self.rounds.append(rid)
@@ -114,7 +119,9 @@ class RoundDriver(threading.Thread):
                                                 for n in nodes)
 
     def _running(self) -> bool:
-        return bool(self.rounds) and self.client.get(f"/api/rounds/{self.rounds[-1]}").json()["state"] == "running"
+        if not self.rounds:
+            return False
+        return self.client.get(f"/api/rounds/{self.rounds[-1]}").json()["state"] == "running"
 
 
 def label_range(f: Fault) -> tuple[float, float]:
@@ -122,20 +129,61 @@ def label_range(f: Fault) -> tuple[float, float]:
     return f.start, f.end + WINDOW / RATE_HZ
 
 
-class Labeller:
-    """Reports a finished fault to its node as a late label (label 1 over the fault's windows)."""
+def fault_windows(f: Fault) -> int:
+    """How many windows a fault touches (their ends fall in :func:`label_range`)."""
+    since, until = label_range(f)
+    return int((until - since) * RATE_HZ / HOP)
 
-    def __init__(self, node_urls: dict[str, str], token: str) -> None:
+
+class Labeller(threading.Thread):
+    """Reports finished faults to their nodes as late labels (label 1 over the fault's windows),
+    as a maintenance log would. A node may store a fault's windows after the simulator moved on
+    (its stream lags under load): the label is sent again every ``retry_s`` until the node
+    labelled all but one of the fault's windows, for at most ``give_up_s``."""
+
+    def __init__(self, node_urls: dict[str, str], token: str, *, retry_s: float = 2.0,
+                 give_up_s: float = 300.0) -> None:
+        super().__init__(name="vibration-labels", daemon=True)
         self.node_urls = node_urls  # machine name -> node API URL
         self.headers = {"Authorization": f"Bearer {token}"}
-        self.labelled = 0
+        self.retry_s, self.give_up_s = retry_s, give_up_s
+        self.labelled = 0  # faults whose windows are labelled
+        self._pending: list[tuple[float, float, Fault]] = []  # (next try, first try, fault)
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
 
     def __call__(self, f: Fault) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._pending.append((now, now, f))
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        with httpx.Client(headers=self.headers, timeout=10) as client:
+            while not self._halt.wait(0.5):
+                now = time.monotonic()
+                with self._lock:
+                    due = [p for p in self._pending if p[0] <= now]
+                    self._pending = [p for p in self._pending if p[0] > now]
+                for _, first, f in due:
+                    if not self._report(client, f) and now - first < self.give_up_s:
+                        with self._lock:
+                            self._pending.append((now + self.retry_s, first, f))
+
+    def _report(self, client: httpx.Client, f: Fault) -> bool:
         since, until = label_range(f)
-        r = httpx.post(f"{self.node_urls[f.machine]}/v1/labels", headers=self.headers, timeout=10,
-                       json={"label": 1, "since": since, "until": until})
-        r.raise_for_status()
-        self.labelled += int(r.json()["labelled"])
+        try:
+            r = client.post(f"{self.node_urls[f.machine]}/v1/labels",
+                            json={"label": 1, "since": since, "until": until})
+            r.raise_for_status()
+        except httpx.HTTPError as exc:
+            log.debug("label for %s: %s", f, exc)
+            return False
+        done = int(r.json()["labelled"]) >= fault_windows(f) - 1
+        self.labelled += done
+        return done
 
 
 @dataclass
@@ -145,6 +193,7 @@ class VibrationRun:
     schedule: Schedule
     simulator: Simulator
     link: object  # federation.mqtt.MqttLink
+    labeller: Labeller
     faults_file: Path
     driver: RoundDriver | None = None
 
@@ -157,7 +206,9 @@ class VibrationRun:
         if self.driver is not None:
             self.driver.stop()
         self.simulator.stop()
+        self.labeller.stop()
         self.simulator.join(5)
+        self.labeller.join(5)
         if self.driver is not None:
             self.driver.join(5)
         with contextlib.suppress(Exception):
@@ -171,7 +222,9 @@ def start_vibration(broker_url: str, swarm: str, schedule: Schedule, node_urls: 
 
     schedule.write(faults_file)
     link = MqttLink(broker_url, swarm=swarm, client_id=f"vibration-sim-{int(time.time() * 1000) % 10**9}")
-    sim = Simulator(link, swarm, schedule, speed=opts.speed, on_fault_end=Labeller(node_urls, token),
+    labeller = Labeller(node_urls, token)
+    sim = Simulator(link, swarm, schedule, speed=opts.speed, on_fault_end=labeller,
                     duration_s=opts.duration_s)
+    labeller.start()
     sim.start()
-    return VibrationRun(schedule, sim, link, faults_file)
+    return VibrationRun(schedule, sim, link, labeller, faults_file)

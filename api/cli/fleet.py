@@ -103,7 +103,12 @@ def swarm(
                                 "second (faster fills the nodes sooner)."),
     round_every: float = typer.Option(60.0, "--round-every", min=5.0, help="vibration: seconds between the "
                                       "training rounds the scenario starts."),
-    round_steps: int = typer.Option(200, "--round-steps", min=1, max=10000, help="vibration: steps per round."),
+    round_steps: int = typer.Option(200, "--round-steps", min=1, max=10000,
+                                    help="vibration: steps per round."),
+    round_lr: float = typer.Option(0.003, "--round-lr", min=1e-6, max=1.0, help="vibration: learning rate "
+                                   "of the rounds (Adam)."),
+    min_samples: int = typer.Option(150, "--min-samples", min=1, help="vibration: windows every node holds "
+                                    "before the first round."),
 ) -> None:
     """The demo: a broker, N edge nodes fed by simulated sensors, and the fleet dashboard."""
     from api.fleet.serve import check_port_free
@@ -116,9 +121,11 @@ def swarm(
         raise FleetError("--sites starts its own brokers", hint="leave out --broker")
     opts = SwarmOptions(nodes=nodes, sites=sites, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv,
                         port=port, broker=broker, token=token, workdir=workdir, cache_dir=cache_dir,
-                        feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot, scenario=scenario.value,
+                        feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot,
+                        scenario=scenario.value,
                         vibration=ScenarioOptions(speed=speed, round_every_s=round_every,
-                                                  round_steps=round_steps))
+                                                  round_steps=round_steps, round_lr=round_lr,
+                                                  min_samples=min_samples))
     check_port_free(opts.host, opts.port)  # fail before minutes of work
     run_swarm(opts, _serve_swarm_fleet)
 

@@ -12,7 +12,7 @@ Example (a 2-axis accelerometer at 1 kHz, SenML, windows of 320 readings every 1
     window = 320                          # readings per window
     hop = 160                             # readings between window starts (default = window)
     layout = "time-major"                 # window (window, channels) or "channel-major" (channels, window)
-    transform = "none"                    # or "spectrum": each channel's amplitude spectrum (window // 2 bins)
+    transform = "none"                    # or "spectrum": amplitude spectrum per channel, window // 2 bins
     mean = [0.0, 0.0]                     # per-channel normalisation (x - mean) / std, optional
     std = [1.0, 1.0]
     gap_tolerance_s = 0.005               # holes up to this long hold the last value; longer: a new window
