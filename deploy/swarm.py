@@ -10,6 +10,9 @@ sklearn's digits from a simulated sensor; run the fleet service in this process 
 dashboard URL and the token. Ctrl-C or SIGTERM stops the feeders, the nodes (SIGTERM, then
 SIGKILL), the fleet and the broker, in that order; node processes also get PR_SET_PDEATHSIG
 so they die with the launcher even if it is SIGKILLed.
+
+``--scenario vibration`` compiles the zoo's fc-autoencoder instead, gives every node a simulated
+machine's SenML stream instead of digits, and starts rounds itself (deploy/vibration_scenario.py).
 """
 
 from __future__ import annotations

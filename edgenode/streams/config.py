@@ -11,7 +11,7 @@ Example (a 2-axis accelerometer at 1 kHz, SenML, windows of 320 readings every 1
     sample_rate_hz = 1000.0
     window = 320                          # readings per window
     hop = 160                             # readings between window starts (default = window)
-    layout = "time-major"                 # window (window, channels) or "channel-major" (channels, window)
+    layout = "time-major"                 # window (rows, channels) or "channel-major" (channels, rows)
     transform = "none"                    # or "spectrum": amplitude spectrum per channel, window // 2 bins
     mean = [0.0, 0.0]                     # per-channel normalisation (x - mean) / std, optional
     std = [1.0, 1.0]
