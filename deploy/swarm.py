@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from federation.broker import Broker
 
 __all__ = ["SwarmOptions", "SwarmFleet", "ServeFleet", "run_swarm", "demo_artifact", "NodeProcess", "Swarm",
-           "DEMO_MODEL", "start_demo_broker"]
+           "DEMO_MODEL", "start_demo_broker", "VIBRATION_MODEL", "VIBRATION_TRAIN", "STAMP", "demo_stamp"]
 
 log = logging.getLogger("fractal.swarm")
 
@@ -109,10 +109,9 @@ def demo_artifact(cache_dir: Path, preset: str, model: str = DEMO_MODEL,
 
     root = Path(cache_dir) / "swarm"
     out = root / f"{model}-{preset}"
-    stamp = out / ".swarm-stamp.json"
+    stamp = out / STAMP
     train = dict(train or DEMO_TRAIN)
-    want = {"tvm": importlib.metadata.version("apache-tvm"), "preset": preset, "train": train,
-            "model": model, "compiler": _compiler_fingerprint()}
+    want = demo_stamp(preset, model, train)
     if stamp.is_file():
         with contextlib.suppress(ValueError, OSError):
             if json.loads(stamp.read_text()) == want:
@@ -126,6 +125,15 @@ def demo_artifact(cache_dir: Path, preset: str, model: str = DEMO_MODEL,
                   progress=False)
     stamp.write_text(json.dumps(want))
     return out
+
+
+STAMP = ".swarm-stamp.json"  # in a cached artifact's directory: what it was compiled from
+
+
+def demo_stamp(preset: str, model: str, train: dict[str, Any]) -> dict[str, Any]:
+    """What a cached demo artifact must have been compiled from to be reused."""
+    return {"tvm": importlib.metadata.version("apache-tvm"), "preset": preset, "train": dict(train),
+            "model": model, "compiler": _compiler_fingerprint()}
 
 
 def _compiler_fingerprint() -> str:

@@ -6,7 +6,9 @@ no process behind. The simulator itself (schedule, packs) is tested without a br
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -48,11 +50,26 @@ def test_schedule_and_packs_round_trip() -> None:
     assert np.abs(bearing - normal.mean(0)).sum() > np.abs(normal - normal.mean(0)).sum()
 
 
-@pytest.mark.slow  # the fc-autoencoder's compile (~1-3 min on a loaded machine) and a round
+@pytest.fixture
+def vibration_cache(tmp_path_factory, autoencoder_artifact) -> Path:
+    """A swarm cache holding the session's fc-autoencoder (compiled as the scenario would, same
+    training settings) with its stamp: the scenario reuses it instead of compiling it again."""
+    from compiler import host_preset_name
+    from deploy.swarm import STAMP, VIBRATION_MODEL, VIBRATION_TRAIN, demo_stamp
+
+    cache = tmp_path_factory.getbasetemp() / "swarm-cache"
+    out = cache / "swarm" / f"{VIBRATION_MODEL}-{host_preset_name()}"
+    if not out.is_dir():
+        shutil.copytree(autoencoder_artifact, out)
+        (out / STAMP).write_text(json.dumps(demo_stamp(host_preset_name(), VIBRATION_MODEL, VIBRATION_TRAIN)))
+    return cache
+
+
+@pytest.mark.slow  # the fc-autoencoder's compile (shared, ~1-3 min on a loaded machine) and a round
 @pytest.mark.mosquitto
-def test_vibration_scenario_detects_injected_faults(tmp_path_factory) -> None:
+def test_vibration_scenario_detects_injected_faults(tmp_path_factory, vibration_cache: Path) -> None:
     work = tmp_path_factory.mktemp("vibration")
-    sp = start_swarm(2, tmp_path_factory.getbasetemp() / "swarm-cache", "vib-token", timeout=600,
+    sp = start_swarm(2, vibration_cache, "vib-token", timeout=600,
                      extra=("--scenario", "vibration", "--speed", "10", "--round-every", "5", "--round-steps",
                             "40", "--min-samples", "80", "--workdir", str(work)))
     try:
@@ -95,6 +112,7 @@ def test_vibration_scenario_detects_injected_faults(tmp_path_factory) -> None:
                 assert all((node_id, round(t0, 3)) in starts for t0, _ in a["labelled"]), \
                     (node_id, a["labelled"])
         _dashboard_shows_scores(sp.url)
+        assert "reusing compiled fc-autoencoder" in sp.output()
         children = sp.descendants()
         assert len(children) >= 3
     finally:
