@@ -117,6 +117,8 @@ def swarm(
 
     if sites > nodes:
         raise FleetError(f"--sites {sites} is more than --nodes {nodes}", hint="every site needs a node")
+    if sites > 1 and scenario is Scenario.VIBRATION:
+        raise FleetError("--scenario vibration runs on one broker", hint="leave out --sites")
     if sites > 1 and broker:
         raise FleetError("--sites starts its own brokers", hint="leave out --broker")
     opts = SwarmOptions(nodes=nodes, sites=sites, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv,

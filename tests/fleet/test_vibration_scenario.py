@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import pytest
 from deploy.vibration import FaultKind, field_names, machines, make_schedule, readings, senml_pack, windows
 from edgenode.anomaly import auc
 from edgenode.streams.formats import parse_senml
-from tests.fleet.swarm_proc import start_swarm
+from federation.broker import free_port
+from tests.fleet.swarm_proc import FRACTAL, start_swarm
 
 # Bound on the scaled-down run (40 steps, ~100 windows a node): the full scenario's goal is 0.95
 # (bench.vibration, BENCHMARKS.md); offline the model reaches 1.0 on these faults in 50 steps.
@@ -48,6 +50,16 @@ def test_schedule_and_packs_round_trip() -> None:
     normal, bearing = windows(m, 4, None, rng=rng), windows(m, 4, FaultKind.BEARING, rng=rng)
     assert normal.shape == (4, 640) and normal.dtype == np.float32
     assert np.abs(bearing - normal.mean(0)).sum() > np.abs(normal - normal.mean(0)).sum()
+
+
+def test_cli_refuses_what_the_scenario_cannot_do(tmp_path) -> None:
+    for extra, want in ((["--sites", "2"], "error: --scenario vibration runs on one broker"),
+                        (["--speed", "0"], "Invalid value for '--speed'")):
+        proc = subprocess.run([FRACTAL, "swarm", "--scenario", "vibration", "--nodes", "2", "--port",
+                               str(free_port()), "--cache-dir", str(tmp_path), *extra],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and want in proc.stderr, proc.stderr
+    assert not list(tmp_path.glob("swarm/*")), "refused before compiling anything"
 
 
 @pytest.fixture
