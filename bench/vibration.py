@@ -90,19 +90,21 @@ def _eval_sets(n_machines: int, n: int, seed: int) -> list[tuple[np.ndarray, np.
     return out
 
 
-def _node_scores(url: str, model: str, x: np.ndarray) -> np.ndarray:
-    """Scores from the node's OIP endpoint, in requests of at most 100 windows (its max_batch is 256)."""
-    return np.concatenate([_node_batch(url, model, x[lo:lo + 100]) for lo in range(0, len(x), 100)])
+def _node_scores(url: str, model: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Scores and flags from the node's OIP endpoint, in requests of at most 100 windows (its
+    max_batch is 256)."""
+    parts = [_node_batch(url, model, x[lo:lo + 100]) for lo in range(0, len(x), 100)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def _node_batch(url: str, model: str, x: np.ndarray) -> np.ndarray:
+def _node_batch(url: str, model: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
-            "outputs": [{"name": "anomaly_score"}]}
+            "outputs": [{"name": "anomaly_score"}, {"name": "anomaly"}]}
     r = httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=120,
                    headers={"Authorization": f"Bearer {TOKEN}"})
     r.raise_for_status()
-    out = next(o for o in r.json()["outputs"] if o["name"] == "anomaly_score")
-    return np.asarray(out["data"], np.float32)
+    outs = {o["name"]: o["data"] for o in r.json()["outputs"]}
+    return np.asarray(outs["anomaly_score"], np.float32), np.asarray(outs["anomaly"], bool)
 
 
 def central_params(artifact: Any, pools: list[np.ndarray], *, steps: int, lr: float, per_step: int,
@@ -166,8 +168,11 @@ def run(nodes: int = 3, steps: int = 200, lr: float | None = None, speed: float 
             if rnd["state"] != "done":
                 raise RuntimeError(f"the round {rnd['state']}: {rnd['reason']}")
             evals = _eval_sets(nodes, n_eval, seed=12345)
-            swarm_auc = [_auc(_node_scores(urls[f"node-{i + 1}"], VIBRATION_MODEL, x), y)
-                         for i, (x, y) in enumerate(evals)]
+            scored = [_node_scores(urls[f"node-{i + 1}"], VIBRATION_MODEL, x) for i, (x, _) in enumerate(evals)]
+            swarm_auc = [_auc(s, y) for (s, _), (_, y) in zip(scored, evals, strict=True)]
+            # at each node's own threshold (99th percentile of its normal windows' scores)
+            flagged_normal = [float(f[y == 0].mean()) for (_, f), (_, y) in zip(scored, evals, strict=True)]
+            flagged_faults = [float(f[y == 1].mean()) for (_, f), (_, y) in zip(scored, evals, strict=True)]
         finally:
             os.killpg(proc.pid, signal.SIGINT)
             try:
@@ -189,7 +194,9 @@ def run(nodes: int = 3, steps: int = 200, lr: float | None = None, speed: float 
             "eval_windows_per_node": {"normal": n_eval, "per_fault_kind": n_eval},
             "swarm_auc": [round(a, 4) for a in swarm_auc], "central_auc": [round(a, 4) for a in central_auc],
             "swarm_auc_mean": round(s_mean, 4), "central_auc_mean": round(c_mean, 4),
-            "gap": round(c_mean - s_mean, 4), "goal_met": bool(s_mean >= 0.95 and c_mean - s_mean <= 0.02),
+            "gap": round(c_mean - s_mean, 4),
+            "swarm_flagged_normal": [round(v, 3) for v in flagged_normal],
+            "swarm_flagged_faults": [round(v, 3) for v in flagged_faults], "goal_met": bool(s_mean >= 0.95 and c_mean - s_mean <= 0.02),
             "swarm_seconds": round(swarm_s, 1), "central_seconds": round(central_s, 1)}
 
 
