@@ -168,7 +168,8 @@ def run(nodes: int = 3, steps: int = 200, lr: float | None = None, speed: float 
             if rnd["state"] != "done":
                 raise RuntimeError(f"the round {rnd['state']}: {rnd['reason']}")
             evals = _eval_sets(nodes, n_eval, seed=12345)
-            scored = [_node_scores(urls[f"node-{i + 1}"], VIBRATION_MODEL, x) for i, (x, _) in enumerate(evals)]
+            scored = [_node_scores(urls[f"node-{i + 1}"], VIBRATION_MODEL, x)
+                      for i, (x, _) in enumerate(evals)]
             swarm_auc = [_auc(s, y) for (s, _), (_, y) in zip(scored, evals, strict=True)]
             # at each node's own threshold (99th percentile of its normal windows' scores)
             flagged_normal = [float(f[y == 0].mean()) for (_, f), (_, y) in zip(scored, evals, strict=True)]
@@ -196,7 +197,8 @@ def run(nodes: int = 3, steps: int = 200, lr: float | None = None, speed: float 
             "swarm_auc_mean": round(s_mean, 4), "central_auc_mean": round(c_mean, 4),
             "gap": round(c_mean - s_mean, 4),
             "swarm_flagged_normal": [round(v, 3) for v in flagged_normal],
-            "swarm_flagged_faults": [round(v, 3) for v in flagged_faults], "goal_met": bool(s_mean >= 0.95 and c_mean - s_mean <= 0.02),
+            "swarm_flagged_faults": [round(v, 3) for v in flagged_faults],
+            "goal_met": bool(s_mean >= 0.95 and c_mean - s_mean <= 0.02),
             "swarm_seconds": round(swarm_s, 1), "central_seconds": round(central_s, 1)}
 
 
