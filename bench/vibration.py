@@ -43,13 +43,14 @@ TOKEN = "bench-vibration"
 
 
 def _swarm(nodes: int, work: Path, port: int, steps: int, lr: float, speed: float, min_samples: int,
-           cache: Path) -> subprocess.Popen:
+           cache: Path, severity: float) -> subprocess.Popen:
     fractal = Path(sys.executable).with_name("fractal")
     argv = [str(fractal)] if fractal.is_file() else [sys.executable, "-c", "from api.cli import main; main()"]
     argv += ["swarm", "--scenario", "vibration", "--nodes", str(nodes), "--port", str(port), "--token", TOKEN,
              "--workdir", str(work), "--cache-dir", str(cache), "--speed", str(speed),
              "--round-steps", str(steps),
-             "--round-every", "100000", "--round-lr", str(lr), "--min-samples", str(min_samples)]
+             "--fault-severity", str(severity), "--round-every", "100000", "--round-lr", str(lr),
+             "--min-samples", str(min_samples)]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
 
@@ -78,14 +79,15 @@ def _wait_round(fleet: httpx.Client, timeout: float) -> dict[str, Any]:
     raise RuntimeError(f"no round finished within {timeout:.0f}s")
 
 
-def _eval_sets(n_machines: int, n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _eval_sets(n_machines: int, n: int, seed: int, severity: float) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per machine: held-out inputs (n normal, then n of each fault kind) and their flags."""
     from deploy.vibration import FaultKind, machines, windows
 
     rng = np.random.default_rng(seed)
     out = []
     for m in machines(n_machines):
-        xs = [windows(m, n, None, rng=rng)] + [windows(m, n, k, rng=rng) for k in FaultKind]
+        xs = [windows(m, n, None, rng=rng)]
+        xs += [windows(m, n, k, rng=rng, severity=severity) for k in FaultKind]
         out.append((np.concatenate(xs), np.r_[np.zeros(n), np.ones(n * len(FaultKind))]))
     return out
 
@@ -147,7 +149,8 @@ def _stored_normal(data_dir: Path) -> np.ndarray:
 
 
 def run(nodes: int = 3, steps: int = 200, lr: float | None = None, speed: float = 8.0, min_samples: int = 300,
-        n_eval: int = 100, cache: Path = Path(".cache"), timeout: float = 1800.0) -> dict[str, Any]:
+        n_eval: int = 100, cache: Path = Path(".cache"), timeout: float = 1800.0,
+        severity: float = 1.0) -> dict[str, Any]:
     from compiler import host_preset_name, load_artifact
     from deploy.swarm import VIBRATION_MODEL, VIBRATION_TRAIN, demo_artifact
     from deploy.vibration_scenario import ScenarioOptions
@@ -159,7 +162,7 @@ def run(nodes: int = 3, steps: int = 200, lr: float | None = None, speed: float 
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-vibration-") as tmp:
         work, port = Path(tmp) / "swarm", free_port()
-        proc = _swarm(nodes, work, port, steps, lr, speed, min_samples, cache)
+        proc = _swarm(nodes, work, port, steps, lr, speed, min_samples, cache, severity)
         try:
             urls = _wait_banner(proc, timeout=300)
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
@@ -167,7 +170,7 @@ def run(nodes: int = 3, steps: int = 200, lr: float | None = None, speed: float 
                 rnd = _wait_round(fleet, timeout)
             if rnd["state"] != "done":
                 raise RuntimeError(f"the round {rnd['state']}: {rnd['reason']}")
-            evals = _eval_sets(nodes, n_eval, seed=12345)
+            evals = _eval_sets(nodes, n_eval, seed=12345, severity=severity)
             scored = [_node_scores(urls[f"node-{i + 1}"], VIBRATION_MODEL, x)
                       for i, (x, _) in enumerate(evals)]
             swarm_auc = [_auc(s, y) for (s, _), (_, y) in zip(scored, evals, strict=True)]
@@ -191,6 +194,7 @@ def run(nodes: int = 3, steps: int = 200, lr: float | None = None, speed: float 
                    for x, y in evals]
     s_mean, c_mean = float(np.mean(swarm_auc)), float(np.mean(central_auc))
     return {"bench": "vibration", "machine": machine(), "nodes": nodes, "steps": steps, "lr": lr,
+            "fault_severity": severity,
             "round_id": rnd["round_id"], "windows_per_node": [len(p) for p in pools],
             "eval_windows_per_node": {"normal": n_eval, "per_fault_kind": n_eval},
             "swarm_auc": [round(a, 4) for a in swarm_auc], "central_auc": [round(a, 4) for a in central_auc],
@@ -211,9 +215,10 @@ def main() -> None:
     ap.add_argument("--min-samples", type=int, default=300)
     ap.add_argument("--eval", type=int, default=100)
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache"))
+    ap.add_argument("--severity", type=float, default=1.0, help="fault severity (deploy/vibration.py)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    res = run(a.nodes, a.steps, a.lr, a.speed, a.min_samples, a.eval, a.cache_dir)
+    res = run(a.nodes, a.steps, a.lr, a.speed, a.min_samples, a.eval, a.cache_dir, severity=a.severity)
     if a.json:
         print(json.dumps(res))
     else:

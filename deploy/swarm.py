@@ -401,7 +401,7 @@ class Swarm:
         vo = self.opts.vibration
         ms = self.machines()
         schedule = make_schedule(ms, time.time(), warmup_s=vo.warmup_s, every_s=vo.fault_every_s,
-                                 length_s=vo.fault_s, horizon_s=vo.horizon_s)
+                                 length_s=vo.fault_s, horizon_s=vo.horizon_s, severity=vo.fault_severity)
         urls = {m.name: n.url for m, n in zip(ms, self.nodes, strict=True)}
         self.vibration = start_vibration(self.broker_url, self.opts.swarm, schedule, urls, self.token,
                                          self.workdir / "faults.json", vo)

@@ -9,6 +9,9 @@ on a schedule fixed at start and recorded (``Schedule.write``: a JSON file; ``Si
 - ``imbalance``: the 1x component grows 1.8-fold on both axes;
 - ``shift``: the machine runs 12 % faster than its normal speed.
 
+A fault's ``severity`` scales its departure from normal (1.0 as above; 0.25: a tone a quarter as
+loud, 1.2-fold imbalance, a 3 % speed shift).
+
 The signal is a pure function of the machine, the time and the fault (:func:`readings`), so the
 benchmark and the tests can draw held-out windows exactly as the nodes' streams cut them
 (:func:`windows`). Simulated time may run faster than the wall clock (``speed``): readings carry
@@ -76,6 +79,7 @@ class Fault:
     kind: FaultKind
     start: float  # unix s (simulated time)
     end: float
+    severity: float = 1.0
 
 
 @dataclass
@@ -117,7 +121,7 @@ def machines(n: int, *, seed: int = 0) -> list[Machine]:
 
 
 def make_schedule(ms: list[Machine], t0: float, *, warmup_s: float, every_s: float, length_s: float,
-                  horizon_s: float, rate_hz: float = RATE_HZ) -> Schedule:
+                  horizon_s: float, rate_hz: float = RATE_HZ, severity: float = 1.0) -> Schedule:
     """Faults after ``warmup_s`` of normal running: one every ``every_s`` per machine (kinds in
     turn, machines staggered), each ``length_s`` long, up to ``horizon_s``."""
     faults = []
@@ -125,33 +129,34 @@ def make_schedule(ms: list[Machine], t0: float, *, warmup_s: float, every_s: flo
     for i, m in enumerate(ms):
         k, t = i, warmup_s + (i * every_s) / max(1, len(ms))
         while t + length_s <= horizon_s:
-            faults.append(Fault(m.name, kinds[k % len(kinds)], t0 + t, t0 + t + length_s))
+            faults.append(Fault(m.name, kinds[k % len(kinds)], t0 + t, t0 + t + length_s, severity))
             k, t = k + 1, t + every_s
     faults.sort(key=lambda f: f.start)
     return Schedule(t0=t0, rate_hz=rate_hz, machines=list(ms), faults=faults)
 
 
-def readings(m: Machine, t: np.ndarray, fault: FaultKind | None = None) -> np.ndarray:
+def readings(m: Machine, t: np.ndarray, fault: FaultKind | None = None, severity: float = 1.0) -> np.ndarray:
     """Accelerometer readings (len(t), 2) of machine ``m`` at times ``t`` (s), raw (not normalised)."""
     t = np.asarray(t, np.float64)
     seed = (zlib.crc32(m.name.encode()), int(t[0] * 1000) & 0xFFFFFFFF) if len(t) else 0
     rng = np.random.default_rng(seed)  # the same noise for the same readings, in any process
-    f = m.shaft_hz * (1.12 if fault is FaultKind.SHIFT else 1.0)
+    f = m.shaft_hz * (1.0 + 0.12 * severity if fault is FaultKind.SHIFT else 1.0)
     load = 1.0 + m.load_swing * np.sin(2 * np.pi * t / LOAD_PERIOD_S)
-    imb = 1.8 if fault is FaultKind.IMBALANCE else 1.0
+    imb = 1.0 + 0.8 * severity if fault is FaultKind.IMBALANCE else 1.0
     tt = t - np.floor(t / 1000.0) * 1000.0  # keep phases accurate at unix times (float64)
     out = np.empty((len(t), 2), np.float64)
     for ax in range(2):
         w = 2 * np.pi * f * tt + m.phase[ax] + ax * np.pi / 2
         out[:, ax] = load * (imb * m.a1[ax] * np.sin(w) + m.a2[ax] * np.sin(2 * w + 0.3))
         if fault is FaultKind.BEARING:
-            out[:, ax] += 0.35 * m.a1[0] * (1 + np.sin(w)) * np.sin(2 * np.pi * BEARING_ORDER * f * tt)
+            tone = np.sin(2 * np.pi * BEARING_ORDER * f * tt)
+            out[:, ax] += 0.35 * severity * m.a1[0] * (1 + np.sin(w)) * tone
         out[:, ax] += rng.normal(0.0, m.noise, len(t))
     return out
 
 
 def windows(m: Machine, n: int, fault: FaultKind | None, *, rng: np.random.Generator, t0: float = 1.7e9,
-            span_s: float = 3600.0) -> np.ndarray:
+            span_s: float = 3600.0, severity: float = 1.0) -> np.ndarray:
     """``n`` model inputs (n, WINDOW) from windows at random times, as the node's stream makes them
     (normalised, amplitude spectrum, bins x axes flattened)."""
     from edgenode.streams.window import spectrum
@@ -159,7 +164,7 @@ def windows(m: Machine, n: int, fault: FaultKind | None, *, rng: np.random.Gener
     std = np.asarray(m.std())
     ts = t0 + rng.uniform(0, span_s, n)
     offs = np.arange(WINDOW) / RATE_HZ
-    return np.stack([spectrum(readings(m, t + offs, fault) / std).ravel() for t in ts])
+    return np.stack([spectrum(readings(m, t + offs, fault, severity) / std).ravel() for t in ts])
 
 
 def topic(swarm: str, machine: str) -> str:
@@ -217,10 +222,11 @@ class Simulator(threading.Thread):
                 break
             ts = sim + np.arange(n) / sched.rate_hz
             for m in sched.machines:
-                fault = self._fault(m.name, float(ts[0]))
+                f = self._fault(m.name, float(ts[0]))
+                vals = readings(m, ts, None) if f is None else readings(m, ts, f.kind, f.severity)
                 try:
                     self.link.publish(topic(self.swarm, m.name),
-                                      senml_pack(m.name, float(ts[0]), readings(m, ts, fault), sched.rate_hz),
+                                      senml_pack(m.name, float(ts[0]), vals, sched.rate_hz),
                                       qos=0)
                 except Exception as exc:  # noqa: BLE001 - a broker hiccup loses a pack, as a sensor would
                     log.debug("publish failed: %s", exc)
@@ -232,11 +238,11 @@ class Simulator(threading.Thread):
             if ahead > 0:
                 self._halt.wait(ahead)
 
-    def _fault(self, machine: str, t: float) -> FaultKind | None:
+    def _fault(self, machine: str, t: float) -> Fault | None:
         ahead = self._ahead[machine]
         while ahead and ahead[0].end <= t:
             ahead.pop(0)
-        return ahead[0].kind if ahead and ahead[0].start <= t else None
+        return ahead[0] if ahead and ahead[0].start <= t else None
 
     def _report_ended(self, sim: float) -> None:
         while self._ended < len(self._by_end) and self._by_end[self._ended].end <= sim:

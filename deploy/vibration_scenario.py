@@ -39,6 +39,7 @@ class ScenarioOptions:
     warmup_s: float = 60.0  # simulated seconds of normal running before the first fault
     fault_every_s: float = 40.0  # per machine
     fault_s: float = 8.0
+    fault_severity: float = 1.0  # deploy/vibration.py: 1.0 as documented, smaller is subtler
     horizon_s: float = 6 * 3600.0  # faults are scheduled up to this far (simulated)
     duration_s: float | None = None  # stop publishing after this long (simulated); None = until stopped
     round_every_s: float = 60.0  # wall seconds between rounds

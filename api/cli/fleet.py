@@ -107,6 +107,9 @@ def swarm(
                                     help="vibration: steps per round."),
     round_lr: float = typer.Option(0.003, "--round-lr", min=1e-6, max=1.0, help="vibration: learning rate "
                                    "of the rounds (Adam)."),
+    fault_severity: float = typer.Option(1.0, "--fault-severity", min=0.05, max=2.0,
+                                         help="vibration: how far the injected faults depart from normal "
+                                         "(smaller is subtler)."),
     min_samples: int = typer.Option(150, "--min-samples", min=1, help="vibration: windows every node holds "
                                     "before the first round."),
 ) -> None:
@@ -127,7 +130,7 @@ def swarm(
                         scenario=scenario.value,
                         vibration=ScenarioOptions(speed=speed, round_every_s=round_every,
                                                   round_steps=round_steps, round_lr=round_lr,
-                                                  min_samples=min_samples))
+                                                  min_samples=min_samples, fault_severity=fault_severity))
     check_port_free(opts.host, opts.port)  # fail before minutes of work
     run_swarm(opts, _serve_swarm_fleet)
 
