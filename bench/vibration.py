@@ -70,11 +70,14 @@ def _wait_banner(proc: subprocess.Popen, timeout: float) -> dict[str, str]:
 
 
 def _wait_round(fleet: httpx.Client, timeout: float) -> dict[str, Any]:
+    """The scenario's first round, once it ended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rounds = fleet.get("/api/rounds").json()["rounds"]
-        if rounds and rounds[0]["state"] != "running":
-            return rounds[0]
+        rounds = fleet.get("/api/rounds").json()["rounds"]  # newest first
+        if rounds and rounds[-1]["state"] != "running":
+            if len(rounds) > 1:
+                raise RuntimeError(f"the scenario started {len(rounds)} rounds; the comparison needs one")
+            return rounds[-1]
         time.sleep(1.0)
     raise RuntimeError(f"no round finished within {timeout:.0f}s")
 

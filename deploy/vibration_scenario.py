@@ -87,7 +87,7 @@ class RoundDriver(threading.Thread):
                  on_round: Callable[[str], None] | None = None) -> None:
         super().__init__(name="vibration-rounds", daemon=True)
         self.client = httpx.Client(base_url=fleet_url, headers={"Authorization": f"Bearer {token}"},
-                                   timeout=10)
+                                   timeout=30)
         self.nodes = nodes
         self.opts = opts
         self.on_round = on_round
@@ -106,9 +106,10 @@ class RoundDriver(threading.Thread):
                         continue
                     if not self._ready():
                         continue
+                    # an attempt counts even if it fails: a POST that timed out may have started one
+                    last = time.monotonic()
                     rid = start_round(self.client, steps=self.opts.round_steps, lr=self.opts.round_lr)
                     self.rounds.append(rid)
-                    last = time.monotonic()
                     if self.on_round is not None:
                         self.on_round(rid)
         finally:
