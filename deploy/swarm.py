@@ -10,6 +10,9 @@ sklearn's digits from a simulated sensor; run the fleet service in this process 
 dashboard URL and the token. Ctrl-C or SIGTERM stops the feeders, the nodes (SIGTERM, then
 SIGKILL), the fleet and the broker, in that order; node processes also get PR_SET_PDEATHSIG
 so they die with the launcher even if it is SIGKILLed.
+
+``--scenario vibration`` compiles the zoo's fc-autoencoder instead, gives every node a simulated
+machine's SenML stream instead of digits, and starts rounds itself (deploy/vibration_scenario.py).
 """
 
 from __future__ import annotations
@@ -37,17 +40,21 @@ import httpx
 
 from deploy.errors import DeployError
 from deploy.sensors import Feeder, digits_shards
+from deploy.vibration_scenario import ScenarioOptions
 
 if TYPE_CHECKING:
     from federation.broker import Broker
 
 __all__ = ["SwarmOptions", "SwarmFleet", "ServeFleet", "run_swarm", "demo_artifact", "NodeProcess", "Swarm",
-           "DEMO_MODEL", "start_demo_broker"]
+           "DEMO_MODEL", "start_demo_broker", "VIBRATION_MODEL", "VIBRATION_TRAIN", "STAMP", "demo_stamp"]
 
 log = logging.getLogger("fractal.swarm")
 
 DEMO_MODEL = "digits-mlp"
 DEMO_TRAIN = {"loss": "ce", "optimizer": "sgd", "lr": 0.1, "batch": 32}
+# The vibration scenario's model: MLPerf Tiny's anomaly autoencoder, trained to reconstruct its input.
+VIBRATION_MODEL = "fc-autoencoder"
+VIBRATION_TRAIN = {"loss": "mse", "optimizer": "adam", "lr": 0.001, "batch": 32}
 # The riscv64 node's preset: rv64gc (every riscv64 Linux board; the C route, no TVM on the node).
 RISCV_PRESET = "riscv64"
 REPO = Path(__file__).resolve().parents[1]
@@ -71,6 +78,14 @@ class SwarmOptions:
     node_ready_timeout_s: float = 300.0
     sysroot: Path | None = None  # default: CACHE_DIR/sysroot-aarch64 (made by `make sysroot`)
     riscv_sysroot: Path | None = None  # default: CACHE_DIR/sysroot-riscv64 (`make sysroot-riscv64`)
+    scenario: str = "digits"  # or "vibration" (deploy/vibration_scenario.py)
+    vibration: ScenarioOptions = field(default_factory=ScenarioOptions)
+
+    def model(self) -> tuple[str, dict[str, Any]]:
+        """The scenario's zoo model and its training settings."""
+        if self.scenario == "vibration":
+            return VIBRATION_MODEL, VIBRATION_TRAIN
+        return DEMO_MODEL, DEMO_TRAIN
 
     def emulated(self) -> list[str]:
         """The arches of the emulated nodes, in node order: they are the last nodes."""
@@ -82,9 +97,10 @@ def _say(msg: str) -> None:
 
 
 # -- the demo model ---------------------------------------------------------------------------
-def demo_artifact(cache_dir: Path, preset: str, model: str = DEMO_MODEL) -> Path:
-    """The digits-mlp artifact (or another zoo ``model``'s) with its training module for ``preset``,
-    compiled once and cached.
+def demo_artifact(cache_dir: Path, preset: str, model: str = DEMO_MODEL,
+                  train: dict[str, Any] | None = None) -> Path:
+    """The digits-mlp artifact (or another zoo ``model``'s, with its ``train`` settings) with its
+    training module for ``preset``, compiled once and cached.
 
     The cache is keyed by the TVM version, the training settings and the compiler's source (a
     stamp file written after a successful compile), so any change to them recompiles (~5 s).
@@ -93,9 +109,9 @@ def demo_artifact(cache_dir: Path, preset: str, model: str = DEMO_MODEL) -> Path
 
     root = Path(cache_dir) / "swarm"
     out = root / f"{model}-{preset}"
-    stamp = out / ".swarm-stamp.json"
-    want = {"tvm": importlib.metadata.version("apache-tvm"), "preset": preset, "train": DEMO_TRAIN,
-            "model": model, "compiler": _compiler_fingerprint()}
+    stamp = out / STAMP
+    train = dict(train or DEMO_TRAIN)
+    want = demo_stamp(preset, model, train)
     if stamp.is_file():
         with contextlib.suppress(ValueError, OSError):
             if json.loads(stamp.read_text()) == want:
@@ -105,10 +121,19 @@ def demo_artifact(cache_dir: Path, preset: str, model: str = DEMO_MODEL) -> Path
     onnx_path = root / f"{model}.onnx"
     zoo.save(model, onnx_path)
     _say(f"compiling {model} for {preset} (with its training module) into {out}")
-    compile_model(onnx_path, target=preset, out_dir=out, name=model, train=TrainSettings(**DEMO_TRAIN),
+    compile_model(onnx_path, target=preset, out_dir=out, name=model, train=TrainSettings(**train),
                   progress=False)
     stamp.write_text(json.dumps(want))
     return out
+
+
+STAMP = ".swarm-stamp.json"  # in a cached artifact's directory: what it was compiled from
+
+
+def demo_stamp(preset: str, model: str, train: dict[str, Any]) -> dict[str, Any]:
+    """What a cached demo artifact must have been compiled from to be reused."""
+    return {"tvm": importlib.metadata.version("apache-tvm"), "preset": preset, "train": dict(train),
+            "model": model, "compiler": _compiler_fingerprint()}
 
 
 def _compiler_fingerprint() -> str:
@@ -199,7 +224,7 @@ def start_demo_broker() -> Broker:
 
 
 def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, data_dir: Path, broker: str,
-                       swarm: str, token: str, keys: Path, site: str | None = None) -> None:
+                       swarm: str, token: str, keys: Path, site: str | None = None, extra: str = "") -> None:
     # Written by hand: the demo's NODE.toml doubles as a readable example of the format.
     path.write_text(
         f'node_id = "{node_id}"\n'
@@ -219,7 +244,14 @@ def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, d
         "step_timeout_s = 30.0\n"
         + ('isolation = "thread"  # hierarchical rounds run on the round thread in this release\n'
            if site else "")
+        + extra
     )
+
+
+def _scenario_toml(machine: Any, swarm: str) -> str:
+    from deploy.vibration_scenario import node_toml
+
+    return node_toml(machine, swarm)
 
 
 def _arm_node_env(sysroot: Path) -> tuple[list[str], dict[str, str]]:
@@ -250,6 +282,7 @@ class Swarm:
     sites: Any = None  # deploy.sites.Sites with --sites > 1 (broker_url is then the backbone's)
     nodes: list[NodeProcess] = field(default_factory=list)
     feeders: list[Feeder] = field(default_factory=list)
+    vibration: Any = None  # deploy.vibration_scenario.VibrationRun with --scenario vibration
     _stopping: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -285,6 +318,7 @@ class Swarm:
         from deploy.keys import provision
 
         provision(self.keys, self.opts.swarm, [f"node-{i + 1}" for i in range(self.opts.nodes)])
+        machines = self.machines()
         emulated = self.opts.emulated()
         arches = ["host"] * (self.opts.nodes - len(emulated)) + emulated
         for i, arch in enumerate(arches):
@@ -294,7 +328,8 @@ class Swarm:
             site, broker = self.site_of(i)
             _write_node_config(cfg, node_id=node_id, artifact=artifacts[arch], port=port,
                                data_dir=self.workdir / "data" / node_id, broker=broker,
-                               swarm=self.opts.swarm, token=self.token, keys=self.keys, site=site)
+                               swarm=self.opts.swarm, token=self.token, keys=self.keys, site=site,
+                               extra=_scenario_toml(machines[i], self.opts.swarm) if machines else "")
             if arch in launchers:
                 prefix, env = launchers[arch]
                 argv = [*prefix, "node", "--config", str(cfg)]
@@ -345,6 +380,37 @@ class Swarm:
 
         threading.Thread(target=watch, name="swarm-watch", daemon=True).start()
 
+    def machines(self) -> list:
+        """The vibration scenario's machines, one per node (none in the digits demo)."""
+        if self.opts.scenario != "vibration":
+            return []
+        from deploy.vibration import machines
+
+        return machines(self.opts.nodes)
+
+    def start_sensors(self) -> None:
+        if self.opts.scenario == "vibration":
+            self.start_vibration()
+        else:
+            self.start_feeders()
+
+    def start_vibration(self) -> None:
+        from deploy.vibration import make_schedule
+        from deploy.vibration_scenario import start_vibration
+
+        vo = self.opts.vibration
+        ms = self.machines()
+        schedule = make_schedule(ms, time.time(), warmup_s=vo.warmup_s, every_s=vo.fault_every_s,
+                                 length_s=vo.fault_s, horizon_s=vo.horizon_s, severity=vo.fault_severity)
+        urls = {m.name: n.url for m, n in zip(ms, self.nodes, strict=True)}
+        self.vibration = start_vibration(self.broker_url, self.opts.swarm, schedule, urls, self.token,
+                                         self.workdir / "faults.json", vo)
+        _say(f"simulated machines publishing SenML at {schedule.rate_hz:.0f} Hz x 2 axes "
+             f"(speed x{vo.speed:g}): "
+             + ", ".join(f"{m.name} -> {n.node_id} ({m.shaft_hz:.1f} Hz)" for m, n in zip(ms, self.nodes,
+                                                                                          strict=True))
+             + f"; {len(schedule.faults)} faults scheduled in {self.workdir / 'faults.json'}")
+
     def start_feeders(self) -> None:
         shards = digits_shards(len(self.nodes))
         for n, shard in zip(self.nodes, shards, strict=True):
@@ -356,6 +422,9 @@ class Swarm:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self.vibration is not None:
+            self.vibration.stop()
+            self.vibration = None
         for f in self.feeders:
             f.stop()
         for n in self.nodes:  # SIGTERM all first, then wait: they shut down in parallel
@@ -421,15 +490,16 @@ def run_swarm(opts: SwarmOptions, serve_fleet: ServeFleet) -> None:
         if opts.emulate_arm:
             sysroot = Path(opts.sysroot or Path(opts.cache_dir) / "sysroot-aarch64")
             launchers["aarch64"] = _arm_node_env(sysroot)
-        artifacts = {"host": demo_artifact(opts.cache_dir, host_preset_name()).resolve()}
+        model, train = opts.model()
+        artifacts = {"host": demo_artifact(opts.cache_dir, host_preset_name(), model, train).resolve()}
         if opts.emulate_arm:
-            artifacts["aarch64"] = demo_artifact(opts.cache_dir, "aarch64").resolve()
+            artifacts["aarch64"] = demo_artifact(opts.cache_dir, "aarch64", model, train).resolve()
         if opts.emulate_riscv:
-            artifacts["riscv64"] = demo_artifact(opts.cache_dir, RISCV_PRESET).resolve()
+            artifacts["riscv64"] = demo_artifact(opts.cache_dir, RISCV_PRESET, model, train).resolve()
         swarm.start_broker()
         swarm.start_nodes(artifacts, launchers)
         swarm.wait_nodes_ready()
-        swarm.start_feeders()
+        swarm.start_sensors()
         swarm.watch_nodes()
         # the demo keeps its fleet history with its nodes (FRACTAL_FLEET_DB overrides)
         fleet = SwarmFleet(broker_url=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
@@ -448,7 +518,11 @@ def run_swarm(opts: SwarmOptions, serve_fleet: ServeFleet) -> None:
                   f"  files:     {workdir}{kept}: node-N.toml (node configs), data/node-N/ (samples and\n"
                   f"             parameter versions), logs/node-N.log (node logs)\n"
                   f"  fleet db:  {db_path} (round history and operator actions)\n"
-                  "Press Ctrl-C to stop everything.", flush=True)
+                  + (f"  faults:    {workdir / 'faults.json'} (the injected faults; rounds start every "
+                     f"{opts.vibration.round_every_s:g} s)\n" if swarm.vibration is not None else "")
+                  + "Press Ctrl-C to stop everything.", flush=True)
+            if swarm.vibration is not None:
+                swarm.vibration.start_rounds(f"http://{opts.host}:{opts.port}", token, opts.vibration)
 
         serve_fleet(fleet, banner)
     except KeyboardInterrupt:

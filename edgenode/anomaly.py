@@ -17,6 +17,7 @@ labelled validation samples when both kinds are there.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from edgenode.ports import Spec
 from edgenode.store import Samples
-from federation.messages import Validation
+from federation.messages import ANOMALY_POINTS_MAX, ANOMALY_RANGES_MAX, AnomalyTrace, Validation
 
 __all__ = ["SCORE", "FLAG", "AnomalyScorer", "is_reconstruction", "reconstruction_error", "auc",
            "evaluate_anomaly"]
@@ -118,6 +119,29 @@ class AnomalyScorer:
         self.fitted_on = 0  # samples the threshold was computed from
         self.fitted_version: int | None = None
         self._lock = threading.Lock()
+        # the live view in the node's status: the newest stream windows' scores, labelled faults
+        self._scores: deque[tuple[float, float]] = deque(maxlen=ANOMALY_POINTS_MAX)
+        self._labelled: deque[tuple[float, float]] = deque(maxlen=ANOMALY_RANGES_MAX)
+
+    def observe(self, taken: np.ndarray, scores: np.ndarray) -> None:
+        """Remember the scores of stream windows (taken at ``taken``, unix s) for :meth:`trace`."""
+        with self._lock:
+            for t, s in zip(np.asarray(taken, np.float64).tolist(), np.asarray(scores, np.float64).tolist(),
+                            strict=True):
+                if np.isfinite(t) and np.isfinite(s):
+                    self._scores.append((t, s))
+
+    def labelled_anomalous(self, since: float, until: float) -> None:
+        """A time range labelled anomalous (a late label), shown with the scores."""
+        if np.isfinite(since) and np.isfinite(until):
+            with self._lock:
+                self._labelled.append((float(since), float(until)))
+
+    def trace(self) -> AnomalyTrace:
+        with self._lock:
+            t = self.threshold
+            return AnomalyTrace(threshold=t if t is not None and np.isfinite(t) else None,
+                                scores=list(self._scores), labelled=list(self._labelled))
 
     def specs(self, batch: int) -> list[_Out]:
         """The two outputs added to the model's (OIP metadata, requested-output checks)."""

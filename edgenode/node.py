@@ -30,7 +30,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from edgenode.anomaly import AnomalyScorer, is_reconstruction
+from edgenode.anomaly import SCORE, AnomalyScorer, is_reconstruction
 from edgenode.common import get_logger
 from edgenode.config import AnomalyMode, Isolation, NodeConfig, WorkerPriority
 from edgenode.devicefacts import DeviceFacts
@@ -301,6 +301,8 @@ class EdgeNode:
         n = self.store.set_labels(label, ids=ids, since=since, until=until)
         if n and self.anomaly is not None:
             self._refit.set()  # samples flagged anomalous leave the threshold's normal set
+            if since is not None and until is not None and np.all(np.asarray(label) == 1):
+                self.anomaly.labelled_anomalous(since, until)
         return n
 
     def _samples_stored(self, n: int) -> None:
@@ -350,8 +352,13 @@ class EdgeNode:
         return runners
 
     def add_stream_samples(self, input_name: str, values: np.ndarray, taken: np.ndarray) -> int:
-        """Store windows from a stream as unlabelled samples taken at ``taken`` (unix s)."""
-        return self.insert_samples({input_name: values}, None, taken=taken)[1]
+        """Store windows from a stream as unlabelled samples taken at ``taken`` (unix s); an anomaly
+        model also scores them for the status's live view (not counted as inference requests)."""
+        count = self.insert_samples({input_name: values}, None, taken=taken)[1]
+        if self.anomaly is not None:
+            inputs = {input_name: values}
+            self.anomaly.observe(taken, self.anomaly.score(inputs, self.model.infer(inputs))[SCORE])
+        return count
 
     # -- life cycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -549,6 +556,7 @@ class EdgeNode:
                           health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,
                           samples_new=self.store.count_new(),
                           validation=self.rounds.validation, versions=self.model.versions.available(),
+                          anomaly=None if self.anomaly is None else self.anomaly.trace(),
                           image=self.images.image_info(),
                           heartbeat_s=self.config.heartbeat_s, keepalive_s=float(self.config.keepalive_s))
 

@@ -34,6 +34,7 @@ __all__ = [
     "ArtifactInfo",
     "NodeHealth",
     "Validation",
+    "AnomalyTrace",
     "Command",
     "AnyCommand",
     "parse_command",
@@ -109,6 +110,20 @@ class Validation(_Part):
     model_version: b.ModelVersion | None = None  # the parameters it was measured on
 
 
+ANOMALY_POINTS_MAX = 64  # scores per status: a status every second carries a 1 kHz stream's windows
+ANOMALY_RANGES_MAX = 16
+
+
+class AnomalyTrace(_Part):
+    """An anomaly model's live view (edgenode/anomaly.py): the scores of the newest stream windows
+    as ``[time, score]`` (time: the window's end, unix s), the threshold, and the newest time ranges
+    labelled anomalous (``[since, until]``, from late labels)."""
+
+    threshold: b.Finite | None = None
+    scores: list[tuple[b.Finite, b.Finite]] = Field(default_factory=list, max_length=ANOMALY_POINTS_MAX)
+    labelled: list[tuple[b.Finite, b.Finite]] = Field(default_factory=list, max_length=ANOMALY_RANGES_MAX)
+
+
 class ImageUpdate(_Part):
     """The node's latest image update or image rollback (kept across the restart it needs)."""
 
@@ -154,6 +169,7 @@ class NodeStatus(_Msg):
     # rounds wait on it; api/fleet/autorounds.py). None: an older node.
     samples_new: b.Samples | None = None
     validation: Validation | None = None  # after the last committed round (or rollback)
+    anomaly: AnomalyTrace | None = None  # anomaly models only
     versions: list[b.ModelVersion] = Field(default_factory=list, max_length=1024)  # rollback targets
     image: ImageInfo | None = None  # None: the node does not run from a device image
     halt: b.Reason | None = None  # state HALTED: why no slot may boot (the boot state's ``halt``)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,11 @@ if TYPE_CHECKING:
     from deploy.swarm import SwarmFleet
 
 __all__ = ["fleet", "swarm", "serve_fleet"]  # serve_fleet: re-exported from api.fleet.serve
+
+
+class Scenario(enum.StrEnum):
+    DIGITS = "digits"
+    VIBRATION = "vibration"
 
 
 def _settings(**flags):
@@ -89,18 +95,42 @@ def swarm(
     riscv_sysroot: Path | None = typer.Option(None, "--riscv-sysroot", help="riscv64 sysroot for "
                                               "--emulate-riscv (default: CACHE_DIR/sysroot-riscv64, made by "
                                               "`make sysroot-riscv64`)."),
+    scenario: Scenario = typer.Option(Scenario.DIGITS, "--scenario", help="digits: handwritten digits POSTed "
+                                      "with labels (a classifier); vibration: simulated machines publishing "
+                                      "accelerometer SenML over MQTT with injected faults (an anomaly "
+                                      "autoencoder learning without labels)."),
+    speed: float = typer.Option(1.0, "--speed", min=0.1, max=20.0, help="vibration: simulated seconds per "
+                                "second (faster fills the nodes sooner)."),
+    round_every: float = typer.Option(60.0, "--round-every", min=5.0, help="vibration: seconds between the "
+                                      "training rounds the scenario starts."),
+    round_steps: int = typer.Option(200, "--round-steps", min=1, max=10000,
+                                    help="vibration: steps per round."),
+    round_lr: float = typer.Option(0.003, "--round-lr", min=1e-6, max=1.0, help="vibration: learning rate "
+                                   "of the rounds (Adam)."),
+    fault_severity: float = typer.Option(1.0, "--fault-severity", min=0.05, max=2.0,
+                                         help="vibration: how far the injected faults depart from normal "
+                                         "(smaller is subtler)."),
+    min_samples: int = typer.Option(150, "--min-samples", min=1, help="vibration: windows every node holds "
+                                    "before the first round."),
 ) -> None:
     """The demo: a broker, N edge nodes fed by simulated sensors, and the fleet dashboard."""
     from api.fleet.serve import check_port_free
     from deploy.swarm import SwarmOptions, run_swarm
+    from deploy.vibration_scenario import ScenarioOptions
 
     if sites > nodes:
         raise FleetError(f"--sites {sites} is more than --nodes {nodes}", hint="every site needs a node")
+    if sites > 1 and scenario is Scenario.VIBRATION:
+        raise FleetError("--scenario vibration runs on one broker", hint="leave out --sites")
     if sites > 1 and broker:
         raise FleetError("--sites starts its own brokers", hint="leave out --broker")
     opts = SwarmOptions(nodes=nodes, sites=sites, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv,
                         port=port, broker=broker, token=token, workdir=workdir, cache_dir=cache_dir,
-                        feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot)
+                        feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot,
+                        scenario=scenario.value,
+                        vibration=ScenarioOptions(speed=speed, round_every_s=round_every,
+                                                  round_steps=round_steps, round_lr=round_lr,
+                                                  min_samples=min_samples, fault_severity=fault_severity))
     check_port_free(opts.host, opts.port)  # fail before minutes of work
     run_swarm(opts, _serve_swarm_fleet)
 

@@ -68,6 +68,7 @@ class NodeEntry:
             "samples_val": st.samples_val,
             "samples_new": st.samples_new,
             "validation": st.validation.model_dump() if st.validation else None,
+            "anomaly": st.anomaly.model_dump() if st.anomaly else None,
             "versions": list(st.versions),
             "image": st.image.model_dump(mode="json") if st.image else None,
             "keepalive_s": st.keepalive_s,

@@ -4,7 +4,8 @@
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#e07b39", "#3aa17e", "#8e5bd0", "#d04f7a", "#3f8fd2", "#9a8a2e", "#5e6d7e", "#c2462d"];
 const state = {swarm: "", nodes: new Map(), rounds: new Map(), selected: null, es: null, connected: false,
-  rollback: null, actions: [], margin: null, images: null, rollouts: new Map(), enrollments: [], auto: null};
+  rollback: null, actions: [], margin: null, images: null, rollouts: new Map(), enrollments: [], auto: null,
+  anomaly: new Map()};
 
 // ---- the error banner: dismissable, and it clears itself once its condition is gone -------------
 const banner = {resolved: null};
@@ -94,6 +95,45 @@ function renderNodes() {
   renderParticipants();
   renderRolloutNodes();
   recheckBanner();
+}
+
+// ---- anomaly scores: what anomaly models report of their stream windows, kept for the chart ------
+const ANOMALY_KEEP = 900;  // points per node
+function absorbAnomaly(n) {
+  const a = n.anomaly;
+  if (!a) return;
+  let h = state.anomaly.get(n.node_id);
+  if (!h) { h = {points: new Map(), labelled: new Map(), threshold: null}; state.anomaly.set(n.node_id, h); }
+  for (const [t, s] of a.scores) h.points.set(t, s);
+  while (h.points.size > ANOMALY_KEEP) h.points.delete(h.points.keys().next().value);
+  for (const [t0, t1] of a.labelled) h.labelled.set(`${t0}`, [t0, t1]);
+  h.threshold = a.threshold;
+}
+
+function renderAnomaly() {
+  const card = $("anomaly-card");
+  card.hidden = state.anomaly.size === 0;
+  if (card.hidden) return;
+  const ids = [...state.anomaly.keys()].sort();
+  const all = ids.flatMap((id) => [...state.anomaly.get(id).points.keys()]);
+  const base = all.length ? Math.min(...all) : 0, end = all.length ? Math.max(...all) : 0;
+  const series = [], bands = [];
+  for (const id of ids) {
+    const h = state.anomaly.get(id);
+    const pts = [...h.points].sort((p, q) => p[0] - q[0]).map(([t, s]) => [t - base, s]);
+    series.push({label: id, color: nodeColor(id), width: 1.5, points: pts, dots: pts.length < 2});
+    if (h.threshold != null && pts.length) {
+      series.push({label: `${id} threshold`, color: nodeColor(id), width: 1, dash: [5, 4], alpha: 0.8,
+        points: [[pts[0][0], h.threshold], [pts[pts.length - 1][0], h.threshold]]});
+    }
+    for (const [t0, t1] of h.labelled.values()) if (t1 >= base && t0 <= end) bands.push([t0 - base, t1 - base]);
+  }
+  const canvas = $("anomaly-plot");
+  LossPlot.draw(canvas, series, {xlabel: "time (s)", ylabel: "anomaly score", xInteger: false,
+    empty: "waiting for stream windows…", bands});
+  canvas.dataset.points = String(series.filter((s) => !s.dash).reduce((k, s) => k + s.points.length, 0));
+  $("anomaly-legend").innerHTML = series.filter((s) => !s.dash).map((s) => `<span><i style="background:${s.color}"></i>${esc(s.label)}</span>`).join("") +
+    (bands.length ? `<span><i style="background:rgba(208, 79, 122, 0.35)"></i>labelled anomalous</span>` : "");
 }
 
 // ---- enrolment: devices that announced themselves with a token wait for the operator --------------
@@ -541,6 +581,7 @@ function connect() {
     const s = JSON.parse(ev.data);
     state.swarm = s.swarm; $("swarm").textContent = `swarm ${s.swarm}`;
     state.nodes = new Map(s.nodes.map((n) => [n.node_id, n]));
+    s.nodes.forEach(absorbAnomaly);
     state.rounds = new Map(s.rounds.map((r) => [r.round_id, r]));
     state.actions = s.actions || [];
     state.margin = s.margin;
@@ -551,12 +592,13 @@ function connect() {
     state.enrollments = s.enrollments || [];
     state.auto = s.auto_rounds || null;
     renderNodes(); renderRounds(); renderActions(); renderImages(); renderRollout(); renderEnrollments(); renderAuto();
+    renderAnomaly();
   });
   es.addEventListener("enrollment", (ev) => { state.enrollments = JSON.parse(ev.data).enrollments; renderEnrollments(); });
   es.addEventListener("node", (ev) => {
     const n = JSON.parse(ev.data);
-    if (n.removed) state.nodes.delete(n.node_id); else state.nodes.set(n.node_id, n);
-    renderNodes();
+    if (n.removed) state.nodes.delete(n.node_id); else { state.nodes.set(n.node_id, n); absorbAnomaly(n); }
+    renderNodes(); renderAnomaly();
   });
   es.addEventListener("round", (ev) => upsertRound(JSON.parse(ev.data)));
   es.addEventListener("rollback", (ev) => onRollback(JSON.parse(ev.data)));

@@ -1,6 +1,7 @@
 // A small line plot on <canvas>: no library, no network. window.LossPlot.draw(canvas, series, opts)
 // series: [{label, color, width, points: [[x, y], ...], line (default true), dots, alpha}]; the first
-// series is drawn last (on top). opts: {xlabel, ylabel, xInteger, empty}. LossPlot.ema(ys, s) smooths.
+// series is drawn last (on top); a series with dash: [on, off] is dashed. opts: {xlabel, ylabel,
+// xInteger, empty, bands: [[x0, x1], ...] shaded behind the series, bandColor}. LossPlot.ema(ys, s) smooths.
 "use strict";
 (function () {
   function niceTicks(lo, hi, count) {
@@ -73,6 +74,14 @@
     }
     g.strokeStyle = "#9aa7b4";
     g.beginPath(); g.moveTo(pad.l, pad.t); g.lineTo(pad.l, pad.t + H); g.lineTo(pad.l + W, pad.t + H); g.stroke();
+    // shaded x ranges (e.g. the time of a fault), clipped to the plot
+    g.fillStyle = opts.bandColor || "rgba(208, 79, 122, 0.16)";
+    let bands = 0;
+    for (const [b0, b1] of opts.bands || []) {
+      const l = Math.max(x0, b0), r = Math.min(x1, b1);
+      if (r > l) { g.fillRect(X(l), pad.t, Math.max(1, X(r) - X(l)), H); bands++; }
+    }
+    canvas.dataset.bands = String(bands);
     g.fillStyle = "#1d2733"; g.font = "12px system-ui, sans-serif";
     g.fillText(canvas.dataset.xlabel, pad.l + W / 2, pad.t + H + 22);
     g.save(); g.translate(14, pad.t + H / 2); g.rotate(-Math.PI / 2);
@@ -85,9 +94,11 @@
       g.globalAlpha = s.alpha ?? 1;
       g.strokeStyle = s.color; g.fillStyle = s.color; g.lineWidth = s.width || 1.5;
       if (s.line !== false) {
+        g.setLineDash(s.dash || []);
         g.beginPath();
         p.forEach((q, i) => (i ? g.lineTo(X(q[0]), Y(q[1])) : g.moveTo(X(q[0]), Y(q[1]))));
         g.stroke();
+        g.setLineDash([]);
       }
       if (p.length === 1 || s.dots) {
         const r = s.dotRadius || 2.2;

@@ -11,7 +11,8 @@ Example (a 2-axis accelerometer at 1 kHz, SenML, windows of 320 readings every 1
     sample_rate_hz = 1000.0
     window = 320                          # readings per window
     hop = 160                             # readings between window starts (default = window)
-    layout = "time-major"                 # window (window, channels) or "channel-major" (channels, window)
+    layout = "time-major"                 # window (rows, channels) or "channel-major" (channels, rows)
+    transform = "none"                    # or "spectrum": amplitude spectrum per channel, window // 2 bins
     mean = [0.0, 0.0]                     # per-channel normalisation (x - mean) / std, optional
     std = [1.0, 1.0]
     gap_tolerance_s = 0.005               # holes up to this long hold the last value; longer: a new window
@@ -19,8 +20,12 @@ Example (a 2-axis accelerometer at 1 kHz, SenML, windows of 320 readings every 1
     time_field = "t"                      # json: the time field (absent in a reading: arrival time)
     queue = 1024                          # messages buffered between MQTT and the windower
 
-The window (``window x channels`` values) must have as many values as the model input holds
-without its batch dimension; the node checks this at start.
+The window (``window x channels`` values; with ``transform = "spectrum"``, ``window // 2`` bins per
+channel) must have as many values as the model input holds without its batch dimension; the
+node checks this at start. The spectrum (:func:`edgenode.streams.window.spectrum`) is taken after
+the normalisation: a Hann-windowed FFT's amplitudes without the DC bin, row i at
+``(i + 1) * sample_rate_hz / window`` Hz; its values are what phase-free models of vibration and sound
+learn from (MLPerf Tiny's anomaly model reads spectra, not raw samples).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edgenode.streams.window import WindowSpec
 
-__all__ = ["StreamConfig", "StreamFormat", "Layout"]
+__all__ = ["StreamConfig", "StreamFormat", "Layout", "Transform"]
 
 
 class StreamFormat(enum.StrEnum):
@@ -44,6 +49,11 @@ class StreamFormat(enum.StrEnum):
 class Layout(enum.StrEnum):
     TIME_MAJOR = "time-major"
     CHANNEL_MAJOR = "channel-major"
+
+
+class Transform(enum.StrEnum):
+    NONE = "none"
+    SPECTRUM = "spectrum"
 
 
 class StreamConfig(BaseModel):
@@ -58,6 +68,7 @@ class StreamConfig(BaseModel):
     window: int = Field(ge=1, le=1_000_000)
     hop: int | None = Field(default=None, ge=1, le=1_000_000)
     layout: Layout = Layout.TIME_MAJOR
+    transform: Transform = Transform.NONE
     mean: list[float] | None = None
     std: list[float] | None = None
     gap_tolerance_s: float = Field(default=0.0, ge=0)
@@ -74,12 +85,19 @@ class StreamConfig(BaseModel):
         if levels[0] in ("fractal", "+", "#", ""):
             raise ValueError("topic: must start with a literal level other than 'fractal' (the swarm's "
                              "own topics are never sensor data)")
+        if self.transform is Transform.SPECTRUM and self.window < 4:
+            raise ValueError("window: a spectrum needs at least 4 readings")
         if len(set(self.fields)) != len(self.fields):
             raise ValueError("fields: a name appears twice")
         self.window_spec()  # mean/std lengths, std > 0
         if self.gap_slots + self.delay_slots > 10 * self.window + 100_000:
             raise ValueError("gap_tolerance_s / max_delay_s are too long for the sample rate")
         return self
+
+    @property
+    def rows(self) -> int:
+        """Rows of a window handed to the model: readings, or spectrum bins."""
+        return self.window // 2 if self.transform is Transform.SPECTRUM else self.window
 
     @property
     def channels(self) -> int:

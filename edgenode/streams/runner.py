@@ -18,9 +18,9 @@ import numpy as np
 
 from edgenode.common import get_logger
 from edgenode.errors import ConfigError
-from edgenode.streams.config import Layout, StreamConfig, StreamFormat
+from edgenode.streams.config import Layout, StreamConfig, StreamFormat, Transform
 from edgenode.streams.formats import FrameClock, parse_f32, parse_json, parse_senml
-from edgenode.streams.window import Window, Windower
+from edgenode.streams.window import Window, Windower, spectrum
 
 __all__ = ["StreamRunner", "StreamCounters", "WindowSink"]
 
@@ -45,11 +45,13 @@ class StreamRunner:
         self.input_name = input_name
         self.input_shape = tuple(input_shape)
         size = int(np.prod(self.input_shape, dtype=np.int64))
-        if size != cfg.window * cfg.channels:
-            raise ConfigError(f"[[streams]] {cfg.name}: a window holds {cfg.window} x {cfg.channels} = "
-                            f"{cfg.window * cfg.channels} values but input {input_name!r} holds {size} "
+        if size != cfg.rows * cfg.channels:
+            what = f"{cfg.rows} spectrum bins" if cfg.transform is Transform.SPECTRUM else f"{cfg.window}"
+            raise ConfigError(f"[[streams]] {cfg.name}: a window holds {what} x {cfg.channels} = "
+                            f"{cfg.rows * cfg.channels} values but input {input_name!r} holds {size} "
                             f"(shape {list(self.input_shape)})",
-                            hint="make window x len(fields) equal the input's size")
+                            hint="make window x len(fields) (a spectrum: window // 2 x len(fields)) equal "
+                            "the input's size")
         self._sink = sink
         self._counters = counters
         self._clock = clock
@@ -159,6 +161,8 @@ class StreamRunner:
         self._counters.stream_windows(self.cfg.name, len(windows))
 
     def _shape(self, values: np.ndarray) -> np.ndarray:
+        if self.cfg.transform is Transform.SPECTRUM:
+            values = spectrum(values)
         v = values if self.cfg.layout is Layout.TIME_MAJOR else values.T
         return np.ascontiguousarray(v).reshape(self.input_shape)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Outcome", "WindowSpec", "Windower", "Window"]
+__all__ = ["Outcome", "WindowSpec", "Windower", "Window", "spectrum"]
 
 
 class Outcome(enum.StrEnum):
@@ -77,6 +77,15 @@ class Window:
     values: np.ndarray
     start_s: float
     end_s: float
+
+
+def spectrum(values: np.ndarray) -> np.ndarray:
+    """Amplitude spectrum per channel of a window (length, channels) -> (length // 2, channels):
+    Hann-windowed, without the DC bin, scaled so a sine of amplitude A shows as ~A at its bin."""
+    n = values.shape[0]
+    hann = np.hanning(n)[:, None] if n > 1 else np.ones((1, 1))
+    amp = np.abs(np.fft.rfft(np.asarray(values, np.float64) * hann, axis=0)) * (2.0 / hann.sum())
+    return amp[1:n // 2 + 1].astype(np.float32)
 
 
 class Windower:

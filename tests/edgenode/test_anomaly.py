@@ -139,3 +139,29 @@ def test_autoencoder_learns_normal_flags_faults_and_reports_auc(tmp_path: Path, 
         assert flag[:50].mean() <= 0.1 and flag[50:].mean() >= 0.4, (flag[:50].mean(), flag[50:].mean())
         assert auc(score, np.r_[np.zeros(50), np.ones(50)]) >= 0.95
         assert fault_ids and node.info()["anomaly_threshold"] == node.anomaly.threshold
+
+
+def test_live_trace_is_bounded_finite_and_travels_in_the_status() -> None:
+    from pydantic import ValidationError
+
+    from edgenode.anomaly import AnomalyScorer
+    from federation.messages import ANOMALY_POINTS_MAX, AnomalyTrace, NodeState, NodeStatus, parse_status
+
+    sc = AnomalyScorer("x", "recon", percentile=99.0)
+    assert sc.trace() == AnomalyTrace()
+    t = 1.7e9 + np.arange(100, dtype=np.float64)
+    s = np.linspace(0.1, 1.0, 100).astype(np.float32)
+    s[5] = np.inf  # a diverged output: not plotted
+    sc.observe(t, s)
+    sc.labelled_anomalous(1.7e9 + 10, 1.7e9 + 20)
+    sc.labelled_anomalous(float("nan"), 1.0)
+    sc.threshold = 0.5
+    tr = sc.trace()
+    assert len(tr.scores) == ANOMALY_POINTS_MAX and tr.scores[-1] == (t[-1], pytest.approx(1.0))
+    assert tr.labelled == [(1.7e9 + 10, 1.7e9 + 20)] and tr.threshold == 0.5
+    st = NodeStatus(node_id="n1", state=NodeState.ONLINE, anomaly=tr)
+    assert parse_status(st.model_dump_json().encode()).anomaly == tr
+    with pytest.raises(ValidationError):
+        AnomalyTrace(scores=[(1.0, 0.1)] * (ANOMALY_POINTS_MAX + 1))
+    with pytest.raises(ValidationError):
+        AnomalyTrace(scores=[(1.0, float("inf"))])

@@ -82,3 +82,33 @@ def test_window_must_fill_the_input_and_topics_are_checked() -> None:
             cfg(topic=topic)
     with pytest.raises(ValueError, match="std"):
         cfg(std=[1.0, 0.0])
+
+
+def test_spectrum_windows_match_numpy_and_are_sized_in_bins() -> None:
+    from edgenode.streams.window import spectrum
+
+    n, rate = 64, 64.0
+    t = np.arange(n) / rate
+    rows = np.stack([2.0 * np.sin(2 * np.pi * 8 * t), 0.5 * np.cos(2 * np.pi * 20 * t)], axis=1)
+    s = spectrum(rows)
+    assert s.shape == (32, 2) and s.dtype == np.float32
+    assert s[:, 0].argmax() == 7 and s[:, 1].argmax() == 19  # row i is (i + 1) x rate / n Hz
+    assert s[7, 0] == pytest.approx(2.0, rel=1e-3) and s[19, 1] == pytest.approx(0.5, rel=1e-3)
+    hann = np.hanning(n)[:, None]
+    ref = np.abs(np.fft.rfft(rows * hann, axis=0))[1:33] * 2 / hann.sum()
+    np.testing.assert_allclose(s, ref, rtol=1e-5, atol=1e-6)
+
+    with pytest.raises(ConfigError, match="32 spectrum bins x 2"):
+        StreamRunner(cfg(window=64, transform="spectrum", sample_rate_hz=rate), "x", (128,), lambda *a: None,
+                     Counts())
+    counts, stored = Counts(), []
+    r = StreamRunner(cfg(window=64, transform="spectrum", sample_rate_hz=rate, format="f32"), "x", (64,),
+                     lambda n_, v, t_: stored.append(v), counts)
+    r.start()
+    r.on_message("sensors/a", rows.astype("<f4").tobytes())
+    assert r.idle.wait(10)
+    r.stop()
+    (v,), = stored
+    np.testing.assert_allclose(v.reshape(32, 2), s, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="at least 4"):
+        cfg(window=3, transform="spectrum")
