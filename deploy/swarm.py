@@ -518,8 +518,7 @@ def run_swarm(opts: SwarmOptions, serve_fleet: ServeFleet) -> None:
                   f"  files:     {workdir}{kept}: node-N.toml (node configs), data/node-N/ (samples and\n"
                   f"             parameter versions), logs/node-N.log (node logs)\n"
                   f"  fleet db:  {db_path} (round history and operator actions)\n"
-                  + (f"  faults:    {workdir / 'faults.json'} (the injected faults; rounds start every "
-                     f"{opts.vibration.round_every_s:g} s)\n" if swarm.vibration is not None else "")
+                  + (vibration_banner(workdir, opts.vibration) if swarm.vibration is not None else "")
                   + "Press Ctrl-C to stop everything.", flush=True)
             if swarm.vibration is not None:
                 swarm.vibration.start_rounds(f"http://{opts.host}:{opts.port}", token, opts.vibration)
@@ -534,3 +533,10 @@ def run_swarm(opts: SwarmOptions, serve_fleet: ServeFleet) -> None:
         finally:
             signal.signal(signal.SIGTERM, previous)
         _say("stopped")
+
+
+def vibration_banner(workdir: Path, opts: ScenarioOptions) -> str:
+    """The vibration scenario's lines of the swarm's banner."""
+    return (f"  faults:    {workdir / 'faults.json'} (the injected faults)\n"
+            f"  rounds:    automatic: when every node holds {opts.min_samples} new windows, at least "
+            f"{max(60.0, opts.round_every_s):g} s apart (dashboard: Automatic rounds)\n")

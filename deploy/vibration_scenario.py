@@ -9,8 +9,10 @@ writes its fault schedule to ``faults.json``; when a fault is over the scenario 
 node as a late label (``POST /v1/labels``, label 1 for the fault's time range: as a maintenance
 log would), so fault windows leave the training and threshold data and the dashboard marks them.
 
-Training rounds: :func:`start_round` is the one place that starts them (``POST /api/rounds``);
-:class:`RoundDriver` calls it every ``every_s`` once every node holds ``min_samples``.
+Training rounds are the fleet's automatic rounds (``PUT /api/auto-rounds``, api/fleet/autorounds.py):
+:func:`auto_round_policy` asks for a round whenever the nodes hold ``min_samples`` new windows each
+since the last committed round, at least ``round_every_s`` apart; :class:`RoundDriver` sets it once
+the fleet answers. The scenario starts no round itself.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import httpx
 
 from deploy.vibration import HOP, RATE_HZ, WINDOW, Fault, Machine, Schedule, Simulator, field_names, topic
 
-__all__ = ["ScenarioOptions", "node_toml", "start_round", "RoundDriver", "Labeller", "VibrationRun",
+__all__ = ["ScenarioOptions", "node_toml", "auto_round_policy", "RoundDriver", "Labeller", "VibrationRun",
            "label_range"]
 
 log = logging.getLogger("fractal.swarm.vibration")
@@ -42,7 +43,7 @@ class ScenarioOptions:
     fault_severity: float = 1.0  # deploy/vibration.py: 1.0 as documented, smaller is subtler
     horizon_s: float = 6 * 3600.0  # faults are scheduled up to this far (simulated)
     duration_s: float | None = None  # stop publishing after this long (simulated); None = until stopped
-    round_every_s: float = 60.0  # wall seconds between rounds
+    round_every_s: float = 60.0  # at least this many wall seconds between rounds (>= 60)
     round_steps: int = 200
     round_lr: float | None = 0.003
     min_samples: int = 150  # every node holds this many windows before the first round
@@ -71,59 +72,48 @@ def node_toml(m: Machine, swarm: str) -> str:
             "max_delay_s = 0.05\n")
 
 
-def start_round(client: httpx.Client, *, steps: int, lr: float | None) -> str:
-    """Start one training round through the fleet API; its id. The one place the scenario starts
-    rounds (automatic fleet rounds replace it when the fleet runs them)."""
-    r = client.post("/api/rounds", json={"steps": steps, "lr": lr})
-    if r.status_code != 200:
-        raise RuntimeError(f"{r.status_code}: {r.text[:200]}")
-    return str(r.json()["round_id"])
+def auto_round_policy(nodes: int, opts: ScenarioOptions) -> dict:
+    """The fleet's automatic-round policy for this scenario (one JSON object, as ``PUT
+    /api/auto-rounds`` takes it): the samples trigger at ``min_samples`` new windows per node
+    (each node counts for at most half the threshold, so with two nodes both must hold them),
+    rounds at least ``round_every_s`` apart (whole minutes: the fleet's floor is one)."""
+    spacing_min = min(24 * 60.0, max(1.0, opts.round_every_s / 60.0))
+    return {"enabled": True,
+            "schedule": {"enabled": False},
+            "samples": {"enabled": True, "threshold": max(2, nodes * opts.min_samples)},
+            "min_spacing_min": spacing_min,
+            "round": {"steps": opts.round_steps, "lr": opts.round_lr}}
 
 
 class RoundDriver(threading.Thread):
-    """Starts a round every ``every_s`` while none runs, once every node holds ``min_samples``."""
+    """Hands the scenario's policy to the fleet (retrying until the fleet answers), then ends."""
 
-    def __init__(self, fleet_url: str, token: str, nodes: int, opts: ScenarioOptions,
-                 on_round: Callable[[str], None] | None = None) -> None:
+    def __init__(self, fleet_url: str, token: str, nodes: int, opts: ScenarioOptions) -> None:
         super().__init__(name="vibration-rounds", daemon=True)
         self.client = httpx.Client(base_url=fleet_url, headers={"Authorization": f"Bearer {token}"},
                                    timeout=30)
-        self.nodes = nodes
-        self.opts = opts
-        self.on_round = on_round
-        self.rounds: list[str] = []
+        self.policy = auto_round_policy(nodes, opts)
+        self.applied = threading.Event()
         self._halt = threading.Event()
 
     def stop(self) -> None:
         self._halt.set()
 
     def run(self) -> None:
-        last = -float("inf")
         try:
-            while not self._halt.wait(1.0):
-                with contextlib.suppress(httpx.HTTPError, RuntimeError, KeyError, ValueError):
-                    if time.monotonic() - last < self.opts.round_every_s or self._running():
-                        continue
-                    if not self._ready():
-                        continue
-                    # an attempt counts even if it fails: a POST that timed out may have started one
-                    last = time.monotonic()
-                    rid = start_round(self.client, steps=self.opts.round_steps, lr=self.opts.round_lr)
-                    self.rounds.append(rid)
-                    if self.on_round is not None:
-                        self.on_round(rid)
+            while not self._halt.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    r = self.client.put("/api/auto-rounds", json=self.policy)
+                    if r.status_code == 200:
+                        self.applied.set()
+                        return
+                    # a refusal is a bug in the policy above, not a reason to retry forever
+                    log.error("the fleet refused the scenario's automatic-round policy: %s %s",
+                              r.status_code, r.text[:200])
+                    return
+                self._halt.wait(1.0)
         finally:
             self.client.close()
-
-    def _ready(self) -> bool:
-        nodes = self.client.get("/api/nodes").json()["nodes"]
-        return len(nodes) >= self.nodes and all(n["online"] and n["samples"] >= self.opts.min_samples
-                                                for n in nodes)
-
-    def _running(self) -> bool:
-        if not self.rounds:
-            return False
-        return self.client.get(f"/api/rounds/{self.rounds[-1]}").json()["state"] == "running"
 
 
 def label_range(f: Fault) -> tuple[float, float]:

@@ -101,8 +101,9 @@ def swarm(
                                       "autoencoder learning without labels)."),
     speed: float = typer.Option(1.0, "--speed", min=0.1, max=20.0, help="vibration: simulated seconds per "
                                 "second (faster fills the nodes sooner)."),
-    round_every: float = typer.Option(60.0, "--round-every", min=5.0, help="vibration: seconds between the "
-                                      "training rounds the scenario starts."),
+    round_every: float = typer.Option(60.0, "--round-every", min=60.0, help="vibration: at least this many "
+                                      "seconds between the fleet's automatic rounds (they start when every "
+                                      "node holds --min-samples new windows)."),
     round_steps: int = typer.Option(200, "--round-steps", min=1, max=10000,
                                     help="vibration: steps per round."),
     round_lr: float = typer.Option(0.003, "--round-lr", min=1e-6, max=1.0, help="vibration: learning rate "
@@ -110,8 +111,8 @@ def swarm(
     fault_severity: float = typer.Option(1.0, "--fault-severity", min=0.05, max=2.0,
                                          help="vibration: how far the injected faults depart from normal "
                                          "(smaller is subtler)."),
-    min_samples: int = typer.Option(150, "--min-samples", min=1, help="vibration: windows every node holds "
-                                    "before the first round."),
+    min_samples: int = typer.Option(150, "--min-samples", min=1, help="vibration: new windows every node "
+                                    "holds before the fleet starts a round."),
 ) -> None:
     """The demo: a broker, N edge nodes fed by simulated sensors, and the fleet dashboard."""
     from api.fleet.serve import check_port_free

@@ -82,8 +82,8 @@ def vibration_cache(tmp_path_factory, autoencoder_artifact) -> Path:
 def test_vibration_scenario_detects_injected_faults(tmp_path_factory, vibration_cache: Path) -> None:
     work = tmp_path_factory.mktemp("vibration")
     sp = start_swarm(2, vibration_cache, "vib-token", timeout=600,
-                     extra=("--scenario", "vibration", "--speed", "10", "--round-every", "5", "--round-steps",
-                            "40", "--min-samples", "80", "--workdir", str(work)))
+                     extra=("--scenario", "vibration", "--speed", "10", "--round-every", "60",
+                            "--round-steps", "40", "--min-samples", "80", "--workdir", str(work)))
     try:
         urls = dict(p.split() for p in next(ln for ln in sp.lines if ln.strip().startswith("nodes:"))
                     .split(":", 1)[1].split(","))
