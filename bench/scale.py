@@ -39,7 +39,7 @@ from federation.memory import SimHub
 from federation.ring import RingAllreduce
 from federation.star import StarAllreduce
 
-__all__ = ["run_scale_bench", "simulate", "engine_kw", "frame_overhead"]
+__all__ = ["run_scale_bench", "simulate", "groups_of", "engine_kw", "frame_overhead"]
 
 _SWARM = "s"
 _TIMEOUT = 3600.0  # real seconds: a thousand members on two shared cores are slow, never stuck
@@ -59,6 +59,15 @@ def frame_overhead(tag: str = "r/0.g", sender: str = "n0000") -> int:
     empty = encode(FrameKind.DATA, Phase.REDUCE_SCATTER, swarm=_SWARM, tag=tag, sender=sender,
                    codec=Codec.F32, payload=[], nparts=1)
     return len(empty) + 4  # + alignment of a float payload, on average
+
+
+def groups_of(members: list[str], group: int) -> dict[str, list[str]]:
+    """The hierarchy's groups as the fleet cuts them (:func:`federation.hierarchy.round_sites`:
+    near-equal groups of at most ``group``), one group when they all fit one."""
+    try:
+        return round_sites(members, {}, per_site=group) or {"default": list(members)}
+    except ValueError as e:
+        raise FederationError(str(e), hint="raise --group (a round has at most 64 sites)") from None
 
 
 def _members(n: int) -> list[str]:
@@ -97,9 +106,11 @@ def _check(results: dict[str, np.ndarray], expect: np.ndarray, what: str) -> Non
 
 
 def simulate(kind: str, vecs: dict[str, np.ndarray], *, link: LinkModel, latency_s: float,
-             relay_bps: float, group: int, max_payload: int, tag: str = "r") -> tuple[dict[str, np.ndarray], Network]:
-    """One mean over ``vecs`` (member -> vector) by ``kind`` (flat, star or hierarchical) on a
-    fresh modelled network; returns every member's result and the network (``elapsed()``)."""
+             relay_bps: float, group: int, max_payload: int, tag: str = "r",
+             op: str = "mean") -> tuple[dict[str, np.ndarray], Network]:
+    """One mean (through the round's aggregator) or sum (the collective's allreduce) over ``vecs``
+    (member -> vector) by ``kind`` (flat, star or hierarchical) on a fresh modelled network;
+    returns every member's result and the network (``elapsed()``: the modelled time)."""
     net = Network(link)
     members = sorted(vecs)
     kw = engine_kw(link)
@@ -112,15 +123,14 @@ def simulate(kind: str, vecs: dict[str, np.ndarray], *, link: LinkModel, latency
             if kind == "star":
                 star = StarAllreduce(t, **kw)
                 engines.append(star)
-                fns[m] = (lambda e=star, m=m: e.allreduce(vecs[m], group=members, tag=tag, op="mean",
+                fns[m] = (lambda e=star, m=m: e.allreduce(vecs[m], group=members, tag=tag, op=op,
                                                           timeout=_TIMEOUT))
             else:
                 ring = RingAllreduce(t, direct_max_bytes=0, **kw)
                 engines.append(ring)
-                fns[m] = _mean_step(ring, m, members, vecs[m], tag)
+                fns[m] = _step(ring, m, members, vecs[m], tag, op)
     elif kind == "hierarchical":
-        sites = round_sites(members, {}, per_site=group) or {"default": members}
-        topo = Topology.from_groups(sites)
+        topo = Topology.from_groups(groups_of(members, group))
         backbone = SimHub(net, "backbone", latency_s=latency_s, relay_bps=relay_bps)
         leaders = set(topo.leaders())
         for s, ms in topo.sites:
@@ -130,7 +140,7 @@ def simulate(kind: str, vecs: dict[str, np.ndarray], *, link: LinkModel, latency
                 bb = (RingAllreduce(backbone.transport(m, max_payload=max_payload), direct_max_bytes=0, **kw)
                       if m in leaders else None)
                 engines += [e for e in (site, bb) if e is not None]
-                fns[m] = _mean_step(HierarchicalCollective(site, bb, topo), m, members, vecs[m], tag)
+                fns[m] = _step(HierarchicalCollective(site, bb, topo), m, members, vecs[m], tag, op)
     else:
         raise ValueError(f"unknown kind {kind!r} (flat, star or hierarchical)")
     try:
@@ -140,13 +150,16 @@ def simulate(kind: str, vecs: dict[str, np.ndarray], *, link: LinkModel, latency
             e.close()
 
 
-def _mean_step(collective: Any, me: str, members: list[str], vec: np.ndarray, tag: str) -> Callable[[], np.ndarray]:
+def _step(collective: Any, me: str, members: list[str], vec: np.ndarray, tag: str,
+          op: str) -> Callable[[], np.ndarray]:
+    if op != "mean":
+        return lambda: collective.allreduce(vec, group=members, tag=tag, op=op, timeout=_TIMEOUT)
     step = Step(collective=collective, node_id=me, group=tuple(members), contributors=(True,) * len(members),
                 round_id=tag, step=0, timeout=_TIMEOUT)
     return lambda: Mean().combine(step, vec).update
 
 
-def run_scale_bench(nodes: int, *, group: int = 10, elements: int = 16384, uplink_bps: float = 64 * 1024.0,
+def run_scale_bench(nodes: int, *, group: int = 16, elements: int = 16384, uplink_bps: float = 64 * 1024.0,
                     latency_s: float = 0.001, relay_bps: float | None = None, loss: float = 0.0,
                     max_payload: int = 2048, star: bool = True, flat: bool = True) -> dict[str, Any]:
     """Model one round's mean of ``elements`` floats over ``nodes`` members three ways."""
@@ -163,7 +176,7 @@ def run_scale_bench(nodes: int, *, group: int = 10, elements: int = 16384, uplin
     vecs = {m: rng.integers(-64, 64, elements).astype(np.float32) for m in members}
     expect = np.stack([vecs[m].astype(np.float64) for m in members]).mean(axis=0)
     size = elements * 4
-    sites = round_sites(members, {}, per_site=group) or {"default": members}
+    sites = groups_of(members, group)
     sizes = [len(ms) for ms in sites.values()]
     g, s = max(sizes), len(sizes)
     bound = ring_bound(g, size, uplink_bps) + ring_bound(s, size, uplink_bps) + broadcast_bound(g, size, uplink_bps)
