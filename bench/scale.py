@@ -21,6 +21,7 @@ frames of ``frame_overhead`` bytes each per member) accounts for the flat ring's
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -123,8 +124,8 @@ def simulate(kind: str, vecs: dict[str, np.ndarray], *, link: LinkModel, latency
             if kind == "star":
                 star = StarAllreduce(t, **kw)
                 engines.append(star)
-                fns[m] = (lambda e=star, m=m: e.allreduce(vecs[m], group=members, tag=tag, op=op,
-                                                          timeout=_TIMEOUT))
+                fns[m] = functools.partial(star.allreduce, vecs[m], group=members, tag=tag, op=op,
+                                           timeout=_TIMEOUT)
             else:
                 ring = RingAllreduce(t, direct_max_bytes=0, **kw)
                 engines.append(ring)
@@ -166,7 +167,8 @@ def run_scale_bench(nodes: int, *, group: int = 16, elements: int = 16384, uplin
     if nodes < 2:
         raise FederationError("bench scale needs at least 2 nodes", hint="pass --nodes 2 or more")
     if not 2 <= group <= nodes:
-        raise FederationError(f"--group {group} must be in [2, {nodes}]", hint="a group size of 10 is typical")
+        raise FederationError(f"--group {group} must be in [2, {nodes}]",
+                              hint="a group size of 10 to 16 is typical")
     if elements < nodes:
         raise FederationError(f"--elements {elements} must be at least --nodes {nodes} (one per ring chunk)")
     relay = relay_bps if relay_bps is not None else 1000 * uplink_bps
@@ -179,7 +181,8 @@ def run_scale_bench(nodes: int, *, group: int = 16, elements: int = 16384, uplin
     sites = groups_of(members, group)
     sizes = [len(ms) for ms in sites.values()]
     g, s = max(sizes), len(sizes)
-    bound = ring_bound(g, size, uplink_bps) + ring_bound(s, size, uplink_bps) + broadcast_bound(g, size, uplink_bps)
+    bound = (ring_bound(g, size, uplink_bps) + ring_bound(s, size, uplink_bps)
+             + broadcast_bound(g, size, uplink_bps))
     out: dict[str, Any] = {"nodes": nodes, "group": g, "sites": s, "elements": elements, "M_bytes": size,
                            "B_bytes_per_s": uplink_bps, "alpha_s": latency_s, "relay_bytes_per_s": relay,
                            "loss": loss, "max_payload": max_payload}

@@ -59,7 +59,8 @@ class LinkModel:
 class Broker:
     """One broker's relay: a shared capacity timeline plus a one-way latency."""
 
-    def __init__(self, name: str, *, latency_s: float, relay_bps: float = math.inf, bin_s: float = 1e-3) -> None:
+    def __init__(self, name: str, *, latency_s: float, relay_bps: float = math.inf,
+                 bin_s: float = 1e-3) -> None:
         if latency_s < 0 or not relay_bps > 0 or not bin_s > 0:
             raise ValueError("a broker needs latency_s >= 0, relay_bps > 0 and bin_s > 0")
         self.name = name

@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # a name only: the training worker moves frames without loadi
 
     from federation.framing import Frame
 
-__all__ = ["Framing", "Capabilities", "VirtualClock", "Transport", "Polled", "Receiver", "Callback", "Payload", "Publication",
-           "Subscription", "PubSubLink", "DEFAULT_MAX_PAYLOAD"]
+__all__ = ["Framing", "Capabilities", "VirtualClock", "Transport", "Polled", "Receiver", "Callback",
+           "Payload", "Publication", "Subscription", "PubSubLink", "DEFAULT_MAX_PAYLOAD"]
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024  # bytes per MQTT message of the ring (every member must agree)
 

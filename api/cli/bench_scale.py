@@ -16,14 +16,16 @@ def bench_scale(
     nodes: int = typer.Option(100, "--nodes", "-n", help="Simulated members (threads of this process)."),
     group: int = typer.Option(16, "--group", help="Largest group of the hierarchy (one ring each; the "
                                "fleet's cut: near-equal groups, at most 64 of them)."),
-    elements: int = typer.Option(16384, "--elements", help="float32 elements per member (M = 4 x elements bytes)."),
+    elements: int = typer.Option(16384, "--elements",
+                                  help="float32 elements per member (M = 4 x elements bytes)."),
     uplink: float = typer.Option(65536.0, "--uplink", help="Each node's uplink B, bytes/s."),
     latency: float = typer.Option(0.001, "--latency", help="A broker's one-way latency alpha, seconds."),
     relay: float | None = typer.Option(None, "--relay", help="Each broker's relay throughput, bytes/s "
                                        "(default 1000 x --uplink)."),
     loss: float = typer.Option(0.0, "--loss", help="Probability a frame is lost (the session resends it)."),
     max_payload: int = typer.Option(2048, "--max-payload", min=256, max=1 << 20, help="Bytes per frame."),
-    star: bool = typer.Option(True, "--star/--no-star", help="Also model the star baseline (slow past 500 nodes)."),
+    star: bool = typer.Option(True, "--star/--no-star",
+                              help="Also model the star baseline (slow past 500 nodes)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Model one round's mean through the real ring, session and aggregator code; print the
