@@ -166,8 +166,8 @@ def run_scale_bench(nodes: int, *, group: int = 16, elements: int = 16384, uplin
     """Model one round's mean of ``elements`` floats over ``nodes`` members three ways."""
     if nodes < 2:
         raise FederationError("bench scale needs at least 2 nodes", hint="pass --nodes 2 or more")
-    if not 2 <= group <= nodes:
-        raise FederationError(f"--group {group} must be in [2, {nodes}]",
+    if group < 2:
+        raise FederationError(f"--group {group} must be at least 2",
                               hint="a group size of 10 to 16 is typical")
     if elements < nodes:
         raise FederationError(f"--elements {elements} must be at least --nodes {nodes} (one per ring chunk)")
