@@ -48,8 +48,8 @@ _TIMEOUT = 3600.0  # real seconds: a thousand members on two shared cores are sl
 
 def engine_kw(link: LinkModel) -> dict[str, Any]:
     """Session settings of a simulated member: a window no call fills (the model assumes the
-    window does not bind), the ring only (no direct path), a real retransmit timer long enough
-    that a slow machine does not resend, short when the model loses frames."""
+    window does not bind), a real retransmit timer long enough that a slow machine does not
+    resend, short when the model loses frames."""
     return {"swarm": _SWARM, "max_in_flight": 1 << 16, "retransmit_after": 0.3 if link.loss else 30.0,
             "max_retransmits": 1000}
 

@@ -19,8 +19,9 @@ The model (PROTOCOL.md section "Simulated swarms"):
 * ``loss``: a frame is lost with that probability (it still used the uplink); the session's
   real retransmit resends it, and the resend leaves no earlier than ``rto_s`` after the first
   copy (the modelled retransmit timeout).
-* Acknowledgements cost uplink bytes but never move a clock: the model assumes the session's
-  window (``max_in_flight``) does not bind, and a simulated swarm runs with a window larger
+* Only DATA frames are modelled (:meth:`Network.transmit`); ACKs and ABORTs are delivered
+  uncharged (their timing is the machine's, not the model's), and the model assumes the
+  session's window (``max_in_flight``) does not bind: a simulated swarm runs with a window larger
   than any call's frames so that it really does not.
 
 The round's modelled time is the largest node clock once every member returned
@@ -116,15 +117,15 @@ class Network:
                 self.brokers[name] = Broker(name, latency_s=latency_s, relay_bps=relay_bps)
             return self.brokers[name]
 
-    def transmit(self, broker: Broker, src: str, dst: str, size: int, frame: tuple | None) -> bool:
-        """``src`` sends ``size`` bytes to ``dst`` through ``broker`` now (at ``src``'s clock).
-        ``frame`` identifies a DATA frame (its arrival is stamped for :meth:`consumed`); returns
-        False if the model lost it."""
+    def transmit(self, broker: Broker, src: str, dst: str, size: int, frame: tuple) -> bool:
+        """``src`` sends the DATA frame ``frame`` (an id unique within ``dst``'s calls) of ``size``
+        bytes to ``dst`` through ``broker`` now, at ``src``'s clock; its arrival is stamped for
+        :meth:`consumed`. Returns False if the model lost it."""
         link = self.link
         with self._lock:
             self.frames += 1
             t = self._clock[src]
-            if frame is not None and link.loss:
+            if link.loss:
                 key = (src, dst, frame)
                 first = self._first.get(key)
                 if first is None:
@@ -138,9 +139,8 @@ class Network:
                 self.lost += 1
                 return False
             arrival = broker.relay(sent, size) + broker.latency_s
-            if frame is not None:
-                stamps = self._stamps[dst]
-                stamps[frame] = min(arrival, stamps.get(frame, math.inf))
+            stamps = self._stamps[dst]
+            stamps[frame] = min(arrival, stamps.get(frame, math.inf))
             return True
 
     def consumed(self, node: str, frame: tuple) -> None:

@@ -233,15 +233,17 @@ class SimHub:
             self.network.consumed(member, (frame.sender, frame.tag, frame.key))
 
     def _send(self, src: str, dst: str, payload: bytes) -> None:
-        frame_id: tuple | None = None
+        # DATA frames go through the model; ACKs and ABORTs are delivered as they are sent (their
+        # timing follows this machine's threads, so the model neither charges nor loses them).
         if len(payload) > 3 and payload[3] == FrameKind.DATA:
             try:
                 fr = decode(payload, check_crc=False)
-                frame_id = (fr.sender, fr.tag, fr.key)
             except FrameError:
-                frame_id = None  # the receiver rejects it as well
-        if not self.network.transmit(self.broker, src, dst, len(payload), frame_id):
-            return
+                pass  # the receiver rejects it as well
+            else:
+                frame_id = (fr.sender, fr.tag, fr.key)
+                if not self.network.transmit(self.broker, src, dst, len(payload), frame_id):
+                    return
         with self._lock:
             receiver = self._receivers.get(dst)
         if receiver is not None:

@@ -26,6 +26,8 @@ def bench_scale(
     max_payload: int = typer.Option(2048, "--max-payload", min=256, max=1 << 20, help="Bytes per frame."),
     star: bool = typer.Option(True, "--star/--no-star",
                               help="Also model the star baseline (slow past 500 nodes)."),
+    flat: bool = typer.Option(True, "--flat/--no-flat", help="Also model the flat ring (2(N-1) N frames: "
+                              "about ten minutes at 1,000 nodes)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Model one round's mean through the real ring, session and aggregator code; print the
@@ -37,7 +39,7 @@ def bench_scale(
     if not uplink > 0 or latency < 0 or (relay is not None and not relay > 0) or not 0 <= loss < 1:
         raise typer.BadParameter("--uplink and --relay must be > 0, --latency >= 0, --loss in [0, 1)")
     result = run_scale_bench(nodes, group=group, elements=elements, uplink_bps=uplink, latency_s=latency,
-                             relay_bps=relay, loss=loss, max_payload=max_payload, star=star)
+                             relay_bps=relay, loss=loss, max_payload=max_payload, star=star, flat=flat)
     if as_json:
         typer.echo(json.dumps(result))
         return
