@@ -13,6 +13,15 @@
   :meth:`MemoryHub.kill` kills a member at any time. A dead member's pending mail is dropped.
 
 Payloads are passed by reference (no copy) unless corrupted.
+
+``SimHub(network, broker)`` is the same in-process routing on a *modelled* network
+(:mod:`federation.linkmodel`): per-node uplink bandwidth, a broker's shared relay throughput and
+latency, loss, all in causal virtual time. Its transports push every payload to the receiver
+synchronously on the sender's thread (no pump thread per member, so a thousand members fit in one
+process) and declare the network's clock in their capabilities; the session tells that clock
+which frames each member acts on, and ``network.elapsed()`` is the modelled round time. Several
+hubs on one :class:`~federation.linkmodel.Network` are several brokers (a site's and the backbone)
+whose members share their node's one uplink.
 """
 
 from __future__ import annotations
@@ -24,10 +33,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from federation.errors import TransportError
-from federation.transport import Polled
+from federation.errors import FrameError, TransportError
+from federation.framing import Frame, FrameKind, decode
+from federation.linkmodel import Network
+from federation.transport import Capabilities, Polled, Receiver
 
-__all__ = ["MemoryHub", "MemoryTransport", "FaultCounts"]
+__all__ = ["MemoryHub", "MemoryTransport", "FaultCounts", "SimHub", "SimTransport"]
 
 DEFAULT_MAX_PAYLOAD = 128 * 1024
 
@@ -195,3 +206,78 @@ class MemoryTransport(Polled):
     def close(self) -> None:
         self._closed = True
         self._hub._unregister(self.member_id, self._inbox)
+
+
+class SimHub:
+    """One simulated broker of a :class:`~federation.linkmodel.Network` (see the module docstring);
+    implements :class:`~federation.transport.VirtualClock` for its transports."""
+
+    def __init__(self, network: Network, broker: str = "broker", *, latency_s: float = 0.001,
+                 relay_bps: float = float("inf")) -> None:
+        self.network = network
+        self.broker = network.broker(broker, latency_s=latency_s, relay_bps=relay_bps)
+        self._lock = threading.Lock()
+        self._receivers: dict[str, Receiver | None] = {}
+        self.capabilities = Capabilities(push=True, clock=self)
+
+    def transport(self, member_id: str, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> SimTransport:
+        """Register ``member_id`` on this broker and return its transport."""
+        with self._lock:
+            if member_id in self._receivers:
+                raise ValueError(f"member {member_id!r} already has a transport on this hub")
+            self._receivers[member_id] = None
+        return SimTransport(self, member_id, max_payload)
+
+    def consumed(self, member: str, frame: Frame) -> None:
+        if frame.kind == FrameKind.DATA:
+            self.network.consumed(member, (frame.sender, frame.tag, frame.key))
+
+    def _send(self, src: str, dst: str, payload: bytes) -> None:
+        # DATA frames go through the model; ACKs and ABORTs are delivered as they are sent (their
+        # timing follows this machine's threads, so the model neither charges nor loses them).
+        if len(payload) > 3 and payload[3] == FrameKind.DATA:
+            try:
+                fr = decode(payload, check_crc=False)
+            except FrameError:
+                pass  # the receiver rejects it as well
+            else:
+                frame_id = (fr.sender, fr.tag, fr.key)
+                if not self.network.transmit(self.broker, src, dst, len(payload), frame_id):
+                    return
+        with self._lock:
+            receiver = self._receivers.get(dst)
+        if receiver is not None:
+            receiver(payload)
+
+    def _unregister(self, member_id: str) -> None:
+        with self._lock:
+            self._receivers.pop(member_id, None)
+
+
+class SimTransport:
+    """One member's end of a :class:`SimHub` (a push ``federation.transport.Transport``)."""
+
+    def __init__(self, hub: SimHub, member_id: str, max_payload: int) -> None:
+        self.member_id = member_id
+        self.max_payload = max_payload
+        self._hub = hub
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._hub.capabilities
+
+    def send(self, dst: str, payload: bytes) -> None:
+        """Deliver ``payload`` to ``dst``'s receiver now (on this thread); the model stamps it."""
+        if len(payload) > self.max_payload:
+            raise TransportError(f"payload of {len(payload)} bytes exceeds max_payload {self.max_payload}")
+        self._hub._send(self.member_id, dst, payload)
+
+    def recv(self, timeout: float) -> bytes | None:
+        raise TransportError("a SimTransport pushes every payload: set_receiver() instead of recv()")
+
+    def set_receiver(self, receiver: Receiver | None) -> None:
+        with self._hub._lock:
+            self._hub._receivers[self.member_id] = receiver
+
+    def close(self) -> None:
+        self._hub._unregister(self.member_id)

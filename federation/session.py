@@ -125,6 +125,7 @@ class Endpoint:
         self.check_crc = not caps.framing.authenticated
         # ``framing.room``: spare bytes after each frame, for a transport that seals it in place.
         self.frame_kw: dict[str, Any] = {"crc": caps.framing.crc, "room": caps.framing.room}
+        self.clock = caps.clock  # a simulated network's clock (federation/linkmodel.py), or None
         self._srtt: float | None = None
         self._lock = threading.Lock()
         self._active: Call | None = None
@@ -525,7 +526,10 @@ class Call:
             return None
         if time.monotonic() >= due:
             self._retransmit()
-        return self._handle(fr, waiting_for)
+        got = self._handle(fr, waiting_for)
+        if got is not None and self.ep.clock is not None:
+            self.ep.clock.consumed(self.ep.member_id, got)
+        return got
 
     def _handle(self, fr: Frame, waiting_for: Waiting) -> Frame | None:
         if fr.sender not in self.peers:

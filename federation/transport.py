@@ -29,8 +29,10 @@ from federation.errors import TransportError
 if TYPE_CHECKING:  # a name only: the training worker moves frames without loading pydantic
     from pydantic import BaseModel
 
-__all__ = ["Framing", "Capabilities", "Transport", "Polled", "Receiver", "Callback", "Payload", "Publication",
-           "Subscription", "PubSubLink", "DEFAULT_MAX_PAYLOAD"]
+    from federation.framing import Frame
+
+__all__ = ["Framing", "Capabilities", "VirtualClock", "Transport", "Polled", "Receiver", "Callback",
+           "Payload", "Publication", "Subscription", "PubSubLink", "DEFAULT_MAX_PAYLOAD"]
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024  # bytes per MQTT message of the ring (every member must agree)
 
@@ -60,6 +62,14 @@ class Framing:
 
 
 
+class VirtualClock(Protocol):
+    """The simulated time of a modelled network (:class:`federation.memory.SimHub`)."""
+
+    def consumed(self, member: str, frame: Frame) -> None:
+        """``member``'s collective acts on ``frame`` now: its clock moves to the frame's arrival."""
+        ...
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a transport can do beyond send/recv/close."""
@@ -67,6 +77,10 @@ class Capabilities:
     framing: Framing = field(default_factory=Framing)
     # set_receiver() delivers every payload on the transport's own thread (else: poll recv()).
     push: bool = False
+    # A simulated network's clock, told about every frame a call hands to its algorithm (the
+    # session's Call.wait), so that the model's time follows the data's dependencies; None on a
+    # real network.
+    clock: VirtualClock | None = None
 
 
 @runtime_checkable

@@ -1,4 +1,4 @@
-"""`fractal bench compile|allreduce|serve|train`: each verb lives in ``bench_<verb>.py``."""
+"""`fractal bench compile|allreduce|serve|train|scale`: each verb lives in ``bench_<verb>.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ bench_app = typer.Typer(help="Benchmarks against same-run baselines; --json prin
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-for _verb in ("compile", "allreduce", "serve", "train"):
+for _verb in ("compile", "allreduce", "serve", "train", "scale"):
     try:
         importlib.import_module(f"api.cli.bench_{_verb}")
     except ModuleNotFoundError as _exc:  # verb not written yet

@@ -66,12 +66,43 @@ function artifact(n) {
     (a.tvm_version ? ` <span class="muted">TVM ${esc(a.tvm_version)}</span>` : "");
 }
 
+// The node table shows one page of NODE_PAGE rows (a fleet may have a thousand nodes), optionally
+// filtered; node events re-render it at most every NODE_RENDER_MS, not once per event.
+const NODE_PAGE = 50;
+const NODE_RENDER_MS = 150;
+const nodeView = {page: 0, filter: "", timer: null};
+function scheduleNodes() {
+  // one redraw of the node table and the anomaly card per NODE_RENDER_MS, however many statuses arrive
+  if (nodeView.timer === null) {
+    nodeView.timer = setTimeout(() => { nodeView.timer = null; renderNodes(); renderAnomaly(); }, NODE_RENDER_MS);
+  }
+}
+function nodeMatches(n, f) {
+  return !f || [n.node_id, n.state, n.site, n.board, n.arch].some((v) => v && String(v).toLowerCase().includes(f));
+}
+$("node-filter").addEventListener("input", () => {
+  nodeView.filter = $("node-filter").value.trim().toLowerCase(); nodeView.page = 0; renderNodes();
+});
+$("nodes-prev").addEventListener("click", () => { nodeView.page -= 1; renderNodes(); });
+$("nodes-next").addEventListener("click", () => { nodeView.page += 1; renderNodes(); });
+
 function renderNodes() {
-  const ids = [...state.nodes.keys()].sort();
-  const online = ids.filter((id) => state.nodes.get(id).online).length;
-  $("node-count").textContent = `${online} online / ${ids.length}`;
-  $("no-nodes").hidden = ids.length > 0;
-  $("nodes").querySelector("tbody").innerHTML = ids.map((id) => {
+  if (nodeView.timer !== null) { clearTimeout(nodeView.timer); nodeView.timer = null; }
+  const all = [...state.nodes.keys()].sort();
+  const online = all.filter((id) => state.nodes.get(id).online).length;
+  $("node-count").textContent = `${online} online / ${all.length}`;
+  $("no-nodes").hidden = all.length > 0;
+  $("node-pager").hidden = all.length <= NODE_PAGE;  // a small fleet fits one page: no pager, no filter
+  const ids = all.filter((id) => nodeMatches(state.nodes.get(id), nodeView.filter));
+  const pages = Math.max(1, Math.ceil(ids.length / NODE_PAGE));
+  nodeView.page = Math.min(Math.max(0, nodeView.page), pages - 1);
+  const first = nodeView.page * NODE_PAGE;
+  const shown = ids.slice(first, first + NODE_PAGE);
+  $("node-range").textContent = (shown.length ? `${first + 1}–${first + shown.length} of ${ids.length}` : "none")
+    + (ids.length < all.length ? ` (of ${all.length})` : "");
+  $("nodes-prev").disabled = nodeView.page === 0;
+  $("nodes-next").disabled = nodeView.page >= pages - 1;
+  $("nodes").querySelector("tbody").innerHTML = shown.map((id) => {
     const n = state.nodes.get(id);
     const h = n.health;
     const samples = n.samples_train != null ? `${n.samples_train} / ${n.samples_val ?? 0}` : `${n.samples}`;
@@ -207,11 +238,23 @@ function imageCell(im) {
     (im.previous ? ` <span class="muted small">prev ${esc(im.previous)}</span>` : "") + u;
 }
 
+// A node event that changes nothing a checkbox list shows (a heartbeat) leaves the list alone: with
+// a thousand nodes, rebuilding it on every event is most of the page's work.
+const listShown = {participants: null, rollout: null};
+function unchanged(which, ids, facts) {
+  const key = ids.map((id) => `${id}\u0000${facts(state.nodes.get(id))}`).join("\u0001");
+  if (listShown[which] === key) return true;
+  listShown[which] = key;
+  return false;
+}
+
 const participantChoice = new Map();  // the operator's choices, kept while a node restarts
 function renderParticipants() {
   const box = $("participants");
   const was = participantChoice;
-  box.innerHTML = [...state.nodes.keys()].sort().map((id) => {
+  const ids = [...state.nodes.keys()].sort();
+  if (unchanged("participants", ids, (n) => `${n.online}${n.left_out || ""}`)) return;
+  box.innerHTML = ids.map((id) => {
     const n = state.nodes.get(id);
     const checked = n.online && !n.left_out && (was.has(id) ? was.get(id) : true);
     return `<label title="${esc(n.left_out || "")}"><input type="checkbox" value="${esc(id)}" ${checked ? "checked" : ""} ${n.online ? "" : "disabled"}>
@@ -423,7 +466,9 @@ function renderImages() {
 const rolloutChoice = new Map();
 function renderRolloutNodes() {
   const box = $("rollout-nodes");
-  box.innerHTML = [...state.nodes.keys()].sort().map((id) => {
+  const ids = [...state.nodes.keys()].sort();
+  if (unchanged("rollout", ids, (n) => `${n.online && !!n.image}`)) return;
+  box.innerHTML = ids.map((id) => {
     const n = state.nodes.get(id);
     const ok = n.online && n.image;
     const checked = ok && (rolloutChoice.has(id) ? rolloutChoice.get(id) : true);
@@ -598,7 +643,7 @@ function connect() {
   es.addEventListener("node", (ev) => {
     const n = JSON.parse(ev.data);
     if (n.removed) state.nodes.delete(n.node_id); else { state.nodes.set(n.node_id, n); absorbAnomaly(n); }
-    renderNodes(); renderAnomaly();
+    scheduleNodes();
   });
   es.addEventListener("round", (ev) => upsertRound(JSON.parse(ev.data)));
   es.addEventListener("rollback", (ev) => onRollback(JSON.parse(ev.data)));

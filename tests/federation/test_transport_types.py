@@ -30,7 +30,8 @@ from edgenode.faults import NO_FAULTS, FaultyTransport
 from edgenode.trainworker import _RelayTransport
 from federation.errors import TransportError
 from federation.framing import FrameKind, Phase, decode, encode
-from federation.memory import MemoryHub, MemoryTransport
+from federation.linkmodel import LinkModel, Network
+from federation.memory import MemoryHub, MemoryTransport, SimHub, SimTransport
 from federation.mqtt import MqttLink
 from federation.mqtt_transport import MqttTransport
 from federation.session import Endpoint
@@ -39,7 +40,7 @@ from federation.transport import Capabilities, Framing, PubSubLink, Transport
 from tests.fleet.fake_link import FakeLink
 
 ROOT = Path(__file__).parents[2]
-TRANSPORTS = {MemoryTransport, MqttTransport, _RelayTransport, FaultyTransport}
+TRANSPORTS = {MemoryTransport, MqttTransport, _RelayTransport, FaultyTransport, SimTransport}
 
 
 def _static(mqtt: MqttLink, signed: SignedLink, fake: FakeLink, hub: MemoryHub) -> None:
@@ -47,7 +48,8 @@ def _static(mqtt: MqttLink, signed: SignedLink, fake: FakeLink, hub: MemoryHub) 
     links: list[PubSubLink] = [mqtt, signed, fake]
     transports: list[Transport] = [mqtt.transport("a"), signed.transport("a"), fake.transport("a"),
                                    hub.transport("a"), FaultyTransport(hub.transport("b"), NO_FAULTS),
-                                   _RelayTransport("a", 1024, lambda msg: None)]
+                                   _RelayTransport("a", 1024, lambda msg: None),
+                                   SimHub(Network(LinkModel())).transport("a")]
     print(links, transports)
 
 
