@@ -170,7 +170,9 @@ def python_command(arch: str, args: list[str]) -> tuple[list[str], dict[str, str
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": f"{root / 'wheels'}{os.pathsep}{REPO_ROOT}",
         "PYTHONNOUSERSITE": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",  # leave no aarch64-interpreter pyc files in the repo
+        # bytecode cached next to the sysroot, none in the repo: without it every emulated start
+        # compiles the stdlib, numpy and TVM sources again under qemu (tens of seconds)
+        "PYTHONPYCACHEPREFIX": str(root / ".pycache"),
         "HOME": os.environ.get("HOME", "/tmp"),
         "LANG": "C.UTF-8",
         "CRYPTOGRAPHY_OPENSSL_NO_LEGACY": "1",  # trixie ships the legacy provider apart; unused here

@@ -76,7 +76,11 @@ def arm_python(sysroot: Path) -> tuple[list[str], dict[str, str]]:
     site = arm_site(sysroot.parent).resolve()  # lives next to the sysroot it extends
     venv_site = sysconfig.get_paths()["purelib"]
     path = [str(sysroot / "wheels"), str(site), venv_site, str(REPO)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONNOUSERSITE": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONNOUSERSITE": "1",
+           # bytecode cached next to the sysroot, none in the repo (compiling the stdlib, numpy and
+           # TVM again at every start under qemu costs tens of seconds)
+           "PYTHONPYCACHEPREFIX": str(sysroot / ".pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     argv = [qemu, "-L", str(sysroot), str(sysroot / "usr/bin/python3.11"), "-c",
             "from api.cli import main; main()"]
     return argv, env

@@ -40,7 +40,9 @@ def riscv_python(sysroot: Path) -> tuple[list[str], dict[str, str]]:
         "LANG": "C.UTF-8",
         "PYTHONPATH": str(REPO),
         "PYTHONNOUSERSITE": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",  # leave no riscv64-interpreter pyc files in the repo
+        # bytecode cached next to the sysroot, none in the repo (compiling it again at every start
+        # under qemu costs tens of seconds)
+        "PYTHONPYCACHEPREFIX": str(sysroot / ".pycache"),
         "PYTHONUNBUFFERED": "1",
         # trixie splits OpenSSL's legacy provider into a package the sysroot does not carry; the
         # node's signatures (ed25519, HMAC-SHA256) need no legacy algorithm.
