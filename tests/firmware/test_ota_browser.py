@@ -4,17 +4,14 @@ roll it out to both nodes (canary first), watch their image versions change, rol
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.firmware.boards import make_board
+from tests.fixtures_browser import CHROMIUM_ARGS, OUT
 from tests.fleet.conftest import TOKEN, broker, make_fleet  # noqa: F401 - fixtures
-from tests.fleet.test_dashboard_ops_browser import CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.browser, pytest.mark.mosquitto, pytest.mark.slow]
 
-OUT = Path(__file__).resolve().parents[2] / "test-output"
 DONE = "#rollout-progress[data-state='done'][data-kind='{}']"
 
 

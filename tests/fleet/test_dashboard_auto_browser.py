@@ -7,21 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fixtures_browser import OUT
 from tests.fleet.conftest import TOKEN
 from tests.fleet.sim_nodes import SimSwarm
-from tests.fleet.test_dashboard_ops_browser import CHROMIUM_ARGS, OUT
 
 pytestmark = [pytest.mark.browser, pytest.mark.mosquitto]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def test_auto_rounds_switch_schedule_and_trigger_shown(make_fleet, browser):

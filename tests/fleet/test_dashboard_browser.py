@@ -4,18 +4,15 @@ Mosquitto, 3 edge nodes with TVM artifacts and simulated sensors, the fleet serv
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.fixtures_browser import OUT
 from tests.fleet.swarm_proc import start_swarm
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.mosquitto]
 
-OUT = Path(__file__).resolve().parents[2] / "test-output"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
 TOKEN = "browser-token"
 
 
@@ -35,16 +32,6 @@ def swarm3(tmp_path_factory):
         yield sp
     finally:
         sp.interrupt()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def test_dashboard_shows_swarm_runs_round_and_plots_loss(swarm3, browser):

@@ -5,28 +5,14 @@ fleet, an earlier one by the operator; the error banner; restart the fleet and t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from tests.fixtures_browser import OUT
 from tests.fleet.conftest import TOKEN
 from tests.fleet.sim_nodes import SimSwarm
 
 pytestmark = [pytest.mark.browser, pytest.mark.mosquitto]
 
-OUT = Path(__file__).resolve().parents[2] / "test-output"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _versions(page) -> list[str]:

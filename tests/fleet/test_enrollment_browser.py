@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -16,24 +15,12 @@ from edgenode.enrol import enrol
 from edgenode.errors import ConfigError
 from federation import topics
 from federation.messages import ImageInfo
+from tests.fixtures_browser import OUT
 from tests.fleet.conftest import TOKEN
 from tests.fleet.sim_nodes import SimNode
 
 pytestmark = [pytest.mark.browser, pytest.mark.mosquitto]
 
-OUT = Path(__file__).resolve().parents[2] / "test-output"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _open(page, fleet) -> None:

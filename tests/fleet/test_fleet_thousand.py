@@ -15,13 +15,12 @@ import pytest
 
 from federation import topics
 from federation.messages import NodeState, NodeStatus
+from tests.fixtures_browser import CHROMIUM_ARGS
 from tests.fleet.conftest import TOKEN
 
 pytestmark = [pytest.mark.mosquitto]
 
 N = 1000
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
 
 
 def _status(i: int, version: int = 1) -> NodeStatus:

@@ -99,7 +99,7 @@ def _screenshot_mixed_swarm(sp) -> None:
     """The dashboard shows the mixed-architecture swarm (saved for people to look at)."""
     from playwright.sync_api import sync_playwright
 
-    from tests.fleet.test_dashboard_browser import CHROMIUM_ARGS, OUT
+    from tests.fixtures_browser import CHROMIUM_ARGS, OUT
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)

@@ -138,7 +138,7 @@ def test_vibration_scenario_detects_injected_faults(tmp_path_factory, vibration_
 def _dashboard_shows_scores(url: str) -> None:
     from playwright.sync_api import sync_playwright
 
-    from tests.fleet.test_dashboard_browser import CHROMIUM_ARGS, OUT
+    from tests.fixtures_browser import CHROMIUM_ARGS, OUT
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
