@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="[training] worker_priority of the node (default: the node's own default)")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="experiment: sys.setswitchinterval of the node process")
+    ap.add_argument("--broker", default=None,
+                    help="MQTT broker URL: the node subscribes --stream-topic there (bench.ingest)")
+    ap.add_argument("--stream-topic", default=None,
+                    help="SenML topic of a 2-channel 1 kHz stream, windows of 32 (digits: 64 inputs)")
     args = ap.parse_args(argv)
 
     from api.node_app import create_node_app
@@ -73,8 +77,14 @@ def main(argv: list[str] | None = None) -> None:
         training["isolation"] = args.isolation
     if args.worker_priority is not None:
         training["worker_priority"] = args.worker_priority
-    cfg = NodeConfig.from_dict({"node_id": "bench", "artifact": str(args.artifact),
-                                "data_dir": str(args.data_dir), "port": 0, "training": training})
+    settings: dict[str, object] = {"node_id": "bench", "artifact": str(args.artifact),
+                                   "data_dir": str(args.data_dir), "port": 0, "training": training}
+    if args.broker is not None:
+        settings["broker"] = args.broker
+    if args.stream_topic is not None:
+        settings["streams"] = [{"name": "s", "topic": args.stream_topic, "fields": ["ax", "ay"],
+                                "sample_rate_hz": 1000.0, "window": 32, "queue": 100_000}]
+    cfg = NodeConfig.from_dict(settings)
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     transport = MemoryHub().transport("bench") if args.train else None

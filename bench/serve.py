@@ -48,7 +48,8 @@ def _request(art: Any, rng: np.random.Generator) -> tuple[dict[str, np.ndarray],
 @contextmanager
 def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int | None,
                   train_nice: int | None = None, switch_interval_ms: float | None = None,
-                  isolation: str | None = None, worker_priority: str | None = None):
+                  isolation: str | None = None, worker_priority: str | None = None,
+                  extra: tuple[str, ...] = ()):
     env = dict(os.environ)
     if tvm_threads:
         env["TVM_NUM_THREADS"] = str(tvm_threads)
@@ -63,6 +64,7 @@ def _node_process(artifact: Path, data_dir: Path, train: bool, tvm_threads: int 
             cmd += ["--worker-priority", worker_priority]
     if switch_interval_ms is not None:
         cmd += ["--switch-interval-ms", str(switch_interval_ms)]
+    cmd += list(extra)
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None

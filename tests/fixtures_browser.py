@@ -1,5 +1,6 @@
 """Chromium for the dashboard tests (Playwright, Debian's /usr/bin/chromium): one set of launch
-flags, one launcher and one module-scoped ``browser`` fixture, imported by the browser tests."""
+flags, one launcher and one module-scoped ``browser`` fixture (a plugin of tests/conftest.py, as
+every tests/fixtures_*.py is)."""
 
 from __future__ import annotations
 

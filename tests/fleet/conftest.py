@@ -20,7 +20,6 @@ from api.serving import ServerThread
 from federation import topics
 from federation.messages import EventKind, NodeState, NodeStatus, RoundEvent
 from federation.mqtt import MqttLink
-from tests.fixtures_browser import browser  # noqa: F401 - the browser tests' module fixture
 
 TOKEN = "fleet-test-token"
 _ids = itertools.count()
