@@ -36,6 +36,7 @@ import httpx
 import numpy as np
 
 from bench.host import machine
+from fractal.oip import json_tensor
 
 __all__ = ["run", "central_params"]
 
@@ -103,7 +104,7 @@ def _node_scores(url: str, model: str, x: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _node_batch(url: str, model: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
+    body = {"inputs": [json_tensor("x", np.asarray(x, np.float32))],
             "outputs": [{"name": "anomaly_score"}, {"name": "anomaly"}]}
     r = httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=120,
                    headers={"Authorization": f"Bearer {TOKEN}"})
