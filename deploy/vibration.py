@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fractal.files import atomic_write
+
 if TYPE_CHECKING:
     from federation.mqtt import MqttLink
 
@@ -102,9 +104,7 @@ class Schedule:
                 "faults": [{**asdict(f), "kind": f.kind.value} for f in self.faults]}
 
     def write(self, path: Path) -> None:
-        tmp = Path(path).with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
+        atomic_write(path, json.dumps(self.to_json(), indent=1))
 
 
 def machines(n: int, *, seed: int = 0) -> list[Machine]:
