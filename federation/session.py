@@ -78,7 +78,16 @@ from federation.errors import (
     TransportError,
     UpdateRejected,
 )
-from federation.framing import Frame, FrameKind, abort_info, ack_keys, decode, encode_abort, encode_ack
+from federation.framing import (
+    ACK_KEY,
+    Frame,
+    FrameKind,
+    abort_info,
+    ack_keys,
+    decode,
+    encode_abort,
+    encode_ack,
+)
 from federation.stats import Stats
 from federation.transport import Transport
 
@@ -281,7 +290,11 @@ class Endpoint:
         """The ACK frames acknowledging ``frames`` (one tag and sender), batched."""
         me = self.member_id
         while frames:
-            batch, frames = frames[:_MAX_ACK_KEYS], frames[_MAX_ACK_KEYS:]
+            # as many keys as the transport's message holds: an ACK over max_payload is refused
+            # by the transport, and its frames then wait for retransmits to be acknowledged
+            head = len(encode_ack(frames[0], sender=me, **self.frame_kw))
+            n = 1 + min(_MAX_ACK_KEYS - 1, max(0, self.transport.max_payload - head) // ACK_KEY.size)
+            batch, frames = frames[:n], frames[n:]
             yield encode_ack(batch[0], sender=me, more=batch[1:], **self.frame_kw)
 
     def _retire(self, fr: Frame) -> None:

@@ -194,6 +194,36 @@ def test_acks_wait_for_company_until_the_drain_or_their_delay() -> None:
         Endpoint(hub.transport("c"), retransmit_after=1, ack_delay=2)
 
 
+def test_batched_acks_fit_the_transports_message_size() -> None:
+    """A drain acknowledging many frames at once splits its ACK into messages the transport
+    takes: one over ``max_payload`` was refused (a send error), so the peer's frames waited for
+    retransmits (30 s timers doubling: 100 simulated members stalled for minutes)."""
+    from federation.framing import ack_keys
+    from federation.session import Endpoint
+
+    hub = MemoryHub()
+    # a window this wide lets a drain batch every key (as the simulated swarms' sessions do)
+    ep = Endpoint(hub.transport("a", max_payload=512), retransmit_after=60, ack_delay=30, max_in_flight=4096)
+    x = hub.transport("x")
+    n = 200  # 200 keys of 12 bytes: well past one 512-byte message
+    try:
+        with ep.call("t", ["x"], timeout=30) as c:
+            for part in range(n):
+                x.send("a", _data("t", part=part))
+            got = 0
+            while got < n:
+                if c.wait("x") is not None:
+                    got += 1
+            c.drain()
+        raw = list(iter(lambda: x.recv(0.2), None))
+        assert ep.stats.send_errors == 0
+        assert len(raw) > 1 and all(len(p) <= 512 for p in raw)
+        keys = [k for p in raw for k in ack_keys(decode(p))]
+        assert sorted(k[3] for k in keys) == list(range(n))  # every frame acknowledged once
+    finally:
+        ep.close()
+
+
 def test_a_lingering_call_returns_before_its_ack_and_the_endpoint_retransmits_after() -> None:
     """``linger()`` ends the call without waiting for acknowledgements: its unacknowledged frames
     stay with the endpoint, which retransmits them (the first copy was lost here) until the peer
