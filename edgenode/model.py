@@ -103,6 +103,14 @@ class ModelHolder:
         except InputError as exc:  # the compiler validates inputs; the node's error says the same
             raise InvalidInput(str(exc), hint=exc.hint) from exc
 
+    def infer_shipped(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run the artifact on its own shipped parameters (version 0), whatever the node has
+        learned since: what the boot health check compares with the image's reference output."""
+        try:
+            return self.artifact.infer(inputs, params=list(self.artifact.params))
+        except InputError as exc:
+            raise InvalidInput(str(exc), hint=exc.hint) from exc
+
     # -- writing -------------------------------------------------------------------------------
     def commit(self, params: list[np.ndarray], version: int) -> ParamsSnapshot:
         """Persist then publish ``params`` as ``version``; returns the new snapshot.

@@ -263,13 +263,18 @@ class EdgeNode:
         return int(self.outputs[0].shape[-1]) if self.outputs and self.outputs[0].shape else None
 
     # -- data plane --------------------------------------------------------------------------------
-    def infer(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run the model on a batch (any leading N >= 1) with one consistent parameter snapshot.
+    def infer(self, inputs: Mapping[str, Any], *, shipped: bool = False) -> dict[str, np.ndarray]:
+        """Run the model on a batch (any leading N >= 1) with one consistent parameter snapshot;
+        ``shipped``: with the artifact's own parameters (version 0) instead of the current ones.
 
         Raises :class:`InvalidInput` naming the problem (missing/unknown input, shape, dtype):
         the artifact validates (``compiler.artifact.check_inputs``, the one validator).
         """
         t0 = time.perf_counter()
+        if shipped:
+            out = self.model.infer_shipped(inputs)
+            self.metrics.inference(time.perf_counter() - t0)
+            return out
         out = self.model.infer(inputs)
         if self.anomaly is not None:
             out.update(self.anomaly.score(dict(inputs), out))

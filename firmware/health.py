@@ -156,7 +156,9 @@ def health_check(url: str, slot_dir: Path, health: HealthSpec, proc: subprocess.
     body: dict[str, Any] = {"inputs": [json_tensor(k, v) for k, v in inputs.items()]}
     model = urllib.parse.quote(health.model, safe="")
     try:
-        status, seen, data = _request(f"{url}/v2/models/{model}/infer", deadline,
+        # version 0: the image's own parameters, which the reference output was computed with
+        # (the node's current version carries what it has learned since; api/routes/oip.py)
+        status, seen, data = _request(f"{url}/v2/models/{model}/versions/0/infer", deadline,
                                       body=json.dumps(body).encode(), token=token)
     except _Expired:
         return f"the reference inference did not complete within the {timeout_s:.0f} s of the check"

@@ -16,6 +16,11 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v2", tags=["oip-v2"])
 
+# Version "0" of a node's model is the parameters its image shipped: a node answers it next to its
+# current version (the boot health check compares it with the image's reference output, which a
+# node that has trained since no longer gives on its current version).
+SHIPPED_VERSION = "0"
+
 _ERROR = {"content": {"application/json": {"schema": {
     "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
 _TENSOR_SCHEMA = {
@@ -49,16 +54,20 @@ _ERRORS: dict[int | str, dict[str, Any]] = {400: _ERROR, 404: _ERROR, 413: _ERRO
 def _check_model(node: NodeLike, name: str, version: str | None = None) -> None:
     if name != node.model_name:
         raise ApiError(404, f"unknown model '{name}' (this node serves '{node.model_name}')")
-    if version is not None and version != model_version(node):
-        raise ApiError(404, f"model '{name}' has no version '{version}' (serving {model_version(node)})")
+    if version is not None and version not in (model_version(node), SHIPPED_VERSION):
+        raise ApiError(404, f"model '{name}' has no version '{version}' (serving {model_version(node)}, "
+                            f"and {SHIPPED_VERSION}: the image's own parameters)")
 
 
 
 
 # Registered first: the router tries routes in order and infer is the hot path.
-def _run_infer(node: NodeLike, name: str, body: bytes, header_length: str | None) -> tuple[bytes, int | None]:
+def _run_infer(node: NodeLike, name: str, body: bytes, header_length: str | None,
+               version: str | None = None) -> tuple[bytes, int | None]:
     # Decode, run and encode in ONE worker-thread hop: the event loop only moves bytes.
     req = parse_infer_request(body, [s.name for s in node.outputs], header_length, node.config.max_batch)
+    if version == SHIPPED_VERSION and model_version(node) != SHIPPED_VERSION:
+        return encode_response(node.model_name, SHIPPED_VERSION, req, node.infer(req.inputs, shipped=True))
     results = node.infer(req.inputs)
     return encode_response(node.model_name, model_version(node), req, results)
 
@@ -83,7 +92,7 @@ async def _infer(request: Request, node: NodeLike, name: str, version: str | Non
     _check_model(node, name, version)
     body = await read_body(request)
     out, header_len = await run_inference(request, _run_infer, node, name, body,
-                                          request.headers.get("inference-header-content-length"))
+                                          request.headers.get("inference-header-content-length"), version)
     if header_len is None:
         return Response(out, media_type="application/json")
     return Response(out, media_type="application/octet-stream",
