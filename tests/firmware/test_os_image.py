@@ -584,16 +584,28 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _infers_like_onnxruntime(url: str, digits_onnx: Path) -> float:
-    from compiler.verify import onnxruntime_reference
+_PROBE = np.random.default_rng(11).random((2, 64)).astype(np.float32)
 
-    x = np.random.default_rng(11).random((2, 64)).astype(np.float32)
+
+def _logits(url: str, version: str | None = None) -> np.ndarray:
+    """The node's logits for a fixed probe: its current parameters, or ``version`` ("0": the
+    parameters its image shipped)."""
+    route = f"versions/{version}/infer" if version is not None else "infer"
     reply = _post(
-        f"{url}/v2/models/digits-mlp/infer",
-        {"inputs": [{"name": "x", "shape": [2, 64], "datatype": "FP32", "data": x.ravel().tolist()}]},
+        f"{url}/v2/models/digits-mlp/{route}",
+        {"inputs": [{"name": "x", "shape": [2, 64], "datatype": "FP32", "data": _PROBE.ravel().tolist()}]},
     )
     out = {o["name"]: np.asarray(o["data"], np.float32).reshape(o["shape"]) for o in reply["outputs"]}
-    return float(np.abs(out["logits"] - onnxruntime_reference(digits_onnx, {"x": x}, 1)["logits"]).max())
+    return out["logits"]
+
+
+def _infers_like_onnxruntime(url: str, digits_onnx: Path) -> float:
+    """How far the image's own parameters (version 0: the board may have trained since) answer
+    from onnxruntime on the model."""
+    from compiler.verify import onnxruntime_reference
+
+    want = onnxruntime_reference(digits_onnx, {"x": _PROBE}, 1)["logits"]
+    return float(np.abs(_logits(url, "0") - want).max())
 
 
 def _console_tail(booted: Booted) -> str:
@@ -612,6 +624,7 @@ def test_ota_rollout_reboots_the_board_into_the_new_slot(
     try:
         img = wait_for(lambda: _settled(fleet, node), 600, f"{node} settled", 1.0)
         assert (img["version"], img["slot"]) == ("1.0.0", "a"), img
+        learned = _logits(booted.url)  # what the board answers now (after its training round, if any)
         boots = _boots(booted.console)
         t0 = time.monotonic()
         rid = _start_rollout(fleet, ota_images.entries["1.1.0"], node)
@@ -641,6 +654,8 @@ def test_ota_rollout_reboots_the_board_into_the_new_slot(
         assert _boots(booted.console) == boots + 1  # one real reboot
         assert booted.proc.poll() is None  # `try` kept the machine: qemu reset it
         assert _infers_like_onnxruntime(booted.url, digits_onnx) <= 1e-4
+        # the update replaced the application, not what the board learned (data partition)
+        np.testing.assert_allclose(_logits(booted.url), learned, atol=1e-5)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nconsole:\n{_console_tail(booted)}") from None
     _OTA.update(command_to_install=t_dl - t0, install=t_reb - t_dl, reboot_to_kernel=t_up - t_reb,
