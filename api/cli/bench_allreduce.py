@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
-from api.cli.bench import bench_app
+from api.cli.bench import bench_app, echo_result
 
 __all__ = ["bench_allreduce"]
 
@@ -45,9 +43,4 @@ def bench_allreduce(
     result = run_allreduce_bench(nodes, size, broker_url=broker, compression=compression,
                                  max_payload=max_payload, repeats=repeats, signed=signed,
                                  algorithm=algorithm)
-    if as_json:
-        typer.echo(json.dumps(result))
-        return
-    width = max(len(k) for k in result)
-    for k, v in result.items():
-        typer.echo(f"{k:<{width}}  {v}")
+    echo_result(result, as_json)

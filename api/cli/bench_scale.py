@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
-from api.cli.bench import bench_app
+from api.cli.bench import bench_app, echo_result
 
 __all__ = ["bench_scale"]
 
@@ -40,9 +38,4 @@ def bench_scale(
         raise typer.BadParameter("--uplink and --relay must be > 0, --latency >= 0, --loss in [0, 1)")
     result = run_scale_bench(nodes, group=group, elements=elements, uplink_bps=uplink, latency_s=latency,
                              relay_bps=relay, loss=loss, max_payload=max_payload, star=star, flat=flat)
-    if as_json:
-        typer.echo(json.dumps(result))
-        return
-    width = max(len(k) for k in result)
-    for k, v in result.items():
-        typer.echo(f"{k:<{width}}  {v}")
+    echo_result(result, as_json)
