@@ -55,6 +55,12 @@ class SwarmProc:
             raise AssertionError(f"fractal swarm did not stop within {timeout}s:\n{self.output()}") from None
 
 
+def assert_no_orphans(children: list[psutil.Process]) -> None:
+    """Every process the swarm started (``SwarmProc.descendants`` before the stop) has exited."""
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive, f"orphans left behind: {[(p.pid, p.name()) for p in alive]}"
+
+
 def start_swarm(nodes: int, cache_dir: Path, token: str, *, timeout: float = 180.0,
                 extra: tuple[str, ...] = ()) -> SwarmProc:
     """Start `fractal swarm` and return once it printed the dashboard URL."""

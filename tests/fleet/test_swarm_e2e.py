@@ -11,11 +11,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import psutil
 import pytest
 
 from federation.broker import free_port
-from tests.fleet.swarm_proc import FRACTAL, start_swarm
+from tests.fleet.swarm_proc import FRACTAL, assert_no_orphans, start_swarm
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS_3ARCH = 8  # enough for the mean loss to fall, few enough for three boards under qemu
@@ -71,8 +70,7 @@ def test_swarm_two_nodes_up_and_clean_shutdown(tmp_path_factory):
         code = sp.interrupt()
     assert code in (0, 130), sp.output()
     assert "[swarm] stopped" in sp.output()
-    gone, alive = psutil.wait_procs(children, timeout=5)
-    assert not alive, f"orphans left behind: {[(p.pid, p.name()) for p in alive]}"
+    assert_no_orphans(children)
 
 
 def test_emulate_arm_without_sysroot_is_one_clear_error(tmp_path):

@@ -8,11 +8,10 @@ import subprocess
 import time
 
 import httpx
-import psutil
 import pytest
 
 from federation.broker import free_port
-from tests.fleet.swarm_proc import FRACTAL, start_swarm
+from tests.fleet.swarm_proc import FRACTAL, assert_no_orphans, start_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
 
@@ -45,8 +44,7 @@ def test_swarm_on_two_bridged_sites_runs_a_hierarchical_round(tmp_path_factory):
         assert rnd["params_agree"] is True
     finally:
         assert sp.interrupt() in (0, 130), sp.output()
-    gone, alive = psutil.wait_procs(children, timeout=5)
-    assert not alive, f"orphans left behind: {[(p.pid, p.name()) for p in alive]}"
+    assert_no_orphans(children)
 
 
 def test_more_sites_than_nodes_is_one_line(tmp_path):

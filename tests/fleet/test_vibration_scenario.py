@@ -13,14 +13,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import psutil
 import pytest
 
 from deploy.vibration import FaultKind, field_names, machines, make_schedule, readings, senml_pack, windows
 from edgenode.anomaly import auc
 from edgenode.streams.formats import parse_senml
 from federation.broker import free_port
-from tests.fleet.swarm_proc import FRACTAL, start_swarm
+from tests.fleet.swarm_proc import FRACTAL, assert_no_orphans, start_swarm
 
 # Bound on the scaled-down run (40 steps, ~100 windows a node): the full scenario's goal is 0.95
 # (bench.vibration, BENCHMARKS.md); offline the model reaches 1.0 on these faults in 50 steps.
@@ -131,8 +130,7 @@ def test_vibration_scenario_detects_injected_faults(tmp_path_factory, vibration_
         code = sp.interrupt()
     assert code in (0, 130), sp.output()
     assert "[swarm] stopped" in sp.output()
-    gone, alive = psutil.wait_procs(children, timeout=5)
-    assert not alive, f"orphans left behind: {[(p.pid, p.name()) for p in alive]}"
+    assert_no_orphans(children)
 
 
 def _dashboard_shows_scores(url: str) -> None:
