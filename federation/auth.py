@@ -275,12 +275,16 @@ def swarm_policy(topic: str, sender: str, role: Role) -> bool:
     * ``status/{node}`` and ``rounds/{id}/events/{node}``: that node only.
     * ``ar/{dst}``, ``ack/{dst}``, ``params/{dst}``: any node but ``dst`` itself.
     * ``x/ar/{dst}`` (site leaders' ring, bridged between sites): any node but ``dst`` itself.
+    * ``async/up/{node}`` (an asynchronous update): that node only; ``async/version``: the fleet
+      only (it aggregates, PROTOCOL.md section 12).
     Anything else: nobody.
     """
     parts = topic.split("/")
     if len(parts) < 4 or parts[0] != "fractal" or parts[1] != "v1":
         return False
     rest = parts[3:]
+    if rest == ["async", "version"]:
+        return role == Role.FLEET
     if rest == ["cmd"] or rest == ["keyring"]:  # keyring: enrolment updates (federation/enrolment.py)
         return role == Role.FLEET
     if role != Role.NODE:
@@ -293,6 +297,8 @@ def swarm_policy(topic: str, sender: str, role: Role) -> bool:
         return rest[1] != sender
     if len(rest) == 3 and rest[:2] == ["x", "ar"]:
         return rest[2] != sender
+    if len(rest) == 3 and rest[:2] == ["async", "up"]:
+        return rest[2] == sender
     return False
 
 

@@ -9,6 +9,9 @@
     fractal/v1/{swarm}/params/{dst}                 binary parameter transfer to a joining member dst
     fractal/v1/{swarm}/x/ar/{dst}                   allreduce frames between site leaders (the
                                                     subtree site brokers bridge to the backbone)
+    fractal/v1/{swarm}/async/up/{node}              binary update of node (sync = "async": a
+                                                    parameter delta from a base version)
+    fractal/v1/{swarm}/async/version                retained binary global version (the aggregator's)
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ __all__ = [
     "validate_id",
     "backbone_allreduce",
     "BACKBONE_BRIDGE",
+    "async_update",
+    "async_updates_all",
+    "async_version",
 ]
 
 import re
@@ -82,3 +88,15 @@ BACKBONE_BRIDGE = f"{ROOT}/+/x/#"
 
 def backbone_allreduce(swarm: str, dst: str) -> str:
     return f"{ROOT}/{swarm}/x/ar/{dst}"
+
+
+def async_update(swarm: str, node: str) -> str:
+    return f"{ROOT}/{swarm}/async/up/{node}"
+
+
+def async_updates_all(swarm: str) -> str:
+    return f"{ROOT}/{swarm}/async/up/+"
+
+
+def async_version(swarm: str) -> str:
+    return f"{ROOT}/{swarm}/async/version"

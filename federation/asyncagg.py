@@ -1,0 +1,200 @@
+"""Buffered asynchronous aggregation over a signed pub/sub link: the aggregator and a member.
+
+The pure rules (formats, admission, weights) are in :mod:`federation.asyncbuf`; this module moves
+their bytes over any :class:`~federation.transport.PubSubLink` (in practice a
+:class:`~federation.signed.SignedLink` on MQTT, so every update and version is signed by its
+sender and verified by its receivers before it gets here):
+
+* :class:`Aggregator` (the fleet service holds it, PROTOCOL.md section 12) subscribes to
+  ``async/up/+``, admits updates into its :class:`~federation.asyncbuf.Buffer` and publishes each
+  new version, retained, on ``async/version``. It re-publishes the current version every
+  ``refresh_s`` so that a member coming online after the signature's freshness window (60 s)
+  still gets a version it can verify.
+* :class:`AsyncMember` (a node) follows ``async/version``, commits every newer version whose
+  bytes hash to its signed sha256, and publishes its update from the version it holds.
+
+A refused update is counted and logged, never raised into the transport: nothing a member sends
+can stall the aggregator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from federation import topics
+from federation.asyncbuf import (
+    Buffer,
+    Refusal,
+    Refused,
+    Update,
+    Version,
+    decode_version,
+    encode_update,
+    encode_version,
+    params_sha256,
+)
+from federation.transport import PubSubLink
+
+__all__ = ["Aggregator", "AsyncMember", "VersionRecord", "initial_version"]
+
+log = logging.getLogger(__name__)
+
+HISTORY_MAX = 1000  # versions the aggregator remembers for the fleet API
+
+
+def initial_version(params: np.ndarray) -> Version:
+    """Version 0: the parameters every member's image shipped."""
+    p = np.ascontiguousarray(params, np.float32).ravel()
+    return Version(0, params_sha256(p), p)
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """What the fleet API shows of one version (no parameters)."""
+
+    version: int
+    sha256: str
+    at: float  # unix time it was published
+    contributors: list[dict]
+    excluded: dict[str, str]
+
+
+class Aggregator:
+    """Buffers signed updates and publishes each new global version (thread-safe)."""
+
+    def __init__(self, link: PubSubLink, initial: Version, *, buffer: int, max_staleness: int,
+                 outlier_factor: float = 10.0, server_lr: float = 1.0, refresh_s: float = 20.0,
+                 on_version: Callable[[Version], None] | None = None) -> None:
+        self.link = link
+        self.swarm = link.swarm
+        self.buf = Buffer(initial, buffer=buffer, max_staleness=max_staleness,
+                          outlier_factor=outlier_factor, server_lr=server_lr)
+        self.refresh_s = refresh_s
+        self.on_version = on_version
+        self.history: list[VersionRecord] = [VersionRecord(0, initial.sha256, time.time(), [], {})]
+        self.refused: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sub = None
+        self._refresher: threading.Thread | None = None
+
+    @property
+    def current(self) -> Version:
+        return self.buf.current
+
+    def start(self) -> Aggregator:
+        self._publish(self.buf.current)
+        self._sub = self.link.subscribe(topics.async_updates_all(self.swarm), self._on_update)
+        if self.refresh_s > 0:
+            self._refresher = threading.Thread(target=self._refresh, name="async-refresh", daemon=True)
+            self._refresher.start()
+        return self
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            with self._lock:
+                cur = self.buf.current
+            self._publish(cur)
+
+    def _publish(self, v: Version) -> None:
+        self.link.publish(topics.async_version(self.swarm), encode_version(v), retain=True, qos=1)
+
+    def _on_update(self, topic: str, payload: bytes) -> None:
+        member = topic.rsplit("/", 1)[-1]
+        with self._lock:
+            try:
+                nxt = self.buf.admit(member, payload)
+            except Refused as exc:
+                self.refused[exc.why.value] += 1
+                log.info("async update from %s refused: %s", member, exc)
+                return
+            if nxt is None:
+                return
+            for who, why in nxt.excluded.items():
+                self.refused[Refusal.OUTLIER.value] += 1
+                log.info("async update from %s excluded from version %d: %s", who, nxt.version, why)
+            self.history.append(VersionRecord(
+                nxt.version, nxt.sha256, time.time(),
+                [{"member": c.member, "base": c.base, "samples": c.samples, "staleness": c.staleness,
+                  "weight": c.weight} for c in nxt.contributions], dict(nxt.excluded)))
+            del self.history[:-HISTORY_MAX]
+            self._publish(nxt)
+        log.info("async version %d published (%d updates)", nxt.version, len(nxt.contributions))
+        if self.on_version is not None:
+            self.on_version(nxt)
+
+    def status(self) -> dict:
+        """The fleet API's view: current version, buffer fill, bounds, refusals, recent versions."""
+        with self._lock:
+            return {"version": self.buf.current.version, "sha256": self.buf.current.sha256,
+                    "buffer": self.buf.k, "max_staleness": self.buf.max_staleness,
+                    "pending": sorted(self.buf.pending), "refused": dict(self.refused),
+                    "versions": [vars(r) for r in self.history[-50:]]}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._sub is not None:
+            self._sub.cancel()
+
+
+class AsyncMember:
+    """A node's side: follows the published versions and sends one update per version it trained from."""
+
+    def __init__(self, link: PubSubLink, member_id: str, size: int, *,
+                 on_commit: Callable[[Version], None] | None = None) -> None:
+        self.link = link
+        self.member_id = member_id
+        self.size = size
+        self.on_commit = on_commit
+        self.current: Version | None = None
+        self.refused: Counter[str] = Counter()
+        self._cond = threading.Condition()
+        self._sub = None
+
+    def start(self) -> AsyncMember:
+        self._sub = self.link.subscribe(topics.async_version(self.link.swarm), self._on_version)
+        return self
+
+    def _on_version(self, topic: str, payload: bytes) -> None:
+        try:
+            v = decode_version(payload, size=self.size)  # checks the params' sha256
+        except Refused as exc:
+            self.refused[exc.why.value] += 1
+            log.warning("async version refused: %s", exc)
+            return
+        with self._cond:
+            if self.current is not None and v.version <= self.current.version:
+                return  # a refresh of what we hold, or an older one: never go back
+            self.current = v
+            self._cond.notify_all()
+        if self.on_commit is not None:
+            self.on_commit(v)
+
+    def wait_version(self, at_least: int = 0, timeout: float = 30.0) -> Version:
+        """The newest committed version once it is ``>= at_least`` (TimeoutError otherwise)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.current is None or self.current.version < at_least:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self.member_id}: no async version >= {at_least} within {timeout} s")
+                self._cond.wait(left)
+            return self.current
+
+    def publish_update(self, base: Version, trained: np.ndarray, samples: int) -> Update:
+        """Send ``trained - base.params`` as this member's update from ``base``."""
+        delta = (np.asarray(trained, np.float32).ravel() - base.params).astype(np.float32)
+        u = Update(self.member_id, base.version, base.sha256, int(samples), delta)
+        self.link.publish(topics.async_update(self.link.swarm, self.member_id), encode_update(u), qos=1)
+        return u
+
+    def close(self) -> None:
+        if self._sub is not None:
+            self._sub.cancel()

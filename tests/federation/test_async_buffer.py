@@ -1,0 +1,136 @@
+"""Buffered asynchronous aggregation, the pure rules (federation/asyncbuf.py): the weighted mean
+against numpy, and each refusal (stale, replayed, forged, duplicate, non-finite, oversized,
+forked) caught by its own check: each test would pass the update if that check were removed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from federation.asyncbuf import (
+    Buffer,
+    Refusal,
+    Refused,
+    Update,
+    aggregate,
+    decode_version,
+    encode_update,
+    encode_version,
+    staleness_weight,
+)
+from federation.asyncagg import initial_version
+
+L = 64
+
+
+def _v0():
+    return initial_version(np.random.default_rng(0).standard_normal(L).astype(np.float32))
+
+
+def _upd(member, base, delta=None, samples=10, seed=1):
+    d = delta if delta is not None else np.random.default_rng(seed).standard_normal(L).astype(np.float32) * 0.1
+    return Update(member, base.version, base.sha256, samples, d)
+
+
+def _refused(buf, member, payload, why):
+    with pytest.raises(Refused) as exc:
+        buf.admit(member, payload)
+    assert exc.value.why == why, exc.value
+    assert buf.refused[why] >= 1
+
+
+def test_weighted_mean_matches_numpy_and_staleness_discount():
+    v0 = _v0()
+    v1 = aggregate(v0, [_upd("a", v0, seed=1)])
+    ups = [_upd("b", v1, samples=30, seed=2), _upd("c", v0, samples=10, seed=3)]  # c is 1 behind
+    v2 = aggregate(v1, ups, outlier_factor=0)
+    w = np.array([30 * staleness_weight(0), 10 * staleness_weight(1)])
+    ref = v1.params.astype(np.float64) + (w[0] * ups[0].delta + w[1] * ups[1].delta) / w.sum()
+    assert v2.version == 2 and np.abs(v2.params - ref).max() < 1e-6
+    assert [(c.member, c.staleness) for c in v2.contributions] == [("b", 0), ("c", 1)]
+    # deterministic: same inputs in another order give the same bytes
+    assert aggregate(v1, ups[::-1], outlier_factor=0).sha256 == v2.sha256
+    # and the published form round-trips with its hash checked
+    assert decode_version(encode_version(v2), size=L).sha256 == v2.sha256
+
+
+def test_buffer_advances_after_k_updates():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=3, max_staleness=2)
+    assert buf.admit("a", encode_update(_upd("a", v0, seed=1))) is None
+    assert buf.admit("b", encode_update(_upd("b", v0, seed=2))) is None
+    v1 = buf.admit("c", encode_update(_upd("c", v0, seed=3)))
+    assert v1 is not None and v1.version == 1 and not buf.pending
+    assert {c.member for c in v1.contributions} == {"a", "b", "c"}
+
+
+def test_stale_update_is_refused():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=1, max_staleness=1)
+    buf.admit("a", encode_update(_upd("a", v0)))  # -> v1
+    buf.admit("b", encode_update(_upd("b", buf.current)))  # -> v2
+    _refused(buf, "c", encode_update(_upd("c", v0)), Refusal.STALE)  # 2 behind, S = 1
+    assert buf.current.version == 2
+
+
+def test_replayed_update_is_refused():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=1, max_staleness=5)
+    payload = encode_update(_upd("a", v0))
+    buf.admit("a", payload)  # -> v1, within the staleness bound afterwards
+    _refused(buf, "a", payload, Refusal.REPLAYED)
+    assert buf.current.version == 1
+
+
+def test_duplicate_member_in_one_buffer_is_refused():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=1, max_staleness=5)
+    buf.admit("x", encode_update(_upd("x", v0)))  # -> v1
+    buf.k = 3
+    buf.admit("a", encode_update(_upd("a", v0, seed=1)))  # from v0
+    # the same member again, now from v1 (a newer base: not a replay, still a second update)
+    _refused(buf, "a", encode_update(_upd("a", buf.current, seed=2)), Refusal.DUPLICATE)
+    assert list(buf.pending) == ["a"]
+
+
+def test_forged_update_is_refused():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=1, max_staleness=5)
+    _refused(buf, "mallory", encode_update(_upd("a", v0)), Refusal.FORGED)  # signed by mallory, names a
+    assert buf.current.version == 0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_update_is_refused(bad):
+    v0 = _v0()
+    d = np.zeros(L, np.float32)
+    d[5] = bad
+    buf = Buffer(v0, buffer=1, max_staleness=5)
+    _refused(buf, "a", encode_update(_upd("a", v0, delta=d)), Refusal.NON_FINITE)
+    assert buf.current.version == 0 and np.isfinite(buf.current.params).all()
+
+
+def test_oversized_and_malformed_updates_are_refused():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=1, max_staleness=5)
+    _refused(buf, "a", encode_update(_upd("a", v0, delta=np.zeros(L + 1, np.float32))), Refusal.OVERSIZED)
+    _refused(buf, "a", b"FU\x01\xff\xff\xff\xff", Refusal.MALFORMED)
+    _refused(buf, "a", b"not an update", Refusal.MALFORMED)
+    assert buf.current.version == 0
+
+
+def test_update_from_another_fork_is_refused():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=1, max_staleness=5)
+    other = initial_version(np.zeros(L, np.float32))
+    _refused(buf, "a", encode_update(_upd("a", other)), Refusal.FORKED)
+
+
+def test_outlier_is_left_out_of_the_version():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=3, max_staleness=5, outlier_factor=10)
+    buf.admit("a", encode_update(_upd("a", v0, seed=1)))
+    buf.admit("b", encode_update(_upd("b", v0, seed=2)))
+    v1 = buf.admit("c", encode_update(_upd("c", v0, delta=np.full(L, 1e3, np.float32))))
+    assert v1 is not None and "c" in v1.excluded
+    assert np.abs(v1.params - v0.params).max() < 1.0
