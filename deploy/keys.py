@@ -78,6 +78,9 @@ def acl_text(swarm: str, nodes: list[str]) -> str:
             f"topic read {root}/ack/{node}",
             f"topic write {root}/params/+",
             f"topic read {root}/params/{node}",
+            # sync = "async": a node writes only its own updates and reads the fleet's versions.
+            f"topic write {root}/async/up/{node}",
+            f"topic read {root}/async/version",
             "",
         ]
     return "\n".join(lines)
