@@ -1,0 +1,173 @@
+"""Asynchronous (FedBuff) versus synchronous rounds on the learning-quality split, with stragglers.
+
+The sklearn digits split of :mod:`tests.edgenode.learning` (4 members, non-IID, 90% of a class on
+its home member) and its compiled ``digits-mlp``. Every member trains ``local_steps`` SGD steps of
+the compiled training module per update; members differ in speed (``SPEEDS``: seconds of one
+local step, relative to the fastest) to simulate stragglers. Time is a simulated clock in units of
+one measured local step of the compiled model (so the figures do not depend on the shared
+machine's load); the training itself is real.
+
+* ``sync``: synchronous rounds as the ring's ``local-sgd`` mode runs them: every member trains
+  from the same parameters, the sample-weighted mean of the members' parameters is the next
+  version; a round lasts as long as its slowest member.
+* ``async``: each member, as soon as it is done, takes the newest version, trains, and sends its
+  update to the real :class:`federation.asyncbuf.Buffer` (encoded, admitted, aggregated as the
+  aggregator does it); ``buffer`` updates make a version, older than ``max_staleness`` are refused.
+
+Run: ``PYTHONPATH=$PWD TVM_NUM_THREADS=1 .venv/bin/python -m tests.edgenode.learning_async ARTIFACT_DIR``
+(BENCHMARKS.md "asynchronous rounds").
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from federation.asyncagg import initial_version
+from federation.asyncbuf import Buffer, Refused, Update, encode_update
+from tests.edgenode.learning import N_NODES, accuracy, load_split, non_iid_shards
+
+SPEEDS = (1.0, 1.0, 2.0, 5.0)  # member 3 is 5x slower than members 0 and 1
+
+
+@dataclass
+class Result:
+    mode: str
+    versions: int
+    updates: int
+    refused: int
+    acc: float
+    sim_s: float
+    to_90_s: float | None  # simulated seconds until test accuracy first reached 90%
+
+
+class Flat:
+    """Flattens the model's parameter list to one float32 vector and back."""
+
+    def __init__(self, params: list[np.ndarray]) -> None:
+        self.shapes = [np.shape(p) for p in params]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+
+    def flat(self, params: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate([np.asarray(p, np.float32).ravel() for p in params])
+
+    def unflat(self, v: np.ndarray) -> list[np.ndarray]:
+        out, a = [], 0
+        for s, n in zip(self.shapes, self.sizes, strict=True):
+            out.append(np.array(v[a:a + n], np.float32).reshape(s))
+            a += n
+        return out
+
+
+def local_train(tr: Any, params: list[np.ndarray], x: np.ndarray, y: np.ndarray, steps: int, lr: float,
+                rng: np.random.Generator) -> list[np.ndarray]:
+    state = tr.init_state(params)
+    for _ in range(steps):
+        idx = rng.choice(len(y), tr.batch, replace=len(y) < tr.batch)
+        _, g = tr.loss_and_grad(params, x[idx], y[idx])
+        params, state = tr.apply(params, g, state, lr=lr)
+    return params
+
+
+def run_sync(art, data, *, budget: float, local_steps: int, lr: float, step_s: float) -> Result:
+    xtr, xte, ytr, yte, shards = data
+    flat = Flat(art.params)
+    g = flat.flat(art.params)
+    rngs = [np.random.default_rng(100 + k) for k in range(N_NODES)]
+    w = np.array([len(s) for s in shards], np.float64)
+    t, rounds, to90 = 0.0, 0, None
+    round_s = max(SPEEDS) * local_steps * step_s
+    while t + round_s <= budget:
+        trained = [flat.flat(local_train(art.trainer, flat.unflat(g), xtr[s], ytr[s], local_steps, lr, rngs[k]))
+                   for k, s in enumerate(shards)]
+        g = (np.tensordot(w, np.stack(trained).astype(np.float64), 1) / w.sum()).astype(np.float32)
+        t += round_s
+        rounds += 1
+        if to90 is None and accuracy(art, flat.unflat(g), xte, yte) >= 0.9:
+            to90 = t
+    return Result("sync (local-sgd ring)", rounds, rounds * N_NODES, 0, accuracy(art, flat.unflat(g), xte, yte),
+                  t, to90)
+
+
+def run_async(art, data, *, budget: float, local_steps: int, lr: float, step_s: float, buffer: int,
+              max_staleness: int) -> Result:
+    xtr, xte, ytr, yte, shards = data
+    flat = Flat(art.params)
+    buf = Buffer(initial_version(flat.flat(art.params)), buffer=buffer, max_staleness=max_staleness)
+    rngs = [np.random.default_rng(100 + k) for k in range(N_NODES)]
+    # (time the member finishes, member, the version it trained from)
+    events = [(SPEEDS[k] * local_steps * step_s, k, buf.current) for k in range(N_NODES)]
+    heapq.heapify(events)
+    updates = refused = 0
+    to90, t = None, 0.0
+    waiting: list[int] = []  # members whose update waits in the buffer: they train again from the next version
+    while events:
+        t, k, base = heapq.heappop(events)
+        if t > budget:
+            break
+        s = shards[k]
+        trained = flat.flat(local_train(art.trainer, flat.unflat(base.params), xtr[s], ytr[s], local_steps, lr,
+                                        rngs[k]))
+        u = Update(f"m{k}", base.version, base.sha256, len(s), trained - base.params)
+        try:
+            nxt = buf.admit(f"m{k}", encode_update(u))
+            updates += 1
+        except Refused:
+            refused += 1
+            nxt = None
+        if nxt is None and f"m{k}" in buf.pending:
+            waiting.append(k)  # as AsyncMember does: one update per version it holds
+            continue
+        if nxt is not None:
+            if to90 is None and accuracy(art, flat.unflat(nxt.params), xte, yte) >= 0.9:
+                to90 = t
+            for j in waiting:
+                heapq.heappush(events, (t + SPEEDS[j] * local_steps * step_s, j, nxt))
+            waiting.clear()
+        heapq.heappush(events, (t + SPEEDS[k] * local_steps * step_s, k, buf.current))
+    return Result(f"async K={buffer} S={max_staleness}", buf.current.version, updates, refused,
+                  accuracy(art, flat.unflat(buf.current.params), xte, yte), min(t, budget), to90)
+
+
+def step_seconds(art, x, y) -> float:
+    tr = art.trainer
+    params = [np.array(p) for p in art.params]
+    idx = np.arange(tr.batch)
+    tr.loss_and_grad(params, x[idx], y[idx])
+    t0 = time.perf_counter()
+    for _ in range(50):
+        _, g = tr.loss_and_grad(params, x[idx], y[idx])
+        tr.apply(params, g, tr.init_state(params), lr=0.1)
+    return (time.perf_counter() - t0) / 50
+
+
+def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float = 0.1) -> list[Result]:
+    from compiler import load_artifact
+
+    art = load_artifact(artifact_dir)
+    xtr, xte, ytr, yte = load_split()
+    data = (xtr, xte, ytr, yte, non_iid_shards(ytr))
+    step_s = step_seconds(art, xtr, ytr)
+    budget = rounds * max(SPEEDS) * local_steps * step_s  # the sync run's `rounds` rounds
+    print(f"one local step {step_s * 1e3:.2f} ms; speeds {SPEEDS}; {local_steps} local steps per update; "
+          f"budget {budget:.2f} s simulated", flush=True)
+    out = [run_sync(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s)]
+    for k, s in ((2, 4), (3, 4), (4, 8)):
+        out.append(run_async(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s,
+                             buffer=k, max_staleness=s))
+    print("| mode | versions | updates used | refused as stale | test accuracy | simulated s | s to 90% |")
+    print("|---|---|---|---|---|---|---|")
+    for r in out:
+        t90 = "never" if r.to_90_s is None else f"{r.to_90_s:.2f}"
+        print(f"| {r.mode} | {r.versions} | {r.updates} | {r.refused} | {r.acc:.2%} | {r.sim_s:.2f} | {t90} |")
+    return out
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), *[int(a) for a in sys.argv[2:3]])
