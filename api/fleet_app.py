@@ -11,6 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from api.errors import install_common_handlers
 from api.fleet.gate import FleetAuthGate, body_limit
 from api.fleet.routes import (
+    asyncrounds,
     auth,
     autorounds,
     enrollment,
@@ -54,7 +55,8 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
     app.state.settings = settings
     app.state.fleet = fleet
     app.state.stopping = asyncio.Event()
-    for r in (auth, nodes, rounds, autorounds, rollback, images, rollouts, enrollment, events, page):
+    for r in (auth, nodes, rounds, autorounds, asyncrounds, rollback, images, rollouts, enrollment, events,
+              page):
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_common_handlers(app)  # error bodies are {"error": ...}, as on the node

@@ -60,9 +60,11 @@ from federation.messages import (
     Validation,
     parse_command,
 )
+from federation.modes import SyncMode
 from federation.transport import Transport
 
 if TYPE_CHECKING:  # the signing stack (cryptography) loads only in a signed swarm
+    from edgenode.asyncrunner import AsyncRunner
     from edgenode.security import NodeAuth
 
 __all__ = ["EdgeNode"]
@@ -124,6 +126,7 @@ class EdgeNode:
         self._stopping = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._threshold_thread: threading.Thread | None = None
+        self.async_runner: AsyncRunner | None = None  # [training] sync = "async" (edgenode/asyncrunner.py)
         self._started = False
         self._last_status = 0.0
         self.facts = DeviceFacts(config.data_dir)
@@ -398,6 +401,11 @@ class EdgeNode:
                 link.subscribe(runner.cfg.topic, runner.on_message, inline=True)
         if self._transport is not None:
             self._connect_rounds(self._transport)
+        if self._link is not None and self.config.training.sync == SyncMode.ASYNC:
+            from edgenode.asyncrunner import AsyncRunner
+
+            self.async_runner = AsyncRunner(self.rounds.parts, self._link)
+            self.async_runner.start()
         if self.anomaly is not None:
             self._refit.set()
             self._threshold_thread = threading.Thread(target=self._threshold_loop,
@@ -457,6 +465,9 @@ class EdgeNode:
         self._started = False
         self._stopping.set()
         self.rounds.stop(timeout)
+        if self.async_runner is not None:
+            self.async_runner.stop(timeout)
+            self.async_runner = None
         if self._heartbeat is not None:
             self._heartbeat.join(timeout)
         if self._threshold_thread is not None:

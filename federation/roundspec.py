@@ -53,6 +53,10 @@ class RoundSpec(RoundSettings):
     def _round_work(self) -> RoundSpec:
         # The local compute a command can ask for is bounded too (an unset local_steps is the
         # node's own choice, from its own config).
+        if self.sync == SyncMode.ASYNC:
+            raise ValueError("sync 'async' has no rounds: an async swarm trains whenever its members are "
+                             "online (set [training] sync = \"async\" on the nodes); use 'gradient' or "
+                             "'local-sgd' for a round")
         if self.steps * (self.local_steps or 1) > b.ROUND_WORK_MAX:
             raise ValueError(f"steps x local_steps = {self.steps * (self.local_steps or 1)} exceeds "
                              f"{b.ROUND_WORK_MAX}: run fewer steps or fewer local steps per step")
@@ -94,6 +98,8 @@ def resolve(spec: RoundSpec, defaults: RoundDefaults | None = None) -> ResolvedR
     chosen = d.model_dump(include=set(RoundSettings.model_fields)) | given
     return ResolvedRound(
         steps=spec.steps, lr=None if chosen["lr"] is None else float(chosen["lr"]),
-        sync=SyncMode(chosen["sync"]), local_steps=int(chosen["local_steps"]),
+        # an async node asked into a round (by a command that leaves sync unset) takes part in local-sgd
+        sync=SyncMode.LOCAL_SGD if chosen["sync"] == SyncMode.ASYNC else SyncMode(chosen["sync"]),
+        local_steps=int(chosen["local_steps"]),
         compression=Compression(chosen["compression"]), step_timeout_s=float(chosen["step_timeout_s"]),
         aggregation=Aggregation(chosen["aggregation"]), outlier_factor=float(chosen["outlier_factor"]))

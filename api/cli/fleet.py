@@ -56,13 +56,26 @@ def fleet(
     keyring: Path | None = typer.Option(None, "--keyring",
                                         help="The swarm keyring (deploy/keys.py: keyring.json); with --key, "
                                         "unsigned or forged member messages are dropped."),
+    async_params: Path | None = typer.Option(None, "--async-params", help="Aggregate asynchronous rounds "
+                                             "(nodes with [training] sync = \"async\"), starting from this "
+                                             "artifact directory's parameters (version 0)."),
+    async_buffer: int = typer.Option(4, "--async-buffer", min=1, max=256,
+                                     help="Async: updates per new version (K)."),
+    async_max_staleness: int = typer.Option(4, "--async-max-staleness", min=0, max=1000,
+                                            help="Async: refuse updates more than this many versions behind (S)."),
 ) -> None:
     """Run the fleet service: node registry, training rounds, event stream and dashboard."""
     if (key is None) != (keyring is None):
         raise FleetError("--key and --keyring go together", hint="make both with python -m deploy.keys")
     settings = _settings(broker=broker, port=port, token=token, host=host, swarm=swarm_id,
                          tls_ca=str(tls_ca) if tls_ca else None, db=str(db) if db else None,
-                         key_file=str(key) if key else None, keyring_file=str(keyring) if keyring else None)
+                         key_file=str(key) if key else None, keyring_file=str(keyring) if keyring else None,
+                         **({"async_params": str(async_params), "async_buffer": async_buffer,
+                             "async_max_staleness": async_max_staleness} if async_params else {}))
+    if settings.async_params:  # a bad path is a one-line error now, not a failed start later
+        from api.fleet.asyncrounds import load_version0
+
+        load_version0(settings.async_params)
     if not settings.token:
         settings = settings.model_copy(update={"token": secrets.token_urlsafe(18)})
         typer.echo(f"operator token (generated): {settings.token}")

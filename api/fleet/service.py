@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 
+from api.fleet.asyncrounds import start_aggregator
 from api.fleet.autorounds import AutoRoundPolicy, AutoRounds
 from api.fleet.enrollment import EnrollmentManager, device_broker_url
 from api.fleet.events import EventBus, EventType
@@ -34,6 +35,7 @@ from api.fleet.rounds import (
 )
 from api.fleet.settings import FleetSettings
 from federation import grants, topics
+from federation.asyncagg import Aggregator
 from federation.auth import Keyring, Reject
 from federation.messages import EventKind, NodeState, parse_event, parse_status
 from federation.signed import Identity, SignedLink, load_identity
@@ -110,6 +112,7 @@ class FleetService:
         self._round_seq = 0  # bumped by every published round state (see round_view)
         self._ticker: threading.Thread | None = None
         self._ident: Identity | None = None
+        self.aggregator: Aggregator | None = None  # async rounds (settings.async_params)
         self.enrollment = EnrollmentManager(
             settings.db_path(), swarm=settings.swarm, broker_url=device_broker_url(settings),
             identity=None, keyring_file=settings.keyring_file, publish=self._publish_retained, clock=clock)
@@ -131,12 +134,17 @@ class FleetService:
         self.enrollment.publish_keyring()  # members that missed an update get it (retained)
         self._link.subscribe(topics.status_all(self.settings.swarm), self._on_status)
         self._link.subscribe(topics.round_events_all(self.settings.swarm), self._on_event)
+        if self.settings.async_params:
+            self.aggregator = start_aggregator(self.settings, self._link)
         self._stop.clear()
         self._ticker = threading.Thread(target=self._tick_loop, name="fleet-ticker", daemon=True)
         self._ticker.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.aggregator is not None:
+            self.aggregator.close()
+            self.aggregator = None
         if self._ticker:
             self._ticker.join(timeout=2)
         if self._link is not None:

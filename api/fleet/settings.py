@@ -67,6 +67,15 @@ class FleetSettings(BaseSettings):
     device_broker: str = ""
     dynsec_admin: str = Field(default="", repr=False)
 
+    # Asynchronous rounds (federation/PROTOCOL.md section 12): with async_params set (an artifact
+    # directory or its params.npz: version 0, the parameters the nodes' images ship), the fleet
+    # aggregates the updates of nodes running [training] sync = "async": a new version every
+    # async_buffer updates, updates more than async_max_staleness versions behind refused.
+    async_params: str = ""
+    async_buffer: int = Field(default=4, ge=1, le=256)
+    async_max_staleness: int = Field(default=4, ge=0, le=1000)
+    async_refresh_s: float = Field(default=20.0, gt=0, le=50)  # < the signatures' 60 s freshness
+
     def db_path(self) -> Path:
         """Where the fleet keeps its durable state (``db``, or a per-swarm file in the user data dir)."""
         if self.db:

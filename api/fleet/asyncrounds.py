@@ -1,0 +1,40 @@
+"""The fleet as the aggregator of asynchronous rounds (federation/PROTOCOL.md section 12).
+
+Version 0 is read from the artifact's ``params.npz`` (keys ``p0000``.. in manifest order, the
+order a node flattens its parameters in) with numpy alone: the fleet loads no compiler.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from api.fleet.errors import FleetError
+from api.fleet.settings import FleetSettings
+from federation.asyncagg import Aggregator, initial_version
+from federation.transport import PubSubLink
+
+__all__ = ["load_version0", "start_aggregator"]
+
+
+def load_version0(path: str | Path) -> np.ndarray:
+    """The flat float32 parameters of an artifact directory (or its params.npz)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "params.npz"
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            keys = sorted(k for k in z.files if k.startswith("p"))
+            if not keys:
+                raise ValueError("no parameters p0000.. in it")
+            return np.concatenate([np.asarray(z[k], np.float32).ravel() for k in keys])
+    except (OSError, ValueError) as exc:
+        raise FleetError(f"cannot read async version 0 from {p}: {exc}",
+                         hint="point async_params at the artifact directory the nodes run") from None
+
+
+def start_aggregator(settings: FleetSettings, link: PubSubLink) -> Aggregator:
+    v0 = initial_version(load_version0(settings.async_params))
+    return Aggregator(link, v0, buffer=settings.async_buffer, max_staleness=settings.async_max_staleness,
+                      refresh_s=settings.async_refresh_s).start()

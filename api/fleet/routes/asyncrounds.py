@@ -1,0 +1,21 @@
+"""GET /api/async: the asynchronous rounds' versions (federation/PROTOCOL.md section 12)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from api.fleet.auth import Authenticated
+from api.fleet.deps import Service
+
+router = APIRouter(prefix="/api", tags=["async"])
+
+
+@router.get("/async")
+def get_async(_: Authenticated, fleet: Service) -> dict:
+    """The current global version (number, sha256), the buffer's fill and bounds, the refused
+    updates by reason and the recent versions with their contributors; 404 when this fleet does
+    not aggregate asynchronous rounds."""
+    if fleet.aggregator is None:
+        raise HTTPException(404, detail="this swarm runs no asynchronous rounds (start the fleet with "
+                                        "async_params: FRACTAL_FLEET_ASYNC_PARAMS or --async-params)")
+    return fleet.aggregator.status()
