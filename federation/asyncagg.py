@@ -40,7 +40,7 @@ from federation.asyncbuf import (
     encode_version,
     params_sha256,
 )
-from federation.transport import PubSubLink
+from federation.transport import PubSubLink, Subscription
 
 __all__ = ["Aggregator", "AsyncMember", "VersionRecord", "initial_version"]
 
@@ -82,7 +82,7 @@ class Aggregator:
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._sub = None
+        self._sub: Subscription | None = None
         self._refresher: threading.Thread | None = None
 
     @property
@@ -156,7 +156,7 @@ class AsyncMember:
         self.current: Version | None = None
         self.refused: Counter[str] = Counter()
         self._cond = threading.Condition()
-        self._sub = None
+        self._sub: Subscription | None = None
 
     def start(self) -> AsyncMember:
         self._sub = self.link.subscribe(topics.async_version(self.link.swarm), self._on_version)

@@ -62,7 +62,8 @@ def fleet(
     async_buffer: int = typer.Option(4, "--async-buffer", min=1, max=256,
                                      help="Async: updates per new version (K)."),
     async_max_staleness: int = typer.Option(4, "--async-max-staleness", min=0, max=1000,
-                                            help="Async: refuse updates more than this many versions behind (S)."),
+                                            help="Async: refuse updates more than this many versions "
+                                            "behind (S)."),
 ) -> None:
     """Run the fleet service: node registry, training rounds, event stream and dashboard."""
     if (key is None) != (keyring is None):

@@ -84,15 +84,15 @@ def run_sync(art, data, *, budget: float, local_steps: int, lr: float, step_s: f
     t, rounds, to90 = 0.0, 0, None
     round_s = max(SPEEDS) * local_steps * step_s
     while t + round_s <= budget:
-        trained = [flat.flat(local_train(art.trainer, flat.unflat(g), xtr[s], ytr[s], local_steps, lr, rngs[k]))
-                   for k, s in enumerate(shards)]
+        trained = [flat.flat(local_train(art.trainer, flat.unflat(g), xtr[s], ytr[s], local_steps, lr,
+                                         rngs[k])) for k, s in enumerate(shards)]
         g = (np.tensordot(w, np.stack(trained).astype(np.float64), 1) / w.sum()).astype(np.float32)
         t += round_s
         rounds += 1
         if to90 is None and accuracy(art, flat.unflat(g), xte, yte) >= 0.9:
             to90 = t
-    return Result("sync (local-sgd ring)", rounds, rounds * N_NODES, 0, accuracy(art, flat.unflat(g), xte, yte),
-                  t, to90)
+    acc = accuracy(art, flat.unflat(g), xte, yte)
+    return Result("sync (local-sgd ring)", rounds, rounds * N_NODES, 0, acc, t, to90)
 
 
 def run_async(art, data, *, budget: float, local_steps: int, lr: float, step_s: float, buffer: int,
@@ -106,14 +106,14 @@ def run_async(art, data, *, budget: float, local_steps: int, lr: float, step_s: 
     heapq.heapify(events)
     updates = refused = 0
     to90, t = None, 0.0
-    waiting: list[int] = []  # members whose update waits in the buffer: they train again from the next version
+    waiting: list[int] = []  # members whose update is in the buffer: they train again from the next version
     while events:
         t, k, base = heapq.heappop(events)
         if t > budget:
             break
         s = shards[k]
-        trained = flat.flat(local_train(art.trainer, flat.unflat(base.params), xtr[s], ytr[s], local_steps, lr,
-                                        rngs[k]))
+        start = flat.unflat(base.params)
+        trained = flat.flat(local_train(art.trainer, start, xtr[s], ytr[s], local_steps, lr, rngs[k]))
         u = Update(f"m{k}", base.version, base.sha256, len(s), trained - base.params)
         try:
             nxt = buf.admit(f"m{k}", encode_update(u))
@@ -165,7 +165,8 @@ def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float 
     print("|---|---|---|---|---|---|---|")
     for r in out:
         t90 = "never" if r.to_90_s is None else f"{r.to_90_s:.2f}"
-        print(f"| {r.mode} | {r.versions} | {r.updates} | {r.refused} | {r.acc:.2%} | {r.sim_s:.2f} | {t90} |")
+        print(f"| {r.mode} | {r.versions} | {r.updates} | {r.refused} | {r.acc:.2%} | {r.sim_s:.2f} "
+              f"| {t90} |")
     return out
 
 

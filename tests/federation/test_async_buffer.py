@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from federation.asyncagg import initial_version
 from federation.asyncbuf import (
     Buffer,
     Refusal,
@@ -18,7 +19,6 @@ from federation.asyncbuf import (
     encode_version,
     staleness_weight,
 )
-from federation.asyncagg import initial_version
 
 L = 64
 
@@ -28,7 +28,9 @@ def _v0():
 
 
 def _upd(member, base, delta=None, samples=10, seed=1):
-    d = delta if delta is not None else np.random.default_rng(seed).standard_normal(L).astype(np.float32) * 0.1
+    if delta is None:
+        delta = np.random.default_rng(seed).standard_normal(L).astype(np.float32) * 0.1
+    d = delta
     return Update(member, base.version, base.sha256, samples, d)
 
 

@@ -29,7 +29,8 @@ def _flat_sha(node) -> str:
     return hashlib.sha256(flatten(node.model.snapshot.params).astype("<f4").tobytes()).hexdigest()
 
 
-def test_async_swarm_nodes_join_late_and_agree(make_fleet, node_factory, digits_artifact, digits_data, tmp_path):
+def test_async_swarm_nodes_join_late_and_agree(make_fleet, node_factory, digits_artifact, digits_data,
+                                               tmp_path):
     x, y = digits_data
     keys = tmp_path / "keys"
     swarm = f"as{int(time.time() * 1000) % 10**8}"
