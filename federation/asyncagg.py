@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -41,12 +42,23 @@ from federation.asyncbuf import (
     params_sha256,
 )
 from federation.transport import PubSubLink, Subscription
+from fractal.files import atomic_write
 
 __all__ = ["Aggregator", "AsyncMember", "VersionRecord", "initial_version"]
 
 log = logging.getLogger(__name__)
 
 HISTORY_MAX = 1000  # versions the aggregator remembers for the fleet API
+
+
+def _load_state(path: Path | None, size: int) -> Version | None:
+    if path is None or not path.exists():
+        return None
+    try:
+        return decode_version(path.read_bytes(), size=size)
+    except (OSError, Refused) as exc:
+        log.error("async: ignoring the saved version in %s: %s", path, exc)
+        return None
 
 
 def initial_version(params: np.ndarray) -> Version:
@@ -71,14 +83,21 @@ class Aggregator:
 
     def __init__(self, link: PubSubLink, initial: Version, *, buffer: int, max_staleness: int,
                  outlier_factor: float = 10.0, server_lr: float = 1.0, refresh_s: float = 20.0,
-                 on_version: Callable[[Version], None] | None = None) -> None:
+                 on_version: Callable[[Version], None] | None = None, state_path: Path | None = None) -> None:
         self.link = link
         self.swarm = link.swarm
+        # The current version survives a restart: nodes never go back, so an aggregator that
+        # restarted at version 0 would refuse every update as from the future.
+        self.state_path = state_path
+        saved = _load_state(state_path, initial.params.size)
+        if saved is not None and saved.version > initial.version:
+            log.info("async: resuming at version %d from %s", saved.version, state_path)
+            initial = saved
         self.buf = Buffer(initial, buffer=buffer, max_staleness=max_staleness,
                           outlier_factor=outlier_factor, server_lr=server_lr)
         self.refresh_s = refresh_s
         self.on_version = on_version
-        self.history: list[VersionRecord] = [VersionRecord(0, initial.sha256, time.time(), [], {})]
+        self.history = [VersionRecord(initial.version, initial.sha256, time.time(), [], {})]
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -125,6 +144,8 @@ class Aggregator:
                 [{"member": c.member, "base": c.base, "samples": c.samples, "staleness": c.staleness,
                   "weight": c.weight} for c in nxt.contributions], dict(nxt.excluded)))
             del self.history[:-HISTORY_MAX]
+            if self.state_path is not None:  # durable before anyone can commit it
+                atomic_write(self.state_path, encode_version(nxt))
             self._publish(nxt)
         log.info("async version %d published (%d updates)", nxt.version, len(nxt.contributions))
         if self.on_version is not None:

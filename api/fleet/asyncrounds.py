@@ -36,5 +36,7 @@ def load_version0(path: str | Path) -> np.ndarray:
 
 def start_aggregator(settings: FleetSettings, link: PubSubLink) -> Aggregator:
     v0 = initial_version(load_version0(settings.async_params))
+    state = settings.db_path()
     return Aggregator(link, v0, buffer=settings.async_buffer, max_staleness=settings.async_max_staleness,
-                      refresh_s=settings.async_refresh_s).start()
+                      refresh_s=settings.async_refresh_s,
+                      state_path=state.with_name(state.name + ".async-version")).start()

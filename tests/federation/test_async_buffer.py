@@ -136,3 +136,48 @@ def test_outlier_is_left_out_of_the_version():
     v1 = buf.admit("c", encode_update(_upd("c", v0, delta=np.full(L, 1e3, np.float32))))
     assert v1 is not None and "c" in v1.excluded
     assert np.abs(v1.params - v0.params).max() < 1.0
+
+
+class _Link:
+    """A pub/sub link in memory: what the aggregator publishes, and its subscription's callback."""
+
+    swarm = "s"
+
+    def __init__(self):
+        self.published, self.callbacks = [], {}
+
+    def publish(self, topic, payload, *, retain=False, qos=1):
+        self.published.append((topic, bytes(payload), retain))
+
+    def subscribe(self, filter, callback, **kw):
+        self.callbacks[filter] = callback
+
+        class _Sub:
+            def cancel(self):
+                pass
+
+        return _Sub()
+
+
+def test_aggregator_resumes_its_version_after_a_restart(tmp_path):
+    from federation import topics
+    from federation.asyncagg import Aggregator
+
+    v0, state = _v0(), tmp_path / "fleet.async-version"
+    link = _Link()
+    agg = Aggregator(link, v0, buffer=1, max_staleness=2, refresh_s=0, state_path=state).start()
+    deliver = link.callbacks[topics.async_updates_all("s")]
+    deliver(topics.async_update("s", "a"), encode_update(_upd("a", v0)))
+    deliver(topics.async_update("s", "junk"), b"junk")  # refused, counted, nothing raised
+    assert agg.current.version == 1 and agg.status()["refused"] == {"malformed": 1}
+    assert link.published[-1][0] == topics.async_version("s") and link.published[-1][2]  # retained
+    v1 = agg.current
+    agg.close()
+    # a restarted fleet starts from its version 1, not from version 0 (which every node is past)
+    link2 = _Link()
+    agg2 = Aggregator(link2, v0, buffer=1, max_staleness=2, refresh_s=0, state_path=state).start()
+    assert agg2.current.sha256 == v1.sha256 and agg2.current.version == 1
+    assert decode_version(link2.published[0][1]).version == 1
+    deliver2 = link2.callbacks[topics.async_updates_all("s")]
+    deliver2(topics.async_update("s", "b"), encode_update(_upd("b", v1)))
+    assert agg2.current.version == 2
