@@ -79,6 +79,9 @@ class SwarmOptions:
     sysroot: Path | None = None  # default: CACHE_DIR/sysroot-aarch64 (made by `make sysroot`)
     riscv_sysroot: Path | None = None  # default: CACHE_DIR/sysroot-riscv64 (`make sysroot-riscv64`)
     scenario: str = "digits"  # or "vibration" (deploy/vibration_scenario.py)
+    # asynchronous rounds (federation/PROTOCOL.md section 12): the nodes run [training] sync =
+    # "async" and the fleet aggregates every async_buffer updates; 0: synchronous rounds
+    async_buffer: int = 0
     vibration: ScenarioOptions = field(default_factory=ScenarioOptions)
 
     def model(self) -> tuple[str, dict[str, Any]]:
@@ -224,7 +227,8 @@ def start_demo_broker() -> Broker:
 
 
 def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, data_dir: Path, broker: str,
-                       swarm: str, token: str, keys: Path, site: str | None = None, extra: str = "") -> None:
+                       swarm: str, token: str, keys: Path, site: str | None = None, extra: str = "",
+                       sync: str = "gradient") -> None:
     # Written by hand: the demo's NODE.toml doubles as a readable example of the format.
     path.write_text(
         f'node_id = "{node_id}"\n'
@@ -240,7 +244,7 @@ def _write_node_config(path: Path, *, node_id: str, artifact: Path, port: int, d
         + ("# its site: rounds across sites are hierarchical (federation/PROTOCOL.md section 10)\n"
            f'site = "{site}"\n' if site else "")
         + "\n[training]\n"
-        'sync = "gradient"\n'
+        f'sync = "{sync}"\n'
         "step_timeout_s = 30.0\n"
         + ('isolation = "thread"  # hierarchical rounds run on the round thread in this release\n'
            if site else "")
@@ -329,7 +333,8 @@ class Swarm:
             _write_node_config(cfg, node_id=node_id, artifact=artifacts[arch], port=port,
                                data_dir=self.workdir / "data" / node_id, broker=broker,
                                swarm=self.opts.swarm, token=self.token, keys=self.keys, site=site,
-                               extra=_scenario_toml(machines[i], self.opts.swarm) if machines else "")
+                               extra=_scenario_toml(machines[i], self.opts.swarm) if machines else "",
+                               sync="async" if self.opts.async_buffer else "gradient")
             if arch in launchers:
                 prefix, env = launchers[arch]
                 argv = [*prefix, "node", "--config", str(cfg)]
@@ -461,6 +466,8 @@ class SwarmFleet:
     key_file: str
     keyring_file: str
     db: str
+    async_params: str = ""  # the artifact (version 0) when the fleet aggregates async rounds
+    async_buffer: int = 4
 
 
 # Runs the fleet service until Ctrl-C; calls ready(history database path) once it listens. The
@@ -504,7 +511,9 @@ def run_swarm(opts: SwarmOptions, serve_fleet: ServeFleet) -> None:
         # the demo keeps its fleet history with its nodes (FRACTAL_FLEET_DB overrides)
         fleet = SwarmFleet(broker_url=swarm.broker_url, swarm=opts.swarm, host=opts.host, port=opts.port,
                            token=token, key_file=str(swarm.keys / "keys" / "fleet.key"),
-                           keyring_file=str(swarm.keys / "keyring.json"), db=str(workdir / "fleet.sqlite"))
+                           keyring_file=str(swarm.keys / "keyring.json"), db=str(workdir / "fleet.sqlite"),
+                           async_params=str(artifacts["host"]) if opts.async_buffer else "",
+                           async_buffer=opts.async_buffer or 4)
 
         def banner(db_path: str) -> None:
             url = f"http://{opts.host}:{opts.port}/"

@@ -127,6 +127,9 @@ def swarm(
                                          "(smaller is subtler)."),
     min_samples: int = typer.Option(150, "--min-samples", min=1, help="vibration: new windows every node "
                                     "holds before the fleet starts a round."),
+    async_buffer: int = typer.Option(0, "--async", min=0, max=256, help="Asynchronous rounds: the nodes "
+                                     "train whenever they have samples and the fleet makes a new version "
+                                     "every N updates (GET /api/async); 0: synchronous rounds."),
 ) -> None:
     """The demo: a broker, N edge nodes fed by simulated sensors, and the fleet dashboard."""
     from api.fleet.serve import check_port_free
@@ -139,10 +142,13 @@ def swarm(
         raise FleetError("--scenario vibration runs on one broker", hint="leave out --sites")
     if sites > 1 and broker:
         raise FleetError("--sites starts its own brokers", hint="leave out --broker")
+    if async_buffer and (sites > 1 or scenario is Scenario.VIBRATION):
+        raise FleetError("--async runs the digits scenario on one broker",
+                         hint="leave out --sites and --scenario")
     opts = SwarmOptions(nodes=nodes, sites=sites, emulate_arm=emulate_arm, emulate_riscv=emulate_riscv,
                         port=port, broker=broker, token=token, workdir=workdir, cache_dir=cache_dir,
                         feed_rate=feed_rate, sysroot=sysroot, riscv_sysroot=riscv_sysroot,
-                        scenario=scenario.value,
+                        scenario=scenario.value, async_buffer=async_buffer,
                         vibration=ScenarioOptions(speed=speed, round_every_s=round_every,
                                                   round_steps=round_steps, round_lr=round_lr,
                                                   min_samples=min_samples, fault_severity=fault_severity))
@@ -156,7 +162,8 @@ def _serve_swarm_fleet(fleet: SwarmFleet, ready: Callable[[str], None]) -> None:
     from api.fleet.settings import FleetSettings
 
     settings = FleetSettings(broker=fleet.broker_url, swarm=fleet.swarm, host=fleet.host, port=fleet.port,
-                             token=fleet.token, key_file=fleet.key_file, keyring_file=fleet.keyring_file)
+                             token=fleet.token, key_file=fleet.key_file, keyring_file=fleet.keyring_file,
+                             async_params=fleet.async_params, async_buffer=fleet.async_buffer)
     if not settings.db:
         settings = settings.model_copy(update={"db": fleet.db})
     serve_fleet(settings, ready=lambda: ready(str(settings.db_path())))

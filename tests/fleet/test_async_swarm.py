@@ -59,7 +59,7 @@ def test_async_swarm_nodes_join_late_and_agree(make_fleet, node_factory, digits_
     final = agg.current
     _wait(lambda: all(n.model_version == final.version for n in nodes), 30, "every node at the last version")
     assert {_flat_sha(n) for n in nodes} == {final.sha256}
-    assert len({n.params_sha256 for n in nodes}) == 1
+    assert {n.params_sha256 for n in nodes} == {final.sha256}  # the node's own hash: the same bytes
     assert np.isfinite(final.params).all()
     late = [c for r in agg.history for c in r.contributors if c["member"] == ids[2]]
     assert min(c["base"] for c in late) >= 1
@@ -71,3 +71,44 @@ def test_async_swarm_nodes_join_late_and_agree(make_fleet, node_factory, digits_
     # rounds stay synchronous: sync "async" is not a round's mode
     r = fleet.client.post("/api/rounds", json={"steps": 1, "sync": "async"})
     assert r.status_code == 422 and "async" in r.text
+
+
+@pytest.mark.slow
+def test_fractal_swarm_async_real_processes(tmp_path_factory):
+    """`fractal swarm --nodes 3 --async 2`: three node processes fed by their sensors train
+    asynchronously, the fleet process publishes versions, and every node seen at a version holds
+    exactly the bytes the fleet published for it (the node's params_sha256 and the version's sha256
+    hash the same float32 bytes)."""
+    import httpx
+
+    from tests.fleet.swarm_proc import assert_no_orphans, start_swarm
+    from tests.fleet.test_swarm_e2e import _node_urls
+
+    sp = start_swarm(3, tmp_path_factory.getbasetemp() / "swarm-cache", "async-token", extra=("--async", "2"))
+    try:
+        urls = _node_urls(sp)
+        auth = {"Authorization": "Bearer async-token"}
+        seen: dict[int, set[str]] = {}
+        with httpx.Client(timeout=10, headers=auth) as c:
+            deadline = time.monotonic() + 120
+            while True:
+                for url in urls.values():
+                    info = c.get(url + "/v1/node").json()
+                    seen.setdefault(info["model_version"], set()).add(info["params_sha256"])
+                state = c.get(sp.base + "/api/async").json()
+                shared = [v for v, shas in seen.items() if v >= 1]
+                if state["version"] >= 3 and shared:
+                    break
+                assert time.monotonic() < deadline, (state, seen, sp.output()[-3000:])
+                time.sleep(0.3)
+        assert all(len(shas) == 1 for shas in seen.values()), seen
+        published = {v["version"]: v["sha256"] for v in state["versions"]}
+        matched = [v for v, shas in seen.items() if v >= 1 and v in published]
+        assert matched and all(seen[v] == {published[v]} for v in matched), (seen, published)
+        contributors = {c["member"] for v in state["versions"] for c in v["contributors"]}
+        assert len(contributors) >= 2, state
+        children = sp.descendants()
+    finally:
+        code = sp.interrupt()
+    assert code in (0, 130), sp.output()
+    assert_no_orphans(children)
