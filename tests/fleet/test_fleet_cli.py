@@ -68,6 +68,7 @@ def test_fleet_cli_bad_settings_are_one_line():
         (["--swarm", "bad id"], os.environ,
          "error: invalid setting swarm: Value error, invalid swarm id 'bad id'"),
         ([], env, "error: invalid setting round_start_timeout_s: Input should be greater than 0"),
+        (["--async-params", "/nope"], os.environ, "error: cannot read async version 0 from /nope"),
     ]:
         proc = subprocess.run([FRACTAL, "fleet", "--broker", "mqtt://127.0.0.1:1", "--token", "t", *argv],
                               capture_output=True, text=True, timeout=60, env=env_)
