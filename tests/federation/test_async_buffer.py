@@ -181,3 +181,11 @@ def test_aggregator_resumes_its_version_after_a_restart(tmp_path):
     deliver2 = link2.callbacks[topics.async_updates_all("s")]
     deliver2(topics.async_update("s", "b"), encode_update(_upd("b", v1)))
     assert agg2.current.version == 2
+
+
+def test_update_from_a_future_version_is_refused():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=1, max_staleness=5)
+    ahead = aggregate(v0, [_upd("x", v0)])  # a version 1 the aggregator never made
+    _refused(buf, "a", encode_update(_upd("a", ahead)), Refusal.FUTURE)
+    assert buf.current.version == 0
