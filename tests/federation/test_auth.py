@@ -226,6 +226,12 @@ def test_policy_table():
     assert not swarm_policy(ST1, "fleet", Role.FLEET)
     assert swarm_policy(topics.ack(SWARM, "node-2"), "node-1", Role.NODE)
     assert not swarm_policy("other/v1/x/cmd", "fleet", Role.FLEET)
+    # async rounds: a node publishes only its own updates; only the fleet publishes versions
+    assert swarm_policy(topics.async_update(SWARM, "node-1"), "node-1", Role.NODE)
+    assert not swarm_policy(topics.async_update(SWARM, "node-1"), "node-2", Role.NODE)
+    assert not swarm_policy(topics.async_update(SWARM, "node-1"), "fleet", Role.FLEET)
+    assert swarm_policy(topics.async_version(SWARM), "fleet", Role.FLEET)
+    assert not swarm_policy(topics.async_version(SWARM), "node-1", Role.NODE)
 
 
 def test_envelope_header_layout(swarm):
