@@ -30,7 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from federation import topics
+from federation.broker import MESSAGE_SIZE_LIMIT
 from federation.asyncbuf import (
+    HEADER_MAX,
     Buffer,
     Refusal,
     Refused,
@@ -41,14 +43,20 @@ from federation.asyncbuf import (
     encode_version,
     params_sha256,
 )
+from federation.errors import FederationError
 from federation.transport import PubSubLink, Subscription
 from fractal.files import atomic_write
 
-__all__ = ["Aggregator", "AsyncMember", "VersionRecord", "initial_version"]
+__all__ = ["Aggregator", "AsyncMember", "VersionRecord", "initial_version", "fits_one_message"]
 
 log = logging.getLogger(__name__)
 
 HISTORY_MAX = 1000  # versions the aggregator remembers for the fleet API
+
+
+def fits_one_message(size: int) -> bool:
+    """Whether a version of ``size`` parameters fits one MQTT message (with header and envelope)."""
+    return 4 * size + HEADER_MAX + 4096 <= MESSAGE_SIZE_LIMIT
 
 
 def _load_state(path: Path | None, size: int) -> Version | None:
@@ -84,6 +92,10 @@ class Aggregator:
     def __init__(self, link: PubSubLink, initial: Version, *, buffer: int, max_staleness: int,
                  outlier_factor: float = 10.0, server_lr: float = 1.0, refresh_s: float = 20.0,
                  on_version: Callable[[Version], None] | None = None, state_path: Path | None = None) -> None:
+        if not fits_one_message(initial.params.size):
+            raise FederationError(f"a model of {initial.params.size} parameters does not fit one "
+                                  f"{MESSAGE_SIZE_LIMIT >> 20} MiB version message",
+                                  hint="run synchronous rounds for this model")
         self.link = link
         self.swarm = link.swarm
         # The current version survives a restart: nodes never go back, so an aggregator that

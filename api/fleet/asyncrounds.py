@@ -12,7 +12,7 @@ import numpy as np
 
 from api.fleet.errors import FleetError
 from api.fleet.settings import FleetSettings
-from federation.asyncagg import Aggregator, initial_version
+from federation.asyncagg import Aggregator, fits_one_message, initial_version
 from federation.transport import PubSubLink
 
 __all__ = ["load_version0", "start_aggregator"]
@@ -28,10 +28,14 @@ def load_version0(path: str | Path) -> np.ndarray:
             keys = sorted(k for k in z.files if k.startswith("p"))
             if not keys:
                 raise ValueError("no parameters p0000.. in it")
-            return np.concatenate([np.asarray(z[k], np.float32).ravel() for k in keys])
+            params = np.concatenate([np.asarray(z[k], np.float32).ravel() for k in keys])
     except (OSError, ValueError) as exc:
         raise FleetError(f"cannot read async version 0 from {p}: {exc}",
                          hint="point async_params at the artifact directory the nodes run") from None
+    if not fits_one_message(params.size):
+        raise FleetError(f"the model in {p} ({params.size} parameters) is too large for asynchronous rounds "
+                         "(a version travels as one 2 MiB message)", hint="run synchronous rounds for it")
+    return params
 
 
 def start_aggregator(settings: FleetSettings, link: PubSubLink) -> Aggregator:

@@ -189,3 +189,11 @@ def test_update_from_a_future_version_is_refused():
     ahead = aggregate(v0, [_upd("x", v0)])  # a version 1 the aggregator never made
     _refused(buf, "a", encode_update(_upd("a", ahead)), Refusal.FUTURE)
     assert buf.current.version == 0
+
+
+def test_aggregator_refuses_a_model_too_large_for_one_message():
+    from federation.asyncagg import Aggregator
+    from federation.errors import FederationError
+
+    with pytest.raises(FederationError, match="does not fit"):
+        Aggregator(_Link(), initial_version(np.zeros(600_000, np.float32)), buffer=2, max_staleness=2)
