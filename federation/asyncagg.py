@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 from federation import topics
-from federation.broker import MESSAGE_SIZE_LIMIT
 from federation.asyncbuf import (
     HEADER_MAX,
     Buffer,
@@ -43,6 +42,7 @@ from federation.asyncbuf import (
     encode_version,
     params_sha256,
 )
+from federation.broker import MESSAGE_SIZE_LIMIT
 from federation.errors import FederationError
 from federation.transport import PubSubLink, Subscription
 from fractal.files import atomic_write
