@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 
@@ -29,10 +30,12 @@ log = logging.getLogger(__name__)
 class AsyncRunner:
     """Commits the swarm's versions and sends this node's updates (one thread)."""
 
-    def __init__(self, parts: RoundParts, link: PubSubLink, *, poll_s: float = 1.0) -> None:
+    def __init__(self, parts: RoundParts, link: PubSubLink, *, poll_s: float = 1.0,
+                 resend_s: float = 60.0) -> None:
         self.parts = parts
         self.node_id = parts.config.node_id
         self.poll_s = poll_s
+        self.resend_s = resend_s  # no new version this long after our update: send it again
         self._like = [np.asarray(p) for p in parts.model.snapshot.params]
         size = sum(int(p.size) for p in self._like)
         self.member = AsyncMember(link, self.node_id, size, on_commit=self._commit)
@@ -69,10 +72,14 @@ class AsyncRunner:
     def _loop(self) -> None:
         last_base = -1
         trainer = self.parts.trainer
+        sent_at = time.monotonic()
         while not self._stop.is_set():
             try:
                 base = self.member.wait_version(last_base + 1, timeout=self.poll_s)
             except TimeoutError:
+                if time.monotonic() - sent_at > self.resend_s:
+                    self.member.resend()
+                    sent_at = time.monotonic()
                 continue
             if trainer is None:
                 return  # an inference-only artifact follows the versions and never trains
@@ -88,6 +95,7 @@ class AsyncRunner:
                 log.warning("%s", self.last_error)
             else:
                 self.updates_sent += 1
+                sent_at = time.monotonic()
                 log.info("async update sent from version %d (%d samples)", base.version, len(samples))
             last_base = base.version
 

@@ -187,6 +187,7 @@ class AsyncMember:
         self.size = size
         self.on_commit = on_commit
         self.current: Version | None = None
+        self.last_update: bytes | None = None  # what resend() publishes again
         self.refused: Counter[str] = Counter()
         self._cond = threading.Condition()
         self._sub: Subscription | None = None
@@ -225,8 +226,16 @@ class AsyncMember:
         """Send ``trained - base.params`` as this member's update from ``base``."""
         delta = (np.asarray(trained, np.float32).ravel() - base.params).astype(np.float32)
         u = Update(self.member_id, base.version, base.sha256, int(samples), delta)
-        self.link.publish(topics.async_update(self.link.swarm, self.member_id), encode_update(u), qos=1)
+        self.last_update = encode_update(u)
+        self.resend()
         return u
+
+    def resend(self) -> None:
+        """Publish the last update again (newly signed). An aggregator that holds it ignores it;
+        one that restarted and lost its buffer takes it: without this the swarm would wait for a
+        version that the lost updates were to make."""
+        if self.last_update is not None:
+            self.link.publish(topics.async_update(self.link.swarm, self.member_id), self.last_update, qos=1)
 
     def close(self) -> None:
         if self._sub is not None:

@@ -25,7 +25,9 @@ to the transport, so a bad update never stalls the swarm):
 * STALE: ``current - base > max_staleness`` (or the base's hash is no longer known).
 * FORKED: the base hash differs from the aggregator's hash of that version.
 * REPLAYED: the member already had an update admitted from this base version or a newer one.
-* DUPLICATE: the member already has an update in this buffer (one update per member per buffer).
+* DUPLICATE: the member already has another update in this buffer (one update per member per
+  buffer). The very same update again is a member re-sending it (it heard of no new version for a
+  while: the aggregator may have restarted and lost its buffer) and changes nothing.
 * OUTLIER: the delta's norm exceeds ``outlier_factor`` x the median norm of the buffer
   (screened when the buffer is full, :func:`federation.robust.screen`); the rest still apply.
 """
@@ -257,6 +259,9 @@ class Buffer:
         filled. Raises :class:`Refused` (after counting it) for an update it will not use."""
         try:
             u = decode_update(payload, size=self.size)
+            held = self.pending.get(member)
+            if held is not None and held.base == u.base and np.array_equal(held.delta, u.delta):
+                return None  # a member re-sending the update it has in the buffer: nothing new
             self._check(member, u)
         except Refused as exc:
             self.refused[exc.why] = self.refused.get(exc.why, 0) + 1

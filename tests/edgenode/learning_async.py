@@ -75,11 +75,12 @@ def local_train(tr: Any, params: list[np.ndarray], x: np.ndarray, y: np.ndarray,
     return params
 
 
-def run_sync(art, data, *, budget: float, local_steps: int, lr: float, step_s: float) -> Result:
+def run_sync(art, data, *, budget: float, local_steps: int, lr: float, step_s: float,
+             seed: int = 0) -> Result:
     xtr, xte, ytr, yte, shards = data
     flat = Flat(art.params)
     g = flat.flat(art.params)
-    rngs = [np.random.default_rng(100 + k) for k in range(N_NODES)]
+    rngs = [np.random.default_rng(seed * 1000 + 100 + k) for k in range(N_NODES)]
     w = np.array([len(s) for s in shards], np.float64)
     t, rounds, to90 = 0.0, 0, None
     round_s = max(SPEEDS) * local_steps * step_s
@@ -96,11 +97,11 @@ def run_sync(art, data, *, budget: float, local_steps: int, lr: float, step_s: f
 
 
 def run_async(art, data, *, budget: float, local_steps: int, lr: float, step_s: float, buffer: int,
-              max_staleness: int) -> Result:
+              max_staleness: int, seed: int = 0) -> Result:
     xtr, xte, ytr, yte, shards = data
     flat = Flat(art.params)
     buf = Buffer(initial_version(flat.flat(art.params)), buffer=buffer, max_staleness=max_staleness)
-    rngs = [np.random.default_rng(100 + k) for k in range(N_NODES)]
+    rngs = [np.random.default_rng(seed * 1000 + 100 + k) for k in range(N_NODES)]
     # (time the member finishes, member, the version it trained from)
     events = [(SPEEDS[k] * local_steps * step_s, k, buf.current) for k in range(N_NODES)]
     heapq.heapify(events)
@@ -147,7 +148,8 @@ def step_seconds(art, x, y) -> float:
     return (time.perf_counter() - t0) / 50
 
 
-def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float = 0.1) -> list[Result]:
+def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float = 0.1,
+         seed: int = 0) -> list[Result]:
     from compiler import load_artifact
 
     art = load_artifact(artifact_dir)
@@ -157,10 +159,10 @@ def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float 
     budget = rounds * max(SPEEDS) * local_steps * step_s  # the sync run's `rounds` rounds
     print(f"one local step {step_s * 1e3:.2f} ms; speeds {SPEEDS}; {local_steps} local steps per update; "
           f"budget {budget:.2f} s simulated", flush=True)
-    out = [run_sync(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s)]
+    out = [run_sync(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s, seed=seed)]
     for k, s in ((2, 4), (3, 4), (4, 8)):
         out.append(run_async(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s,
-                             buffer=k, max_staleness=s))
+                             buffer=k, max_staleness=s, seed=seed))
     print("| mode | versions | updates used | refused as stale | test accuracy | simulated s | s to 90% |")
     print("|---|---|---|---|---|---|---|")
     for r in out:
@@ -171,4 +173,6 @@ def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float 
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), *[int(a) for a in sys.argv[2:3]])
+    # ARTIFACT_DIR [ROUNDS [SEED]]: SEED varies the members' batch sampling (0: the recorded table)
+    args = [int(a) for a in sys.argv[2:4]]
+    main(Path(sys.argv[1]), args[0] if args else 40, seed=args[1] if len(args) > 1 else 0)

@@ -197,3 +197,15 @@ def test_aggregator_refuses_a_model_too_large_for_one_message():
 
     with pytest.raises(FederationError, match="does not fit"):
         Aggregator(_Link(), initial_version(np.zeros(600_000, np.float32)), buffer=2, max_staleness=2)
+
+
+def test_a_resent_update_is_a_no_op_and_survives_a_lost_buffer():
+    v0 = _v0()
+    buf = Buffer(v0, buffer=2, max_staleness=5)
+    a = encode_update(_upd("a", v0, seed=1))
+    assert buf.admit("a", a) is None
+    assert buf.admit("a", a) is None and not buf.refused  # the same update again: nothing new
+    # the aggregator restarts (its buffer lost); a's resend and b's update make version 1
+    buf = Buffer(v0, buffer=2, max_staleness=5)
+    assert buf.admit("a", a) is None
+    assert buf.admit("b", encode_update(_upd("b", v0, seed=2))).version == 1
