@@ -2,10 +2,11 @@
 
 The sklearn digits split of :mod:`tests.edgenode.learning` (4 members, non-IID, 90% of a class on
 its home member) and its compiled ``digits-mlp``. Every member trains ``local_steps`` SGD steps of
-the compiled training module per update; members differ in speed (``SPEEDS``: seconds of one
+the compiled training module per update; members differ in speed (``SPEEDS``: the duration of one
 local step, relative to the fastest) to simulate stragglers. Time is a simulated clock in units of
-one measured local step of the compiled model (so the figures do not depend on the shared
-machine's load); the training itself is real.
+one measured local step of the compiled model, kept in integers (so the order of events, hence
+every figure but the seconds, is the same on any machine and under any load); the training itself
+is real.
 
 * ``sync``: synchronous rounds as the ring's ``local-sgd`` mode runs them: every member trains
   from the same parameters, the sample-weighted mean of the members' parameters is the next
@@ -33,7 +34,7 @@ from federation.asyncagg import initial_version
 from federation.asyncbuf import Buffer, Refused, Update, encode_update
 from tests.edgenode.learning import N_NODES, accuracy, load_split, non_iid_shards
 
-SPEEDS = (1.0, 1.0, 2.0, 5.0)  # member 3 is 5x slower than members 0 and 1
+SPEEDS = (1, 1, 2, 5)  # local steps' duration per member: member 3 is 5x slower than members 0 and 1
 
 
 @dataclass
@@ -75,38 +76,39 @@ def local_train(tr: Any, params: list[np.ndarray], x: np.ndarray, y: np.ndarray,
     return params
 
 
-def run_sync(art, data, *, budget: float, local_steps: int, lr: float, step_s: float,
+def run_sync(art, data, *, budget: int, local_steps: int, lr: float, step_s: float,
              seed: int = 0) -> Result:
     xtr, xte, ytr, yte, shards = data
     flat = Flat(art.params)
     g = flat.flat(art.params)
     rngs = [np.random.default_rng(seed * 1000 + 100 + k) for k in range(N_NODES)]
     w = np.array([len(s) for s in shards], np.float64)
-    t, rounds, to90 = 0.0, 0, None
-    round_s = max(SPEEDS) * local_steps * step_s
-    while t + round_s <= budget:
+    t, rounds, to90 = 0, 0, None
+    round_t = max(SPEEDS) * local_steps
+    while t + round_t <= budget:
         trained = [flat.flat(local_train(art.trainer, flat.unflat(g), xtr[s], ytr[s], local_steps, lr,
                                          rngs[k])) for k, s in enumerate(shards)]
         g = (np.tensordot(w, np.stack(trained).astype(np.float64), 1) / w.sum()).astype(np.float32)
-        t += round_s
+        t += round_t
         rounds += 1
         if to90 is None and accuracy(art, flat.unflat(g), xte, yte) >= 0.9:
-            to90 = t
+            to90 = t * step_s
     acc = accuracy(art, flat.unflat(g), xte, yte)
-    return Result("sync (local-sgd ring)", rounds, rounds * N_NODES, 0, acc, t, to90)
+    return Result("sync (local-sgd ring)", rounds, rounds * N_NODES, 0, acc, t * step_s, to90)
 
 
-def run_async(art, data, *, budget: float, local_steps: int, lr: float, step_s: float, buffer: int,
+def run_async(art, data, *, budget: int, local_steps: int, lr: float, step_s: float, buffer: int,
               max_staleness: int, seed: int = 0) -> Result:
     xtr, xte, ytr, yte, shards = data
     flat = Flat(art.params)
     buf = Buffer(initial_version(flat.flat(art.params)), buffer=buffer, max_staleness=max_staleness)
     rngs = [np.random.default_rng(seed * 1000 + 100 + k) for k in range(N_NODES)]
     # (time the member finishes, member, the version it trained from)
-    events = [(SPEEDS[k] * local_steps * step_s, k, buf.current) for k in range(N_NODES)]
+    events = [(SPEEDS[k] * local_steps, k, buf.current) for k in range(N_NODES)]
     heapq.heapify(events)
     updates = refused = 0
-    to90, t = None, 0.0
+    to90: float | None = None
+    t = 0
     waiting: list[int] = []  # members whose update is in the buffer: they train again from the next version
     while events:
         t, k, base = heapq.heappop(events)
@@ -127,13 +129,13 @@ def run_async(art, data, *, budget: float, local_steps: int, lr: float, step_s: 
             continue
         if nxt is not None:
             if to90 is None and accuracy(art, flat.unflat(nxt.params), xte, yte) >= 0.9:
-                to90 = t
+                to90 = t * step_s
             for j in waiting:
-                heapq.heappush(events, (t + SPEEDS[j] * local_steps * step_s, j, nxt))
+                heapq.heappush(events, (t + SPEEDS[j] * local_steps, j, nxt))
             waiting.clear()
-        heapq.heappush(events, (t + SPEEDS[k] * local_steps * step_s, k, buf.current))
+        heapq.heappush(events, (t + SPEEDS[k] * local_steps, k, buf.current))
     return Result(f"async K={buffer} S={max_staleness}", buf.current.version, updates, refused,
-                  accuracy(art, flat.unflat(buf.current.params), xte, yte), min(t, budget), to90)
+                  accuracy(art, flat.unflat(buf.current.params), xte, yte), min(t, budget) * step_s, to90)
 
 
 def step_seconds(art, x, y) -> float:
@@ -156,9 +158,9 @@ def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float 
     xtr, xte, ytr, yte = load_split()
     data = (xtr, xte, ytr, yte, non_iid_shards(ytr))
     step_s = step_seconds(art, xtr, ytr)
-    budget = rounds * max(SPEEDS) * local_steps * step_s  # the sync run's `rounds` rounds
+    budget = rounds * max(SPEEDS) * local_steps  # local steps: the sync run's `rounds` rounds
     print(f"one local step {step_s * 1e3:.2f} ms; speeds {SPEEDS}; {local_steps} local steps per update; "
-          f"budget {budget:.2f} s simulated", flush=True)
+          f"budget {budget * step_s:.2f} s simulated; seed {seed}", flush=True)
     out = [run_sync(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s, seed=seed)]
     for k, s in ((2, 4), (3, 4), (4, 8)):
         out.append(run_async(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s,
