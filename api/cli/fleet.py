@@ -68,8 +68,9 @@ def fleet(
     if (key is None) != (keyring is None):
         raise FleetError("--key and --keyring go together", hint="make both with python -m deploy.keys")
     settings = _settings(broker=broker, port=port, token=token, host=host, swarm=swarm_id,
-                         tls_ca=str(tls_ca) if tls_ca else None, db=str(db) if db else None, database=database,
-                         key_file=str(key) if key else None, keyring_file=str(keyring) if keyring else None)
+                         tls_ca=str(tls_ca) if tls_ca else None, db=str(db) if db else None,
+                         database=database, key_file=str(key) if key else None,
+                         keyring_file=str(keyring) if keyring else None)
     if not settings.token:
         settings = settings.model_copy(update={"token": secrets.token_urlsafe(18)})
         typer.echo(f"operator token (generated): {settings.token}")

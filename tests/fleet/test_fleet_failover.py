@@ -93,7 +93,7 @@ class FleetProc:
     def ready(self) -> None:
         """Wait for the dashboard line (log lines about the leadership may come first)."""
         deadline = time.monotonic() + 60
-        while (line := self.lines.get(timeout=max(0.1, deadline - time.monotonic()))).strip() \
+        while self.lines.get(timeout=max(0.1, deadline - time.monotonic())).strip() \
                 != f"fleet dashboard: {self.base}/":
             assert self.proc.poll() is None and time.monotonic() < deadline, "\n".join(self.output)
 
@@ -132,7 +132,7 @@ def test_leader_killed_mid_round_hands_over(broker, postgres, pg_url, swarm_id, 
         r = httpx.post(a.base + "/api/rounds", json={"steps": 6}, headers=AUTH, timeout=10)
         assert r.status_code == 201, r.text
         rid = r.json()["round_id"]
-        wait_for(lambda: b.round(rid).get("state") == "running", 30, "the round running, seen by the follower")
+        wait_for(lambda: b.round(rid).get("state") == "running", 30, "the running round at the follower")
 
         t0 = time.monotonic()
         a.proc.send_signal(signal.SIGKILL)
@@ -140,7 +140,8 @@ def test_leader_killed_mid_round_hands_over(broker, postgres, pg_url, swarm_id, 
         wait_for(lambda: b.role() == "leader", 30, "the follower takes the lead")
         got = wait_for(lambda: (d := b.round(rid))["state"] != "running" and d, 30, "the round closed")
         failover_s = time.monotonic() - t0
-        print(f"\nfleet failover: leader SIGKILLed -> round {got['state']} at the new leader in {failover_s:.2f} s")
+        print(f"\nfleet failover: leader SIGKILLed -> round {got['state']} at the new leader "
+              f"in {failover_s:.2f} s")
         assert got["state"] == "failed", got
         assert got["reason"].startswith(TAKEN_OVER.split("{")[0]), got["reason"]
         assert failover_s < 10, failover_s  # the lock check every 0.5 s, plus the takeover
