@@ -117,16 +117,17 @@ class PostgresLeader:
                 self._drop()
                 continue
             if got:
-                self._leading.set()
                 log.warning("this fleet process (%s) leads", self.ident)
                 try:
+                    # Before `leading` turns true: a write let in earlier would start a round that
+                    # the takeover then fails as the old leader's.
                     on_elected()
                 except Exception:  # the takeover failed half-way: give the lead to another process
                     log.exception("taking the lead failed")
-                    self._leading.clear()
                     self._drop()
                     on_lost("taking the lead failed (see the log)")
                     return
+                self._leading.set()
 
     def _drop(self) -> None:
         if self._conn is not None:
