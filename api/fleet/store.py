@@ -33,9 +33,9 @@ def redact(url: str) -> str:
     """The URL without its password (for messages and logs)."""
     scheme, sep, rest = url.partition("://")
     creds, at, host = rest.rpartition("@")
-    if not at:
+    user, colon, _ = creds.partition(":")
+    if not colon:
         return url
-    user = creds.split(":", 1)[0]
     return f"{scheme}{sep}{user}:***@{host}"
 
 

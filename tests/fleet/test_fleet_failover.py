@@ -57,15 +57,23 @@ def test_follower_serves_reads_and_refuses_writes(make_fleet, pg_url):
     assert follower.post("/api/nodes/node-a/readmit").status_code == 503
     assert follower.post("/api/login", json={"token": TOKEN}).status_code == 200  # not a change
 
-    # A round the leader runs shows on the follower, from the shared database.
+    assert follower.get("/").status_code == 200  # the dashboard
+    # A round the leader runs shows on the follower, from the shared database, on its API and its
+    # event stream (the dashboard's source).
+    from api.fleet.events import EventType
     from federation.messages import EventKind
 
+    bus, seen = follower.service.bus, []
+    publish = bus.publish
+    bus.publish = lambda kind, data: (seen.append((kind, data)), publish(kind, data))[1]
     rid = leader.post("/api/rounds", json={"steps": 2, "lr": 0.05}).json()["round_id"]
     follower.wait_for(lambda: follower.get(f"/api/rounds/{rid}").status_code == 200, what="round on follower")
     assert follower.get(f"/api/rounds/{rid}").json()["state"] == "running"
     for n, ln in links.items():
         leader.event(ln, rid, n, EventKind.DONE, step=2, params_sha256="ef" * 32, model_version=2)
     follower.wait_for(lambda: follower.get(f"/api/rounds/{rid}").json()["state"] == "done", what="done")
+    follower.wait_for(lambda: any(k is EventType.ROUND and d["round_id"] == rid and d["state"] == "done"
+                                  for k, d in seen), what="the done round on the follower's event stream")
     acts = follower.get("/api/actions").json()["actions"]
     assert any(a["action"] == "start_round" and a["detail"]["round_id"] == rid for a in acts)
 
@@ -184,3 +192,21 @@ def _drain(q: queue.Queue) -> list:
             out.append(q.get_nowait())
         except queue.Empty:
             return out
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--database", "mysql://x/y"], "error: invalid setting database: Value error, must be a postgresql:// URL"),
+    (["--db", "f.sqlite", "--database", "postgresql://u@h/d"],
+     "error: --db (a SQLite file) and --database (PostgreSQL) exclude each other (help: pass one of them)"),
+    (["--database", "postgresql://fractal:secret@127.0.0.1:{port}/nothing"],  # the password is not shown
+     "error: cannot open the fleet database postgresql://fractal:***@127.0.0.1:{port}/nothing: "),
+])
+def test_fleet_cli_bad_database_is_one_line(tmp_path, args, expected):
+    port = free_port()  # nothing listens there
+    args = [a.format(port=port) for a in args]
+    proc = subprocess.run([FRACTAL, "fleet", "--broker", "mqtt://127.0.0.1:1", "--token", "t",
+                           "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected.format(port=port)), lines
