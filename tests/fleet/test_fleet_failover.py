@@ -195,7 +195,8 @@ def _drain(q: queue.Queue) -> list:
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--database", "mysql://x/y"], "error: invalid setting database: Value error, must be a postgresql:// URL"),
+    (["--database", "mysql://x/y"],
+     "error: invalid setting database: Value error, must be a postgresql:// URL"),
     (["--db", "f.sqlite", "--database", "postgresql://u@h/d"],
      "error: --db (a SQLite file) and --database (PostgreSQL) exclude each other (help: pass one of them)"),
     (["--database", "postgresql://fractal:secret@127.0.0.1:{port}/nothing"],  # the password is not shown
