@@ -197,6 +197,7 @@ class FleetService:
             self._publish_round(rid)
         if self._link is not None:
             self.enrollment.publish_keyring()
+        self.bus.publish(EventType.LEADER, {"role": "leader", "leader": self.my_url()})
         log.warning("fleet process %s leads swarm %s; rounds failed on takeover: %s", me,
                     self.settings.swarm, closed or "none")
 
@@ -406,6 +407,8 @@ class FleetService:
         return rnd
 
     def auto_view(self) -> dict:
+        if not self.leading:  # the leader may have changed the policy: show it as stored
+            self.auto = AutoRounds(self.history, self.clock, stamp=self.clock)
         return self.auto.view(self._auto_participants())
 
     def set_auto_policy(self, policy: AutoRoundPolicy) -> dict:
@@ -585,7 +588,9 @@ class FleetService:
             self.bus.publish(EventType.IMAGES, {"images": self.images.list()})
 
     def snapshot(self) -> dict:
-        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.round_history(),
+        leading, leader = self.leader_address()
+        return {"swarm": self.settings.swarm, "role": "leader" if leading else "follower", "leader": leader,
+                "nodes": self.nodes(), "rounds": self.round_history(),
                 "actions": self.history.actions(50), "margin": self.settings.rollback_margin,
                 "auto_rollback": self.settings.auto_rollback, "rollouts": self.rollouts.recent(),
                 "images": self.images.list() if self.images is not None else None,

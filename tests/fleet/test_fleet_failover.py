@@ -57,7 +57,10 @@ def test_follower_serves_reads_and_refuses_writes(make_fleet, pg_url):
     assert follower.post("/api/nodes/node-a/readmit").status_code == 503
     assert follower.post("/api/login", json={"token": TOKEN}).status_code == 200  # not a change
 
-    assert follower.get("/").status_code == 200  # the dashboard
+    assert follower.get("/").status_code == 200  # the dashboard, which says whom it follows
+    snap = follower.service.snapshot()
+    assert snap["role"] == "follower" and snap["leader"] == leader.service.my_url()
+    assert leader.service.snapshot()["role"] == "leader"
     # A round the leader runs shows on the follower, from the shared database, on its API and its
     # event stream (the dashboard's source).
     from api.fleet.events import EventType
