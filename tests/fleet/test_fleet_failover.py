@@ -54,6 +54,9 @@ def test_follower_serves_reads_and_refuses_writes(make_fleet, pg_url):
     assert r.json()["leader"] == leader.service.my_url() == r.headers["x-fractal-leader"]
     assert "follows" in r.json()["error"]
     assert follower.client.put("/api/auto-rounds", json={}).status_code == 503
+    policy = {"enabled": True, "samples": {"enabled": True, "threshold": 400}}  # set at the leader: shown
+    assert leader.client.put("/api/auto-rounds", json=policy).status_code == 200
+    assert follower.get("/api/auto-rounds").json()["policy"]["samples"]["threshold"] == 400
     assert follower.post("/api/nodes/node-a/readmit").status_code == 503
     assert follower.post("/api/login", json={"token": TOKEN}).status_code == 200  # not a change
 
