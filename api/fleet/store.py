@@ -9,7 +9,7 @@ an identity column. Statements run in autocommit mode on both engines, as the fl
 written them (each one is durable on its own).
 
 A PostgreSQL connection that broke (the server restarted, a network cut) is re-opened by the
-next statement; the one that found it broken raises :class:`FleetError`.
+next statement; the one that found it broken raises :class:`StoreUnavailable` (the API's 503).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from api.fleet.errors import FleetError
+from api.fleet.errors import FleetError, StoreUnavailable
 
 __all__ = ["Database", "Dialect", "Rows", "is_postgres_url", "open_database", "redact"]
 
@@ -103,7 +103,7 @@ class Database:
                              hint="pass a writable path with --db (or FRACTAL_FLEET_DB)") from None
         except Exception as exc:  # psycopg.Error: imported lazily, SQLite users need no psycopg
             first = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-            raise FleetError(f"cannot open the fleet database {redact(self.target)}: {first}",
+            raise StoreUnavailable(f"cannot open the fleet database {redact(self.target)}: {first}",
                              hint="check --database (a postgresql:// URL) and the server") from None
         self._conn = conn
         return conn
@@ -118,8 +118,9 @@ class Database:
             except Exception as exc:
                 if conn.broken or conn.closed:
                     self._conn = None  # the next statement reconnects
-                    raise FleetError(f"the fleet database {redact(self.target)} went away: {exc}",
-                                     hint="check that PostgreSQL is up") from None
+                    first = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+                    raise StoreUnavailable(f"the fleet database {redact(self.target)} went away: {first}",
+                                           hint="check that PostgreSQL is up") from None
                 raise
 
     def close(self) -> None:

@@ -217,3 +217,27 @@ def test_fleet_cli_bad_database_is_one_line(tmp_path, args, expected):
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(expected.format(port=port)), lines
+
+
+def test_database_outage_is_503_and_the_leader_stops_leading(make_fleet):
+    """PostgreSQL going away: reads answer 503 (not a 500); the leader's lock session ends, so it
+    stops leading (its process would exit: fail-stop)."""
+    from tests.fixtures_postgres import start_postgres
+
+    server = start_postgres()  # its own server: this test stops it
+    try:
+        url = server.create_database()
+        leader = make_fleet(database=url)
+        leader.wait_for(lambda: leader.service.leading, what="the fleet leads")
+        lost: list[str] = []
+        leader.service.on_lost_lead = lost.append
+        follower = make_fleet(swarm=leader.swarm, database=url)
+        assert follower.get("/api/rounds").status_code == 200
+        server.close()
+        leader.wait_for(lambda: lost, what="the leader losing its lock session")
+        assert not leader.service.leading and "leadership session" in lost[0]
+        r = follower.get("/api/rounds")
+        assert r.status_code == 503 and "fleet database" in r.json()["error"], r.text
+        assert leader.post("/api/rounds", json={"steps": 2}).status_code == 503  # it no longer leads
+    finally:
+        server.close()
