@@ -37,6 +37,10 @@ Elected = Callable[[], None]
 Lost = Callable[[str], None]
 
 
+def _ident() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def lock_key(swarm: str) -> int:
     """The advisory lock's key for ``swarm``: a signed 64-bit number from its name."""
     digest = hashlib.sha256(b"fractal-edge fleet leader\0" + swarm.encode()).digest()
@@ -48,6 +52,8 @@ class Leadership(Protocol):
 
     @property
     def leading(self) -> bool: ...
+    @property
+    def ident(self) -> str: ...  # this process, as the others see it: "host:pid"
     def start(self, on_elected: Elected, on_lost: Lost) -> None: ...
     def stop(self) -> None: ...
 
@@ -56,6 +62,10 @@ class SoleLeader:
     """The embedded fleet (SQLite): the only process, it leads from the start."""
 
     leading = True
+
+    @property
+    def ident(self) -> str:
+        return _ident()
 
     def start(self, on_elected: Elected, on_lost: Lost) -> None:
         pass  # nothing to win: the service acted as leader from its construction
@@ -75,7 +85,10 @@ class PostgresLeader:
         self._stop = threading.Event()
         self._conn: Any = None
         self._thread: threading.Thread | None = None
-        self.ident = f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
+    def ident(self) -> str:
+        return _ident()
 
     @property
     def leading(self) -> bool:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from api.fleet.autorounds import AutoRoundPolicy, AutoRounds
 from api.fleet.enrollment import EnrollmentManager, device_broker_url
+from api.fleet.errors import FleetError
 from api.fleet.events import EventBus, EventType
 from api.fleet.history import FleetHistory
 from api.fleet.images import GrantRefused, ImageCatalogue
@@ -172,14 +173,13 @@ class FleetService:
             return True, self.my_url()
         try:
             info = self.leader()
-        except Exception:  # the database is away: the 503 still answers, without an address
+        except FleetError:  # the database is away: the 503 still answers, without an address
             return False, None
         return False, info["url"] if info else None
 
     def _take_lead(self) -> None:
         """Won the lead (the leadership thread calls this): close the previous leader's running
         rounds as failed (their nodes are told to abort), reload the state it kept in the database."""
-        assert isinstance(self.leadership, PostgresLeader)
         now = self.clock()
         me = self.leadership.ident
         self.history.set_value(LEADER_KEY, json.dumps({"url": self.my_url(), "process": me, "since": now}))
