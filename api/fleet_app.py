@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from api.errors import install_common_handlers
-from api.fleet.gate import FleetAuthGate, body_limit
+from api.errors import error_response, install_common_handlers
+from api.fleet.errors import StoreUnavailable
+from api.fleet.gate import FleetAuthGate, FollowerGate, body_limit
 from api.fleet.routes import (
     asyncrounds,
     auth,
@@ -60,8 +62,16 @@ def create_fleet_app(settings: FleetSettings, *, link_factory: LinkFactory | Non
         app.include_router(r.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_common_handlers(app)  # error bodies are {"error": ...}, as on the node
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return error_response(503, f"{exc} ({exc.hint})" if exc.hint else str(exc),
+                              headers={"Retry-After": "5"})
+
     # add_middleware wraps: the last added is the outermost. Token first (401), then the route's
-    # body limit (413), both before a byte of the body is read; then slow bodies (408).
+    # body limit (413), both before a byte of the body is read; then slow bodies (408); then a
+    # follower's 503 to writes (api/fleet/leadership.py).
+    app.add_middleware(FollowerGate, leader=lambda: fleet.leader_address())
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=30.0)
     app.add_middleware(BodyLimitMiddleware, max_bytes=body_limit, name="the route's body limit")
     app.add_middleware(FleetAuthGate, token=settings.token)

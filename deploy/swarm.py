@@ -79,7 +79,7 @@ class SwarmOptions:
     sysroot: Path | None = None  # default: CACHE_DIR/sysroot-aarch64 (made by `make sysroot`)
     riscv_sysroot: Path | None = None  # default: CACHE_DIR/sysroot-riscv64 (`make sysroot-riscv64`)
     scenario: str = "digits"  # or "vibration" (deploy/vibration_scenario.py)
-    # asynchronous rounds (federation/PROTOCOL.md section 12): the nodes run [training] sync =
+    # asynchronous rounds (federation/PROTOCOL.md section 13): the nodes run [training] sync =
     # "async" and the fleet aggregates every async_buffer updates; 0: synchronous rounds
     async_buffer: int = 0
     vibration: ScenarioOptions = field(default_factory=ScenarioOptions)

@@ -1,4 +1,4 @@
-"""A node's side of asynchronous rounds (``[training] sync = "async"``, PROTOCOL.md section 12).
+"""A node's side of asynchronous rounds (``[training] sync = "async"``, PROTOCOL.md section 13).
 
 No rounds: the node follows the fleet's signed global versions (:class:`federation.asyncagg.AsyncMember`),
 commits every newer one whose bytes hash to its signed sha256 as its model version, and, when it

@@ -5,7 +5,7 @@ their bytes over any :class:`~federation.transport.PubSubLink` (in practice a
 :class:`~federation.signed.SignedLink` on MQTT, so every update and version is signed by its
 sender and verified by its receivers before it gets here):
 
-* :class:`Aggregator` (the fleet service holds it, PROTOCOL.md section 12) subscribes to
+* :class:`Aggregator` (the fleet service holds it, PROTOCOL.md section 13) subscribes to
   ``async/up/+``, admits updates into its :class:`~federation.asyncbuf.Buffer` and publishes each
   new version, retained, on ``async/version``. It re-publishes the current version every
   ``refresh_s`` so that a member coming online after the signature's freshness window (60 s)
@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -47,7 +48,8 @@ from federation.errors import FederationError
 from federation.transport import PubSubLink, Subscription
 from fractal.files import atomic_write
 
-__all__ = ["Aggregator", "AsyncMember", "VersionRecord", "initial_version", "fits_one_message"]
+__all__ = ["Aggregator", "AsyncMember", "VersionRecord", "VersionStore", "FileVersionStore",
+           "initial_version", "fits_one_message"]
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +61,35 @@ def fits_one_message(size: int) -> bool:
     return 4 * size + HEADER_MAX + 4096 <= MESSAGE_SIZE_LIMIT
 
 
-def _load_state(path: Path | None, size: int) -> Version | None:
-    if path is None or not path.exists():
+class VersionStore(Protocol):
+    """Where the aggregator keeps its current version (an encoded :class:`Version`) across restarts."""
+
+    def load(self) -> bytes | None: ...
+
+    def save(self, data: bytes) -> None: ...
+
+
+class FileVersionStore:
+    """A file, replaced atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> bytes | None:
+        return self.path.read_bytes() if self.path.exists() else None
+
+    def save(self, data: bytes) -> None:
+        atomic_write(self.path, data)
+
+
+def _load_state(store: VersionStore | None, size: int) -> Version | None:
+    if store is None:
         return None
     try:
-        return decode_version(path.read_bytes(), size=size)
+        data = store.load()
+        return None if data is None else decode_version(data, size=size)
     except (OSError, Refused) as exc:
-        log.error("async: ignoring the saved version in %s: %s", path, exc)
+        log.error("async: ignoring the saved version: %s", exc)
         return None
 
 
@@ -91,7 +115,8 @@ class Aggregator:
 
     def __init__(self, link: PubSubLink, initial: Version, *, buffer: int, max_staleness: int,
                  outlier_factor: float = 10.0, server_lr: float = 1.0, refresh_s: float = 20.0,
-                 on_version: Callable[[Version], None] | None = None, state_path: Path | None = None) -> None:
+                 on_version: Callable[[Version], None] | None = None,
+                 store: VersionStore | None = None) -> None:
         if not fits_one_message(initial.params.size):
             raise FederationError(f"a model of {initial.params.size} parameters does not fit one "
                                   f"{MESSAGE_SIZE_LIMIT >> 20} MiB version message",
@@ -100,10 +125,10 @@ class Aggregator:
         self.swarm = link.swarm
         # The current version survives a restart: nodes never go back, so an aggregator that
         # restarted at version 0 would refuse every update as from the future.
-        self.state_path = state_path
-        saved = _load_state(state_path, initial.params.size)
+        self.store = store
+        saved = _load_state(store, initial.params.size)
         if saved is not None and saved.version > initial.version:
-            log.info("async: resuming at version %d from %s", saved.version, state_path)
+            log.info("async: resuming at version %d", saved.version)
             initial = saved
         self.buf = Buffer(initial, buffer=buffer, max_staleness=max_staleness,
                           outlier_factor=outlier_factor, server_lr=server_lr)
@@ -156,8 +181,8 @@ class Aggregator:
                 [{"member": c.member, "base": c.base, "samples": c.samples, "staleness": c.staleness,
                   "weight": c.weight} for c in nxt.contributions], dict(nxt.excluded)))
             del self.history[:-HISTORY_MAX]
-            if self.state_path is not None:  # durable before anyone can commit it
-                atomic_write(self.state_path, encode_version(nxt))
+            if self.store is not None:  # durable before anyone can commit it
+                self.store.save(encode_version(nxt))
             self._publish(nxt)
         log.info("async version %d published (%d updates)", nxt.version, len(nxt.contributions))
         if self.on_version is not None:

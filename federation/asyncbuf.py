@@ -7,7 +7,7 @@ the base version ``v`` (and that version's sha256) and its sample count. The agg
 buffer holds ``buffer`` (K) admitted updates it applies their weighted mean to the current
 version and publishes version ``v + 1`` with its full parameters and their sha256. Every member
 that commits ``v + 1`` checks the hash, so all of them hold identical bytes, as the synchronous
-ring promises (PROTOCOL.md section 12).
+ring promises (PROTOCOL.md section 13).
 
 This module moves no bytes: :func:`encode_update` / :func:`decode_update` and
 :func:`encode_version` / :func:`decode_version` are the payload formats (the signed envelope of

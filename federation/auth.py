@@ -276,7 +276,7 @@ def swarm_policy(topic: str, sender: str, role: Role) -> bool:
     * ``ar/{dst}``, ``ack/{dst}``, ``params/{dst}``: any node but ``dst`` itself.
     * ``x/ar/{dst}`` (site leaders' ring, bridged between sites): any node but ``dst`` itself.
     * ``async/up/{node}`` (an asynchronous update): that node only; ``async/version``: the fleet
-      only (it aggregates, PROTOCOL.md section 12).
+      only (it aggregates, PROTOCOL.md section 13).
     Anything else: nobody.
     """
     parts = topic.split("/")

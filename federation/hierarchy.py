@@ -31,6 +31,7 @@ size. A vote is ``len(sites)`` floats, not ``n``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from federation import bounds as b
+from federation import robust
 from federation.checks import clip_l2
-from federation.errors import RoundAborted, TransportError
+from federation.errors import RoundAborted, TransportError, UpdateRejected
 from federation.ring import ReduceOp, RingAllreduce
 
 __all__ = ["Topology", "Role", "plan", "round_sites", "HierarchicalAllreduce", "HierarchicalCollective",
@@ -47,6 +49,18 @@ __all__ = ["Topology", "Role", "plan", "round_sites", "HierarchicalAllreduce", "
 
 # Tag suffixes of the three collectives of one hierarchical call (tags are ids: [A-Za-z0-9_.-]).
 LEVEL_SITE, LEVEL_BACKBONE, LEVEL_BROADCAST = ".g", ".x", ".b"
+LEVEL_CLAIMS = ".c"  # a screened call's claims gather (itself a hierarchical SUM: T.c.g, T.c.x, T.c.b)
+
+
+def _claimed_norm(row: np.ndarray) -> np.float32:
+    """A member's whole-update norm from its chunk norms, rounded up to float32 (never undercuts);
+    ``robust.NON_FINITE`` for a non-finite claim."""
+    v = robust.norm_of_claim(row)
+    if not math.isfinite(v):
+        return np.float32(robust.NON_FINITE)
+    f = np.float32(v)
+    f = f if float(f) >= v else np.nextafter(f, np.float32(np.inf))
+    return f if np.isfinite(f) else np.float32(robust.NON_FINITE)
 
 
 @dataclass(frozen=True)
@@ -178,17 +192,27 @@ class HierarchicalAllreduce:
         self.member_id = site.member_id
 
     def allreduce(self, vec: np.ndarray, *, topology: Topology, tag: str, op: ReduceOp | str = "mean",
-                  timeout: float = 30.0) -> np.ndarray:
-        """Sum or mean over every participant of ``topology``; bit-identical on every member."""
+                  timeout: float = 30.0, site_screen: Any = None, backbone_screen: Any = None) -> np.ndarray:
+        """Sum or mean over every participant of ``topology``; bit-identical on every member.
+
+        ``site_screen`` / ``backbone_screen``: the ``screen=(claim, decide)`` of the level-1 and
+        level-2 rings (:meth:`RingAllreduce.allreduce`); ``backbone_screen`` is a function of the
+        leader's site sum returning that pair (the claim is the norms of the sum)."""
         op = ReduceOp(op)
         role = plan(topology, self.member_id)
         group = list(role.group)
-        partial = self.site.allreduce(vec, group=group, tag=tag + LEVEL_SITE, op=ReduceOp.SUM,
-                                      timeout=timeout)
+        try:
+            partial = self.site.allreduce(vec, group=group, tag=tag + LEVEL_SITE, op=ReduceOp.SUM,
+                                          timeout=timeout, screen=site_screen)
+        except (RoundAborted, TransportError) as exc:
+            if role.is_leader and self.backbone is not None and len(role.leaders) > 1:
+                # Tell the other leaders now: they wait for our site's sum.
+                self.backbone.abort(tag + LEVEL_BACKBONE, list(role.leaders), f"site {role.site}: {exc}")
+            raise
         total: np.ndarray | None = None
         if role.is_leader:
             try:
-                total = self._backbone(partial, role, topology, tag, op, timeout)
+                total = self._backbone(partial, role, topology, tag, op, timeout, backbone_screen)
             except (RoundAborted, TransportError) as exc:
                 # Tell our site now: its members wait for our broadcast.
                 self.site.abort(tag + LEVEL_BROADCAST, group, f"site leader {self.member_id}: {exc}")
@@ -197,7 +221,7 @@ class HierarchicalAllreduce:
                                    timeout=timeout)
 
     def _backbone(self, partial: np.ndarray, role: Role, topology: Topology, tag: str, op: ReduceOp,
-                  timeout: float) -> np.ndarray:
+                  timeout: float, backbone_screen: Any = None) -> np.ndarray:
         if len(role.leaders) == 1:
             total = partial
         else:
@@ -207,7 +231,8 @@ class HierarchicalAllreduce:
             # The ring, never the direct path: the leaders' sums are whole vectors, and the
             # vote's failure table (PROTOCOL.md section 7) is the ring's.
             total = self.backbone.allreduce(partial, group=list(role.leaders), tag=tag + LEVEL_BACKBONE,
-                                            op=ReduceOp.SUM, timeout=timeout, algorithm="ring")
+                                            op=ReduceOp.SUM, timeout=timeout, algorithm="ring",
+                                            screen=backbone_screen(partial) if backbone_screen else None)
         if op == ReduceOp.MEAN:
             total = np.divide(total, np.float32(topology.size), dtype=np.float32)
         return total
@@ -257,14 +282,89 @@ class HierarchicalCollective:
                   claims: np.ndarray | None = None, screen: Any = None,
                   algorithm: str = "auto") -> np.ndarray:
         self._check_group(group)
-        if claims is not None or screen is not None or str(compression) != "none":
-            raise RoundAborted(f"round {tag!r}: a hierarchical round takes uncompressed, unscreened means",
+        if claims is not None or str(compression) != "none":
+            raise RoundAborted(f"round {tag!r}: a hierarchical round takes uncompressed means",
                                member=self.member_id,
-                               hint="run it with compression none, outlier_factor 0 and aggregation mean")
+                               hint="run it with compression none and aggregation mean")
         x = np.asarray(vec, np.float32)
         if clip_norm is not None:
             x, _ = clip_l2(x, clip_norm)
+        if screen is not None:
+            return self._screened(x, screen, tag, ReduceOp(op), timeout)
         return self.engine.allreduce(x, topology=self.topology, tag=tag, op=op, timeout=timeout)
+
+    def _screened(self, x: np.ndarray, screen: Any, tag: str, op: ReduceOp, timeout: float) -> np.ndarray:
+        """Outlier screening across levels (PROTOCOL.md section 10, "Screening across levels").
+
+        1. Claims: every member's whole-update norm (from the norms of its site ring's chunks,
+           rounded up to float32) is gathered to everyone through the hierarchy (``T.c``: a SUM of
+           one slot per participant). Every member then screens the same n norms with the
+           caller's ``decide`` (round-wide median), so every member keeps the same set.
+        2. Level 1 (``T.g``): the site ring exchanges the chunk norms one hop, as a flat ring does;
+           each site checks that its members' rows give the very norms the gather carried (a
+           member or leader that altered a slot of the gather makes that site abort the round),
+           then checks every partial sum against the kept members' claims.
+        3. Level 2 (``T.x``): a leader claims the norms of its site's sum; a claim above the sum of
+           its site's kept norms (the triangle inequality) is rejected naming the leader, and the
+           backbone ring checks the leaders' partial sums against their claims.
+        4. Level 3 (``T.b``): a member rejects a broadcast result whose norm exceeds the kept
+           members' norms added up (divided by n for a mean), naming its leader.
+        """
+        row, decide = screen
+        topo, me = self.topology, self.member_id
+        members = topo.members
+        n = len(members)
+        role = plan(topo, me)
+        site = list(role.group)
+        contributes = bool(np.any(np.asarray(row) != 0))
+        site_row = robust.chunk_norms(x, len(site)) if contributes else np.zeros(len(site), np.float32)
+        slots = np.full(n, -0.0, np.float32)
+        slots[members.index(me)] = _claimed_norm(site_row)
+        norms = self.engine.allreduce(slots, topology=topo, tag=tag + LEVEL_CLAIMS, op=ReduceOp.SUM,
+                                      timeout=timeout)
+        claims = np.zeros((n, n), np.float32)
+        claims[:, 0] = norms
+        bounds, send = decide(claims, None)
+        kept = {members[j] for j in range(n) if np.asarray(bounds[j]).any()}
+        mass = {s: sum(float(norms[members.index(m)]) for m in ms if m in kept) for s, ms in topo.sites}
+        tol = max(robust.claims_tolerance(n, False), 1.0 + 4.0 * n * 2.0 ** -24)
+
+        def site_decide(rows: np.ndarray, _vectors: Any) -> tuple[np.ndarray, bool]:
+            for i, m in enumerate(site):
+                want, got = norms[members.index(m)], _claimed_norm(np.asarray(rows[i], np.float32))
+                if want.tobytes() != got.tobytes():
+                    raise UpdateRejected(f"round {tag!r}: {m}'s claimed norm reached the round as "
+                                         f"{float(want):.6g} but its site as {float(got):.6g}: a member or "
+                                         f"a site leader altered the gathered claims", member=None)
+            out = np.asarray(rows, np.float64).copy()
+            for i, m in enumerate(site):
+                if m not in kept:
+                    out[i] = 0.0  # excluded members and members without samples send zeros
+            return out, bool(send)
+
+        def backbone_screen(partial: np.ndarray) -> tuple[np.ndarray, Any]:
+            leaders = sorted(topo.leaders())
+
+            def decide_leaders(rows: np.ndarray, _vectors: Any) -> tuple[np.ndarray, bool]:
+                for i, leader in enumerate(leaders):
+                    got, bound = robust.norm_of_claim(np.asarray(rows[i])), mass[topo.site_of(leader)] * tol
+                    if not got <= bound:
+                        raise UpdateRejected(f"round {tag!r}: site leader {leader} claims a site sum of "
+                                             f"norm {got:.6g}, more than its site's kept updates add up to "
+                                             f"({bound:.6g})", member=leader)
+                return np.asarray(rows, np.float64), True
+
+            return robust.chunk_norms(partial, len(leaders)), decide_leaders
+
+        result = self.engine.allreduce(x, topology=topo, tag=tag, op=op, timeout=timeout,
+                                       site_screen=(site_row, site_decide), backbone_screen=backbone_screen)
+        limit = sum(mass.values()) * tol / (n if op == ReduceOp.MEAN else 1)
+        got = float(np.linalg.norm(np.asarray(result, np.float64))) if np.isfinite(result).all() else math.inf
+        if not got <= limit:
+            raise UpdateRejected(f"round {tag!r}: the result broadcast by site leader {role.leader} has "
+                                 f"norm {got:.6g}, more than the kept updates allow ({limit:.6g})",
+                                 member=role.leader)
+        return result
 
     def broadcast(self, vec: np.ndarray | None, *, root: str, group: list[str], tag: str,
                   timeout: float = 30.0) -> np.ndarray:
@@ -292,9 +392,10 @@ class HierarchicalCollective:
 
     def abort(self, tag: str, peers: list[str], reason: str) -> None:
         role = plan(self.topology, self.member_id)
-        self.engine.site.abort(tag + LEVEL_SITE, list(role.group), reason)
-        if role.is_leader and self.engine.backbone is not None:
-            self.engine.backbone.abort(tag + LEVEL_BACKBONE, list(role.leaders), reason)
+        for t in (tag, tag + LEVEL_CLAIMS):  # a screened call gathers its claims first
+            self.engine.site.abort(t + LEVEL_SITE, list(role.group), reason)
+            if role.is_leader and self.engine.backbone is not None:
+                self.engine.backbone.abort(t + LEVEL_BACKBONE, list(role.leaders), reason)
 
     def cancel(self, reason: str) -> bool:
         hit = self.engine.site.cancel(reason)

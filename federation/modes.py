@@ -16,7 +16,7 @@ __all__ = ["SyncMode", "Compression"]
 class SyncMode(enum.StrEnum):
     GRADIENT = "gradient"  # allreduce gradients every step (synchronous SGD)
     LOCAL_SGD = "local-sgd"  # k local steps, then average the parameter deltas
-    # No rounds: buffered asynchronous aggregation by the fleet (PROTOCOL.md section 12). A node
+    # No rounds: buffered asynchronous aggregation by the fleet (PROTOCOL.md section 13). A node
     # setting only ([training] sync); a round command cannot ask for it.
     ASYNC = "async"
 

@@ -49,6 +49,7 @@ __all__ = [
     "claims_tolerance",
     "TRIM_FRACTION",
     "norms_from_claims",
+    "norm_of_claim",
     "opposed",
 ]
 
@@ -87,7 +88,7 @@ def chunk_norms(x: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _norm_of(row: np.ndarray) -> float:
+def norm_of_claim(row: np.ndarray) -> float:
     """The whole update's norm from its chunk norms (NaN for a non-finite claim)."""
     if (row < 0).any() or not np.isfinite(row).all():
         return math.nan
@@ -116,7 +117,7 @@ def screen(norms: list[float] | np.ndarray, contributors: list[bool], factor: fl
 
 def norms_from_claims(claims: np.ndarray) -> list[float]:
     """Whole-update norms from the n x n claimed chunk norms (NaN for non-finite claims)."""
-    return [_norm_of(claims[k]) for k in range(claims.shape[0])]
+    return [norm_of_claim(claims[k]) for k in range(claims.shape[0])]
 
 
 def aggregate(rows: np.ndarray, method: Aggregation | str, trim_fraction: float = 0.2) -> np.ndarray:

@@ -51,6 +51,10 @@ def fleet(
     tls_ca: Path | None = typer.Option(None, "--tls-ca", help="CA certificate for an mqtts:// broker."),
     db: Path | None = typer.Option(None, "--db", help="SQLite file of round history and operator actions "
                                    "(default: $FRACTAL_FLEET_DB, else the user data dir, per swarm)."),
+    database: str | None = typer.Option(None, "--database", envvar="FRACTAL_FLEET_DATABASE",
+                                        help="PostgreSQL instead of the SQLite file: postgresql://USER:PW@HOST"
+                                        ":PORT/DB. Several fleet processes may share it: one leads, the "
+                                        "others serve reads and the dashboard (docs/operations.md)."),
     key: Path | None = typer.Option(None, "--key",
                                     help="The fleet's signing key (deploy/keys.py: keys/fleet.key)."),
     keyring: Path | None = typer.Option(None, "--keyring",
@@ -66,11 +70,15 @@ def fleet(
                                             "behind (S)."),
 ) -> None:
     """Run the fleet service: node registry, training rounds, event stream and dashboard."""
+    if db is not None and database:
+        raise FleetError("--db (a SQLite file) and --database (PostgreSQL) exclude each other",
+                         hint="pass one of them")
     if (key is None) != (keyring is None):
         raise FleetError("--key and --keyring go together", hint="make both with python -m deploy.keys")
     settings = _settings(broker=broker, port=port, token=token, host=host, swarm=swarm_id,
                          tls_ca=str(tls_ca) if tls_ca else None, db=str(db) if db else None,
-                         key_file=str(key) if key else None, keyring_file=str(keyring) if keyring else None,
+                         database=database, key_file=str(key) if key else None,
+                         keyring_file=str(keyring) if keyring else None,
                          **({"async_params": str(async_params), "async_buffer": async_buffer,
                              "async_max_staleness": async_max_staleness} if async_params else {}))
     if settings.async_params:  # a bad path is a one-line error now, not a failed start later

@@ -1,16 +1,20 @@
-"""The fleet as the aggregator of asynchronous rounds (federation/PROTOCOL.md section 12).
+"""The fleet as the aggregator of asynchronous rounds (federation/PROTOCOL.md section 13).
 
+Only the leading fleet process aggregates (federation/PROTOCOL.md section 12); it keeps the
+current version in the fleet's database, so a process that takes the lead resumes from it.
 Version 0 is read from the artifact's ``params.npz`` (keys ``p0000``.. in manifest order, the
 order a node flattens its parameters in) with numpy alone: the fleet loads no compiler.
 """
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import numpy as np
 
 from api.fleet.errors import FleetError
+from api.fleet.history import FleetHistory
 from api.fleet.settings import FleetSettings
 from federation.asyncagg import Aggregator, fits_one_message, initial_version
 from federation.transport import PubSubLink
@@ -38,9 +42,25 @@ def load_version0(path: str | Path) -> np.ndarray:
     return params
 
 
-def start_aggregator(settings: FleetSettings, link: PubSubLink) -> Aggregator:
+class KvVersionStore:
+    """The current version in the fleet's database (``kv`` row ``async.version``, base64): on
+    PostgreSQL the process that takes the lead resumes from the version the last leader made."""
+
+    KEY = "async.version"
+
+    def __init__(self, history: FleetHistory) -> None:
+        self.history = history
+
+    def load(self) -> bytes | None:
+        raw = self.history.get_value(self.KEY)
+        return None if raw is None else base64.b64decode(raw)
+
+    def save(self, data: bytes) -> None:
+        self.history.set_value(self.KEY, base64.b64encode(data).decode())
+
+
+def start_aggregator(settings: FleetSettings, link: PubSubLink, history: FleetHistory) -> Aggregator:
+    """The leading fleet process's aggregator, resumed from the version in the database."""
     v0 = initial_version(load_version0(settings.async_params))
-    state = settings.db_path()
     return Aggregator(link, v0, buffer=settings.async_buffer, max_staleness=settings.async_max_staleness,
-                      refresh_s=settings.async_refresh_s,
-                      state_path=state.with_name(state.name + ".async-version")).start()
+                      refresh_s=settings.async_refresh_s, store=KvVersionStore(history)).start()

@@ -15,8 +15,9 @@ accepted the answer holds the keyring (with the fleet's detached signature) and 
 credentials. A pending, rejected or revoked device has no broker client: it can publish nothing.
 Revocation revokes its key id in the keyring (published) and deletes its broker client.
 
-State lives in the fleet's SQLite file (the same one as the round history), so a restarted
-fleet keeps its tokens and enrolments. Tokens are stored as SHA-256 hashes.
+State lives in the fleet's database (the same one as the round history: a SQLite file or
+PostgreSQL, api/fleet/store.py), so a restarted fleet keeps its tokens and enrolments. Tokens are
+stored as SHA-256 hashes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import json
 import logging
 import re
 import secrets
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +36,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from api.fleet.errors import FleetError
+from api.fleet.store import open_database
 from federation import enrolment as wire
 from federation.auth import KeyEntry, Role
 from federation.signed import Identity
@@ -169,13 +169,7 @@ class EnrollmentManager:
         self.publish = publish
         self.clock = clock
         self._lock = threading.RLock()
-        try:
-            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.executescript(_SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
-            raise FleetError(f"cannot open the fleet database {str(db_path)!r}: {exc}") from None
+        self._conn = open_database(db_path, _SCHEMA)  # a SQLite path or a postgresql:// URL
 
     def close(self) -> None:
         with self._lock:

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from fractal import FractalError
 
-__all__ = ["FleetError"]
+__all__ = ["FleetError", "StoreUnavailable"]
 
 
 class FleetError(FractalError):
     """A fleet or swarm setup problem: port in use, broker unreachable, sysroot missing."""
+
+
+class StoreUnavailable(FleetError):
+    """The fleet's PostgreSQL cannot be reached (the API answers 503 until it is back)."""

@@ -1,16 +1,18 @@
 """Durable fleet state: round history, per-round metrics, the operator's actions and run-time
-settings (the automatic-round policy) in SQLite.
+settings (the automatic-round policy) in the fleet's database (api/fleet/store.py).
 
-One file per fleet (``FleetSettings.db``), WAL mode, written on every round state change and
-every operator action, read when the service starts, so a restarted fleet shows the same history.
-A round that was still running when the fleet stopped is closed as failed on the next start
-(its nodes were told nothing by a fleet that no longer exists, and their own timeouts ended it).
+One SQLite file per fleet (``FleetSettings.db``, WAL mode) or one PostgreSQL database
+(``FleetSettings.database``, shared by the fleet processes of one swarm), written on every round
+state change and every operator action, read when the service starts, so a restarted fleet shows
+the same history.
+A round that was still running when the leading fleet process stopped is closed as failed by the
+next process that leads (its nodes were told nothing by a fleet that no longer exists, and their
+own timeouts ended it; api/fleet/leadership.py).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -18,11 +20,12 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from api.fleet.errors import FleetError
+from api.fleet.store import Database, open_database
 
 __all__ = ["FleetHistory", "RESTARTED", "ACTION_ID_MAX", "ActionCursor"]
 
-# SQLite's INTEGER is a signed 64-bit number: a cursor above it cannot be bound (issue 26 finding 12).
+# SQLite's INTEGER and PostgreSQL's BIGINT are signed 64-bit numbers: a cursor above it cannot be
+# bound (issue 26 finding 12).
 ACTION_ID_MAX = 2**63 - 1
 ActionCursor = Annotated[int, Field(ge=1, le=ACTION_ID_MAX)]
 
@@ -50,28 +53,21 @@ CREATE TABLE IF NOT EXISTS kv (
 
 
 class FleetHistory:
-    """Thread-safe SQLite store of round dicts (as ``Round.to_dict`` makes them) and actions."""
+    """Thread-safe store of round dicts (as ``Round.to_dict`` makes them) and actions.
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    ``target``: a SQLite path or a ``postgresql://`` URL."""
+
+    def __init__(self, target: str | Path) -> None:
+        self.target = str(target)
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
+        self._conn: Database | None = None
         with self._lock:
             self._open()
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self) -> Database:
         """The connection, (re)opened on first use after :meth:`close` (a service may be restarted)."""
         if self._conn is None:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.executescript(_SCHEMA)
-            except (OSError, sqlite3.Error) as exc:
-                raise FleetError(f"cannot open the fleet database {str(self.path)!r}: {exc}",
-                                 hint="pass a writable path with --db (or FRACTAL_FLEET_DB)") from None
-            self._conn = conn
+            self._conn = open_database(self.target, _SCHEMA)
         return self._conn
 
     def close(self) -> None:
@@ -85,8 +81,10 @@ class FleetHistory:
         """Insert or replace one round (its latest state and metrics)."""
         body = json.dumps(rnd, allow_nan=False, separators=(",", ":"))
         with self._lock:
-            self._open().execute("INSERT OR REPLACE INTO rounds (round_id, started_at, state, body) "
-                             "VALUES (?, ?, ?, ?)", (rnd["round_id"], rnd["started_at"], rnd["state"], body))
+            self._open().execute("INSERT INTO rounds (round_id, started_at, state, body) VALUES (?, ?, ?, ?) "
+                                 "ON CONFLICT (round_id) DO UPDATE SET started_at = excluded.started_at, "
+                                 "state = excluded.state, body = excluded.body",
+                                 (rnd["round_id"], rnd["started_at"], rnd["state"], body))
 
     def get_round(self, round_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -102,14 +100,14 @@ class FleetHistory:
                 (float("inf") if before is None else before, limit)).fetchall()
         return [json.loads(r[0]) for r in rows]
 
-    def close_interrupted(self, now: float) -> list[str]:
-        """Mark rounds left running by a previous fleet process as failed; their ids."""
+    def close_interrupted(self, now: float, reason: str = RESTARTED) -> list[str]:
+        """Mark rounds left running by a previous (leading) fleet process as failed; their ids."""
         with self._lock:
             rows = self._open().execute("SELECT body FROM rounds WHERE state = 'running'").fetchall()
         closed = []
         for (body,) in rows:
             rnd = json.loads(body)
-            rnd.update(state="failed", reason=RESTARTED, finished_at=now)
+            rnd.update(state="failed", reason=reason, finished_at=now)
             self.save_round(rnd)
             closed.append(rnd["round_id"])
         return closed
@@ -122,7 +120,8 @@ class FleetHistory:
 
     def set_value(self, key: str, value: str) -> None:
         with self._lock:
-            self._open().execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+            self._open().execute("INSERT INTO kv (key, value) VALUES (?, ?) "
+                                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
 
     # -- operator actions -----------------------------------------------------------------------
     def record_action(self, action: str, detail: dict[str, Any], now: float | None = None) -> None:

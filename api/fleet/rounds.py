@@ -88,9 +88,10 @@ class RoundRequest(RoundSpec):
 
 
 def _hierarchical_settings(req: RoundRequest) -> dict:
-    """What a hierarchical round (participants past one ring, or across sites) runs with: plain
-    means (federation/hierarchy.py HierarchicalCollective); other requested settings are refused."""
-    asked = {"compression": (req.compression, Compression.NONE), "outlier_factor": (req.outlier_factor, 0),
+    """What a hierarchical round (participants past one ring, or across sites) runs with:
+    uncompressed (screened) means (federation/hierarchy.py HierarchicalCollective, screening
+    across levels); other requested settings are refused."""
+    asked = {"compression": (req.compression, Compression.NONE),
              "aggregation": (req.aggregation, Aggregation.MEAN)}
     for key, (value, plain) in asked.items():
         if value is not None and value != plain:

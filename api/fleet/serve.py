@@ -45,6 +45,13 @@ def serve_fleet(settings: FleetSettings, *, ready: Callable[[], object] | None =
     config = uvicorn.Config(fleet_app, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=2, lifespan="on")
     server = uvicorn.Server(config)
+    lost: list[str] = []
+
+    def lost_lead(why: str) -> None:  # fail-stop (api/fleet/leadership.py): never act beside a new leader
+        lost.append(why)
+        server.should_exit = True
+
+    fleet_app.state.fleet.on_lost_lead = lost_lead
     if ready is not None:
         notify_ready = ready
 
@@ -67,6 +74,9 @@ def serve_fleet(settings: FleetSettings, *, ready: Callable[[], object] | None =
         fleet_app.state.fleet.stop()
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+    if lost:
+        raise FleetError(f"this fleet process stopped leading: {lost[0]}",
+                         hint="start it again: it follows, and leads when the lead is free")
     if not server.started:
         raise FleetError(f"the fleet service did not start on {settings.host}:{settings.port}",
                          hint="check the broker URL (--broker) and that the port is free")

@@ -5,6 +5,7 @@ the event bus. HTTP routes only call into this object.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import secrets
 import threading
@@ -17,9 +18,11 @@ from pydantic import BaseModel, ValidationError
 from api.fleet.asyncrounds import start_aggregator
 from api.fleet.autorounds import AutoRoundPolicy, AutoRounds
 from api.fleet.enrollment import EnrollmentManager, device_broker_url
+from api.fleet.errors import FleetError
 from api.fleet.events import EventBus, EventType
 from api.fleet.history import FleetHistory
 from api.fleet.images import GrantRefused, ImageCatalogue
+from api.fleet.leadership import Leadership, PostgresLeader, SoleLeader
 from api.fleet.operations import Operations
 from api.fleet.registry import NodeRegistry
 from api.fleet.rollback import Rollback, RollbackManager, RollbackRequest
@@ -37,11 +40,11 @@ from api.fleet.settings import FleetSettings
 from federation import grants, topics
 from federation.asyncagg import Aggregator
 from federation.auth import Keyring, Reject
-from federation.messages import EventKind, NodeState, parse_event, parse_status
+from federation.messages import EventKind, NodeState, RoundAbort, parse_event, parse_status
 from federation.signed import Identity, SignedLink, load_identity
 from federation.transport import PubSubLink
 
-__all__ = ["FleetService", "Link", "LinkFactory"]
+__all__ = ["FleetService", "Link", "LinkFactory", "TAKEN_OVER"]
 
 log = logging.getLogger("fractal.fleet")
 
@@ -51,6 +54,10 @@ Link = PubSubLink
 
 
 LinkFactory = Callable[[FleetSettings], Link]
+
+# Why a round the previous leader ran is failed by the process that takes the lead from it.
+TAKEN_OVER = "the leading fleet process stopped during the round; fleet process {me} took the lead"
+LEADER_KEY = "fleet.leader"  # kv row: who leads now (its URL for followers' redirects)
 
 
 def default_link(settings: FleetSettings) -> Link:
@@ -72,8 +79,15 @@ class FleetService:
         self.clock = clock
         self.bus = EventBus()
         self.registry = NodeRegistry()
-        self.history = FleetHistory(settings.db_path())
-        self.history.close_interrupted(clock())
+        self.history = FleetHistory(settings.store_target())
+        # SQLite: this is the only fleet process, it leads from now. PostgreSQL: it leads once it
+        # holds the swarm's advisory lock (api/fleet/leadership.py); until then it follows.
+        self.leadership: Leadership = (PostgresLeader(settings.database, settings.swarm,
+                                                      check_s=settings.leader_check_s)
+                                       if settings.database else SoleLeader())
+        self.on_lost_lead: Callable[[str], None] | None = None  # serve_fleet stops the process
+        if not settings.database:
+            self.history.close_interrupted(clock())
         # One coordinator of which operations may run together, asked by every manager's start.
         self.operations = Operations()
         self.rounds = RoundManager(
@@ -108,13 +122,14 @@ class FleetService:
         self._stop = threading.Event()
         self._dirty: set[str] = set()  # running rounds with step updates not yet published
         self._dirty_lock = threading.Lock()
+        self._watched: set[str] = set()  # a follower's rounds still running in the store
         self._round_events = threading.Lock()  # one reader+publisher of round states at a time
         self._round_seq = 0  # bumped by every published round state (see round_view)
         self._ticker: threading.Thread | None = None
         self._ident: Identity | None = None
         self.aggregator: Aggregator | None = None  # async rounds (settings.async_params)
         self.enrollment = EnrollmentManager(
-            settings.db_path(), swarm=settings.swarm, broker_url=device_broker_url(settings),
+            settings.store_target(), swarm=settings.swarm, broker_url=device_broker_url(settings),
             identity=None, keyring_file=settings.keyring_file, publish=self._publish_retained, clock=clock)
 
     # -- life cycle -----------------------------------------------------------------------
@@ -131,16 +146,79 @@ class FleetService:
             from federation.dynsec import DynsecAdmin
 
             self.enrollment.dynsec = DynsecAdmin(self.settings.dynsec_admin)
-        self.enrollment.publish_keyring()  # members that missed an update get it (retained)
+        if self.leading:
+            self.enrollment.publish_keyring()  # members that missed an update get it (retained)
         self._link.subscribe(topics.status_all(self.settings.swarm), self._on_status)
         self._link.subscribe(topics.round_events_all(self.settings.swarm), self._on_event)
-        if self.settings.async_params:
-            self.aggregator = start_aggregator(self.settings, self._link)
+        if self.leading:  # a follower starts it when it takes the lead
+            self._start_aggregator()
         self._stop.clear()
         self._ticker = threading.Thread(target=self._tick_loop, name="fleet-ticker", daemon=True)
         self._ticker.start()
+        self.leadership.start(self._take_lead, self._lose_lead)
+
+    # -- leadership (api/fleet/leadership.py) ---------------------------------------------
+    @property
+    def leading(self) -> bool:
+        """Does this process act (publish commands, run rounds, accept writes)? Else it follows."""
+        return self.leadership.leading
+
+    def my_url(self) -> str:
+        host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "::") else self.settings.host
+        return (self.settings.public_url or f"http://{host}:{self.settings.port}").rstrip("/")
+
+    def leader(self) -> dict | None:
+        """Who leads, as the leader recorded it: ``{"url", "process", "since"}`` (None: unknown)."""
+        raw = self.history.get_value(LEADER_KEY)
+        return json.loads(raw) if raw else None
+
+    def leader_address(self) -> tuple[bool, str | None]:
+        """(does this process lead, the leader's URL): what a follower's 503 answers with."""
+        if self.leading:
+            return True, self.my_url()
+        try:
+            info = self.leader()
+        except FleetError:  # the database is away: the 503 still answers, without an address
+            return False, None
+        return False, info["url"] if info else None
+
+    def _take_lead(self) -> None:
+        """Won the lead (the leadership thread calls this): close the previous leader's running
+        rounds as failed (their nodes are told to abort), reload the state it kept in the database."""
+        now = self.clock()
+        me = self.leadership.ident
+        self.history.set_value(LEADER_KEY, json.dumps({"url": self.my_url(), "process": me, "since": now}))
+        reason = TAKEN_OVER.format(me=me)
+        closed = self.history.close_interrupted(now, reason)
+        self.history.record_action("fleet.lead", {"process": me, "url": self.my_url(),
+                                                  "failed_rounds": closed}, now)
+        self.auto = AutoRounds(self.history, self.clock, stamp=self.clock)  # the policy as last stored
+        self._next_auto_check = 0.0
+        for rid in closed:
+            try:
+                self._publish(topics.command(self.settings.swarm), RoundAbort(round_id=rid, reason=reason))
+            except Exception as exc:  # best effort, as any abort: the nodes' own timeouts end it too
+                log.warning("round %s: could not publish the abort to the nodes: %s", rid, exc)
+            self._publish_round(rid)
+        if self._link is not None:
+            self.enrollment.publish_keyring()
+            self._start_aggregator()
+        self.bus.publish(EventType.LEADER, {"role": "leader", "leader": self.my_url()})
+        log.warning("fleet process %s leads swarm %s; rounds failed on takeover: %s", me,
+                    self.settings.swarm, closed or "none")
+
+    def _start_aggregator(self) -> None:
+        """Asynchronous rounds (settings.async_params): the leader aggregates, from the stored version."""
+        if self.settings.async_params and self.aggregator is None and self._link is not None:
+            self.aggregator = start_aggregator(self.settings, self._link, self.history)
+
+    def _lose_lead(self, why: str) -> None:
+        log.error("this fleet process stops: %s", why)
+        if self.on_lost_lead is not None:
+            self.on_lost_lead(why)
 
     def stop(self) -> None:
+        self.leadership.stop()
         self._stop.set()
         if self.aggregator is not None:
             self.aggregator.close()
@@ -181,6 +259,9 @@ class FleetService:
         if view is None:
             self._reject(topic, f"registry full ({self.registry.max_nodes} nodes)", "registry_full")
             return
+        if not self.leading:  # a follower shows the nodes; the leader acts on them
+            self.bus.publish(EventType.NODE, view | {"left_out": None})
+            return
         self.auto.on_status(node, status.model_version, status.samples_new)
         self.bus.publish(EventType.NODE, view | {"left_out": self.rounds.left_out().get(node)})
         if not view["online"]:
@@ -208,6 +289,10 @@ class FleetService:
             return
         if topic != topics.round_events(self.settings.swarm, ev.round_id, ev.node_id):
             self._reject(topic, f"event of {ev.node_id!r} for round {ev.round_id!r} on another topic")
+            return
+        if not self.leading:  # the leader saves the round; show its stored copy at the next tick
+            with self._dirty_lock:
+                self._dirty.add(ev.round_id)
             return
         left_out = self.rounds.left_out()
         rnd = self.rounds.on_event(ev, self.clock())
@@ -277,6 +362,9 @@ class FleetService:
     def tick(self) -> None:
         """Expire silent nodes and overdue rounds (the ticker thread calls this)."""
         now = self.clock()
+        if not self.leading:
+            self._follow_tick(now)
+            return
         for view in self.registry.expire(now):
             self.bus.publish(EventType.NODE, view)
             # silent for 1.5x its keepalive: long past any reconnect
@@ -295,6 +383,21 @@ class FleetService:
         if now >= self._next_auto_check:
             self._next_auto_check = now + self.settings.auto_check_s
             self.check_auto_rounds()
+
+    def _follow_tick(self, now: float) -> None:
+        """A follower's tick: expire silent nodes, show the rounds the leader changed."""
+        for view in self.registry.expire(now):
+            self.bus.publish(EventType.NODE, view)
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        # A round's final event may arrive here before the leader stored the final state: a round
+        # stays watched (read again every tick) until the store says it ended.
+        self._watched |= dirty
+        for rid in sorted(self._watched):
+            self._publish_round(rid)
+            data = self.rounds.get(rid)
+            if data is None or data["state"] != RoundState.RUNNING.value:
+                self._watched.discard(rid)
 
     # -- automatic rounds (api/fleet/autorounds.py) ----------------------------------------
     def _auto_participants(self) -> dict[str, int]:
@@ -318,6 +421,8 @@ class FleetService:
         return rnd
 
     def auto_view(self) -> dict:
+        if not self.leading:  # the leader may have changed the policy: show it as stored
+            self.auto = AutoRounds(self.history, self.clock, stamp=self.clock)
         return self.auto.view(self._auto_participants())
 
     def set_auto_policy(self, policy: AutoRoundPolicy) -> dict:
@@ -497,7 +602,9 @@ class FleetService:
             self.bus.publish(EventType.IMAGES, {"images": self.images.list()})
 
     def snapshot(self) -> dict:
-        return {"swarm": self.settings.swarm, "nodes": self.nodes(), "rounds": self.round_history(),
+        leading, leader = self.leader_address()
+        return {"swarm": self.settings.swarm, "role": "leader" if leading else "follower", "leader": leader,
+                "nodes": self.nodes(), "rounds": self.round_history(),
                 "actions": self.history.actions(50), "margin": self.settings.rollback_margin,
                 "auto_rollback": self.settings.auto_rollback, "rollouts": self.rollouts.recent(),
                 "images": self.images.list() if self.images is not None else None,

@@ -48,6 +48,11 @@ class FleetSettings(BaseSettings):
     history: int = Field(default=200, ge=1)  # rounds kept in memory (all of them are in the db)
     # SQLite file of round history and operator actions; empty: the user data dir, per swarm.
     db: str = ""
+    # PostgreSQL instead of the SQLite file (postgresql://user:pw@host:port/dbname, one database per
+    # swarm): several fleet processes may share it, one leads (api/fleet/leadership.py).
+    database: str = Field(default="", repr=False)
+    # How often a follower tries to take the lead and the leader checks that it still holds it.
+    leader_check_s: float = Field(default=0.5, gt=0, le=60)
     tick_s: float = Field(default=0.25, gt=0)  # how often deadlines and heartbeats are checked
     # How often the automatic-round policy (api/fleet/autorounds.py) is checked; a due round that
     # must wait (the swarm is busy) is tried again at the next check.
@@ -67,7 +72,7 @@ class FleetSettings(BaseSettings):
     device_broker: str = ""
     dynsec_admin: str = Field(default="", repr=False)
 
-    # Asynchronous rounds (federation/PROTOCOL.md section 12): with async_params set (an artifact
+    # Asynchronous rounds (federation/PROTOCOL.md section 13): with async_params set (an artifact
     # directory or its params.npz: version 0, the parameters the nodes' images ship), the fleet
     # aggregates the updates of nodes running [training] sync = "async": a new version every
     # async_buffer updates, updates more than async_max_staleness versions behind refused.
@@ -83,6 +88,17 @@ class FleetSettings(BaseSettings):
         import platformdirs
 
         return Path(platformdirs.user_data_dir("fractal-edge")) / f"fleet-{self.swarm}.sqlite"
+
+    def store_target(self) -> str:
+        """The fleet's database: the PostgreSQL URL when set, else the SQLite file."""
+        return self.database or str(self.db_path())
+
+    @field_validator("database")
+    @classmethod
+    def _postgres_url(cls, v: str) -> str:
+        if v and not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL (leave it empty for the SQLite file)")
+        return v
 
     @field_validator("swarm")
     @classmethod

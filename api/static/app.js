@@ -9,6 +9,13 @@ const state = {swarm: "", nodes: new Map(), rounds: new Map(), selected: null, e
 
 // ---- the error banner: dismissable, and it clears itself once its condition is gone -------------
 const banner = {resolved: null};
+// A follower (a second fleet process on PostgreSQL) shows everything but refuses changes: say so.
+function showRole(s) {
+  const el = $("role");
+  el.hidden = s.role !== "follower";
+  el.textContent = s.leader ? `follower: changes go to ${s.leader}` : "follower: no process leads";
+}
+
 function showError(msg, resolved) {
   $("error-text").textContent = msg || "";
   $("error").hidden = !msg;
@@ -625,6 +632,7 @@ function connect() {
   es.addEventListener("snapshot", (ev) => {
     const s = JSON.parse(ev.data);
     state.swarm = s.swarm; $("swarm").textContent = `swarm ${s.swarm}`;
+    showRole(s);
     state.nodes = new Map(s.nodes.map((n) => [n.node_id, n]));
     s.nodes.forEach(absorbAnomaly);
     state.rounds = new Map(s.rounds.map((r) => [r.round_id, r]));
@@ -639,6 +647,7 @@ function connect() {
     renderNodes(); renderRounds(); renderActions(); renderImages(); renderRollout(); renderEnrollments(); renderAuto();
     renderAnomaly();
   });
+  es.addEventListener("leader", (ev) => showRole(JSON.parse(ev.data)));
   es.addEventListener("enrollment", (ev) => { state.enrollments = JSON.parse(ev.data).enrollments; renderEnrollments(); });
   es.addEventListener("node", (ev) => {
     const n = JSON.parse(ev.data);

@@ -148,16 +148,15 @@ def _npz(tmp_path, **arrays) -> Path:
     return path
 
 
+def _predict(run_cli, tmp_path, artifact, **arrays):
+    """``fractal predict ARTIFACT --input IN.npz --output o.npz`` (default input: one digits row)."""
+    inp = _npz(tmp_path, **(arrays or {"x": np.zeros((1, 64), np.float32)}))
+    return run_cli("predict", artifact, "--input", inp, "--output", tmp_path / "o.npz")
+
+
 def test_missing_artifact_file(run_cli, tmp_path, artifact_copy):
     (artifact_copy / "params.npz").unlink()
-    res = run_cli(
-        "predict",
-        artifact_copy,
-        "--input",
-        _npz(tmp_path, x=np.zeros((1, 64), np.float32)),
-        "--output",
-        tmp_path / "o.npz",
-    )
+    res = _predict(run_cli, tmp_path, artifact_copy)
     _one_line_error(res, "'params.npz' is missing")
 
 
@@ -166,40 +165,19 @@ def test_sha256_mismatch(run_cli, tmp_path, artifact_copy):
     data = bytearray(lib.read_bytes())
     data[len(data) // 2] ^= 0xFF
     lib.write_bytes(bytes(data))
-    res = run_cli(
-        "predict",
-        artifact_copy,
-        "--input",
-        _npz(tmp_path, x=np.zeros((1, 64), np.float32)),
-        "--output",
-        tmp_path / "o.npz",
-    )
+    res = _predict(run_cli, tmp_path, artifact_copy)
     _one_line_error(res, "'infer.so' fails its sha256 check")
 
 
 def test_not_an_artifact_dir(run_cli, tmp_path):
     (tmp_path / "empty").mkdir()
-    res = run_cli(
-        "predict",
-        tmp_path / "empty",
-        "--input",
-        _npz(tmp_path, x=np.zeros((1, 64), np.float32)),
-        "--output",
-        tmp_path / "o.npz",
-    )
+    res = _predict(run_cli, tmp_path, tmp_path / "empty")
     _one_line_error(res, "no manifest.json")
 
 
 def test_bad_manifest_json(run_cli, tmp_path, artifact_copy):
     (artifact_copy / "manifest.json").write_text("{not json")
-    res = run_cli(
-        "predict",
-        artifact_copy,
-        "--input",
-        _npz(tmp_path, x=np.zeros((1, 64), np.float32)),
-        "--output",
-        tmp_path / "o.npz",
-    )
+    res = _predict(run_cli, tmp_path, artifact_copy)
     _one_line_error(res, "not valid JSON")
 
 
@@ -213,14 +191,7 @@ def test_bad_manifest_json(run_cli, tmp_path, artifact_copy):
     ],
 )
 def test_predict_bad_npz(run_cli, tmp_path, compiler_digits_artifact, arrays, needle):
-    res = run_cli(
-        "predict",
-        compiler_digits_artifact,
-        "--input",
-        _npz(tmp_path, **arrays),
-        "--output",
-        tmp_path / "o.npz",
-    )
+    res = _predict(run_cli, tmp_path, compiler_digits_artifact, **arrays)
     _one_line_error(res, needle)
     assert not (tmp_path / "o.npz").exists()
 
@@ -240,14 +211,7 @@ def test_foreign_arch_artifact_is_refused(run_cli, tmp_path, mlp_onnx):
     foreign, arch = ("rpi4", "aarch64") if host_arch() != "aarch64" else ("x86_64", "x86_64")
     res = run_cli("compile", mlp_onnx, "--target", foreign, "--out", tmp_path / "rpi4", "-q")
     assert res.code == 0, res.err
-    res = run_cli(
-        "predict",
-        tmp_path / "rpi4",
-        "--input",
-        _npz(tmp_path, x=np.zeros((1, 8), np.float32)),
-        "--output",
-        tmp_path / "o.npz",
-    )
+    res = _predict(run_cli, tmp_path, tmp_path / "rpi4", x=np.zeros((1, 8), np.float32))
     _one_line_error(res, f"compiled for {arch}", f"this machine is {host_arch()}", "--emulate")
 
 

@@ -31,6 +31,26 @@ def get(url: str, token: str | None = None) -> dict:
         return json.loads(r.read() or b"{}")
 
 
+def start_cli_node(cfg_path: Path, port: int, timeout: float = 60.0) -> subprocess.Popen:
+    """``fractal node --config CFG`` as a real process, returned once it answers ready (its
+    output on stdout; the caller stops it)."""
+    proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "node", "--config",
+                             str(cfg_path)], cwd=Path(__file__).parents[2], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            get(f"http://127.0.0.1:{port}/v2/health/ready")
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError(proc.stdout.read() if proc.stdout else "node exited") from None
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"node on port {port} not ready within {timeout:g}s") from None
+            time.sleep(0.2)
+
+
 def test_fractal_node_serves_and_restores_params(tmp_path, digits_artifact, digits_data):
     port = free_port()
     cfg_path = write_node_toml(tmp_path / "NODE.toml", {
@@ -42,19 +62,8 @@ def test_fractal_node_serves_and_restores_params(tmp_path, digits_artifact, digi
     art = load_artifact(digits_artifact)
     holder = ModelHolder(art, load_config(cfg_path).data_dir)
     trained = holder.commit([p * np.float32(0.5) for p in art.params], 3)
-    proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "node", "--config",
-                             str(cfg_path)], cwd=Path(__file__).parents[2], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start_cli_node(cfg_path, port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                get(f"http://127.0.0.1:{port}/v2/health/ready")
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read()
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
         info = get(f"http://127.0.0.1:{port}/v1/node", "tok")
         assert info["node_id"] == "cli-node" and info["model_version"] == 3
         assert info["params_sha256"] == trained.sha256 and info["model"] == "digits-mlp"

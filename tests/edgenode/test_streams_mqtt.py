@@ -8,16 +8,14 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgenode.store import SampleSpec, SampleStore
-from tests.edgenode.test_cli_node import free_port, get
+from tests.edgenode.test_cli_node import free_port, get, start_cli_node
 
 RATE = 100.0
 T0 = 1.7e9  # absolute SenML base time (s)
@@ -65,19 +63,8 @@ window = 32
 gap_tolerance_s = 0.02
 max_delay_s = 0.05
 """)
-    proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "node", "--config",
-                             str(cfg)], cwd=Path(__file__).parents[2], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start_cli_node(cfg, port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                get(f"http://127.0.0.1:{port}/v2/health/ready")
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read()
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
         sensor = mqtt_link_factory(mosquitto, "sensor")
         a = list(range(0, 80))  # windows 0-31, 32-63; 64-79 is cut by the gap
         b = list(range(200, 270))  # windows 200-231, 232-263 (264.. not final: no window)

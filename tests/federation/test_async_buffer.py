@@ -161,11 +161,11 @@ class _Link:
 
 def test_aggregator_resumes_its_version_after_a_restart(tmp_path):
     from federation import topics
-    from federation.asyncagg import Aggregator
+    from federation.asyncagg import Aggregator, FileVersionStore
 
     v0, state = _v0(), tmp_path / "fleet.async-version"
     link = _Link()
-    agg = Aggregator(link, v0, buffer=1, max_staleness=2, refresh_s=0, state_path=state).start()
+    agg = Aggregator(link, v0, buffer=1, max_staleness=2, refresh_s=0, store=FileVersionStore(state)).start()
     deliver = link.callbacks[topics.async_updates_all("s")]
     deliver(topics.async_update("s", "a"), encode_update(_upd("a", v0)))
     deliver(topics.async_update("s", "junk"), b"junk")  # refused, counted, nothing raised
@@ -175,7 +175,8 @@ def test_aggregator_resumes_its_version_after_a_restart(tmp_path):
     agg.close()
     # a restarted fleet starts from its version 1, not from version 0 (which every node is past)
     link2 = _Link()
-    agg2 = Aggregator(link2, v0, buffer=1, max_staleness=2, refresh_s=0, state_path=state).start()
+    agg2 = Aggregator(link2, v0, buffer=1, max_staleness=2, refresh_s=0,
+                      store=FileVersionStore(state)).start()
     assert agg2.current.sha256 == v1.sha256 and agg2.current.version == 1
     assert decode_version(link2.published[0][1]).version == 1
     deliver2 = link2.callbacks[topics.async_updates_all("s")]

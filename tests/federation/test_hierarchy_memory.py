@@ -197,8 +197,8 @@ def test_the_collective_broadcasts_the_roots_exact_bytes_and_refuses_what_spans_
                                                              group=topo.members, tag="p/params", timeout=10))
                            for m in topo.members})
         assert bits(assert_identical(res)) == bits(vec)
-        with pytest.raises(RoundAborted, match="unscreened"):
-            cols["s0n0"].allreduce(vec, group=topo.members, tag="s", screen=(vec, None))
+        with pytest.raises(RoundAborted, match="uncompressed"):
+            cols["s0n0"].allreduce(vec, group=topo.members, tag="s", compression="int8")
         with pytest.raises(RoundAborted, match="all-gather"):
             cols["s0n0"].exchange(vec, group=topo.members, tag="x")
         with pytest.raises(ValueError, match="participants"):

@@ -185,9 +185,11 @@ def _req(token, device_id):
                         dh_public=dpub, proof=base64.b64encode(proof).decode())
 
 
-def test_token_expiry_and_use_count(tmp_path):
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_token_expiry_and_use_count(tmp_path, engine, request):
     now = [1000.0]
-    m = EnrollmentManager(tmp_path / "f.sqlite", swarm="s", broker_url="mqtt://b", identity=None,
+    db = str(tmp_path / "f.sqlite") if engine == "sqlite" else request.getfixturevalue("pg_url")
+    m = EnrollmentManager(db, swarm="s", broker_url="mqtt://b", identity=None,
                           keyring_file=None, clock=lambda: now[0])
     tok = m.create_token(TokenRequest(ttl_s=60, uses=2))["token"]
     assert m.request(_req(tok, "a"))["state"] == "pending"
@@ -202,7 +204,7 @@ def test_token_expiry_and_use_count(tmp_path):
     assert exc.value.status_code == 403 and "expired" in exc.value.reason
     # durable: a new manager on the same file (a restarted fleet) sees the same enrolments
     m.close()
-    m2 = EnrollmentManager(tmp_path / "f.sqlite", swarm="s", broker_url="mqtt://b", identity=None,
+    m2 = EnrollmentManager(db, swarm="s", broker_url="mqtt://b", identity=None,
                            keyring_file=None, clock=lambda: now[0])
     assert {r["device_id"]: r["state"] for r in m2.list()} == {"a": "pending", "b": "pending"}
     with pytest.raises(EnrollmentRejected) as exc:  # unsigned fleet: nothing to hand out

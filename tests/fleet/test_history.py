@@ -1,9 +1,11 @@
 """Durable fleet state: rounds, their metrics and the operator's actions survive a fleet restart
-(real SQLite file, real fleet service + Mosquitto); history is paged."""
+(real SQLite file and real PostgreSQL server, real fleet service + Mosquitto); history is paged."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from api.fleet.history import RESTARTED, FleetHistory
 from api.fleet.rounds import RoundManager, RoundRequest
@@ -14,8 +16,16 @@ def _event(rid, node, kind, **kw):
     return RoundEvent(kind=kind, round_id=rid, node_id=node, **kw)
 
 
-def test_store_pages_and_closes_interrupted_rounds(tmp_path):
-    db = tmp_path / "fleet.sqlite"
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path) -> dict[str, str]:
+    """The fleet's database as settings: a SQLite file, or a fresh database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return {"db": str(tmp_path / "fleet.sqlite")}
+    return {"database": request.getfixturevalue("pg_url")}
+
+
+def test_store_pages_and_closes_interrupted_rounds(store):
+    db = next(iter(store.values()))
     store = FleetHistory(db)
     m = RoundManager(swarm="s", publish=lambda t, msg: None, start_timeout_s=5, idle_timeout_s=5, store=store)
     rids = []
@@ -45,11 +55,11 @@ def test_store_pages_and_closes_interrupted_rounds(tmp_path):
     again.close()
 
 
-def test_fleet_restart_keeps_history_and_actions(make_fleet, tmp_path):
+def test_fleet_restart_keeps_history_and_actions(make_fleet, store):
     from federation.messages import NodeState
 
-    db = str(tmp_path / "fleet.sqlite")
-    fleet = make_fleet(db=db)
+    fleet = make_fleet(**store)
+    fleet.wait_for(lambda: fleet.service.leading, what="the fleet leads")  # PostgreSQL: it wins the lock
     links = {n: fleet.announce(n, NodeState.ONLINE) for n in ("node-a", "node-b")}
     fleet.wait_for(lambda: all(fleet.node(n) and fleet.node(n)["online"] for n in links), what="nodes online")
     rid = fleet.post("/api/rounds", json={"steps": 2, "lr": 0.05}).json()["round_id"]
@@ -59,12 +69,12 @@ def test_fleet_restart_keeps_history_and_actions(make_fleet, tmp_path):
     fleet.wait_for(lambda: fleet.get(f"/api/rounds/{rid}").json()["state"] == "done", what="round done")
     fleet.service.stop()  # the first fleet process goes away
 
-    second = make_fleet(swarm=fleet.swarm, db=db)
+    second = make_fleet(swarm=fleet.swarm, **store)
     body = second.get("/api/rounds", params={"limit": 10}).json()
     assert [r["round_id"] for r in body["rounds"]] == [rid] and body["next_before"] is None
     got = second.get(f"/api/rounds/{rid}").json()
     assert got["state"] == "done" and got["lr"] == 0.05 and got["loss"][0]["mean"] == 1.5
-    actions = second.get("/api/actions").json()["actions"]
+    actions = [a for a in second.get("/api/actions").json()["actions"] if a["action"] != "fleet.lead"]
     assert actions[0]["action"] == "start_round" and actions[0]["detail"]["round_id"] == rid
     assert second.get("/api/rounds", params={"limit": 0}).status_code == 422
     assert second.get("/api/rounds", params={"before": "nan"}).status_code == 422

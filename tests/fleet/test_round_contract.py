@@ -81,19 +81,28 @@ def test_seventy_nodes_run_one_hierarchical_round_in_sites_of_at_most_one_ring(s
     assert cmd.sites == {"east": nodes[:30], "default": nodes[30:]}
     assert swarm.get(f"/api/rounds/{cmd.round_id}").json()["sites"] == cmd.sites
     assert all(len(ms) <= SITE_PARTICIPANTS_MAX for ms in cmd.sites.values())
-    # Hierarchical rounds run plain means (federation/PROTOCOL.md section 10).
-    assert (cmd.outlier_factor, cmd.aggregation, cmd.compression) == (0, "mean", "none")
+    # Hierarchical rounds run uncompressed means, screened across levels with the nodes' default
+    # outlier factor (federation/PROTOCOL.md section 10).
+    assert (cmd.outlier_factor, cmd.aggregation, cmd.compression) == (None, "mean", "none")
 
 
-@pytest.mark.parametrize("asked", [{"outlier_factor": 3}, {"aggregation": "median"}, {"compression": "int8"}])
-def test_a_hierarchical_round_asked_for_screening_codecs_or_robust_aggregation_is_a_422(swarm, asked):
+def test_a_hierarchical_round_takes_the_operators_outlier_factor(swarm):
+    for n in ("a", "b"):
+        swarm.status(n, site=f"site-{n}")
+    assert swarm.post("/api/rounds", {"steps": 1, "outlier_factor": 4}).status_code == 201
+    (cmd,) = swarm.commands()
+    assert cmd.sites is not None and cmd.outlier_factor == 4
+
+
+@pytest.mark.parametrize("asked", [{"aggregation": "median"}, {"compression": "int8"}])
+def test_a_hierarchical_round_asked_for_codecs_or_robust_aggregation_is_a_422(swarm, asked):
     for n in ("a", "b"):
         swarm.status(n, site=f"site-{n}")
     r = swarm.post("/api/rounds", {"steps": 1, **asked})
     (key,) = asked
     assert r.status_code == 422 and key in r.text and "section 10" in r.text
     assert swarm.commands() == []
-    assert swarm.post("/api/rounds", {"steps": 1, key: {"outlier_factor": 0, "aggregation": "mean",
+    assert swarm.post("/api/rounds", {"steps": 1, key: {"aggregation": "mean",
                                                         "compression": "none"}[key]}).status_code == 201
 
 

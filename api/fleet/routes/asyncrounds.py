@@ -1,4 +1,4 @@
-"""GET /api/async: the asynchronous rounds' versions (federation/PROTOCOL.md section 12)."""
+"""GET /api/async: the asynchronous rounds' versions (federation/PROTOCOL.md section 13)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,9 @@ class Login(BaseModel):
 
 @router.get("/health")
 def health(fleet: Service) -> dict:
-    """Liveness, no token needed: is the service up and connected to its broker."""
-    return {"status": "ok", "broker_connected": fleet.connected, "swarm": fleet.settings.swarm}
+    """Liveness, no token needed: is the service up and connected to its broker, does it lead."""
+    return {"status": "ok", "broker_connected": fleet.connected, "swarm": fleet.settings.swarm,
+            "role": "leader" if fleet.leading else "follower"}
 
 
 @router.post("/login")
