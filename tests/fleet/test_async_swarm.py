@@ -36,9 +36,10 @@ def test_async_swarm_nodes_join_late_and_agree(make_fleet, node_factory, digits_
     swarm = f"as{int(time.time() * 1000) % 10**8}"
     ids = [f"{swarm}-n{k}" for k in range(3)]
     provision(keys, swarm, ids)
-    fleet = make_fleet(swarm=swarm, key_file=str(keys / "keys/fleet.key"),
-                       keyring_file=str(keys / "keyring.json"), async_params=str(digits_artifact),
-                       async_buffer=2, async_max_staleness=2)
+    settings = {"swarm": swarm, "key_file": str(keys / "keys/fleet.key"),
+                "keyring_file": str(keys / "keyring.json"), "async_params": str(digits_artifact),
+                "async_buffer": 2, "async_max_staleness": 2, "db": str(tmp_path / "fleet.sqlite")}
+    fleet = make_fleet(**settings)
     agg = fleet.service.aggregator
     assert agg is not None and agg.current.version == 0
 
@@ -71,6 +72,12 @@ def test_async_swarm_nodes_join_late_and_agree(make_fleet, node_factory, digits_
     # rounds stay synchronous: sync "async" is not a round's mode
     r = fleet.client.post("/api/rounds", json={"steps": 1, "sync": "async"})
     assert r.status_code == 422 and "async" in r.text
+
+    # The fleet restarts: it resumes at the stored version (the nodes never go back to version 0)
+    fleet.stop()
+    again = make_fleet(**settings)
+    assert again.service.aggregator.current.sha256 == final.sha256
+    assert again.get("/api/async").json()["version"] == final.version
 
 
 @pytest.mark.slow
