@@ -35,6 +35,38 @@ from federation.asyncbuf import Buffer, Refused, Update, encode_update
 from tests.edgenode.learning import N_NODES, accuracy, load_split, non_iid_shards
 
 SPEEDS = (1, 1, 2, 5)  # local steps' duration per member: member 3 is 5x slower than members 0 and 1
+# The "intermittent" scenario: equal speeds, member k online in [off_k, off_k + W) of every period P
+# (each one 5/8 of the time; all four together 1/4 of the time).
+INTERMITTENT = {"speeds": (1, 1, 1, 1), "period": 200, "window": 125, "offsets": (0, 25, 50, 75)}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    speeds: tuple[int, ...]
+    period: int = 0  # 0: always online
+    window: int = 0
+    offsets: tuple[int, ...] = (0, 0, 0, 0)
+
+    def _phase(self, k: int, t: int) -> int:
+        return (t - self.offsets[k]) % self.period
+
+    def finish(self, k: int, start: int, work: int) -> int:
+        """When member ``k``, starting at ``start``, has done ``work`` units (it computes only online)."""
+        if not self.period:
+            return start + work
+        t = start
+        while work > 0:
+            phase = self._phase(k, t)
+            if phase >= self.window:
+                t += self.period - phase
+                continue
+            run = min(work, self.window - phase)
+            t, work = t + run, work - run
+        return t
+
+    def all_online_for(self, t: int, span: int) -> bool:
+        last = self.window - span  # the latest phase a span of work can start at and end online
+        return not self.period or all(self._phase(k, t) <= last for k in range(len(self.speeds)))
 
 
 @dataclass
@@ -77,15 +109,19 @@ def local_train(tr: Any, params: list[np.ndarray], x: np.ndarray, y: np.ndarray,
 
 
 def run_sync(art, data, *, budget: int, local_steps: int, lr: float, step_s: float,
-             seed: int = 0) -> Result:
+             seed: int = 0, scn: Scenario = Scenario(SPEEDS)) -> Result:
     xtr, xte, ytr, yte, shards = data
     flat = Flat(art.params)
     g = flat.flat(art.params)
     rngs = [np.random.default_rng(seed * 1000 + 100 + k) for k in range(N_NODES)]
     w = np.array([len(s) for s in shards], np.float64)
     t, rounds, to90 = 0, 0, None
-    round_t = max(SPEEDS) * local_steps
-    while t + round_t <= budget:
+    round_t = max(scn.speeds) * local_steps
+    while True:
+        while not scn.all_online_for(t, round_t):  # a round needs every member online throughout
+            t += 1
+        if t + round_t > budget:
+            break
         trained = [flat.flat(local_train(art.trainer, flat.unflat(g), xtr[s], ytr[s], local_steps, lr,
                                          rngs[k])) for k, s in enumerate(shards)]
         g = (np.tensordot(w, np.stack(trained).astype(np.float64), 1) / w.sum()).astype(np.float32)
@@ -98,13 +134,13 @@ def run_sync(art, data, *, budget: int, local_steps: int, lr: float, step_s: flo
 
 
 def run_async(art, data, *, budget: int, local_steps: int, lr: float, step_s: float, buffer: int,
-              max_staleness: int, seed: int = 0) -> Result:
+              max_staleness: int, seed: int = 0, scn: Scenario = Scenario(SPEEDS)) -> Result:
     xtr, xte, ytr, yte, shards = data
     flat = Flat(art.params)
     buf = Buffer(initial_version(flat.flat(art.params)), buffer=buffer, max_staleness=max_staleness)
     rngs = [np.random.default_rng(seed * 1000 + 100 + k) for k in range(N_NODES)]
     # (time the member finishes, member, the version it trained from)
-    events = [(SPEEDS[k] * local_steps, k, buf.current) for k in range(N_NODES)]
+    events = [(scn.finish(k, 0, scn.speeds[k] * local_steps), k, buf.current) for k in range(N_NODES)]
     heapq.heapify(events)
     updates = refused = 0
     to90: float | None = None
@@ -131,9 +167,9 @@ def run_async(art, data, *, budget: int, local_steps: int, lr: float, step_s: fl
             if to90 is None and accuracy(art, flat.unflat(nxt.params), xte, yte) >= 0.9:
                 to90 = t * step_s
             for j in waiting:
-                heapq.heappush(events, (t + SPEEDS[j] * local_steps, j, nxt))
+                heapq.heappush(events, (scn.finish(j, t, scn.speeds[j] * local_steps), j, nxt))
             waiting.clear()
-        heapq.heappush(events, (t + SPEEDS[k] * local_steps, k, buf.current))
+        heapq.heappush(events, (scn.finish(k, t, scn.speeds[k] * local_steps), k, buf.current))
     return Result(f"async K={buffer} S={max_staleness}", buf.current.version, updates, refused,
                   accuracy(art, flat.unflat(buf.current.params), xte, yte), min(t, budget) * step_s, to90)
 
@@ -151,7 +187,7 @@ def step_seconds(art, x, y) -> float:
 
 
 def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float = 0.1,
-         seed: int = 0) -> list[Result]:
+         seed: int = 0, intermittent: bool = False) -> list[Result]:
     from compiler import load_artifact
 
     art = load_artifact(artifact_dir)
@@ -159,12 +195,16 @@ def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float 
     data = (xtr, xte, ytr, yte, non_iid_shards(ytr))
     step_s = step_seconds(art, xtr, ytr)
     budget = rounds * max(SPEEDS) * local_steps  # local steps: the sync run's `rounds` rounds
-    print(f"one local step {step_s * 1e3:.2f} ms; speeds {SPEEDS}; {local_steps} local steps per update; "
+    scn = Scenario(SPEEDS)
+    if intermittent:
+        scn = Scenario(**INTERMITTENT)  # type: ignore[arg-type]
+    print(f"one local step {step_s * 1e3:.2f} ms; {scn}; {local_steps} local steps per update; "
           f"budget {budget * step_s:.2f} s simulated; seed {seed}", flush=True)
-    out = [run_sync(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s, seed=seed)]
+    out = [run_sync(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s, seed=seed,
+                    scn=scn)]
     for k, s in ((2, 4), (3, 4), (4, 8)):
         out.append(run_async(art, data, budget=budget, local_steps=local_steps, lr=lr, step_s=step_s,
-                             buffer=k, max_staleness=s, seed=seed))
+                             buffer=k, max_staleness=s, seed=seed, scn=scn))
     print("| mode | versions | updates used | refused as stale | test accuracy | simulated s | s to 90% |")
     print("|---|---|---|---|---|---|---|")
     for r in out:
@@ -175,6 +215,8 @@ def main(artifact_dir: Path, rounds: int = 40, local_steps: int = 10, lr: float 
 
 
 if __name__ == "__main__":
-    # ARTIFACT_DIR [ROUNDS [SEED]]: SEED varies the members' batch sampling (0: the recorded table)
-    args = [int(a) for a in sys.argv[2:4]]
-    main(Path(sys.argv[1]), args[0] if args else 40, seed=args[1] if len(args) > 1 else 0)
+    # ARTIFACT_DIR [ROUNDS [SEED]] [--intermittent]: SEED varies the members' batch sampling
+    flags = [a for a in sys.argv[2:] if a.startswith("--")]
+    args = [int(a) for a in sys.argv[2:] if not a.startswith("--")]
+    main(Path(sys.argv[1]), args[0] if args else 40, seed=args[1] if len(args) > 1 else 0,
+         intermittent="--intermittent" in flags)
