@@ -155,9 +155,8 @@ class Aggregator:
 
     def _refresh(self) -> None:
         while not self._stop.wait(self.refresh_s):
-            with self._lock:
-                cur = self.buf.current
-            self._publish(cur)
+            with self._lock:  # under the lock: a refresh never lands after a newer version
+                self._publish(self.buf.current)
 
     def _publish(self, v: Version) -> None:
         self.link.publish(topics.async_version(self.swarm), encode_version(v), retain=True, qos=1)
