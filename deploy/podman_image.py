@@ -20,6 +20,7 @@ the compiler's sources.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import shutil
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 TAG = "localhost/fractal-edge:latest"  # what `fractal-edge:latest` in docker-compose.yml resolves to
 BROKER_LOCK = REPO / "deploy" / "compose" / "trixie-amd64-broker.lock"
 # runc (crun fails on hybrid cgroup v1 hosts) and no default ulimits (raising RLIMIT_NOFILE is refused
-# in unprivileged-in-VM setups); install-system-deps.sh copies it to /etc/containers/containers.conf.d/
+# in unprivileged-in-VM setups); passed as CONTAINERS_CONF unless the caller set one
 CONTAINERS_CONF = REPO / "deploy" / "compose" / "containers.conf"
 LABEL = "org.fractal-edge.inputs"
 ARTIFACT = "/opt/fractal/artifacts/digits-mlp"
@@ -64,15 +65,11 @@ def podman_env() -> dict[str, str]:
     return env
 
 
-def _podman(*args: str, input_file: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _podman(*args: str, stdin: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     try:
-        if input_file is not None:
-            with input_file.open("rb") as f:
-                r = subprocess.run(["podman", *args], stdin=f, capture_output=True, env=podman_env(), check=False)
-            res = subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"),
-                                              r.stderr.decode(errors="replace"))
-        else:
-            res = subprocess.run(["podman", *args], capture_output=True, text=True, env=podman_env(), check=False)
+        with stdin.open("rb") if stdin is not None else contextlib.nullcontext() as f:
+            res = subprocess.run(["podman", *args], stdin=f, capture_output=True, text=True, errors="replace",
+                                 env=podman_env(), check=False)
     except FileNotFoundError:
         raise DeployError("podman is not installed", hint="run deploy/install-system-deps.sh") from None
     if check and res.returncode != 0:
@@ -139,8 +136,8 @@ def _rootfs(root: Path) -> None:
     try:
         files = debs.fetch(pins + broker, rootfs.MIRROR, cache)
     except debs.DebsError as exc:
-        raise DeployError(f"Debian packages for the compose image: {exc}",
-                          hint="check the network, or regenerate the lock if Debian removed a pinned version") from None
+        raise DeployError(f"Debian packages for the compose image: {exc}", hint="check the network, or "
+                          "regenerate the lock if Debian removed a pinned version") from None
     by_name = {p.package: f for p, f in zip(pins + broker, files, strict=True)}
     rootfs.make_rootfs(board, by_name, root)  # the board's tree, then what a container differs in
     for pin in broker:
@@ -148,7 +145,8 @@ def _rootfs(root: Path) -> None:
     for d in ("usr/share/doc", "usr/share/man"):  # the broker's docs (make_rootfs dropped the others')
         shutil.rmtree(root / d, ignore_errors=True)
     etc = root / "etc"
-    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nmosquitto:x:101:101::/var/lib/mosquitto:/bin/false\n")
+    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
+                                "mosquitto:x:101:101::/var/lib/mosquitto:/bin/false\n")
     (etc / "group").write_text("root:x:0:\nmosquitto:x:101:\n")
     for name in ("resolv.conf", "hostname", "hosts"):  # podman bind-mounts its own over these
         (etc / name).unlink()
@@ -184,7 +182,7 @@ def build_image(tag: str = TAG, *, force: bool = False) -> tuple[bool, float]:
         args = ["import", "--quiet"]
         for c in changes:
             args += ["--change", c]
-        _podman(*args, "-", tag, input_file=tar)
+        _podman(*args, "-", tag, stdin=tar)
     return True, time.monotonic() - t0
 
 
