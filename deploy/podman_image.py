@@ -168,6 +168,7 @@ def build_image(tag: str = TAG, *, force: bool = False) -> tuple[bool, float]:
     key = inputs_key()
     if not force and image_key(tag) == key:
         return False, time.monotonic() - t0
+    old = _podman("image", "inspect", "--format", "{{.Id}}", tag, check=False).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="fractal-podman-") as tmp:
         root = Path(tmp) / "root"
         root.mkdir()
@@ -182,7 +183,10 @@ def build_image(tag: str = TAG, *, force: bool = False) -> tuple[bool, float]:
         args = ["import", "--quiet"]
         for c in changes:
             args += ["--change", c]
-        _podman(*args, "-", tag, stdin=tar)
+        new = _podman(*args, "-", tag, stdin=tar).stdout.strip()
+    if old and not new.endswith(old) and not old.endswith(new):
+        # the previous build, now untagged: 160 MB per rebuild otherwise (kept if a container uses it)
+        _podman("rmi", old, check=False)
     return True, time.monotonic() - t0
 
 
