@@ -6,13 +6,17 @@
 # x86_64 with OVMF (UEFI firmware), sfdisk, mkfs.fat + mtools, mke2fs, bmaptool, objcopy (the x86
 # image's Unified Kernel Image), xz and zstd (--compress), gpgv + Debian's keyring for indexes,
 # busybox (the tests run the boards' boot scripts with busybox sh, the shell the boards have);
-# postgresql (the fleet's shared store: tests/fixtures_postgres.py starts its own server).
+# postgresql (the fleet's shared store: tests/fixtures_postgres.py starts its own server);
+# podman with runc (the compose file under Podman: deploy/compose/podman.yml, whose image
+# deploy/podman_image.py imports from a Debian root filesystem), with uidmap, slirp4netns and
+# fuse-overlayfs for rootless use.
 set -euo pipefail
 PKGS=(mosquitto mosquitto-clients qemu-user
       gcc-aarch64-linux-gnu g++-aarch64-linux-gnu gcc-riscv64-linux-gnu g++-riscv64-linux-gnu
       chromium file make python3-venv iproute2 gcc libssl-dev
       qemu-system-arm qemu-system-misc qemu-system-x86 ovmf fdisk dosfstools mtools e2fsprogs
-      bmap-tools binutils xz-utils zstd gpgv debian-archive-keyring busybox postgresql)
+      bmap-tools binutils xz-utils zstd gpgv debian-archive-keyring busybox postgresql
+      podman runc uidmap slirp4netns fuse-overlayfs)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -178,3 +178,23 @@ class _mosquitto:
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(5)
+
+
+def test_podman_override_differs_from_docker_only_in_loopback():
+    """deploy/compose/podman.yml (run for real by test_compose_podman.py) mounts node configs and a
+    broker config of its own: they must stay the Docker ones but for listening on loopback."""
+    def node(path: str) -> NodeConfig:
+        return NodeConfig.model_validate(tomllib.loads((ROOT / path).read_text()))
+
+    for k in (1, 2, 3):
+        docker, podman = node(f"deploy/compose/node-{k}.toml"), node(f"deploy/compose/podman/node-{k}.toml")
+        assert podman.host == "127.0.0.1" and podman.model_copy(update={"host": docker.host}) == docker
+    override = (ROOT / "deploy/compose/podman.yml").read_text()
+    for src in re.findall(r"- \./(\S+):/", override):
+        assert (ROOT / src).is_file(), src
+    conf = (ROOT / "deploy/mosquitto/compose.conf").read_text().replace("0.0.0.0", "127.0.0.1")
+    podman_conf = (ROOT / "deploy/mosquitto/compose-podman.conf").read_text()
+    def settings(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+    assert settings(podman_conf) == settings(conf)
