@@ -92,6 +92,9 @@ def check_ml_node(node: Any, elem_types: dict[str, int] | None = None) -> None:
     if strings:
         raise _refuse(node, f"string {'/'.join(sorted(strings))} (string tensors cannot be represented "
                             "by the compiled float/integer code)")
+    if node.op_type == "OneHotEncoder" and not a.get("zeros", 1):
+        raise _refuse(node, "zeros=0 makes an unknown category an error at run time, which compiled code "
+                            "cannot raise")
     for name in [*node.input, *node.output]:
         if name and (elem_types or {}).get(name) == _STRING:
             raise _refuse(node, f"{name!r} is a string tensor (string tensors cannot be represented by the "
@@ -219,9 +222,10 @@ def _normalizer(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None:
     x, t = info.float_input(e, node.input[0], node)
     norm = a.get("norm", "MAX")
     axis = info.rank(node.input[0], node) - 1
-    if norm == "MAX":
-        div = e.reduce("ReduceMax", e.op("Abs", [x]), [axis], 1)
-    elif norm == "L1":
+    if norm == "MAX":  # X / max(X), as the operator's definition and onnxruntime (not max |X|)
+        e.cast(e.op("Div", [x, e.reduce("ReduceMax", x, [axis], 1)]), _FLOAT, node.output[0])
+        return
+    if norm == "L1":
         div = e.reduce("ReduceSum", e.op("Abs", [x]), [axis], 1)
     elif norm == "L2":
         div = e.op("Sqrt", [e.reduce("ReduceSum", e.op("Mul", [x, x]), [axis], 1)])
@@ -327,9 +331,6 @@ def _label_encoder(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None:
 def _one_hot_encoder(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None:
     if not a.get("cats_int64s"):
         raise _refuse(node, "no integer categories (cats_int64s)")
-    if not a.get("zeros", 1):
-        raise _refuse(node, "zeros=0 makes an unknown category an error at run time, which compiled code "
-                            "cannot raise")
     x = node.input[0]
     if info.types.get(x, 7) != 7:
         x = e.cast(x, 7)
@@ -572,13 +573,14 @@ def _traverse(e: _Emit, node: Any, f: _Forest, x: str, npt: Any, nan_rule: str) 
             at = {k: e.op("Gather", [c, idx], axis=0) for k, c in consts.items()}
             feat = e.op("GatherElements", [x, at["feature"]], axis=1)
         cond = _compare(e, feat, at["threshold"], modes[0])
-        for m in modes[1:]:
-            cond = e.op("Where", [e.op("Equal", [at["mode"], e.const(m, np.int64)]),
-                                  _compare(e, feat, at["threshold"], m), cond])
+        for m in modes[1:]:  # And/Or rather than a boolean Where (which onnxruntime lacks)
+            is_m = e.op("Equal", [at["mode"], e.const(m, np.int64)])
+            cond = e.op("Or", [e.op("And", [is_m, _compare(e, feat, at["threshold"], m)]),
+                               e.op("And", [e.op("Not", [is_m]), cond])])
         if use_nan:
             nan = e.op("IsNaN", [feat])
             if nan_rule == "track":
-                cond = e.op("Where", [nan, at["missing"], cond])
+                cond = e.op("Or", [e.op("And", [nan, at["missing"]]), e.op("And", [e.op("Not", [nan]), cond])])
             else:
                 cond = e.op("Or", [cond, e.op("And", [nan, at["missing"]])])
         idx = e.op("Where", [cond, at["true"], at["false"]])
@@ -586,10 +588,11 @@ def _traverse(e: _Emit, node: Any, f: _Forest, x: str, npt: Any, nan_rule: str) 
     return idx
 
 
-def _forest_scores(e: _Emit, node: Any, f: _Forest, x: str, npt: Any, how: str, nan_rule: str) -> str:
-    """[N, targets] aggregated over the trees (SUM, AVERAGE, MIN, MAX)."""
+def _forest_scores(e: _Emit, node: Any, f: _Forest, x: str, npt: Any, how: str, nan_rule: str,
+                   base: np.ndarray | None = None) -> str:
+    """[N, targets] aggregated over the trees (SUM, AVERAGE, MIN, MAX), plus ``base``; a target no
+    reached leaf gives a value to is 0 (without the base), as onnxruntime does."""
     idx = _traverse(e, node, f, x, npt, nan_rule)
-    big = float(np.finfo(npt).max)
     table = f.values.copy()
     if how in ("MIN", "MAX"):
         table[~f.hit] = np.inf if how == "MIN" else -np.inf
@@ -598,12 +601,17 @@ def _forest_scores(e: _Emit, node: Any, f: _Forest, x: str, npt: Any, how: str, 
         out = e.reduce("ReduceSum", vals, [1], 0)
         if how == "AVERAGE":
             out = e.op("Div", [out, e.const(float(len(f.roots)), npt)])
+    elif how in ("MIN", "MAX"):
+        out = e.reduce("ReduceMin" if how == "MIN" else "ReduceMax", vals, [1], 0)
+    else:
+        raise _refuse(node, f"aggregate_function={how!r} is none of SUM, AVERAGE, MIN, MAX")
+    if base is not None and base.size:
+        out = e.op("Add", [out, e.const(base.astype(npt))])
+    if f.hit[f.leaf].all():
         return out
-    if how == "MIN":  # no value for a target: the type's largest (as onnxruntime), not +inf
-        return e.op("Min", [e.reduce("ReduceMin", vals, [1], 0), e.const(big, npt)])
-    if how == "MAX":
-        return e.op("Max", [e.reduce("ReduceMax", vals, [1], 0), e.const(-big, npt)])
-    raise _refuse(node, f"aggregate_function={how!r} is none of SUM, AVERAGE, MIN, MAX")
+    hits = e.op("Gather", [e.const(f.hit.astype(np.int64)), idx], axis=0)
+    scored = e.op("Greater", [e.reduce("ReduceMax", hits, [1], 0), e.const(0, np.int64)])
+    return e.op("Where", [scored, out, e.const(0, npt)])
 
 
 def _tree_input(e: _Emit, node: Any, info: _Info, double: bool) -> tuple[str, Any]:
@@ -637,10 +645,8 @@ def _tree_regressor(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None
     n_targets = int(a.get("n_targets", 1))
     double = "nodes_values_as_tensor" in a or "target_weights_as_tensor" in a
     x, npt = _tree_input(e, node, info, double)
-    scores = _forest_scores(e, node, _old_forest(node, a, "target", n_targets, how), x, npt, how, "track")
-    base = _floats(a, "base_values")
-    if base.size:
-        scores = e.op("Add", [scores, e.const(base.astype(npt))])
+    scores = _forest_scores(e, node, _old_forest(node, a, "target", n_targets, how), x, npt, how, "track",
+                            _floats(a, "base_values"))
     e.cast(scores, _FLOAT, node.output[0])
 
 
@@ -654,10 +660,11 @@ def _tree_classifier(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> Non
     x, npt = _tree_input(e, node, info, double)
     if len(ids) <= 1:
         raise _refuse(node, "binary classification (weights for one class only) is not converted")
-    scores = _forest_scores(e, node, _old_forest(node, a, "class", n_classes, "SUM"), x, npt, "SUM", "track")
-    base = _floats(a, "base_values")
-    if base.size:
-        scores = e.op("Add", [scores, e.const(base.astype(npt))])
+    forest = _old_forest(node, a, "class", n_classes, "SUM")
+    if not forest.hit[forest.leaf].all():
+        raise _refuse(node, "a leaf gives no weight to some class (only leaves weighting every class are "
+                            "converted)")
+    scores = _forest_scores(e, node, forest, x, npt, "SUM", "track", _floats(a, "base_values"))
     scores = e.cast(_post_transform(e, node, scores, a.get("post_transform", "NONE")), _FLOAT)
     _labels(e, node, a, scores, node.output[0])
     if len(node.output) > 1 and node.output[1]:
