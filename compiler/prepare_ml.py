@@ -703,12 +703,16 @@ def lower_ml(model: Any) -> bool:
         opset = _NEW_OPSET
     else:
         opset = default.version
-    info = _Info(model)
-    new_nodes = []
-    for k, node in enumerate(g.node):
+    old_nodes = list(g.node)
+    new_nodes: list[Any] = []
+    for k, node in enumerate(old_nodes):
         if node.domain != ML_DOMAIN:
             new_nodes.append(node)
             continue
+        # types and shapes again with the nodes lowered so far (inference knows little of ai.onnx.ml)
+        del g.node[:]
+        g.node.extend(new_nodes + old_nodes[k:])
+        info = _Info(model)
         check_ml_node(node, info.types)
         if opset < _MIN_OPSET:
             raise _refuse(node, f"the model's default-domain opset is {opset}; the conversion needs "
