@@ -106,7 +106,8 @@ class _Emit:
     """Collects the standard-ONNX nodes that replace one ai.onnx.ml node."""
 
     def __init__(self, prefix: str, opset: int) -> None:
-        self.prefix, self.opset, self.nodes, self.n = prefix, opset, [], 0
+        self.prefix, self.opset, self.n = prefix, opset, 0
+        self.nodes: list[Any] = []
 
     def _name(self) -> str:
         self.n += 1
@@ -125,8 +126,8 @@ class _Emit:
         from onnx import helper
 
         out = out or self._name()
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"{self.prefix}_{op_type}_{self.n}_{out}",
-                                           **attrs))
+        name = f"{self.prefix}_{op_type}_{self.n}_{out}"
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=name, **attrs))
         return out
 
     def reduce(self, op_type: str, x: str, axes: list[int], keepdims: int, out: str | None = None) -> str:
@@ -239,10 +240,12 @@ def _imputer(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None:
     x = node.input[0]
     t = info.types.get(x, _FLOAT)
     if a.get("imputed_value_floats"):
-        values, replaced = np.asarray(a["imputed_value_floats"], np.float32), float(a.get("replaced_value_float", 0.0))
+        values = np.asarray(a["imputed_value_floats"], np.float32)
+        replaced = float(a.get("replaced_value_float", 0.0))
         npt: Any = np.float32
     elif a.get("imputed_value_int64s"):
-        values, replaced = np.asarray(a["imputed_value_int64s"], np.int64), float(a.get("replaced_value_int64", 0))
+        values = np.asarray(a["imputed_value_int64s"], np.int64)
+        replaced = float(a.get("replaced_value_int64", 0))
         npt = np.int64
     else:
         raise _refuse(node, "no imputed values")
@@ -300,7 +303,8 @@ def _lookup(e: _Emit, x: str, keys: np.ndarray, values: np.ndarray, default: Any
     hit_i = e.cast(hit, 7)
     first = e.op("ArgMax", [hit_i], axis=-1, keepdims=0)
     found = e.op("Greater", [e.reduce("ReduceMax", hit_i, [-1], 0), e.const(0, np.int64)])
-    e.op("Where", [found, e.op("Gather", [e.const(values), first], axis=0), e.const(default, values.dtype)], out)
+    hit_value = e.op("Gather", [e.const(values), first], axis=0)
+    e.op("Where", [found, hit_value, e.const(default, values.dtype)], out)
 
 
 def _label_encoder(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None:
@@ -459,22 +463,24 @@ def _old_forest(node: Any, a: dict[str, Any], prefix: str, n_targets: int, how: 
             f.true[k] = index[tree[k], a["nodes_truenodeids"][k]]
             f.false[k] = index[tree[k], a["nodes_falsenodeids"][k]]
         except KeyError:
-            raise _refuse(node, f"node {nid[k]} of tree {tree[k]} points at a node that does not exist") from None
+            raise _refuse(node, f"node {nid[k]} of tree {tree[k]} points at a node that does not "
+                                "exist") from None
         f.mode[k] = _OLD_MODES[modes[k]]
         f.feature[k], f.threshold[k], f.missing_true[k] = a["nodes_featureids"][k], values[k], bool(mtt[k])
     firsts: dict[int, int] = {}
     for k, t in enumerate(tree):
         firsts.setdefault(t, k)
     f.roots = np.asarray([firsts[t] for t in sorted(firsts)], np.int64)
-    ids, nodes_, trees_ = (a.get(f"{prefix}_ids", []), a.get(f"{prefix}_nodeids", []), a.get(f"{prefix}_treeids", []))
+    ids, nodes_, trees_ = (a.get(f"{prefix}_{k}", []) for k in ("ids", "nodeids", "treeids"))
     weights = _floats(a, f"{prefix}_weights")
     if not (len(ids) == len(nodes_) == len(trees_) == len(weights)):
         raise _refuse(node, f"the {prefix}_* attributes differ in length")
     for t, i, target, w in zip(trees_, nodes_, ids, weights, strict=True):
-        k = index.get((t, i))
-        if k is None or not f.leaf[k] or not 0 <= target < n_targets:
-            raise _refuse(node, f"a leaf weight names node {i} of tree {t} / target {target}, which is no leaf")
-        _aggregate_leaf(f, k, target, float(w), how)
+        at = index.get((t, i))
+        if at is None or not f.leaf[at] or not 0 <= target < n_targets:
+            raise _refuse(node, f"a leaf weight names node {i} of tree {t} / target {target}, which is "
+                                "no leaf")
+        _aggregate_leaf(f, at, target, float(w), how)
     return f
 
 
@@ -492,7 +498,8 @@ def _new_forest(node: Any, a: dict[str, Any]) -> _Forest:
     leaf_t = list(a.get("leaf_targetids", []))
     if any(len(v) != n_nodes for v in (feats, tl, fl, tn, fn, modes, mtt)) or len(leaf_t) != leaf_w.size:
         raise _refuse(node, "the nodes_* / leaf_* attributes do not have one entry per node / leaf")
-    members = np.asarray(a["membership_values"][0], np.float64).ravel() if "membership_values" in a else np.zeros(0)
+    members = (np.asarray(a["membership_values"][0], np.float64).ravel() if "membership_values" in a
+               else np.zeros(0))
     sets: list[list[float]] = [[]]
     for v in members:
         if np.isnan(v):
@@ -517,7 +524,8 @@ def _new_forest(node: Any, a: dict[str, Any]) -> _Forest:
     def succ(k: int, is_leaf: int, target: int) -> int:
         bound = n_leaves if is_leaf else n_nodes
         if not 0 <= target < bound:
-            raise _refuse(node, f"node {k} points at {'leaf' if is_leaf else 'node'} {target}, which does not exist")
+            kind = "leaf" if is_leaf else "node"
+            raise _refuse(node, f"node {k} points at {kind} {target}, which does not exist")
         return leaf0 + target if is_leaf else target
 
     next_extra, member_i = n_nodes, 0
@@ -525,12 +533,13 @@ def _new_forest(node: Any, a: dict[str, Any]) -> _Forest:
         t_to, f_to = succ(k, tl[k], tn[k]), succ(k, fl[k], fn[k])
         f.feature[k], f.missing_true[k] = feats[k], bool(mtt[k])
         if modes[k] == _MEMBER:
-            values = sets[member_i] or [float("nan")]  # an empty set matches nothing (NaN never compares equal)
+            # an empty set matches nothing (NaN never compares equal)
+            values = sets[member_i] or [float("nan")]
             member_i += 1
             chain = [k] + list(range(next_extra, next_extra + len(values) - 1))
             next_extra += len(values) - 1
-            for c, (at, v) in enumerate(zip(chain, values, strict=True)):
-                f.mode[at], f.threshold[at], f.feature[at] = _EQ, v, feats[k]
+            for c, (at, member) in enumerate(zip(chain, values, strict=True)):
+                f.mode[at], f.threshold[at], f.feature[at] = _EQ, member, feats[k]
                 # NaN input: only the first test of the chain may follow missing_tracks_true
                 f.missing_true[at] = bool(mtt[k]) if c == 0 else False
                 f.true[at] = t_to
@@ -580,7 +589,8 @@ def _traverse(e: _Emit, node: Any, f: _Forest, x: str, npt: Any, nan_rule: str) 
         if use_nan:
             nan = e.op("IsNaN", [feat])
             if nan_rule == "track":
-                cond = e.op("Or", [e.op("And", [nan, at["missing"]]), e.op("And", [e.op("Not", [nan]), cond])])
+                cond = e.op("Or", [e.op("And", [nan, at["missing"]]),
+                                   e.op("And", [e.op("Not", [nan]), cond])])
             else:
                 cond = e.op("Or", [cond, e.op("And", [nan, at["missing"]])])
         idx = e.op("Where", [cond, at["true"], at["false"]])

@@ -249,7 +249,7 @@ def detect_native(cpuinfo: str, machine: str) -> tuple[str, str]:
         feats = set(_cpuinfo_field(cpuinfo, "features").split())
         if {"asimd", "asimddp"} <= feats:
             return "rpi5", "NEON + dotprod (Cortex-A76 class)"
-        return "aarch64", "NEON" + ("" if "asimd" in feats else " (assumed: no Features line)") + ", no dotprod"
+        return "aarch64", "NEON" + ("" if "asimd" in feats else " (assumed: no asimd flag)") + ", no dotprod"
     if arch == "riscv64":
         isa = _cpuinfo_field(cpuinfo, "isa").lower()
         base = isa.split("_", 1)[0]  # rv64imafdcv_zicsr_...: single-letter extensions before the first _
@@ -257,7 +257,8 @@ def detect_native(cpuinfo: str, machine: str) -> tuple[str, str]:
             return "riscv64-rvv", f"vector extension V ({base})"
         return "riscv64", f"no vector extension ({base or 'no isa line'})"
     raise TargetError(f"--target native: this machine's architecture {machine!r} has no preset",
-                      hint=f"supported: {', '.join(ARCHES)}; name a preset with --target (see `fractal targets`)")
+                      hint=f"supported: {', '.join(ARCHES)}; name a preset with --target "
+                           "(see `fractal targets`)")
 
 
 def native_preset() -> tuple[str, str]:

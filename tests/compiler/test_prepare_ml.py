@@ -25,6 +25,7 @@ from compiler.errors import ModelError
 from compiler.prepare_ml import CONVERTED_ML_OPS, lower_ml
 
 F = TensorProto.FLOAT
+I64 = TensorProto.INT64
 
 
 def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], ml: int = 3,
@@ -74,7 +75,7 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict[str, np.ndarray]]]] = 
                                    scale=[2.0, 0.5, 1.5, -1.0])],
                               [_vi("x", F, ["N", 4])], [_vi("y", F, ["N", 4])]), {"x": X}),
     "scaler_int_scalar": lambda: (_model([_ml("Scaler", ["x"], ["y"], offset=[1.5], scale=[0.25])],
-                                         [_vi("x", TensorProto.INT64, ["N", 3])], [_vi("y", F, ["N", 3])]),
+                                         [_vi("x", I64, ["N", 3])], [_vi("y", F, ["N", 3])]),
                                   {"x": RNG.integers(-9, 9, (5, 3))}),
     **{f"normalizer_{n}": (lambda n=n: (_model([_ml("Normalizer", ["x"], ["y"], norm=n)],
                                                [_vi("x", F, ["N", 4])], [_vi("y", F, ["N", 4])]), {"x": X}))
@@ -84,7 +85,7 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict[str, np.ndarray]]]] = 
                                    [_vi("x", F, ["N", 4])], [_vi("y", F, ["N", 4])]), {"x": XNAN}),
     "imputer_int": lambda: (_model([_ml("Imputer", ["x"], ["y"], imputed_value_int64s=[7],
                                         replaced_value_int64=0)],
-                                   [_vi("x", TensorProto.INT64, ["N", 3])], [_vi("y", TensorProto.INT64, ["N", 3])]),
+                                   [_vi("x", I64, ["N", 3])], [_vi("y", I64, ["N", 3])]),
                             {"x": RNG.integers(-2, 3, (6, 3))}),
     "feature_vectorizer": lambda: (_model([_ml("FeatureVectorizer", ["a", "b", "c"], ["y"],
                                                inputdimensions=[2, 3, 1])],
@@ -92,32 +93,33 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict[str, np.ndarray]]]] = 
                                           [_vi("y", F, [5, 6])]),
                                    {"a": X[:5, :3], "b": X[:5, 2:], "c": X[:5, :1]}),
     "array_feature_extractor": lambda: (_model([_ml("ArrayFeatureExtractor", ["x", "i"], ["y"])],
-                                               [_vi("x", F, [6, 4]), _vi("i", TensorProto.INT64, [3])],
+                                               [_vi("x", F, [6, 4]), _vi("i", I64, [3])],
                                                [_vi("y", F, [6, 3])]), {"x": X, "i": np.array([3, 0, 3])}),
     "label_encoder_int_float": lambda: (_model([_ml("LabelEncoder", ["x"], ["y"], keys_int64s=[3, 1, 7],
                                                     values_floats=[0.5, -1.0, 2.5], default_float=9.0)],
-                                               [_vi("x", TensorProto.INT64, ["N"])], [_vi("y", F, ["N"])], ml=2),
+                                               [_vi("x", I64, ["N"])], [_vi("y", F, ["N"])], ml=2),
                                         {"x": np.array([1, 2, 3, 7, 7, 0])}),
     "label_encoder_float_int": lambda: (_model([_ml("LabelEncoder", ["x"], ["y"], keys_floats=[0.5, 1.5],
                                                     values_int64s=[10, 20])],
-                                               [_vi("x", F, ["N", 2])], [_vi("y", TensorProto.INT64, ["N", 2])],
+                                               [_vi("x", F, ["N", 2])], [_vi("y", I64, ["N", 2])],
                                                ml=2),
                                         {"x": np.array([[0.5, 1.5], [2.0, 0.5]], np.float32)}),
     "one_hot_encoder": lambda: (_model([_ml("OneHotEncoder", ["x"], ["y"], cats_int64s=[4, 1, 9], zeros=1)],
-                                       [_vi("x", TensorProto.INT64, ["N", 2])], [_vi("y", F, ["N", 2, 3])]),
+                                       [_vi("x", I64, ["N", 2])], [_vi("y", F, ["N", 2, 3])]),
                                 {"x": np.array([[1, 9], [4, 5], [0, 1]])}),
-    "linear_regressor": lambda: (_model([_ml("LinearRegressor", ["x"], ["y"], coefficients=list(RNG.standard_normal(8)),
+    "linear_regressor": lambda: (_model([_ml("LinearRegressor", ["x"], ["y"],
+                                             coefficients=list(RNG.standard_normal(8)),
                                              intercepts=[0.5, -1.0], targets=2)],
                                         [_vi("x", F, ["N", 4])], [_vi("y", F, ["N", 2])]), {"x": X}),
     **{f"linear_classifier_{pt.lower()}": (lambda pt=pt: (_model(
         [_ml("LinearClassifier", ["x"], ["label", "scores"], coefficients=list(RNG.standard_normal(12)),
              intercepts=[0.1, 0.2, -0.3], classlabels_ints=[5, 6, 7], post_transform=pt)],
-        [_vi("x", F, ["N", 4])], [_vi("label", TensorProto.INT64, ["N"]), _vi("scores", F, ["N", 3])]), {"x": X}))
+        [_vi("x", F, ["N", 4])], [_vi("label", I64, ["N"]), _vi("scores", F, ["N", 3])]), {"x": X}))
        for pt in ("NONE", "SOFTMAX", "LOGISTIC")},
     "linear_classifier_binary": lambda: (_model(
         [_ml("LinearClassifier", ["x"], ["label", "scores"], coefficients=list(RNG.standard_normal(4)),
              intercepts=[0.1], classlabels_ints=[0, 1], post_transform="LOGISTIC")],
-        [_vi("x", F, ["N", 4])], [_vi("label", TensorProto.INT64, ["N"]), _vi("scores", F, ["N", 2])]), {"x": X}),
+        [_vi("x", F, ["N", 4])], [_vi("label", I64, ["N"]), _vi("scores", F, ["N", 2])]), {"x": X}),
 }
 
 
@@ -157,7 +159,8 @@ def _tree_v5() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
                membership_values=nh.from_array(np.array([1.0, 2.0, np.nan], np.float32)),
                nodes_truenodeids=[0, 0, 3], nodes_trueleafs=[1, 1, 1], nodes_falsenodeids=[1, 1, 2],
                nodes_falseleafs=[0, 1, 1], nodes_missing_value_tracks_true=[0, 1, 0],
-               leaf_targetids=[0, 1, 0, 1], leaf_weights=nh.from_array(np.array([1, 10, 100, 1000], np.float32)))
+               leaf_targetids=[0, 1, 0, 1],
+               leaf_weights=nh.from_array(np.array([1, 10, 100, 1000], np.float32)))
     x = np.array([[1, 0], [2, 5], [3, -1], [np.nan, np.nan], [0, 0.3], [2, np.nan]], np.float32)
     return _model([node], [_vi("x", F, ["N", 2])], [_vi("y", F, ["N", 2])], ml=5, default=None), {"x": x}
 
@@ -182,10 +185,11 @@ def test_every_converted_operator_is_exercised() -> None:
     (_ml("ZipMap", ["x"], ["y"], classlabels_int64s=[0, 1]), [_vi("x", F, ["N", 2])],
      "ZipMap at node 'y': its output is a sequence of maps"),
     (_ml("SVMRegressor", ["x"], ["y"]), [_vi("x", F, ["N", 2])], "SVMRegressor at node 'y': not converted"),
-    (_ml("OneHotEncoder", ["x"], ["y"], cats_int64s=[1, 2], zeros=0), [_vi("x", TensorProto.INT64, ["N"])],
+    (_ml("OneHotEncoder", ["x"], ["y"], cats_int64s=[1, 2], zeros=0), [_vi("x", I64, ["N"])],
      "OneHotEncoder at node 'y': zeros=0"),
 ])
-def test_refused_by_name_at_compile(tmp_path: Path, run_cli: Any, node: Any, inputs: list[Any], says: str) -> None:
+def test_refused_by_name_at_compile(tmp_path: Path, run_cli: Any, node: Any, inputs: list[Any],
+                                    says: str) -> None:
     """What the compiled float/integer code cannot do is refused in one line naming the operator."""
     m = _model([node], inputs, [oh.make_tensor_value_info("y", F, None)])
     path = tmp_path / "m.onnx"
@@ -234,7 +238,8 @@ def _forest_model(scaler: Any, forest: Any, n_features: int) -> onnx.ModelProto:
              _ml("TreeEnsembleClassifier", ["scaled"], ["label", "probabilities"],
                  classlabels_int64s=[int(c) for c in forest.classes_], post_transform="NONE", **a)]
     return _model(nodes, [_vi("x", F, ["N", n_features])],
-                  [_vi("label", TensorProto.INT64, ["N"]), _vi("probabilities", F, ["N", len(forest.classes_)])],
+                  [_vi("label", I64, ["N"]),
+                   _vi("probabilities", F, ["N", len(forest.classes_)])],
                   ml=1, default=15)
 
 
