@@ -286,7 +286,13 @@ def _fit_width(e: _Emit, x: str, have: int, width: int) -> str:
 def _array_feature_extractor(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None:
     x, idx = node.input[0], node.input[1]
     r = info.rank(x, node)
+    width = info.last_dim(x, node)
+    # TVM's Gather does not check its indices (an out-of-range one reads or faults anywhere):
+    # negative ones count from the end as ONNX says, the rest are clamped into the row
     flat = e.op("Reshape", [idx, e.const([-1], np.int64)])
+    flat = e.op("Where", [e.op("Less", [flat, e.const(0, np.int64)]),
+                          e.op("Add", [flat, e.const(width, np.int64)]), flat])
+    flat = e.op("Clip", [flat, e.const(0, np.int64), e.const(width - 1, np.int64)])
     if r == 1:
         e.op("Reshape", [e.op("Gather", [x, flat], axis=0), e.const([1, -1], np.int64)], node.output[0])
     else:
@@ -624,10 +630,15 @@ def _forest_scores(e: _Emit, node: Any, f: _Forest, x: str, npt: Any, how: str, 
     return e.op("Where", [scored, out, e.const(0, npt)])
 
 
-def _tree_input(e: _Emit, node: Any, info: _Info, double: bool) -> tuple[str, Any]:
+def _tree_input(e: _Emit, node: Any, info: _Info, double: bool, features: list[int]) -> tuple[str, Any]:
+    """The input as a float tensor; refuses feature ids outside its rows (the gathers do not check)."""
     x = node.input[0]
     if info.rank(x, node) != 2:
         raise _refuse(node, f"input {x!r} has rank {info.rank(x, node)}; tree ensembles take [N, features]")
+    width = info.last_dim(x, node)
+    bad = [f for f in features if not 0 <= f < width]
+    if bad:
+        raise _refuse(node, f"a node tests feature {bad[0]}, but {x!r} has {width} features")
     t = info.types.get(x, _FLOAT)
     if double or t == _DOUBLE:
         return (x if t == _DOUBLE else e.cast(x, _DOUBLE)), np.float64
@@ -643,7 +654,7 @@ def _tree_ensemble(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None:
     t = info.types.get(node.input[0], _FLOAT)
     if t not in (_FLOAT, _DOUBLE, _FLOAT16):
         raise _refuse(node, f"input element type {t} (TreeEnsemble takes float, double, float16)")
-    x, npt = _tree_input(e, node, info, double=t == _DOUBLE)
+    x, npt = _tree_input(e, node, info, t == _DOUBLE, list(a.get("nodes_featureids", [])))
     scores = _forest_scores(e, node, _new_forest(node, a), x, npt, how, "or")
     e.cast(scores, t, node.output[0])
 
@@ -654,7 +665,7 @@ def _tree_regressor(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> None
     how = a.get("aggregate_function", "SUM")
     n_targets = int(a.get("n_targets", 1))
     double = "nodes_values_as_tensor" in a or "target_weights_as_tensor" in a
-    x, npt = _tree_input(e, node, info, double)
+    x, npt = _tree_input(e, node, info, double, list(a.get("nodes_featureids", [])))
     scores = _forest_scores(e, node, _old_forest(node, a, "target", n_targets, how), x, npt, how, "track",
                             _floats(a, "base_values"))
     e.cast(scores, _FLOAT, node.output[0])
@@ -667,7 +678,7 @@ def _tree_classifier(e: _Emit, node: Any, a: dict[str, Any], info: _Info) -> Non
     n_classes = len(labels)
     ids = set(a.get("class_ids", []))
     double = "nodes_values_as_tensor" in a or "class_weights_as_tensor" in a
-    x, npt = _tree_input(e, node, info, double)
+    x, npt = _tree_input(e, node, info, double, list(a.get("nodes_featureids", [])))
     if len(ids) <= 1:
         raise _refuse(node, "binary classification (weights for one class only) is not converted")
     forest = _old_forest(node, a, "class", n_classes, "SUM")

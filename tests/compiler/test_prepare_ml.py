@@ -199,6 +199,21 @@ def test_refused_by_name_at_compile(tmp_path: Path, run_cli: Any, node: Any, inp
     assert says in res.error_line, res.error_line
 
 
+def test_array_feature_extractor_indices_stay_in_the_row() -> None:
+    """Negative indices count from the end (ONNX); out-of-range ones are clamped, never read outside."""
+    m, _ = CASES["array_feature_extractor"]()
+    assert lower_ml(m)
+    got = _run(m, {"x": X, "i": np.array([-1, 9, 0])})[0]
+    np.testing.assert_array_equal(got, X[:, [3, 3, 0]])
+
+
+def test_tree_feature_out_of_range_refused() -> None:
+    m, _ = _tree_regressor("SUM", False)
+    next(a for a in m.graph.node[0].attribute if a.name == "nodes_featureids").ints[0] = 4
+    with pytest.raises(ModelError, match="tests feature 4, but 'x' has 4 features"):
+        lower_ml(m)
+
+
 def test_old_default_opset_refused() -> None:
     m, _ = CASES["binarizer"]()
     m.opset_import[1].version = 11
