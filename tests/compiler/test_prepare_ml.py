@@ -116,6 +116,10 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict[str, np.ndarray]]]] = 
              intercepts=[0.1, 0.2, -0.3], classlabels_ints=[5, 6, 7], post_transform=pt)],
         [_vi("x", F, ["N", 4])], [_vi("label", I64, ["N"]), _vi("scores", F, ["N", 3])]), {"x": X}))
        for pt in ("NONE", "SOFTMAX", "LOGISTIC")},
+    "linear_classifier_two_rows": lambda: (_model(
+        [_ml("LinearClassifier", ["x"], ["label", "scores"], coefficients=list(RNG.standard_normal(8)),
+             intercepts=[0.1, -0.2], classlabels_ints=[3, 8], post_transform="NONE")],
+        [_vi("x", F, ["N", 4])], [_vi("label", I64, ["N"]), _vi("scores", F, ["N", 2])]), {"x": X}),
     "linear_classifier_binary": lambda: (_model(
         [_ml("LinearClassifier", ["x"], ["label", "scores"], coefficients=list(RNG.standard_normal(4)),
              intercepts=[0.1], classlabels_ints=[0, 1], post_transform="LOGISTIC")],
@@ -211,6 +215,27 @@ def test_tree_feature_out_of_range_refused() -> None:
     m, _ = _tree_regressor("SUM", False)
     next(a for a in m.graph.node[0].attribute if a.name == "nodes_featureids").ints[0] = 4
     with pytest.raises(ModelError, match="tests feature 4, but 'x' has 4 features"):
+        lower_ml(m)
+
+
+def test_one_score_binary_linear_refused() -> None:
+    """onnxruntime answers [1 - s, s] for NONE and SOFTMAX alike: only LOGISTIC is converted."""
+    m = _model([_ml("LinearClassifier", ["x"], ["y"], coefficients=[1.0, 2.0], intercepts=[0.5],
+                    classlabels_ints=[0, 1])], [_vi("x", F, ["N", 2])], [_vi("y", I64, ["N"])])
+    with pytest.raises(ModelError, match="LinearClassifier at node 'y': a one-score binary classifier"):
+        lower_ml(m)
+
+
+def test_binary_forest_refused() -> None:
+    """onnxruntime's two-class TreeEnsembleClassifier labels are not the argmax of its scores."""
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.preprocessing import StandardScaler
+
+    x = RNG.standard_normal((60, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(int)
+    forest = RandomForestClassifier(n_estimators=2, max_depth=2).fit(x, y)
+    m = _forest_model(StandardScaler().fit(x), forest, 3)
+    with pytest.raises(ModelError, match="TreeEnsembleClassifier.*two-class"):
         lower_ml(m)
 
 
