@@ -320,3 +320,43 @@ def test_sklearn_forest_pipeline_compiles_native_and_matches(tmp_path: Path, run
     np.testing.assert_allclose(np.array(probs), want_probs, rtol=1e-4, atol=1e-5)
     assert labels == want_labels.tolist()
     assert (np.array(labels) == y[held]).mean() > 0.85  # a real model, not a constant
+
+
+@pytest.mark.slow
+def test_every_lowering_compiles_and_matches(tmp_path: Path) -> None:
+    """The lowered operators through TVM (compile_model + inference), not only onnxruntime: one model
+    with a branch per operator, each output against onnxruntime's own ai.onnx.ml kernels."""
+    from compiler.artifact import load_artifact
+    from compiler.build import compile_model
+
+    tree, _ = _tree_regressor("MIN", False)
+    tree_node = tree.graph.node[0]
+    tree_node.output[0] = "tree_min"
+    nodes = [
+        _ml("Scaler", ["x"], ["scaled"], offset=[0.1, -0.2, 0.3, 0.0], scale=[2.0, 0.5, 1.5, -1.0]),
+        _ml("Normalizer", ["scaled"], ["l2"], norm="L2"),
+        _ml("Binarizer", ["x"], ["bin"], threshold=0.3),
+        _ml("FeatureVectorizer", ["x", "scaled"], ["fv"], inputdimensions=[3, 6]),
+        _ml("LinearRegressor", ["x"], ["reg"], coefficients=[float(v) for v in RNG.standard_normal(8)],
+            intercepts=[0.5, -1.0], targets=2),
+        _ml("LinearClassifier", ["x"], ["lab", "probs"],
+            coefficients=[float(v) for v in RNG.standard_normal(12)], intercepts=[0.1, 0.2, -0.3], classlabels_ints=[5, 6, 7], post_transform="SOFTMAX"),
+        tree_node,
+        _ml("LabelEncoder", ["k"], ["enc"], keys_int64s=[3, 1, 7], values_floats=[0.5, -1.0, 2.5],
+            default_float=9.0),
+        _ml("OneHotEncoder", ["k"], ["onehot"], cats_int64s=[4, 1, 9], zeros=1),
+        _ml("Imputer", ["k"], ["imp"], imputed_value_int64s=[7], replaced_value_int64=0),
+    ]
+    outs = [_vi("l2", F, [6, 4]), _vi("bin", F, [6, 4]), _vi("fv", F, [6, 9]), _vi("reg", F, [6, 2]),
+            _vi("lab", I64, [6]), _vi("probs", F, [6, 3]), _vi("tree_min", F, [6, 2]), _vi("enc", F, [6, 1]),
+            _vi("onehot", F, [6, 1, 3]), _vi("imp", I64, [6, 1])]
+    m = _model(nodes, [_vi("x", F, [6, 4]), _vi("k", I64, [6, 1])], outs, ml=2)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    feeds = {"x": X, "k": np.array([[1], [2], [3], [7], [0], [9]], np.int64)}
+    compile_model(path, target="x86_64", out_dir=tmp_path / "art", progress=False)
+    got = load_artifact(tmp_path / "art").infer(feeds)
+    want = dict(zip([o.name for o in outs], _run(m, feeds), strict=True))
+    for name, w in want.items():
+        assert got[name].dtype == w.dtype, name
+        np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
