@@ -361,3 +361,17 @@ def test_every_lowering_compiles_and_matches(tmp_path: Path) -> None:
     for name, w in want.items():
         assert got[name].dtype == w.dtype, name
         np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_inspect_counts_lowered_operators_as_rewritten(tmp_path: Path) -> None:
+    """`fractal inspect` lists converted ai.onnx.ml operators as rewritten and the others as unsupported."""
+    from compiler.inspect import inspect_model
+
+    m, _ = CASES["scaler"]()
+    m.graph.node.append(_ml("SVMRegressor", ["y"], ["z"]))
+    m.graph.output.append(_vi("z", F, ["N", 1]))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    report = inspect_model(path)
+    assert report.decomposed == {"ai.onnx.ml::Scaler": 1}
+    assert report.unsupported == {"ai.onnx.ml::SVMRegressor": 1}
