@@ -33,7 +33,7 @@ from compiler.manifest import (
     TuningInfo,
     file_sha256,
 )
-from compiler.targets import TargetPreset, get_preset, linker_for
+from compiler.targets import TargetPreset, get_preset, linker_for, resolve_target
 from compiler.trainbuild import (
     ADJOINT_FUNC,
     OPTIMIZER_FUNC,
@@ -170,6 +170,9 @@ def tune_model(onnx_path: str | Path, *, target: str, budget: TuneBudget, db_dir
     from compiler import tuning
     from compiler.importer import import_model, load_onnx
 
+    target, chose = resolve_target(target)
+    if chose:
+        _say(progress, chose)
     preset = get_preset(target)
     if preset.runtime == "c":
         raise TargetError(f"preset {preset.name!r} uses the C backend, which is not tuned",
@@ -231,6 +234,9 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     from compiler.importer import import_model, load_onnx
 
     t0 = time.perf_counter()
+    target, chose = resolve_target(target)
+    if chose:
+        _say(progress, chose)
     preset = get_preset(target)
     if (rpc is not None or time_budget is not None) and not tune:
         raise CompilerError("--rpc and --time-budget apply to tuning", hint="add --tune")

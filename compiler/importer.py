@@ -98,8 +98,13 @@ def _decomposed() -> frozenset[str]:
 
 
 def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
+    from compiler.prepare_ml import ML_DOMAIN, check_ml_node
+
     supported = supported_ops() | extra
     for idx, node in enumerate(model.graph.node):
+        if node.domain == ML_DOMAIN:  # lowered by compiler.prepare_ml, or refused here with the reason
+            check_ml_node(node, {i.name: i.type.tensor_type.elem_type for i in model.graph.input})
+            continue
         if node.domain not in ("", "ai.onnx"):
             raise ModelError(f"unsupported operator {node.domain}::{node.op_type} at node "
                              f"{node.name or f'#{idx}'!r}",

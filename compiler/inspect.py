@@ -71,6 +71,7 @@ def inspect_model(path: str | Path) -> ModelReport:
 
     from compiler.importer import supported_ops
     from compiler.prepare import DECOMPOSED_OPS
+    from compiler.prepare_ml import CONVERTED_ML_OPS, ML_DOMAIN
 
     path = Path(path)
     if not path.is_file():
@@ -91,8 +92,10 @@ def inspect_model(path: str | Path) -> ModelReport:
     for n in _all_nodes(g):
         ops[n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"] += 1
     supported = supported_ops()
-    unsupported = {k: v for k, v in ops.items() if k not in supported and k not in DECOMPOSED_OPS}
-    decomposed = {k: v for k, v in ops.items() if k in DECOMPOSED_OPS}
+    # rewritten by the preparation stage: RNNs unrolled, ai.onnx.ml lowered (compiler/prepare_ml.py)
+    rewritten = DECOMPOSED_OPS | {f"{ML_DOMAIN}::{op}" for op in CONVERTED_ML_OPS}
+    unsupported = {k: v for k, v in ops.items() if k not in supported and k not in rewritten}
+    decomposed = {k: v for k, v in ops.items() if k in rewritten}
     needs = [i["name"] for i in inputs if any(isinstance(d, str) for d in i["shape"][1:])
              or i["shape"] == ["?rank"]]
     params = 0

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ModelError
+from compiler.prepare_ml import lower_ml
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
            "guard_bitshift", "fix_reduce_extremes", "promote_float16",
@@ -800,6 +801,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     model = copy.deepcopy(model)
     steps: list[tuple[str, Callable[[], bool]]] = [
         ("normalize_ir", lambda: normalize_ir(model)),
+        ("lower_ml", lambda: lower_ml(model)),  # ai.onnx.ml -> standard ops (compiler/prepare_ml.py)
         ("upgrade_opset", lambda: upgrade_opset(model)),
         ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
         ("fold_constants", lambda: fold_constants(model)),

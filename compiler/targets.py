@@ -27,6 +27,10 @@ __all__ = [
     "host_arch",
     "linker_for",
     "ARCHES",
+    "NATIVE_ALIASES",
+    "detect_native",
+    "native_preset",
+    "resolve_target",
 ]
 
 ARCHES = ("x86_64", "aarch64", "riscv64")
@@ -209,3 +213,66 @@ def linker_for(preset: TargetPreset) -> str | None:
                           hint=f"install it (Debian: apt-get install g++-{preset.arch.replace('_', '-')}"
                                "-linux-gnu) or compile for the host preset")
     return cxx
+
+
+# ------------------------------------------------------------------------------ --target native
+NATIVE_ALIASES = ("native", "host")  # like -march=native: the preset of the machine compiling
+
+
+def _cpuinfo_field(text: str, *keys: str) -> str:
+    """The first ``key : value`` of /proc/cpuinfo text whose key is one of ``keys`` ('' if none)."""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in keys:
+            return value.strip()
+    return ""
+
+
+def detect_native(cpuinfo: str, machine: str) -> tuple[str, str]:
+    """(preset name, why) for a machine whose /proc/cpuinfo reads ``cpuinfo`` and whose
+    ``platform.machine()`` is ``machine``. Pure, so tests give it other machines' texts.
+
+    x86_64: AVX-512 F/CD/BW/DQ/VL -> x86_64-avx512 (VNNI noted), AVX2 + FMA -> x86_64-avx2, else
+    x86_64. aarch64: NEON + dotprod (asimddp) -> rpi5 (Cortex-A76 tuning), else aarch64. riscv64:
+    the V extension in ``isa`` -> riscv64-rvv, else riscv64."""
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine.lower())
+    if arch == "x86_64":
+        flags = set(_cpuinfo_field(cpuinfo, "flags").split())
+        avx512 = [f[1:] for f in _AVX512 if f.startswith("+")]
+        if all(f in flags for f in avx512):
+            vnni = "avx512_vnni" in flags
+            return "x86_64-avx512", "AVX-512 F/CD/BW/DQ/VL" + (" + VNNI" if vnni else "")
+        if {"avx2", "fma"} <= flags:
+            return "x86_64-avx2", "AVX2 + FMA, no AVX-512"
+        return "x86_64", "no AVX2 + FMA: generic x86-64"
+    if arch == "aarch64":
+        feats = set(_cpuinfo_field(cpuinfo, "features").split())
+        if {"asimd", "asimddp"} <= feats:
+            return "rpi5", "NEON + dotprod (Cortex-A76 class)"
+        return "aarch64", "NEON" + ("" if "asimd" in feats else " (assumed: no asimd flag)") + ", no dotprod"
+    if arch == "riscv64":
+        isa = _cpuinfo_field(cpuinfo, "isa").lower()
+        base = isa.split("_", 1)[0]  # rv64imafdcv_zicsr_...: single-letter extensions before the first _
+        if base.startswith("rv64") and "v" in base[4:]:
+            return "riscv64-rvv", f"vector extension V ({base})"
+        return "riscv64", f"no vector extension ({base or 'no isa line'})"
+    raise TargetError(f"--target native: this machine's architecture {machine!r} has no preset",
+                      hint=f"supported: {', '.join(ARCHES)}; name a preset with --target "
+                           "(see `fractal targets`)")
+
+
+def native_preset() -> tuple[str, str]:
+    """(preset name, why) for the machine running this: ``detect_native`` on /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    return detect_native(text, platform.machine())
+
+
+def resolve_target(name: str) -> tuple[str, str | None]:
+    """``name`` itself, or for ``native``/``host`` the detected preset and a line saying why."""
+    if name.lower() not in NATIVE_ALIASES:
+        return name, None
+    preset, why = native_preset()
+    return preset, f"--target {name}: {preset} ({why})"

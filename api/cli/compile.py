@@ -16,7 +16,8 @@ __all__ = ["compile_cmd", "tune_cmd", "rpc_server_cmd", "inspect_cmd", "predict_
 @app.command("compile")
 def compile_cmd(
     model: Path = typer.Argument(..., help="ONNX model file."),
-    target: str = typer.Option(..., "--target", "-t", help="Target preset (see `fractal targets`)."),
+    target: str = typer.Option(..., "--target", "-t", help="Target preset (see `fractal targets`), or "
+                               "native (alias host): this machine's."),
     out: Path = typer.Option(..., "--out", "-o", help="Artifact directory to write."),
     name: str | None = typer.Option(None, "--name", help="Model name (default: the ONNX file's stem)."),
     tune: bool = typer.Option(False, "--tune", help="Autotune with MetaSchedule (host-runnable targets)."),
