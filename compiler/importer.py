@@ -318,6 +318,12 @@ def import_model(model: Any, *, batch: int | None = None,
                          f"{first}",
                          hint="rewrite that part of the model, or fix input shapes with --shape") from None
     mod, detached = detach_params(mod)
+    if any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+        from compiler.integer import integer_kernels
+
+        rewrite = integer_kernels(mod)
+        if rewrite.conv2d or rewrite.matmul:
+            mod, steps = rewrite.mod, [*steps, rewrite.describe()]
     params = [p.numpy() for p in detached.get("main", [])]
     if len(params) != len(param_names):
         raise ModelError(f"internal: {len(params)} imported parameters but {len(param_names)} initializers",
