@@ -97,9 +97,21 @@ def _decomposed() -> frozenset[str]:
     return DECOMPOSED_OPS
 
 
+# onnxruntime's QOperator format (quantize_static(quant_format=QOperator)): TVM has no converter
+# for these; the same quantization in QDQ format compiles onto integer kernels (compiler.integer)
+_QOPERATOR = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul",
+                        "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid",
+                        "QLinearLeakyRelu", "QLinearSoftmax"})
+
+
 def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
     supported = supported_ops() | extra
     for idx, node in enumerate(model.graph.node):
+        if node.op_type in _QOPERATOR and node.op_type not in supported:
+            raise ModelError(f"{node.op_type} at node {node.name or f'#{idx}'!r}: QOperator-format "
+                             "quantized models are not compiled",
+                             hint="quantize in QDQ format (quantize_static quant_format=QDQ), or compile "
+                                  "the float model with --quantize int8 --calibration DATA.npz")
         if node.domain not in ("", "ai.onnx"):
             raise ModelError(f"unsupported operator {node.domain}::{node.op_type} at node "
                              f"{node.name or f'#{idx}'!r}",
@@ -280,12 +292,14 @@ def _static_leading(model: Any, shapes: dict[str, list[int]] | None) -> set[int]
 
 
 def import_model(model: Any, *, batch: int | None = None,
-                 shapes: dict[str, list[int]] | None = None) -> ImportedModel:
+                 shapes: dict[str, list[int]] | None = None, integer: bool = True) -> ImportedModel:
     """Prepare (compiler.prepare) and import an ONNX model into Relax with parameters as trailing
     inputs of ``main``.
 
     ``batch``: the leading dim to compile for (None: the model's own, 1 if it is symbolic).
     ``shapes``: input name -> dims fixing dynamic dimensions (-1 leaves one dynamic).
+    ``integer``: a QDQ model's quantized convolutions / matmuls on int8 -> int32 kernels
+    (:mod:`compiler.integer`; False: the frontend's dequantize -> float op -> quantize, to compare).
     """
     from tvm.relax.frontend import detach_params
     from tvm.relax.frontend.onnx import from_onnx
@@ -318,7 +332,7 @@ def import_model(model: Any, *, batch: int | None = None,
                          f"{first}",
                          hint="rewrite that part of the model, or fix input shapes with --shape") from None
     mod, detached = detach_params(mod)
-    if any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+    if integer and any(n.op_type == "DequantizeLinear" for n in model.graph.node):
         from compiler.integer import integer_kernels
 
         rewrite = integer_kernels(mod)
