@@ -97,10 +97,9 @@ class _Rewriter:
 
     def __call__(self, expr: Any, m: dict[Any, Any]) -> Any:
         try:
-            out = self._rewrite(expr, m)
+            return self._rewrite(expr, m)
         except _NoMatch:
             return expr
-        return out
 
     def _rewrite(self, expr: Any, m: dict[Any, Any]) -> Any:
         from tvm import relax
@@ -109,7 +108,7 @@ class _Rewriter:
         sx, zx = _scalar(_const(m[self.sx])), _scalar(_const(m[self.zx]))
         sy, zy = _scalar(_const(m[self.sy])), _scalar(_const(m[self.zy]))
         wq, sw, zw = _const(m[self.wq]), _const(m[self.sw]), _const(m[self.zw])
-        if None in (sx, zx, sy, zy) or wq is None or sw is None or zw is None:
+        if sx is None or zx is None or sy is None or zy is None or wq is None or sw is None or zw is None:
             raise _NoMatch
         x_dtype = str(xq.ty.dtype)
         out_dtype = str(expr.attrs.out_dtype)
