@@ -8,7 +8,8 @@ that changed something (``fractal compile`` prints them).
 2. ``upgrade_opset``  -- opsets older than ``MIN_OPSET`` go through onnx.version_converter.
 3. ``apply_shapes``   -- the user's ``--shape NAME=D0,D1,..`` and the batch fix the input dimensions.
 4. ``fold_constants`` -- Shape of a static tensor, and every node whose inputs are all constants,
-                         become constants (Shape -> Gather -> Concat -> Reshape chains collapse).
+                         become constants (Shape -> Gather -> Concat -> Reshape chains collapse);
+                         a QDQ weight's DequantizeLinear stays (compiler.integer needs its int8 values).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
