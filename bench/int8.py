@@ -4,8 +4,11 @@
 
 Each zoo model is quantized with ``compiler.quantize.quantize_int8`` (64 seeded random-normal
 calibration samples: the zoo's weights are random too), compiled for ``--target`` (untuned
-default schedules) and timed through ``Artifact.infer`` next to onnxruntime (``ORT_ENABLE_ALL``,
-``intra_op_num_threads`` = N) running the same QDQ model and the float model. One process per
+default schedules) twice: on the integer kernels (``compiler.integer``: int8 x int8 -> int32
+conv2d / matmul, requantized) and, for comparison, through TVM's own QDQ import (dequantize ->
+float32 op -> quantize, ``integer=False``). Both are timed through ``Artifact.infer`` next to
+onnxruntime (``ORT_ENABLE_ALL``, ``intra_op_num_threads`` = N) running the same QDQ model and the
+float model. One process per
 thread count (``TVM_NUM_THREADS`` is read when TVM starts), three interleaved rounds each.
 """
 
@@ -40,6 +43,8 @@ def _prepare(models: list[str], target: str, work: Path) -> None:
         quantize_int8(f32, cal, work / f"{name}.int8.onnx")
         compile_model(work / f"{name}.int8.onnx", target=target, out_dir=work / f"{name}-int8",
                       progress=False)
+        compile_model(work / f"{name}.int8.onnx", target=target, out_dir=work / f"{name}-qdq",
+                      progress=False, integer=False)
 
 
 def _measure(models: list[str], work: Path, threads: int, seconds: float) -> list[dict[str, Any]]:
@@ -56,8 +61,10 @@ def _measure(models: list[str], work: Path, threads: int, seconds: float) -> lis
         f32 = ort.InferenceSession(str(work / f"{name}.onnx"), so, providers=["CPUExecutionProvider"])
         q8 = ort.InferenceSession(str(work / f"{name}.int8.onnx"), so, providers=["CPUExecutionProvider"])
         art = load_artifact(work / f"{name}-int8")
+        qdq = load_artifact(work / f"{name}-qdq")
         fns = {"ort_f32_us": lambda s=f32, x=x: s.run(None, x),
                "ort_int8_us": lambda s=q8, x=x: s.run(None, x),
+               "tvm_qdq_us": lambda a=qdq, x=x: a.infer(x),
                "tvm_int8_us": lambda a=art, x=x: a.infer(x)}
         us: dict[str, list[float]] = {k: [] for k in fns}
         for _ in range(3):
@@ -67,6 +74,7 @@ def _measure(models: list[str], work: Path, threads: int, seconds: float) -> lis
         row.update({k: round(statistics.median(v), 1) for k, v in us.items()})
         row["tvm_vs_ort_int8"] = round(row["tvm_int8_us"] / row["ort_int8_us"], 2)
         row["tvm_vs_ort_f32"] = round(row["tvm_int8_us"] / row["ort_f32_us"], 2)
+        row["qdq_vs_ort_int8"] = round(row["tvm_qdq_us"] / row["ort_int8_us"], 2)
         rows.append(row)
     return rows
 

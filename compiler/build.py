@@ -212,7 +212,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                   train: TrainSettings | None = None, progress: bool = True,
                   default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None,
                   prepack: bool = True, time_budget: float | None = None, rpc: str | None = None,
-                  quantize: str | None = None, calibration: str | Path | None = None) -> Path:
+                  quantize: str | None = None, calibration: str | Path | None = None,
+                  integer: bool = True) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
 
     Without ``tune`` the inference kernels get :mod:`compiler.schedules`' default CPU schedules
@@ -226,6 +227,9 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     ``quantize="int8"`` with ``calibration`` (an .npz of input samples): the float model is
     quantized first (static post-training, QDQ, :mod:`compiler.quantize`) and the QDQ model is
     compiled; it is kept in the artifact as ``QUANT_FILE`` (the reference onnxruntime runs).
+    A QDQ model's quantized convolutions and matmuls run on int8 -> int32 kernels
+    (:mod:`compiler.integer`); ``integer=False`` keeps TVM's dequantize -> float op -> quantize
+    import, for comparison.
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
     """
@@ -269,7 +273,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
         onnx_path = qpath
     model = load_onnx(onnx_path)
     _say(progress, f"importing {onnx_path.name} for {preset.name}")
-    imported = import_model(model, shapes=input_shapes)
+    imported = import_model(model, shapes=input_shapes, integer=integer)
     if imported.prepared_steps:
         _say(progress, f"prepared the graph: {', '.join(imported.prepared_steps)}")
 

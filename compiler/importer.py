@@ -97,6 +97,13 @@ def _decomposed() -> frozenset[str]:
     return DECOMPOSED_OPS
 
 
+# onnxruntime's QOperator format (quantize_static(quant_format=QOperator)): TVM has no converter
+# for these; the same quantization in QDQ format compiles onto integer kernels (compiler.integer)
+_QOPERATOR = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul",
+                        "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid",
+                        "QLinearLeakyRelu", "QLinearSoftmax"})
+
+
 def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
     from compiler.prepare_ml import ML_DOMAIN, check_ml_node
 
@@ -105,6 +112,11 @@ def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
         if node.domain == ML_DOMAIN:  # lowered by compiler.prepare_ml, or refused here with the reason
             check_ml_node(node, {i.name: i.type.tensor_type.elem_type for i in model.graph.input})
             continue
+        if node.op_type in _QOPERATOR and node.op_type not in supported:
+            raise ModelError(f"{node.op_type} at node {node.name or f'#{idx}'!r}: QOperator-format "
+                             "quantized models are not compiled",
+                             hint="quantize in QDQ format (quantize_static quant_format=QDQ), or compile "
+                                  "the float model with --quantize int8 --calibration DATA.npz")
         if node.domain not in ("", "ai.onnx"):
             raise ModelError(f"unsupported operator {node.domain}::{node.op_type} at node "
                              f"{node.name or f'#{idx}'!r}",
@@ -285,12 +297,14 @@ def _static_leading(model: Any, shapes: dict[str, list[int]] | None) -> set[int]
 
 
 def import_model(model: Any, *, batch: int | None = None,
-                 shapes: dict[str, list[int]] | None = None) -> ImportedModel:
+                 shapes: dict[str, list[int]] | None = None, integer: bool = True) -> ImportedModel:
     """Prepare (compiler.prepare) and import an ONNX model into Relax with parameters as trailing
     inputs of ``main``.
 
     ``batch``: the leading dim to compile for (None: the model's own, 1 if it is symbolic).
     ``shapes``: input name -> dims fixing dynamic dimensions (-1 leaves one dynamic).
+    ``integer``: a QDQ model's quantized convolutions / matmuls on int8 -> int32 kernels
+    (:mod:`compiler.integer`; False: the frontend's dequantize -> float op -> quantize, to compare).
     """
     from tvm.relax.frontend import detach_params
     from tvm.relax.frontend.onnx import from_onnx
@@ -323,6 +337,12 @@ def import_model(model: Any, *, batch: int | None = None,
                          f"{first}",
                          hint="rewrite that part of the model, or fix input shapes with --shape") from None
     mod, detached = detach_params(mod)
+    if integer and any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+        from compiler.integer import integer_kernels
+
+        rewrite = integer_kernels(mod)
+        if rewrite.conv2d or rewrite.matmul:
+            mod, steps = rewrite.mod, [*steps, rewrite.describe()]
     params = [p.numpy() for p in detached.get("main", [])]
     if len(params) != len(param_names):
         raise ModelError(f"internal: {len(params)} imported parameters but {len(param_names)} initializers",

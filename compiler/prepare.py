@@ -8,7 +8,8 @@ that changed something (``fractal compile`` prints them).
 2. ``upgrade_opset``  -- opsets older than ``MIN_OPSET`` go through onnx.version_converter.
 3. ``apply_shapes``   -- the user's ``--shape NAME=D0,D1,..`` and the batch fix the input dimensions.
 4. ``fold_constants`` -- Shape of a static tensor, and every node whose inputs are all constants,
-                         become constants (Shape -> Gather -> Concat -> Reshape chains collapse).
+                         become constants (Shape -> Gather -> Concat -> Reshape chains collapse);
+                         a QDQ weight's DequantizeLinear stays (compiler.integer needs its int8 values).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
@@ -250,6 +251,7 @@ def fold_constants(model: Any, max_rounds: int = 8) -> bool:
     graph_outputs = {o.name for o in g.output}
     changed = False
     for _ in range(max_rounds):
+        keep_dq = _weight_dequantizers(g)
         consts: dict[str, np.ndarray] = {}
         for t in g.initializer:
             consts[t.name] = numpy_helper.to_array(t)
@@ -260,6 +262,7 @@ def fold_constants(model: Any, max_rounds: int = 8) -> bool:
         round_changed = False
         for node in g.node:
             if node.domain not in ("", "ai.onnx") or node.op_type in _NO_FOLD or \
+                    (node.op_type == "DequantizeLinear" and node.output[0] in keep_dq) or \
                     (node.op_type == "Constant" and node.output[0] in graph_outputs) or \
                     any(a.type in (5, 10) for a in node.attribute):  # GRAPH / GRAPHS attributes
                 new_nodes.append(node)
@@ -315,6 +318,18 @@ def fold_constants(model: Any, max_rounds: int = 8) -> bool:
         _drop_unused_initializers(model)
         del g.value_info[:]
     return changed
+
+
+def _weight_dequantizers(g: Any) -> set[str]:
+    """Outputs of the DequantizeLinear nodes whose outputs only feed Conv / Gemm / MatMul: they stay
+    unfolded so the int8 weights, the bias and their scales reach the integer-kernel rewrite
+    (compiler.integer) as constants; folded, they would be float weights like any other."""
+    users: dict[str, set[str]] = {}
+    for node in g.node:
+        for i in node.input:
+            users.setdefault(i, set()).add(node.op_type)
+    return {n.output[0] for n in g.node if n.op_type == "DequantizeLinear" and
+            users.get(n.output[0]) and users[n.output[0]] <= {"Conv", "Gemm", "MatMul"}}
 
 
 def _drop_dead_nodes(model: Any) -> None:

@@ -77,6 +77,8 @@ def test_int8_matches_onnxruntime_on_the_same_qdq_model(int8_artifact: Path, dig
 
     man = Manifest.read(int8_artifact)
     assert QUANT_FILE in man.files and man.prepared_steps[0].startswith("quantize_int8(")
+    # both Gemm layers ran on the integer kernels (compiler/integer.py), not dequantize -> float
+    assert "integer_kernels(0 conv2d, 2 matmul int8->int32)" in man.prepared_steps
     qdq = onnx.load(str(int8_artifact / QUANT_FILE))
     ops = {n.op_type for n in qdq.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
