@@ -42,7 +42,7 @@ def _prepare(models: list[str], target: str, work: Path) -> None:
                  .astype(np.float32))
         quantize_int8(f32, cal, work / f"{name}.int8.onnx")
         compile_model(work / f"{name}.int8.onnx", target=target, out_dir=work / f"{name}-int8",
-                      progress=False)
+                      progress=False, integer=True)
         compile_model(work / f"{name}.int8.onnx", target=target, out_dir=work / f"{name}-qdq",
                       progress=False, integer=False)
 

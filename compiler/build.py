@@ -207,13 +207,22 @@ def _install(tmp: Path, out_dir: Path) -> None:
         tmp.rename(out_dir)
 
 
+def integer_by_default(preset: TargetPreset) -> bool:
+    """Whether a QDQ model goes onto integer kernels by default for ``preset``: where the CPU has
+    an int8 dot-product instruction (Arm dotprod, x86 AVX-512 VNNI). Without one the integer
+    kernels measured slower than the float import (AVX2: 1.04-1.8x, BENCHMARKS.md "int8"), both
+    within one quantization step of onnxruntime's reference."""
+    mattr = set(preset.target.get("mattr", []))
+    return bool(mattr & {"+dotprod", "+avx512vnni"})
+
+
 def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, name: str | None = None,
                   tune: bool = False, trials: int | None = 64, db_dir: str | Path | None = None,
                   train: TrainSettings | None = None, progress: bool = True,
                   default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None,
                   prepack: bool = True, time_budget: float | None = None, rpc: str | None = None,
                   quantize: str | None = None, calibration: str | Path | None = None,
-                  integer: bool = True) -> Path:
+                  integer: bool | None = None) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
 
     Without ``tune`` the inference kernels get :mod:`compiler.schedules`' default CPU schedules
@@ -227,9 +236,9 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     ``quantize="int8"`` with ``calibration`` (an .npz of input samples): the float model is
     quantized first (static post-training, QDQ, :mod:`compiler.quantize`) and the QDQ model is
     compiled; it is kept in the artifact as ``QUANT_FILE`` (the reference onnxruntime runs).
-    A QDQ model's quantized convolutions and matmuls run on int8 -> int32 kernels
-    (:mod:`compiler.integer`); ``integer=False`` keeps TVM's dequantize -> float op -> quantize
-    import, for comparison.
+    ``integer``: a QDQ model's quantized convolutions and matmuls on int8 -> int32 kernels
+    (:mod:`compiler.integer`) or, False, TVM's dequantize -> float op -> quantize import; None
+    (the default): :func:`integer_by_default` of the preset.
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
     """
@@ -273,6 +282,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
         onnx_path = qpath
     model = load_onnx(onnx_path)
     _say(progress, f"importing {onnx_path.name} for {preset.name}")
+    if integer is None:
+        integer = integer_by_default(preset)
     imported = import_model(model, shapes=input_shapes, integer=integer)
     if imported.prepared_steps:
         _say(progress, f"prepared the graph: {', '.join(imported.prepared_steps)}")

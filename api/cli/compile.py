@@ -42,6 +42,10 @@ def compile_cmd(
                                         "(static post-training, QDQ, per-channel weights; --calibration)."),
     calibration: Path | None = typer.Option(None, "--calibration", help="With --quantize: .npz of input "
                                             "samples, one [N, ...] float32 array per input, named so."),
+    integer: bool | None = typer.Option(None, "--integer-kernels/--float-kernels", help="A QDQ model's "
+                                        "convolutions and matmuls on int8 -> int32 kernels, or dequantized "
+                                        "to float ops. Default: integer where the preset has an int8 "
+                                        "dot-product instruction (rpi5 dotprod, AVX-512 VNNI)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
     """Compile an ONNX model for a board into an artifact directory (manifest + libraries)."""
@@ -61,7 +65,8 @@ def compile_cmd(
     out_dir = compile_model(model, target=target, out_dir=out, name=name, tune=tune,
                             trials=default_trials(trials, time_budget), time_budget=time_budget, rpc=rpc,
                             db_dir=db, train=settings, progress=not quiet, input_shapes=shapes,
-                            prepack=not no_prepack, quantize=quantize, calibration=calibration)
+                            prepack=not no_prepack, quantize=quantize, calibration=calibration,
+                            integer=integer)
     typer.echo(str(out_dir))
 
 

@@ -85,7 +85,7 @@ def test_zoo_qdq_model_on_integer_kernels_matches_onnxruntime(name: str, tmp_pat
     # ds-cnn-kws with the default schedules the benchmark builds; the others with the naive
     # lowering (the arithmetic is what they check, and it saves minutes of schedule timing)
     art = compile_model(qdq, target=host_preset_name(), out_dir=tmp_path / "art", progress=False,
-                        default_schedules=name == "ds-cnn-kws")
+                        default_schedules=name == "ds-cnn-kws", integer=True)
     assert f"integer_kernels({conv} conv2d, {mm} matmul int8->int32)" in Manifest.read(art).prepared_steps
     # the outputs are on the int8 grid: equal, or one quantization step apart at most
     assert _worst_steps(art, qdq, name) <= 1.001
@@ -94,7 +94,7 @@ def test_zoo_qdq_model_on_integer_kernels_matches_onnxruntime(name: str, tmp_pat
 @pytest.mark.slow
 def test_c_backend_carries_the_integer_kernels(tmp_path: Path) -> None:
     qdq = _qdq("ds-cnn-kws", tmp_path)
-    art = compile_model(qdq, target="x86_64-c", out_dir=tmp_path / "art", progress=False)
+    art = compile_model(qdq, target="x86_64-c", out_dir=tmp_path / "art", progress=False, integer=True)
     man = Manifest.read(art)
     assert man.libs.runtime == "c"
     assert "integer_kernels(9 conv2d, 1 matmul int8->int32)" in man.prepared_steps
@@ -117,3 +117,13 @@ def test_qoperator_models_are_refused_in_one_line(run_cli: object, tmp_path: Pat
     onnx.save(model, str(tmp_path / "qop.onnx"))
     r = run_cli("compile", tmp_path / "qop.onnx", "-t", host_preset_name(), "-o", tmp_path / "art", "-q")  # type: ignore[operator]
     assert r.code != 0 and "QOperator" in r.error_line and "QDQ" in r.error_line
+
+
+def test_integer_kernels_are_the_default_where_the_cpu_has_an_int8_dot_product() -> None:
+    from compiler.build import integer_by_default
+    from compiler.targets import get_preset
+
+    # measured slower than the float import on AVX2 (BENCHMARKS.md "int8"): not the default there
+    assert not integer_by_default(get_preset("x86_64-avx2"))
+    assert not integer_by_default(get_preset("rpi4"))  # Cortex-A72: no dotprod
+    assert integer_by_default(get_preset("rpi5"))  # Cortex-A76: sdot

@@ -60,7 +60,7 @@ def int8_artifact(tmp_path_factory: pytest.TempPathFactory, trained_digits: Path
     d = tmp_path_factory.mktemp("quant-art")
     np.savez(d / "cal.npz", x=digits[0][:400])
     return compile_model(trained_digits, target=host_preset_name(), out_dir=d / "art", progress=False,
-                         quantize="int8", calibration=d / "cal.npz")
+                         quantize="int8", calibration=d / "cal.npz", integer=True)
 
 
 def _output_step(qdq: onnx.ModelProto) -> float:
