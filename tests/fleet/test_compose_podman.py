@@ -1,7 +1,9 @@
-"""docker-compose.yml for real, under Podman: the broker, three nodes and the fleet from the compose
-file (with deploy/compose/podman.yml: the image deploy/podman_image.py builds from Debian packages),
-a training round through the fleet API to ``done``, inference on every node over HTTP, then
-``down -v`` and nothing of the project left (containers, volumes, pod).
+"""docker-compose.yml for real, under Podman: the broker, PostgreSQL, three nodes and the fleet from
+the compose file (with deploy/compose/podman.yml: the image deploy/podman_image.py builds from Debian
+packages), a training round through the fleet API to ``done``, the round in the fleet's PostgreSQL
+database (read with psql in the postgres container) and still listed after the fleet restarts,
+inference on every node over HTTP, then ``down -v`` and nothing of the project left (containers,
+volumes, pod).
 
 The services share one network namespace the test creates (``FRACTAL_PODMAN_NETWORK``), so the
 compose file's fixed ports (1883, 8080-8083) never meet the host's; this process reaches them
@@ -32,6 +34,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN_COMPOSE = str(Path(sys.executable).parent / "podman-compose")  # the venv's (pyproject dev)
 TOKEN = "compose-test-token"
+PG_PASSWORD = "compose-test-pg"
 NODES = {"node-1": 8081, "node-2": 8082, "node-3": 8083}
 _PREFIX = "fxcompose"
 
@@ -121,33 +124,33 @@ def compose_image() -> tuple[bool, float]:
 
 
 @pytest.fixture
-def compose_up(compose_image: tuple[bool, float]) -> Iterator[tuple[Netns, str, float]]:
+def compose_up(compose_image: tuple[bool, float]) -> Iterator[tuple[Netns, str, float, dict[str, str]]]:
     _sweep_stale()
     project = f"{_PREFIX}-{os.getpid()}"
     files = ["-f", "docker-compose.yml", "-f", "deploy/compose/podman.yml", "-p", project]
     with Netns(project) as ns:
-        env = {**podman_env(), "FRACTAL_FLEET_TOKEN": TOKEN,
+        env = {**podman_env(), "FRACTAL_FLEET_TOKEN": TOKEN, "FRACTAL_POSTGRES_PASSWORD": PG_PASSWORD,
                "FRACTAL_PODMAN_NETWORK": f"ns:/run/netns/{ns.name}"}
         t0 = time.monotonic()
         try:
             _run([PODMAN_COMPOSE, *files, "up", "-d", "--no-build"], env)
-            yield ns, project, t0
+            yield ns, project, t0, env
         finally:
             _run([PODMAN_COMPOSE, *files, "down", "-v"], env)
         left = _project_objects(project)
         assert left == {"containers": [], "volumes": [], "pods": []}, f"left after down -v: {left}"
 
 
-def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, float],
+def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, float, dict[str, str]],
                                                   compose_image: tuple[bool, float]) -> None:
-    ns, project, t0 = compose_up
+    ns, project, t0, env = compose_up
     fleet = httpx.Client(base_url="http://127.0.0.1:8080", headers={"Authorization": f"Bearer {TOKEN}"},
                          timeout=10)
     nodes = {n: httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=10) for n, p in NODES.items()}
 
     def logs() -> str:
         out = []
-        for svc in ("mosquitto", "fleet", *NODES):
+        for svc in ("mosquitto", "postgres", "fleet", *NODES):
             r = subprocess.run(["podman", "logs", "--tail", "15", f"{project}_{svc}_1"], capture_output=True,
                                text=True, env=podman_env(), timeout=30, check=False)
             out.append(f"== {svc}\n{r.stdout}{r.stderr}")
@@ -191,6 +194,16 @@ def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, 
     round_s = time.monotonic() - t0
     assert rnd["state"] == "done", rnd
 
+    # the fleet keeps its history in the postgres service's database, and leads there
+    assert get(fleet, "/api/health")["role"] == "leader"
+
+    def stored_state() -> str:
+        sql = f"SELECT state FROM rounds WHERE round_id = '{round_id}'"  # an id the fleet made
+        return _run(["podman", "exec", f"{project}_postgres_1", "psql", "-h", "/run/postgresql", "-U",
+                     "fractal", "-d", "fractal", "-tAc", sql]).strip()
+
+    _wait(lambda: stored_state() == "done", 30, "the round done in PostgreSQL", logs)
+
     # every node committed the same new parameters
     def committed() -> dict[str, dict] | None:
         t = node_table()
@@ -211,6 +224,21 @@ def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, 
         assert out["shape"] == [4, 10]
         outs[name] = np.asarray(out["data"], dtype=np.float32)
     assert all(np.array_equal(outs["node-1"], o) for o in outs.values())
+
+    # a restarted fleet reads the history back from PostgreSQL: the round is still listed, done
+    t_restart = time.monotonic()
+    _run([PODMAN_COMPOSE, "-f", "docker-compose.yml", "-f", "deploy/compose/podman.yml", "-p", project,
+          "restart", "fleet"], env)
+
+    def listed_again() -> dict | None:
+        health = get(fleet, "/api/health")
+        body = get(fleet, "/api/rounds") if health and health["role"] == "leader" else None
+        return body and next((r for r in body["rounds"] if r["round_id"] == round_id), None)
+
+    again = _wait(listed_again, 90, f"round {round_id} listed by the restarted fleet", logs)
+    assert again["state"] == "done", again
+    restart_s = time.monotonic() - t_restart
     built, build_s = compose_image
     print(f"\ncompose under podman: image {'built' if built else 'cached'} in {build_s:.1f} s, "
-          f"nodes online {online_s:.1f} s, round done {round_s:.1f} s after `up`")
+          f"nodes online {online_s:.1f} s, round done {round_s:.1f} s after `up`, "
+          f"fleet restarted and leading on PostgreSQL in {restart_s:.1f} s")
