@@ -6,9 +6,10 @@ the x86_64 board image's root filesystem instead (:mod:`firmware.osimage.rootfs`
 python3.13 and the node's Python dependencies as Debian packages, the project's code, bytecode
 compiled at build time), plus Debian's Mosquitto (``deploy/compose/trixie-amd64-broker.lock``) so
 the broker service runs from the same image, Debian's PostgreSQL 17 server and client and psycopg
-(``deploy/compose/trixie-amd64-postgres.lock``) for the ``postgres`` service and the fleet's store, and the demo model compiled for ``x86_64-c`` (the C
-backend: the nodes need no TVM, as on a board). The tree becomes an image through
-``podman import``; ``deploy/compose/podman.yml`` points the compose services at it.
+(``deploy/compose/trixie-amd64-postgres.lock``) for the ``postgres`` service and the fleet's store,
+and the demo model compiled for ``x86_64-c`` (the C backend: the nodes need no TVM, as on a board).
+The tree becomes an image through ``podman import``; ``deploy/compose/podman.yml`` points the
+compose services at it.
 
 The image carries a label with the hash of every input (both locks, the project's sources, the
 artifact's settings): a rebuild with the same inputs is skipped, so reruns cost one
@@ -151,9 +152,9 @@ def _rootfs(root: Path) -> None:
     # the broker's and PostgreSQL's docs (make_rootfs dropped the others'), and PostgreSQL's JIT:
     # LLVM is 100 MB more and a fleet's queries are far too small for it (the server runs jit=off)
     pg_lib = root / PG_BIN.lstrip("/") / ".." / "lib"
-    for d in (root / "usr/share/doc", root / "usr/share/man", pg_lib / "bitcode",
-              root / "usr/share/postgresql/17/man"):
-        shutil.rmtree(d, ignore_errors=True)
+    for tree in (root / "usr/share/doc", root / "usr/share/man", pg_lib / "bitcode",
+                 root / "usr/share/postgresql/17/man"):
+        shutil.rmtree(tree, ignore_errors=True)
     for so in pg_lib.glob("llvmjit*"):
         so.unlink()
     etc = root / "etc"

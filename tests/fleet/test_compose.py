@@ -208,7 +208,8 @@ def test_fleet_store_is_the_postgres_service(name):
     url = urlsplit(fleet["environment"]["FRACTAL_FLEET_DATABASE"])
     assert url.scheme == "postgresql" and url.hostname == "postgres" and url.port == 5432
     assert url.password is None  # PGPASSWORD carries it
-    assert url.username == pg["environment"]["POSTGRES_USER"] and url.path == "/" + pg["environment"]["POSTGRES_DB"]
+    assert url.username == pg["environment"]["POSTGRES_USER"]
+    assert url.path == "/" + pg["environment"]["POSTGRES_DB"]
     secret = re.compile(r"\$\{FRACTAL_POSTGRES_PASSWORD:\?[^}]+\}")
     assert secret.fullmatch(pg["environment"]["POSTGRES_PASSWORD"])
     assert secret.fullmatch(fleet["environment"]["PGPASSWORD"])

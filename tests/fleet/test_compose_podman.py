@@ -3,8 +3,8 @@ the compose file (with deploy/compose/podman.yml: the image deploy/podman_image.
 packages), a training round through the fleet API to ``done``, the round in the fleet's PostgreSQL
 database (read with psql in the postgres container), inference on every node over HTTP; then the
 standby fleet (``--profile standby``) takes the lead when the fleet restarts, the restarted fleet
-lists the round from the database and takes the lead back when the standby is SIGKILLed; then ``down -v`` and nothing of the project left (containers,
-volumes, pod).
+lists the round from the database and takes the lead back when the standby is SIGKILLed; then
+``down -v`` and nothing of the project left (containers, volumes, pod).
 
 The services share one network namespace the test creates (``FRACTAL_PODMAN_NETWORK``), so the
 compose file's fixed ports (1883, 8080-8083) never meet the host's; this process reaches them
@@ -121,7 +121,8 @@ def _wait(cond: Callable[[], Any], timeout: float, what: str, diag: Callable[[],
 
 def _files(project: str) -> list[str]:
     """podman-compose's arguments: the compose file, the override, the project; with the standby fleet."""
-    return ["-f", "docker-compose.yml", "-f", "deploy/compose/podman.yml", "-p", project, "--profile", "standby"]
+    return ["-f", "docker-compose.yml", "-f", "deploy/compose/podman.yml", "-p", project,
+            "--profile", "standby"]
 
 
 @pytest.fixture(scope="module")
