@@ -175,6 +175,8 @@ def _rootfs(root: Path) -> None:
         (root / d).chmod(0o700 if d == PG_DATA else 0o2775)
     for d in ("var/lib/postgresql", PG_DATA, "run/postgresql"):
         os.chown(root / d, POSTGRES_UID, POSTGRES_UID)
+    # libpq's default socket directory (pg_isready in the compose file's healthcheck, psql)
+    (root / "var/run").symlink_to("/run")
     (root / "var/tmp").unlink()
     (root / "var/tmp").mkdir()
     fractal = root / "usr/bin/fractal"

@@ -206,10 +206,12 @@ def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, 
 
     def stored_state() -> str:
         sql = f"SELECT state FROM rounds WHERE round_id = '{round_id}'"  # an id the fleet made
-        return _run(["podman", "exec", f"{project}_postgres_1", "psql", "-h", "/run/postgresql", "-U",
-                     "fractal", "-d", "fractal", "-tAc", sql]).strip()
+        return _run(["podman", "exec", f"{project}_postgres_1", "psql", "-U", "fractal", "-d", "fractal",
+                     "-tAc", sql]).strip()
 
     _wait(lambda: stored_state() == "done", 30, "the round done in PostgreSQL", logs)
+    # the compose file's healthcheck (pg_isready: what Docker waits on before starting the fleet)
+    _run(["podman", "healthcheck", "run", f"{project}_postgres_1"])
 
     # every node committed the same new parameters
     def committed() -> dict[str, dict] | None:
