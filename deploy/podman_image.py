@@ -5,9 +5,11 @@ registry, pip, TVM). Where no registry is reachable, this module makes the same 
 the x86_64 board image's root filesystem instead (:mod:`firmware.osimage.rootfs`: Debian trixie's
 python3.13 and the node's Python dependencies as Debian packages, the project's code, bytecode
 compiled at build time), plus Debian's Mosquitto (``deploy/compose/trixie-amd64-broker.lock``) so
-the broker service runs from the same image, and the demo model compiled for ``x86_64-c`` (the C
-backend: the nodes need no TVM, as on a board). The tree becomes an image through
-``podman import``; ``deploy/compose/podman.yml`` points the compose services at it.
+the broker service runs from the same image, Debian's PostgreSQL 17 server and client and psycopg
+(``deploy/compose/trixie-amd64-postgres.lock``) for the ``postgres`` service and the fleet's store,
+and the demo model compiled for ``x86_64-c`` (the C backend: the nodes need no TVM, as on a board).
+The tree becomes an image through ``podman import``; ``deploy/compose/podman.yml`` points the
+compose services at it.
 
 The image carries a label with the hash of every input (both locks, the project's sources, the
 artifact's settings): a rebuild with the same inputs is skipped, so reruns cost one
@@ -32,11 +34,15 @@ from pathlib import Path
 
 from deploy.errors import DeployError
 
-__all__ = ["TAG", "CONTAINERS_CONF", "build_image", "inputs_key", "podman_env", "main"]
+__all__ = ["TAG", "PG_BIN", "CONTAINERS_CONF", "build_image", "inputs_key", "podman_env", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
 TAG = "localhost/fractal-edge:latest"  # what `fractal-edge:latest` in docker-compose.yml resolves to
 BROKER_LOCK = REPO / "deploy" / "compose" / "trixie-amd64-broker.lock"
+POSTGRES_LOCK = REPO / "deploy" / "compose" / "trixie-amd64-postgres.lock"
+PG_BIN = "/usr/lib/postgresql/17/bin"  # initdb, postgres, psql, pg_isready (Debian keeps them per major)
+PG_DATA = "var/lib/postgresql/data"  # the postgres service's volume (PGDATA, as in Docker's postgres:17)
+POSTGRES_UID = 102
 # runc (crun fails on hybrid cgroup v1 hosts) and no default ulimits (raising RLIMIT_NOFILE is refused
 # in unprivileged-in-VM setups); passed as CONTAINERS_CONF unless the caller set one
 CONTAINERS_CONF = REPO / "deploy" / "compose" / "containers.conf"
@@ -45,7 +51,7 @@ ARTIFACT = "/opt/fractal/artifacts/digits-mlp"
 # what the compose services mount their named volumes on (deploy/compose/node-*.toml)
 DATA_DIRS = ("var/lib/fractal/node-1", "var/lib/fractal/node-2", "var/lib/fractal/node-3")
 ENV = {
-    "PATH": "/usr/sbin:/usr/bin",
+    "PATH": f"/usr/sbin:/usr/bin:{PG_BIN}",
     "LANG": "C.UTF-8",
     "PYTHONPATH": "/opt/fractal",
     "PYTHONNOUSERSITE": "1",
@@ -91,6 +97,7 @@ def inputs_key() -> str:
     h = hashlib.sha256(b"fractal-edge podman image 1\n")
     h.update(get_os_board("x86_64").lock.read_bytes())
     h.update(BROKER_LOCK.read_bytes())
+    h.update(POSTGRES_LOCK.read_bytes())
     h.update(Path(__file__).read_bytes())
     for pkg in rootfs.NODE_PACKAGES:
         _hash_tree(h, REPO / pkg)
@@ -131,29 +138,45 @@ def _rootfs(root: Path) -> None:
     board = get_os_board("x86_64")
     names = {*rootfs.PACKAGES, *board.extra_packages}
     pins = [p for p in debs.read_lock(board.lock) if p.package in names]
-    broker = debs.read_lock(BROKER_LOCK)
+    extra = debs.read_lock(BROKER_LOCK) + debs.read_lock(POSTGRES_LOCK)
     cache = rootfs.cache_dir() / "debs" / f"{board.suite}-{board.debarch}"
     try:
-        files = debs.fetch(pins + broker, rootfs.MIRROR, cache)
+        files = debs.fetch(pins + extra, rootfs.MIRROR, cache)
     except debs.DebsError as exc:
         raise DeployError(f"Debian packages for the compose image: {exc}", hint="check the network, or "
                           "regenerate the lock if Debian removed a pinned version") from None
-    by_name = {p.package: f for p, f in zip(pins + broker, files, strict=True)}
+    by_name = {p.package: f for p, f in zip(pins + extra, files, strict=True)}
     rootfs.make_rootfs(board, by_name, root)  # the board's tree, then what a container differs in
-    for pin in broker:
+    for pin in extra:
         rootfs.unpack(by_name[pin.package], root)
-    for d in ("usr/share/doc", "usr/share/man"):  # the broker's docs (make_rootfs dropped the others')
-        shutil.rmtree(root / d, ignore_errors=True)
+    # the broker's and PostgreSQL's docs (make_rootfs dropped the others'), and PostgreSQL's JIT:
+    # LLVM is 100 MB more and a fleet's queries are far too small for it (the server runs jit=off)
+    pg_lib = root / PG_BIN.lstrip("/") / ".." / "lib"
+    for tree in (root / "usr/share/doc", root / "usr/share/man", pg_lib / "bitcode",
+                 root / "usr/share/postgresql/17/man"):
+        shutil.rmtree(tree, ignore_errors=True)
+    for so in pg_lib.glob("llvmjit*"):
+        so.unlink()
     etc = root / "etc"
     (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
-                                "mosquitto:x:101:101::/var/lib/mosquitto:/bin/false\n")
-    (etc / "group").write_text("root:x:0:\nmosquitto:x:101:\n")
+                                "mosquitto:x:101:101::/var/lib/mosquitto:/bin/false\n"
+                                f"postgres:x:{POSTGRES_UID}:{POSTGRES_UID}::/var/lib/postgresql:/bin/sh\n")
+    (etc / "group").write_text(f"root:x:0:\nmosquitto:x:101:\npostgres:x:{POSTGRES_UID}:\n")
     for name in ("resolv.conf", "hostname", "hosts"):  # podman bind-mounts its own over these
         (etc / name).unlink()
         (etc / name).write_text("")
     (root / "root").mkdir(exist_ok=True)
     for d in ("var/lib/mosquitto", "mosquitto/config", *DATA_DIRS):
         (root / d).mkdir(parents=True, exist_ok=True)
+    # PostgreSQL refuses to run as root: its data and socket directories belong to postgres (a
+    # fresh named volume mounted on PG_DATA takes this owner, as Docker's does)
+    for d in (PG_DATA, "run/postgresql"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+        (root / d).chmod(0o700 if d == PG_DATA else 0o2775)
+    for d in ("var/lib/postgresql", PG_DATA, "run/postgresql"):
+        os.chown(root / d, POSTGRES_UID, POSTGRES_UID)
+    # libpq's default socket directory (pg_isready in the compose file's healthcheck, psql)
+    (root / "var/run").symlink_to("/run")
     (root / "var/tmp").unlink()
     (root / "var/tmp").mkdir()
     fractal = root / "usr/bin/fractal"

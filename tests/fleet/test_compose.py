@@ -65,14 +65,14 @@ FRACTAL_SERVICES = [n for n, s in SERVICES.items() if s.get("command", [None])[0
 
 
 def test_expected_services():
-    assert {"mosquitto", "node-1", "node-2", "node-3", "fleet"} <= set(SERVICES)
-    assert sorted(FRACTAL_SERVICES) == ["feeder", "fleet", "node-1", "node-2", "node-3"]
+    assert {"mosquitto", "postgres", "node-1", "node-2", "node-3", "fleet"} <= set(SERVICES)
+    assert sorted(FRACTAL_SERVICES) == ["feeder", "fleet", "fleet-standby", "node-1", "node-2", "node-3"]
 
 
 @pytest.mark.parametrize("name", FRACTAL_SERVICES)
 def test_service_command_is_a_valid_fractal_invocation(name):
     verb, params = parse_fractal(SERVICES[name]["command"])
-    assert verb == {"feeder": "feed", "fleet": "fleet"}.get(name, "node")
+    assert verb == {"feeder": "feed", "fleet": "fleet", "fleet-standby": "fleet"}.get(name, "node")
     svc = SERVICES[name]
     assert svc["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}
     assert (ROOT / svc["build"]["dockerfile"]).is_file()
@@ -198,3 +198,51 @@ def test_podman_override_differs_from_docker_only_in_loopback():
         return [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
 
     assert settings(podman_conf) == settings(conf)
+
+
+@pytest.mark.parametrize("name", ["fleet", "fleet-standby"])
+def test_fleet_store_is_the_postgres_service(name):
+    """The fleet's FRACTAL_FLEET_DATABASE names the postgres service's user, database and port; the
+    password is one variable both take (compose refuses to start without it), never in the file."""
+    pg, fleet = SERVICES["postgres"], SERVICES[name]
+    url = urlsplit(fleet["environment"]["FRACTAL_FLEET_DATABASE"])
+    assert url.scheme == "postgresql" and url.hostname == "postgres" and url.port == 5432
+    assert url.password is None  # PGPASSWORD carries it
+    assert url.username == pg["environment"]["POSTGRES_USER"]
+    assert url.path == "/" + pg["environment"]["POSTGRES_DB"]
+    secret = re.compile(r"\$\{FRACTAL_POSTGRES_PASSWORD:\?[^}]+\}")
+    assert secret.fullmatch(pg["environment"]["POSTGRES_PASSWORD"])
+    assert secret.fullmatch(fleet["environment"]["PGPASSWORD"])
+    assert mounts(pg)[pg["environment"]["PGDATA"]] in COMPOSE["volumes"]  # the data outlives the container
+    assert fleet["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    assert pg["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    assert "ports" not in pg  # on the compose network only
+
+
+def test_standby_fleet_is_the_fleet_on_another_port():
+    fleet, standby = SERVICES["fleet"], SERVICES["fleet-standby"]
+    assert standby["profiles"] == ["standby"] and "profiles" not in fleet  # started on request only
+    _, a = parse_fractal(fleet["command"])
+    _, b = parse_fractal(standby["command"])
+    assert {**b, "port": a["port"]} == a and b["port"] != a["port"]
+    assert standby["environment"] == fleet["environment"] and standby["depends_on"] == fleet["depends_on"]
+
+
+def test_podman_override_fleet_and_postgres_match_docker():
+    """Under Podman the fleet waits for PostgreSQL, then runs Docker's command but on loopback; the
+    postgres script initialises with Docker's variables and listens on loopback only."""
+    override = yaml.safe_load((ROOT / "deploy/compose/podman.yml").read_text().replace("!reset", ""))
+    for name in ("fleet", "fleet-standby"):
+        cmd = override["services"][name]["command"]
+        assert cmd[:2] == ["sh", "-c"] and "pg_isready" in cmd[2] and cmd[3] == "wait-for-postgres"
+        docker = list(SERVICES[name]["command"])
+        docker[docker.index("--host") + 1] = "127.0.0.1"
+        assert cmd[4:] == docker
+        parse_fractal(cmd[4:])
+    hosts = {h.split(":")[0] for h in override["x-loopback"]["extra_hosts"]}
+    assert hosts >= set(SERVICES) - {"feeder"}
+    script = (ROOT / "deploy/compose/podman/postgres.sh").read_text()
+    for var in ("PGDATA", "POSTGRES_USER", "POSTGRES_DB", "POSTGRES_PASSWORD"):
+        assert f"${{{var}" in script and var in SERVICES["postgres"]["environment"]
+    assert "listen_addresses=127.0.0.1" in script
+    assert override["services"]["postgres"]["user"] == "postgres"

@@ -1,6 +1,9 @@
-"""docker-compose.yml for real, under Podman: the broker, three nodes and the fleet from the compose
-file (with deploy/compose/podman.yml: the image deploy/podman_image.py builds from Debian packages),
-a training round through the fleet API to ``done``, inference on every node over HTTP, then
+"""docker-compose.yml for real, under Podman: the broker, PostgreSQL, three nodes and the fleet from
+the compose file (with deploy/compose/podman.yml: the image deploy/podman_image.py builds from Debian
+packages), a training round through the fleet API to ``done``, the round in the fleet's PostgreSQL
+database (read with psql in the postgres container), inference on every node over HTTP; then the
+standby fleet (``--profile standby``) takes the lead when the fleet restarts, the restarted fleet
+lists the round from the database and takes the lead back when the standby is SIGKILLed; then
 ``down -v`` and nothing of the project left (containers, volumes, pod).
 
 The services share one network namespace the test creates (``FRACTAL_PODMAN_NETWORK``), so the
@@ -32,6 +35,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN_COMPOSE = str(Path(sys.executable).parent / "podman-compose")  # the venv's (pyproject dev)
 TOKEN = "compose-test-token"
+PG_PASSWORD = "compose-test-pg"
 NODES = {"node-1": 8081, "node-2": 8082, "node-3": 8083}
 _PREFIX = "fxcompose"
 
@@ -115,39 +119,45 @@ def _wait(cond: Callable[[], Any], timeout: float, what: str, diag: Callable[[],
         time.sleep(0.25)  # polling the API's state between requests
 
 
+def _files(project: str) -> list[str]:
+    """podman-compose's arguments: the compose file, the override, the project; with the standby fleet."""
+    return ["-f", "docker-compose.yml", "-f", "deploy/compose/podman.yml", "-p", project,
+            "--profile", "standby"]
+
+
 @pytest.fixture(scope="module")
 def compose_image() -> tuple[bool, float]:
     return build_image()
 
 
 @pytest.fixture
-def compose_up(compose_image: tuple[bool, float]) -> Iterator[tuple[Netns, str, float]]:
+def compose_up(compose_image: tuple[bool, float]) -> Iterator[tuple[Netns, str, float, dict[str, str]]]:
     _sweep_stale()
     project = f"{_PREFIX}-{os.getpid()}"
-    files = ["-f", "docker-compose.yml", "-f", "deploy/compose/podman.yml", "-p", project]
+    files = _files(project)
     with Netns(project) as ns:
-        env = {**podman_env(), "FRACTAL_FLEET_TOKEN": TOKEN,
+        env = {**podman_env(), "FRACTAL_FLEET_TOKEN": TOKEN, "FRACTAL_POSTGRES_PASSWORD": PG_PASSWORD,
                "FRACTAL_PODMAN_NETWORK": f"ns:/run/netns/{ns.name}"}
         t0 = time.monotonic()
         try:
             _run([PODMAN_COMPOSE, *files, "up", "-d", "--no-build"], env)
-            yield ns, project, t0
+            yield ns, project, t0, env
         finally:
             _run([PODMAN_COMPOSE, *files, "down", "-v"], env)
         left = _project_objects(project)
         assert left == {"containers": [], "volumes": [], "pods": []}, f"left after down -v: {left}"
 
 
-def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, float],
+def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, float, dict[str, str]],
                                                   compose_image: tuple[bool, float]) -> None:
-    ns, project, t0 = compose_up
+    ns, project, t0, env = compose_up
     fleet = httpx.Client(base_url="http://127.0.0.1:8080", headers={"Authorization": f"Bearer {TOKEN}"},
                          timeout=10)
     nodes = {n: httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=10) for n, p in NODES.items()}
 
     def logs() -> str:
         out = []
-        for svc in ("mosquitto", "fleet", *NODES):
+        for svc in ("mosquitto", "postgres", "fleet", "fleet-standby", *NODES):
             r = subprocess.run(["podman", "logs", "--tail", "15", f"{project}_{svc}_1"], capture_output=True,
                                text=True, env=podman_env(), timeout=30, check=False)
             out.append(f"== {svc}\n{r.stdout}{r.stderr}")
@@ -191,6 +201,18 @@ def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, 
     round_s = time.monotonic() - t0
     assert rnd["state"] == "done", rnd
 
+    # the fleet keeps its history in the postgres service's database, and leads there
+    assert get(fleet, "/api/health")["role"] == "leader"
+
+    def stored_state() -> str:
+        sql = f"SELECT state FROM rounds WHERE round_id = '{round_id}'"  # an id the fleet made
+        return _run(["podman", "exec", f"{project}_postgres_1", "psql", "-U", "fractal", "-d", "fractal",
+                     "-tAc", sql]).strip()
+
+    _wait(lambda: stored_state() == "done", 30, "the round done in PostgreSQL", logs)
+    # the compose file's healthcheck (pg_isready: what Docker waits on before starting the fleet)
+    _run(["podman", "healthcheck", "run", f"{project}_postgres_1"])
+
     # every node committed the same new parameters
     def committed() -> dict[str, dict] | None:
         t = node_table()
@@ -211,6 +233,37 @@ def test_compose_round_and_inference_under_podman(compose_up: tuple[Netns, str, 
         assert out["shape"] == [4, 10]
         outs[name] = np.asarray(out["data"], dtype=np.float32)
     assert all(np.array_equal(outs["node-1"], o) for o in outs.values())
+
+    # Two fleet processes on the one database: the standby follows and reads the same history.
+    standby = httpx.Client(base_url="http://127.0.0.1:8090", headers=fleet.headers, timeout=10)
+
+    def role(client: httpx.Client) -> str | None:
+        health = get(client, "/api/health")
+        return health["role"] if health else None
+
+    def listed(client: httpx.Client) -> dict | None:
+        body = get(client, "/api/rounds")
+        return body and next((r for r in body["rounds"] if r["round_id"] == round_id), None)
+
+    _wait(lambda: role(standby) == "follower", 60, "the standby fleet following", logs)
+    assert (listed(standby) or {}).get("state") == "done"
+    # A restarted fleet hands the lead over (its session closes): the standby leads, and the
+    # restarted process follows and reads the round back from PostgreSQL, done.
+    t_restart = time.monotonic()
+    _run([PODMAN_COMPOSE, *_files(project), "restart", "fleet"], env)
+    _wait(lambda: role(standby) == "leader", 60, "the standby leading after the fleet's restart", logs)
+    handover_s = time.monotonic() - t_restart
+    again = _wait(lambda: role(fleet) == "follower" and listed(fleet), 90,
+                  f"round {round_id} listed by the restarted fleet", logs)
+    assert again["state"] == "done", again
+    # SIGKILL the leader: PostgreSQL ends its session, and the other fleet process takes the lead.
+    t_kill = time.monotonic()
+    _run(["podman", "kill", "--signal", "KILL", f"{project}_fleet-standby_1"])
+    _wait(lambda: role(fleet) == "leader", 60, "the fleet leading after the standby was killed", logs)
+    takeover_s = time.monotonic() - t_kill
+    assert (listed(fleet) or {}).get("state") == "done"
     built, build_s = compose_image
     print(f"\ncompose under podman: image {'built' if built else 'cached'} in {build_s:.1f} s, "
-          f"nodes online {online_s:.1f} s, round done {round_s:.1f} s after `up`")
+          f"nodes online {online_s:.1f} s, round done {round_s:.1f} s after `up`, "
+          f"lead handed over on the fleet's restart in {handover_s:.1f} s, "
+          f"taken over after SIGKILL in {takeover_s:.1f} s")
