@@ -466,7 +466,7 @@ function renderAsync() {
   $("async-progress").max = a.buffer; $("async-progress").value = k;
   $("async-fill").textContent = `${k} of ${a.buffer} updates` + (k ? ` (from ${a.pending.join(", ")})` : "");
   $("async-fill").dataset.pending = String(k);
-  $("async-bounds").textContent = `a version is made from ${a.buffer} updates; an update at most ${a.max_staleness} versions behind is taken`;
+  $("async-bounds").textContent = `a version is made from ${a.buffer} updates; an update at most ${a.max_staleness} version${a.max_staleness === 1 ? "" : "s"} behind is taken`;
   const refused = Object.entries(a.refused || {});
   $("async-refused").textContent = refused.length ? `refused updates: ${refused.map(([why, n]) => `${n} ${why}`).join(", ")}` : "no update refused";
   $("async-refused").dataset.total = String(refused.reduce((t, [, n]) => t + n, 0));

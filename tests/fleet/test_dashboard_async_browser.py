@@ -45,7 +45,7 @@ def test_async_card_shows_versions_buffer_and_refusals(make_fleet, browser, tmp_
         page.wait_for_selector("#live.on", timeout=10_000)
         page.wait_for_selector("#async-card[data-version='0']", timeout=10_000)
         assert page.inner_text("#async-fill").startswith("0 of 2 updates")
-        assert "at most 1 versions behind" in page.inner_text("#async-bounds")
+        assert "at most 1 version behind" in page.inner_text("#async-bounds")
         assert page.get_attribute("#async-versions tbody tr", "data-version") == "0"
 
         # a's update from version 0 waits in the buffer: 1 of 2
