@@ -116,6 +116,7 @@ class Aggregator:
     def __init__(self, link: PubSubLink, initial: Version, *, buffer: int, max_staleness: int,
                  outlier_factor: float = 10.0, server_lr: float = 1.0, refresh_s: float = 20.0,
                  on_version: Callable[[Version], None] | None = None,
+                 on_change: Callable[[], None] | None = None,
                  store: VersionStore | None = None) -> None:
         if not fits_one_message(initial.params.size):
             raise FederationError(f"a model of {initial.params.size} parameters does not fit one "
@@ -134,6 +135,7 @@ class Aggregator:
                           outlier_factor=outlier_factor, server_lr=server_lr)
         self.refresh_s = refresh_s
         self.on_version = on_version
+        self.on_change = on_change  # after every update taken, refused or aggregated (the dashboard's card)
         self.history = [VersionRecord(initial.version, initial.sha256, time.time(), [], {})]
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -162,6 +164,13 @@ class Aggregator:
         self.link.publish(topics.async_version(self.swarm), encode_version(v), retain=True, qos=1)
 
     def _on_update(self, topic: str, payload: bytes) -> None:
+        try:
+            self._take(topic, payload)
+        finally:
+            if self.on_change is not None:
+                self.on_change()
+
+    def _take(self, topic: str, payload: bytes) -> None:
         member = topic.rsplit("/", 1)[-1]
         with self._lock:
             try:

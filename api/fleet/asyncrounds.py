@@ -9,6 +9,7 @@ order a node flattens its parameters in) with numpy alone: the fleet loads no co
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +60,11 @@ class KvVersionStore:
         self.history.set_value(self.KEY, base64.b64encode(data).decode())
 
 
-def start_aggregator(settings: FleetSettings, link: PubSubLink, history: FleetHistory) -> Aggregator:
-    """The leading fleet process's aggregator, resumed from the version in the database."""
+def start_aggregator(settings: FleetSettings, link: PubSubLink, history: FleetHistory, *,
+                     on_change: Callable[[], None] | None = None) -> Aggregator:
+    """The leading fleet process's aggregator, resumed from the version in the database;
+    ``on_change`` is called after every update it takes, refuses or aggregates."""
     v0 = initial_version(load_version0(settings.async_params))
     return Aggregator(link, v0, buffer=settings.async_buffer, max_staleness=settings.async_max_staleness,
-                      refresh_s=settings.async_refresh_s, store=KvVersionStore(history)).start()
+                      refresh_s=settings.async_refresh_s, on_change=on_change,
+                      store=KvVersionStore(history)).start()

@@ -27,6 +27,7 @@ class EventType(enum.StrEnum):
     IMAGES = "images"  # the image catalogue changed (an upload)
     AUTO_ROUNDS = "auto_rounds"  # the automatic-round policy or where its triggers stand changed
     ENROLLMENT = "enrollment"  # a device asked to enrol, or the operator decided (api/fleet/enrollment.py)
+    ASYNC = "async"  # the asynchronous rounds' state (GET /api/async's body): an update or a version
     LEADER = "leader"  # this fleet process took the lead (api/fleet/leadership.py): {"role", "leader"}
 
 

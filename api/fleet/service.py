@@ -210,7 +210,19 @@ class FleetService:
     def _start_aggregator(self) -> None:
         """Asynchronous rounds (settings.async_params): the leader aggregates, from the stored version."""
         if self.settings.async_params and self.aggregator is None and self._link is not None:
-            self.aggregator = start_aggregator(self.settings, self._link, self.history)
+            self.aggregator = start_aggregator(self.settings, self._link, self.history,
+                                               on_change=self._async_changed)
+            self._async_changed()
+
+    def async_view(self) -> dict | None:
+        """GET /api/async's body on the aggregating process, None elsewhere (the dashboard's card)."""
+        agg = self.aggregator
+        return None if agg is None else agg.status()
+
+    def _async_changed(self) -> None:
+        view = self.async_view()
+        if view is not None:
+            self.bus.publish(EventType.ASYNC, view)
 
     def _lose_lead(self, why: str) -> None:
         log.error("this fleet process stops: %s", why)
@@ -608,4 +620,5 @@ class FleetService:
                 "actions": self.history.actions(50), "margin": self.settings.rollback_margin,
                 "auto_rollback": self.settings.auto_rollback, "rollouts": self.rollouts.recent(),
                 "images": self.images.list() if self.images is not None else None,
-                "enrollments": self.enrollment.list(), "auto_rounds": self.auto_view()}
+                "enrollments": self.enrollment.list(), "auto_rounds": self.auto_view(),
+                "async": self.async_view()}

@@ -4,7 +4,7 @@
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#e07b39", "#3aa17e", "#8e5bd0", "#d04f7a", "#3f8fd2", "#9a8a2e", "#5e6d7e", "#c2462d"];
 const state = {swarm: "", nodes: new Map(), rounds: new Map(), selected: null, es: null, connected: false,
-  rollback: null, actions: [], margin: null, images: null, rollouts: new Map(), enrollments: [], auto: null,
+  rollback: null, actions: [], margin: null, images: null, rollouts: new Map(), enrollments: [], auto: null, async: null,
   anomaly: new Map()};
 
 // ---- the error banner: dismissable, and it clears itself once its condition is gone -------------
@@ -453,6 +453,32 @@ $("auto-form").addEventListener("submit", (ev) => {
 });
 
 // ---- device images: catalogue, roll-outs, image rollbacks --------------------------------
+// ---- asynchronous rounds (GET /api/async; the "async" event) ----------------------------------
+function renderAsync() {
+  const a = state.async;
+  $("async-card").hidden = !a;
+  if (!a) return;
+  $("async-card").dataset.version = String(a.version);
+  $("async-version").textContent = String(a.version);
+  $("async-sha").textContent = a.sha256.slice(0, 12);
+  $("async-sha").title = a.sha256;
+  const k = a.pending.length;
+  $("async-progress").max = a.buffer; $("async-progress").value = k;
+  $("async-fill").textContent = `${k} of ${a.buffer} updates` + (k ? ` (from ${a.pending.join(", ")})` : "");
+  $("async-fill").dataset.pending = String(k);
+  $("async-bounds").textContent = `a version is made from ${a.buffer} updates; an update at most ${a.max_staleness} version${a.max_staleness === 1 ? "" : "s"} behind is taken`;
+  const refused = Object.entries(a.refused || {});
+  $("async-refused").textContent = refused.length ? `refused updates: ${refused.map(([why, n]) => `${n} ${why}`).join(", ")}` : "no update refused";
+  $("async-refused").dataset.total = String(refused.reduce((t, [, n]) => t + n, 0));
+  $("async-versions").querySelector("tbody").innerHTML = a.versions.slice(-10).reverse().map((v) => {
+    const who = v.contributors.map((c) => `${esc(c.member)} (${c.staleness})`).join(", ") || "<span class=\"muted\">initial</span>";
+    const ex = Object.entries(v.excluded || {});
+    return `<tr data-version="${v.version}" data-contributors="${v.contributors.length}" data-excluded="${ex.length}">` +
+      `<td>${v.version}</td><td class="seen" data-ts="${v.at}">${ago(v.at)}</td><td>${who}</td>` +
+      `<td title="${esc(ex.map(([m, why]) => `${m}: ${why}`).join("; "))}">${ex.length || ""}</td></tr>`;
+  }).join("");
+}
+
 function renderImages() {
   const card = $("images-card");
   card.hidden = state.images === null;  // this fleet has no catalogue
@@ -644,6 +670,8 @@ function connect() {
     state.rollouts = new Map((s.rollouts || []).map((r) => [r.rollout_id, r]));
     state.enrollments = s.enrollments || [];
     state.auto = s.auto_rounds || null;
+    state.async = s.async || null;
+    renderAsync();
     renderNodes(); renderRounds(); renderActions(); renderImages(); renderRollout(); renderEnrollments(); renderAuto();
     renderAnomaly();
   });
@@ -658,6 +686,7 @@ function connect() {
   es.addEventListener("rollback", (ev) => onRollback(JSON.parse(ev.data)));
   es.addEventListener("rollout", (ev) => onRollout(JSON.parse(ev.data)));
   es.addEventListener("images", (ev) => { state.images = JSON.parse(ev.data).images; renderImages(); });
+  es.addEventListener("async", (ev) => { state.async = JSON.parse(ev.data); renderAsync(); });
   es.addEventListener("auto_rounds", (ev) => { state.auto = JSON.parse(ev.data); renderAuto(); refreshActions(); });
 }
 

@@ -87,13 +87,14 @@ def test_follower_serves_reads_and_refuses_writes(make_fleet, pg_url):
 class FleetProc:
     """``fractal fleet --database URL`` as a real process."""
 
-    def __init__(self, broker_url: str, swarm: str, database: str) -> None:
+    def __init__(self, broker_url: str, swarm: str, database: str, extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "FRACTAL_FLEET_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [FRACTAL, "fleet", "--broker", broker_url, "--port", str(self.port), "--swarm", swarm,
-             "--database", database], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             "--database", database, *extra],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
