@@ -139,14 +139,17 @@ def _attr_int(node: Any, name: str, default: int = 0) -> int:
     return next((int(a.i) for a in node.attribute if a.name == name), default)
 
 
-def _refusal(node: Any, label: str) -> None:
-    """Variants the expanded body would compute wrongly under TVM: refused by name."""
+def _refusal(node: Any, label: str, consts: set[str]) -> None:
+    """Variants the expanded body cannot compile to: refused by name, with the reason."""
+    if node.op_type == "CenterCropPad" and len(node.input) > 1 and node.input[1] not in consts:
+        raise ModelError(f"{label}: the target shape {node.input[1]!r} is known only at run time; output "
+                         "shapes decided at run time are not supported",
+                         hint="make the shape a constant (an initializer) of the model")
     if node.op_type == "Attention":
         mode = _attr_int(node, "qk_matmul_output_mode")
-        wants_qk = len(node.output) > 3 and node.output[3]
-        if wants_qk and mode not in (0, 1, 2, 3):
+        if len(node.output) > 3 and node.output[3] and mode not in (0, 1, 2, 3):
             raise ModelError(f"{label}: qk_matmul_output_mode={mode} is not defined by ONNX",
-                             hint="use 0 to 3")
+                             hint="use 0 (Q K^T), 1 (plus mask), 2 (softcapped) or 3 (softmax)")
 
 
 def expand_functions(model: Any, ops: frozenset[str] = EXPANDED_OPS) -> bool:
@@ -158,6 +161,7 @@ def expand_functions(model: Any, ops: frozenset[str] = EXPANDED_OPS) -> bool:
         return False
     opset = _opset(model)
     types = _types(model)
+    consts = {t.name for t in g.initializer} | {n.output[0] for n in g.node if n.op_type == "Constant"}
     new_nodes = []
     used_opsets = {o.domain: o for o in model.opset_import}
     for i, node in enumerate(g.node):
@@ -165,7 +169,7 @@ def expand_functions(model: Any, ops: frozenset[str] = EXPANDED_OPS) -> bool:
             new_nodes.append(node)
             continue
         label = f"{node.op_type} at node {node.name or f'#{i}'!r}"
-        _refusal(node, label)
+        _refusal(node, label, consts)
         try:
             schema = onnx.defs.get_schema(node.op_type, opset, "")
         except Exception:

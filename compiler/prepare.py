@@ -7,10 +7,10 @@ that changed something (``fractal compile`` prints them).
 1. ``normalize_ir``   -- IR < 4 lists initializers among graph inputs; drop them and raise ir_version.
 2. ``upgrade_opset``  -- opsets older than ``MIN_OPSET`` go through onnx.version_converter.
 3. ``apply_shapes``   -- the user's ``--shape NAME=D0,D1,..`` and the batch fix the input dimensions.
-3b. ``expand_functions`` -- operators TVM lacks that ONNX defines as functions (Attention, Celu,
-                         CenterCropPad) become their ONNX function bodies (compiler/expand.py).
 4. ``fold_constants`` -- Shape of a static tensor, and every node whose inputs are all constants,
                          become constants (Shape -> Gather -> Concat -> Reshape chains collapse).
+4b. ``expand_functions`` -- operators TVM lacks that ONNX defines as functions (Attention, Celu,
+                         CenterCropPad) become their ONNX function bodies (compiler/expand.py).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
 5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time)
@@ -33,8 +33,8 @@ import numpy as np
 from compiler.errors import ModelError
 from compiler.expand import EXPANDED_OPS, expand_functions
 
-__all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
-           "decompose_ops", "expand_functions", "guard_bitshift", "fix_reduce_extremes", "promote_float16",
+__all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "expand_functions",
+           "decompose_rnn", "decompose_ops", "guard_bitshift", "fix_reduce_extremes", "promote_float16",
            "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
 
 MIN_OPSET = 13  # below this, try onnx.version_converter (TVM's converters are best tested from here)
@@ -925,8 +925,8 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("normalize_ir", lambda: normalize_ir(model)),
         ("upgrade_opset", lambda: upgrade_opset(model)),
         ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
-        ("expand_functions", lambda: expand_functions(model)),
         ("fold_constants", lambda: fold_constants(model)),
+        ("expand_functions", lambda: expand_functions(model)),
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("decompose_ops", lambda: decompose_ops(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
@@ -938,6 +938,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     for name, step in steps:
         if step():
             changed.append(name)
-    if "decompose_rnn" in changed and fold_constants(model) and "fold_constants" not in changed:
+    rewritten = {"expand_functions", "decompose_rnn", "decompose_ops"} & set(changed)
+    if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")
     return model, changed
