@@ -669,7 +669,8 @@ def _cumprod_nodes(model: Any, node: Any, consts: dict[str, np.ndarray], shapes:
     for k in candidates:
         if dims[k] > _CUMPROD_MAX:
             raise ModelError(f"{label}: the product runs along {dims[k]} elements; it is unrolled, up to "
-                             f"{_CUMPROD_MAX}", hint="split the axis or compute the product outside the model")
+                             f"{_CUMPROD_MAX}",
+                             hint="split the axis or compute the product outside the model")
     bld = _Builder(model, f"{node.name or 'CumProd'}_{index}")
     results = {k: _cumprod_along(bld, x, dims, k, exclusive, reverse, dtype) for k in candidates}
     if len(candidates) == 1:

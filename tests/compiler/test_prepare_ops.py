@@ -57,7 +57,7 @@ def _attention(*, q_heads: int = 4, kv_heads: int = 2, past: int = 3, mask: str 
               "V": rng.standard_normal((b, kv_heads, s, d)),
               "past_key": rng.standard_normal((b, kv_heads, past, d)),
               "past_value": rng.standard_normal((b, kv_heads, past, d))}
-    feeds = {k: v.astype(np.float32) for k, v in arrays.items()}
+    feeds: dict[str, np.ndarray] = {k: v.astype(np.float32) for k, v in arrays.items()}
     feeds["mask"] = rng.random((s, total)) > 0.3 if mask == "bool" else \
         rng.standard_normal((s, total)).astype(np.float32)
     inputs = [oh.make_tensor_value_info(k, TensorProto.BOOL if v.dtype == bool else F, list(v.shape))
@@ -104,8 +104,8 @@ def test_attention_3d_compiles_with_tvm_and_matches() -> None:
 
 def test_celu_and_center_crop_pad_with_a_constant_shape() -> None:
     x = np.random.default_rng(2).standard_normal((3, 7, 4)).astype(np.float32)
-    celu = _model(oh.make_node("Celu", ["x"], ["y"], alpha=0.7), [oh.make_tensor_value_info("x", F, [3, 7, 4])],
-                  ["y"], 18)
+    celu = _model(oh.make_node("Celu", ["x"], ["y"], alpha=0.7),
+                  [oh.make_tensor_value_info("x", F, [3, 7, 4])], ["y"], 18)
     _same_as_onnxruntime(celu, {"x": x}, "expand_functions")
     shape = nh.from_array(np.array([5, 6], np.int64), "shape")
     crop = _model(oh.make_node("CenterCropPad", ["x", "shape"], ["y"], axes=[1, 2]),
@@ -128,7 +128,7 @@ def test_center_crop_pad_with_a_run_time_shape_is_refused() -> None:
     ((3, 4, 2), np.int64(0), {"reverse": 1, "exclusive": 1}),
 ], ids=["axis1", "neg-axis-exclusive", "reverse-exclusive"])
 @pytest.mark.parametrize("axis_at_run_time", [False, True], ids=["const-axis", "input-axis"])
-def test_cumprod_matches_onnxruntime(shape: tuple[int, ...], axis: np.ndarray, attrs: dict[str, int],
+def test_cumprod_matches_onnxruntime(shape: tuple[int, ...], axis: np.ndarray, attrs: dict[str, Any],
                                      axis_at_run_time: bool) -> None:
     x = np.random.default_rng(3).uniform(-2, 2, shape).astype(np.float32)
     inputs = [oh.make_tensor_value_info("x", F, list(shape))]
