@@ -61,8 +61,13 @@ def _body(schema: Any, node: Any, types: dict[str, Any], label: str) -> Any:
 
     in_types = [(types[i] if i else TypeProto()).SerializeToString() for i in node.input]
     version = max(schema.context_dependent_function_opset_versions)
-    fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
-        version, node.SerializeToString(), in_types))
+    try:
+        fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+            version, node.SerializeToString(), in_types))
+    except Exception as exc:
+        raise ModelError(f"{label}: ONNX could not define this variant of the operator "
+                         f"({' '.join(str(exc).split())[:160]})",
+                         hint="check the node's attributes") from None
     if not fn.node:
         raise ModelError(f"{label}: ONNX gives no definition of this variant of the operator",
                          hint="rewrite the model without it")
@@ -139,13 +144,28 @@ def _attr_int(node: Any, name: str, default: int = 0) -> int:
     return next((int(a.i) for a in node.attribute if a.name == name), default)
 
 
-def _refusal(node: Any, label: str, consts: set[str]) -> None:
+def _rank(types: dict[str, Any], name: str) -> int | None:
+    t = types.get(name)
+    if t is None or not t.tensor_type.HasField("shape"):
+        return None
+    return len(t.tensor_type.shape.dim)
+
+
+def _refusal(node: Any, label: str, consts: set[str], types: dict[str, Any]) -> None:
     """Variants the expanded body cannot compile to: refused by name, with the reason."""
     if node.op_type == "CenterCropPad" and len(node.input) > 1 and node.input[1] not in consts:
         raise ModelError(f"{label}: the target shape {node.input[1]!r} is known only at run time; output "
                          "shapes decided at run time are not supported",
                          hint="make the shape a constant (an initializer) of the model")
     if node.op_type == "Attention":
+        ranks = [_rank(types, name) for name in node.input[:3]]
+        if ranks[0] not in (3, 4) or len(set(ranks)) != 1:
+            raise ModelError(f"{label}: Q, K and V have ranks {ranks}; ONNX's Attention takes all three 3-D "
+                             "or all three 4-D with known ranks", hint="fix the input shapes with --shape")
+        heads = {a.name for a in node.attribute}
+        if ranks[0] == 3 and not {"q_num_heads", "kv_num_heads"} <= heads:
+            raise ModelError(f"{label}: 3-D inputs without q_num_heads and kv_num_heads",
+                             hint="give the node both head counts (ONNX requires them for 3-D inputs)")
         mode = _attr_int(node, "qk_matmul_output_mode")
         if len(node.output) > 3 and node.output[3] and mode not in (0, 1, 2, 3):
             raise ModelError(f"{label}: qk_matmul_output_mode={mode} is not defined by ONNX",
@@ -169,7 +189,7 @@ def expand_functions(model: Any, ops: frozenset[str] = EXPANDED_OPS) -> bool:
             new_nodes.append(node)
             continue
         label = f"{node.op_type} at node {node.name or f'#{i}'!r}"
-        _refusal(node, label, consts)
+        _refusal(node, label, consts, types)
         try:
             schema = onnx.defs.get_schema(node.op_type, opset, "")
         except Exception:

@@ -163,3 +163,11 @@ def test_too_big_to_unroll_is_refused_by_name(op: str, shape: tuple[int, ...], n
     with pytest.raises(ModelError, match=rf"^{op} at node '#0': {needle}") as err:
         prepare(model)
     assert "\n" not in str(err.value)
+
+
+def test_attention_3d_without_head_counts_is_refused() -> None:
+    inputs = [oh.make_tensor_value_info(n, F, [1, 4, 16]) for n in "QKV"]
+    model = _model(oh.make_node("Attention", list("QKV"), ["Y"]), inputs, ["Y"], 23)
+    with pytest.raises(ModelError, match=r"^Attention at node '#0': 3-D inputs without q_num_heads and "
+                                         "kv_num_heads$"):
+        prepare(model)
