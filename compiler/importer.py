@@ -357,6 +357,7 @@ _SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Expand": (1,), "Reshape": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
     "Upsample": (1,), "Resize": (2, 3), "Slice": (1, 2, 3, 4), "Pad": (1,), "Split": (1,),
     "SplitToSequence": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "OneHot": (1,), "TopK": (1,),
+    "AffineGrid": (1,),
 }
 
 

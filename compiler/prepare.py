@@ -10,8 +10,12 @@ that changed something (``fractal compile`` prints them).
 4. ``fold_constants`` -- Shape of a static tensor, and every node whose inputs are all constants,
                          become constants (Shape -> Gather -> Concat -> Reshape chains collapse);
                          a QDQ weight's DequantizeLinear stays (compiler.integer needs its int8 values).
+4b. ``expand_functions`` -- operators TVM lacks that ONNX defines as functions (Attention, Celu,
+                         CenterCropPad) become their ONNX function bodies (compiler/expand.py).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
+5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time)
+                         and Det (Leibniz expansion, up to 5x5) become Slice / Mul / Gather / Reduce.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
 7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
@@ -28,15 +32,19 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ModelError
+from compiler.expand import EXPANDED_OPS, expand_functions
 from compiler.prepare_ml import lower_ml
 
-__all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "decompose_rnn",
-           "guard_bitshift", "fix_reduce_extremes", "promote_float16",
+__all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "expand_functions",
+           "decompose_rnn", "decompose_ops", "guard_bitshift", "fix_reduce_extremes", "promote_float16",
            "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
 
 MIN_OPSET = 13  # below this, try onnx.version_converter (TVM's converters are best tested from here)
 FLOOR_OPSET = 7  # below this, the upgrade must succeed
-DECOMPOSED_OPS = frozenset({"LSTM", "GRU", "RNN"})
+# ops the preparation rewrites into others (so the importer's op check lets them through)
+_RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
+_LOWERED_OPS = frozenset({"CumProd", "Det"})
+DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS
 _FOLD_MAX_ELEMENTS = 1 << 16  # do not materialise big tensors (weights stay where they are)
 _NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                       "Bernoulli", "If", "Loop", "Scan", "Dropout"})
@@ -304,7 +312,8 @@ def fold_constants(model: Any, max_rounds: int = 8) -> bool:
             for name, r in zip(node.output, result, strict=True):
                 if name:
                     consts[name] = folded[name] = r
-            if node.op_type != "Constant":
+            # a Constant given as value_float/value_ints/...: TVM's importer reads only `value`
+            if node.op_type != "Constant" or not any(a.name == "value" for a in node.attribute):
                 round_changed = True
         if not round_changed:
             break
@@ -617,13 +626,13 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
 def decompose_rnn(model: Any) -> bool:
     """Unroll every LSTM / GRU / RNN node over its (fixed) sequence length."""
     g = model.graph
-    if not any(n.op_type in DECOMPOSED_OPS and n.domain in ("", "ai.onnx") for n in g.node):
+    if not any(n.op_type in _RNN_OPS and n.domain in ("", "ai.onnx") for n in g.node):
         return False
     consts = _const_inputs(model)
     shapes = _static_shapes(model)
     new_nodes = []
     for i, node in enumerate(g.node):
-        if node.op_type in DECOMPOSED_OPS and node.domain in ("", "ai.onnx"):
+        if node.op_type in _RNN_OPS and node.domain in ("", "ai.onnx"):
             bld = _rnn_nodes(model, node, consts, shapes, i)
             new_nodes.extend(bld.nodes)
             g.initializer.extend(bld.inits)
@@ -631,6 +640,121 @@ def decompose_rnn(model: Any) -> bool:
             new_nodes.append(node)
     _replace_nodes(g, new_nodes)
     _drop_unused_initializers(model)
+    return True
+
+
+# --------------------------------------------------------------------------------------------- 5b
+_CUMPROD_MAX = 256  # CumProd is unrolled along its axis: one Mul per element
+_DET_MAX = 5  # Det sums n! products (Leibniz): 120 terms at 5
+
+
+def _cumprod_along(bld: _Builder, x: str, dims: list[int], axis: int, exclusive: bool, reverse: bool,
+                   dtype: Any) -> str:
+    """Running product of ``x`` along ``axis``, one slice at a time."""
+    n = dims[axis]
+    axes = bld.const(np.array([axis], np.int64), "axis")
+    pieces = [bld.op("Slice", [x, bld.const(np.array([j], np.int64), "start"),
+                                bld.const(np.array([j + 1], np.int64), "end"), axes]) for j in range(n)]
+    running = bld.const(np.ones([1 if k == axis else d for k, d in enumerate(dims)], dtype), "ones")
+    out: dict[int, str] = {}
+    for j in (range(n - 1, -1, -1) if reverse else range(n)):
+        before = running
+        running = bld.op("Mul", [running, pieces[j]])
+        out[j] = before if exclusive else running
+    return bld.op("Concat", [out[j] for j in range(n)], axis=axis)
+
+
+def _cumprod_nodes(model: Any, node: Any, consts: dict[str, np.ndarray], shapes: dict[str, list[int]],
+                   types: dict[str, int], label: str, index: int) -> _Builder:
+    from onnx import helper
+
+    x, axis_name = node.input[0], node.input[1]
+    dims = shapes.get(x)
+    if dims is None or any(d <= 0 for d in dims) or not dims:
+        raise ModelError(f"{label}: the input has no fixed shape ({dims})",
+                         hint="fix the input's shape with --shape NAME=D0,D1,...")
+    elem = types.get(x)
+    if elem is None:
+        raise ModelError(f"{label}: the type of its input is unknown", hint="give the model's inputs types")
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+    rank = len(dims)
+    exclusive = bool(next((a.i for a in node.attribute if a.name == "exclusive"), 0))
+    reverse = bool(next((a.i for a in node.attribute if a.name == "reverse"), 0))
+    known = consts.get(axis_name)
+    candidates = [int(known) % rank] if known is not None else list(range(rank))
+    for k in candidates:
+        if dims[k] > _CUMPROD_MAX:
+            raise ModelError(f"{label}: the product runs along {dims[k]} elements; it is unrolled, up to "
+                             f"{_CUMPROD_MAX}",
+                             hint="split the axis or compute the product outside the model")
+    bld = _Builder(model, f"{node.name or 'CumProd'}_{index}")
+    results = {k: _cumprod_along(bld, x, dims, k, exclusive, reverse, dtype) for k in candidates}
+    if len(candidates) == 1:
+        bld.op("Identity", [results[candidates[0]]], out=node.output[0])
+        return bld
+    # the axis arrives at run time: compute along every axis, keep the one asked for
+    axis_type = np.dtype(helper.tensor_dtype_to_np_dtype(types.get(axis_name, 7)))
+    ax = bld.op("Reshape", [axis_name, bld.const(np.array([], np.int64), "scalar")])
+    neg = bld.op("Less", [ax, bld.const(np.array(0, axis_type), "zero")])
+    ax = bld.op("Where", [neg, bld.op("Add", [ax, bld.const(np.array(rank, axis_type), "rank")]), ax])
+    picked = results[candidates[-1]]
+    for k in reversed(candidates[:-1]):
+        hit = bld.op("Equal", [ax, bld.const(np.array(k, axis_type), "k")])
+        picked = bld.op("Where", [hit, results[k], picked])
+    bld.op("Identity", [picked], out=node.output[0])
+    return bld
+
+
+def _det_nodes(model: Any, node: Any, shapes: dict[str, list[int]], label: str, index: int) -> _Builder:
+    """Leibniz: det = sum over permutations p of sign(p) * prod_i x[i, p(i)]."""
+    import itertools
+
+    x = node.input[0]
+    dims = shapes.get(x)
+    if dims is None or len(dims) < 2 or dims[-1] <= 0 or dims[-1] != dims[-2]:
+        raise ModelError(f"{label}: the matrices have no fixed square shape ({dims})",
+                         hint="fix the input's shape with --shape NAME=D0,D1,...")
+    n = dims[-1]
+    if n > _DET_MAX:
+        raise ModelError(f"{label}: {n}x{n} matrices; the determinant is expanded only up to "
+                         f"{_DET_MAX}x{_DET_MAX}", hint="compute the determinant outside the model")
+    perms = list(itertools.permutations(range(n)))
+    flat = np.array([[i * n + p[i] for i in range(n)] for p in perms], np.int64)
+    sign = np.array([(-1) ** sum(1 for i in range(n) for j in range(i + 1, n) if p[i] > p[j])
+                     for p in perms])
+    bld = _Builder(model, f"{node.name or 'Det'}_{index}")
+    lead = len(dims) - 2
+    rows = bld.op("Reshape", [x, bld.const(np.array([0] * lead + [n * n], np.int64), "shape")])
+    terms = bld.op("ReduceProd", [bld.op("Gather", [rows, bld.const(flat, "perm")], axis=-1),
+                                  bld.const(np.array([-1], np.int64), "axes")], keepdims=0)
+    signs = bld.op("CastLike", [bld.const(sign.astype(np.float32), "sign"), terms])
+    bld.op("ReduceSum", [bld.op("Mul", [terms, signs]), bld.const(np.array([-1], np.int64), "axes")],
+           out=node.output[0], keepdims=0)
+    return bld
+
+
+def decompose_ops(model: Any) -> bool:
+    """CumProd (unrolled along its axis) and Det (Leibniz, up to 5x5): no TVM converter, no ONNX
+    function."""
+    g = model.graph
+    if not any(n.op_type in _LOWERED_OPS and n.domain in ("", "ai.onnx") for n in g.node):
+        return False
+    consts = _const_inputs(model)
+    shapes = _static_shapes(model)
+    types = _elem_types(model)
+    new_nodes = []
+    for i, node in enumerate(g.node):
+        if node.op_type not in _LOWERED_OPS or node.domain not in ("", "ai.onnx"):
+            new_nodes.append(node)
+            continue
+        label = f"{node.op_type} at node {node.name or f'#{i}'!r}"
+        if node.op_type == "CumProd":
+            bld = _cumprod_nodes(model, node, consts, shapes, types, label, i)
+        else:
+            bld = _det_nodes(model, node, shapes, label, i)
+        new_nodes.extend(bld.nodes)
+        g.initializer.extend(bld.inits)
+    _replace_nodes(g, new_nodes)
     return True
 
 
@@ -820,7 +944,9 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("upgrade_opset", lambda: upgrade_opset(model)),
         ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
         ("fold_constants", lambda: fold_constants(model)),
+        ("expand_functions", lambda: expand_functions(model)),
         ("decompose_rnn", lambda: decompose_rnn(model)),
+        ("decompose_ops", lambda: decompose_ops(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
         ("promote_float16", lambda: promote_float16(model)),
         # after promote_float16: the finite extreme is the computing type's
@@ -830,6 +956,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     for name, step in steps:
         if step():
             changed.append(name)
-    if "decompose_rnn" in changed and fold_constants(model) and "fold_constants" not in changed:
+    rewritten = {"expand_functions", "decompose_rnn", "decompose_ops"} & set(changed)
+    if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")
     return model, changed

@@ -1,0 +1,173 @@
+"""compiler.prepare: operators TVM's importer lacks, rewritten in the preparation stage (Attention,
+Celu, CenterCropPad as ONNX's function bodies; CumProd, Det as standard ops), match onnxruntime on
+the original model; the variants that cannot be compiled are refused with one line naming the op."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+from onnx import numpy_helper as nh
+
+from compiler.errors import ModelError
+from compiler.prepare import DECOMPOSED_OPS, prepare
+
+F = TensorProto.FLOAT
+
+
+def _model(node: Any, inputs: list[Any], outputs: list[str], opset: int,
+           inits: list[Any] | None = None) -> onnx.ModelProto:
+    graph = oh.make_graph([node], "one_op", inputs, [oh.make_tensor_value_info(o, F, None) for o in outputs],
+                          inits or [])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _same_as_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], step: str) -> onnx.ModelProto:
+    want = _run(model, feeds)
+    prepared, steps = prepare(model)
+    assert step in steps
+    assert not any(n.op_type in DECOMPOSED_OPS for n in prepared.graph.node)
+    got = _run(prepared, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    return prepared
+
+
+def _attention(*, q_heads: int = 4, kv_heads: int = 2, past: int = 3, mask: str = "bool",
+               **attrs: Any) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """4-D grouped-query attention with a KV cache: Q [B, Hq, S, D], K/V [B, Hkv, S, D]."""
+    rng = np.random.default_rng(0)
+    b, s, d = 2, 4, 8
+    total = s + past
+    arrays = {"Q": rng.standard_normal((b, q_heads, s, d)), "K": rng.standard_normal((b, kv_heads, s, d)),
+              "V": rng.standard_normal((b, kv_heads, s, d)),
+              "past_key": rng.standard_normal((b, kv_heads, past, d)),
+              "past_value": rng.standard_normal((b, kv_heads, past, d))}
+    feeds: dict[str, np.ndarray] = {k: v.astype(np.float32) for k, v in arrays.items()}
+    feeds["mask"] = rng.random((s, total)) > 0.3 if mask == "bool" else \
+        rng.standard_normal((s, total)).astype(np.float32)
+    inputs = [oh.make_tensor_value_info(k, TensorProto.BOOL if v.dtype == bool else F, list(v.shape))
+              for k, v in feeds.items()]
+    node = oh.make_node("Attention", ["Q", "K", "V", "mask", "past_key", "past_value"],
+                        ["Y", "present_key", "present_value", "qk"], **attrs)
+    return _model(node, inputs, ["Y", "present_key", "present_value", "qk"], 23), feeds
+
+
+@pytest.mark.parametrize("kw", [
+    {"mask": "bool", "is_causal": 1},
+    {"mask": "float", "scale": 0.3, "softcap": 2.0, "qk_matmul_output_mode": 2},
+    {"mask": "float", "q_heads": 2, "qk_matmul_output_mode": 3},
+], ids=["gqa-causal-boolmask", "softcap-floatmask", "mha-softmax-out"])
+def test_attention_matches_onnxruntime(kw: dict[str, Any]) -> None:
+    model, feeds = _attention(**kw)
+    _same_as_onnxruntime(model, feeds, "expand_functions")
+
+
+def test_attention_3d_compiles_with_tvm_and_matches() -> None:
+    """3-D inputs (heads from q_num_heads / kv_num_heads) through TVM."""
+    import tvm
+    from tvm import relax
+
+    from compiler.importer import import_model
+
+    rng = np.random.default_rng(1)
+    feeds = {"Q": rng.standard_normal((1, 4, 16)).astype(np.float32),
+             "K": rng.standard_normal((1, 6, 8)).astype(np.float32),
+             "V": rng.standard_normal((1, 6, 8)).astype(np.float32)}
+    inputs = [oh.make_tensor_value_info(k, F, list(v.shape)) for k, v in feeds.items()]
+    node = oh.make_node("Attention", ["Q", "K", "V"], ["Y"], q_num_heads=4, kv_num_heads=2, is_causal=1,
+                        softcap=3.0)
+    model = _model(node, inputs, ["Y"], 23)
+    want = _run(model, feeds)[0]
+    imported = import_model(model)
+    assert "expand_functions" in imported.prepared_steps
+    vm = relax.VirtualMachine(relax.build(imported.mod, target="llvm"), tvm.cpu())
+    args = [tvm.runtime.tensor(feeds[s.name]) for s in imported.inputs]
+    got = vm["main"](*args, *[tvm.runtime.tensor(p) for p in imported.params])
+    got = got[0] if isinstance(got, tvm.ir.Array | list | tuple) else got
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_celu_and_center_crop_pad_with_a_constant_shape() -> None:
+    x = np.random.default_rng(2).standard_normal((3, 7, 4)).astype(np.float32)
+    celu = _model(oh.make_node("Celu", ["x"], ["y"], alpha=0.7),
+                  [oh.make_tensor_value_info("x", F, [3, 7, 4])], ["y"], 18)
+    _same_as_onnxruntime(celu, {"x": x}, "expand_functions")
+    shape = nh.from_array(np.array([5, 6], np.int64), "shape")
+    crop = _model(oh.make_node("CenterCropPad", ["x", "shape"], ["y"], axes=[1, 2]),
+                  [oh.make_tensor_value_info("x", F, [3, 7, 4])], ["y"], 18, [shape])
+    _same_as_onnxruntime(crop, {"x": x}, "expand_functions")
+
+
+def test_center_crop_pad_with_a_run_time_shape_is_refused() -> None:
+    inputs = [oh.make_tensor_value_info("x", F, [3, 7, 4]), oh.make_tensor_value_info("shape", 7, [2])]
+    model = _model(oh.make_node("CenterCropPad", ["x", "shape"], ["y"], axes=[1, 2]), inputs, ["y"], 18)
+    with pytest.raises(ModelError, match=r"^CenterCropPad at node '#0': the target shape 'shape' is known "
+                                         "only at run time") as err:
+        prepare(model)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("shape", "axis", "attrs"), [
+    ((4, 5), np.int64(1), {}),
+    ((3, 4, 2), np.int32(-2), {"exclusive": 1}),
+    ((3, 4, 2), np.int64(0), {"reverse": 1, "exclusive": 1}),
+], ids=["axis1", "neg-axis-exclusive", "reverse-exclusive"])
+@pytest.mark.parametrize("axis_at_run_time", [False, True], ids=["const-axis", "input-axis"])
+def test_cumprod_matches_onnxruntime(shape: tuple[int, ...], axis: np.ndarray, attrs: dict[str, Any],
+                                     axis_at_run_time: bool) -> None:
+    x = np.random.default_rng(3).uniform(-2, 2, shape).astype(np.float32)
+    inputs = [oh.make_tensor_value_info("x", F, list(shape))]
+    feeds = {"x": x}
+    inits = []
+    axis_arr = np.array(axis)
+    if axis_at_run_time:
+        inputs.append(oh.make_tensor_value_info("axis", nh.from_array(axis_arr).data_type, []))
+        feeds["axis"] = axis_arr
+    else:
+        inits.append(nh.from_array(axis_arr, "axis"))
+    model = _model(oh.make_node("CumProd", ["x", "axis"], ["y"], **attrs), inputs, ["y"], 26, inits)
+    _same_as_onnxruntime(model, feeds, "decompose_ops")
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (4, 3, 3), (2, 4, 4), (5, 5)])
+def test_det_matches_onnxruntime(shape: tuple[int, ...]) -> None:
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    model = _model(oh.make_node("Det", ["x"], ["y"]), [oh.make_tensor_value_info("x", F, list(shape))],
+                   ["y"], 22)
+    _same_as_onnxruntime(model, {"x": x}, "decompose_ops")
+
+
+@pytest.mark.parametrize(("op", "shape", "needle"), [
+    ("Det", (6, 6), "6x6 matrices; the determinant is expanded only up to 5x5"),
+    ("CumProd", (2, 300), "the product runs along 300 elements"),
+])
+def test_too_big_to_unroll_is_refused_by_name(op: str, shape: tuple[int, ...], needle: str) -> None:
+    inits = [nh.from_array(np.array(1, np.int64), "axis")] if op == "CumProd" else []
+    node = oh.make_node(op, ["x", "axis"] if op == "CumProd" else ["x"], ["y"])
+    model = _model(node, [oh.make_tensor_value_info("x", F, list(shape))], ["y"], 26, inits)
+    with pytest.raises(ModelError, match=rf"^{op} at node '#0': {needle}") as err:
+        prepare(model)
+    assert "\n" not in str(err.value)
+
+
+def test_attention_3d_without_head_counts_is_refused() -> None:
+    inputs = [oh.make_tensor_value_info(n, F, [1, 4, 16]) for n in "QKV"]
+    model = _model(oh.make_node("Attention", list("QKV"), ["Y"]), inputs, ["Y"], 23)
+    with pytest.raises(ModelError, match=r"^Attention at node '#0': 3-D inputs without q_num_heads and "
+                                         "kv_num_heads$"):
+        prepare(model)
