@@ -62,6 +62,7 @@ __all__ = [
     "BUFFER_MAX",
     "STALENESS_MAX",
     "HEADER_MAX",
+    "SAMPLES_WEIGHT_CAP",
 ]
 
 FORMAT_VERSION = 1
@@ -72,6 +73,7 @@ HEADER_MAX = 64 * 1024  # a version's header names at most BUFFER_MAX contributo
 BUFFER_MAX = 256  # K: updates per version
 STALENESS_MAX = 1000  # S
 SAMPLES_MAX = 2**48
+SAMPLES_WEIGHT_CAP = 2.0  # a claimed sample count weighs at most this x the buffer's median count
 
 
 class Refusal(enum.StrEnum):
@@ -209,7 +211,8 @@ def aggregate(current: Version, updates: list[Update], *, outlier_factor: float 
               server_lr: float = 1.0) -> Version:
     """Version ``current.version + 1``: ``current`` plus the staleness- and sample-weighted mean
     of the kept deltas (float64 sums in member order, so the result depends only on the inputs).
-    Updates whose norm is above ``outlier_factor`` x the median norm are excluded (robust.screen)."""
+    Updates whose norm is above ``outlier_factor`` x the median norm are excluded (robust.screen);
+    a sample count counts at most :data:`SAMPLES_WEIGHT_CAP` x the kept updates' median count."""
     updates = sorted(updates, key=lambda u: u.member)
     norms = [math.sqrt(float(np.dot(u.delta.astype(np.float64), u.delta.astype(np.float64))))
              for u in updates]
@@ -218,10 +221,13 @@ def aggregate(current: Version, updates: list[Update], *, outlier_factor: float 
     acc = np.zeros(current.params.size, np.float64)
     total = 0.0
     contribs = []
+    # A member holding a valid key could claim 2^48 samples and take the whole weight of the
+    # mean: a claimed count weighs at most SAMPLES_WEIGHT_CAP x the kept updates' median count.
+    cap = SAMPLES_WEIGHT_CAP * float(np.median([updates[k].samples for k in scr.kept])) if scr.kept else 0.0
     for k in scr.kept:
         u = updates[k]
         stale = current.version - u.base
-        w = u.samples * staleness_weight(stale)
+        w = min(float(u.samples), cap) * staleness_weight(stale)
         acc += w * u.delta.astype(np.float64)
         total += w
         contribs.append(Contribution(u.member, u.base, u.samples, stale, w))

@@ -56,6 +56,23 @@ def test_weighted_mean_matches_numpy_and_staleness_discount():
     assert decode_version(encode_version(v2), size=L).sha256 == v2.sha256
 
 
+def test_a_member_claiming_huge_sample_counts_weighs_at_most_twice_the_median():
+    """A member holding a valid key claims 2^40 samples to take the whole mean: its count is
+    capped at SAMPLES_WEIGHT_CAP x the buffer's median (fails without the cap: weight ~1)."""
+    from federation.asyncbuf import SAMPLES_WEIGHT_CAP
+
+    v0 = _v0()
+    ups = [_upd("a", v0, samples=10, seed=1), _upd("b", v0, samples=12, seed=2),
+           _upd("evil", v0, samples=2**40, seed=3)]
+    v1 = aggregate(v0, ups, outlier_factor=0)
+    w = {c.member: c.weight for c in v1.contributions}
+    assert w["evil"] == SAMPLES_WEIGHT_CAP * 12  # the median claimed count is b's 12
+    assert w["evil"] / sum(w.values()) < 0.6
+    mean = sum(w[u.member] * u.delta.astype(np.float64) for u in ups) / sum(w.values())
+    ref = v0.params.astype(np.float64) + mean
+    assert np.abs(v1.params - ref).max() < 1e-6
+
+
 def test_buffer_advances_after_k_updates():
     v0 = _v0()
     buf = Buffer(v0, buffer=3, max_staleness=2)
