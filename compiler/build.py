@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +41,9 @@ from compiler.trainbuild import (
     build_training_module,
     optimizer_state_shapes,
 )
+
+if TYPE_CHECKING:
+    from compiler.quantize import Calibration
 
 __all__ = ["compile_model", "tune_model", "TuneBudget", "TrainSettings", "build_library"]
 
@@ -221,7 +224,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                   train: TrainSettings | None = None, progress: bool = True,
                   default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None,
                   prepack: bool = True, time_budget: float | None = None, rpc: str | None = None,
-                  quantize: str | None = None, calibration: str | Path | None = None,
+                  quantize: str | None = None, calibration: Calibration | None = None,
                   integer: bool | None = None) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
 
@@ -233,7 +236,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     ``input_shapes``: input name -> dims (``--shape``) fixing dynamic dimensions; -1 leaves one dynamic.
     Tuning budget: ``trials`` (total, an equal share per task) and/or ``time_budget`` seconds;
     ``rpc`` "HOST:PORT": measure on the board's RPC server (any preset of the board's arch).
-    ``quantize="int8"`` with ``calibration`` (an .npz of input samples): the float model is
+    ``quantize="int8"`` with ``calibration`` (an .npz of input samples, or a
+    :class:`compiler.quantize.CalibrationSet`, e.g. a node's stored samples): the float model is
     quantized first (static post-training, QDQ, :mod:`compiler.quantize`) and the QDQ model is
     compiled; it is kept in the artifact as ``QUANT_FILE`` (the reference onnxruntime runs).
     ``integer``: a QDQ model's quantized convolutions and matmuls on int8 -> int32 kernels
@@ -268,15 +272,20 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     if quantize is not None or calibration is not None:
         from compiler import quantize as _quant
 
-        if quantize not in _quant.MODES or calibration is None:
-            raise CompilerError(f"--quantize {quantize} --calibration {calibration}: both are needed, "
-                                f"the mode one of {', '.join(_quant.MODES)}",
+        if quantize not in _quant.MODES:
+            raise CompilerError(f"--quantize {quantize or '(not given)'} with calibration samples: the mode "
+                                f"must be one of {', '.join(_quant.MODES)}",
                                 hint="--quantize int8 --calibration SAMPLES.npz")
+        if calibration is None:
+            raise CompilerError(f"--quantize {quantize} needs calibration samples: --calibration SAMPLES.npz "
+                                "or --calibration-from NODE_DATA_DIR",
+                                hint="a few hundred samples of the data the model will see")
         if train is not None:
             raise CompilerError("--quantize builds an int8 inference artifact; training stays float",
                                 hint="compile the training artifact without --quantize")
         quant_dir = tempfile.TemporaryDirectory(prefix="fractal-quant-")
-        _say(progress, f"quantizing {onnx_path.name} to int8 (calibration: {Path(calibration).name})")
+        src = calibration.source if isinstance(calibration, _quant.CalibrationSet) else Path(calibration).name
+        _say(progress, f"quantizing {onnx_path.name} to int8 (calibration: {src})")
         qpath, n_cal = _quant.quantize_int8(onnx_path, calibration, Path(quant_dir.name) / QUANT_FILE)
         quant_steps = [f"quantize_int8(qdq, per-channel weights, {n_cal} calibration samples)"]
         onnx_path = qpath

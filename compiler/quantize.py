@@ -10,13 +10,17 @@ convolutions) so the quantized ops are the ones that do the work.
 Calibration data: an ``.npz`` with one array per model input, named as the input (a model with
 one input also takes an ``.npz`` holding a single array under any name), each
 ``[N, *input_shape[1:]]`` float32 samples: the samples are fed in batches of the model's batch
-size (N at least that size; a remainder is left out).
+size (N at least that size; a remainder is left out). The same arrays may come from elsewhere
+as a :class:`CalibrationSet`: ``fractal compile --calibration-from NODE_DATA_DIR`` reads a node's
+sample store (:mod:`edgenode.calibration`) and passes its newest samples so.
 """
 
 from __future__ import annotations
 
 import tempfile
 import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +28,23 @@ import numpy as np
 
 from compiler.errors import InputError, ModelError
 
-__all__ = ["MODES", "load_calibration", "quantize_int8"]
+__all__ = ["MODES", "Calibration", "CalibrationSet", "calibration_batches", "load_calibration",
+           "quantize_int8"]
 
 MODES = ("int8",)
+
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """Calibration samples already in memory: input name -> [N, ...] float32 samples."""
+
+    arrays: Mapping[str, np.ndarray]
+    source: str  # where they came from, named in errors ("the sample store DIR/samples.db")
+    hint: str | None = None  # the fix for a name, dtype or shape that does not fit the model
+
+
+Calibration = str | Path | CalibrationSet  # an .npz file of samples, or the samples
 
 
 def _graph_inputs(model: Any) -> list[tuple[str, list[int]]]:
@@ -53,40 +71,53 @@ def load_calibration(path: str | Path, model: Any) -> list[dict[str, np.ndarray]
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise InputError(f"{path.name} is not a readable .npz file ({exc})",
                          hint="write it with numpy.savez(path, INPUT_NAME=samples)") from None
+    return calibration_batches(arrays, model, path.name)
+
+
+def calibration_batches(arrays: Mapping[str, np.ndarray], model: Any,
+                        source: str, hint: str | None = None) -> list[dict[str, np.ndarray]]:
+    """The calibration batches for ``model`` from ``arrays`` (input name -> [N, ...] samples; a
+    one-input model takes any single array); InputError naming ``source`` and the problem when
+    they do not fit the model (``hint``: the fix for a name, dtype or shape that does not match,
+    instead of the .npz one)."""
+    arrays = dict(arrays)
     inputs = _graph_inputs(model)
     if len(inputs) == 1 and len(arrays) == 1 and inputs[0][0] not in arrays:
         arrays = {inputs[0][0]: next(iter(arrays.values()))}
     missing = [n for n, _ in inputs if n not in arrays]
     if missing:
-        raise InputError(f"{path.name} has no samples for the model input(s) {', '.join(missing)}",
-                         hint=f"it has: {', '.join(arrays) or 'nothing'}; name each array as its input")
+        raise InputError(f"{source} has no samples for the model input(s) {', '.join(missing)}",
+                         hint=hint or f"it has: {', '.join(arrays) or 'nothing'}; "
+                                      "name each array as its input")
     counts = set()
     for name, dims in inputs:
         a = arrays[name]
         if a.dtype != np.float32:
-            raise InputError(f"{path.name}: {name} is {a.dtype}, the model takes float32",
-                             hint="save the samples as float32")
+            raise InputError(f"{source}: {name} is {a.dtype}, the model takes float32",
+                             hint=hint or "save the samples as float32")
         if a.ndim != len(dims) or any(d > 0 and d != s for d, s in zip(dims[1:], a.shape[1:], strict=True)):
-            raise InputError(f"{path.name}: {name} has shape {list(a.shape)}, the model takes "
+            raise InputError(f"{source}: {name} has shape {list(a.shape)}, the model takes "
                              f"[N, {', '.join(str(d) for d in dims[1:])}]",
-                             hint="stack the samples along the first axis")
+                             hint=hint or "stack the samples along the first axis")
         if not np.isfinite(a).all():
-            raise InputError(f"{path.name}: {name} holds NaN or infinite values", hint="clean the samples")
+            raise InputError(f"{source}: {name} holds NaN or infinite values",
+                             hint="clean the samples")
         counts.add(a.shape[0])
     if len(counts) != 1:
-        raise InputError(f"{path.name}: the inputs have different sample counts {sorted(counts)}",
+        raise InputError(f"{source}: the inputs have different sample counts {sorted(counts)}",
                          hint="give every input the same number of samples")
     n = counts.pop()
     batch = max(1, inputs[0][1][0]) if inputs and inputs[0][1] else 1
     if n < batch:
-        raise InputError(f"{path.name} holds {n} samples; the model's batch is {batch}",
+        raise InputError(f"{source} holds {n} samples; the model's batch is {batch}",
                          hint=f"give at least {batch} samples (a few hundred calibrate well)")
     return [{name: np.ascontiguousarray(arrays[name][i:i + batch]) for name, _ in inputs}
             for i in range(0, n - batch + 1, batch)]
 
 
-def quantize_int8(model_path: str | Path, calibration: str | Path, out_path: str | Path) -> tuple[Path, int]:
-    """Write the int8 QDQ model of ``model_path``, calibrated on ``calibration``, to ``out_path``.
+def quantize_int8(model_path: str | Path, calibration: Calibration, out_path: str | Path) -> tuple[Path, int]:
+    """Write the int8 QDQ model of ``model_path``, calibrated on ``calibration`` (an .npz path or
+    a :class:`CalibrationSet`), to ``out_path``.
 
     Returns (out_path, number of calibration samples)."""
     import onnx
@@ -100,7 +131,9 @@ def quantize_int8(model_path: str | Path, calibration: str | Path, out_path: str
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     model_path, out_path = Path(model_path), Path(out_path)
-    batches = load_calibration(calibration, onnx.load(str(model_path), load_external_data=False))
+    model = onnx.load(str(model_path), load_external_data=False)
+    batches = (calibration_batches(calibration.arrays, model, calibration.source, calibration.hint)
+               if isinstance(calibration, CalibrationSet) else load_calibration(calibration, model))
 
     class _Reader(CalibrationDataReader):  # type: ignore[misc]  # (untyped base class)
         def __init__(self) -> None:

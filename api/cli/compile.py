@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from api.cli import app
+
+if TYPE_CHECKING:
+    from compiler.quantize import CalibrationSet
 
 __all__ = ["compile_cmd", "tune_cmd", "rpc_server_cmd", "inspect_cmd", "predict_cmd", "verify_cmd",
            "targets_cmd"]
@@ -42,6 +46,11 @@ def compile_cmd(
                                         "(static post-training, QDQ, per-channel weights; --calibration)."),
     calibration: Path | None = typer.Option(None, "--calibration", help="With --quantize: .npz of input "
                                             "samples, one [N, ...] float32 array per input, named so."),
+    calibration_from: Path | None = typer.Option(None, "--calibration-from", help="With --quantize: "
+                                                 "calibrate on a node's own stored samples (the data_dir "
+                                                 "of its NODE.toml; the newest --calibration-samples)."),
+    calibration_samples: int = typer.Option(1000, "--calibration-samples", help="With --calibration-from: "
+                                            "how many of the newest stored samples."),
     integer: bool | None = typer.Option(None, "--integer-kernels/--float-kernels", help="A QDQ model's "
                                         "convolutions and matmuls on int8 -> int32 kernels, or dequantized "
                                         "to float ops. Default: integer where the preset has an int8 "
@@ -54,6 +63,8 @@ def compile_cmd(
     from compiler.trainbuild import TrainSettings
 
     shapes = parse_shapes(shape)
+    cal = calibration if calibration_from is None else node_calibration(calibration, calibration_from,
+                                                                        calibration_samples)
 
     settings = None
     if train:
@@ -65,9 +76,24 @@ def compile_cmd(
     out_dir = compile_model(model, target=target, out_dir=out, name=name, tune=tune,
                             trials=default_trials(trials, time_budget), time_budget=time_budget, rpc=rpc,
                             db_dir=db, train=settings, progress=not quiet, input_shapes=shapes,
-                            prepack=not no_prepack, quantize=quantize, calibration=calibration,
+                            prepack=not no_prepack, quantize=quantize, calibration=cal,
                             integer=integer)
     typer.echo(str(out_dir))
+
+
+def node_calibration(calibration: Path | None, data_dir: Path, limit: int) -> CalibrationSet:
+    """``--calibration-from DIR``: the newest ``limit`` samples of the node's store in ``DIR``."""
+    from compiler.errors import CompilerError
+    from edgenode.calibration import open_store, store_calibration
+
+    if calibration is not None:
+        raise CompilerError("--calibration and --calibration-from both given",
+                            hint="calibrate on an .npz or on a node's stored samples, not both")
+    store = open_store(data_dir)
+    try:
+        return store_calibration(store, limit)
+    finally:
+        store.close()
 
 
 def default_trials(trials: int | None, time_budget: float | None) -> int | None:

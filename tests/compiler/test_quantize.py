@@ -1,8 +1,9 @@
-"""`fractal compile --quantize int8 --calibration DATA.npz` (compiler/quantize.py): a digits-mlp
-trained on sklearn digits (the data the zoo's digits model is for), quantized with onnxruntime's
-quantize_static on 400 training samples, compiled once for the host preset, then checked against
-onnxruntime running the same QDQ model (the artifact keeps it) and against the float model's
-accuracy on the held-out digits."""
+"""`fractal compile --quantize int8 --calibration DATA.npz | --calibration-from NODE_DATA_DIR`
+(compiler/quantize.py, edgenode/calibration.py): a digits-mlp trained on sklearn digits (the data
+the zoo's digits model is for), quantized with onnxruntime's quantize_static on 400 training
+samples held in a node's real sample store, compiled once for the host preset through the CLI,
+then checked against onnxruntime running the same QDQ model (the artifact keeps it), against the
+same samples given as an .npz, and against the float model's accuracy on the held-out digits."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from compiler.artifact import load_artifact
 from compiler.build import QUANT_FILE
 from compiler.manifest import Manifest
 from compiler.targets import host_preset_name
+from edgenode.store import SampleSpec, SampleStore
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +56,28 @@ def trained_digits(tmp_path_factory: pytest.TempPathFactory, digits: tuple) -> P
 
 
 @pytest.fixture(scope="module")
-def int8_artifact(tmp_path_factory: pytest.TempPathFactory, trained_digits: Path, digits: tuple) -> Path:
-    from compiler import compile_model
+def node_dir(tmp_path_factory: pytest.TempPathFactory, digits: tuple) -> Path:
+    """A node's data_dir whose sample store (the node's own layout) holds the first 400 training
+    digits, labelled, in two requests."""
+    d = tmp_path_factory.mktemp("node-data")
+    store = SampleStore(d / "samples.db", SampleSpec((("x", (64,), "float32"),), (), "int64"), num_classes=10)
+    store.add({"x": digits[0][:250]}, digits[1][:250])
+    store.add({"x": digits[0][250:400]}, digits[1][250:400])
+    store.close()
+    return d
 
-    d = tmp_path_factory.mktemp("quant-art")
-    np.savez(d / "cal.npz", x=digits[0][:400])
-    return compile_model(trained_digits, target=host_preset_name(), out_dir=d / "art", progress=False,
-                         quantize="int8", calibration=d / "cal.npz", integer=True)
+
+@pytest.fixture(scope="module")
+def int8_artifact(tmp_path_factory: pytest.TempPathFactory, trained_digits: Path, node_dir: Path) -> Path:
+    """Compiled by `fractal compile --quantize int8 --calibration-from NODE_DATA_DIR --integer-kernels`."""
+    from api.cli import main
+
+    out = tmp_path_factory.mktemp("quant-art") / "art"
+    with pytest.raises(SystemExit) as exc:
+        main(["compile", str(trained_digits), "-t", host_preset_name(), "-o", str(out), "--quantize", "int8",
+              "--calibration-from", str(node_dir), "--integer-kernels", "-q"])
+    assert exc.value.code in (0, None)
+    return out
 
 
 def _output_step(qdq: onnx.ModelProto) -> float:
@@ -101,6 +118,35 @@ def test_int8_matches_onnxruntime_on_the_same_qdq_model(int8_artifact: Path, dig
     assert worst <= step * 1.001, (worst, step)
 
 
+def test_store_calibration_equals_the_same_samples_as_npz(int8_artifact: Path, trained_digits: Path,
+                                                          node_dir: Path, digits: tuple,
+                                                          tmp_path: Path) -> None:
+    """The store gives back its 400 samples, in order: the QDQ model is the one the .npz path makes."""
+    from compiler.quantize import quantize_int8
+
+    man = Manifest.read(int8_artifact)
+    assert man.prepared_steps[0] == "quantize_int8(qdq, per-channel weights, 400 calibration samples)"
+    np.savez(tmp_path / "cal.npz", x=digits[0][:400])
+    qpath, n = quantize_int8(trained_digits, tmp_path / "cal.npz", tmp_path / "q.onnx")
+    assert n == 400
+
+    def params(p: Path) -> dict[str, np.ndarray]:
+        return {i.name: numpy_helper.to_array(i) for i in onnx.load(str(p)).graph.initializer}
+
+    got, ref = params(int8_artifact / QUANT_FILE), params(qpath)
+    assert got.keys() == ref.keys() and any(k.endswith("_scale") for k in ref)
+    for k in ref:
+        assert np.array_equal(got[k], ref[k]), k
+    # the newest N only: 100 samples give other activation ranges
+    from edgenode.calibration import open_store, store_calibration
+
+    store = open_store(node_dir)
+    try:
+        assert np.array_equal(store_calibration(store, 100).arrays["x"], digits[0][300:400])
+    finally:
+        store.close()
+
+
 def test_int8_accuracy_within_one_point_of_float(int8_artifact: Path, trained_digits: Path,
                                                  digits: tuple) -> None:
     import onnxruntime as ort
@@ -137,4 +183,38 @@ def test_quantize_cli_errors(run_cli: Callable, trained_digits: Path, tmp_path: 
     r = run_cli("compile", trained_digits, "-t", host_preset_name(), "-o", out, "--quantize", "int8",
                 "--calibration", tmp_path / "missing.npz", "-q")
     assert r.code != 0 and "not found" in r.error_line
+    assert not out.exists()
+
+
+def test_calibration_from_cli_errors(run_cli: Callable, trained_digits: Path, tmp_path: Path) -> None:
+    """One line each, before any compile work: no dir, no store, an empty store, another model's
+    layout, both sources, no --quantize."""
+    out = tmp_path / "art"
+
+    def compile_from(src: Path, *extra: str | Path) -> str:
+        r = run_cli("compile", trained_digits, "-t", host_preset_name(), "-o", out, "--quantize", "int8",
+                    "--calibration-from", src, *extra, "-q")
+        assert r.code == 1 and r.error_line.startswith("error: "), r
+        return r.error_line
+
+    assert "not found" in compile_from(tmp_path / "nowhere")
+    (tmp_path / "bare").mkdir()
+    assert "holds no sample store (samples.db)" in compile_from(tmp_path / "bare")
+    spec = SampleSpec((("x", (64,), "float32"),), (), "int64")
+    SampleStore(tmp_path / "empty" / "samples.db", spec).close()
+    line = compile_from(tmp_path / "empty")
+    assert "holds no samples" in line and "/v1/samples" in line
+    other = SampleStore(tmp_path / "other" / "samples.db",
+                        SampleSpec((("x", (32,), "float32"),), (), "int64"))
+    other.add({"x": np.zeros((8, 32), np.float32)}, np.zeros(8, np.int64))
+    other.close()
+    line = compile_from(tmp_path / "other")
+    assert "x has shape [8, 32], the model takes [N, 64]" in line and "another model layout" in line
+    assert "not both" in compile_from(tmp_path / "other", "--calibration", tmp_path / "c.npz")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "samples.db").write_bytes(b"not a database at all" * 100)
+    assert "not a readable sample store" in compile_from(tmp_path / "junk")
+    r = run_cli("compile", trained_digits, "-t", host_preset_name(), "-o", out, "--calibration-from",
+                tmp_path / "other", "-q")
+    assert r.code == 1 and "--quantize (not given)" in r.error_line
     assert not out.exists()
