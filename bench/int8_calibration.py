@@ -1,0 +1,149 @@
+"""Is calibrating int8 on a node's own samples worth it? Top-1 against float on sklearn digits.
+
+    python -m bench.int8_calibration [--target x86_64] [--samples 400] [--json]
+
+The fleet's float model: zoo ``digits-mlp`` (64-64-10) with weights fitted by sklearn's
+MLPClassifier on 1300 standard digits (as ``tests/compiler/test_quantize.py``). Two nodes see
+different data: ``standard`` (the digits as trained) and ``dim`` (the same digits at 0.6x
+brightness, a node whose sensor reads lower). Each node's data are split (seed 0) into the samples
+it stores (400, written to a real ``SampleStore`` in a node data_dir) and held-out samples it is
+scored on. For each node the float model is quantized (``--quantize int8``) and compiled for
+``--target`` once per calibration source, then top-1 on the node's held-out samples is taken from
+the compiled artifact next to the float model's (onnxruntime):
+
+- ``random``: ``--samples`` seeded random-normal inputs (what ``bench.int8`` uses for the zoo);
+- ``other-node``: the other node's stored samples (the other brightness);
+- ``other-classes``: this node's samples of classes 0-4 only (a node that has seen half the classes);
+- ``own``: the node's own store, through ``edgenode.calibration.store_calibration`` (the path
+  ``fractal compile --calibration-from NODE_DATA_DIR`` takes).
+
+Also reported: agreement of the int8 top-1 with the float top-1, the mean absolute logit error
+against float, and the seconds each quantize + compile took (what a node re-quantizing after a
+round would pay on this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main"]
+
+DIM = 0.6  # brightness of the "dim" node's sensor
+
+
+def _float_model(xtr: np.ndarray, ytr: np.ndarray, path: Path) -> Path:
+    import onnx
+    from onnx import numpy_helper
+    from sklearn.neural_network import MLPClassifier
+
+    from compiler import zoo
+
+    clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=300, random_state=0).fit(xtr, ytr)
+    m = zoo.build("digits-mlp")
+    inits = {i.name: i for i in m.graph.initializer}
+    for node, w, b in zip([n for n in m.graph.node if n.op_type == "Gemm"], clf.coefs_, clf.intercepts_,
+                          strict=True):
+        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        for name, arr in ((node.input[1], w.T if trans_b else w), (node.input[2], b)):
+            inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr, np.float32), name))
+    onnx.save(m, str(path))
+    return path
+
+
+def _logits(fn: Any, x: np.ndarray) -> np.ndarray:
+    return np.concatenate([fn(x[i:i + 1]) for i in range(len(x))])
+
+
+def run(target: str, n_cal: int, work: Path) -> list[dict[str, Any]]:
+    import warnings
+
+    import onnxruntime as ort
+    from sklearn.datasets import load_digits
+    from sklearn.exceptions import ConvergenceWarning
+
+    from compiler import compile_model, load_artifact
+    from compiler.quantize import CalibrationSet
+    from edgenode.calibration import open_store, store_calibration
+    from edgenode.store import SampleSpec, SampleStore
+
+    d = load_digits()
+    x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+    idx = np.random.default_rng(0).permutation(len(y))
+    tr, te = idx[:1300], idx[1300:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = _float_model(x[tr], y[tr], work / "digits.onnx")
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    # each node stores n_cal of the training digits (its own split) and is scored on the held-out ones
+    nodes = {"standard": 1.0, "dim": DIM}
+    stored = {name: (x[tr[:n_cal]] * s, y[tr[:n_cal]]) for name, s in nodes.items()}
+    spec = SampleSpec((("x", (64,), "float32"),), (), "int64")
+    for name, (xs, ys) in stored.items():
+        store = SampleStore(work / name / "samples.db", spec, num_classes=10)
+        store.add({"x": xs}, ys)
+        store.close()
+    rows = []
+    for name, scale in nodes.items():
+        xte, yte = (x[te] * scale).astype(np.float32), y[te]
+        f_logits = _logits(lambda a: sess.run(None, {"x": a})[0], xte)
+        f_pred = f_logits.argmax(1)
+        other = next(n for n in nodes if n != name)
+        own_x, own_y = stored[name]
+        store = open_store(work / name)
+        try:
+            own = store_calibration(store)
+        finally:
+            store.close()
+        sources = {
+            "random": CalibrationSet({"x": np.random.default_rng(0).standard_normal((n_cal, 64))
+                                      .astype(np.float32)}, "random normal"),
+            "other-node": CalibrationSet({"x": stored[other][0]}, f"node {other}"),
+            "other-classes": CalibrationSet({"x": own_x[own_y < 5]}, "classes 0-4"),
+            "own": own,
+        }
+        for src, cal in sources.items():
+            t0 = time.perf_counter()
+            art_dir = compile_model(model, target=target, out_dir=work / f"{name}-{src}", progress=False,
+                                    quantize="int8", calibration=cal)
+            seconds = time.perf_counter() - t0
+            art = load_artifact(art_dir)
+            q_logits = _logits(lambda a, art=art: art.infer({"x": a})["logits"], xte)
+            q_pred = q_logits.argmax(1)
+            rows.append({"node": name, "calibration": src, "cal_samples": int(len(cal.arrays["x"])),
+                         "float_top1": round(float((f_pred == yte).mean() * 100), 2),
+                         "int8_top1": round(float((q_pred == yte).mean() * 100), 2),
+                         "agree_with_float": round(float((q_pred == f_pred).mean() * 100), 2),
+                         "mean_abs_logit_err": round(float(np.abs(q_logits - f_logits).mean()), 4),
+                         "quantize_compile_s": round(seconds, 2), "held_out": int(len(yte))})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.int8_calibration", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="x86_64")
+    ap.add_argument("--samples", type=int, default=400, help="samples each node stores (and random ones)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fractal-int8-cal-") as tmp:
+        rows = run(args.target, args.samples, Path(tmp))
+    if args.json:
+        print(json.dumps({"target": args.target, "loadavg": os.getloadavg(), "rows": rows}))
+    else:
+        for r in rows:
+            print(r)
+        print("load average", os.getloadavg())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
