@@ -1,6 +1,7 @@
 """Is calibrating int8 on a node's own samples worth it? Top-1 against float on sklearn digits.
 
-    python -m bench.int8_calibration [--target x86_64] [--samples 400] [--json]
+    python -m bench.int8_calibration [--target x86_64] [--samples 400] [--autoencoder [--severity S]]
+        [--swap-cost MODEL,...] [--json]
 
 The fleet's float model: zoo ``digits-mlp`` (64-64-10) with weights fitted by sklearn's
 MLPClassifier on 1300 standard digits (as ``tests/compiler/test_quantize.py``). Two nodes see
@@ -20,6 +21,19 @@ the compiled artifact next to the float model's (onnxruntime):
 Also reported: agreement of the int8 top-1 with the float top-1, the mean absolute logit error
 against float, and the seconds each quantize + compile took (what a node re-quantizing after a
 round would pay on this machine).
+
+Anomaly detection (``--autoencoder``): zoo ``fc-autoencoder`` (640-128x4-8-128x4-640, BatchNorm
+set to identity) with weights fitted by sklearn's MLPRegressor on 600 normal vibration windows of
+each of two simulated machines (``deploy.vibration``). The node watches machine 1 and stores 400
+of its normal windows; scored on 200 held-out normal windows and 70 of each fault kind at
+severity ``--severity`` (weak faults, so that the AUC is not 1.0 for every build): AUC of the
+reconstruction error, float (onnxruntime) and int8 (compiled artifact), calibrated on random
+normal inputs, on the other machine's node's windows, and on the node's own store.
+
+Swap cost (``--swap-cost MODELS``): what a node re-quantizing a round's new float parameters on its
+own samples would pay before it could swap its int8 library, per zoo model (seeded weights; a
+store of ``--samples`` seeded random-normal inputs): seconds to read the store, quantize, compile
+(untuned, ``--target``) and load the new artifact.
 """
 
 from __future__ import annotations
@@ -127,15 +141,135 @@ def run(target: str, n_cal: int, work: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _autoencoder(windows: np.ndarray, path: Path) -> Path:
+    import warnings
+
+    import onnx
+    from onnx import numpy_helper
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    from compiler import zoo
+
+    reg = MLPRegressor(hidden_layer_sizes=(128, 128, 128, 128, 8, 128, 128, 128, 128), max_iter=200,
+                       random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg.fit(windows, windows)
+    m = zoo.build("fc-autoencoder")
+    inits = {i.name: i for i in m.graph.initializer}
+    for node, w, b in zip([n for n in m.graph.node if n.op_type == "Gemm"], reg.coefs_, reg.intercepts_,
+                          strict=True):
+        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        for name, arr in ((node.input[1], w.T if trans_b else w), (node.input[2], b)):
+            inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr, np.float32), name))
+    for node in (n for n in m.graph.node if n.op_type == "BatchNormalization"):  # identity
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+        for name, v in zip(node.input[1:], (1.0, 0.0, 0.0, 1.0 - eps), strict=True):
+            inits[name].CopyFrom(numpy_helper.from_array(np.full(inits[name].dims, v, np.float32), name))
+    onnx.save(m, str(path))
+    return path
+
+
+def run_autoencoder(target: str, n_cal: int, severity: float, work: Path) -> list[dict[str, Any]]:
+    import onnxruntime as ort
+
+    from compiler import compile_model, load_artifact
+    from compiler.quantize import CalibrationSet
+    from deploy.vibration import FaultKind, machines, windows
+    from edgenode.anomaly import auc, reconstruction_error
+    from edgenode.calibration import open_store, store_calibration
+    from edgenode.store import SampleSpec, SampleStore
+
+    rng = np.random.default_rng(0)
+    ms = machines(2)
+    fit = [windows(m, 600, None, rng=rng).astype(np.float32) for m in ms]
+    model = _autoencoder(np.concatenate(fit), work / "ae.onnx")
+    own = windows(ms[0], n_cal, None, rng=rng).astype(np.float32)
+    other = windows(ms[1], n_cal, None, rng=rng).astype(np.float32)
+    store = SampleStore(work / "ae-node" / "samples.db", SampleSpec((("x", (640,), "float32"),), (), "int64"))
+    store.add({"x": own}, None)
+    store.close()
+    store = open_store(work / "ae-node")
+    try:
+        own_cal = store_calibration(store)
+    finally:
+        store.close()
+    ev = [windows(ms[0], 200, None, rng=rng)] + [windows(ms[0], 70, k, rng=rng, severity=severity)
+                                                 for k in FaultKind]
+    x = np.concatenate(ev).astype(np.float32)
+    flags = np.r_[np.zeros(200), np.ones(70 * len(FaultKind))]
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    f_auc = auc(reconstruction_error(x, _logits(lambda a: sess.run(None, {"x": a})[0], x)), flags)
+    sources = {"random": CalibrationSet({"x": np.random.default_rng(0).standard_normal((n_cal, 640))
+                                         .astype(np.float32)}, "random normal"),
+               "other-node": CalibrationSet({"x": other}, "machine 2's node"), "own": own_cal}
+    rows = []
+    for src, cal in sources.items():
+        t0 = time.perf_counter()
+        art_dir = compile_model(model, target=target, out_dir=work / f"ae-{src}", progress=False,
+                                quantize="int8", calibration=cal)
+        seconds = time.perf_counter() - t0
+        art = load_artifact(art_dir)
+        recon = _logits(lambda a, art=art: art.infer({"x": a})["recon"], x)
+        q_auc = auc(reconstruction_error(x, recon), flags)
+        rows.append({"node": "machine-1", "calibration": src, "cal_samples": int(len(cal.arrays["x"])),
+                     "severity": severity, "float_auc": round(float(f_auc or 0), 4),
+                     "int8_auc": round(float(q_auc or 0), 4), "quantize_compile_s": round(seconds, 2)})
+    return rows
+
+
+def swap_cost(models: list[str], target: str, n_cal: int, work: Path) -> list[dict[str, Any]]:
+    from compiler import compile_model, load_artifact, zoo
+    from compiler.build import QUANT_FILE
+    from compiler.quantize import quantize_int8
+    from edgenode.calibration import open_store, store_calibration
+    from edgenode.store import SampleSpec, SampleStore
+
+    rows = []
+    for name in models:
+        f32 = zoo.save(name, work / f"{name}.onnx")
+        shape = tuple(zoo.input_shape(name)[1:])
+        store = SampleStore(work / name / "samples.db", SampleSpec((("x", shape, "float32"),), (), "int64"))
+        store.add({"x": np.random.default_rng(0).standard_normal((n_cal, *shape)).astype(np.float32)}, None)
+        store.close()
+        t0 = time.perf_counter()
+        store = open_store(work / name)
+        try:
+            cal = store_calibration(store)
+        finally:
+            store.close()
+        t1 = time.perf_counter()
+        qpath, _ = quantize_int8(f32, cal, work / f"{name}-{QUANT_FILE}")
+        t2 = time.perf_counter()
+        art_dir = compile_model(qpath, target=target, out_dir=work / f"{name}-int8", progress=False)
+        t3 = time.perf_counter()
+        load_artifact(art_dir).infer({"x": cal.arrays["x"][:1]})
+        t4 = time.perf_counter()
+        rows.append({"model": name, "cal_samples": n_cal, "read_store_s": round(t1 - t0, 2),
+                     "quantize_s": round(t2 - t1, 2), "compile_s": round(t3 - t2, 2),
+                     "load_and_first_infer_s": round(t4 - t3, 2), "total_s": round(t4 - t0, 2)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.int8_calibration", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="x86_64")
     ap.add_argument("--samples", type=int, default=400, help="samples each node stores (and random ones)")
+    ap.add_argument("--autoencoder", action="store_true", help="the fc-autoencoder's anomaly AUC instead")
+    ap.add_argument("--severity", type=float, default=0.2, help="fault severity with --autoencoder")
+    ap.add_argument("--swap-cost", metavar="MODELS", help="time re-quantizing these zoo models instead")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fractal-int8-cal-") as tmp:
-        rows = run(args.target, args.samples, Path(tmp))
+        if args.swap_cost:
+            models = [m for m in args.swap_cost.split(",") if m]
+            rows = swap_cost(models, args.target, args.samples, Path(tmp))
+        elif args.autoencoder:
+            rows = run_autoencoder(args.target, args.samples, args.severity, Path(tmp))
+        else:
+            rows = run(args.target, args.samples, Path(tmp))
     if args.json:
         print(json.dumps({"target": args.target, "loadavg": os.getloadavg(), "rows": rows}))
     else:
