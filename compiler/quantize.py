@@ -82,6 +82,9 @@ def calibration_batches(arrays: Mapping[str, np.ndarray], model: Any,
     instead of the .npz one)."""
     arrays = dict(arrays)
     inputs = _graph_inputs(model)
+    if not inputs:
+        raise ModelError("the model has no graph inputs to calibrate",
+                         hint="check that MODEL.onnx is the ONNX model (fractal inspect MODEL.onnx)")
     if len(inputs) == 1 and len(arrays) == 1 and inputs[0][0] not in arrays:
         arrays = {inputs[0][0]: next(iter(arrays.values()))}
     missing = [n for n, _ in inputs if n not in arrays]

@@ -44,7 +44,11 @@ def open_store(data_dir: str | Path) -> SampleStore:
                          hint="pass the data_dir of a fractal node") from None
     if row is None:
         raise StoreError(f"{db} has no sample layout", hint="pass the data_dir of a fractal node")
-    return SampleStore(db, SampleSpec.from_json(row[0]))
+    try:
+        return SampleStore(db, SampleSpec.from_json(row[0]))
+    except sqlite3.Error as exc:  # e.g. a read-only copy: opening checks the schema in a write
+        raise StoreError(f"cannot open the sample store {db} ({exc})",
+                         hint="run as the node's user (opening writes the schema check)") from None
 
 
 def store_calibration(store: SampleStore, limit: int = DEFAULT_SAMPLES) -> CalibrationSet:

@@ -217,4 +217,8 @@ def test_calibration_from_cli_errors(run_cli: Callable, trained_digits: Path, tm
     r = run_cli("compile", trained_digits, "-t", host_preset_name(), "-o", out, "--calibration-from",
                 tmp_path / "other", "-q")
     assert r.code == 1 and "--quantize (not given)" in r.error_line
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    r = run_cli("compile", tmp_path / "empty.onnx", "-t", host_preset_name(), "-o", out, "--quantize", "int8",
+                "--calibration-from", tmp_path / "other", "-q")
+    assert r.code == 1 and "no graph inputs" in r.error_line
     assert not out.exists()
