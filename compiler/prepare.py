@@ -11,7 +11,10 @@ that changed something (``fractal compile`` prints them).
                          become constants (Shape -> Gather -> Concat -> Reshape chains collapse);
                          a QDQ weight's DequantizeLinear stays (compiler.integer needs its int8 values).
 4b. ``expand_functions`` -- operators TVM lacks that ONNX defines as functions (Attention, Celu,
-                         CenterCropPad) become their ONNX function bodies (compiler/expand.py).
+                         CenterCropPad, SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss,
+                         RotaryEmbedding, CausalConvWithState, Swish; LayerNormalization asked for
+                         Mean/InvStdDev, RMSNormalization over every axis) become their ONNX function
+                         bodies (compiler/expand.py).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
 5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time)
