@@ -269,3 +269,25 @@ def test_causal_conv_with_an_empty_state_is_refused() -> None:
                                          "present_state output is empty") as err:
         prepare(model)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("p", "axis", "opset"), [(1, 0, 22), (2, 1, 22), (2, -1, 13)])
+def test_lp_normalization_matches_onnxruntime(p: int, axis: int, opset: int) -> None:
+    """A reduction and a division; a zero vector normalizes to zeros as in onnxruntime (not NaN)."""
+    x = np.random.default_rng(10).standard_normal((3, 4)).astype(np.float32)
+    x[1, :] = 0.0
+    x[:, 2] = 0.0
+    model = _model(oh.make_node("LpNormalization", ["x"], ["y"], p=p, axis=axis),
+                   [oh.make_tensor_value_info("x", F, [3, 4])], ["y"], opset)
+    _same_as_onnxruntime(model, {"x": x}, "decompose_ops")
+
+
+@pytest.mark.parametrize("exp_type", [np.int64, np.int32])
+def test_pow_of_a_float_by_an_integer_matches_onnxruntime(exp_type: Any) -> None:
+    rng = np.random.default_rng(11)
+    feeds = {"x": rng.uniform(-3, 3, (2, 5)).astype(np.float32), "n": rng.integers(0, 5, 5).astype(exp_type)}
+    inputs = [oh.make_tensor_value_info("x", F, [2, 5]),
+              oh.make_tensor_value_info("n", nh.from_array(feeds["n"]).data_type, [5])]
+    model = _model(oh.make_node("Pow", ["x", "n"], ["y"]), inputs, ["y"], 15)
+    prepared = _same_as_onnxruntime(model, feeds, "cast_pow_exponent")
+    assert [n.op_type for n in prepared.graph.node] == ["Cast", "Pow"]
