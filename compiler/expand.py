@@ -16,11 +16,14 @@ from typing import Any
 
 from compiler.errors import ModelError
 
-__all__ = ["EXPANDED_OPS", "expand_functions"]
+__all__ = ["EXPANDED_OPS", "EXPANDED_WHEN", "expand_functions"]
 
 # Attention: TVM's converter is com.microsoft's (reads ``num_heads``), wrong for ai.onnx Attention.
-# Celu, CenterCropPad: no converter.
-EXPANDED_OPS = frozenset({"Attention", "Celu", "CenterCropPad"})
+# The others have no converter. SoftmaxCrossEntropyLoss's body calls NegativeLogLikelihoodLoss,
+# whose body is expanded in turn.
+EXPANDED_OPS = frozenset({"Attention", "Celu", "CenterCropPad", "SoftmaxCrossEntropyLoss",
+                          "NegativeLogLikelihoodLoss", "RotaryEmbedding", "CausalConvWithState", "Swish"})
+_MAX_DEPTH = 4  # function bodies calling functions (SoftmaxCrossEntropyLoss -> NegativeLogLikelihoodLoss)
 
 _GRAPH, _GRAPHS = 5, 10  # AttributeProto types holding subgraphs
 
@@ -44,13 +47,20 @@ def _types(model: Any) -> dict[str, Any]:
     return out
 
 
-def _body(schema: Any, node: Any, types: dict[str, Any], label: str) -> Any:
+def _version(versions: Any, opset: int) -> int:
+    """The newest function version at or below the model's opset (else the oldest there is)."""
+    below = [v for v in versions if v <= opset]
+    return max(below) if below else min(versions)
+
+
+def _body(schema: Any, node: Any, types: dict[str, Any], label: str, opset: int) -> Any:
     """The FunctionProto ONNX defines ``node`` as (the newest at or below the node's opset)."""
     from onnx import FunctionProto
 
     fn = FunctionProto()
     if schema.has_function:
-        fn.ParseFromString(schema.get_function_with_opset_version(max(schema.function_opset_versions)))
+        version = _version(schema.function_opset_versions, opset)
+        fn.ParseFromString(schema.get_function_with_opset_version(version))
         return fn
     missing = [i for i in node.input if i and i not in types]
     if missing:
@@ -60,7 +70,7 @@ def _body(schema: Any, node: Any, types: dict[str, Any], label: str) -> Any:
     from onnx import TypeProto
 
     in_types = [(types[i] if i else TypeProto()).SerializeToString() for i in node.input]
-    version = max(schema.context_dependent_function_opset_versions)
+    version = _version(schema.context_dependent_function_opset_versions, opset)
     try:
         fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
             version, node.SerializeToString(), in_types))
@@ -151,12 +161,39 @@ def _rank(types: dict[str, Any], name: str) -> int | None:
     return len(t.tensor_type.shape.dim)
 
 
+def _dims(types: dict[str, Any], name: str) -> list[int]:
+    """The static dimensions of ``name`` (0 for an unknown one; [] if the rank is unknown)."""
+    t = types.get(name)
+    if t is None or not t.tensor_type.HasField("shape"):
+        return []
+    return [d.dim_value for d in t.tensor_type.shape.dim]
+
+
+def _extra_outputs(node: Any, types: dict[str, Any]) -> bool:
+    return any(node.output[1:])
+
+
+def _normalizes_every_axis(node: Any, types: dict[str, Any]) -> bool:
+    rank = _rank(types, node.input[0])
+    return _attr_int(node, "axis", -1) == 0 or (rank is not None and _attr_int(node, "axis", -1) == -rank)
+
+
+# Operators TVM converts, expanded only in the variants its converter gets wrong or crashes on:
+# LayerNormalization asked for Mean / InvStdDev (TVM computes only Y), RMSNormalization over every
+# axis (TVM's converter fails to schedule it).
+EXPANDED_WHEN = {"LayerNormalization": _extra_outputs, "RMSNormalization": _normalizes_every_axis}
+
+
 def _refusal(node: Any, label: str, consts: set[str], types: dict[str, Any]) -> None:
     """Variants the expanded body cannot compile to: refused by name, with the reason."""
     if node.op_type == "CenterCropPad" and len(node.input) > 1 and node.input[1] not in consts:
         raise ModelError(f"{label}: the target shape {node.input[1]!r} is known only at run time; output "
                          "shapes decided at run time are not supported",
                          hint="make the shape a constant (an initializer) of the model")
+    if node.op_type == "CausalConvWithState" and len(node.output) > 1 and node.output[1] and \
+            _dims(types, node.input[1])[-1:] == [1]:
+        raise ModelError(f"{label}: with kernel size 1 the present_state output is empty (0 columns); "
+                         "empty tensors are not supported", hint="drop the present_state output")
     if node.op_type == "Attention":
         ranks = [_rank(types, name) for name in node.input[:3]]
         if ranks[0] not in (3, 4) or len(set(ranks)) != 1:
@@ -172,20 +209,45 @@ def _refusal(node: Any, label: str, consts: set[str], types: dict[str, Any]) -> 
                              hint="use 0 (Q K^T), 1 (plus mask), 2 (softcapped) or 3 (softmax)")
 
 
+def _wanted(node: Any, ops: frozenset[str], types: dict[str, Any] | None) -> bool:
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type in ops:
+        return True
+    when = EXPANDED_WHEN.get(node.op_type)
+    return when is not None and types is not None and when(node, types)
+
+
 def expand_functions(model: Any, ops: frozenset[str] = EXPANDED_OPS) -> bool:
-    """Replace every default-domain node of ``ops`` by ONNX's function body for it."""
+    """Replace every default-domain node of ``ops`` (and of ``EXPANDED_WHEN``'s variants) by ONNX's
+    function body for it, again in the bodies (a function calling a function), up to a fixed depth."""
+    changed = False
+    for _ in range(_MAX_DEPTH):
+        if not _expand_once(model, ops):
+            return changed
+        changed = True
+    left = next((n.op_type for n in model.graph.node if _wanted(n, ops, _types(model))), None)
+    if left is not None:
+        raise ModelError(f"{left}: ONNX's definition of the operator is nested more than {_MAX_DEPTH} deep",
+                         hint="rewrite the model with standard operators")
+    return changed
+
+
+def _expand_once(model: Any, ops: frozenset[str]) -> bool:
     import onnx
 
     g = model.graph
-    if not any(n.op_type in ops and n.domain in ("", "ai.onnx") for n in g.node):
+    if not any(n.op_type in ops or n.op_type in EXPANDED_WHEN for n in g.node):
         return False
     opset = _opset(model)
     types = _types(model)
+    if not any(_wanted(n, ops, types) for n in g.node):
+        return False
     consts = {t.name for t in g.initializer} | {n.output[0] for n in g.node if n.op_type == "Constant"}
     new_nodes = []
     used_opsets = {o.domain: o for o in model.opset_import}
     for i, node in enumerate(g.node):
-        if node.op_type not in ops or node.domain not in ("", "ai.onnx"):
+        if not _wanted(node, ops, types):
             new_nodes.append(node)
             continue
         label = f"{node.op_type} at node {node.name or f'#{i}'!r}"
@@ -195,7 +257,7 @@ def expand_functions(model: Any, ops: frozenset[str] = EXPANDED_OPS) -> bool:
         except Exception:
             raise ModelError(f"{label}: ONNX defines no {node.op_type} at opset {opset}",
                              hint="export the model with a newer opset") from None
-        fn = _body(schema, node, types, label)
+        fn = _body(schema, node, types, label, opset)
         for o in fn.opset_import:  # the body's own operator sets (e.g. a newer default opset)
             if o.domain not in used_opsets:
                 used_opsets[o.domain] = model.opset_import.add(domain=o.domain, version=o.version)

@@ -11,11 +11,16 @@ that changed something (``fractal compile`` prints them).
                          become constants (Shape -> Gather -> Concat -> Reshape chains collapse);
                          a QDQ weight's DequantizeLinear stays (compiler.integer needs its int8 values).
 4b. ``expand_functions`` -- operators TVM lacks that ONNX defines as functions (Attention, Celu,
-                         CenterCropPad) become their ONNX function bodies (compiler/expand.py).
+                         CenterCropPad, SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss,
+                         RotaryEmbedding, CausalConvWithState, Swish; LayerNormalization asked for
+                         Mean/InvStdDev, RMSNormalization over every axis) become their ONNX function
+                         bodies (compiler/expand.py).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
-5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time)
-                         and Det (Leibniz expansion, up to 5x5) become Slice / Mul / Gather / Reduce.
+5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time),
+                         Det (Leibniz expansion, up to 5x5) and LpNormalization become Slice / Mul /
+                         Gather / Reduce / Div.
+5c. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
 7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
@@ -36,14 +41,16 @@ from compiler.expand import EXPANDED_OPS, expand_functions
 from compiler.prepare_ml import lower_ml
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "expand_functions",
-           "decompose_rnn", "decompose_ops", "guard_bitshift", "fix_reduce_extremes", "promote_float16",
+           "decompose_rnn", "decompose_ops", "cast_pow_exponent",
+           "guard_bitshift", "fix_reduce_extremes", "promote_float16",
            "parse_shape", "DECOMPOSED_OPS", "MIN_OPSET"]
 
 MIN_OPSET = 13  # below this, try onnx.version_converter (TVM's converters are best tested from here)
 FLOOR_OPSET = 7  # below this, the upgrade must succeed
 # ops the preparation rewrites into others (so the importer's op check lets them through)
 _RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
-_LOWERED_OPS = frozenset({"CumProd", "Det"})
+_LOWERED_OPS = frozenset({"CumProd", "Det", "LpNormalization"})
+_FLOAT_TYPES = frozenset({1, 11})  # float, double (float16 Pow is left to TVM and promote_float16)
 DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS
 _FOLD_MAX_ELEMENTS = 1 << 16  # do not materialise big tensors (weights stay where they are)
 _NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -733,9 +740,35 @@ def _det_nodes(model: Any, node: Any, shapes: dict[str, list[int]], label: str, 
     return bld
 
 
+def _lp_norm_nodes(model: Any, node: Any, types: dict[str, int], label: str, index: int) -> _Builder:
+    """x / ReduceL1 or ReduceL2 over ``axis``; a zero norm gives 0, as onnxruntime does (not 0/0)."""
+    p = next((int(a.i) for a in node.attribute if a.name == "p"), 2)
+    axis = next((int(a.i) for a in node.attribute if a.name == "axis"), -1)
+    if p not in (1, 2):
+        raise ModelError(f"{label}: p={p}; ONNX defines LpNormalization for p 1 and 2 only",
+                         hint="use p=1 or p=2")
+    from onnx import helper
+
+    x = node.input[0]
+    if types.get(x) not in _FLOAT_TYPES | {10}:
+        raise ModelError(f"{label}: the input's type is unknown or not a float",
+                         hint="run onnx.shape_inference on the model or give its inputs types")
+    dtype = helper.tensor_dtype_to_np_dtype(types[x])
+    bld = _Builder(model, f"{node.name or 'LpNormalization'}_{index}")
+    reduce = "ReduceL1" if p == 1 else "ReduceL2"
+    if _opset(model) >= 18:  # axes became an input in opset 18
+        norm = bld.op(reduce, [x, bld.const(np.array([axis], np.int64), "axes")], keepdims=1)
+    else:
+        norm = bld.op(reduce, [x], axes=[axis], keepdims=1)
+    zero = bld.op("Equal", [norm, bld.const(np.array(0, dtype), "zero")])
+    safe = bld.op("Where", [zero, bld.const(np.array(1, dtype), "one"), norm])
+    bld.op("Div", [x, safe], out=node.output[0])
+    return bld
+
+
 def decompose_ops(model: Any) -> bool:
-    """CumProd (unrolled along its axis) and Det (Leibniz, up to 5x5): no TVM converter, no ONNX
-    function."""
+    """CumProd (unrolled along its axis), Det (Leibniz, up to 5x5) and LpNormalization (a reduction
+    and a division): no TVM converter, no ONNX function."""
     g = model.graph
     if not any(n.op_type in _LOWERED_OPS and n.domain in ("", "ai.onnx") for n in g.node):
         return False
@@ -750,12 +783,43 @@ def decompose_ops(model: Any) -> bool:
         label = f"{node.op_type} at node {node.name or f'#{i}'!r}"
         if node.op_type == "CumProd":
             bld = _cumprod_nodes(model, node, consts, shapes, types, label, i)
+        elif node.op_type == "LpNormalization":
+            bld = _lp_norm_nodes(model, node, types, label, i)
         else:
             bld = _det_nodes(model, node, shapes, label, i)
         new_nodes.extend(bld.nodes)
         g.initializer.extend(bld.inits)
     _replace_nodes(g, new_nodes)
     return True
+
+
+_FLOAT_TYPES = frozenset({1, 11})  # float, double (float16 Pow: left to TVM and promote_float16)
+
+
+def cast_pow_exponent(model: Any) -> bool:
+    """Pow of a float base by an integer exponent (ONNX allows mixed types, TVM's Pow does not):
+    the exponent is cast to the base's type (exact for exponents below 2^24 in float32)."""
+    from onnx import helper
+
+    g = model.graph
+    if not any(n.op_type == "Pow" for n in g.node):
+        return False
+    types = _elem_types(model)
+    new_nodes = []
+    changed = False
+    for i, node in enumerate(g.node):
+        base, exp = (types.get(x) for x in node.input[:2]) if node.op_type == "Pow" else (None, None)
+        if node.domain not in ("", "ai.onnx") or base not in _FLOAT_TYPES or exp in (None, *_FLOAT_TYPES):
+            new_nodes.append(node)
+            continue
+        cast = f"{node.name or 'Pow'}_{i}/exponent"
+        new_nodes.append(helper.make_node("Cast", [node.input[1]], [cast], name=cast, to=base))
+        node.input[1] = cast
+        new_nodes.append(node)
+        changed = True
+    if changed:
+        _replace_nodes(g, new_nodes)
+    return changed
 
 
 # ---------------------------------------------------------------------------------------------- 6
@@ -947,6 +1011,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("expand_functions", lambda: expand_functions(model)),
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("decompose_ops", lambda: decompose_ops(model)),
+        ("cast_pow_exponent", lambda: cast_pow_exponent(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
         ("promote_float16", lambda: promote_float16(model)),
         # after promote_float16: the finite extreme is the computing type's

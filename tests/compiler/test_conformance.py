@@ -235,10 +235,15 @@ pow_bcast_scalar pow_types_int32_int32 rms_normalization_2d_axis0 scatter_with_a
 scatter_elements_with_reduction_max split_to_sequence_nokeepdims triu_neg tril_pos
 """.split())
 # One case per operator (or variant) the preparation stage converts (issue 29: Attention, CumProd,
-# Det, Celu as standard ops): always run, so a broken converter shows in make test.
+# Det, Celu, the losses, RotaryEmbedding, CausalConvWithState, Swish, LpNormalization, Pow of a float
+# by an integer as standard ops; the expanded
+# LayerNormalization and RMSNormalization variants are NODE_GUARD's cases): always run, so a broken
+# converter shows in make test.
 NODE_REACH = frozenset("""
 attention_4d_gqa_causal_nonpad_decode_fp16 attention_3d_with_past_and_present_qk_matmul_softcap
 attention_23_boolmask_fullymasked_row_nan_robustness cumprod_2d_negative_axis det_nd celu_float16
+sce_mean_weight_ii_3d_log_prob nllloss_NCd1_weight_ii rotary_embedding_interleaved swish
+causal_conv_with_state_silu_with_past_state l2normalization_axis_1 pow_types_float32_int64
 """.split())
 
 

@@ -1,5 +1,6 @@
 """compiler.prepare: operators TVM's importer lacks, rewritten in the preparation stage (Attention,
-Celu, CenterCropPad as ONNX's function bodies; CumProd, Det as standard ops), match onnxruntime on
+Celu, CenterCropPad, the losses, RotaryEmbedding, CausalConvWithState, Swish and the normalization
+variants TVM gets wrong as ONNX's function bodies; CumProd, Det as standard ops), match onnxruntime on
 the original model; the variants that cannot be compiled are refused with one line naming the op."""
 
 from __future__ import annotations
@@ -171,3 +172,122 @@ def test_attention_3d_without_head_counts_is_refused() -> None:
     with pytest.raises(ModelError, match=r"^Attention at node '#0': 3-D inputs without q_num_heads and "
                                          "kv_num_heads$"):
         prepare(model)
+
+
+def _loss(op: str, opset: int, *, weights: bool, outputs: list[str], **attrs: Any) -> None:
+    """N=3 samples, C=5 classes over a 2x2 spatial map; one label set to the ignored class."""
+    rng = np.random.default_rng(5)
+    feeds: dict[str, np.ndarray] = {"x": rng.standard_normal((3, 5, 2, 2)).astype(np.float32),
+                                    "t": rng.integers(0, 5, (3, 2, 2)).astype(np.int64)}
+    feeds["t"][0, 1, 1] = 2
+    if weights:
+        feeds["w"] = rng.uniform(0.2, 2.0, 5).astype(np.float32)
+    inputs = [oh.make_tensor_value_info(k, TensorProto.INT64 if v.dtype == np.int64 else F, list(v.shape))
+              for k, v in feeds.items()]
+    model = _model(oh.make_node(op, list(feeds), outputs, **attrs), inputs, outputs, opset)
+    _same_as_onnxruntime(model, feeds, "expand_functions")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_softmax_cross_entropy_loss_matches_onnxruntime(reduction: str) -> None:
+    """Its ONNX body calls NegativeLogLikelihoodLoss, whose body is expanded in turn."""
+    _loss("SoftmaxCrossEntropyLoss", 13, weights=reduction != "sum", outputs=["loss", "log_prob"],
+          reduction=reduction, ignore_index=2)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_negative_log_likelihood_loss_matches_onnxruntime(reduction: str) -> None:
+    _loss("NegativeLogLikelihoodLoss", 22, weights=True, outputs=["loss"], reduction=reduction,
+          ignore_index=2)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"interleaved": 1, "rotary_embedding_dim": 4}],
+                         ids=["half-split", "interleaved-partial"])
+def test_rotary_embedding_matches_onnxruntime(attrs: dict[str, Any]) -> None:
+    """4-D X [B, H, S, D] with position ids into a [max_pos, rotary_dim / 2] cache."""
+    rng = np.random.default_rng(6)
+    half = attrs.get("rotary_embedding_dim", 8) // 2
+    angles = rng.uniform(0, 3, (10, half))
+    feeds = {"X": rng.standard_normal((2, 3, 4, 8)).astype(np.float32),
+             "cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32),
+             "pos": rng.integers(0, 10, (2, 4)).astype(np.int64)}
+    inputs = [oh.make_tensor_value_info(k, TensorProto.INT64 if v.dtype == np.int64 else F, list(v.shape))
+              for k, v in feeds.items()]
+    model = _model(oh.make_node("RotaryEmbedding", list(feeds), ["Y"], **attrs), inputs, ["Y"], 23)
+    _same_as_onnxruntime(model, feeds, "expand_functions")
+
+
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_causal_conv_with_state_matches_onnxruntime(activation: str) -> None:
+    """Depthwise causal convolution over [N, C, L] with a carried state [N, C, K-1]."""
+    rng = np.random.default_rng(7)
+    feeds = {"x": rng.standard_normal((2, 3, 6)).astype(np.float32),
+             "w": rng.standard_normal((3, 1, 4)).astype(np.float32),
+             "b": rng.standard_normal(3).astype(np.float32),
+             "state": rng.standard_normal((2, 3, 3)).astype(np.float32)}
+    inputs = [oh.make_tensor_value_info(k, F, list(v.shape)) for k, v in feeds.items()]
+    node = oh.make_node("CausalConvWithState", list(feeds), ["y", "present"], activation=activation)
+    model = _model(node, inputs, ["y", "present"], 27)
+    _same_as_onnxruntime(model, feeds, "expand_functions")
+
+
+def test_swish_matches_onnxruntime() -> None:
+    x = np.random.default_rng(8).standard_normal((3, 4)).astype(np.float32)
+    inputs = [oh.make_tensor_value_info("x", F, [3, 4])]
+    model = _model(oh.make_node("Swish", ["x"], ["y"], alpha=0.6), inputs, ["y"], 24)
+    _same_as_onnxruntime(model, {"x": x}, "expand_functions")
+
+
+@pytest.mark.parametrize(("op", "axis", "outputs", "expanded"), [
+    ("LayerNormalization", 1, ["y", "mean", "inv_std"], True),  # TVM computes only Y
+    ("LayerNormalization", 1, ["y"], False),  # TVM's own converter stays
+    ("RMSNormalization", 0, ["y"], True),  # every axis: TVM's converter fails to schedule it
+    ("RMSNormalization", -3, ["y"], True),
+    ("RMSNormalization", 1, ["y"], False),
+])
+def test_normalizations_expanded_only_where_tvm_fails(op: str, axis: int, outputs: list[str],
+                                                       expanded: bool) -> None:
+    rng = np.random.default_rng(9)
+    feeds = {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),
+             "scale": rng.standard_normal((3, 4) if axis in (1, -2) else (2, 3, 4)).astype(np.float32)}
+    inputs = [oh.make_tensor_value_info(k, F, list(v.shape)) for k, v in feeds.items()]
+    model = _model(oh.make_node(op, list(feeds), outputs, axis=axis, epsilon=1e-3), inputs, outputs, 23)
+    if not expanded:
+        prepared, steps = prepare(model)
+        assert "expand_functions" not in steps and prepared.graph.node[0].op_type == op
+        return
+    prepared = _same_as_onnxruntime(model, feeds, "expand_functions")
+    assert op not in {n.op_type for n in prepared.graph.node}
+
+
+def test_causal_conv_with_an_empty_state_is_refused() -> None:
+    """Kernel size 1 makes present_state [N, C, 0]: refused at compile time, not at load."""
+    inputs = [oh.make_tensor_value_info("x", F, [2, 3, 5]), oh.make_tensor_value_info("w", F, [3, 1, 1])]
+    node = oh.make_node("CausalConvWithState", ["x", "w"], ["y", "present"])
+    model = _model(node, inputs, ["y", "present"], 27)
+    with pytest.raises(ModelError, match=r"^CausalConvWithState at node '#0': with kernel size 1 the "
+                                         "present_state output is empty") as err:
+        prepare(model)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("p", "axis", "opset"), [(1, 0, 22), (2, 1, 22), (2, -1, 13)])
+def test_lp_normalization_matches_onnxruntime(p: int, axis: int, opset: int) -> None:
+    """A reduction and a division; a zero vector normalizes to zeros as in onnxruntime (not NaN)."""
+    x = np.random.default_rng(10).standard_normal((3, 4)).astype(np.float32)
+    x[1, :] = 0.0
+    x[:, 2] = 0.0
+    model = _model(oh.make_node("LpNormalization", ["x"], ["y"], p=p, axis=axis),
+                   [oh.make_tensor_value_info("x", F, [3, 4])], ["y"], opset)
+    _same_as_onnxruntime(model, {"x": x}, "decompose_ops")
+
+
+@pytest.mark.parametrize("exp_type", [np.int64, np.int32])
+def test_pow_of_a_float_by_an_integer_matches_onnxruntime(exp_type: Any) -> None:
+    rng = np.random.default_rng(11)
+    feeds = {"x": rng.uniform(-3, 3, (2, 5)).astype(np.float32), "n": rng.integers(0, 5, 5).astype(exp_type)}
+    inputs = [oh.make_tensor_value_info("x", F, [2, 5]),
+              oh.make_tensor_value_info("n", nh.from_array(feeds["n"]).data_type, [5])]
+    model = _model(oh.make_node("Pow", ["x", "n"], ["y"]), inputs, ["y"], 15)
+    prepared = _same_as_onnxruntime(model, feeds, "cast_pow_exponent")
+    assert [n.op_type for n in prepared.graph.node] == ["Cast", "Pow"]
