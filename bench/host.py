@@ -40,3 +40,16 @@ def machine_line() -> str:
     """One line describing this host (CPU model, cores, OS, Python), without importing any library."""
     return (f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
             f"Python {platform.python_version()}")
+
+
+def print_rows(target: str, rows: list, as_json: bool) -> None:
+    """A bench module's result rows with the machine's load: one JSON object, or a row per line."""
+    import json
+    import os
+
+    if as_json:
+        print(json.dumps({"target": target, "loadavg": os.getloadavg(), "rows": rows}))
+    else:
+        for r in rows:
+            print(r)
+        print("load average", os.getloadavg())

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from bench.cbackend import _median_us
+from bench.host import print_rows
 
 __all__ = ["main"]
 
@@ -101,12 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--seconds", str(args.seconds), "--measure", tmp]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             rows += json.loads(p.stdout.strip().splitlines()[-1])
-    if args.json:
-        print(json.dumps({"target": args.target, "loadavg": os.getloadavg(), "rows": rows}))
-    else:
-        for r in rows:
-            print(r)
-        print("load average", os.getloadavg())
+    print_rows(args.target, rows, args.json)
     return 0
 
 

@@ -39,8 +39,6 @@ store of ``--samples`` seeded random-normal inputs): seconds to read the store, 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import time
@@ -48,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.host import print_rows
 
 __all__ = ["main"]
 
@@ -270,12 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = run_autoencoder(args.target, args.samples, args.severity, Path(tmp))
         else:
             rows = run(args.target, args.samples, Path(tmp))
-    if args.json:
-        print(json.dumps({"target": args.target, "loadavg": os.getloadavg(), "rows": rows}))
-    else:
-        for r in rows:
-            print(r)
-        print("load average", os.getloadavg())
+    print_rows(args.target, rows, args.json)
     return 0
 
 
