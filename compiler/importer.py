@@ -137,6 +137,18 @@ def _elem_dtype(value_info: Any) -> str:
     return str(onnx.helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type))
 
 
+def _check_input_types(model: Any) -> None:
+    """Refuse graph inputs that are not tensors (optional, sequence, map) before any step reads
+    their shapes (an optional input made the preparation stage fail with a KeyError)."""
+    inits = {t.name for t in model.graph.initializer}
+    for inp in model.graph.input:
+        kind = inp.type.WhichOneof("value")
+        if inp.name not in inits and kind != "tensor_type":
+            what = (kind or "unknown").removesuffix("_type")
+            raise ModelError(f"input {inp.name!r} is of type {what}: only tensor inputs are compiled",
+                             hint="export the model with plain tensor inputs")
+
+
 def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int, bool]:
     """Static input specs, the model's own batch and whether the inputs share a leading batch
     dimension. The leading dim may be symbolic (it becomes ``batch``). Inputs whose static leading
@@ -311,6 +323,7 @@ def import_model(model: Any, *, batch: int | None = None,
 
     from compiler.prepare import prepare
 
+    _check_input_types(model)
     own = _model_batch(model, shapes)
     # Inputs whose static leading dims differ have no batch dimension: a dynamic leading dim
     # among them is left dynamic here (and refused by name below) rather than guessed.

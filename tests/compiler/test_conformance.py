@@ -232,6 +232,7 @@ dropout_default_ratio training_dropout_mask training_dropout training_dropout_ze
 einsum_sum_bfloat16 einsum_scalar if if_seq
 maxunpool_export_without_output_shape nonmaxsuppression_single_box nonmaxsuppression_two_batches
 pow_bcast_scalar pow_types_int32_int32 rms_normalization_2d_axis0 scatter_with_axis
+optional_has_element_optional_input
 scatter_elements_with_reduction_max split_to_sequence_nokeepdims triu_neg tril_pos
 """.split())
 # One case per operator (or variant) the preparation stage converts (issue 29: Attention, CumProd,
