@@ -54,21 +54,29 @@ __all__ = ["main"]
 DIM = 0.6  # brightness of the "dim" node's sensor
 
 
+def _set_gemm_weights(m: Any, mlp: Any) -> dict[str, Any]:
+    """Copy a fitted scikit-learn MLP's weights into the model's Gemm initializers, in order;
+    returns the initializers by name."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in m.graph.initializer}
+    for node, w, b in zip([n for n in m.graph.node if n.op_type == "Gemm"], mlp.coefs_, mlp.intercepts_,
+                          strict=True):
+        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        for name, arr in ((node.input[1], w.T if trans_b else w), (node.input[2], b)):
+            inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr, np.float32), name))
+    return inits
+
+
 def _float_model(xtr: np.ndarray, ytr: np.ndarray, path: Path) -> Path:
     import onnx
-    from onnx import numpy_helper
     from sklearn.neural_network import MLPClassifier
 
     from compiler import zoo
 
     clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=300, random_state=0).fit(xtr, ytr)
     m = zoo.build("digits-mlp")
-    inits = {i.name: i for i in m.graph.initializer}
-    for node, w, b in zip([n for n in m.graph.node if n.op_type == "Gemm"], clf.coefs_, clf.intercepts_,
-                          strict=True):
-        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
-        for name, arr in ((node.input[1], w.T if trans_b else w), (node.input[2], b)):
-            inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr, np.float32), name))
+    _set_gemm_weights(m, clf)
     onnx.save(m, str(path))
     return path
 
@@ -157,12 +165,7 @@ def _autoencoder(windows: np.ndarray, path: Path) -> Path:
         warnings.simplefilter("ignore", ConvergenceWarning)
         reg.fit(windows, windows)
     m = zoo.build("fc-autoencoder")
-    inits = {i.name: i for i in m.graph.initializer}
-    for node, w, b in zip([n for n in m.graph.node if n.op_type == "Gemm"], reg.coefs_, reg.intercepts_,
-                          strict=True):
-        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
-        for name, arr in ((node.input[1], w.T if trans_b else w), (node.input[2], b)):
-            inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr, np.float32), name))
+    inits = _set_gemm_weights(m, reg)
     for node in (n for n in m.graph.node if n.op_type == "BatchNormalization"):  # identity
         eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
         for name, v in zip(node.input[1:], (1.0, 0.0, 0.0, 1.0 - eps), strict=True):

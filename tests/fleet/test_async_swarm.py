@@ -14,15 +14,13 @@ import pytest
 
 from deploy.keys import provision
 from federation.steps import flatten
+from tests.fixtures_enrolment import wait_for
 
 pytestmark = pytest.mark.mosquitto
 
 
 def _wait(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    wait_for(pred, timeout, what, poll_s=0.05)
 
 
 def _flat_sha(node) -> str:

@@ -20,6 +20,7 @@ from api.fleet.service import TAKEN_OVER
 from federation import topics
 from federation.broker import free_port
 from federation.messages import NodeState, RoundAbort, parse_command
+from tests.fixtures_enrolment import wait_for as _wait_for
 from tests.fleet.conftest import TOKEN, collect
 from tests.fleet.sim_nodes import SimSwarm
 from tests.fleet.swarm_proc import FRACTAL
@@ -30,13 +31,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """tests.fixtures_enrolment.wait_for at 50 ms (the failover figures are polled with it)."""
+    return _wait_for(pred, timeout, what, poll_s=0.05)
 
 
 def test_follower_serves_reads_and_refuses_writes(make_fleet, pg_url):
