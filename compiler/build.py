@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from compiler import prepack as _prepack
-from compiler.artifact import param_key
+from compiler.artifact import load_params, param_key
 from compiler.errors import ArtifactError, CompilerError, TargetError
 from compiler.manifest import (
     MANIFEST,
     Libs,
     Manifest,
     ParamsInfo,
+    QuantizationInfo,
+    QuantSettings,
     TargetInfo,
     TensorSpec,
     TrainingInfo,
@@ -51,6 +53,9 @@ INFER_LIB = "infer.so"
 TRAIN_LIB = "train.so"
 PARAMS_FILE = "params.npz"
 QUANT_FILE = "model.int8.onnx"  # the QDQ model a --quantize compile built (onnxruntime's reference)
+# --train --quantize: the float model (re-quantized after rounds) and the int8 inference artifact
+FLOAT_FILE = "model.float.onnx"
+INT8_DIR = "int8"
 C_TRAIN_PREFIX = "train-"  # the C route's training library and runner: train-libmodel.so, train-fractal-run
 INFER_FUNC = "main"
 
@@ -225,7 +230,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
                   default_schedules: bool = True, input_shapes: dict[str, list[int]] | None = None,
                   prepack: bool = True, time_budget: float | None = None, rpc: str | None = None,
                   quantize: str | None = None, calibration: Calibration | None = None,
-                  integer: bool | None = None) -> Path:
+                  integer: bool | None = None, quant_settings: QuantSettings | None = None) -> Path:
     """Compile ``onnx_path`` for the preset ``target`` into the artifact directory ``out_dir``.
 
     Without ``tune`` the inference kernels get :mod:`compiler.schedules`' default CPU schedules
@@ -242,7 +247,13 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     compiled; it is kept in the artifact as ``QUANT_FILE`` (the reference onnxruntime runs).
     ``integer``: a QDQ model's quantized convolutions and matmuls on int8 -> int32 kernels
     (:mod:`compiler.integer`) or, False, TVM's dequantize -> float op -> quantize import; None
-    (the default): :func:`integer_by_default` of the preset.
+    (the default): :func:`integer_by_default` of the preset. ``quant_settings``: how to quantize
+    (default: :class:`compiler.manifest.QuantSettings`).
+    ``train`` with ``quantize``: training stays float. The artifact is the float one (inference
+    and training libraries, float parameters) plus the int8 inference artifact in ``INT8_DIR``,
+    the float model as ``FLOAT_FILE`` and the settings that built it (manifest ``quantization``):
+    what a node needs to rebuild the int8 library from the parameters a round committed
+    (:mod:`compiler.requantize`).
 
     Returns the artifact directory. Raises ModelError / TargetError / ArtifactError with a hint.
     """
@@ -280,13 +291,17 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             raise CompilerError(f"--quantize {quantize} needs calibration samples: --calibration SAMPLES.npz "
                                 "or --calibration-from NODE_DATA_DIR",
                                 hint="a few hundred samples of the data the model will see")
-        if train is not None:
-            raise CompilerError("--quantize builds an int8 inference artifact; training stays float",
-                                hint="compile the training artifact without --quantize")
+        if train is not None:  # training stays float: the int8 library is built beside it, below
+            return _compile_float_and_int8(
+                onnx_path, calibration, quant_settings or QuantSettings(), target=target, out_dir=out_dir,
+                name=name, tune=tune, trials=trials, db_dir=db_dir, train=train, progress=progress,
+                default_schedules=default_schedules, input_shapes=input_shapes, prepack=prepack,
+                time_budget=time_budget, rpc=rpc, quantize=quantize, integer=integer)
         quant_dir = tempfile.TemporaryDirectory(prefix="fractal-quant-")
         src = calibration.source if isinstance(calibration, _quant.CalibrationSet) else Path(calibration).name
         _say(progress, f"quantizing {onnx_path.name} to int8 (calibration: {src})")
-        qpath, n_cal = _quant.quantize_int8(onnx_path, calibration, Path(quant_dir.name) / QUANT_FILE)
+        qpath, n_cal = _quant.quantize_int8(onnx_path, calibration, Path(quant_dir.name) / QUANT_FILE,
+                                            quant_settings)
         quant_steps = [f"quantize_int8(qdq, per-channel weights, {n_cal} calibration samples)"]
         onnx_path = qpath
     model = load_onnx(onnx_path)
@@ -399,4 +414,48 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
         if quant_dir is not None:
             quant_dir.cleanup()
     _say(progress, f"wrote {out_dir} in {time.perf_counter() - t0:.1f}s")
+    return out_dir
+
+
+def _compile_float_and_int8(onnx_path: Path, calibration: Calibration, settings: QuantSettings, *,
+                            out_dir: Path, quantize: str, integer: bool | None, **kw: Any) -> Path:
+    """``compile_model(..., train=..., quantize=...)``: the float training artifact, then the int8
+    inference artifact inside it (``INT8_DIR``), the float model (``FLOAT_FILE``) and the manifest's
+    ``quantization``, all listed with their sha256 in the outer manifest (one check covers both)."""
+    from compiler import quantize as _quant
+    from compiler.requantize import check_params_map
+
+    float_dir = compile_model(onnx_path, out_dir=out_dir, **kw)
+    man = Manifest.read(float_dir)
+    art_names, art_params = load_params(float_dir, man)
+    # the trained parameters must go back into the float model by name, or no rebuild is right
+    check_params_map(onnx_path, art_names, art_params)
+    preset = get_preset(man.preset)
+    if integer is None:
+        integer = integer_by_default(preset)
+    tmp = _prepare_out(out_dir)  # a copy of the float artifact grows the int8 parts, then replaces it
+    try:
+        shutil.rmtree(tmp)
+        shutil.copytree(float_dir, tmp)
+        shapes = kw.get("input_shapes")
+        compile_model(onnx_path, target=man.preset, out_dir=tmp / INT8_DIR, name=man.name,
+                      tune=kw.get("tune", False), trials=kw.get("trials"), db_dir=kw.get("db_dir"),
+                      progress=kw.get("progress", True), default_schedules=kw.get("default_schedules", True),
+                      input_shapes=shapes, prepack=kw.get("prepack", True), time_budget=kw.get("time_budget"),
+                      rpc=kw.get("rpc"), quantize=quantize, calibration=calibration, integer=integer,
+                      quant_settings=settings)
+        shutil.copy2(onnx_path, tmp / FLOAT_FILE)
+        inner = Manifest.read(tmp / INT8_DIR)
+        files = {**man.files, FLOAT_FILE: file_sha256(tmp / FLOAT_FILE), f"{INT8_DIR}/{MANIFEST}":
+                 file_sha256(tmp / INT8_DIR / MANIFEST),
+                 **{f"{INT8_DIR}/{f}": d for f, d in inner.files.items()}}
+        n_cal = _quant.calibration_count(calibration, onnx_path)
+        quant = QuantizationInfo(quantize, INT8_DIR, FLOAT_FILE, settings, n_cal, bool(integer))
+        dataclasses.replace(man, files=files, quantization=quant,
+                            prepared_steps=(f"int8 library in {INT8_DIR}/ ({n_cal} calibration samples)",
+                                            *man.prepared_steps)).write(tmp)
+        _install(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out_dir

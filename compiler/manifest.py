@@ -29,6 +29,8 @@ __all__ = [
     "Libs",
     "TuningInfo",
     "TrainingInfo",
+    "QuantSettings",
+    "QuantizationInfo",
     "Manifest",
     "file_sha256",
 ]
@@ -306,6 +308,68 @@ class TrainingInfo:
                    r.obj("tuning", TuningInfo.parse, required=False) or TuningInfo())
 
 
+@dataclass(frozen=True)
+class QuantSettings:
+    """How a float model is quantized (``compiler.quantize.quantize_int8``, onnxruntime's
+    ``quantize_static``, QDQ format): the defaults are what ``--quantize int8`` uses."""
+
+    per_channel: bool = True  # weights: one scale per output channel
+    activation_type: str = "int8"
+    weight_type: str = "int8"
+    activation_symmetric: bool = False  # activations asymmetric (a zero point), weights symmetric
+    weight_symmetric: bool = True
+    calibrate_method: str = "minmax"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"per_channel": self.per_channel, "activation_type": self.activation_type,
+                "weight_type": self.weight_type, "activation_symmetric": self.activation_symmetric,
+                "weight_symmetric": self.weight_symmetric, "calibrate_method": self.calibrate_method}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> QuantSettings:
+        d = cls()
+        return cls(r.typed("per_channel", bool, d.per_channel, required=False),
+                   r.text("activation_type", d.activation_type, required=False),
+                   r.text("weight_type", d.weight_type, required=False),
+                   r.typed("activation_symmetric", bool, d.activation_symmetric, required=False),
+                   r.typed("weight_symmetric", bool, d.weight_symmetric, required=False),
+                   r.text("calibrate_method", d.calibrate_method, required=False))
+
+
+@dataclass(frozen=True)
+class QuantizationInfo:
+    """A training artifact that also serves int8 (``fractal compile --train --quantize int8``):
+    training stays float, inference may run the int8 library, and after every committed round a
+    node rebuilds that library from the new float parameters (``compiler.requantize``). So the
+    artifact carries what a rebuild needs: the float model (``float_onnx``: graph and shipped
+    weights; the trained parameters replace its initializers by name), the quantization settings,
+    the calibration size, and the compile settings (integer kernels; the preset and the input
+    shapes are the manifest's own)."""
+
+    mode: str  # "int8" (compiler.quantize.MODES)
+    library: str  # the int8 inference artifact: a complete artifact directory inside this one
+    float_onnx: str  # the float model file in this directory
+    settings: QuantSettings = field(default_factory=QuantSettings)
+    calibration_samples: int = 0  # how many samples the shipped library was calibrated on
+    integer: bool = False  # integer kernels (compiler.integer) or dequantize -> float ops
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "library": self.library, "float_onnx": self.float_onnx,
+                "settings": self.settings.to_json(), "calibration_samples": self.calibration_samples,
+                "integer": self.integer}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> QuantizationInfo:
+        library, float_onnx = r.text("library"), r.text("float_onnx")
+        for key, rel in (("library", library), ("float_onnx", float_onnx)):
+            if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise _bad(f"{r.where}.{key} {rel!r} leaves the artifact directory")
+        return cls(r.text("mode"), library, float_onnx,
+                   r.obj("settings", QuantSettings.parse, required=False) or QuantSettings(),
+                   r.integer("calibration_samples", 0, required=False),
+                   r.typed("integer", bool, False, required=False))
+
+
 def _shapes_map(value: dict[Any, Any], where: str) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for k, v in value.items():
@@ -339,6 +403,8 @@ class Manifest:
     # False: the inputs share no leading batch dimension; inference takes exactly the compiled
     # shapes in one call (no batch chunking), and there is no training module.
     batched: bool = True
+    # --train --quantize int8: the int8 inference library and what rebuilding it takes (None: float only)
+    quantization: QuantizationInfo | None = None
     format_version: int = FORMAT_VERSION
 
     @property
@@ -362,6 +428,7 @@ class Manifest:
             "compiled_shapes": {k: list(v) for k, v in self.compiled_shapes.items()},
             "prepared_steps": list(self.prepared_steps),
             "batched": self.batched,
+            **({"quantization": self.quantization.to_json()} if self.quantization is not None else {}),
         }
 
     @classmethod
@@ -396,6 +463,7 @@ class Manifest:
             compiled_shapes=_shapes_map(r.typed("compiled_shapes", dict, {}, required=False), where),
             prepared_steps=r.seq("prepared_steps", _text, required=False),
             batched=r.typed("batched", bool, True, required=False),
+            quantization=r.obj("quantization", QuantizationInfo.parse, required=False),
             format_version=version,
         )
 

@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import InputError, ModelError
+from compiler.manifest import QuantSettings
 
-__all__ = ["MODES", "Calibration", "CalibrationSet", "calibration_batches", "load_calibration",
+__all__ = ["MODES", "Calibration", "CalibrationSet", "QuantSettings", "calibration_batches", "calibration_count",
+           "load_calibration",
            "quantize_int8"]
 
 MODES = ("int8",)
@@ -118,9 +120,11 @@ def calibration_batches(arrays: Mapping[str, np.ndarray], model: Any,
             for i in range(0, n - batch + 1, batch)]
 
 
-def quantize_int8(model_path: str | Path, calibration: Calibration, out_path: str | Path) -> tuple[Path, int]:
+def quantize_int8(model_path: str | Path, calibration: Calibration, out_path: str | Path,
+                  settings: QuantSettings | None = None) -> tuple[Path, int]:
     """Write the int8 QDQ model of ``model_path``, calibrated on ``calibration`` (an .npz path or
-    a :class:`CalibrationSet`), to ``out_path``.
+    a :class:`CalibrationSet`), to ``out_path``; ``settings``: the manifest's record of how
+    (default: per-channel int8 weights, asymmetric int8 activations, MinMax).
 
     Returns (out_path, number of calibration samples)."""
     import onnx
@@ -133,6 +137,14 @@ def quantize_int8(model_path: str | Path, calibration: Calibration, out_path: st
     )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    settings = settings or QuantSettings()
+    types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+    methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+               "percentile": CalibrationMethod.Percentile}
+    if settings.activation_type not in types or settings.weight_type not in types \
+            or settings.calibrate_method not in methods:
+        raise ModelError(f"unknown quantization settings {settings}",
+                         hint=f"types: {', '.join(types)}; calibrate_method: {', '.join(methods)}")
     model_path, out_path = Path(model_path), Path(out_path)
     model = onnx.load(str(model_path), load_external_data=False)
     batches = (calibration_batches(calibration.arrays, model, calibration.source, calibration.hint)
@@ -150,9 +162,11 @@ def quantize_int8(model_path: str | Path, calibration: Calibration, out_path: st
         try:
             quant_pre_process(str(model_path), str(pre), skip_symbolic_shape=True)
             quantize_static(str(pre), str(out_path), _Reader(), quant_format=QuantFormat.QDQ,
-                            per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                            calibrate_method=CalibrationMethod.MinMax,
-                            extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+                            per_channel=settings.per_channel, activation_type=types[settings.activation_type],
+                            weight_type=types[settings.weight_type],
+                            calibrate_method=methods[settings.calibrate_method],
+                            extra_options={"ActivationSymmetric": settings.activation_symmetric,
+                                           "WeightSymmetric": settings.weight_symmetric})
         except (InputError, ModelError):
             raise
         except Exception as exc:
@@ -161,3 +175,13 @@ def quantize_int8(model_path: str | Path, calibration: Calibration, out_path: st
                              hint="check the model runs in onnxruntime; compile without --quantize") from None
     n = sum(next(iter(b.values())).shape[0] for b in batches)
     return out_path, n
+
+
+def calibration_count(calibration: Calibration, model_path: str | Path) -> int:
+    """How many samples :func:`quantize_int8` calibrates ``model_path`` on (whole batches)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    batches = (calibration_batches(calibration.arrays, model, calibration.source, calibration.hint)
+               if isinstance(calibration, CalibrationSet) else load_calibration(calibration, model))
+    return sum(next(iter(b.values())).shape[0] for b in batches)
