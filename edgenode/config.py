@@ -29,6 +29,10 @@ Example::
     worker_threads = 1                    # TVM threads of the training worker process
     worker_priority = "idle"              # SCHED_IDLE: the worker runs only on otherwise idle cores
 
+    [inference]                           # what serves inference requests (edgenode/requantize.py)
+    precision = "auto"                    # auto | int8 | float; auto: int8 when the artifact has it
+    calibration_samples = 0               # int8 rebuilds calibrate on the newest N samples; 0: as compiled
+
     [store]
     max_samples = 100000
     retention = "drop-oldest"             # or "reject"
@@ -61,11 +65,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edgenode.errors import ConfigError
 from edgenode.streams.config import StreamConfig
+from federation.messages import Precision
 from federation.roundspec import RoundDefaults
 from federation.topics import validate_id
 
 __all__ = ["NodeConfig", "AnomalyConfig", "AnomalyMode", "TrainingConfig", "StoreConfig", "Retention",
-           "Isolation", "WorkerPriority", "load_config"]
+           "Isolation", "WorkerPriority", "InferenceConfig", "PrecisionSetting", "load_config"]
 
 
 class Retention(enum.StrEnum):
@@ -129,6 +134,24 @@ class TrainingConfig(_Section, RoundDefaults):
     # median norm (0 = off). A round command may override both; every member must use the same.
 
 
+class PrecisionSetting(enum.StrEnum):
+    """``[inference] precision``: what serves requests. The values besides auto are the status's
+    :class:`federation.messages.Precision` (what the node then reports)."""
+
+    AUTO = "auto"  # int8 when the artifact carries an int8 library (--train --quantize int8), else float
+    INT8 = Precision.INT8.value  # the int8 library, rebuilt after every commit; refused without one
+    FLOAT = Precision.FLOAT.value  # the float model with the committed parameters (no rebuilds)
+
+
+class InferenceConfig(_Section):
+    """``[inference]``: float or int8 serving (training stays float; edgenode/requantize.py)."""
+
+    precision: PrecisionSetting = PrecisionSetting.AUTO
+    # int8 rebuilds calibrate on the node's newest stored samples, this many (0: as many as the
+    # artifact's own library was calibrated on)
+    calibration_samples: int = Field(default=0, ge=0, le=1_000_000)
+
+
 class StoreConfig(_Section):
     max_samples: int = Field(default=100_000, ge=1)
     retention: Retention = Retention.DROP_OLDEST
@@ -183,6 +206,7 @@ class NodeConfig(_Section):
     # health check trusts only the node it started, never another process on the port.
     boot_id: str = Field(default="", max_length=64)
     training: TrainingConfig = TrainingConfig()
+    inference: InferenceConfig = InferenceConfig()
     store: StoreConfig = StoreConfig()
     anomaly: AnomalyConfig = AnomalyConfig()
     # Sensor streams over MQTT into the sample store (edgenode/streams/): needs `broker`.
@@ -258,7 +282,7 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
         return ConfigError(f"{source}: unknown key `{key}`",
                            hint="remove it or fix its spelling (keys: node_id, artifact, port, data_dir, "
                                 "broker, swarm, auth_token, max_body_bytes, max_batch, host, device, "
-                                "[training], [store], [anomaly], [[streams]])")
+                                "[training], [inference], [store], [anomaly], [[streams]])")
     if kind == "enum":
         allowed = err.get("ctx", {}).get("expected", "")
         return ConfigError(f"{source}: `{key}` = {err.get('input')!r} is not allowed",

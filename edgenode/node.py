@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from edgenode.anomaly import SCORE, AnomalyScorer, is_reconstruction
 from edgenode.common import get_logger
-from edgenode.config import AnomalyMode, Isolation, NodeConfig, WorkerPriority
+from edgenode.config import AnomalyMode, Isolation, NodeConfig, PrecisionSetting, WorkerPriority
 from edgenode.devicefacts import DeviceFacts
 from edgenode.errors import ConfigError
 from edgenode.faults import NO_FAULTS, Faults, FaultyTransport, Point
@@ -51,6 +51,7 @@ from federation.messages import (
     ArtifactInfo,
     ImageRollbackCommand,
     ImageUpdateCommand,
+    InferenceInfo,
     NodeState,
     NodeStatus,
     RollbackCommand,
@@ -65,6 +66,7 @@ from federation.transport import Transport
 
 if TYPE_CHECKING:  # the signing stack (cryptography) loads only in a signed swarm
     from edgenode.asyncrunner import AsyncRunner
+    from edgenode.requantize import Int8Serving
     from edgenode.security import NodeAuth
 
 __all__ = ["EdgeNode"]
@@ -113,6 +115,8 @@ class EdgeNode:
                                  max_samples=config.store.max_samples, retention=config.store.retention,
                                  num_classes=self._num_classes())
         self.metrics = NodeMetrics(lambda: self.store.count, lambda: self.model.version)
+        # [inference] precision: the int8 library (rebuilt after every commit) or the float model
+        self.int8: Int8Serving | None = self._int8_serving(loaded_here)
         self.auth: NodeAuth | None = None  # set in a signed swarm
         if config.key_file is not None and config.keyring_file is not None:
             from edgenode.security import NodeAuth  # lazy: `cryptography` only for signed swarms
@@ -133,7 +137,7 @@ class EdgeNode:
         self.commands = CommandLog(config.data_dir)  # signed commands acted on (never twice)
         self.rounds = RoundRunner(RoundParts(
             config=config, artifact=artifact, trainer=self.trainer, model=self.model, store=self.store,
-            metrics=self.metrics, publish_status=self.publish_status, params_changed=self._refit.set,
+            metrics=self.metrics, publish_status=self.publish_status, params_changed=self._params_changed,
             anomaly=self.anomaly, faults=faults))
         # Booted from a device (`fractal boot`): image updates from the fleet (edgenode/updates.py).
         updater: Updater | None = None
@@ -235,7 +239,59 @@ class EdgeNode:
                 "samples": self.store.count, "state": self.state.value, "swarm": self.config.swarm,
                 "broker": self.config.broker is not None, "trainable": self.trainer is not None,
                 "last_loss": self.metrics.last_loss, "last_error": self.rounds.last_error,
-                "anomaly_threshold": None if self.anomaly is None else self.anomaly.threshold}
+                "anomaly_threshold": None if self.anomaly is None else self.anomaly.threshold,
+                "inference": self.inference_info().model_dump(mode="json")}
+
+    def inference_info(self) -> InferenceInfo:
+        """What serves inference: the float model, or the int8 library and the parameters it was
+        built from (behind ``model_version`` while a rebuild runs)."""
+        return InferenceInfo() if self.int8 is None else self.int8.info()
+
+    def _int8_serving(self, loaded_here: bool) -> Int8Serving | None:
+        """The int8 serving of an artifact compiled with ``--train --quantize int8`` (precision int8
+        or auto), or None: float."""
+        setting = self.config.inference.precision
+        if setting == PrecisionSetting.FLOAT:
+            return None
+        from compiler.manifest import Manifest  # standard library only
+
+        quant = Manifest.read(self.config.artifact).quantization if loaded_here else None
+        if quant is None:
+            if setting == PrecisionSetting.INT8:
+                why = ("has no int8 library" if loaded_here else
+                       "is not the node's own (an embedder's artifact= object serves float)")
+                raise ConfigError(f"[inference] precision = \"int8\" but the artifact {self.config.artifact} {why}",
+                                  hint="compile it with --train --quantize int8 --calibration DATA.npz, or "
+                                       "set precision = \"float\"")
+            return None
+        from compiler import load_artifact
+        from edgenode.calibration import DEFAULT_SAMPLES
+        from edgenode.requantize import BuildPriority, Int8Serving
+
+        # the node's load checked the sha256 of every file, the int8 library's included
+        library = load_artifact(self.config.artifact / quant.library, verify=False)
+        tc = self.config.training
+        return Int8Serving(self.config.artifact, library, list(self.artifact.params), self.model,
+                           self.config.data_dir,
+                           calibration_samples=(self.config.inference.calibration_samples
+                                                or quant.calibration_samples or DEFAULT_SAMPLES),
+                           publish=self._int8_changed, registry=self.metrics.registry, nice=tc.nice,
+                           priority=BuildPriority.IDLE if tc.worker_priority == WorkerPriority.IDLE
+                           else BuildPriority.NICE, threads=tc.worker_threads)
+
+    def _int8_changed(self) -> None:
+        """The int8 library was swapped, or its rebuild started or failed: tell the fleet (and an
+        anomaly model's threshold follows the library that scores requests)."""
+        if self.anomaly is not None:
+            self._refit.set()
+        self.publish_status()
+
+    def _params_changed(self) -> None:
+        """New committed parameters (round, merge, rollback): the anomaly threshold and the int8
+        library follow them."""
+        self._refit.set()
+        if self.int8 is not None:
+            self.int8.params_changed()
 
     def _anomaly_scorer(self) -> AnomalyScorer | None:
         ac = self.config.anomaly
@@ -278,11 +334,15 @@ class EdgeNode:
             out = self.model.infer_shipped(inputs)
             self.metrics.inference(time.perf_counter() - t0)
             return out
-        out = self.model.infer(inputs)
+        out = self._serve(inputs)
         if self.anomaly is not None:
             out.update(self.anomaly.score(dict(inputs), out))
         self.metrics.inference(time.perf_counter() - t0)
         return out
+
+    def _serve(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The model's outputs as requests get them: the int8 library, or the float model."""
+        return self.int8.infer(inputs) if self.int8 is not None else self.model.infer(inputs)
 
     def add_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray | None) -> int:
         """Store samples durably (one fsynced transaction) and return the new sample count."""
@@ -329,6 +389,9 @@ class EdgeNode:
         snap = self.model.snapshot
         params = snap.prepared if snap.prepared is not None else list(snap.params)
         out = self.artifact.outputs[0].name
+        if self.int8 is not None:  # scored as requests are: on the int8 library
+            int8 = self.int8
+            return self.anomaly.fit(lambda x: int8.infer(x)[out], samples, snap.version)
         return self.anomaly.fit(lambda x: self.artifact.infer(x, params=params)[out], samples, snap.version)
 
     def _threshold_loop(self) -> None:
@@ -365,7 +428,7 @@ class EdgeNode:
         count = self.insert_samples({input_name: values}, None, taken=taken)[1]
         if self.anomaly is not None:
             inputs = {input_name: values}
-            self.anomaly.observe(taken, self.anomaly.score(inputs, self.model.infer(inputs))[SCORE])
+            self.anomaly.observe(taken, self.anomaly.score(inputs, self._serve(inputs))[SCORE])
         return count
 
     # -- life cycle --------------------------------------------------------------------------------
@@ -406,6 +469,8 @@ class EdgeNode:
 
             self.async_runner = AsyncRunner(self.rounds.parts, self._link)
             self.async_runner.start()
+        if self.int8 is not None:
+            self.int8.start()
         if self.anomaly is not None:
             self._refit.set()
             self._threshold_thread = threading.Thread(target=self._threshold_loop,
@@ -472,6 +537,8 @@ class EdgeNode:
             self._heartbeat.join(timeout)
         if self._threshold_thread is not None:
             self._threshold_thread.join(timeout)
+        if self.int8 is not None:
+            self.int8.stop(timeout)
         info = self.publish_status()  # offline (self.state)
         if info is not None:  # let the offline status reach the broker before we disconnect
             try:
@@ -569,6 +636,7 @@ class EdgeNode:
                           round_id=self.round_id, api_url=self.config.advertised_url, site=self.config.site,
                           artifact=ArtifactInfo(model=self.model_name, target=m.preset, tuned=m.tuning.tuned,
                                                 tvm_version=m.tvm_version),
+                          inference=self.inference_info(),
                           health=self.facts.health(), samples_train=max(0, count - val), samples_val=val,
                           samples_new=self.store.count_new(),
                           validation=self.rounds.validation, versions=self.model.versions.available(),

@@ -32,6 +32,9 @@ __all__ = [
     "ImageUpdate",
     "ImageInfo",
     "ArtifactInfo",
+    "Precision",
+    "Int8State",
+    "InferenceInfo",
     "NodeHealth",
     "Validation",
     "AnomalyTrace",
@@ -89,6 +92,35 @@ class ArtifactInfo(_Part):
     target: str = ""  # target preset, e.g. x86_64-avx2
     tuned: bool = False
     tvm_version: str = ""
+
+
+class Precision(enum.StrEnum):
+    """What a node's inference runs: the float model with the committed parameters, or the int8
+    library (``fractal compile --train --quantize int8``), rebuilt from them after each round."""
+
+    INT8 = "int8"
+    FLOAT = "float"
+
+
+class Int8State(enum.StrEnum):
+    """The int8 library a node serves, against its committed parameters (edgenode/requantize.py)."""
+
+    CURRENT = "current"  # built from the committed parameters
+    BUILDING = "building"  # behind them; a rebuild runs (the previous library serves meanwhile)
+    FAILED = "failed"  # behind them; the last rebuild failed (the previous library serves; next commit retries)
+
+
+class InferenceInfo(_Part):
+    """What serves a node's inference requests (absent: float, the only choice of older nodes)."""
+
+    precision: Precision = Precision.FLOAT
+    # int8 only: the committed parameter version and sha256 the serving library was built from
+    # (behind model_version while a rebuild runs), its state and the last rebuild's seconds / error
+    built_from_version: b.ModelVersion | None = None
+    built_from_sha256: b.Sha256Hex | None = None
+    int8_state: Int8State | None = None
+    build_s: b.Finite | None = None
+    error: b.Reason | None = None
 
 
 class NodeHealth(_Part):
@@ -162,6 +194,7 @@ class NodeStatus(_Msg):
     site: b.Id | None = None  # its site (broker) in hierarchical rounds (federation/hierarchy.py)
     # Optional (older nodes leave them out): the device, for the fleet's node table.
     artifact: ArtifactInfo | None = None
+    inference: InferenceInfo | None = None
     health: NodeHealth | None = None
     samples_train: b.Samples | None = None
     samples_val: b.Samples | None = None
