@@ -10,6 +10,8 @@ Built once per session into a session tmp dir, for this machine's preset:
   ``shutil.copytree`` before modifying anything).
 * ``digits_c_artifact``: the same digits-mlp with the same training module for ``x86_64-c`` (the
   C backend: what a board runs, no TVM needed to load it).
+* ``digits_int8_artifact``: the same digits-mlp and training module, ``--quantize int8`` on the
+  integer kernels, calibrated on 400 sklearn digits: a node serving int8 and training float.
 * ``autoencoder_artifact``: zoo ``fc-autoencoder`` with training (mse, adam, batch 32, lr 0.001).
 * ``cnn_onnx`` / ``cnn_artifact``: a small CNN (x [N, 3, 8, 8] -> logits [N, 4]; Conv, depthwise
   Conv, BatchNorm, MaxPool, GlobalAveragePool, Gemm) with training (ce, sgd, batch 4, lr 0.05).
@@ -69,6 +71,24 @@ def digits_c_artifact(compiler_build_dir: Path, compiler_digits_onnx: Path) -> P
 
     return compile_model(compiler_digits_onnx, target="x86_64-c", out_dir=compiler_build_dir / "digits-mlp-c",
                          train=TrainSettings(loss="ce", optimizer="sgd", lr=0.1, batch=32), progress=False)
+
+
+@pytest.fixture(scope="session")
+def digits_int8_artifact(compiler_build_dir: Path, compiler_digits_onnx: Path) -> Path:
+    """``digits-mlp`` for the host preset with training (ce, sgd, batch 32, lr 0.1) and its int8
+    library (``--train --quantize int8 --integer-kernels``, calibrated on the first 400 sklearn
+    digits scaled to [0, 1])."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from compiler import TrainSettings, compile_model, host_preset_name
+    from compiler.quantize import CalibrationSet
+
+    cal = CalibrationSet({"x": (load_digits().data[:400] / 16.0).astype(np.float32)}, "sklearn digits")
+    return compile_model(compiler_digits_onnx, target=host_preset_name(),
+                         out_dir=compiler_build_dir / "digits-mlp-int8",
+                         train=TrainSettings(loss="ce", optimizer="sgd", lr=0.1, batch=32), progress=False,
+                         quantize="int8", calibration=cal, integer=True)
 
 
 @pytest.fixture(scope="session")
