@@ -29,9 +29,8 @@ import numpy as np
 from compiler.errors import InputError, ModelError
 from compiler.manifest import QuantSettings
 
-__all__ = ["MODES", "Calibration", "CalibrationSet", "QuantSettings", "calibration_batches", "calibration_count",
-           "load_calibration",
-           "quantize_int8"]
+__all__ = ["MODES", "Calibration", "CalibrationSet", "QuantSettings", "calibration_batches",
+           "calibration_count", "load_calibration", "quantize_int8"]
 
 MODES = ("int8",)
 

@@ -92,4 +92,5 @@ def requantize(artifact_dir: str | Path, params: Sequence[np.ndarray], calibrati
                                       Path(tmp) / f"{man.name}.onnx")
         return compile_model(f32, target=man.preset, out_dir=out_dir, name=man.name, progress=progress,
                              input_shapes={k: list(v) for k, v in man.compiled_shapes.items()},
-                             quantize=q.mode, calibration=calibration, integer=q.integer, quant_settings=q.settings)
+                             quantize=q.mode, calibration=calibration, integer=q.integer,
+                             quant_settings=q.settings)

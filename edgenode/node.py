@@ -260,7 +260,8 @@ class EdgeNode:
             if setting == PrecisionSetting.INT8:
                 why = ("has no int8 library" if loaded_here else
                        "is not the node's own (an embedder's artifact= object serves float)")
-                raise ConfigError(f"[inference] precision = \"int8\" but the artifact {self.config.artifact} {why}",
+                raise ConfigError(f"[inference] precision = \"int8\" but the artifact {self.config.artifact} "
+                                  f"{why}",
                                   hint="compile it with --train --quantize int8 --calibration DATA.npz, or "
                                        "set precision = \"float\"")
             return None

@@ -104,8 +104,8 @@ class Int8Serving:
         self._thread: threading.Thread | None = None
         self.builds_ok = 0
         self.builds_failed = 0
-        self._builds = Counter("fractal_node_int8_rebuilds", "Int8 library rebuilds after a commit, by result",
-                               ["result"], registry=registry)
+        self._builds = Counter("fractal_node_int8_rebuilds", "Int8 library rebuilds after a commit, by "
+                               "result", ["result"], registry=registry)
         Gauge("fractal_node_int8_built_from_version", "Committed parameter version the serving int8 library "
               "was built from", registry=registry).set_function(lambda: self._served.version)
         self._build_gauge = Gauge("fractal_node_int8_rebuild_seconds", "Wall time of the last int8 rebuild "
@@ -144,8 +144,9 @@ class Int8Serving:
 
     def info(self) -> InferenceInfo:
         s = self._served
-        return InferenceInfo(precision=Precision.INT8, built_from_version=s.version, built_from_sha256=s.sha256,
-                             int8_state=self._state, build_s=self._build_s, error=self._error)
+        return InferenceInfo(precision=Precision.INT8, built_from_version=s.version,
+                             built_from_sha256=s.sha256, int8_state=self._state, build_s=self._build_s,
+                             error=self._error)
 
     # -- life cycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -275,8 +276,10 @@ class Int8Serving:
 
         lib = load_artifact(directory)
         ref = self._shipped.engine
-        if [(s.name, s.shape, s.dtype) for s in lib.inputs] != [(s.name, s.shape, s.dtype) for s in ref.inputs] \
-                or [(s.name, s.shape) for s in lib.outputs] != [(s.name, s.shape) for s in ref.outputs]:
+        def specs(a: Artifact) -> list[tuple[str, tuple[int, ...], str]]:
+            return [(s.name, s.shape, s.dtype) for s in a.inputs] + [(s.name, s.shape, "") for s in a.outputs]
+
+        if specs(lib) != specs(ref):
             raise NodeError(f"the rebuilt int8 library in {directory} has other inputs or outputs than the "
                             "artifact's")
         probe = {s.name: np.zeros((1, *s.shape[1:]) if lib.batched else s.shape, s.dtype) for s in lib.inputs}
@@ -297,7 +300,8 @@ class Int8Serving:
             directory = self.root / str(rec["dir"])
             return _Served(self._load(directory), int(rec["version"]), str(rec["sha256"]), directory)
         except Exception as exc:  # noqa: BLE001 - anything unreadable: the artifact's own, and rebuild
-            log.warning("ignoring the int8 library recorded in %s (%s); serving the artifact's own", path, exc)
+            log.warning("ignoring the int8 library recorded in %s (%s); serving the artifact's own",
+                        path, exc)
             return None
 
 
@@ -317,9 +321,9 @@ def main(argv: list[str]) -> int:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except (OSError, AttributeError):
             pass
-    from fractal import FractalError
     from compiler.requantize import requantize
     from edgenode.calibration import open_store, store_calibration
+    from fractal import FractalError
 
     try:
         with np.load(params_file, allow_pickle=False) as z:

@@ -107,7 +107,8 @@ class Int8State(enum.StrEnum):
 
     CURRENT = "current"  # built from the committed parameters
     BUILDING = "building"  # behind them; a rebuild runs (the previous library serves meanwhile)
-    FAILED = "failed"  # behind them; the last rebuild failed (the previous library serves; next commit retries)
+    # behind them; the last rebuild failed (the previous library serves; the next commit retries)
+    FAILED = "failed"
 
 
 class InferenceInfo(_Part):

@@ -66,8 +66,8 @@ def test_int8_precision_needs_an_int8_artifact(node_factory, digits_artifact):
 
 @pytest.mark.slow
 @pytest.mark.mosquitto
-def test_round_then_int8_library_from_the_committed_weights(mosquitto, swarm_id, mqtt_link_factory, node_factory,
-                                                            digits_int8_artifact, digits_data):
+def test_round_then_int8_library_from_the_committed_weights(mosquitto, swarm_id, mqtt_link_factory,
+                                                            node_factory, digits_int8_artifact, digits_data):
     """Two nodes of one --train --quantize int8 artifact run a round over Mosquitto: the int8 one
     (precision auto) serves int8 from the shipped library, then from one rebuilt from the committed
     parameters, matching onnxruntime on the rebuilt QDQ model within one output step; the float
@@ -87,7 +87,8 @@ def test_round_then_int8_library_from_the_committed_weights(mosquitto, swarm_id,
     got, ref = qnode.infer({"x": held})["logits"], _run(sess, held)
     assert np.abs(got - ref).max() <= step * 1.001
     info = qnode.inference_info()
-    assert (info.precision, info.built_from_version, info.int8_state) == (Precision.INT8, 0, Int8State.CURRENT)
+    assert (info.precision, info.built_from_version, info.int8_state) == \
+        (Precision.INT8, 0, Int8State.CURRENT)
 
     fleet = mqtt_link_factory(mosquitto, "fleet")
     watch = SwarmWatch(fleet, swarm_id)
@@ -123,7 +124,8 @@ def test_round_then_int8_library_from_the_committed_weights(mosquitto, swarm_id,
     assert np.abs(got - committed).max() < np.abs(got - before).max()
     assert (got.argmax(1) == committed.argmax(1)).mean() >= 0.95
     # float serving: the committed float parameters, nothing built
-    np.testing.assert_array_equal(fnode.infer({"x": held})["logits"], fnode.model.infer({"x": held})["logits"])
+    np.testing.assert_array_equal(fnode.infer({"x": held})["logits"],
+                                  fnode.model.infer({"x": held})["logits"])
     assert fnode.info()["inference"]["precision"] == "float"
     assert not (fnode.config.data_dir / "int8").exists()
 
