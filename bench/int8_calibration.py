@@ -1,7 +1,7 @@
 """Is calibrating int8 on a node's own samples worth it? Top-1 against float on sklearn digits.
 
     python -m bench.int8_calibration [--target x86_64] [--samples 400] [--autoencoder [--severity S]]
-        [--swap-cost MODEL,...] [--json]
+        [--swap-cost MODEL,...] [--node-swap MODEL,... [--steps N]] [--json]
 
 The fleet's float model: zoo ``digits-mlp`` (64-64-10) with weights fitted by sklearn's
 MLPClassifier on 1300 standard digits (as ``tests/compiler/test_quantize.py``). Two nodes see
@@ -29,6 +29,18 @@ of its normal windows; scored on 200 held-out normal windows and 70 of each faul
 severity ``--severity`` (weak faults, so that the AUC is not 1.0 for every build): AUC of the
 reconstruction error, float (onnxruntime) and int8 (compiled artifact), calibrated on random
 normal inputs, on the other machine's node's windows, and on the node's own store.
+
+A node's swap after a real round (``--node-swap MODELS``, issue 30 "training stays float"): each
+model compiled with ``--train --quantize int8`` (calibrated on the node's stored samples), served by
+a real ``EdgeNode`` (precision auto = int8, one-member swarm on an in-memory transport) that stores
+``--samples`` inputs (digits-mlp: the first sklearn digits, its zoo weights untrained; other models:
+seeded random-normal inputs with random labels) and runs one round of ``--steps`` SGD steps. A
+client thread sends one-sample requests back to back meanwhile. Reported: the seconds from the
+commit to the rebuilt library serving (the node's child process: quantize + compile + load),
+request latency p50 / p99 / max at rest and during the rebuild, and on held-out inputs (digits:
+the 497 held-out digits; others: 200 random-normal inputs) the top-1 of the committed float
+model, of the stale int8 library (built from the shipped weights) and of the rebuilt one, with
+agreement with float and the mean absolute logit error against it.
 
 Swap cost (``--swap-cost MODELS``): what a node re-quantizing a round's new float parameters on its
 own samples would pay before it could swap its int8 library, per zoo model (seeded weights; a
@@ -255,6 +267,121 @@ def swap_cost(models: list[str], target: str, n_cal: int, work: Path) -> list[di
     return rows
 
 
+def _swap_data(name: str, n_cal: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Stored samples, their labels, held-out inputs and labels (None: no meaningful labels)."""
+    from compiler import zoo
+
+    rng = np.random.default_rng(0)
+    if name == "digits-mlp":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+        idx = rng.permutation(len(y))
+        return x[idx[:n_cal]], y[idx[:n_cal]], x[idx[1300:]], y[idx[1300:]]
+    shape = tuple(zoo.input_shape(name)[1:])
+    classes = int(zoo.build(name).graph.output[0].type.tensor_type.shape.dim[-1].dim_value)
+    return (rng.standard_normal((n_cal, *shape)).astype(np.float32),
+            rng.integers(0, classes, n_cal).astype(np.int64),
+            rng.standard_normal((200, *shape)).astype(np.float32), None)
+
+
+class _Client:
+    """One-sample requests back to back on a thread; (start time, seconds) of each."""
+
+    def __init__(self, infer: Any, x: np.ndarray) -> None:
+        import threading
+
+        self.lat: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._infer, self._x = infer, x
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        i, n = 0, len(self._x)
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            self._infer({"x": self._x[i % n:i % n + 1]})
+            self.lat.append((t, time.perf_counter() - t))
+            i += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, t0: float, t1: float) -> dict[str, float]:
+        a = np.asarray([d for t, d in self.lat if t0 <= t < t1]) * 1e3
+        return {"p50": round(float(np.percentile(a, 50)), 3), "p99": round(float(np.percentile(a, 99)), 3),
+                "max": round(float(a.max()), 3), "n": int(len(a))}
+
+
+def _node_swap_one(name: str, target: str, n_cal: int, steps: int, work: Path) -> dict[str, Any]:
+    from compiler import TrainSettings, compile_model, zoo
+    from compiler.quantize import CalibrationSet
+    from edgenode.config import NodeConfig
+    from edgenode.node import EdgeNode
+    from federation.memory import MemoryHub
+    from federation.messages import RoundCommand
+
+    xs, ys, xte, yte = _swap_data(name, n_cal)
+    f32 = zoo.save(name, work / f"{name}.onnx")
+    t0 = time.perf_counter()
+    art = compile_model(f32, target=target, out_dir=work / f"{name}-art", progress=False,
+                        train=TrainSettings(loss="ce", optimizer="sgd", lr=0.05, batch=8),
+                        quantize="int8", calibration=CalibrationSet({"x": xs}, "the node's samples"))
+    compile_s = time.perf_counter() - t0
+    cfg = NodeConfig.from_dict({"node_id": "n1", "artifact": str(art),
+                                "data_dir": str(work / f"{name}-node")})
+    node = EdgeNode(cfg, transport=MemoryHub().transport("n1"))
+    node.start()
+    try:
+        int8 = node.int8
+        assert int8 is not None
+        node.add_samples({"x": xs}, ys)
+
+        def logits(fn: Any) -> np.ndarray:
+            return np.concatenate([fn({"x": xte[i:i + 8]})["logits"] for i in range(0, len(xte), 8)])
+
+        def acc(pred: np.ndarray) -> float | None:
+            return None if yte is None else round(float((pred == yte).mean() * 100), 2)
+
+        client = _Client(node.infer, xte)
+        rest0 = time.perf_counter()
+        time.sleep(3.0)
+        rest1 = time.perf_counter()
+        node.run_round(RoundCommand(round_id=f"bench-{name}", steps=steps, lr=0.05, participants=["n1"]))
+        committed = time.perf_counter()
+        stale = logits(int8.infer)
+        sha = node.params_sha256
+        while int8.built_from != (1, sha):
+            if int8.info().error:
+                raise RuntimeError(int8.info().error)
+            time.sleep(0.01)
+        swapped = time.perf_counter()
+        client.stop()
+        f_logits, q_logits = logits(node.model.infer), logits(int8.infer)
+        f_pred = f_logits.argmax(1)
+        return {
+            "model": name, "train_quant_compile_s": round(compile_s, 1), "round_steps": steps,
+            "commit_to_int8_s": round(swapped - committed, 2), "build_s": int8.info().build_s,
+            "latency_rest_ms": client.between(rest0, rest1),
+            "latency_rebuild_ms": client.between(committed, swapped),
+            "float_top1": acc(f_pred), "stale_int8_top1": acc(stale.argmax(1)),
+            "int8_top1": acc(q_logits.argmax(1)),
+            "stale_agree_with_float": round(float((stale.argmax(1) == f_pred).mean() * 100), 2),
+            "int8_agree_with_float": round(float((q_logits.argmax(1) == f_pred).mean() * 100), 2),
+            "int8_mean_abs_logit_err": round(float(np.abs(q_logits - f_logits).mean()), 4),
+            "held_out": int(len(xte))}
+    finally:
+        node.stop()
+
+
+def node_swap(models: list[str], target: str, n_cal: int, steps: int, work: Path) -> list[dict[str, Any]]:
+    """``--node-swap``: see the module docstring."""
+    return [_node_swap_one(name, target, n_cal, steps, work) for name in models]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.int8_calibration", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -263,10 +390,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--autoencoder", action="store_true", help="the fc-autoencoder's anomaly AUC instead")
     ap.add_argument("--severity", type=float, default=0.2, help="fault severity with --autoencoder")
     ap.add_argument("--swap-cost", metavar="MODELS", help="time re-quantizing these zoo models instead")
+    ap.add_argument("--node-swap", metavar="MODELS",
+                    help="a node's int8 swap after a real round, these zoo models")
+    ap.add_argument("--steps", type=int, default=30, help="SGD steps of the --node-swap round")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fractal-int8-cal-") as tmp:
-        if args.swap_cost:
+        if args.node_swap:
+            rows = node_swap([m for m in args.node_swap.split(",") if m], args.target, args.samples,
+                             args.steps, Path(tmp))
+        elif args.swap_cost:
             models = [m for m in args.swap_cost.split(",") if m]
             rows = swap_cost(models, args.target, args.samples, Path(tmp))
         elif args.autoencoder:

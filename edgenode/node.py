@@ -265,6 +265,13 @@ class EdgeNode:
                                   hint="compile it with --train --quantize int8 --calibration DATA.npz, or "
                                        "set precision = \"float\"")
             return None
+        import importlib.util
+
+        if setting == PrecisionSetting.AUTO and importlib.util.find_spec("tvm") is None:
+            # no compiler here (a C-backend board): an int8 library that cannot follow the rounds
+            # would serve the shipped weights forever; "int8" keeps it all the same, on purpose
+            log.info("serving float: this node cannot rebuild the int8 library after rounds (no TVM)")
+            return None
         from compiler import load_artifact
         from edgenode.calibration import DEFAULT_SAMPLES
         from edgenode.requantize import BuildPriority, Int8Serving

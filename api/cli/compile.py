@@ -43,7 +43,9 @@ def compile_cmd(
     shape: list[str] = typer.Option([], "--shape", help="Fix an input's dims: NAME=D0,D1,... (repeatable; "
                                     "? keeps the batch dynamic). See `fractal inspect`."),
     quantize: str | None = typer.Option(None, "--quantize", help="int8: quantize the float model first "
-                                        "(static post-training, QDQ, per-channel weights; --calibration)."),
+                                        "(static post-training, QDQ, per-channel weights; --calibration). "
+                                        "With --train: the float training artifact plus an int8 inference "
+                                        "library that a node rebuilds after each round."),
     calibration: Path | None = typer.Option(None, "--calibration", help="With --quantize: .npz of input "
                                             "samples, one [N, ...] float32 array per input, named so."),
     calibration_from: Path | None = typer.Option(None, "--calibration-from", help="With --quantize: "
