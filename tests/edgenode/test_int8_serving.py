@@ -75,7 +75,8 @@ def test_round_then_int8_library_from_the_committed_weights(mosquitto, swarm_id,
     one (precision = "float") serves the committed float parameters and builds nothing."""
     man = Manifest.read(digits_int8_artifact)  # float training artifact + int8 library inside it
     assert man.training is not None and man.quantization is not None and man.quantization.integer
-    assert man.quantization.calibration_samples == 400 and f"{man.quantization.library}/{MANIFEST}" in man.files
+    assert man.quantization.calibration_samples == 400
+    assert f"{man.quantization.library}/{MANIFEST}" in man.files
     x, y = digits_data
     q_id, f_id = f"{swarm_id}-q", f"{swarm_id}-f"
     qnode = node_factory(q_id, digits_int8_artifact, broker=mosquitto.url, swarm=swarm_id)
