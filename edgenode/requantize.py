@@ -170,15 +170,6 @@ class Int8Serving:
         """A commit (round, merge, rollback): rebuild for the new parameters."""
         self._wanted.set()
 
-    def wait_current(self, timeout: float) -> bool:
-        """Block until the served library is built from the committed parameters (True)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._served.sha256 == self.model.sha256 and self._state == Int8State.CURRENT:
-                return True
-            time.sleep(0.05)
-        return False
-
     # -- building -----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -223,7 +214,10 @@ class Int8Serving:
         self._state = Int8State.CURRENT if served.sha256 == self.model.sha256 else Int8State.BUILDING
         record = {"dir": served.directory.name if served.directory is not None else None,
                   "version": served.version, "sha256": served.sha256}
-        atomic_write(self.root / _CURRENT, json.dumps(record).encode())
+        try:
+            atomic_write(self.root / _CURRENT, json.dumps(record).encode())
+        except OSError as exc:  # serving the new library all the same; a restart serves the old one
+            log.warning("could not record the int8 library in %s: %s", self.root / _CURRENT, exc)
         if old.directory is not None and old.directory != served.directory:
             # in-flight requests keep the old library mapped; its files may go
             shutil.rmtree(old.directory, ignore_errors=True)
@@ -256,6 +250,8 @@ class Int8Serving:
         except OSError as exc:
             raise NodeError(f"cannot start the int8 rebuild ({sys.executable}): {exc}") from None
         self._proc = proc
+        if self._stopping.is_set():  # stop() came between the start and the line above
+            proc.kill()
         try:
             _, err = proc.communicate()
         finally:
