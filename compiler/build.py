@@ -423,7 +423,7 @@ def _compile_float_and_int8(onnx_path: Path, calibration: Calibration, settings:
     inference artifact inside it (``INT8_DIR``), the float model (``FLOAT_FILE``) and the manifest's
     ``quantization``, all listed with their sha256 in the outer manifest (one check covers both)."""
     from compiler import quantize as _quant
-    from compiler.requantize import check_params_map
+    from compiler.quantize import check_params_map
 
     float_dir = compile_model(onnx_path, out_dir=out_dir, **kw)
     man = Manifest.read(float_dir)

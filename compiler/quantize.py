@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from compiler.errors import InputError, ModelError
+from compiler.errors import ArtifactError, InputError, ModelError
 from compiler.manifest import QuantSettings
 
 __all__ = ["MODES", "Calibration", "CalibrationSet", "QuantSettings", "calibration_batches",
-           "calibration_count", "load_calibration", "quantize_int8"]
+           "calibration_count", "check_params_map", "float_model_with_params", "load_calibration",
+           "quantize_int8"]
 
 MODES = ("int8",)
 
@@ -184,3 +185,47 @@ def calibration_count(calibration: Calibration, model_path: str | Path) -> int:
     batches = (calibration_batches(calibration.arrays, model, calibration.source, calibration.hint)
                if isinstance(calibration, CalibrationSet) else load_calibration(calibration, model))
     return sum(next(iter(b.values())).shape[0] for b in batches)
+
+
+def _initializers(model_path: str | Path) -> tuple[object, dict[str, object]]:
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    return model, {i.name: i for i in model.graph.initializer}
+
+
+def check_params_map(model_path: str | Path, names: Sequence[str], params: Sequence[np.ndarray]) -> None:
+    """Every parameter is an initializer of the float model with the same value: else trained
+    parameters could not be written back into it, and a rebuilt int8 library would be wrong.
+    ArtifactError naming the first parameter that does not map."""
+    from onnx import numpy_helper
+
+    _, inits = _initializers(model_path)
+    for name, p in zip(names, params, strict=True):
+        init = inits.get(name)
+        value = None if init is None else numpy_helper.to_array(init)  # type: ignore[arg-type]
+        if value is None or value.shape != p.shape or not np.array_equal(value.astype(np.float32), p):
+            raise ArtifactError(f"parameter {name!r} is not an initializer of {Path(model_path).name} as "
+                                "imported (the preparation stage changed it): trained parameters could "
+                                "not be re-quantized",
+                                hint="compile the int8 artifact and the training artifact separately "
+                                     "(--quantize without --train)")
+
+
+def float_model_with_params(model_path: str | Path, names: Sequence[str], params: Sequence[np.ndarray],
+                            out_path: str | Path) -> Path:
+    """Write the float model at ``model_path`` with ``params`` in place of its initializers of the
+    same names (float32) to ``out_path``."""
+    import onnx
+    from onnx import numpy_helper
+
+    model, inits = _initializers(model_path)
+    for name, p in zip(names, params, strict=True):
+        init = inits.get(name)
+        if init is None or tuple(init.dims) != tuple(np.shape(p)):  # type: ignore[attr-defined]
+            raise ArtifactError(f"parameter {name!r} {list(np.shape(p))} has no initializer of that shape in "
+                                f"{Path(model_path).name}", hint="recompile the artifact")
+        init.CopyFrom(numpy_helper.from_array(  # type: ignore[attr-defined]
+            np.ascontiguousarray(p, dtype=np.float32), name))
+    onnx.save(model, str(out_path))  # type: ignore[arg-type]
+    return Path(out_path)

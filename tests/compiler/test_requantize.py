@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from compiler import zoo
 from compiler.errors import ArtifactError
 from compiler.manifest import Manifest, QuantizationInfo, QuantSettings
-from compiler.requantize import check_params_map, float_model_with_params
+from compiler.quantize import check_params_map, float_model_with_params
 
 
 @pytest.fixture(scope="module")
