@@ -63,6 +63,7 @@ class NodeEntry:
             "site": st.site,
             # Device facts newer nodes report (None when the node does not).
             "artifact": st.artifact.model_dump() if st.artifact else None,
+            "inference": st.inference.model_dump(mode="json") if st.inference else None,
             "health": st.health.model_dump() if st.health else None,
             "samples_train": st.samples_train,
             "samples_val": st.samples_val,

@@ -70,7 +70,18 @@ function artifact(n) {
   if (!a) return esc(n.model);
   const tuned = a.tuned ? `<span class="tag ok">tuned</span>` : `<span class="tag">untuned</span>`;
   return `${esc(a.model || n.model)} <span class="muted">${esc(a.target)}</span> ${tuned}` +
-    (a.tvm_version ? ` <span class="muted">TVM ${esc(a.tvm_version)}</span>` : "");
+    (a.tvm_version ? ` <span class="muted">TVM ${esc(a.tvm_version)}</span>` : "") + precision(n);
+}
+
+// int8 serving (edgenode/requantize.py): which committed version the int8 library was built from;
+// while a rebuild runs (or after one failed) it is behind the node's model version.
+function precision(n) {
+  const i = n.inference;
+  if (!i || i.precision !== "int8") return "";
+  const ok = i.int8_state === "current";
+  const why = i.int8_state === "failed" ? ` title="${esc(i.error || "rebuild failed")}"` : "";
+  return ` <span class="tag${ok ? " ok" : ""}"${why}>int8 v${esc(i.built_from_version)}` +
+    `${ok ? "" : ` ${esc(i.int8_state)}`}</span>`;
 }
 
 // The node table shows one page of NODE_PAGE rows (a fleet may have a thousand nodes), optionally

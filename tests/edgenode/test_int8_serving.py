@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import onnx
@@ -21,7 +22,15 @@ from compiler.quantize import MODES
 from edgenode.config import InferenceConfig, PrecisionSetting
 from edgenode.errors import ConfigError
 from federation import topics
-from federation.messages import EventKind, InferenceInfo, Int8State, Precision, RoundCommand
+from federation.messages import (
+    EventKind,
+    InferenceInfo,
+    Int8State,
+    NodeState,
+    NodeStatus,
+    Precision,
+    RoundCommand,
+)
 from tests.fixtures_enrolment import wait_for
 from tests.fixtures_node import SwarmWatch
 
@@ -56,6 +65,18 @@ def test_precision_values_agree_across_layers():
             InferenceInfo(precision=Precision(v.value))
             assert v == PrecisionSetting.FLOAT or v.value in MODES
     assert {p.value for p in Precision} == {v.value for v in PrecisionSetting} - {"auto"}
+
+
+def test_fleet_view_carries_the_inference_state():
+    """The fleet's node table gets what the status says (the dashboard tags int8 nodes with it)."""
+    from api.fleet.registry import NodeRegistry
+
+    st = NodeStatus(node_id="a", state=NodeState.ONLINE, model_version=3, inference=InferenceInfo(
+        precision=Precision.INT8, built_from_version=2, built_from_sha256="ab" * 32,
+        int8_state=Int8State.BUILDING))
+    view = NodeRegistry().update(NodeStatus.model_validate_json(st.model_dump_json()), time.time())
+    assert view is not None and view["inference"]["int8_state"] == "building"
+    assert view["inference"]["built_from_version"] == 2 and view["model_version"] == 3
 
 
 def test_int8_precision_needs_an_int8_artifact(node_factory, digits_artifact):
