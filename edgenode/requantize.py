@@ -46,6 +46,7 @@ import numpy as np
 from prometheus_client import Counter, Gauge
 
 from compiler.errors import InputError
+from compiler.manifest import MANIFEST, file_sha256
 from edgenode.common import get_logger, params_sha256
 from edgenode.errors import InvalidInput, NodeError
 from edgenode.model import ModelHolder, ParamsSnapshot
@@ -94,6 +95,9 @@ class Int8Serving:
         self._publish = publish
         self._nice, self._priority, self._threads = int(nice), priority, int(threads)
         self._shipped = _Served(library, 0, params_sha256(shipped), None)
+        # which artifact the rebuilt libraries belong to: a new artifact in the same data_dir
+        # (another model, other settings) must not be served a library of the old one
+        self._artifact_id = file_sha256(self.artifact_dir / MANIFEST)
         self._served = self._restore() or self._shipped
         self._state = Int8State.CURRENT
         self._error: str | None = None
@@ -213,7 +217,7 @@ class Int8Serving:
         self._served = served
         self._state = Int8State.CURRENT if served.sha256 == self.model.sha256 else Int8State.BUILDING
         record = {"dir": served.directory.name if served.directory is not None else None,
-                  "version": served.version, "sha256": served.sha256}
+                  "version": served.version, "sha256": served.sha256, "artifact": self._artifact_id}
         try:
             atomic_write(self.root / _CURRENT, json.dumps(record).encode())
         except OSError as exc:  # serving the new library all the same; a restart serves the old one
@@ -293,6 +297,8 @@ class Int8Serving:
             rec = json.loads(path.read_text())
             if rec.get("dir") is None:
                 return None
+            if rec.get("artifact") != self._artifact_id:
+                raise NodeError("it was built for another artifact")
             directory = self.root / str(rec["dir"])
             return _Served(self._load(directory), int(rec["version"]), str(rec["sha256"]), directory)
         except Exception as exc:  # noqa: BLE001 - anything unreadable: the artifact's own, and rebuild

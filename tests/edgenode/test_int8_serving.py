@@ -6,6 +6,7 @@ serving the library it had."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -189,3 +190,11 @@ def test_killed_rebuild_keeps_serving_the_previous_library(node_factory, digits_
     wait_for(lambda: again.int8.built_from[0] == 1, 180, "the rebuild after the restart")
     assert not [p for p in (again.config.data_dir / "int8").iterdir() if p.name.startswith(".")]
     assert not np.array_equal(again.infer({"x": held})["logits"], before)
+    again.stop()
+
+    # a library recorded for another artifact (a new one deployed into this data_dir) is not served
+    record = again.config.data_dir / "int8" / "current.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "artifact": "0" * 64}))
+    third = node_factory("k8", digits_int8_artifact, data_dir=node.config.data_dir, start=False)
+    assert third.int8 is not None and third.int8.library_dir == digits_int8_artifact / "int8"
+    assert third.int8.built_from[0] == 0
