@@ -13,9 +13,10 @@ rollback) :class:`Int8Serving` rebuilds it:
    (:mod:`edgenode.calibration`) with the artifact's settings and compiles it for the artifact's
    preset (:func:`compiler.requantize.requantize`) into ``data_dir/int8/vV-SHA12`` (atomically:
    a killed build leaves only a hidden temporary, removed before the next build);
-3. the node loads it (every sha256 checked), runs one stored sample through it (finite outputs of
-   the float model's names and shapes), then swaps the reference inference reads and records
-   ``data_dir/int8/current.json`` (atomic) so a restart serves the same library.
+3. the node loads it (every sha256 checked), runs one input through it (finite outputs, the float
+   model's names and shapes), then swaps the reference inference reads and records it in
+   ``data_dir/int8/current.json`` (atomic), so that a restart with the same artifact (its
+   manifest's sha256) serves the same library.
 
 Until the swap, requests are served by the previous int8 library (built from an older version:
 stale by a round, never half-built); the status's ``inference`` says which version and sha256 the
@@ -271,7 +272,7 @@ class Int8Serving:
 
     def _load(self, directory: Path) -> Artifact:
         """Load a rebuilt library and check it serves what the float model serves (names, shapes)
-        with finite outputs on one stored sample; NodeError otherwise."""
+        with finite outputs on one input of zeros; NodeError otherwise."""
         from compiler import load_artifact
 
         lib = load_artifact(directory)
