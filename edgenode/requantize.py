@@ -215,14 +215,14 @@ class Int8Serving:
 
     def _swap(self, served: _Served) -> None:
         old = self._served
-        self._served = served
-        self._state = Int8State.CURRENT if served.sha256 == self.model.sha256 else Int8State.BUILDING
         record = {"dir": served.directory.name if served.directory is not None else None,
                   "version": served.version, "sha256": served.sha256, "artifact": self._artifact_id}
-        try:
+        try:  # recorded first: a restart from here on serves the new library
             atomic_write(self.root / _CURRENT, json.dumps(record).encode())
-        except OSError as exc:  # serving the new library all the same; a restart serves the old one
+        except OSError as exc:  # serving the new library all the same; a restart builds again
             log.warning("could not record the int8 library in %s: %s", self.root / _CURRENT, exc)
+        self._served = served
+        self._state = Int8State.CURRENT if served.sha256 == self.model.sha256 else Int8State.BUILDING
         if old.directory is not None and old.directory != served.directory:
             # in-flight requests keep the old library mapped; its files may go
             shutil.rmtree(old.directory, ignore_errors=True)

@@ -161,7 +161,7 @@ def test_round_then_int8_library_from_the_committed_weights(mosquitto, swarm_id,
 def test_killed_rebuild_keeps_serving_the_previous_library(node_factory, digits_int8_artifact, digits_data):
     """A rebuild killed mid-way (SIGKILL to its child) leaves the node serving the library it had,
     reporting the failure; nothing half-built stays behind; a restart serves the same library and
-    builds again."""
+    builds again, and a commit during that build is built right after it."""
     x, y = digits_data
     node = node_factory("k8", digits_int8_artifact)
     node.add_samples({"x": x[:300]}, y[:300])
@@ -187,8 +187,18 @@ def test_killed_rebuild_keeps_serving_the_previous_library(node_factory, digits_
 
     again = node_factory("k8", digits_int8_artifact, data_dir=node.config.data_dir)
     assert again.model_version == 1 and again.int8 is not None
-    wait_for(lambda: again.int8.built_from[0] == 1, 180, "the rebuild after the restart")
-    assert not [p for p in (again.config.data_dir / "int8").iterdir() if p.name.startswith(".")]
+    wait_for(lambda: again.int8.pid, 30, "the rebuild after the restart")
+    # a commit while it builds: the build in progress finishes, then the newest parameters are built
+    again.model.commit([p * 0.25 for p in again.model.snapshot.params], 2)
+    again.rounds.parts.params_changed()
+
+    def swapped_to_v2() -> bool:  # the library it replaced gone, nothing half-built left
+        names = sorted(p.name for p in (again.config.data_dir / "int8").iterdir())
+        return again.int8.built_from == (2, again.params_sha256) and names == \
+            sorted(["current.json", again.int8.library_dir.name])
+
+    wait_for(swapped_to_v2, 240, "the rebuild for version 2")
+    assert again.int8.state == Int8State.CURRENT and again.int8.builds_failed == 0
     assert not np.array_equal(again.infer({"x": held})["logits"], before)
     again.stop()
 
