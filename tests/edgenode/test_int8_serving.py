@@ -19,8 +19,6 @@ from onnx import numpy_helper
 
 from compiler.build import QUANT_FILE
 from compiler.manifest import MANIFEST, Manifest
-from compiler.quantize import MODES
-from edgenode.config import InferenceConfig, PrecisionSetting
 from edgenode.errors import ConfigError
 from federation import topics
 from federation.messages import (
@@ -56,16 +54,6 @@ def _reference(library_dir) -> tuple[ort.InferenceSession, float]:
 
 def _run(sess: ort.InferenceSession, x: np.ndarray) -> np.ndarray:
     return np.concatenate([sess.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])  # batch 1
-
-
-def test_precision_values_agree_across_layers():
-    """A precision the node's config accepts is one the status reports and the compiler builds."""
-    for v in PrecisionSetting:
-        InferenceConfig.model_validate({"precision": v.value})
-        if v != PrecisionSetting.AUTO:
-            InferenceInfo(precision=Precision(v.value))
-            assert v == PrecisionSetting.FLOAT or v.value in MODES
-    assert {p.value for p in Precision} == {v.value for v in PrecisionSetting} - {"auto"}
 
 
 def test_fleet_view_carries_the_inference_state():

@@ -16,9 +16,10 @@ from pydantic import ValidationError
 from api.fleet.rounds import RoundRequest
 from api.fleet.settings import FleetSettings
 from api.fleet_app import create_fleet_app
-from edgenode.config import TrainingConfig
+from compiler.quantize import MODES
+from edgenode.config import InferenceConfig, PrecisionSetting, TrainingConfig
 from federation import topics
-from federation.messages import NodeState, NodeStatus, RoundCommand, parse_command
+from federation.messages import InferenceInfo, NodeState, NodeStatus, Precision, RoundCommand, parse_command
 from federation.roundspec import RoundSettings, resolve
 from tests.boundcases import Case, boundary_values, operation_cases
 from tests.fleet.fake_link import FakeLink
@@ -125,3 +126,17 @@ def test_fleet_settings_forwarded_to_commands_share_their_bounds():
         assert len(set(verdicts)) == 1, (v, verdicts)
     with pytest.raises(ValidationError):
         FleetSettings(max_steps=100_001)
+
+
+def test_inference_precision_agrees_across_config_status_and_compiler():
+    """[inference] precision: a value the node's config accepts is one its status reports (auto
+    resolves to one of them) and, besides float, a mode `fractal compile --quantize` builds."""
+    for v in PrecisionSetting:
+        InferenceConfig.model_validate({"precision": v.value})
+        if v != PrecisionSetting.AUTO:
+            info = InferenceInfo(precision=Precision(v.value))
+            NodeStatus(node_id="a", state=NodeState.ONLINE, inference=info)
+            assert v == PrecisionSetting.FLOAT or v.value in MODES
+    assert {p.value for p in Precision} == {v.value for v in PrecisionSetting} - {"auto"}
+    with pytest.raises(ValidationError):
+        InferenceConfig.model_validate({"precision": "int4"})
