@@ -486,7 +486,8 @@ def results(selected: list[Case] | None = None, workers: int = 2, timeout: float
         claims = Path(tempfile.mkdtemp(prefix="claims-", dir=CACHE))
         try:
             with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(lambda _: _run_batch(missing, version, timeout, claims, plain_tvm), range(workers)))
+                list(pool.map(lambda _: _run_batch(missing, version, timeout, claims, plain_tvm),
+                              range(workers)))
         finally:
             shutil.rmtree(claims, ignore_errors=True)
     return {c.id: json.loads(_cache_file(c, version).read_text()) for c in selected}
