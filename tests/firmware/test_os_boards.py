@@ -61,6 +61,10 @@ def os_builds(
         f for item in request.session.items if getattr(item, "module", None) is request.module
         for f in getattr(item, "fixturenames", ()) if f in _IMAGES
     })  # fmt: skip
+    from firmware.osimage.rootfs import build_python
+
+    if wanted:
+        build_python()  # unpacked once into the cache here: side-by-side builds would race to do it
     builds: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
     try:
         for name in wanted:
