@@ -17,9 +17,10 @@ run the plain-TVM pipeline.
   the report computes it for any case cached without it.
 
 Results per case are cached as JSON under ``.cache/conformance/`` keyed by the case's bytes and a
-hash of the compiler's source, so a second run costs nothing; each batch of cases runs in a child
-process (``python -m tests.compiler.conformance DIR...``) so that a crash in TVM is recorded as a
-crash of that case instead of killing the caller.
+hash of the compiler's source, so a second run costs nothing; the cases run in child processes
+(``python -m tests.compiler.conformance VERSION --claims DIR MODEL...``; two by default, taking
+cases from one queue) so that a crash in TVM is recorded as a crash of that case instead of
+killing the caller.
 
 Statuses: pass | refused (one clear line) | wrong (outputs differ) | error (unexpected exception) |
 crash (the process died) | skipped (no test data).
@@ -32,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -343,6 +345,7 @@ def case_key(case: Case, version: str) -> str:
 
 
 _NO_PLAIN_TVM = "--no-plain-tvm"  # the worker's flag for plain_tvm=False
+_CLAIMS = "--claims"  # the worker's option: the directory of this run's claim files
 
 
 def _cache_file(case: Case, version: str) -> Path:
@@ -359,15 +362,41 @@ def _guarded(run: Any, *args: Any) -> dict[str, Any]:
     return result
 
 
-def _worker(paths: list[str], version: str, plain_tvm: bool = True) -> None:
-    """Child process: run every pipeline on each case (the plain-TVM one only with ``plain_tvm``);
-    write its cache file as it finishes."""
-    by_model = {str(c.model): c for c in cases((*SUITES, NODE))}
+def _claim(claims: Path, case: Case, version: str) -> Path:
+    return claims / case_key(case, version)
+
+
+def _try_claim(path: Path, pid: int) -> bool:
+    """Take a case for process ``pid`` (the first to create its claim file wins)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(str(pid))
+    return True
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return int(path.read_text() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+def _worker(paths: list[str], version: str, claims: Path, plain_tvm: bool = True) -> None:
+    """Child process: take the cases of ``paths`` in order that no other worker of this run has
+    taken (a claim file each under ``claims``), run every pipeline on each (the plain-TVM one only
+    with ``plain_tvm``) and write its cache file as it finishes."""
+    # the node suite's definitions only when asked for (in a fresh cache, writing them costs each
+    # worker ~10 s of CPU before its first case)
+    node = any(Path(p).is_relative_to(node_root()) for p in paths)
+    by_model = {str(c.model): c for c in cases((*SUITES, NODE) if node else SUITES)}
     CACHE.mkdir(parents=True, exist_ok=True)
     for p in paths:
         case = by_model[p]
-        marker = _cache_file(case, version).with_suffix(".running")
-        marker.write_text(str(os.getpid()))
+        if _cache_file(case, version).is_file() or not _try_claim(_claim(claims, case, version), os.getpid()):
+            continue
         res: dict[str, Any] = {"case": case.id}
         with tempfile.TemporaryDirectory(prefix="conformance-") as tmp:
             t0 = time.perf_counter()
@@ -380,19 +409,24 @@ def _worker(paths: list[str], version: str, plain_tvm: bool = True) -> None:
         tmpf = dest.with_suffix(f".tmp{os.getpid()}")
         tmpf.write_text(json.dumps(res))
         tmpf.replace(dest)  # atomic: parallel runs never see half a file
-        marker.unlink(missing_ok=True)
 
 
-def _run_batch(batch: list[Case], version: str, timeout: float, plain_tvm: bool = True) -> None:
-    """Run ``batch`` in child processes, restarting after a crash; a crashed case is recorded.
-    ``timeout`` applies to each case (the child marks the case it is working on)."""
+def _run_batch(batch: list[Case], version: str, timeout: float, claims: Path, plain_tvm: bool = True) -> None:
+    """Run the cases of ``batch`` that no other worker takes first in a child process, restarting
+    it after a crash; a crashed case is recorded. ``timeout`` applies to each case (the child's
+    claim file says which case it is working on)."""
     todo = list(batch)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+    def working_on(pid: int) -> Case | None:
+        return next((c for c in todo if not _cache_file(c, version).is_file()
+                     and _owner(_claim(claims, c, version)) == pid), None)
+
     while todo:
         with tempfile.TemporaryFile("w+") as err:
             proc = subprocess.Popen([sys.executable, "-m", "tests.compiler.conformance", version,
-                                     *([] if plain_tvm else [_NO_PLAIN_TVM]),
+                                     _CLAIMS, str(claims), *([] if plain_tvm else [_NO_PLAIN_TVM]),
                                      *[str(c.model) for c in todo]], cwd=ROOT, env=env,
                                     stdout=subprocess.DEVNULL, stderr=err, text=True)
             code: int | str | None = None
@@ -401,9 +435,7 @@ def _run_batch(batch: list[Case], version: str, timeout: float, plain_tvm: bool 
                 try:
                     code = proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
-                    running = next((c for c in todo
-                                    if _cache_file(c, version).with_suffix(".running").is_file()
-                                    and not _cache_file(c, version).is_file()), None)
+                    running = working_on(proc.pid)
                     if running != current:
                         current, since = running, time.monotonic()
                     elif time.monotonic() - since > timeout:
@@ -414,15 +446,17 @@ def _run_batch(batch: list[Case], version: str, timeout: float, plain_tvm: bool 
             tail = (err.read().strip().splitlines() or [""])[-1][:200]
         if code == "timeout":
             tail = f"no result within {timeout:.0f}s"
-        remaining = [c for c in todo if not _cache_file(c, version).is_file()]
-        if not remaining:
-            return
-        culprit = remaining[0]
-        _cache_file(culprit, version).with_suffix(".running").unlink(missing_ok=True)
-        crash = {"status": "crash", "detail": f"exit {code}: {tail}"}
-        _cache_file(culprit, version).write_text(json.dumps({"case": culprit.id, "project": crash,
-                                                             "ort": crash, "tvm": crash}))
-        todo = remaining[1:]
+        culprit = working_on(proc.pid)
+        if culprit is None and code != 0:  # died before taking a case: blame the next one, as before
+            culprit = next((c for c in todo if not _cache_file(c, version).is_file()
+                            and _try_claim(_claim(claims, c, version), proc.pid)), None)
+        if culprit is not None:
+            crash = {"status": "crash", "detail": f"exit {code}: {tail}"}
+            _cache_file(culprit, version).write_text(json.dumps({"case": culprit.id, "project": crash,
+                                                                 "ort": crash, "tvm": crash}))
+        # what is left for this thread: cases nobody has taken (another worker's are its own)
+        todo = [c for c in todo if not _cache_file(c, version).is_file()
+                and not _claim(claims, c, version).exists()]
 
 
 def _cached_enough(case: Case, version: str, plain_tvm: bool) -> bool:
@@ -435,7 +469,10 @@ def _cached_enough(case: Case, version: str, plain_tvm: bool) -> bool:
 def results(selected: list[Case] | None = None, workers: int = 2, timeout: float = 900.0,
             plain_tvm: bool = True) -> dict[str, dict[str, Any]]:
     """{case id: {"project": {...}, "ort": {...}, "tvm": {...}}}, computing what is not cached.
-    ``plain_tvm=False``: a case not cached yet gets no plain-TVM run (its status is ``not-run``)."""
+    ``plain_tvm=False``: a case not cached yet gets no plain-TVM run (its status is ``not-run``).
+
+    The ``workers`` child processes share one queue (largest model first, each takes the next case
+    nobody has taken), so none sits idle while the other still has a list of its own to finish."""
     selected = selected if selected is not None else cases()
     version = code_version()
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -443,9 +480,16 @@ def results(selected: list[Case] | None = None, workers: int = 2, timeout: float
     for c in missing:  # a case cached without plain TVM is run again in full
         _cache_file(c, version).unlink(missing_ok=True)
     if missing:
-        chunks = [missing[i::workers] for i in range(workers)]
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda ch: _run_batch(ch, version, timeout, plain_tvm), [c for c in chunks if c]))
+        # the model's size stands for its compile time: the long ones start first, the short ones
+        # fill in at the end
+        missing.sort(key=lambda c: c.model.stat().st_size, reverse=True)
+        claims = Path(tempfile.mkdtemp(prefix="claims-", dir=CACHE))
+        try:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(lambda _: _run_batch(missing, version, timeout, claims, plain_tvm),
+                              range(workers)))
+        finally:
+            shutil.rmtree(claims, ignore_errors=True)
     return {c.id: json.loads(_cache_file(c, version).read_text()) for c in selected}
 
 
@@ -551,4 +595,8 @@ if __name__ == "__main__":
                       f"tvm={r['tvm']['status']:<6} {r['project'].get('detail', '')[:150]}")
         print(json.dumps(totals(res)), "of", len(res))
     else:
-        _worker([a for a in sys.argv[2:] if a != _NO_PLAIN_TVM], sys.argv[1], _NO_PLAIN_TVM not in sys.argv)
+        argv = sys.argv[2:]
+        at = argv.index(_CLAIMS)
+        claim_dir = Path(argv[at + 1])
+        del argv[at:at + 2]
+        _worker([a for a in argv if a != _NO_PLAIN_TVM], sys.argv[1], claim_dir, _NO_PLAIN_TVM not in argv)

@@ -30,18 +30,67 @@ import pytest
 
 from compiler.manifest import file_sha256
 from tests.edgenode.test_cli_node import free_port
-from tests.firmware.conftest import assert_refused, cli
+from tests.firmware.conftest import CLI, REPO, assert_refused, cli
 from tests.fixtures_osimage import image_try
 
 BOOT_TIMEOUT_S = 1500  # OVMF + kernel + the node's imports under TCG on a loaded 2-core machine
 
 
-def _build(artifact: Path, board: str, key: Path, out: Path, *extra: str) -> None:
-    r = cli(
-        "image", "build-os", artifact, "--board", board, "--key", key, "--version", "1.0.0", "--out", out,
-        *extra, timeout=900,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+# The module's images: which fixture needs which (the artifact's C preset, board, build-os flags).
+_IMAGES = {
+    "x86_booted": ("x86_64-c", "x86_64", ()),
+    "rpi4_image": ("aarch64-c", "rpi4", ("--compress", "zstd")),
+    "rpi5_card": ("aarch64-c", "rpi5", ()),
+}
+BUILD_TIMEOUT_S = 1800  # the builds run side by side on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def os_builds(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    board_c_artifact: Callable[[str], Path],
+    board_release_key: Path,
+) -> Iterator[Callable[[str], Path]]:
+    """``os_builds(fixture name) -> image``: the images of the fixtures in ``_IMAGES`` that the
+    selected tests use, each by its own `fractal image build-os` process, all started together
+    when the first is needed. A build is mostly one core at a time (unpacking packages, compiling
+    bytecode, writing file systems), so the rpi images build while the x86_64 one builds and boots
+    instead of after it."""
+    wanted = sorted({
+        f for item in request.session.items if getattr(item, "module", None) is request.module
+        for f in getattr(item, "fixturenames", ()) if f in _IMAGES
+    })  # fmt: skip
+    from firmware.osimage.rootfs import build_python
+
+    if wanted:
+        build_python()  # unpacked once into the cache here: side-by-side builds would race to do it
+    builds: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    try:
+        for name in wanted:
+            preset, board, extra = _IMAGES[name]
+            out = tmp_path_factory.mktemp(f"os-{board}") / f"{board}.img"
+            with open(out.with_name("build.log"), "wb") as log:
+                proc = subprocess.Popen(
+                    [*CLI, "image", "build-os", str(board_c_artifact(preset)), "--board", board, "--key",
+                     str(board_release_key), "--version", "1.0.0", "--out", str(out), *extra],
+                    cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            builds[name] = (proc, out)
+
+        def get(name: str) -> Path:
+            proc, out = builds[name]
+            code = proc.wait(BUILD_TIMEOUT_S)
+            assert code == 0, out.with_name("build.log").read_text(errors="replace")[-3000:]
+            return out
+
+        yield get
+    finally:
+        for proc, _ in builds.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _sfdisk(img: Path) -> dict:
@@ -73,13 +122,9 @@ class Booted:
 
 
 @pytest.fixture(scope="module")
-def x86_booted(
-    tmp_path_factory: pytest.TempPathFactory, board_c_artifact: Callable[[str], Path], board_release_key: Path
-) -> Iterator[Booted]:
-    d = tmp_path_factory.mktemp("os-x86_64")
-    img = d / "x86_64.img"
-    _build(board_c_artifact("x86_64-c"), "x86_64", board_release_key, img)
-    console = d / "console.log"
+def x86_booted(os_builds: Callable[[str], Path]) -> Iterator[Booted]:
+    img = os_builds("x86_booted")
+    console = img.with_name("console.log")
     proc, lines = image_try(img, console)
     try:
         line = lines.get(timeout=BOOT_TIMEOUT_S)
@@ -139,13 +184,10 @@ def test_x86_64_image_boots_under_uefi_and_serves_inference(x86_booted: Booted, 
 
 
 @pytest.fixture(scope="module")
-def rpi4_image(
-    tmp_path_factory: pytest.TempPathFactory, board_c_artifact: Callable[[str], Path], board_release_key: Path
-) -> tuple[Path, Path]:
+def rpi4_image(os_builds: Callable[[str], Path]) -> tuple[Path, Path]:
     """(compressed image as built, the raw image `bmaptool copy` wrote from it)."""
-    d = tmp_path_factory.mktemp("os-rpi4")
-    img = d / "rpi4.img"
-    _build(board_c_artifact("aarch64-c"), "rpi4", board_release_key, img, "--compress", "zstd")
+    img = os_builds("rpi4_image")
+    d = img.parent
     assert not img.exists()  # compressed in place of the raw image
     card = d / "card.img"
     r = subprocess.run(
@@ -302,13 +344,10 @@ def test_rpi4_image_takes_settings_and_is_refused_by_try(
 
 
 @pytest.fixture(scope="module")
-def rpi5_card(
-    tmp_path_factory: pytest.TempPathFactory, board_c_artifact: Callable[[str], Path], board_release_key: Path
-) -> Path:
+def rpi5_card(os_builds: Callable[[str], Path]) -> Path:
     """The raw rpi5 image (raw: the compressed path is the rpi4's) written by `bmaptool copy`."""
-    d = tmp_path_factory.mktemp("os-rpi5")
-    img = d / "rpi5.img"
-    _build(board_c_artifact("aarch64-c"), "rpi5", board_release_key, img)
+    img = os_builds("rpi5_card")
+    d = img.parent
     card = d / "card.img"
     r = subprocess.run(
         ["bmaptool", "copy", "--bmap", str(d / "rpi5.img.bmap"), str(img), str(card)],
