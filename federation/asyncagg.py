@@ -158,6 +158,8 @@ class Aggregator:
     def _refresh(self) -> None:
         while not self._stop.wait(self.refresh_s):
             with self._lock:  # under the lock: a refresh never lands after a newer version
+                if self._stop.is_set():
+                    return  # closed while we waited for the lock: publish nothing more
                 self._publish(self.buf.current)
 
     def _publish(self, v: Version) -> None:
@@ -173,6 +175,11 @@ class Aggregator:
     def _take(self, topic: str, payload: bytes) -> None:
         member = topic.rsplit("/", 1)[-1]
         with self._lock:
+            if self._stop.is_set():
+                # Closed (the fleet lost the lead, or stops): the link may still deliver what it
+                # had queued, but a closed aggregator makes no version (close() says why).
+                log.debug("async update from %s dropped: the aggregator is closed", member)
+                return
             try:
                 nxt = self.buf.admit(member, payload)
             except Refused as exc:
@@ -205,9 +212,16 @@ class Aggregator:
                     "versions": [vars(r) for r in self.history[-50:]]}
 
     def close(self) -> None:
+        """Stop aggregating. When this returns, the current version is the last one this
+        aggregator made, already stored and published: an update being taken finishes first,
+        and one the link delivers later (its subscription may have had it queued) is dropped.
+        Without this a fleet process that lost the lead could still store and publish a version
+        after the new leader resumed from the stored one: two versions with one number."""
         self._stop.set()
         if self._sub is not None:
             self._sub.cancel()
+        with self._lock:  # waits for an update being taken; every later one sees _stop
+            pass
 
 
 class AsyncMember:
@@ -223,6 +237,7 @@ class AsyncMember:
         self.last_update: bytes | None = None  # what resend() publishes again
         self.refused: Counter[str] = Counter()
         self._cond = threading.Condition()
+        self._closed = False
         self._sub: Subscription | None = None
 
     def start(self) -> AsyncMember:
@@ -237,6 +252,8 @@ class AsyncMember:
             log.warning("async version refused: %s", exc)
             return
         with self._cond:
+            if self._closed:
+                return  # the link delivered it after close(): the node stopped following
             if self.current is not None and v.version <= self.current.version:
                 return  # a refresh of what we hold, or an older one: never go back
             self.current = v
@@ -271,5 +288,7 @@ class AsyncMember:
             self.link.publish(topics.async_update(self.link.swarm, self.member_id), self.last_update, qos=1)
 
     def close(self) -> None:
+        with self._cond:
+            self._closed = True
         if self._sub is not None:
             self._sub.cancel()

@@ -130,6 +130,7 @@ class Subscription:
         # callback: no copy of a possibly megabyte-sized message. The callback must not mutate it.
         self.copy = copy
         self.errors = 0  # callback exceptions (logged, never propagated into paho)
+        self._cancelled = False
         self._queue: queue.SimpleQueue[tuple[str, bytes] | None] | None = None
         self._thread: threading.Thread | None = None
         if not inline:
@@ -138,6 +139,8 @@ class Subscription:
             self._thread.start()
 
     def _call(self, topic: str, payload: bytes) -> None:
+        if self._cancelled:  # queued before cancel(): dropped, as cancel() promises
+            return
         try:
             self.callback(topic, payload)
         except Exception:  # a handler bug must not kill the connection or the worker
@@ -156,7 +159,11 @@ class Subscription:
             self._queue.put((topic, payload))
 
     def cancel(self) -> None:
-        """Stop delivering; the broker subscription goes when its last callback goes."""
+        """Stop delivering: no callback starts after this returns (messages still queued for the
+        worker are dropped; one callback already running finishes on its own thread, so a caller
+        that must know none runs any more waits for it itself, as ``Aggregator.close`` does). The
+        broker subscription goes when its last callback goes."""
+        self._cancelled = True
         self.link._remove(self)
         if self._queue is not None:
             self._queue.put(None)

@@ -63,6 +63,7 @@ right after the last survivor's deadline.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import queue
 import threading
@@ -142,6 +143,9 @@ class Endpoint:
         self._early: OrderedDict[str, dict[tuple, Frame]] = OrderedDict()
         self._early_bytes = 0
         self._abort_replied: set[tuple[str, str]] = set()
+        # Arrival order of the frames routed to a call (Call._heard): a call blames the peer heard
+        # from least recently by when frames *arrived*, not by when its thread got to them.
+        self._arrivals = itertools.count()
         # Frames of finished calls still unacknowledged (Call.linger): (dst, tag, key) ->
         # [frame bytes, sent_at, rto, expires_at, retransmissions], retransmitted by a helper
         # thread (started on first use) until acknowledged, aborted by the peer, or expired.
@@ -221,7 +225,7 @@ class Endpoint:
             if call is not None and fr.tag == call.tag:
                 if self._linger and fr.kind == FrameKind.DATA:
                     self._moved_on(fr.sender)
-                call.inbox.put(fr)
+                call.arrived(fr, next(self._arrivals))
                 return
             if fr.tag in self._done:
                 self.stats.add(stale=1)
@@ -380,7 +384,7 @@ class Endpoint:
                 self._early_bytes -= fr.size
                 if self._linger and fr.kind == FrameKind.DATA:
                     self._moved_on(fr.sender)  # a row of this call that came before we started it
-                c.inbox.put(fr)
+                c.arrived(fr, next(self._arrivals))  # in the order the early frames came
             self._active = c
         reason: str | None = None
         try:
@@ -444,9 +448,12 @@ class Call:
         self.abort_sent = False  # our ABORT already went out (or a peer's made it pointless)
         self.lingering = False  # linger(): unacknowledged frames go to the endpoint at exit
         self._received: set[tuple] = set()
-        # sender -> when we last got any frame of this call from it (names the silent peer at a
-        # deadline when we wait on several; see _timeout_abort).
-        self._heard: dict[str, float] = {}
+        # sender -> arrival order (Endpoint._arrivals) of its newest frame of this call: names the
+        # silent peer at a deadline when we wait on several (see _timeout_abort). Written by the
+        # endpoint's receiver as frames arrive, so a call whose own thread was starved past its
+        # deadline (a loaded board) still knows who was heard from before it, frames it has not
+        # handled yet included, and never takes a peer still sending for the silent one.
+        self._heard: dict[str, int] = {}
         self._pending: dict[str, deque[tuple[tuple, Callable[[], bytes]]]] = {}
         # (dst, key) -> [frame bytes, sent_at, rto, first_sent|None, retransmissions so far]
         self._unacked: dict[tuple, list] = {}
@@ -506,6 +513,12 @@ class Call:
         return None
 
     # -- receiving ---------------------------------------------------------------------------
+    def arrived(self, fr: Frame, order: int) -> None:
+        """The endpoint's receiver hands over a frame of this call (``order``: its arrival order)."""
+        if fr.sender in self.peers:
+            self._heard[fr.sender] = order
+        self.inbox.put(fr)
+
     def wait(self, waiting_for: Waiting, *, raise_on_deadline: bool = True) -> Frame | None:
         """Make progress: send what the window allows, retransmit what is overdue, and return
         the next *new* DATA frame (already acknowledged), or None if nothing new came yet.
@@ -548,7 +561,7 @@ class Call:
         if fr.sender not in self.peers:
             self.ep.stats.reject(f"{fr.kind.name} for {fr.tag!r} from non-member {fr.sender}")
             return None
-        now = self._heard[fr.sender] = time.monotonic()
+        now = time.monotonic()
         if fr.kind == FrameKind.ACK:
             for key in ack_keys(fr):
                 ent = self._unacked.pop((fr.sender, key), None)
@@ -590,7 +603,8 @@ class Call:
 
     def _silent(self, waiting_for: Waiting) -> str | None:
         """The peer to blame at a deadline: ``waiting_for``, or of several the one heard from
-        least recently (never heard first; ties in the order given), or an unacknowledging one."""
+        least recently (by arrival, frames not handled yet included; never heard first, ties in
+        the order given), or an unacknowledging one."""
         if callable(waiting_for):
             order = list(waiting_for())
             return min(order, key=lambda m: self._heard.get(m, -math.inf), default=None)

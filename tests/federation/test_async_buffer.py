@@ -227,3 +227,49 @@ def test_a_resent_update_is_a_no_op_and_survives_a_lost_buffer():
     buf = Buffer(v0, buffer=2, max_staleness=5)
     assert buf.admit("a", a) is None
     assert buf.admit("b", encode_update(_upd("b", v0, seed=2))).version == 1
+
+
+def test_a_closed_aggregator_makes_no_version_from_what_the_link_still_delivers():
+    """The MQTT subscription hands updates to the aggregator on its own worker, which may still
+    hold some when close() is called (the fleet lost the lead or stops). close() returns only
+    after an update being taken is stored and published, and any later one makes nothing:
+    otherwise the fleet's last version (the one a new leader resumes from, the one the nodes
+    settle on) would move after close, and a demoted process could publish a second version of
+    one number (PROTOCOL.md sections 12 and 13)."""
+    import threading
+
+    from federation import topics
+    from federation.asyncagg import Aggregator
+
+    class _SlowStore:
+        def __init__(self):
+            self.saved, self.saving, self.release = [], threading.Event(), threading.Event()
+
+        def load(self):
+            return None
+
+        def save(self, data):
+            self.saving.set()
+            assert self.release.wait(30)
+            self.saved.append(data)
+
+    v0, link, store = _v0(), _Link(), _SlowStore()
+    agg = Aggregator(link, v0, buffer=1, max_staleness=2, refresh_s=0, store=store).start()
+    deliver = link.callbacks[topics.async_updates_all("s")]
+    update = (topics.async_update("s", "a"), encode_update(_upd("a", v0)))
+    taking = threading.Thread(target=deliver, args=update)
+    taking.start()
+    assert store.saving.wait(30)  # version 1 is being stored (under the aggregator's lock)
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (agg.close(), closed.set()))
+    closer.start()
+    assert not closed.wait(0.2)  # close() waits for the update being taken
+    store.release.set()
+    closer.join(30)
+    taking.join(30)
+    assert closed.is_set() and agg.current.version == 1 and len(store.saved) == 1
+    published = len(link.published)
+    assert decode_version(link.published[-1][1]).version == 1
+    # an update the subscription still had queued arrives after close(): nothing changes
+    deliver(topics.async_update("s", "b"), encode_update(_upd("b", agg.current, seed=2)))
+    assert agg.current.version == 1 and len(store.saved) == 1 and len(link.published) == published

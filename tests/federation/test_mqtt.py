@@ -157,3 +157,40 @@ def test_tls_mqtts(tmp_path):
             MqttLink(f"mqtt://127.0.0.1:{b.port}", client_id="x", tls={"ca": ca})
     finally:
         b.close()
+
+
+def test_cancel_drops_what_the_subscription_still_had_queued(mosquitto, mqtt_link_factory, swarm_id):
+    """After Subscription.cancel() returns no callback of it starts, even for messages already
+    queued for its worker (a closed aggregator must not take an update after close)."""
+    link = mqtt_link_factory(mosquitto, "a")
+    other = mqtt_link_factory(mosquitto, "b")
+    topic = f"fractal/v1/{swarm_id}/cancel"
+    got: list[bytes] = []
+    started, release, all_in, fourth = (threading.Event() for _ in range(4))
+    seen: list[bytes] = []
+
+    def blocked(t, payload):
+        got.append(payload)
+        started.set()
+        assert release.wait(10)
+
+    def counter(t, payload):  # registered second: a message reached it after the first one
+        seen.append(payload)
+        if len(seen) == 3:
+            all_in.set()
+        if len(seen) == 4:
+            fourth.set()
+
+    sub = link.subscribe(topic, blocked)
+    link.subscribe(topic, counter)
+    for k in range(3):
+        other.publish(topic, f"m{k}")
+    assert started.wait(10) and all_in.wait(10)  # m1 and m2 wait in the blocked worker's queue
+    sub.cancel()
+    release.set()
+    other.publish(topic, "m3")
+    assert fourth.wait(10)  # the link still delivers to the other subscription, not to this one
+    assert sub._thread is not None
+    sub._thread.join(10)  # the worker ends at the cancel's sentinel, after the queued messages
+    assert not sub._thread.is_alive()
+    assert got == [b"m0"]

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federation.errors import RoundAborted, UpdateRejected
-from federation.framing import FrameKind, decode
+from federation.framing import FrameKind, decode, encode_abort
 from federation.memory import MemoryHub
 from federation.ring import RingAllreduce
 from federation.transport import Polled
@@ -167,21 +167,103 @@ def test_member_dying_mid_round_aborts_survivors_before_the_deadline_then_they_r
         close_all(engines)
 
 
+class _Dies(Polled):
+    """A member's transport that sets ``died`` once it is dead (its ``kill_after`` sends done)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.member_id, self.max_payload = inner, inner.member_id, inner.max_payload
+        self.died = threading.Event()
+
+    def send(self, dst, payload):
+        self.inner.send(dst, payload)
+        if self.inner.dead:
+            self.died.set()
+
+    def recv(self, timeout):
+        return self.inner.recv(timeout)
+
+    def close(self):
+        self.inner.close()
+
+
+class _Stalls(Polled):
+    """A slow member's transport: its sends wait until ``after`` is set (the dead member is dead),
+    then its first frame to each peer goes out and nothing after it arrives during the test (its
+    later frames, ACKs and ABORT too: they are later than any grace period); it receives all."""
+
+    def __init__(self, inner, after: threading.Event) -> None:
+        self.inner, self.member_id, self.max_payload = inner, inner.member_id, inner.max_payload
+        self.after = after
+        self.passed: list[str] = []
+        self.held = 0
+
+    def send(self, dst, payload):
+        assert self.after.wait(30), "the dead member never died"
+        if dst in self.passed:
+            self.held += 1
+        else:
+            self.passed.append(dst)
+            self.inner.send(dst, payload)
+
+    def recv(self, timeout):
+        return self.inner.recv(timeout)
+
+    def close(self):
+        self.inner.close()
+
+
 def test_a_slow_member_still_sending_is_not_blamed_for_a_dead_one() -> None:
-    """Direct path (every member needs every peer's row at once): m1 is alive but its frames, its
-    ABORT too, arrive later than the grace period; m2 dies after its third frame. Every survivor,
-    m1 included, names m2: the peer silent longest, not the lowest-ranked one still missing."""
-    n, timeout = 5, 1.0
-    faults = {"m1": dict(delay=0.4), "m2": dict(kill_after=3)}
-    hub, engines = make_ring(n, faults=faults, max_payload=1024, engine_kw=ALGOS["direct"])
+    """Direct path (every member needs every peer's row at once). m2 dies after its third frame
+    (all three reach m0); m1 is alive but slow: its first frame to each peer arrives after m2
+    died, and nothing of it after that (its ABORT neither), so no vote can show it alive. A sixth
+    member, m5, played by the test, sends the timeout ABORT that starts the vote and names m1 (as
+    a member whose own view is stale would). Every survivor, m1 included, names m2: the peer
+    silent longest, not the slow one still sending nor the first in its list.
+
+    Nothing here depends on timing: the order in which frames arrive is fixed by events (m1 sends
+    only once m2 is dead; every member sends its whole row to each peer before its first frame to
+    m5, and m5's ABORT goes out only once m5 has a frame of every member), and the members' own
+    deadlines (30 s) only bound a hang; m2's short one does not matter (it is dead)."""
+    group, tag = ids(6), "slow"
+    hub = MemoryHub()
+    kw = {"max_payload": 1024}
+    dies = _Dies(hub.transport("m2", kill_after=3, **kw))
+    stalls = _Stalls(hub.transport("m1", **kw), dies.died)
+    transports = {"m0": hub.transport("m0", **kw), "m1": stalls, "m2": dies,
+                  "m3": hub.transport("m3", **kw), "m4": hub.transport("m4", **kw)}
+    engines = {m: RingAllreduce(t, **ALGOS["direct"]) for m, t in transports.items()}
+    m5 = hub.transport("m5", **kw)
     try:
-        vecs = _vecs(engines, 20_000, 9)
-        res = allreduce_all(engines, vecs, tag="slow", op="sum", timeout=timeout)
+        vecs = _vecs(engines, 2_000, 9)  # a row is 4..16 frames: more than m2's 3, within one window
+        timeouts = {m: 0.5 if m == "m2" else 30.0 for m in engines}
+
+        def play_m5() -> dict:
+            seen: set[str] = set()
+            deadline = time.monotonic() + 30
+            while not {"m0", "m1", "m3", "m4"} <= seen:
+                assert time.monotonic() < deadline, f"m5 heard only {sorted(seen)}"
+                buf = m5.recv(0.1)
+                if buf is not None:
+                    seen.add(decode(buf).sender)
+            abort = encode_abort(swarm="default", tag=tag, sender="m5", member="m1",
+                                 reason="m5 got nothing from m1 within 30s")
+            for m in engines:
+                m5.send(m, abort)
+            return {}
+
+        fns = {m: (lambda m=m: engines[m].allreduce(vecs[m], group=group, tag=tag, op="sum",
+                                                     timeout=timeouts[m])) for m in engines}
+        res = run_members({**fns, "m5": play_m5})
+        assert res["m5"] == {}, res["m5"]
         for m in ("m0", "m1", "m3", "m4"):
             assert isinstance(res[m], RoundAborted), f"{m} returned {res[m]!r}"
             assert res[m].member == "m2", f"{m} blamed {res[m].member}: {res[m]}"
+        # the scenario happened as described: m2's three frames went out, m1 stalled after one each
+        assert dies.inner.faults.sent == 4 and stalls.held > 0 and sorted(stalls.passed) == [
+            "m0", "m2", "m3", "m4", "m5"]
     finally:
         close_all(engines)
+        m5.close()
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -370,3 +370,30 @@ def test_a_stale_frame_of_a_tag_never_run_does_not_count_as_moving_on() -> None:
         assert again.tag == "t"
     finally:
         a.close()
+
+
+@pytest.mark.parametrize("first", ["x", "y"])
+def test_a_call_starved_past_its_deadline_blames_by_arrival(first: str) -> None:
+    """At a deadline the call blames, of the peers it still waits for, the one heard from least
+    recently: by when their frames *arrived*, so a call whose thread got the CPU only after its
+    deadline (a loaded board: the frames wait in its inbox, unhandled) still names the peer that
+    went silent first, not whichever comes first in its list."""
+    from federation.session import Endpoint
+
+    hub = MemoryHub()
+    ep = Endpoint(hub.transport("a"))
+    peers = {p: hub.transport(p) for p in ("x", "y")}
+    second = "y" if first == "x" else "x"
+    try:
+        with pytest.raises(RoundAborted) as err, ep.call("t", ["x", "y"], timeout=0.3) as c:
+            peers[first].send("a", _data("t", sender=first))
+            assert _wait(lambda: c.inbox.qsize() == 1)  # routed before the second one is sent
+            peers[second].send("a", _data("t", sender=second))
+            assert _wait(lambda: c.inbox.qsize() == 2)
+            assert _wait(lambda: time.monotonic() >= c.deadline, timeout=5)  # the thread wakes late
+            c.wait(lambda: ["x", "y"])
+        assert err.value.member == first, err.value
+    finally:
+        ep.close()
+        for t in peers.values():
+            t.close()

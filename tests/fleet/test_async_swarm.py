@@ -19,12 +19,36 @@ from tests.fixtures_enrolment import wait_for
 pytestmark = pytest.mark.mosquitto
 
 
-def _wait(pred, timeout, what):
-    wait_for(pred, timeout, what, poll_s=0.05)
+def _wait(pred, timeout, what, where=None):
+    """wait_for; on a timeout the message also says ``where()`` (which node is where and why)."""
+    try:
+        wait_for(pred, timeout, what, poll_s=0.05)
+    except AssertionError as exc:
+        if where is None:
+            raise
+        raise AssertionError(f"{exc}\n{where()}") from None
 
 
 def _flat_sha(node) -> str:
     return hashlib.sha256(flatten(node.model.snapshot.params).astype("<f4").tobytes()).hexdigest()
+
+
+def _where(agg, nodes) -> str:
+    """The aggregator's versions and, per node, the version it committed, the one its async
+    member holds, what it refused, the updates it sent and its last error."""
+    cur = agg.current
+    lines = [f"aggregator at {cur.version} {cur.sha256[:12]}, pending {sorted(agg.buf.pending)}, "
+             f"refused {dict(agg.refused)}, versions "
+             f"{[(r.version, r.sha256[:12], [c['member'] for c in r.contributors]) for r in agg.history]}"]
+    for n in nodes:
+        r = n.async_runner
+        held = None if r is None or r.member.current is None else r.member.current
+        lines.append(f"{n.node_id}: model {n.model_version} {n.params_sha256[:12]}, member "
+                     f"{None if held is None else (held.version, held.sha256[:12])}, "
+                     f"refused {None if r is None else dict(r.member.refused)}, "
+                     f"updates sent {None if r is None else r.updates_sent}, "
+                     f"last_error {None if r is None else r.last_error}")
+    return "\n".join(lines)
 
 
 def test_async_swarm_nodes_join_late_and_agree(make_fleet, node_factory, digits_artifact, digits_data,
@@ -49,14 +73,21 @@ def test_async_swarm_nodes_join_late_and_agree(make_fleet, node_factory, digits_
         return n
 
     nodes = [node(0), node(1)]
-    _wait(lambda: agg.current.version >= 1, 60, "version 1 from the first two nodes")
+
+    def where():
+        return _where(agg, nodes)
+
+    _wait(lambda: agg.current.version >= 1, 60, "version 1 from the first two nodes", where)
     nodes.append(node(2))  # comes online later
     _wait(lambda: any(c["member"] == ids[2] for r in agg.history for c in r.contributors), 60,
-          "an update of the late node in a version")
-    _wait(lambda: agg.current.version >= 4, 60, "version 4")
-    agg.close()  # no more versions: every node settles on the last one
+          "an update of the late node in a version", where)
+    _wait(lambda: agg.current.version >= 4, 60, "version 4", where)
+    # No more versions: close() returns once the last one is stored and published (an update the
+    # link delivers later makes nothing), so every node settles on it.
+    agg.close()
     final = agg.current
-    _wait(lambda: all(n.model_version == final.version for n in nodes), 30, "every node at the last version")
+    _wait(lambda: all(n.model_version == final.version for n in nodes), 30,
+          f"every node at the last version {final.version}", where)
     assert {_flat_sha(n) for n in nodes} == {final.sha256}
     assert {n.params_sha256 for n in nodes} == {final.sha256}  # the node's own hash: the same bytes
     assert np.isfinite(final.params).all()
