@@ -364,11 +364,13 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
     rule never makes a function slower (a fraction of a second per function). The result goes
     to ``relax.build``; any function a rule fails on keeps its naive schedule.
     """
+    from compiler import int8_arm
     from compiler.tuning import _as_target, prepare
 
     target = _as_target(target)
     if target.kind.name != "llvm":
         return mod
+    mod = int8_arm.prepare(mod, target)  # int8 convolutions in the layout sdot wants (Arm dotprod)
     return schedule_prepared(prepare(mod, target), target, measure=measure)
 
 
@@ -379,8 +381,12 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
     from tvm import tirx
     from tvm.s_tir import dlight as dl
 
+    from compiler import int8_arm
     from compiler.tuning import can_measure
 
+    # int8 kernels for dot-product targets first (the functions they schedule are marked
+    # scheduled, so every rule below and every timed variant leaves them as they are)
+    prepared = int8_arm.schedule(prepared, target)
     # (ApplyDefaultSchedule writes into the module it is given: each variant gets a clone)
     with target, tvm.transform.PassContext(opt_level=3):
         scheduled = dl.ApplyDefaultSchedule(*_rules(fuse=None))(prepared.clone())
