@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dot_product_target", "prepare", "rules", "schedule"]
+__all__ = ["DOTPROD_TILE", "dot_product_target", "input_channels_last", "prepare", "rules", "schedule"]
 
-_COLS = 5  # output columns per register tile (5 x 4 sdot accumulators + 9 operands: 29 of 32 registers)
-_CHANNELS = 4  # output channels per register tile (one sdot result vector: 4 int32 lanes)
+# register tile (output columns, output channels): 5 x 4 sdot accumulators + 9 operands: 29 of
+# the 32 NEON registers
+DOTPROD_TILE = (5, 4)
 
 
 def dot_product_target(target: Any) -> bool:
@@ -64,10 +65,14 @@ def prepare(mod: Any, target: Any) -> Any:
     """``mod`` (Relax, after :func:`compiler.integer.integer_kernels`) with its int8 convolutions
     in NHWC / OHWI where ``target`` has ``sdot``; otherwise (no dot product, no int8 convolution,
     float convolutions mixed in: their layout on Arm is unmeasured) ``mod`` unchanged."""
+    return input_channels_last(mod) if dot_product_target(target) else mod
+
+
+def input_channels_last(mod: Any) -> Any:
+    """``mod`` with its conv2d in NHWC / OHWI when they are all int8 (int32-accumulating), the
+    reduction's input channels innermost and contiguous in both operands; else ``mod``."""
     from tvm import relax, transform
 
-    if not dot_product_target(target):
-        return mod
     n_int, n_other = _int8_convs(mod)
     if not n_int or n_other:
         return mod
@@ -85,17 +90,19 @@ def _divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
 
 
-def rules() -> list[Any]:
-    """Default-schedule rules (dlight ``CPUScheduleRule``) for int8 kernels on ``+dotprod``
-    targets (:func:`schedule`), applied before :mod:`compiler.schedules`' own. They return None (the
-    next rule applies) for any other target or function."""
+def rules(tile: tuple[int, int] = DOTPROD_TILE, accept: Any = dot_product_target) -> list[Any]:
+    """Default-schedule rules (dlight ``CPUScheduleRule``) for int8 kernels on targets ``accept``
+    takes (default: ``+dotprod``; :func:`schedule`), applied before :mod:`compiler.schedules`'
+    own, with register tile ``tile`` (output columns, output channels). They return None (the next
+    rule applies) for any other target or function."""
+    cols, channels = tile
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
     class DotProductConv(CPUScheduleRule):
         """An int8 x int8 -> int32 ``conv2d_nhwc`` with OHWI weights (groups 1): spatial loops
-        ``[N] H W C``, reduction ``KH KW I``. Tile: ``_COLS`` output columns x ``_CHANNELS``
+        ``[N] H W C``, reduction ``KH KW I``. Tile: ``cols`` output columns x ``channels``
         output channels accumulated in registers while the reduction loops run around them,
         input channels innermost and contiguous (what LLVM turns into ``sdot``); outer rows in
         parallel; the epilogue (bias, scale) applied per row while it is in cache."""
@@ -108,7 +115,7 @@ def rules() -> list[Any]:
 
         def _apply(self, func: Any, target: Any) -> Any:
             if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) \
-                    or not dot_product_target(target):
+                    or not accept(target):
                 return None
             sch = s_tir.Schedule(func)
             infos = normalize_prim_func(sch)
@@ -132,8 +139,8 @@ def rules() -> list[Any]:
             loops = sch.get_loops(red.block_rv)
             outer, (h, w, c), reduce = loops[:ns - 3], loops[ns - 3:ns], loops[ns:]
             we, ce = int(sch.get(w).extent), int(sch.get(c).extent)
-            wo, wi = sch.split(w, factors=[None, _divisor(we, _COLS)])
-            co, ci = sch.split(c, factors=[None, _divisor(ce, _CHANNELS)])
+            wo, wi = sch.split(w, factors=[None, _divisor(we, cols)])
+            co, ci = sch.split(c, factors=[None, _divisor(ce, channels)])
             sch.reorder(*outer, h, wo, co, *reduce, wi, ci)
             par = sch.fuse(*outer, h) if outer else h
             if int(sch.get(par).extent) > 1:
@@ -145,8 +152,9 @@ def rules() -> list[Any]:
             init = sch.decompose_reduction(red.block_rv, reduce[0])
             for b in (red.block_rv, init, acc):
                 lp = sch.get_loops(b)
-                sch.unroll(lp[-1])
-                sch.unroll(lp[-2])
+                for loop in lp[-2:]:
+                    if int(sch.get(loop).extent) > 1:
+                        sch.unroll(loop)
             return sch
 
     return [DotProductConv()]
