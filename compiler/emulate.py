@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -198,7 +199,7 @@ def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
     return run_emulated_many([(artifact_dir, inputs)], timeout=timeout)[0]
 
 
-def run_emulated_many(runs: list[tuple[str | Path, dict[str, np.ndarray]]], *,
+def run_emulated_many(runs: Sequence[tuple[str | Path, dict[str, np.ndarray]]], *,
                       timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, np.ndarray]]:
     """Several (artifact, inputs) runs of one architecture in one emulated Python process (tvm is
     imported once: under qemu that is most of a run's time); the outputs of each, in order. Every
