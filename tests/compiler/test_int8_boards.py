@@ -95,3 +95,43 @@ def test_x86_presets_build_every_int8_zoo_model(preset: str, int8_build: Callabl
         inputs = int8_input(name)
         got = next(iter(load_artifact(art).infer(inputs).values()))
         assert steps_from_reference(qdq_model(name), inputs, got) <= 1.001, (name, preset)
+
+
+def test_targets_that_get_the_board_int8_layouts() -> None:
+    from compiler.int8_arm import dot_product_target
+    from compiler.int8_rvv import rvv_target
+    from compiler.targets import PRESETS
+
+    assert {n for n, p in PRESETS.items() if dot_product_target(p.tvm_target())} == {"rpi5"}
+    assert {n for n, p in PRESETS.items() if rvv_target(p.tvm_target())} == {"riscv64-rvv"}
+
+
+def test_a_quantized_convolution_runs_on_sdot_only_where_the_target_has_dotprod(tmp_path: Path) -> None:
+    """One 3x3 convolution over 16 channels (QDQ): its int8 kernel has ``sdot`` for rpi5 (NHWC /
+    OHWI, int8_arm's schedule) and none for rpi4 (Cortex-A72, no dotprod)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compiler import compile_model
+    from compiler.quantize import quantize_int8
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 16, 8, 8]) for n in "xy")
+    graph = helper.make_graph(nodes, "conv", [x], [y], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "conv.onnx"))
+    np.savez(tmp_path / "cal.npz", x=rng.standard_normal((8, 16, 8, 8)).astype(np.float32))
+    qdq = quantize_int8(tmp_path / "conv.onnx", tmp_path / "cal.npz", tmp_path / "conv.int8.onnx")[0]
+    sdot = {}
+    for preset in ("rpi5", "rpi4"):
+        art = compile_model(qdq, target=preset, out_dir=tmp_path / preset, progress=False, integer=True)
+        kernels = _int8_kernels(art)
+        assert kernels and all("conv2d" in k for k in kernels), kernels
+        sdot[preset] = sum(c["sdot"] for c in kernels.values())
+    assert sdot["rpi5"] > 0 and sdot["rpi4"] == 0, sdot
