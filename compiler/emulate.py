@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +32,8 @@ from compiler.errors import EmulationError
 from compiler.manifest import Manifest
 
 __all__ = ["sysroot_dir", "run_emulated", "elf_info", "ElfInfo", "EM_X86_64", "EM_AARCH64", "EM_RISCV",
-           "SYSROOT_ENV", "run_c_runner", "runner_command", "run_c_artifact", "python_command"]
+           "SYSROOT_ENV", "run_c_runner", "runner_command", "run_c_artifact", "python_command",
+           "run_emulated_many"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SYSROOT_ENV = {"aarch64": "FRACTAL_SYSROOT_AARCH64", "riscv64": "FRACTAL_SYSROOT_RISCV64"}
@@ -194,16 +196,34 @@ def run_emulated(artifact_dir: str | Path, inputs: dict[str, np.ndarray], *,
     manifest = Manifest.read(artifact_dir)
     if manifest.libs.runtime == "c" and not python:
         return run_c_artifact(artifact_dir, manifest, inputs, timeout=timeout)
-    arch = _artifact_arch(artifact_dir)
+    return run_emulated_many([(artifact_dir, inputs)], timeout=timeout)[0]
+
+
+def run_emulated_many(runs: Sequence[tuple[str | Path, dict[str, np.ndarray]]], *,
+                      timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, np.ndarray]]:
+    """Several (artifact, inputs) runs of one architecture in one emulated Python process (tvm is
+    imported once: under qemu that is most of a run's time); the outputs of each, in order. Every
+    artifact runs through ``python -m compiler.runner`` (C-backend ones too, with ctypes)."""
+    dirs = [Path(a).resolve() for a, _ in runs]
+    arches = {_artifact_arch(d) for d in dirs}
+    if len(arches) != 1:
+        raise EmulationError(f"one emulated run takes artifacts of one architecture, not {sorted(arches)}",
+                             hint="group the artifacts by architecture")
+    arch = arches.pop()
     with tempfile.TemporaryDirectory(prefix="fractal-emu-") as tmp:
-        inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
-        arrays: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
-        np.savez(inp, **arrays)
-        cmd, env = python_command(arch, ["-m", "compiler.runner", str(artifact_dir), str(inp), str(out)])
+        args: list[str] = []
+        for i, (d, (_, inputs)) in enumerate(zip(dirs, runs, strict=True)):
+            arrays: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
+            np.savez(Path(tmp) / f"in{i}.npz", **arrays)
+            args += [str(d), str(Path(tmp) / f"in{i}.npz"), str(Path(tmp) / f"out{i}.npz")]
+        cmd, env = python_command(arch, ["-m", "compiler.runner", *args])
         _run_emulated(cmd, env, tmp, timeout, f"the emulated {arch} run",
                       f"rebuild the sysroot with `make sysroot` if it is broken ({sysroot_dir(arch)})")
-        with np.load(out) as npz:
-            return {k: npz[k] for k in npz.files}
+        outs = []
+        for i in range(len(dirs)):
+            with np.load(Path(tmp) / f"out{i}.npz") as npz:
+                outs.append({k: npz[k] for k in npz.files})
+        return outs
 
 
 @dataclass(frozen=True)

@@ -364,12 +364,15 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
     rule never makes a function slower (a fraction of a second per function). The result goes
     to ``relax.build``; any function a rule fails on keeps its naive schedule.
     """
+    from compiler import int8_arm, int8_rvv
     from compiler.tuning import _as_target, prepare
 
     target = _as_target(target)
     if target.kind.name != "llvm":
         return mod
-    return schedule_prepared(prepare(mod, target), target, measure=measure)
+    # int8 convolutions input channels innermost where a dot product / RVV can use that
+    mod = int8_rvv.prepare(int8_arm.prepare(mod, target), target)
+    return int8_rvv.serial_vectors(schedule_prepared(prepare(mod, target), target, measure=measure), target)
 
 
 def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None) -> Any:
@@ -379,8 +382,12 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
     from tvm import tirx
     from tvm.s_tir import dlight as dl
 
+    from compiler import int8_arm, int8_rvv
     from compiler.tuning import can_measure
 
+    # int8 kernels for dot-product targets first (the functions they schedule are marked
+    # scheduled, so every rule below and every timed variant leaves them as they are)
+    prepared = int8_rvv.schedule(int8_arm.schedule(prepared, target), target)
     # (ApplyDefaultSchedule writes into the module it is given: each variant gets a clone)
     with target, tvm.transform.PassContext(opt_level=3):
         scheduled = dl.ApplyDefaultSchedule(*_rules(fuse=None))(prepared.clone())
