@@ -15,6 +15,9 @@ that changed something (``fractal compile`` prints them).
                          RotaryEmbedding, CausalConvWithState, Swish; LayerNormalization asked for
                          Mean/InvStdDev, RMSNormalization over every axis) become their ONNX function
                          bodies (compiler/expand.py).
+4c. ``unroll_loops`` -- Loop and Scan with a trip count / sequence length known at compile time are
+                         unrolled (up to 256 iterations), an If on a constant condition becomes
+                         the branch taken (compiler/unroll.py; opset 8's Scan before step 2).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
 5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time),
@@ -39,6 +42,7 @@ import numpy as np
 from compiler.errors import ModelError
 from compiler.expand import EXPANDED_OPS, expand_functions
 from compiler.prepare_ml import lower_ml
+from compiler.unroll import LOOP_OPS, unroll_loops
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "expand_functions",
            "decompose_rnn", "decompose_ops", "cast_pow_exponent",
@@ -51,7 +55,7 @@ FLOOR_OPSET = 7  # below this, the upgrade must succeed
 _RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
 _LOWERED_OPS = frozenset({"CumProd", "Det", "LpNormalization"})
 _FLOAT_TYPES = frozenset({1, 11})  # float, double (float16 Pow is left to TVM and promote_float16)
-DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS
+DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS | LOOP_OPS
 _FOLD_MAX_ELEMENTS = 1 << 16  # do not materialise big tensors (weights stay where they are)
 _NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                       "Bernoulli", "If", "Loop", "Scan", "Dropout"})
@@ -1005,10 +1009,13 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     steps: list[tuple[str, Callable[[], bool]]] = [
         ("normalize_ir", lambda: normalize_ir(model)),
         ("lower_ml", lambda: lower_ml(model)),  # ai.onnx.ml -> standard ops (compiler/prepare_ml.py)
+        # opset 8's batched Scan: before the version converter, which rewrites it wrongly
+        ("unroll_scan8", lambda: unroll_loops(model, final=False)),
         ("upgrade_opset", lambda: upgrade_opset(model)),
         ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
         ("fold_constants", lambda: fold_constants(model)),
         ("expand_functions", lambda: expand_functions(model)),
+        ("unroll_loops", lambda: unroll_loops(model)),  # Loop / Scan / constant If (compiler/unroll.py)
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("decompose_ops", lambda: decompose_ops(model)),
         ("cast_pow_exponent", lambda: cast_pow_exponent(model)),
@@ -1021,7 +1028,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     for name, step in steps:
         if step():
             changed.append(name)
-    rewritten = {"expand_functions", "decompose_rnn", "decompose_ops"} & set(changed)
+    rewritten = {"expand_functions", "unroll_loops", "decompose_rnn", "decompose_ops"} & set(changed)
     if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")
     return model, changed
