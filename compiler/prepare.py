@@ -503,25 +503,31 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
     ins = list(node.input) + [""] * (8 - len(node.input))
     x, w_name, r_name, b_name, seq_name, h0_name = ins[:6]
     c0_name, p_name = (ins[6], ins[7]) if op == "LSTM" else ("", "")
+
+    def dims_of(nm: str) -> list[int]:
+        return list(consts[nm].shape) if nm in consts else list(shapes.get(nm) or [])
+
     for what, nm in (("W", w_name), ("R", r_name), ("B", b_name), ("P", p_name)):
-        if nm and nm not in consts:
-            raise ModelError(f"{label}: input {what} is computed at run time; only constant weights are "
-                             "supported",
+        if nm and (not dims_of(nm) or any(d <= 0 for d in dims_of(nm))):
+            raise ModelError(f"{label}: input {what} has no static shape ({dims_of(nm)})",
                              hint="export the model with the recurrent weights as initializers")
     xshape = shapes.get(x)
     if not xshape or len(xshape) != 3 or any(d <= 0 for d in xshape):
         raise ModelError(f"{label}: the input sequence has no fixed shape ({xshape})",
                          hint="fix the sequence length and batch with --shape NAME=D0,D1,D2")
     seq_len, batch = (xshape[0], xshape[1]) if layout == 0 else (xshape[1], xshape[0])
-    W, R = consts[w_name], consts[r_name]
-    dtype = W.dtype
+    w_dims, r_dims = dims_of(w_name), dims_of(r_name)
+    if w_name in consts:
+        dtype = consts[w_name].dtype
+    else:  # weights given at run time (model inputs): sliced in the graph instead of here
+        from onnx import helper
+
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(_elem_types(model).get(w_name, 1)))
     if not hidden:
-        hidden = R.shape[-1]
-    if W.shape[0] != dirs or W.shape[1] != n_gates * hidden or R.shape[1:] != (n_gates * hidden, hidden):
-        raise ModelError(f"{label}: weight shapes W{list(W.shape)} R{list(R.shape)} do not match "
+        hidden = r_dims[-1]
+    if w_dims[0] != dirs or w_dims[1] != n_gates * hidden or r_dims[1:] != [n_gates * hidden, hidden]:
+        raise ModelError(f"{label}: weight shapes W{w_dims} R{r_dims} do not match "
                          f"hidden_size={hidden} and {dirs} direction(s)", hint="fix the model")
-    B = consts[b_name] if b_name else np.zeros((dirs, 2 * n_gates * hidden), dtype)
-    P = consts[p_name] if p_name else None
     if seq_name:
         lens = consts.get(seq_name)
         if lens is None or not np.all(lens == seq_len):
@@ -530,6 +536,27 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
                              hint="pad the sequences and drop sequence_lens")
     bld = _Builder(model, f"{node.name or op}_{index}")
     H = hidden
+    blocks: dict[tuple[str, int, int, bool], str] = {}
+
+    def rows(nm: str, d: int, lo: int, hi: int, transpose: bool = False) -> str:
+        """``nm[d, lo:hi]`` (transposed): a constant, or sliced in the graph from a run-time input."""
+        key = (nm, d, lo, hi, transpose)
+        if key in blocks:
+            return blocks[key]
+        if not nm:
+            v = bld.const(np.zeros((hi - lo,), dtype), "zeros")
+        elif nm in consts:
+            part = consts[nm][d, lo:hi]
+            v = bld.const((part.T if transpose else part).copy(), "w")
+        else:
+            v = bld.op("Gather", [nm, bld.const(np.array(d, np.int64), "dir")], axis=0)
+            bounds = [bld.const(np.array([b], np.int64), "b") for b in (lo, hi, 0)]
+            v = bld.op("Slice", [v, *bounds]) if _opset(model) >= 10 else \
+                bld.op("Slice", [v], starts=[lo], ends=[hi], axes=[0])
+            v = bld.op("Transpose", [v], perm=[1, 0]) if transpose else v
+        blocks[key] = v
+        return v
+
     if layout == 1:
         x = bld.op("Transpose", [x], perm=[1, 0, 2])
     # gate order per op (W/R/B row blocks): LSTM i o f c, GRU z r h, RNN i
@@ -537,18 +564,24 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
     for d in range(dirs):
         f_act, g_act = acts[d * n_acts], acts[d * n_acts + 1] if n_acts > 1 else None
         h_act = acts[d * n_acts + 2] if op == "LSTM" else None
-        wb, rb = B[d, :n_gates * H], B[d, n_gates * H:]
-
-        def blk(m: np.ndarray, k: int) -> np.ndarray:
-            return m[k * H:(k + 1) * H]
+        rb0 = n_gates * H  # B holds Wb then Rb
 
         # input projections for all steps at once: [T, batch, H] per gate
         xw = []
         for k in range(n_gates):
-            bias = blk(wb, k) + (blk(rb, k) if not (op == "GRU" and k == 2 and linear_before_reset) else 0)
-            proj = bld.op("MatMul", [x, bld.const(blk(W[d], k).T.copy(), f"W{k}")])
-            xw.append(bld.op("Add", [proj, bld.const(bias.astype(dtype), f"b{k}")]))
-        rt = [bld.const(blk(R[d], k).T.copy(), f"R{k}") for k in range(n_gates)]
+            proj = bld.op("MatMul", [x, rows(w_name, d, k * H, (k + 1) * H, transpose=True)])
+            both = not (op == "GRU" and k == 2 and linear_before_reset)  # Wb + Rb
+            if b_name in consts or not b_name:
+                bias = consts[b_name][d, k * H:(k + 1) * H] if b_name else np.zeros(H, dtype)
+                if both and b_name:
+                    bias = bias + consts[b_name][d, rb0 + k * H:rb0 + (k + 1) * H]
+                xw.append(bld.op("Add", [proj, bld.const(bias.astype(dtype), f"b{k}")]))
+                continue
+            proj = bld.op("Add", [proj, rows(b_name, d, k * H, (k + 1) * H)])
+            if both:
+                proj = bld.op("Add", [proj, rows(b_name, d, rb0 + k * H, rb0 + (k + 1) * H)])
+            xw.append(proj)
+        rt = [rows(r_name, d, k * H, (k + 1) * H, transpose=True) for k in range(n_gates)]
 
         def state(name: str, d: int = d) -> str:
             if name:
@@ -583,8 +616,7 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
         for t in steps:
             ti = bld.const(np.array(t, np.int64), "t")
             if op == "LSTM":
-                peep = [bld.const(P[d, k * H:(k + 1) * H].copy(), f"P{k}") for k in range(3)] \
-                    if P is not None else []
+                peep = [rows(p_name, d, k * H, (k + 1) * H) for k in range(3)] if p_name else []
                 pi = [bld.op("Mul", [c, peep[0]])] if peep else []
                 pf = [bld.op("Mul", [c, peep[2]])] if peep else []
                 i_g = fa(f_act, pre(0, ti, pi))
@@ -601,7 +633,7 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
                 r = fa(f_act, pre(1, ti, []))
                 xh = bld.op("Gather", [xw[2], ti], axis=0)
                 if linear_before_reset:
-                    hr = bld.op("Add", [bld.op("MatMul", [h, rt[2]]), bld.const(blk(rb, 2).copy(), "rbh")])
+                    hr = bld.op("Add", [bld.op("MatMul", [h, rt[2]]), rows(b_name, d, rb0 + 2 * H, rb0 + 3 * H)])
                     cand = bld.op("Add", [xh, bld.op("Mul", [r, hr])])
                 else:
                     cand = bld.op("Add", [xh, bld.op("MatMul", [bld.op("Mul", [r, h]), rt[2]])])
