@@ -23,7 +23,10 @@ that changed something (``fractal compile`` prints them).
 5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time),
                          Det (Leibniz expansion, up to 5x5) and LpNormalization become Slice / Mul /
                          Gather / Reduce / Div.
-5c. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
+5c. ``lower_ops``     -- ScatterElements -> ScatterND, EyeLike with a dtype -> a constant, ReverseSequence
+                         -> GatherElements, SpaceToDepth CRD, ConvTranspose's output_shape -> pads,
+                         BatchNormalization in training mode (compiler/lower_ops.py).
+5d. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
 7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
@@ -41,6 +44,7 @@ import numpy as np
 
 from compiler.errors import ModelError
 from compiler.expand import EXPANDED_OPS, expand_functions
+from compiler.lower_ops import LOWERED_OPS, lower_ops
 from compiler.prepare_ml import lower_ml
 from compiler.unroll import LOOP_OPS, unroll_loops
 
@@ -55,7 +59,7 @@ FLOOR_OPSET = 7  # below this, the upgrade must succeed
 _RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
 _LOWERED_OPS = frozenset({"CumProd", "Det", "LpNormalization"})
 _FLOAT_TYPES = frozenset({1, 11})  # float, double (float16 Pow is left to TVM and promote_float16)
-DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS | LOOP_OPS
+DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS | LOOP_OPS | LOWERED_OPS
 _FOLD_MAX_ELEMENTS = 1 << 16  # do not materialise big tensors (weights stay where they are)
 _NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                       "Bernoulli", "If", "Loop", "Scan", "Dropout"})
@@ -1050,6 +1054,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("unroll_loops", lambda: unroll_loops(model)),  # Loop / Scan / constant If (compiler/unroll.py)
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("decompose_ops", lambda: decompose_ops(model)),
+        ("lower_ops", lambda: lower_ops(model)),  # ScatterElements, ReverseSequence, ... (compiler/lower_ops.py)
         ("cast_pow_exponent", lambda: cast_pow_exponent(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
         ("promote_float16", lambda: promote_float16(model)),
@@ -1060,7 +1065,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     for name, step in steps:
         if step():
             changed.append(name)
-    rewritten = {"expand_functions", "unroll_loops", "decompose_rnn", "decompose_ops"} & set(changed)
+    rewritten = {"expand_functions", "unroll_loops", "decompose_rnn", "decompose_ops", "lower_ops"} & set(changed)
     if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")
     return model, changed
