@@ -275,20 +275,27 @@ def _scan(em: _Emitter, node: Any, label: str, shapes: dict[str, list[int]],
 
 
 # ------------------------------------------------------------------------------------------- Loop
-def _passes_condition(body: Any) -> bool:
-    """True if the body's condition output is its condition input (or a constant true): the
-    loop then runs exactly its trip count (given a true or absent initial condition)."""
+def _passes_condition(body: Any, consts: dict[str, np.ndarray]) -> bool:
+    """True if the body's condition output is its condition input or a constant true (of the body
+    or of the outer graph, through Identity): the loop then runs exactly its trip count (given a
+    true or absent initial condition). torch.onnx exports a for loop as Identity(outer true)."""
     from onnx import numpy_helper
 
     cond_in, cond_out = body.input[1].name, body.output[0].name
     alias = {cond_in}
+    true = {name for name, v in consts.items() if v.dtype == bool and v.size == 1 and bool(v.all())}
     for n in body.node:
-        if n.op_type == "Identity" and n.input[0] in alias:
-            alias.add(n.output[0])
-        if n.op_type == "Constant" and n.output[0] == cond_out:
+        if n.op_type == "Identity":
+            for group in (alias, true):
+                if n.input[0] in group:
+                    group.add(n.output[0])
+        elif n.op_type == "Constant":
             value = next((a.t for a in n.attribute if a.name == "value"), None)
-            return value is not None and bool(np.all(numpy_helper.to_array(value)))
-    return cond_out in alias
+            if value is not None and bool(np.all(numpy_helper.to_array(value))):
+                true.add(n.output[0])
+            else:
+                true.discard(n.output[0])
+    return cond_out in alias or cond_out in true
 
 
 def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], budget: _Budget) -> None:
@@ -312,7 +319,7 @@ def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], bu
     steps = int(consts[trip])
     if cond and not bool(np.all(consts[cond])):
         steps = 0
-    if steps > 0 and not _passes_condition(body):
+    if steps > 0 and not _passes_condition(body, consts):
         raise ModelError(f"{label}: the body computes its own continue condition, so the loop may end "
                          "early at run time", hint="let the body pass its condition through unchanged")
     steps = max(steps, 0)
