@@ -45,6 +45,7 @@ import numpy as np
 from compiler.errors import ModelError
 from compiler.expand import EXPANDED_OPS, expand_functions
 from compiler.lower_ops import LOWERED_OPS, lower_ops
+from compiler.lower_training import lower_training
 from compiler.prepare_ml import lower_ml
 from compiler.unroll import LOOP_OPS, unroll_loops
 
@@ -1045,6 +1046,9 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     steps: list[tuple[str, Callable[[], bool]]] = [
         ("normalize_ir", lambda: normalize_ir(model)),
         ("lower_ml", lambda: lower_ml(model)),  # ai.onnx.ml -> standard ops (compiler/prepare_ml.py)
+        # ai.onnx.preview.training's optimizers (compiler/lower_training.py); such a model may
+        # import no default opset, which the upgrade would take for opset 1
+        ("lower_training", lambda: lower_training(model)),
         # opset 8's batched Scan: before the version converter, which rewrites it wrongly
         ("unroll_scan8", lambda: unroll_loops(model, final=False)),
         ("upgrade_opset", lambda: upgrade_opset(model)),

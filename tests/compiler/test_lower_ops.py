@@ -103,3 +103,48 @@ def test_a_dynamic_shape_is_refused_by_name() -> None:
     model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "B"
     with pytest.raises(ModelError, match=r"ReverseSequence at node '#0': the input 'x' has no static shape"):
         prepare(model)
+
+
+@pytest.mark.parametrize(("op", "attrs", "states"), [
+    ("Adagrad", {"decay_factor": 0.1, "epsilon": 1e-5, "norm_coefficient": 1e-3}, ["H"]),
+    ("Adam", {"alpha": 0.95, "beta": 0.1, "epsilon": 1e-7, "norm_coefficient": 1e-3,
+              "norm_coefficient_post": 0.01}, ["V", "H"]),
+    ("Momentum", {"alpha": 0.95, "beta": 0.1, "mode": "standard", "norm_coefficient": 1e-3}, ["V"]),
+    ("Momentum", {"alpha": 0.9, "beta": 1.0, "mode": "nesterov", "norm_coefficient": 1e-2}, ["V"]),
+])
+@pytest.mark.parametrize("step", [0, 3])
+def test_training_optimizers_match_onnx_reference(op: str, attrs: dict[str, Any], states: list[str],
+                                                  step: int) -> None:
+    """ai.onnx.preview.training's optimizers (onnxruntime's CPU build has none: onnx's reference is
+    the comparison), two tensors updated by one node, the model importing no default opset."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(4)
+    names = ["X", "G", *states]
+    feeds: dict[str, np.ndarray] = {"R": np.array(0.1, np.float32), "T": np.array(step, np.int64)}
+    for name in names:
+        for k, shape in ((1, [2]), (2, [3, 2])):
+            feeds[f"{name}{k}"] = (rng.random(shape) if name == "H" else rng.standard_normal(shape)).astype(np.float32)
+    ins = ["R", "T", *[f"{name}{k}" for name in names for k in (1, 2)]]
+    outs = [f"{name}{k}_new" for name in ["X", *states] for k in (1, 2)]
+    node = oh.make_node(op, ins, outs, domain="ai.onnx.preview.training", **attrs)
+    inputs = [oh.make_tensor_value_info(k, oh.np_dtype_to_tensor_dtype(feeds[k].dtype), list(feeds[k].shape))
+              for k in ins]
+    model = oh.make_model(oh.make_graph([node], "opt", inputs, [oh.make_tensor_value_info(o, F, None) for o in outs]),
+                          opset_imports=[oh.make_opsetid("ai.onnx.preview.training", 1)])
+    model.ir_version = 8
+    want = ReferenceEvaluator(model).run(None, feeds)
+    prepared, steps = prepare(model)
+    assert "lower_training" in steps
+    got = ort.InferenceSession(prepared.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_is_refused_by_name() -> None:
+    node = oh.make_node("Gradient", ["x"], ["dx"], domain="ai.onnx.preview.training", xs=["x"], y="x")
+    model = oh.make_model(oh.make_graph([node], "g", [oh.make_tensor_value_info("x", F, [2])],
+                                        [oh.make_tensor_value_info("dx", F, [2])]),
+                          opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.preview.training", 1)])
+    with pytest.raises(ModelError, match=r"ai.onnx.preview.training::Gradient at node '#0' is not supported"):
+        prepare(model)
