@@ -9,8 +9,9 @@ branch taken.
 
 Bounds: at most ``MAX_ITERATIONS`` iterations per loop and ``MAX_NODES`` copied nodes per model.
 Every iteration is one more copy of the body in the compiled graph (no code is shared between
-iterations), and TVM's import and build time grow with the node count: 256 steps of a body of
-30 nodes compile in about a minute here; beyond that, the loop is refused in one line.
+iterations), and TVM's import and build time grow with the node count; beyond the bounds the loop
+is refused in one line (a rolled loop would need TVM's Relax control flow, which its ONNX
+frontend does not emit).
 
 Refused, each with the reason: a trip count or sequence length known only at run time, a Loop that
 may end early on a condition computed at run time, zero iterations with scan outputs (an empty
