@@ -9,6 +9,9 @@ in the preparation stage (each found by ONNX's operator suite, issue 29):
 * ConvTranspose with ``output_shape`` (TVM ignores it): the equivalent ``pads``, as ONNX defines them.
 * BatchNormalization in training mode (batch statistics and the running-statistics outputs):
   ReduceMean / Sub / Mul / Sqrt, the running statistics mixed with ``momentum``.
+* DFT (no converter): MatMul of the real and imaginary parts by constant cosine / sine tables
+  along the axis (forward, inverse, one-sided, inverse one-sided, ``dft_length``); an axis given at
+  run time computes every possible axis and keeps the one asked for (as CumProd does).
 
 Shapes must be static where the rewrite needs them; otherwise the node is refused in one line.
 """
@@ -24,7 +27,8 @@ from compiler.errors import ModelError
 __all__ = ["LOWERED_OPS", "lower_ops"]
 
 LOWERED_OPS = frozenset({"ScatterElements", "Scatter", "EyeLike", "ReverseSequence", "SpaceToDepth",
-                         "ConvTranspose", "BatchNormalization"})
+                         "ConvTranspose", "BatchNormalization", "DFT"})
+_DFT_MAX = 4096  # a length-N transform is an N x N table per part
 
 
 def _attr(node: Any, name: str, default: Any = None) -> Any:
@@ -193,6 +197,104 @@ def _batchnorm_training(bld: Any, node: Any, shapes: dict[str, list[int]], types
             bld.op("Add", [bld.op("Mul", [running, keep]), bld.op("Mul", [now, mix])], out=node.output[k])
 
 
+def _dft_tables(n_in: int, length: int, inverse: bool, onesided: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(C, S): cos and sin of 2 pi n k / length, scaled (1/length for the inverse), [n_in, bins]."""
+    if inverse and onesided:  # Hermitian input of n_in bins -> `length` real samples (numpy's irfft)
+        k = np.arange(n_in)[:, None]
+        theta = 2 * np.pi * k * np.arange(length)[None, :] / length
+        weight = np.where((k == 0) | ((length % 2 == 0) & (k == length // 2)), 1.0, 2.0)
+        weight = weight * (k < min(n_in, length // 2 + 1))
+        return weight * np.cos(theta) / length, weight * np.sin(theta) / length
+    bins = length // 2 + 1 if onesided else length
+    n = np.arange(n_in)[:, None]
+    theta = 2 * np.pi * n * np.arange(bins)[None, :] / length
+    used = (n < length) / (length if inverse else 1)  # a longer input is truncated to dft_length
+    return used * np.cos(theta), used * np.sin(theta)
+
+
+def _dft_along(bld: Any, re: str, im: str | None, dims: list[int], axis: int, length: int, inverse: bool,
+               onesided: bool, dtype: Any) -> str:
+    """DFT of re + i im (shape ``dims``, no complex axis) along ``axis``: [..., K, 2], or [..., L, 1]
+    for the inverse of a one-sided spectrum."""
+    rank = len(dims)
+    perm = [d for d in range(rank) if d != axis] + [axis]
+    back = [int(v) for v in np.argsort(perm)]
+    c, s = _dft_tables(dims[axis], length, inverse, onesided)
+
+    def along(x: str, table: np.ndarray) -> str:
+        moved = bld.op("Transpose", [x], perm=perm)
+        return str(bld.op("Transpose", [bld.op("MatMul", [moved, bld.const(table.astype(dtype), "table")])],
+                          perm=back))
+
+    last = bld.const(np.array([-1], np.int64), "axes")
+    if inverse and onesided:  # Re(X e^{i theta}) summed with the Hermitian weights
+        real = along(re, c) if im is None else bld.op("Sub", [along(re, c), along(im, s)])
+        return str(bld.op("Unsqueeze", [real, last]))
+    if im is None:
+        y_re, y_im = along(re, c), along(re, s)
+        if not inverse:
+            y_im = bld.op("Neg", [y_im])
+    elif inverse:  # (re + i im)(cos + i sin)
+        y_re = bld.op("Sub", [along(re, c), along(im, s)])
+        y_im = bld.op("Add", [along(im, c), along(re, s)])
+    else:  # (re + i im)(cos - i sin)
+        y_re = bld.op("Add", [along(re, c), along(im, s)])
+        y_im = bld.op("Sub", [along(im, c), along(re, s)])
+    return str(bld.op("Concat", [bld.op("Unsqueeze", [y_re, last]), bld.op("Unsqueeze", [y_im, last])], axis=-1))
+
+
+def _dft(bld: Any, node: Any, shapes: dict[str, list[int]], consts: dict[str, np.ndarray], types: dict[str, int],
+         opset: int, label: str) -> None:
+    from onnx import helper
+
+    x = node.input[0]
+    dims = _static(shapes, x, label, "input")
+    if len(dims) < 3 or dims[-1] not in (1, 2):
+        raise ModelError(f"{label}: input {dims}; DFT takes [batch, ..., n, 1 or 2]", hint="fix the model")
+    rank = len(dims) - 1  # without the real / imaginary axis
+    inverse, onesided = bool(_attr(node, "inverse", 0)), bool(_attr(node, "onesided", 0))
+    if opset >= 20:
+        axis_name = node.input[2] if len(node.input) > 2 else ""
+        given = consts.get(axis_name) if axis_name else np.array(-2)
+    else:
+        axis_name, given = "", np.array(_attr(node, "axis", 1))
+    length_name = node.input[1] if len(node.input) > 1 else ""
+    if length_name and length_name not in consts:
+        raise ModelError(f"{label}: dft_length {length_name!r} is known only at run time; output shapes decided at "
+                         "run time are not supported", hint="make dft_length a constant of the model")
+    candidates = [int(given) % (rank + 1)] if given is not None else list(range(1, rank))
+    dtype = helper.tensor_dtype_to_np_dtype(types.get(x, 1))
+    sizes = dims[:-1]
+    re = bld.op("Squeeze", [bld.op("Slice", [x, *(bld.const(np.array([v], np.int64), "b") for v in (0, 1, -1))]),
+                            bld.const(np.array([-1], np.int64), "axes")])
+    im = None if dims[-1] == 1 else bld.op(
+        "Squeeze", [bld.op("Slice", [x, *(bld.const(np.array([v], np.int64), "b") for v in (1, 2, -1))]),
+                    bld.const(np.array([-1], np.int64), "axes")])
+    results, shapes_out = {}, set()
+    for axis in candidates:
+        if not 0 < axis < rank:
+            raise ModelError(f"{label}: axis {axis} is the batch or the real/imaginary axis", hint="fix the model")
+        n = sizes[axis]
+        length = int(consts[length_name]) if length_name else (2 * (n - 1) if inverse and onesided else n)
+        if max(n, length) > _DFT_MAX:
+            raise ModelError(f"{label}: a transform of length {max(n, length)}; DFT is a table product, up to "
+                             f"{_DFT_MAX}", hint="compute the transform outside the model")
+        bins = length if inverse or not onesided else length // 2 + 1
+        shapes_out.add(tuple([*sizes[:axis], bins, *sizes[axis + 1:], 1 if inverse and onesided else 2]))
+        results[axis] = _dft_along(bld, re, im, sizes, axis, length, inverse, onesided, dtype)
+    if len(shapes_out) != 1:
+        raise ModelError(f"{label}: the axis {axis_name!r} is known only at run time and the output shape depends "
+                         "on it", hint="make the axis a constant of the model")
+    picked = results[candidates[-1]]
+    if len(candidates) > 1:  # the axis arrives at run time: every candidate computed, the one asked kept
+        ax = bld.op("Cast", [bld.op("Reshape", [axis_name, bld.const(np.array([], np.int64), "scalar")])], to=7)
+        ax = bld.op("Mod", [ax, bld.const(np.array(rank + 1, np.int64), "rank")])
+        for axis in reversed(candidates[:-1]):
+            hit = bld.op("Equal", [ax, bld.const(np.array(axis, np.int64), "k")])
+            picked = bld.op("Where", [hit, results[axis], picked])
+    bld.op("Identity", [picked], out=node.output[0])
+
+
 def lower_ops(model: Any) -> bool:
     """Rewrite the nodes listed in the module docstring; True if any was."""
     from compiler.prepare import _Builder, _const_inputs, _elem_types, _opset, _replace_nodes, _static_shapes
@@ -222,6 +324,8 @@ def lower_ops(model: Any) -> bool:
             _reverse_sequence(bld, node, shapes, label)
         elif node.op_type == "SpaceToDepth":
             _space_to_depth_crd(bld, node, shapes, label)
+        elif node.op_type == "DFT":
+            _dft(bld, node, shapes, consts, types, opset, label)
         else:
             _batchnorm_training(bld, node, shapes, types, opset, label)
         new_nodes.extend(bld.nodes)

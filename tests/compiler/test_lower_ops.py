@@ -148,3 +148,36 @@ def test_gradient_is_refused_by_name() -> None:
                           opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.preview.training", 1)])
     with pytest.raises(ModelError, match=r"ai.onnx.preview.training::Gradient at node '#0' is not supported"):
         prepare(model)
+
+
+@pytest.mark.parametrize(("complex_in", "inverse", "onesided", "length"), [
+    (False, False, False, None), (True, False, False, None), (False, False, True, None), (True, True, False, None),
+    (True, True, True, None), (True, False, False, 6), (False, False, True, 12), (True, True, True, 9)],
+    ids=["real", "complex", "rfft", "inverse", "irfft", "truncated", "zero-padded-rfft", "odd-irfft"])
+def test_dft_matches_numpy(complex_in: bool, inverse: bool, onesided: bool, length: int | None) -> None:
+    """DFT as cosine / sine table products along axis 2 of [batch, 3, n, 4, 1|2], against numpy.fft."""
+    rng = np.random.default_rng(5)
+    n = 5 if inverse and onesided else 8
+    z = rng.standard_normal((2, 3, n, 4)) + (1j * rng.standard_normal((2, 3, n, 4)) if complex_in else 0)
+    x = np.stack([z.real, z.imag], -1) if complex_in else z.real[..., None]
+    feeds = {"x": x.astype(np.float32)}
+    ins = ["x"]
+    inits = []
+    if length is not None:
+        ins.append("len")
+        inits.append(nh.from_array(np.array(length, np.int64), "len"))
+    node = oh.make_node("DFT", ins, ["y"], axis=2, inverse=int(inverse), onesided=int(onesided))
+    model = _model(node, feeds, [oh.make_tensor_value_info("y", F, None)], 17)
+    model.graph.initializer.extend(inits)
+    if inverse and onesided:
+        want = np.fft.irfft(z, n=length, axis=2)[..., None]
+    elif inverse:
+        want = np.fft.ifft(z, n=length, axis=2)
+    else:
+        want = (np.fft.rfft if onesided else np.fft.fft)(z, n=length, axis=2)
+    if want.shape[-1] != 1:
+        want = np.stack([want.real, want.imag], -1)
+    prepared, steps = prepare(model)
+    assert "lower_ops" in steps and not any(nd.op_type == "DFT" for nd in prepared.graph.node)
+    got = ort.InferenceSession(prepared.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
