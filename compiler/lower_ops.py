@@ -26,8 +26,18 @@ from compiler.errors import ModelError
 
 __all__ = ["LOWERED_OPS", "lower_ops"]
 
-LOWERED_OPS = frozenset({"ScatterElements", "Scatter", "EyeLike", "ReverseSequence", "SpaceToDepth",
-                         "ConvTranspose", "BatchNormalization", "DFT"})
+LOWERED_OPS = frozenset(
+    {
+        "ScatterElements",
+        "Scatter",
+        "EyeLike",
+        "ReverseSequence",
+        "SpaceToDepth",
+        "ConvTranspose",
+        "BatchNormalization",
+        "DFT",
+    }
+)
 _DFT_MAX = 4096  # a length-N transform is an N x N table per part
 
 
@@ -59,8 +69,10 @@ def _wanted(node: Any) -> bool:
 def _static(shapes: dict[str, list[int]], name: str, label: str, what: str) -> list[int]:
     dims = shapes.get(name)
     if dims is None or any(d <= 0 for d in dims):
-        raise ModelError(f"{label}: the {what} {name!r} has no static shape ({dims})",
-                         hint="fix the input shapes with --shape NAME=D0,D1,...")
+        raise ModelError(
+            f"{label}: the {what} {name!r} has no static shape ({dims})",
+            hint="fix the input shapes with --shape NAME=D0,D1,...",
+        )
     return dims
 
 
@@ -74,8 +86,11 @@ def _scatter_elements(bld: Any, node: Any, shapes: dict[str, list[int]], opset: 
     parts = []
     for j in range(rank):
         coord = bld.op("Cast", [indices], to=7) if j == axis else bld.const(grid[j], "coord")
-        parts.append(bld.op("Unsqueeze", [coord, bld.const(np.array([-1], np.int64), "axes")]) if opset >= 13
-                     else bld.op("Unsqueeze", [coord], axes=[-1]))
+        parts.append(
+            bld.op("Unsqueeze", [coord, bld.const(np.array([-1], np.int64), "axes")])
+            if opset >= 13
+            else bld.op("Unsqueeze", [coord], axes=[-1])
+        )
     coords = bld.op("Concat", parts, axis=-1) if len(parts) > 1 else parts[0]
     reduction = _attr(node, "reduction", "none")
     extra = {"reduction": reduction} if reduction != "none" else {}
@@ -87,7 +102,9 @@ def _eye_like(bld: Any, node: Any, shapes: dict[str, list[int]], types: dict[str
 
     dims = _static(shapes, node.input[0], label, "input")
     if len(dims) != 2:
-        raise ModelError(f"{label}: the input has rank {len(dims)}; EyeLike takes a 2-D tensor", hint="fix the model")
+        raise ModelError(
+            f"{label}: the input has rank {len(dims)}; EyeLike takes a 2-D tensor", hint="fix the model"
+        )
     elem = int(_attr(node, "dtype", types.get(node.input[0], 1)))
     eye = np.eye(dims[0], dims[1], int(_attr(node, "k", 0)), dtype=helper.tensor_dtype_to_np_dtype(elem))
     bld.op("Identity", [bld.const(eye, "eye")], out=node.output[0])
@@ -98,8 +115,10 @@ def _reverse_sequence(bld: Any, node: Any, shapes: dict[str, list[int]], label: 
     dims = _static(shapes, x, label, "input")
     time_axis, batch_axis = int(_attr(node, "time_axis", 0)), int(_attr(node, "batch_axis", 1))
     if sorted((time_axis, batch_axis)) != [0, 1] or len(dims) < 2:
-        raise ModelError(f"{label}: time_axis {time_axis} and batch_axis {batch_axis}; ONNX allows 0 and 1",
-                         hint="fix the model")
+        raise ModelError(
+            f"{label}: time_axis {time_axis} and batch_axis {batch_axis}; ONNX allows 0 and 1",
+            hint="fix the model",
+        )
     shape_t = [1] * len(dims)
     shape_t[time_axis] = dims[time_axis]
     shape_b = [1] * len(dims)
@@ -116,23 +135,33 @@ def _space_to_depth_crd(bld: Any, node: Any, shapes: dict[str, list[int]], label
     dims = _static(shapes, node.input[0], label, "input")
     b = int(_attr(node, "blocksize", 1))
     if len(dims) != 4 or dims[2] % b or dims[3] % b:
-        raise ModelError(f"{label}: input {dims} is not 4-D with H and W divisible by blocksize {b}",
-                         hint="fix the model")
+        raise ModelError(
+            f"{label}: input {dims} is not 4-D with H and W divisible by blocksize {b}", hint="fix the model"
+        )
     n, c, h, w = dims
-    v = bld.op("Reshape", [node.input[0], bld.const(np.array([n, c, h // b, b, w // b, b], np.int64), "shape")])
+    v = bld.op(
+        "Reshape", [node.input[0], bld.const(np.array([n, c, h // b, b, w // b, b], np.int64), "shape")]
+    )
     v = bld.op("Transpose", [v], perm=[0, 1, 3, 5, 2, 4])
-    bld.op("Reshape", [v, bld.const(np.array([n, c * b * b, h // b, w // b], np.int64), "shape")],
-           out=node.output[0])
+    bld.op(
+        "Reshape",
+        [v, bld.const(np.array([n, c * b * b, h // b, w // b], np.int64), "shape")],
+        out=node.output[0],
+    )
 
 
-def _conv_transpose_pads(node: Any, shapes: dict[str, list[int]], consts: dict[str, np.ndarray],
-                         label: str) -> Any:
+def _conv_transpose_pads(
+    node: Any, shapes: dict[str, list[int]], consts: dict[str, np.ndarray], label: str
+) -> Any:
     """The node with ``output_shape`` replaced by the pads ONNX derives from it."""
     import onnx
 
     x = _static(shapes, node.input[0], label, "input")
-    w = list(consts[node.input[1]].shape) if node.input[1] in consts else \
-        _static(shapes, node.input[1], label, "weight")
+    w = (
+        list(consts[node.input[1]].shape)
+        if node.input[1] in consts
+        else _static(shapes, node.input[1], label, "weight")
+    )
     spatial = len(x) - 2
     out = list(_attr(node, "output_shape"))[-spatial:]
     strides = list(_attr(node, "strides", [1] * spatial))
@@ -143,10 +172,14 @@ def _conv_transpose_pads(node: Any, shapes: dict[str, list[int]], consts: dict[s
     begin, end = [], []
     for i in range(spatial):
         total = strides[i] * (x[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1 - out[i]
-        lo, hi = (total // 2, total - total // 2) if auto_pad == "SAME_UPPER" else (total - total // 2, total // 2)
+        lo, hi = (
+            (total // 2, total - total // 2) if auto_pad == "SAME_UPPER" else (total - total // 2, total // 2)
+        )
         if lo < 0:
-            raise ModelError(f"{label}: output_shape {out} needs negative leading padding",
-                             hint="give pads and output_padding instead")
+            raise ModelError(
+                f"{label}: output_shape {out} needs negative leading padding",
+                hint="give pads and output_padding instead",
+            )
         if hi < 0:  # a negative trailing pad is one more output row: output_padding
             out_pad[i] -= hi
             hi = 0
@@ -162,15 +195,18 @@ def _conv_transpose_pads(node: Any, shapes: dict[str, list[int]], consts: dict[s
     return new
 
 
-def _batchnorm_training(bld: Any, node: Any, shapes: dict[str, list[int]], types: dict[str, int],
-                        opset: int, label: str) -> None:
+def _batchnorm_training(
+    bld: Any, node: Any, shapes: dict[str, list[int]], types: dict[str, int], opset: int, label: str
+) -> None:
     from onnx import helper
 
     x, scale, bias, mean, var = node.input[:5]
     dims = _static(shapes, x, label, "input")
     if len(dims) < 2:
-        raise ModelError(f"{label}: the input has rank {len(dims)}; BatchNormalization needs N, C, ...",
-                         hint="fix the model")
+        raise ModelError(
+            f"{label}: the input has rank {len(dims)}; BatchNormalization needs N, C, ...",
+            hint="fix the model",
+        )
     dtype = helper.tensor_dtype_to_np_dtype(types.get(x, 1))
     axes = [0, *range(2, len(dims))]
     eps = float(_attr(node, "epsilon", 1e-5))
@@ -190,7 +226,10 @@ def _batchnorm_training(bld: Any, node: Any, shapes: dict[str, list[int]], types
     y = bld.op("Div", [centered, denom])
     y = bld.op("Mul", [y, bld.op("Reshape", [scale, per_channel])])
     bld.op("Add", [y, bld.op("Reshape", [bias, per_channel])], out=node.output[0])
-    keep, mix = bld.const(np.array(momentum, dtype), "momentum"), bld.const(np.array(1 - momentum, dtype), "mix")
+    keep, mix = (
+        bld.const(np.array(momentum, dtype), "momentum"),
+        bld.const(np.array(1 - momentum, dtype), "mix"),
+    )
     for k, (running, batch) in enumerate(((mean, mu), (var, sigma2)), start=1):
         if k < len(node.output) and node.output[k]:
             now = bld.op("Reshape", [batch, flat])
@@ -212,8 +251,17 @@ def _dft_tables(n_in: int, length: int, inverse: bool, onesided: bool) -> tuple[
     return used * np.cos(theta), used * np.sin(theta)
 
 
-def _dft_along(bld: Any, re: str, im: str | None, dims: list[int], axis: int, length: int, inverse: bool,
-               onesided: bool, dtype: Any) -> str:
+def _dft_along(
+    bld: Any,
+    re: str,
+    im: str | None,
+    dims: list[int],
+    axis: int,
+    length: int,
+    inverse: bool,
+    onesided: bool,
+    dtype: Any,
+) -> str:
     """DFT of re + i im (shape ``dims``, no complex axis) along ``axis``: [..., K, 2], or [..., L, 1]
     for the inverse of a one-sided spectrum."""
     rank = len(dims)
@@ -223,8 +271,11 @@ def _dft_along(bld: Any, re: str, im: str | None, dims: list[int], axis: int, le
 
     def along(x: str, table: np.ndarray) -> str:
         moved = bld.op("Transpose", [x], perm=perm)
-        return str(bld.op("Transpose", [bld.op("MatMul", [moved, bld.const(table.astype(dtype), "table")])],
-                          perm=back))
+        return str(
+            bld.op(
+                "Transpose", [bld.op("MatMul", [moved, bld.const(table.astype(dtype), "table")])], perm=back
+            )
+        )
 
     last = bld.const(np.array([-1], np.int64), "axes")
     if inverse and onesided:  # Re(X e^{i theta}) summed with the Hermitian weights
@@ -240,11 +291,20 @@ def _dft_along(bld: Any, re: str, im: str | None, dims: list[int], axis: int, le
     else:  # (re + i im)(cos - i sin)
         y_re = bld.op("Add", [along(re, c), along(im, s)])
         y_im = bld.op("Sub", [along(im, c), along(re, s)])
-    return str(bld.op("Concat", [bld.op("Unsqueeze", [y_re, last]), bld.op("Unsqueeze", [y_im, last])], axis=-1))
+    return str(
+        bld.op("Concat", [bld.op("Unsqueeze", [y_re, last]), bld.op("Unsqueeze", [y_im, last])], axis=-1)
+    )
 
 
-def _dft(bld: Any, node: Any, shapes: dict[str, list[int]], consts: dict[str, np.ndarray], types: dict[str, int],
-         opset: int, label: str) -> None:
+def _dft(
+    bld: Any,
+    node: Any,
+    shapes: dict[str, list[int]],
+    consts: dict[str, np.ndarray],
+    types: dict[str, int],
+    opset: int,
+    label: str,
+) -> None:
     from onnx import helper
 
     x = node.input[0]
@@ -260,34 +320,58 @@ def _dft(bld: Any, node: Any, shapes: dict[str, list[int]], consts: dict[str, np
         axis_name, given = "", np.array(_attr(node, "axis", 1))
     length_name = node.input[1] if len(node.input) > 1 else ""
     if length_name and length_name not in consts:
-        raise ModelError(f"{label}: dft_length {length_name!r} is known only at run time; output shapes decided at "
-                         "run time are not supported", hint="make dft_length a constant of the model")
+        raise ModelError(
+            f"{label}: dft_length {length_name!r} is known only at run time; output shapes decided at "
+            "run time are not supported",
+            hint="make dft_length a constant of the model",
+        )
     candidates = [int(given) % (rank + 1)] if given is not None else list(range(1, rank))
     dtype = helper.tensor_dtype_to_np_dtype(types.get(x, 1))
     sizes = dims[:-1]
-    re = bld.op("Squeeze", [bld.op("Slice", [x, *(bld.const(np.array([v], np.int64), "b") for v in (0, 1, -1))]),
-                            bld.const(np.array([-1], np.int64), "axes")])
-    im = None if dims[-1] == 1 else bld.op(
-        "Squeeze", [bld.op("Slice", [x, *(bld.const(np.array([v], np.int64), "b") for v in (1, 2, -1))]),
-                    bld.const(np.array([-1], np.int64), "axes")])
+    re = bld.op(
+        "Squeeze",
+        [
+            bld.op("Slice", [x, *(bld.const(np.array([v], np.int64), "b") for v in (0, 1, -1))]),
+            bld.const(np.array([-1], np.int64), "axes"),
+        ],
+    )
+    im = (
+        None
+        if dims[-1] == 1
+        else bld.op(
+            "Squeeze",
+            [
+                bld.op("Slice", [x, *(bld.const(np.array([v], np.int64), "b") for v in (1, 2, -1))]),
+                bld.const(np.array([-1], np.int64), "axes"),
+            ],
+        )
+    )
     results, shapes_out = {}, set()
     for axis in candidates:
         if not 0 < axis < rank:
-            raise ModelError(f"{label}: axis {axis} is the batch or the real/imaginary axis", hint="fix the model")
+            raise ModelError(
+                f"{label}: axis {axis} is the batch or the real/imaginary axis", hint="fix the model"
+            )
         n = sizes[axis]
         length = int(consts[length_name]) if length_name else (2 * (n - 1) if inverse and onesided else n)
         if max(n, length) > _DFT_MAX:
-            raise ModelError(f"{label}: a transform of length {max(n, length)}; DFT is a table product, up to "
-                             f"{_DFT_MAX}", hint="compute the transform outside the model")
+            raise ModelError(
+                f"{label}: a transform of length {max(n, length)}; DFT is a table product, up to {_DFT_MAX}",
+                hint="compute the transform outside the model",
+            )
         bins = length if inverse or not onesided else length // 2 + 1
-        shapes_out.add(tuple([*sizes[:axis], bins, *sizes[axis + 1:], 1 if inverse and onesided else 2]))
+        shapes_out.add(tuple([*sizes[:axis], bins, *sizes[axis + 1 :], 1 if inverse and onesided else 2]))
         results[axis] = _dft_along(bld, re, im, sizes, axis, length, inverse, onesided, dtype)
     if len(shapes_out) != 1:
-        raise ModelError(f"{label}: the axis {axis_name!r} is known only at run time and the output shape depends "
-                         "on it", hint="make the axis a constant of the model")
+        raise ModelError(
+            f"{label}: the axis {axis_name!r} is known only at run time and the output shape depends on it",
+            hint="make the axis a constant of the model",
+        )
     picked = results[candidates[-1]]
     if len(candidates) > 1:  # the axis arrives at run time: every candidate computed, the one asked kept
-        ax = bld.op("Cast", [bld.op("Reshape", [axis_name, bld.const(np.array([], np.int64), "scalar")])], to=7)
+        ax = bld.op(
+            "Cast", [bld.op("Reshape", [axis_name, bld.const(np.array([], np.int64), "scalar")])], to=7
+        )
         ax = bld.op("Mod", [ax, bld.const(np.array(rank + 1, np.int64), "rank")])
         for axis in reversed(candidates[:-1]):
             hit = bld.op("Equal", [ax, bld.const(np.array(axis, np.int64), "k")])

@@ -79,11 +79,19 @@ def _adam(bld: Any, node: Any) -> None:
     for i in range(n):
         x, g, v, h = (node.input[2 + k * n + i] for k in range(4))
         g_reg = _regularized(bld, x, g, norm)
-        v_new = bld.op("Add", [bld.op("Mul", [v, _scalar(bld, alpha)]),
-                               bld.op("Mul", [g_reg, _scalar(bld, 1 - alpha)])], out=node.output[n + i] or None)
-        h_new = bld.op("Add", [bld.op("Mul", [h, _scalar(bld, beta)]),
-                               bld.op("Mul", [bld.op("Mul", [g_reg, g_reg]), _scalar(bld, 1 - beta)])],
-                       out=node.output[2 * n + i] or None)
+        v_new = bld.op(
+            "Add",
+            [bld.op("Mul", [v, _scalar(bld, alpha)]), bld.op("Mul", [g_reg, _scalar(bld, 1 - alpha)])],
+            out=node.output[n + i] or None,
+        )
+        h_new = bld.op(
+            "Add",
+            [
+                bld.op("Mul", [h, _scalar(bld, beta)]),
+                bld.op("Mul", [bld.op("Mul", [g_reg, g_reg]), _scalar(bld, 1 - beta)]),
+            ],
+            out=node.output[2 * n + i] or None,
+        )
         scale = bld.op("Add", [bld.op("Sqrt", [h_new]), _scalar(bld, eps)])
         x_new = bld.op("Sub", [x, bld.op("Mul", [rate, bld.op("Div", [v_new, scale])])])
         bld.op("Mul", [x_new, _scalar(bld, 1 - post)], out=node.output[i] or None)
@@ -94,15 +102,24 @@ def _momentum(bld: Any, node: Any, label: str) -> None:
     alpha, beta = float(_attr(node, "alpha", 0.0)), float(_attr(node, "beta", 0.0))
     norm, mode = float(_attr(node, "norm_coefficient", 0.0)), _attr(node, "mode", "standard")
     if mode not in ("standard", "nesterov"):
-        raise ModelError(f"{label}: mode {mode!r}; ONNX defines 'standard' and 'nesterov'", hint="fix the model")
+        raise ModelError(
+            f"{label}: mode {mode!r}; ONNX defines 'standard' and 'nesterov'", hint="fix the model"
+        )
     r, _, started = _common(bld, node)
     beta_t = bld.op("Where", [started, _scalar(bld, beta), _scalar(bld, 1.0)])
     for i in range(n):
         x, g, v = (node.input[2 + k * n + i] for k in range(3))
         g_reg = _regularized(bld, x, g, norm)
-        v_new = bld.op("Add", [bld.op("Mul", [v, _scalar(bld, alpha)]), bld.op("Mul", [g_reg, beta_t])],
-                       out=node.output[n + i] or None)
-        step = v_new if mode == "standard" else bld.op("Add", [g_reg, bld.op("Mul", [v_new, _scalar(bld, alpha)])])
+        v_new = bld.op(
+            "Add",
+            [bld.op("Mul", [v, _scalar(bld, alpha)]), bld.op("Mul", [g_reg, beta_t])],
+            out=node.output[n + i] or None,
+        )
+        step = (
+            v_new
+            if mode == "standard"
+            else bld.op("Add", [g_reg, bld.op("Mul", [v_new, _scalar(bld, alpha)])])
+        )
         bld.op("Sub", [x, bld.op("Mul", [r, step])], out=node.output[i] or None)
 
 
@@ -122,8 +139,10 @@ def lower_training(model: Any) -> bool:
             continue
         label = f"{TRAINING_DOMAIN}::{node.op_type} at node {node.name or f'#{i}'!r}"
         if node.op_type not in TRAINING_OPS:
-            raise ModelError(f"{label} is not supported (only the optimizers Adagrad, Adam and Momentum are)",
-                             hint="compute gradients with --train (the project's own training) instead")
+            raise ModelError(
+                f"{label} is not supported (only the optimizers Adagrad, Adam and Momentum are)",
+                hint="compute gradients with --train (the project's own training) instead",
+            )
         bld = _Builder(model, f"{node.name or node.op_type}_{i}")
         if node.op_type == "Adagrad":
             _adagrad(bld, node)

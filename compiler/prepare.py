@@ -541,7 +541,7 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
                              hint="pad the sequences and drop sequence_lens")
     bld = _Builder(model, f"{node.name or op}_{index}")
     H = hidden
-    blocks: dict[tuple[str, int, int, bool], str] = {}
+    blocks: dict[tuple[str, int, int, int, bool], str] = {}
 
     def rows(nm: str, d: int, lo: int, hi: int, transpose: bool = False) -> str:
         """``nm[d, lo:hi]`` (transposed): a constant, or sliced in the graph from a run-time input."""
@@ -638,7 +638,8 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
                 r = fa(f_act, pre(1, ti, []))
                 xh = bld.op("Gather", [xw[2], ti], axis=0)
                 if linear_before_reset:
-                    hr = bld.op("Add", [bld.op("MatMul", [h, rt[2]]), rows(b_name, d, rb0 + 2 * H, rb0 + 3 * H)])
+                    rbh = rows(b_name, d, rb0 + 2 * H, rb0 + 3 * H)
+                    hr = bld.op("Add", [bld.op("MatMul", [h, rt[2]]), rbh])
                     cand = bld.op("Add", [xh, bld.op("Mul", [r, hr])])
                 else:
                     cand = bld.op("Add", [xh, bld.op("MatMul", [bld.op("Mul", [r, h]), rt[2]])])
@@ -1058,7 +1059,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("unroll_loops", lambda: unroll_loops(model)),  # Loop / Scan / constant If (compiler/unroll.py)
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("decompose_ops", lambda: decompose_ops(model)),
-        ("lower_ops", lambda: lower_ops(model)),  # ScatterElements, ReverseSequence, ... (compiler/lower_ops.py)
+        ("lower_ops", lambda: lower_ops(model)),  # ScatterElements, DFT, ... (compiler/lower_ops.py)
         ("cast_pow_exponent", lambda: cast_pow_exponent(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
         ("promote_float16", lambda: promote_float16(model)),
@@ -1069,7 +1070,8 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     for name, step in steps:
         if step():
             changed.append(name)
-    rewritten = {"expand_functions", "unroll_loops", "decompose_rnn", "decompose_ops", "lower_ops"} & set(changed)
+    rewritten = {"expand_functions", "unroll_loops", "decompose_rnn", "decompose_ops", "lower_ops"}
+    rewritten &= set(changed)
     if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")
     return model, changed

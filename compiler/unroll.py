@@ -49,8 +49,11 @@ def _attr(node: Any, name: str, default: Any = None) -> Any:
 
 
 def _subgraphs(node: Any) -> list[Any]:
-    return [g for a in node.attribute for g in ([a.g] if a.type == _GRAPH else list(a.graphs)
-                                                if a.type == _GRAPHS else [])]
+    return [
+        g
+        for a in node.attribute
+        for g in ([a.g] if a.type == _GRAPH else list(a.graphs) if a.type == _GRAPHS else [])
+    ]
 
 
 def _defined(graph: Any) -> set[str]:
@@ -181,12 +184,17 @@ class _Budget:
 
     def spend(self, label: str, iterations: int, body: Any) -> None:
         if iterations > MAX_ITERATIONS:
-            raise ModelError(f"{label}: {iterations} iterations; loops are unrolled at compile time, up to "
-                             f"{MAX_ITERATIONS}", hint="shorten the loop or run it outside the model")
+            raise ModelError(
+                f"{label}: {iterations} iterations; loops are unrolled at compile time, up to "
+                f"{MAX_ITERATIONS}",
+                hint="shorten the loop or run it outside the model",
+            )
         self.nodes += iterations * max(1, _count(body))
         if self.nodes > MAX_NODES:
-            raise ModelError(f"{label}: unrolling the model's loops copies more than {MAX_NODES} nodes",
-                             hint="shorten the loops or run them outside the model")
+            raise ModelError(
+                f"{label}: unrolling the model's loops copies more than {MAX_NODES} nodes",
+                hint="shorten the loops or run them outside the model",
+            )
 
 
 def _count(graph: Any) -> int:
@@ -194,8 +202,14 @@ def _count(graph: Any) -> int:
 
 
 # ------------------------------------------------------------------------------------------- Scan
-def _scan(em: _Emitter, node: Any, label: str, shapes: dict[str, list[int]],
-          consts: dict[str, np.ndarray], budget: _Budget) -> None:
+def _scan(
+    em: _Emitter,
+    node: Any,
+    label: str,
+    shapes: dict[str, list[int]],
+    consts: dict[str, np.ndarray],
+    budget: _Budget,
+) -> None:
     body = _attr(node, "body")
     m = int(_attr(node, "num_scan_inputs", 0))
     inputs = list(node.input)
@@ -203,13 +217,17 @@ def _scan(em: _Emitter, node: Any, label: str, shapes: dict[str, list[int]],
     if batched:
         lens = inputs.pop(0) if inputs else ""
         if lens:
-            raise ModelError(f"{label}: opset 8's sequence_lens input (sequences of different lengths) "
-                             "is not supported", hint="re-export the model with opset 9 or newer")
+            raise ModelError(
+                f"{label}: opset 8's sequence_lens input (sequences of different lengths) is not supported",
+                hint="re-export the model with opset 9 or newer",
+            )
     n = len(inputs) - m
     if m < 1 or n < 0 or len(body.input) != n + m or len(body.output) < n:
-        raise ModelError(f"{label}: {len(inputs)} inputs, num_scan_inputs={m} and a body of "
-                         f"{len(body.input)} inputs / {len(body.output)} outputs do not agree",
-                         hint="fix the model (onnx.checker shows the details)")
+        raise ModelError(
+            f"{label}: {len(inputs)} inputs, num_scan_inputs={m} and a body of "
+            f"{len(body.input)} inputs / {len(body.output)} outputs do not agree",
+            hint="fix the model (onnx.checker shows the details)",
+        )
     k = len(body.output) - n
     shift = 1 if batched else 0
     in_axes = list(_attr(node, "scan_input_axes", [0] * m)) if not batched else [0] * m
@@ -221,14 +239,17 @@ def _scan(em: _Emitter, node: Any, label: str, shapes: dict[str, list[int]],
     for j, x in enumerate(xs):
         dims = shapes.get(x)
         if not dims or any(d <= 0 for d in dims):
-            raise ModelError(f"{label}: the scan input {x!r} has no static shape ({dims}), so the number of "
-                             "iterations is not known at compile time",
-                             hint="fix the input shapes with --shape NAME=D0,D1,...")
+            raise ModelError(
+                f"{label}: the scan input {x!r} has no static shape ({dims}), so the number of "
+                "iterations is not known at compile time",
+                hint="fix the input shapes with --shape NAME=D0,D1,...",
+            )
         in_axes[j] = in_axes[j] + len(dims) - shift if in_axes[j] < 0 else in_axes[j]
         lengths.add(dims[in_axes[j] + shift])
     if len(lengths) != 1:
-        raise ModelError(f"{label}: the scan inputs have different lengths {sorted(lengths)}",
-                         hint="fix the model")
+        raise ModelError(
+            f"{label}: the scan inputs have different lengths {sorted(lengths)}", hint="fix the model"
+        )
     steps = lengths.pop()
     batch = [shapes[x][0] for x in xs][0] if batched else 1
     budget.spend(label, steps * batch, body)
@@ -236,23 +257,29 @@ def _scan(em: _Emitter, node: Any, label: str, shapes: dict[str, list[int]],
         if out_axes[j] < 0:
             rank = _rank(body.output[n + j])
             if rank is None:
-                raise ModelError(f"{label}: a negative scan_output_axes with a body output of unknown rank",
-                                 hint="give the body's outputs shapes or use a non-negative axis")
+                raise ModelError(
+                    f"{label}: a negative scan_output_axes with a body output of unknown rank",
+                    hint="give the body's outputs shapes or use a non-negative axis",
+                )
             out_axes[j] += rank + 1
     finals: list[list[str]] = [[] for _ in range(n)]
     stacked: list[list[str]] = [[] for _ in range(k)]
     for b in range(batch):
-        carried = [em.op("Gather", [s, em.const(np.array(b, np.int64), "b")], axis=0) if batched else s
-                   for s in states]
-        seqs = [em.op("Gather", [x, em.const(np.array(b, np.int64), "b")], axis=0) if batched else x
-                for x in xs]
+        carried = [
+            em.op("Gather", [s, em.const(np.array(b, np.int64), "b")], axis=0) if batched else s
+            for s in states
+        ]
+        seqs = [
+            em.op("Gather", [x, em.const(np.array(b, np.int64), "b")], axis=0) if batched else x for x in xs
+        ]
         per_step: list[list[str]] = [[] for _ in range(k)]
         for t in range(steps):
             bound = {body.input[i].name: carried[i] for i in range(n)}
             for j, x in enumerate(seqs):
                 idx = t if not in_dirs[j] else steps - 1 - t
-                bound[body.input[n + j].name] = em.op("Gather", [x, em.const(np.array(idx, np.int64), "t")],
-                                                      axis=in_axes[j])
+                bound[body.input[n + j].name] = em.op(
+                    "Gather", [x, em.const(np.array(idx, np.int64), "t")], axis=in_axes[j]
+                )
             outs = em.body(body, bound, f"b{b}t{t}" if batched else f"t{t}")
             carried = [outs[body.output[i].name] for i in range(n)]
             for j in range(k):
@@ -306,27 +333,41 @@ def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], bu
     n = len(states)
     k = len(body.output) - 1 - n
     if len(body.input) != n + 2 or k < 0:
-        raise ModelError(f"{label}: {n} loop-carried values and a body of {len(body.input)} inputs / "
-                         f"{len(body.output)} outputs do not agree", hint="fix the model")
+        raise ModelError(
+            f"{label}: {n} loop-carried values and a body of {len(body.input)} inputs / "
+            f"{len(body.output)} outputs do not agree",
+            hint="fix the model",
+        )
     if not trip:
-        raise ModelError(f"{label}: no trip count (a while loop); loops are unrolled at compile time, which "
-                         "needs the number of iterations", hint="give the Loop a constant trip count")
+        raise ModelError(
+            f"{label}: no trip count (a while loop); loops are unrolled at compile time, which "
+            "needs the number of iterations",
+            hint="give the Loop a constant trip count",
+        )
     if trip not in consts:
-        raise ModelError(f"{label}: the trip count {trip!r} is known only at run time; loops are unrolled at "
-                         "compile time", hint="make the trip count a constant of the model")
+        raise ModelError(
+            f"{label}: the trip count {trip!r} is known only at run time; loops are unrolled at compile time",
+            hint="make the trip count a constant of the model",
+        )
     if cond and cond not in consts:
-        raise ModelError(f"{label}: the initial condition {cond!r} is known only at run time",
-                         hint="make it a constant, or drop it (an empty input)")
+        raise ModelError(
+            f"{label}: the initial condition {cond!r} is known only at run time",
+            hint="make it a constant, or drop it (an empty input)",
+        )
     steps = int(consts[trip])
     if cond and not bool(np.all(consts[cond])):
         steps = 0
     if steps > 0 and not _passes_condition(body, consts):
-        raise ModelError(f"{label}: the body computes its own continue condition, so the loop may end "
-                         "early at run time", hint="let the body pass its condition through unchanged")
+        raise ModelError(
+            f"{label}: the body computes its own continue condition, so the loop may end early at run time",
+            hint="let the body pass its condition through unchanged",
+        )
     steps = max(steps, 0)
     if steps == 0 and k:
-        raise ModelError(f"{label}: runs zero times, so its scan outputs are empty tensors, which are not "
-                         "supported", hint="give the loop at least one iteration")
+        raise ModelError(
+            f"{label}: runs zero times, so its scan outputs are empty tensors, which are not supported",
+            hint="give the loop at least one iteration",
+        )
     budget.spend(label, steps, body)
     carried = states
     per_step: list[list[str]] = [[] for _ in range(k)]
@@ -376,8 +417,10 @@ def unroll_loops(model: Any, final: bool = True) -> bool:
             fold_constants(model)  # the iteration numbers fold: conditions, indices inside the copies
     left = next((n.op_type for n in model.graph.node if n.op_type in LOOP_OPS), None)
     if final and left is not None:
-        raise ModelError(f"{left}: loops nested more than {_MAX_ROUNDS} deep are not unrolled",
-                         hint="flatten the loops or run them outside the model")
+        raise ModelError(
+            f"{left}: loops nested more than {_MAX_ROUNDS} deep are not unrolled",
+            hint="flatten the loops or run them outside the model",
+        )
     return changed
 
 

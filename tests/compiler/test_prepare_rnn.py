@@ -56,8 +56,9 @@ def rnn_model(op: str, *, direction: str = "forward", layout: int = 0, init: boo
                                                    for o in outs], inits)
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 14)])
     model.ir_version = 8
-    feeds = {i.name: given.get(i.name, rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]))
-             .astype(np.float32) for i in inputs}
+    feeds = {i.name: given[i.name] if i.name in given else
+             rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in inputs}
     return model, feeds
 
 
