@@ -9,6 +9,9 @@ in the preparation stage (each found by ONNX's operator suite, issue 29):
 * ConvTranspose with ``output_shape`` (TVM ignores it): the equivalent ``pads``, as ONNX defines them.
 * BatchNormalization in training mode (batch statistics and the running-statistics outputs):
   ReduceMean / Sub / Mul / Sqrt, the running statistics mixed with ``momentum``.
+* TensorScatter (no converter; a KV cache written at per-batch positions): ScatterND with the
+  positions write_indices[b] + i (modulo the cache length in circular mode; clamped to the cache
+  in linear mode, where ONNX leaves writes past the end undefined, so none lands outside memory).
 * DFT (no converter): MatMul of the real and imaginary parts by constant cosine / sine tables
   along the axis (forward, inverse, one-sided, inverse one-sided, ``dft_length``); an axis given at
   run time computes every possible axis and keeps the one asked for (as CumProd does).
@@ -36,6 +39,7 @@ LOWERED_OPS = frozenset(
         "ConvTranspose",
         "BatchNormalization",
         "DFT",
+        "TensorScatter",
     }
 )
 _DFT_MAX = 4096  # a length-N transform is an N x N table per part
@@ -379,6 +383,36 @@ def _dft(
     bld.op("Identity", [picked], out=node.output[0])
 
 
+def _tensor_scatter(bld: Any, node: Any, shapes: dict[str, list[int]], label: str) -> None:
+    cache, update = node.input[:2]
+    writes = node.input[2] if len(node.input) > 2 else ""
+    dims = _static(shapes, cache, label, "past_cache")
+    upd = _static(shapes, update, label, "update")
+    axis = int(_attr(node, "axis", -2)) % len(dims)
+    if axis == 0 or len(upd) != len(dims):
+        raise ModelError(
+            f"{label}: axis {axis} of a rank-{len(dims)} cache; the sequence axis follows the batch",
+            hint="fix the model",
+        )
+    grid = np.indices(upd[: axis + 1], dtype=np.int64)
+    length = dims[axis]
+    pos = bld.const(grid[axis], "seq")
+    if writes:
+        start = bld.op("Gather", [bld.op("Cast", [writes], to=7), bld.const(grid[0], "batch")], axis=0)
+        pos = bld.op("Add", [start, pos])
+    if _attr(node, "mode", "linear") == "circular":
+        pos = bld.op("Mod", [pos, bld.const(np.array(length, np.int64), "length")])
+    else:
+        pos = bld.op("Min", [pos, bld.const(np.array(length - 1, np.int64), "last")])
+        pos = bld.op("Max", [pos, bld.const(np.array(0, np.int64), "first")])
+    last = bld.const(np.array([-1], np.int64), "axes")
+    parts = [
+        bld.op("Unsqueeze", [bld.const(grid[j], "coord") if j < axis else pos, last]) for j in range(axis + 1)
+    ]
+    coords = bld.op("Concat", parts, axis=-1)
+    bld.op("ScatterND", [cache, coords, update], out=node.output[0])
+
+
 def lower_ops(model: Any) -> bool:
     """Rewrite the nodes listed in the module docstring; True if any was."""
     from compiler.prepare import _Builder, _const_inputs, _elem_types, _opset, _replace_nodes, _static_shapes
@@ -408,6 +442,8 @@ def lower_ops(model: Any) -> bool:
             _reverse_sequence(bld, node, shapes, label)
         elif node.op_type == "SpaceToDepth":
             _space_to_depth_crd(bld, node, shapes, label)
+        elif node.op_type == "TensorScatter":
+            _tensor_scatter(bld, node, shapes, label)
         elif node.op_type == "DFT":
             _dft(bld, node, shapes, consts, types, opset, label)
         else:

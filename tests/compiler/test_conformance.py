@@ -248,7 +248,7 @@ attention_23_boolmask_fullymasked_row_nan_robustness cumprod_2d_negative_axis de
 sce_mean_weight_ii_3d_log_prob nllloss_NCd1_weight_ii rotary_embedding_interleaved swish
 causal_conv_with_state_silu_with_past_state l2normalization_axis_1 pow_types_float32_int64
 linear_attention_decode_step scan9_sum scan_sum gru_with_initial_bias eyelike_with_dtype reversesequence_time
-adam_multiple
+adam_multiple dft_irfft_opset19 tensorscatter_circular
 """.split())
 
 

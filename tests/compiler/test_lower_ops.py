@@ -258,3 +258,18 @@ def test_dft_matches_numpy(complex_in: bool, inverse: bool, onesided: bool, leng
         None, feeds
     )[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("mode", "writes"), [("linear", True), ("circular", True), ("linear", False)])
+def test_tensor_scatter_matches_onnxruntime(mode: str, writes: bool) -> None:
+    """A KV cache [B, H, max_seq, D] written at per-batch positions (wrapping in circular mode)."""
+    rng = np.random.default_rng(6)
+    feeds = {
+        "cache": rng.standard_normal((3, 2, 5, 4)).astype(np.float32),
+        "update": rng.standard_normal((3, 2, 2, 4)).astype(np.float32),
+    }
+    if writes:
+        feeds["at"] = np.array([0, 3, 4 if mode == "circular" else 2], np.int64)
+    node = oh.make_node("TensorScatter", list(feeds), ["y"], mode=mode)
+    model = _model(node, feeds, [oh.make_tensor_value_info("y", F, [3, 2, 5, 4])], 24)
+    _same_as_onnxruntime(model, feeds, "TensorScatter")
