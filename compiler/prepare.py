@@ -533,13 +533,12 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
     if w_dims[0] != dirs or w_dims[1] != n_gates * hidden or r_dims[1:] != [n_gates * hidden, hidden]:
         raise ModelError(f"{label}: weight shapes W{w_dims} R{r_dims} do not match "
                          f"hidden_size={hidden} and {dirs} direction(s)", hint="fix the model")
-    if seq_name:
-        lens = consts.get(seq_name)
-        if lens is None or not np.all(lens == seq_len):
-            raise ModelError(f"{label}: sequence_lens varies per sample (or is computed at run time); only "
-                             "full-length sequences are supported",
-                             hint="pad the sequences and drop sequence_lens")
+    # sequence_lens other than the full length: past a sample's length its state stays and its
+    # output is 0 (a mask per step; a reverse pass so starts at the sample's own last step)
+    masked = bool(seq_name) and not (seq_name in consts and np.all(consts[seq_name] == seq_len))
     bld = _Builder(model, f"{node.name or op}_{index}")
+    lens_col = bld.op("Reshape", [bld.op("Cast", [seq_name], to=7), bld.const(np.array([batch, 1], np.int64),
+                                                                              "shape")]) if masked else ""
     H = hidden
     blocks: dict[tuple[str, int, int, int, bool], str] = {}
 
@@ -620,6 +619,7 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
         one = bld.const(np.array(1, dtype), "one")
         for t in steps:
             ti = bld.const(np.array(t, np.int64), "t")
+            h_before, c_before = h, c
             if op == "LSTM":
                 peep = [rows(p_name, d, k * H, (k + 1) * H) for k in range(3)] if p_name else []
                 pi = [bld.op("Mul", [c, peep[0]])] if peep else []
@@ -647,7 +647,14 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
                 h = bld.op("Add", [bld.op("Mul", [bld.op("Sub", [one, z]), hh]), bld.op("Mul", [z, h])])
             else:
                 h = fa(f_act, pre(0, ti, []))
-            outs[t] = h
+            if masked:
+                live = bld.op("Less", [ti, lens_col])  # [batch, 1]: step t within the sample
+                outs[t] = bld.op("Where", [live, h, bld.const(np.zeros((1, H), dtype), "zero")])
+                h = bld.op("Where", [live, h, h_before])
+                if op == "LSTM":
+                    c = bld.op("Where", [live, c, c_before])
+            else:
+                outs[t] = h
         shape4 = bld.const(np.array([1, 1, batch, H], np.int64), "shape")
         ys.append(bld.op("Concat", [bld.op("Reshape", [outs[t], shape4]) for t in range(seq_len)], axis=0))
         shape3 = bld.const(np.array([1, batch, H], np.int64), "shape")

@@ -114,12 +114,23 @@ def test_no_recurrent_op_is_no_change() -> None:
     assert decompose_rnn(model) is False
 
 
-def test_partial_sequence_lens_refused() -> None:
-    model, _ = rnn_model("LSTM", seq_lens=True)
+@pytest.mark.parametrize(("op", "direction"), [("LSTM", "bidirectional"), ("GRU", "reverse"), ("RNN", "forward")])
+@pytest.mark.parametrize("at_run_time", [False, True], ids=["constant-lens", "input-lens"])
+def test_partial_sequence_lens_match_onnxruntime(op: str, direction: str, at_run_time: bool) -> None:
+    """Samples shorter than the sequence: past its length a sample's state stays and its output is 0."""
+    model, feeds = rnn_model(op, seq_lens=True, direction=direction, peep=op == "LSTM")
     lens = next(t for t in model.graph.initializer if t.name == "lens")
-    lens.CopyFrom(nh.from_array(np.array([5, 3], np.int32), "lens"))
-    with pytest.raises(ModelError, match="sequence_lens varies"):
-        prepare(model)
+    short = np.array([5, 3], np.int32)
+    lens.CopyFrom(nh.from_array(short, "lens"))
+    if at_run_time:
+        model.graph.initializer.remove(lens)
+        model.graph.input.append(oh.make_tensor_value_info("lens", TensorProto.INT32, [2]))
+        feeds["lens"] = short
+    want = _run(model, feeds)
+    prepared, steps = prepare(model)
+    assert "decompose_rnn" in steps
+    for w, g in zip(want, _run(prepared, feeds), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_dynamic_sequence_length_refused_with_shape_hint() -> None:
