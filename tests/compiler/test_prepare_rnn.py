@@ -114,7 +114,8 @@ def test_no_recurrent_op_is_no_change() -> None:
     assert decompose_rnn(model) is False
 
 
-@pytest.mark.parametrize(("op", "direction"), [("LSTM", "bidirectional"), ("GRU", "reverse"), ("RNN", "forward")])
+@pytest.mark.parametrize(("op", "direction"),
+                         [("LSTM", "bidirectional"), ("GRU", "reverse"), ("RNN", "forward")])
 @pytest.mark.parametrize("at_run_time", [False, True], ids=["constant-lens", "input-lens"])
 def test_partial_sequence_lens_match_onnxruntime(op: str, direction: str, at_run_time: bool) -> None:
     """Samples shorter than the sequence: past its length a sample's state stays and its output is 0."""
