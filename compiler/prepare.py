@@ -5,6 +5,9 @@ whether it changed the graph; ``prepare`` runs them in order and returns the nam
 that changed something (``fractal compile`` prints them).
 
 1. ``normalize_ir``   -- IR < 4 lists initializers among graph inputs; drop them and raise ir_version.
+1b. ``lower_training`` / ``unroll_scan8`` -- ai.onnx.preview.training's optimizers as standard ops
+                         (compiler/lower_training.py); opset 8's batched Scan unrolled (compiler/unroll.py),
+                         both before the upgrade.
 2. ``upgrade_opset``  -- opsets older than ``MIN_OPSET`` go through onnx.version_converter.
 3. ``apply_shapes``   -- the user's ``--shape NAME=D0,D1,..`` and the batch fix the input dimensions.
 4. ``fold_constants`` -- Shape of a static tensor, and every node whose inputs are all constants,
