@@ -20,9 +20,10 @@ __all__ = ["EXPANDED_OPS", "EXPANDED_WHEN", "expand_functions"]
 
 # Attention: TVM's converter is com.microsoft's (reads ``num_heads``), wrong for ai.onnx Attention.
 # The others have no converter. SoftmaxCrossEntropyLoss's body calls NegativeLogLikelihoodLoss,
-# whose body is expanded in turn.
+# whose body is expanded in turn. LinearAttention's body is a Scan (unrolled by compiler/unroll.py).
 EXPANDED_OPS = frozenset({"Attention", "Celu", "CenterCropPad", "SoftmaxCrossEntropyLoss",
-                          "NegativeLogLikelihoodLoss", "RotaryEmbedding", "CausalConvWithState", "Swish"})
+                          "NegativeLogLikelihoodLoss", "RotaryEmbedding", "CausalConvWithState", "Swish",
+                          "LinearAttention"})
 _MAX_DEPTH = 4  # function bodies calling functions (SoftmaxCrossEntropyLoss -> NegativeLogLikelihoodLoss)
 
 _GRAPH, _GRAPHS = 5, 10  # AttributeProto types holding subgraphs

@@ -105,12 +105,15 @@ _QOPERATOR = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "QGemm", 
 
 
 def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
+    from compiler.lower_training import TRAINING_DOMAIN
     from compiler.prepare_ml import ML_DOMAIN, check_ml_node
 
     supported = supported_ops() | extra
     for idx, node in enumerate(model.graph.node):
         if node.domain == ML_DOMAIN:  # lowered by compiler.prepare_ml, or refused here with the reason
             check_ml_node(node, {i.name: i.type.tensor_type.elem_type for i in model.graph.input})
+            continue
+        if node.domain == TRAINING_DOMAIN:  # optimizers lowered by compiler.lower_training, the rest refused
             continue
         if node.op_type in _QOPERATOR and node.op_type not in supported:
             raise ModelError(f"{node.op_type} at node {node.name or f'#{idx}'!r}: QOperator-format "

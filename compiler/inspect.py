@@ -70,6 +70,7 @@ def inspect_model(path: str | Path) -> ModelReport:
     import onnx
 
     from compiler.importer import supported_ops
+    from compiler.lower_training import TRAINING_DOMAIN, TRAINING_OPS
     from compiler.prepare import DECOMPOSED_OPS
     from compiler.prepare_ml import CONVERTED_ML_OPS, ML_DOMAIN
 
@@ -92,8 +93,10 @@ def inspect_model(path: str | Path) -> ModelReport:
     for n in _all_nodes(g):
         ops[n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"] += 1
     supported = supported_ops()
-    # rewritten by the preparation stage: RNNs unrolled, ai.onnx.ml lowered (compiler/prepare_ml.py)
+    # rewritten by the preparation stage: RNNs and loops unrolled, ai.onnx.ml lowered (prepare_ml.py),
+    # the training optimizers lowered (compiler/lower_training.py)
     rewritten = DECOMPOSED_OPS | {f"{ML_DOMAIN}::{op}" for op in CONVERTED_ML_OPS}
+    rewritten |= {f"{TRAINING_DOMAIN}::{op}" for op in TRAINING_OPS}
     unsupported = {k: v for k, v in ops.items() if k not in supported and k not in rewritten}
     decomposed = {k: v for k, v in ops.items() if k in rewritten}
     needs = [i["name"] for i in inputs if any(isinstance(d, str) for d in i["shape"][1:])

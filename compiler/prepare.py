@@ -5,6 +5,9 @@ whether it changed the graph; ``prepare`` runs them in order and returns the nam
 that changed something (``fractal compile`` prints them).
 
 1. ``normalize_ir``   -- IR < 4 lists initializers among graph inputs; drop them and raise ir_version.
+1b. ``lower_training`` / ``unroll_scan8`` -- ai.onnx.preview.training's optimizers as standard ops
+                         (compiler/lower_training.py); opset 8's batched Scan unrolled (compiler/unroll.py),
+                         both before the upgrade.
 2. ``upgrade_opset``  -- opsets older than ``MIN_OPSET`` go through onnx.version_converter.
 3. ``apply_shapes``   -- the user's ``--shape NAME=D0,D1,..`` and the batch fix the input dimensions.
 4. ``fold_constants`` -- Shape of a static tensor, and every node whose inputs are all constants,
@@ -15,12 +18,18 @@ that changed something (``fractal compile`` prints them).
                          RotaryEmbedding, CausalConvWithState, Swish; LayerNormalization asked for
                          Mean/InvStdDev, RMSNormalization over every axis) become their ONNX function
                          bodies (compiler/expand.py).
+4c. ``unroll_loops`` -- Loop and Scan with a trip count / sequence length known at compile time are
+                         unrolled (up to 256 iterations), an If on a constant condition becomes
+                         the branch taken (compiler/unroll.py; opset 8's Scan before step 2).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
 5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time),
                          Det (Leibniz expansion, up to 5x5) and LpNormalization become Slice / Mul /
                          Gather / Reduce / Div.
-5c. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
+5c. ``lower_ops``     -- ScatterElements -> ScatterND, EyeLike with a dtype -> a constant, ReverseSequence
+                         -> GatherElements, SpaceToDepth CRD, ConvTranspose's output_shape -> pads,
+                         BatchNormalization in training mode (compiler/lower_ops.py).
+5d. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
 7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
@@ -38,7 +47,10 @@ import numpy as np
 
 from compiler.errors import ModelError
 from compiler.expand import EXPANDED_OPS, expand_functions
+from compiler.lower_ops import LOWERED_OPS, lower_ops
+from compiler.lower_training import lower_training
 from compiler.prepare_ml import lower_ml
+from compiler.unroll import LOOP_OPS, unroll_loops
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "expand_functions",
            "decompose_rnn", "decompose_ops", "cast_pow_exponent",
@@ -51,7 +63,7 @@ FLOOR_OPSET = 7  # below this, the upgrade must succeed
 _RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
 _LOWERED_OPS = frozenset({"CumProd", "Det", "LpNormalization"})
 _FLOAT_TYPES = frozenset({1, 11})  # float, double (float16 Pow is left to TVM and promote_float16)
-DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS
+DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS | LOOP_OPS | LOWERED_OPS
 _FOLD_MAX_ELEMENTS = 1 << 16  # do not materialise big tensors (weights stay where they are)
 _NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                       "Bernoulli", "If", "Loop", "Scan", "Dropout"})
@@ -499,33 +511,59 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
     ins = list(node.input) + [""] * (8 - len(node.input))
     x, w_name, r_name, b_name, seq_name, h0_name = ins[:6]
     c0_name, p_name = (ins[6], ins[7]) if op == "LSTM" else ("", "")
+
+    def dims_of(nm: str) -> list[int]:
+        return list(consts[nm].shape) if nm in consts else list(shapes.get(nm) or [])
+
     for what, nm in (("W", w_name), ("R", r_name), ("B", b_name), ("P", p_name)):
-        if nm and nm not in consts:
-            raise ModelError(f"{label}: input {what} is computed at run time; only constant weights are "
-                             "supported",
+        if nm and (not dims_of(nm) or any(d <= 0 for d in dims_of(nm))):
+            raise ModelError(f"{label}: input {what} has no static shape ({dims_of(nm)})",
                              hint="export the model with the recurrent weights as initializers")
     xshape = shapes.get(x)
     if not xshape or len(xshape) != 3 or any(d <= 0 for d in xshape):
         raise ModelError(f"{label}: the input sequence has no fixed shape ({xshape})",
                          hint="fix the sequence length and batch with --shape NAME=D0,D1,D2")
     seq_len, batch = (xshape[0], xshape[1]) if layout == 0 else (xshape[1], xshape[0])
-    W, R = consts[w_name], consts[r_name]
-    dtype = W.dtype
+    w_dims, r_dims = dims_of(w_name), dims_of(r_name)
+    if w_name in consts:
+        dtype = consts[w_name].dtype
+    else:  # weights given at run time (model inputs): sliced in the graph instead of here
+        from onnx import helper
+
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(_elem_types(model).get(w_name, 1)))
     if not hidden:
-        hidden = R.shape[-1]
-    if W.shape[0] != dirs or W.shape[1] != n_gates * hidden or R.shape[1:] != (n_gates * hidden, hidden):
-        raise ModelError(f"{label}: weight shapes W{list(W.shape)} R{list(R.shape)} do not match "
+        hidden = r_dims[-1]
+    if w_dims[0] != dirs or w_dims[1] != n_gates * hidden or r_dims[1:] != [n_gates * hidden, hidden]:
+        raise ModelError(f"{label}: weight shapes W{w_dims} R{r_dims} do not match "
                          f"hidden_size={hidden} and {dirs} direction(s)", hint="fix the model")
-    B = consts[b_name] if b_name else np.zeros((dirs, 2 * n_gates * hidden), dtype)
-    P = consts[p_name] if p_name else None
-    if seq_name:
-        lens = consts.get(seq_name)
-        if lens is None or not np.all(lens == seq_len):
-            raise ModelError(f"{label}: sequence_lens varies per sample (or is computed at run time); only "
-                             "full-length sequences are supported",
-                             hint="pad the sequences and drop sequence_lens")
+    # sequence_lens other than the full length: past a sample's length its state stays and its
+    # output is 0 (a mask per step; a reverse pass so starts at the sample's own last step)
+    masked = bool(seq_name) and not (seq_name in consts and np.all(consts[seq_name] == seq_len))
     bld = _Builder(model, f"{node.name or op}_{index}")
+    lens_col = bld.op("Reshape", [bld.op("Cast", [seq_name], to=7), bld.const(np.array([batch, 1], np.int64),
+                                                                              "shape")]) if masked else ""
     H = hidden
+    blocks: dict[tuple[str, int, int, int, bool], str] = {}
+
+    def rows(nm: str, d: int, lo: int, hi: int, transpose: bool = False) -> str:
+        """``nm[d, lo:hi]`` (transposed): a constant, or sliced in the graph from a run-time input."""
+        key = (nm, d, lo, hi, transpose)
+        if key in blocks:
+            return blocks[key]
+        if not nm:
+            v = bld.const(np.zeros((hi - lo,), dtype), "zeros")
+        elif nm in consts:
+            part = consts[nm][d, lo:hi]
+            v = bld.const((part.T if transpose else part).copy(), "w")
+        else:
+            v = bld.op("Gather", [nm, bld.const(np.array(d, np.int64), "dir")], axis=0)
+            bounds = [bld.const(np.array([b], np.int64), "b") for b in (lo, hi, 0)]
+            v = bld.op("Slice", [v, *bounds]) if _opset(model) >= 10 else \
+                bld.op("Slice", [v], starts=[lo], ends=[hi], axes=[0])
+            v = bld.op("Transpose", [v], perm=[1, 0]) if transpose else v
+        blocks[key] = v
+        return v
+
     if layout == 1:
         x = bld.op("Transpose", [x], perm=[1, 0, 2])
     # gate order per op (W/R/B row blocks): LSTM i o f c, GRU z r h, RNN i
@@ -533,18 +571,24 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
     for d in range(dirs):
         f_act, g_act = acts[d * n_acts], acts[d * n_acts + 1] if n_acts > 1 else None
         h_act = acts[d * n_acts + 2] if op == "LSTM" else None
-        wb, rb = B[d, :n_gates * H], B[d, n_gates * H:]
-
-        def blk(m: np.ndarray, k: int) -> np.ndarray:
-            return m[k * H:(k + 1) * H]
+        rb0 = n_gates * H  # B holds Wb then Rb
 
         # input projections for all steps at once: [T, batch, H] per gate
         xw = []
         for k in range(n_gates):
-            bias = blk(wb, k) + (blk(rb, k) if not (op == "GRU" and k == 2 and linear_before_reset) else 0)
-            proj = bld.op("MatMul", [x, bld.const(blk(W[d], k).T.copy(), f"W{k}")])
-            xw.append(bld.op("Add", [proj, bld.const(bias.astype(dtype), f"b{k}")]))
-        rt = [bld.const(blk(R[d], k).T.copy(), f"R{k}") for k in range(n_gates)]
+            proj = bld.op("MatMul", [x, rows(w_name, d, k * H, (k + 1) * H, transpose=True)])
+            both = not (op == "GRU" and k == 2 and linear_before_reset)  # Wb + Rb
+            if b_name in consts or not b_name:
+                bias = consts[b_name][d, k * H:(k + 1) * H] if b_name else np.zeros(H, dtype)
+                if both and b_name:
+                    bias = bias + consts[b_name][d, rb0 + k * H:rb0 + (k + 1) * H]
+                xw.append(bld.op("Add", [proj, bld.const(bias.astype(dtype), f"b{k}")]))
+                continue
+            proj = bld.op("Add", [proj, rows(b_name, d, k * H, (k + 1) * H)])
+            if both:
+                proj = bld.op("Add", [proj, rows(b_name, d, rb0 + k * H, rb0 + (k + 1) * H)])
+            xw.append(proj)
+        rt = [rows(r_name, d, k * H, (k + 1) * H, transpose=True) for k in range(n_gates)]
 
         def state(name: str, d: int = d) -> str:
             if name:
@@ -578,9 +622,9 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
         one = bld.const(np.array(1, dtype), "one")
         for t in steps:
             ti = bld.const(np.array(t, np.int64), "t")
+            h_before, c_before = h, c
             if op == "LSTM":
-                peep = [bld.const(P[d, k * H:(k + 1) * H].copy(), f"P{k}") for k in range(3)] \
-                    if P is not None else []
+                peep = [rows(p_name, d, k * H, (k + 1) * H) for k in range(3)] if p_name else []
                 pi = [bld.op("Mul", [c, peep[0]])] if peep else []
                 pf = [bld.op("Mul", [c, peep[2]])] if peep else []
                 i_g = fa(f_act, pre(0, ti, pi))
@@ -597,7 +641,8 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
                 r = fa(f_act, pre(1, ti, []))
                 xh = bld.op("Gather", [xw[2], ti], axis=0)
                 if linear_before_reset:
-                    hr = bld.op("Add", [bld.op("MatMul", [h, rt[2]]), bld.const(blk(rb, 2).copy(), "rbh")])
+                    rbh = rows(b_name, d, rb0 + 2 * H, rb0 + 3 * H)
+                    hr = bld.op("Add", [bld.op("MatMul", [h, rt[2]]), rbh])
                     cand = bld.op("Add", [xh, bld.op("Mul", [r, hr])])
                 else:
                     cand = bld.op("Add", [xh, bld.op("MatMul", [bld.op("Mul", [r, h]), rt[2]])])
@@ -605,7 +650,14 @@ def _rnn_nodes(model: Any, node: Any, consts: dict[str, np.ndarray],
                 h = bld.op("Add", [bld.op("Mul", [bld.op("Sub", [one, z]), hh]), bld.op("Mul", [z, h])])
             else:
                 h = fa(f_act, pre(0, ti, []))
-            outs[t] = h
+            if masked:
+                live = bld.op("Less", [ti, lens_col])  # [batch, 1]: step t within the sample
+                outs[t] = bld.op("Where", [live, h, bld.const(np.zeros((1, H), dtype), "zero")])
+                h = bld.op("Where", [live, h, h_before])
+                if op == "LSTM":
+                    c = bld.op("Where", [live, c, c_before])
+            else:
+                outs[t] = h
         shape4 = bld.const(np.array([1, 1, batch, H], np.int64), "shape")
         ys.append(bld.op("Concat", [bld.op("Reshape", [outs[t], shape4]) for t in range(seq_len)], axis=0))
         shape3 = bld.const(np.array([1, batch, H], np.int64), "shape")
@@ -1005,12 +1057,19 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     steps: list[tuple[str, Callable[[], bool]]] = [
         ("normalize_ir", lambda: normalize_ir(model)),
         ("lower_ml", lambda: lower_ml(model)),  # ai.onnx.ml -> standard ops (compiler/prepare_ml.py)
+        # ai.onnx.preview.training's optimizers (compiler/lower_training.py); such a model may
+        # import no default opset, which the upgrade would take for opset 1
+        ("lower_training", lambda: lower_training(model)),
+        # opset 8's batched Scan: before the version converter, which rewrites it wrongly
+        ("unroll_scan8", lambda: unroll_loops(model, final=False)),
         ("upgrade_opset", lambda: upgrade_opset(model)),
         ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
         ("fold_constants", lambda: fold_constants(model)),
         ("expand_functions", lambda: expand_functions(model)),
+        ("unroll_loops", lambda: unroll_loops(model)),  # Loop / Scan / constant If (compiler/unroll.py)
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("decompose_ops", lambda: decompose_ops(model)),
+        ("lower_ops", lambda: lower_ops(model)),  # ScatterElements, DFT, ... (compiler/lower_ops.py)
         ("cast_pow_exponent", lambda: cast_pow_exponent(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
         ("promote_float16", lambda: promote_float16(model)),
@@ -1021,7 +1080,8 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     for name, step in steps:
         if step():
             changed.append(name)
-    rewritten = {"expand_functions", "decompose_rnn", "decompose_ops"} & set(changed)
+    rewritten = {"expand_functions", "unroll_loops", "decompose_rnn", "decompose_ops", "lower_ops"}
+    rewritten &= set(changed)
     if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")
     return model, changed

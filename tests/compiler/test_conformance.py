@@ -237,7 +237,9 @@ scatter_elements_with_reduction_max split_to_sequence_nokeepdims triu_neg tril_p
 """.split())
 # One case per operator (or variant) the preparation stage converts (issue 29: Attention, CumProd,
 # Det, Celu, the losses, RotaryEmbedding, CausalConvWithState, Swish, LpNormalization, Pow of a float
-# by an integer as standard ops; the expanded
+# by an integer as standard ops; LinearAttention and Scan unrolled, an RNN with run-time weights,
+# EyeLike with a dtype, ReverseSequence, the training optimizers; ScatterElements, SpaceToDepth CRD,
+# ConvTranspose output_shape and BatchNormalization training are NODE_GUARD's; the expanded
 # LayerNormalization and RMSNormalization variants are NODE_GUARD's cases): always run, so a broken
 # converter shows in make test.
 NODE_REACH = frozenset("""
@@ -245,6 +247,8 @@ attention_4d_gqa_causal_nonpad_decode_fp16 attention_3d_with_past_and_present_qk
 attention_23_boolmask_fullymasked_row_nan_robustness cumprod_2d_negative_axis det_nd celu_float16
 sce_mean_weight_ii_3d_log_prob nllloss_NCd1_weight_ii rotary_embedding_interleaved swish
 causal_conv_with_state_silu_with_past_state l2normalization_axis_1 pow_types_float32_int64
+linear_attention_decode_step scan9_sum scan_sum gru_with_initial_bias eyelike_with_dtype reversesequence_time
+adam_multiple dft_irfft_opset19 tensorscatter_circular
 """.split())
 
 

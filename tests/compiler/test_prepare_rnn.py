@@ -21,7 +21,7 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 def rnn_model(op: str, *, direction: str = "forward", layout: int = 0, init: bool = True, peep: bool = False,
               seq: int = 5, batch: int = 2, size: int = 3, hidden: int = 4, seq_lens: bool = False,
-              **attrs: Any) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+              weights_as_inputs: bool = False, **attrs: Any) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
     dirs = 2 if direction == "bidirectional" else 1
     g = GATES[op]
@@ -44,6 +44,11 @@ def rnn_model(op: str, *, direction: str = "forward", layout: int = 0, init: boo
     if peep:
         ins += [""] * (7 - len(ins)) + ["P"]
         inits.append(nh.from_array(rng.standard_normal((dirs, 3 * hidden)).astype(np.float32), "P"))
+    given: dict[str, np.ndarray] = {}
+    if weights_as_inputs:  # W, R, B (P) fed at run time (ONNX's own RNN test cases do this)
+        given = {t.name: nh.to_array(t) for t in inits if t.name in ("W", "R", "B", "P")}
+        inits = [t for t in inits if t.name not in given]
+        inputs += [oh.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in given.items()]
     outs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
     node = oh.make_node(op, ins, outs, hidden_size=hidden, direction=direction, **attrs,
                         **({"layout": 1} if layout else {}))
@@ -51,8 +56,9 @@ def rnn_model(op: str, *, direction: str = "forward", layout: int = 0, init: boo
                                                    for o in outs], inits)
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 14)])
     model.ir_version = 8
-    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
-             .astype(np.float32) for i in inputs}
+    feeds = {i.name: given[i.name] if i.name in given else
+             rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in inputs}
     return model, feeds
 
 
@@ -68,6 +74,9 @@ CASES = [(op, {"direction": d, "layout": lay}) for op in GATES for d in DIRECTIO
 CASES += [(op, {"init": False}) for op in GATES]
 CASES += [(op, {"clip": 0.7, "direction": "bidirectional"}) for op in GATES]
 CASES += [(op, {"seq_lens": True}) for op in GATES]
+CASES += [(op, {"weights_as_inputs": True, "direction": "bidirectional"}) for op in GATES]
+CASES += [("LSTM", {"weights_as_inputs": True, "peep": True}),
+          ("GRU", {"weights_as_inputs": True, "linear_before_reset": 1})]
 CASES += [
     ("LSTM", {"peep": True, "direction": "bidirectional"}),
     ("LSTM", {"input_forget": 1}),
@@ -105,12 +114,24 @@ def test_no_recurrent_op_is_no_change() -> None:
     assert decompose_rnn(model) is False
 
 
-def test_partial_sequence_lens_refused() -> None:
-    model, _ = rnn_model("LSTM", seq_lens=True)
+@pytest.mark.parametrize(("op", "direction"),
+                         [("LSTM", "bidirectional"), ("GRU", "reverse"), ("RNN", "forward")])
+@pytest.mark.parametrize("at_run_time", [False, True], ids=["constant-lens", "input-lens"])
+def test_partial_sequence_lens_match_onnxruntime(op: str, direction: str, at_run_time: bool) -> None:
+    """Samples shorter than the sequence: past its length a sample's state stays and its output is 0."""
+    model, feeds = rnn_model(op, seq_lens=True, direction=direction, peep=op == "LSTM")
     lens = next(t for t in model.graph.initializer if t.name == "lens")
-    lens.CopyFrom(nh.from_array(np.array([5, 3], np.int32), "lens"))
-    with pytest.raises(ModelError, match="sequence_lens varies"):
-        prepare(model)
+    short = np.array([5, 3], np.int32)
+    lens.CopyFrom(nh.from_array(short, "lens"))
+    if at_run_time:
+        model.graph.initializer.remove(lens)
+        model.graph.input.append(oh.make_tensor_value_info("lens", TensorProto.INT32, [2]))
+        feeds["lens"] = short
+    want = _run(model, feeds)
+    prepared, steps = prepare(model)
+    assert "decompose_rnn" in steps
+    for w, g in zip(want, _run(prepared, feeds), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_dynamic_sequence_length_refused_with_shape_hint() -> None:
