@@ -293,7 +293,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     _say(progress, f"importing {onnx_path.name} for {preset.name}")
     if integer is None:
         integer = integer_by_default(preset)
-    imported = import_model(model, shapes=input_shapes, integer=integer)
+    imported = import_model(model, shapes=input_shapes, integer=integer, target=preset.tvm_target())
     if imported.prepared_steps:
         _say(progress, f"prepared the graph: {', '.join(imported.prepared_steps)}")
 
