@@ -40,9 +40,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AVX2_DOT_8X4", "DotKernels", "kernels"]
+__all__ = ["AVX2_DOT_8X4", "AVX2_PAIR_8X2", "AVX512_PAIR_16X2", "DotKernels", "kernels"]
 
 AVX2_DOT_8X4 = "fractal_dot_8x4_u8i8i32_avx2"
+AVX2_PAIR_8X2 = "fractal_dot_8x2_i16i16i32_avx2"
+AVX512_PAIR_16X2 = "fractal_dot_16x2_i16i16i32_avx512"
 _VNNI_DOT_16X4 = "dot_16x4_vnni"  # TVM's own (tvm.s_tir.tensor_intrin.x86)
 _AVX512_DOT_16X4 = "dot_16x4_avx512"  # TVM's: vpmaddubsw + vpmaddwd on zmm registers
 _registered: list[str] = []
@@ -94,7 +96,47 @@ def _register_avx2() -> None:
             )
 
     TensorIntrin.register(AVX2_DOT_8X4, desc, impl)
+    TensorIntrin.register(AVX2_PAIR_8X2, *_pair_intrin(8, "llvm.x86.avx2.pmadd.wd"))
+    TensorIntrin.register(AVX512_PAIR_16X2, *_pair_intrin(16, "llvm.x86.avx512.pmaddw.d.512"))
     _registered.append(AVX2_DOT_8X4)
+
+
+def _pair_intrin(lanes: int, llvm: str) -> tuple[Any, Any]:
+    """``C[i] += sum_k s16(A[k]) * s16(B[i, k])`` for ``lanes`` int32 lanes, 2 int16 each: one
+    ``vpmaddwd`` (int16 products summed in pairs to int32: exact for int8 operands)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2,), "int16", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 2), "int16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2,), "int16", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 2), "int16", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            a2 = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm),
+                T.reinterpret(T.broadcast(a2, lanes), dtype=f"int16x{2 * lanes}"),
+                B.vload([0, 0], dtype=f"int16x{2 * lanes}"),
+                dtype=f"int32x{lanes}",
+            )
+
+    return desc, impl
 
 
 def kernels(target: Any) -> DotKernels | None:
@@ -108,14 +150,15 @@ def kernels(target: Any) -> DotKernels | None:
     if "+avx512vnni" in mattr or mcpu in _VNNI_CPUS:
         import tvm.s_tir.tensor_intrin.x86  # noqa: F401 - registers dot_16x4_vnni
 
-        return DotKernels(16, _VNNI_DOT_16X4, 24)
+        return DotKernels(16, _VNNI_DOT_16X4, None, 24)
     if "+avx512bw" in mattr:
         import tvm.s_tir.tensor_intrin.x86  # noqa: F401 - registers dot_16x4_avx512
 
-        return DotKernels(16, _AVX512_DOT_16X4, 24)
+        _register_avx2()
+        return DotKernels(16, _AVX512_DOT_16X4, AVX512_PAIR_16X2, 24)
     if "+avx2" in mattr or mcpu in _AVX2_CPUS:
         _register_avx2()
-        return DotKernels(8, AVX2_DOT_8X4, 10)
+        return DotKernels(8, AVX2_DOT_8X4, AVX2_PAIR_8X2, 10)
     return None
 
 
@@ -127,15 +170,22 @@ _AVX2_CPUS = {"haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", *
 
 @dataclass
 class DotKernels:
-    """Builders of tensorized int8 kernels for one instruction: ``lanes`` int32 outputs per
-    intrinsic call, ``intrin`` its registered name, ``registers`` accumulator vectors per tile
-    (16 ymm registers on AVX2 leave 10 after the operands; 32 zmm on AVX-512). The PrimFuncs it
-    made are in ``funcs`` (global var -> function), for the caller to add to the module."""
+    """Builders of tensorized int8 kernels for one target: ``lanes`` int32 outputs per intrinsic
+    call; ``quad`` the u8 x s8 4-byte dot product's intrinsic; ``pair`` the exact int16 pair
+    one (``vpmaddwd``) used where ``quad`` would saturate (None: ``quad`` cannot, VNNI);
+    ``registers`` accumulator vectors per tile (16 ymm registers on AVX2 leave 10 after the
+    operands; 32 zmm on AVX-512). The PrimFuncs it made are in ``funcs`` (global var ->
+    function), for the caller to add to the module; ``used`` counts them per intrinsic."""
 
     lanes: int
-    intrin: str
+    quad: str
+    pair: str | None
     registers: int
     funcs: list[tuple[Any, Any]] = field(default_factory=list)
+    used: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return ", ".join(f"{n} {name}" for name, n in sorted(self.used.items()))
 
     def conv2d(self, xq: Any, wq: np.ndarray, bias: np.ndarray, scale: np.ndarray, *, zx: int,
                sy: float, zy: int, out_dtype: str, relu: bool, strides: tuple[int, int],
@@ -188,34 +238,40 @@ class DotKernels:
             return None
         L = self.lanes
         row, co_l = kw * ci, -(-co // L) * L
-        row4 = -(-row // 4) * 4
-        zu = int(zx) + 128  # the uint8 zero point
+        quad = self.pair is None or _cannot_saturate(w_ohwi.reshape(co, kh, row))
+        g, act, wdt = (4, "uint8", "int8") if quad else (2, "int16", "int16")
+        rowg = -(-row // g) * g
+        zu = int(zx) + 128 if quad else int(zx)  # the activations' zero point (uint8: shifted)
         hp, wp = h + pads[0] + pads[2], wd + pads[1] + pads[3]
         oh = (hp - dilation[0] * (kh - 1) - 1) // strides[0] + 1
         ow = (wp - kw) // strides[1] + 1
         if oh < 1 or ow < 1:
             return None
         # the last window's rounded-up row may read past the input row: padded columns (zero weights)
-        extra = -(-max(0, (ow - 1) * strides[1] * ci + row4 - wp * ci) // ci)
-        xu = relax.op.astype(relax.op.add(relax.op.astype(x, "int16"), relax.const(128, "int16")), "uint8")
+        extra = -(-max(0, (ow - 1) * strides[1] * ci + rowg - wp * ci) // ci)
+        xu = relax.op.astype(x, "int16")
+        if quad:
+            xu = relax.op.astype(relax.op.add(xu, relax.const(128, "int16")), "uint8")
         if any(pads) or extra:
             xu = relax.op.nn.pad(xu, [0, 0, pads[0], pads[2], pads[1], pads[3] + extra, 0, 0],
                                  pad_value=float(zu))
         wp += extra
         xu = relax.op.reshape(xu, [n, hp, wp * ci])
-        packed = np.zeros((co_l, kh, row4), np.int8)
+        packed = np.zeros((co_l, kh, rowg), wdt)
         packed[:co, :, :row] = w_ohwi.reshape(co, kh, row)
         w_sum = w_ohwi.astype(np.int64).reshape(co, -1).sum(axis=1)
         b = np.zeros(co_l, np.int64)
-        b[:co] = bias.astype(np.int64) - 128 * w_sum
+        b[:co] = bias.astype(np.int64) - (128 * w_sum if quad else 0)
         if np.abs(b).max(initial=0) >= 2**31:
             return None
         s = np.zeros(co_l, np.float32)
         s[:co] = scale
-        # [O/L, KH, ROW/4, L, 4]: the L x 4 bytes one intrinsic call reads are contiguous
-        w_pack = packed.reshape(co_l // L, L, kh, row4 // 4, 4).transpose(0, 2, 3, 1, 4)
-        func = self._prim_func(n, hp, wp * ci, ci, co, co_l, kh, row4, oh, ow, strides, dilation[0],
-                               sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
+        # [O/L, KH, ROW/g, L, g]: the L x g values one intrinsic call reads are contiguous
+        w_pack = packed.reshape(co_l // L, L, kh, rowg // g, g).transpose(0, 2, 3, 1, 4)
+        intrin = self.quad if quad else str(self.pair)
+        func = self._prim_func(n, hp, wp * ci, ci, co, co_l, kh, rowg, oh, ow, strides, dilation[0],
+                               (g, act, wdt, intrin), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
+        self.used[intrin] = self.used.get(intrin, 0) + 1
         # (a GlobalVar typed by the function it names: call_tir checks its callee's type)
         name = f"fractal_int8_conv_{len(self.funcs)}"
         func = func.with_attr("global_symbol", name)
@@ -225,23 +281,24 @@ class DotKernels:
                                    relax.const(b.astype(np.int32)), relax.const(s)],
                               relax.TensorType([n, oh, ow, co], out_dtype))
 
-    def _prim_func(self, n: int, hp: int, width: int, ci: int, co: int, co_l: int, kh: int, row4: int,
-                   oh: int, ow: int, strides: tuple[int, int], dh: int, *, sy: float, zy: int,
-                   out_dtype: str, relu: bool) -> Any:
+    def _prim_func(self, n: int, hp: int, width: int, ci: int, co: int, co_l: int, kh: int, rowg: int,
+                   oh: int, ow: int, strides: tuple[int, int], dh: int, kind: tuple[int, str, str, str], *,
+                   sy: float, zy: int, out_dtype: str, relu: bool) -> Any:
         from tvm import te, tirx
 
         L = self.lanes
-        X = te.placeholder((n, hp, width), "uint8", name="x")
-        W = te.placeholder((co_l // L, kh, row4 // 4, L, 4), "int8", name="w")
+        g, act, wdt, intrin = kind
+        X = te.placeholder((n, hp, width), act, name="x")
+        W = te.placeholder((co_l // L, kh, rowg // g, L, g), wdt, name="w")
         B = te.placeholder((co_l,), "int32", name="bias")
         S = te.placeholder((co_l,), "float32", name="scale")
         rh = te.reduce_axis((0, kh), "rh")
-        rm, rk = te.reduce_axis((0, row4 // 4), "rm"), te.reduce_axis((0, 4), "rk")
+        rm, rk = te.reduce_axis((0, rowg // g), "rm"), te.reduce_axis((0, g), "rk")
         sh, sw = strides
         acc = te.compute(
             (n, oh, ow, co_l),
             lambda b, y, x, c: te.sum(
-                X[b, y * sh + rh * dh, x * (sw * ci) + rm * 4 + rk].astype("int32")
+                X[b, y * sh + rh * dh, x * (sw * ci) + rm * g + rk].astype("int32")
                 * W[c // L, rh, rm, c % L, rk].astype("int32"), axis=[rh, rm, rk]),
             name="acc")
         lo, hi = (-128, 127) if out_dtype == "int8" else (0, 255)
@@ -256,9 +313,9 @@ class DotKernels:
 
         out = te.compute((n, oh, ow, co), requant, name="requant")
         func = te.create_prim_func([X, W, B, S, out])
-        return self._schedule(func, n * oh, ow, co_l, co)
+        return self._schedule(func, intrin, n * oh, ow, co_l, co)
 
-    def _schedule(self, func: Any, rows: int, ow: int, co_l: int, co: int) -> Any:
+    def _schedule(self, func: Any, intrin: str, rows: int, ow: int, co_l: int, co: int) -> Any:
         from tvm import s_tir
 
         L = self.lanes
@@ -276,7 +333,7 @@ class DotKernels:
             sch.parallel(tile)
         sch.reverse_compute_at(out, tile, preserve_unit_loops=True)
         init = sch.decompose_reduction(acc, rh)
-        sch.tensorize(co_i, self.intrin)
+        sch.tensorize(co_i, intrin)
         sch.set_scope(init, 0, "local")  # (after tensorize: the intrinsic's buffers are global)
         sch.unroll(co_v)
         sch.unroll(x_i)
@@ -290,6 +347,17 @@ class DotKernels:
                 _, inner = sch.split(inner, factors=[None, L])
             sch.vectorize(inner)
         return sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("op_pattern", 8)
+
+
+def _cannot_saturate(w: np.ndarray) -> bool:
+    """Whether no ``vpmaddubsw`` pair sum can leave int16 with these weights (``[O, KH, ROW]``, the
+    reduction's pairs adjacent along ROW from an even offset): with uint8 activations up to 255,
+    each pair's positive weights must sum to at most 128 and its negative ones to at least -128."""
+    ww = np.zeros((*w.shape[:-1], -(-w.shape[-1] // 2) * 2), np.int64)
+    ww[..., : w.shape[-1]] = w
+    pairs = ww.reshape(*w.shape[:-1], -1, 2)
+    return bool(np.clip(pairs, 0, None).sum(-1).max(initial=0) <= 128
+                and np.clip(pairs, None, 0).sum(-1).min(initial=0) >= -128)
 
 
 def _static(x: Any) -> bool:

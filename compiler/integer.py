@@ -52,7 +52,7 @@ class IntegerRewrite:
         return f"integer_kernels({self.conv2d} conv2d, {self.matmul} matmul int8->int32)"
 
     def describe_dot(self) -> str:
-        return f"dot_product_kernels({self.dot} of them, {self.intrin})"
+        return f"dot_product_kernels({self.dot} of them: {self.intrin})"
 
 
 def _const(expr: Any) -> np.ndarray | None:
@@ -233,4 +233,4 @@ def integer_kernels(mod: Any, target: Any = None) -> IntegerRewrite:
             out[gv] = f
     if rw.conv2d or rw.matmul:
         out = relax.transform.DeadCodeElimination()(out)
-    return IntegerRewrite(out, rw.conv2d, rw.matmul, rw.dots, dot.intrin if dot is not None else "")
+    return IntegerRewrite(out, rw.conv2d, rw.matmul, rw.dots, dot.summary() if dot is not None else "")
