@@ -202,8 +202,8 @@ class DotKernels:
             return None
         n, c, h, w = (int(d) for d in xq.ty.shape)
         x_nhwc = relax.op.permute_dims(xq, [0, 2, 3, 1])
-        out = self._conv_nhwc(x_nhwc, (n, h, w, c), wq.transpose(0, 2, 3, 1), bias, scale, zx=zx, sy=sy, zy=zy,
-                              out_dtype=out_dtype, relu=relu, strides=strides, dilation=dilation,
+        out = self._conv_nhwc(x_nhwc, (n, h, w, c), wq.transpose(0, 2, 3, 1), bias, scale, zx=zx, sy=sy,
+                              zy=zy, out_dtype=out_dtype, relu=relu, strides=strides, dilation=dilation,
                               pads=pads)
         return None if out is None else relax.op.permute_dims(out, [0, 3, 1, 2])
 
@@ -219,13 +219,14 @@ class DotKernels:
         m, k = (int(d) for d in xq.ty.shape)
         x4 = relax.op.reshape(xq, [1, 1, m, k])
         w = w_kn.T.reshape(w_kn.shape[1], 1, 1, w_kn.shape[0])  # [N, 1, 1, K]
-        out = self._conv_nhwc(x4, (1, 1, m, k), w, bias, scale, zx=zx, sy=sy, zy=zy, out_dtype=out_dtype, relu=relu,
-                              strides=(1, 1), dilation=(1, 1), pads=(0, 0, 0, 0))
+        out = self._conv_nhwc(x4, (1, 1, m, k), w, bias, scale, zx=zx, sy=sy, zy=zy, out_dtype=out_dtype,
+                              relu=relu, strides=(1, 1), dilation=(1, 1), pads=(0, 0, 0, 0))
         return None if out is None else relax.op.reshape(out, [m, w_kn.shape[1]])
 
     def _conv_nhwc(self, x: Any, shape: tuple[int, int, int, int], w_ohwi: np.ndarray, bias: np.ndarray,
                    scale: np.ndarray, *, zx: int, sy: float, zy: int, out_dtype: str, relu: bool,
-                   strides: tuple[int, int], dilation: tuple[int, int], pads: tuple[int, int, int, int]) -> Any:
+                   strides: tuple[int, int], dilation: tuple[int, int],
+                   pads: tuple[int, int, int, int]) -> Any:
         """The kernel on NHWC ``x`` (``shape``) and OHWI weights. A row of the kernel window reads
         ``kw * ci`` consecutive bytes of a channels-last input row (unit horizontal dilation), so
         the reduction runs over that merged axis in groups of 4: a first layer with 1 or 3 input
