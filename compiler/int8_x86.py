@@ -40,18 +40,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AVX2_DOT_8X4", "AVX2_PAIR_8X2", "AVX512_PAIR_16X2", "DotKernels", "kernels"]
+__all__ = ["AVX2_DOT_8X4", "AVX2_PAIR_8X2", "AVX512_PAIR_16X2", "VNNI_DOT_16X4", "DotKernels", "kernels"]
 
 AVX2_DOT_8X4 = "fractal_dot_8x4_u8i8i32_avx2"
 AVX2_PAIR_8X2 = "fractal_dot_8x2_i16i16i32_avx2"
 AVX512_PAIR_16X2 = "fractal_dot_16x2_i16i16i32_avx512"
-_VNNI_DOT_16X4 = "dot_16x4_vnni"  # TVM's own (tvm.s_tir.tensor_intrin.x86)
+# TVM 0.27's own dot_16x4_vnni passes vpdpbusd <16 x i32> operands, which its LLVM refuses
+# ("Call parameter type does not match function signature": the intrinsic takes <64 x i8> now)
+VNNI_DOT_16X4 = "fractal_dot_16x4_u8i8i32_vnni"
 _AVX512_DOT_16X4 = "dot_16x4_avx512"  # TVM's: vpmaddubsw + vpmaddwd on zmm registers
 _registered: list[str] = []
 
 
-def _register_avx2() -> None:
-    """The AVX2 intrinsic: ``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for 8 int32 lanes, 4 bytes each."""
+def _register() -> None:
+    """The project's intrinsics; first the AVX2 quad: ``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for 8
+    int32 lanes, 4 bytes each."""
     if _registered:
         return
     from tvm.s_tir import TensorIntrin
@@ -96,9 +99,49 @@ def _register_avx2() -> None:
             )
 
     TensorIntrin.register(AVX2_DOT_8X4, desc, impl)
+    TensorIntrin.register(VNNI_DOT_16X4, *_vnni_intrin())
     TensorIntrin.register(AVX2_PAIR_8X2, *_pair_intrin(8, "llvm.x86.avx2.pmadd.wd"))
     TensorIntrin.register(AVX512_PAIR_16X2, *_pair_intrin(16, "llvm.x86.avx512.pmaddw.d.512"))
     _registered.append(AVX2_DOT_8X4)
+
+
+def _vnni_intrin() -> tuple[Any, Any]:
+    """``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for 16 int32 lanes: one ``vpdpbusd`` (the 4 products
+    summed in int32, no saturation)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (16, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (16,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (16, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (16,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], dtype="int32x16"),
+                T.reinterpret(T.broadcast(a4, 16), dtype="uint8x64"),
+                B.vload([0, 0], dtype="int8x64"),
+                dtype="int32x16",
+            )
+
+    return desc, impl
 
 
 def _pair_intrin(lanes: int, llvm: str) -> tuple[Any, Any]:
@@ -148,16 +191,15 @@ def kernels(target: Any) -> DotKernels | None:
     mattr = {str(a) for a in (target.attrs.get("mattr") or [])}
     mcpu = str(target.attrs.get("mcpu", ""))
     if "+avx512vnni" in mattr or mcpu in _VNNI_CPUS:
-        import tvm.s_tir.tensor_intrin.x86  # noqa: F401 - registers dot_16x4_vnni
-
-        return DotKernels(16, _VNNI_DOT_16X4, None, 24)
+        _register()
+        return DotKernels(16, VNNI_DOT_16X4, None, 24)
     if "+avx512bw" in mattr:
         import tvm.s_tir.tensor_intrin.x86  # noqa: F401 - registers dot_16x4_avx512
 
-        _register_avx2()
+        _register()
         return DotKernels(16, _AVX512_DOT_16X4, AVX512_PAIR_16X2, 24)
     if "+avx2" in mattr or mcpu in _AVX2_CPUS:
-        _register_avx2()
+        _register()
         return DotKernels(8, AVX2_DOT_8X4, AVX2_PAIR_8X2, 10)
     return None
 

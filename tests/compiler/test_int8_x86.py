@@ -82,12 +82,12 @@ def test_avx2_kernel_equals_integer_arithmetic_and_uses_the_dot_instructions(
 @pytest.mark.slow
 def test_vnni_build_runs_its_int8_kernels_on_vpdpbusd(tmp_path: Path) -> None:
     """The x86_64-avx512-vnni preset: every non-depthwise quantized convolution and the matmul of
-    ds-cnn-kws on TVM's dot_16x4_vnni, and the library holds vpdpbusd (disassembly only: no
+    ds-cnn-kws on the vpdpbusd intrinsic, and the library holds vpdpbusd (disassembly only: no
     AVX-512 here)."""
     qdq = _qdq("ds-cnn-kws", tmp_path)
     art = compile_model(qdq, target="x86_64-avx512-vnni", out_dir=tmp_path / "art", progress=False,
                         integer=True)
-    assert "dot_product_kernels(6 of them: 6 dot_16x4_vnni)" in Manifest.read(art).prepared_steps
+    assert "dot_product_kernels(6 of them: 6 fractal_dot_16x4_u8i8i32_vnni)" in Manifest.read(art).prepared_steps
     lib = json.loads((art / "manifest.json").read_text())["libs"]["infer"]
     asm = _disassembly(art / lib)
     assert asm.count("vpdpbusd") >= 6 and "vpmaddubsw" not in asm
