@@ -26,6 +26,10 @@ the float sum lands next to a rounding boundary.
 Anything the pattern does not match (per-channel activations, weight zero points, a bias at
 another scale, an intermediate value used elsewhere, conv1d/3d, Add / pooling / other ops
 between Q and DQ) keeps the float path the frontend built: correct, only not integer.
+
+Given the target, the ops that fit a CPU's int8 dot-product instruction are built as that
+target's tensorized kernels instead of the generic ``conv2d`` / ``matmul`` (x86:
+:mod:`compiler.int8_x86`, same arithmetic, requantized in registers).
 """
 
 from __future__ import annotations
