@@ -87,7 +87,8 @@ def test_vnni_build_runs_its_int8_kernels_on_vpdpbusd(tmp_path: Path) -> None:
     qdq = _qdq("ds-cnn-kws", tmp_path)
     art = compile_model(qdq, target="x86_64-avx512-vnni", out_dir=tmp_path / "art", progress=False,
                         integer=True)
-    assert "dot_product_kernels(6 of them: 6 fractal_dot_16x4_u8i8i32_vnni)" in Manifest.read(art).prepared_steps
+    steps = Manifest.read(art).prepared_steps
+    assert f"dot_product_kernels(6 of them: 6 {int8_x86.VNNI_DOT_16X4})" in steps
     lib = json.loads((art / "manifest.json").read_text())["libs"]["infer"]
     asm = _disassembly(art / lib)
     assert asm.count("vpdpbusd") >= 6 and "vpmaddubsw" not in asm
