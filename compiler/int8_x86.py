@@ -11,22 +11,29 @@ each the dot product of 4 consecutive bytes); ``vpdpbusd`` does both and accumul
 what onnxruntime's MLAS kernels use, and it fixes the data layout:
 
 - activations uint8: ``quantize_static`` makes int8 ones, so ``xu = xq + 128`` and the zero point
-  becomes ``zx + 128``; the ``-(zx + 128) * sum(w)`` term joins the int32 bias as
-  :mod:`compiler.integer` already folds ``-zx * sum(w)``. Channels-last (NHWC), input channels
-  padded to a multiple of 4 (zero weights there), the spatial padding done with ``zx + 128``.
-- weights int8, packed at compile time (they are constants of the QDQ graph, so the packing is a
-  numpy transpose, not per-call work): ``[O / L, KH, KW, I / 4, L, 4]`` where ``L`` is the number
-  of int32 lanes (8 for AVX2, 16 for AVX-512), output channels padded with zero weights.
-- the kernel: ``L`` output channels x a few output columns of int32 accumulators per register
-  tile, the reduction over the window and the input channels in steps of 4 (one intrinsic
-  call each), then bias, scale, rounding, zero point, clamp (and ReLU) on the tile before one
-  int8 store. The same TIR requantization as ``R.quantize`` (float32 ``x / scale``, round half to
-  even), so results equal the generic integer kernels'.
+  becomes ``zx + 128``; the ``-128 * sum(w)`` term joins the int32 bias next to the
+  ``-zx * sum(w)`` :mod:`compiler.integer` already folds. Channels-last (NHWC), the spatial
+  padding done with the zero point.
+- the reduction: a row of the kernel window is ``KW * I`` consecutive bytes of a channels-last
+  input row, taken in groups of 4 (the last one padded with zero weights), so a first layer with
+  1 or 3 input channels is no special case.
+- weights packed at compile time (they are constants of the QDQ graph: a numpy transpose, no
+  per-call work) as ``[O / L, KH, ROW / 4, L, 4]``, ``L`` the int32 lanes (8 for AVX2, 16 for
+  AVX-512), output channels padded with zero weights.
+- the kernel: a register tile of ``L`` (or ``2L``) output channels x a few output columns of int32
+  accumulators while the reduction runs (one intrinsic call per group), then bias, scale,
+  rounding, zero point, clamp (and ReLU) on the tile before one int8 store: the TIR of
+  ``R.quantize`` (float32 ``x / scale``, round half to even), so results equal the generic
+  integer kernels'.
 
-``vpmaddubsw`` saturates its int16 pair sums: ``255 * 127 * 2`` exceeds 32767. MLAS's AVX2 u8s8
-kernels accept that (onnxruntime's documentation names it and suggests ``reduce_range``); so do
-these kernels on AVX2. VNNI's ``vpdpbusd`` sums in int32 and does not saturate. How far it moves
-outputs on the zoo models is measured in ``tests/compiler/test_int8_x86.py`` (BENCHMARKS.md "int8").
+``vpmaddubsw`` saturates its int16 pair sums (``255 * 127 * 2`` > 32767). MLAS's AVX2 u8s8 kernels
+accept that (onnxruntime's documentation names it and suggests ``reduce_range``), and so moved
+outputs 3-12 steps from onnxruntime's reference on the zoo models. Here the weights decide per
+layer: where no pair can leave int16 (each pair's positive weights sum to at most 128 and its
+negative ones to at least -128) the u8 quads run; elsewhere an exact int16 pair kernel
+(``vpmaddwd`` on sign-extended activations and int16 weights, groups of 2, no shift) does, as many
+multiply-adds per multiplier instruction as the quads on AVX2. VNNI's ``vpdpbusd`` sums in int32:
+always the quads.
 
 Depthwise and grouped convolutions keep the generic integer kernels (no reduction over channels
 to put in the 4-byte groups). :func:`kernels` picks the instruction for a target; the builders
