@@ -323,9 +323,10 @@ class DotKernels:
                                (g, act, wdt, intrin), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
         self.used[intrin] = self.used.get(intrin, 0) + 1
         # (a GlobalVar typed by the function it names: call_tir checks its callee's type)
-        name = f"fractal_int8_conv_{len(self.funcs)}"
-        func = func.with_attr("global_symbol", name)
-        gv = relax.BlockBuilder().add_func(func, name)
+        # (private, like the functions LegalizeOps makes: the build names its symbol after the
+        # GlobalVar, so passes that copy functions, as tuning's do, cannot duplicate a symbol)
+        func = func.without_attr("global_symbol")
+        gv = relax.BlockBuilder().add_func(func, f"fractal_int8_conv_{len(self.funcs)}")
         self.funcs.append((gv, func))
         return relax.call_tir(gv, [xu, relax.const(np.ascontiguousarray(w_pack)),
                                    relax.const(b.astype(np.int32)), relax.const(s)],
