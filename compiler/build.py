@@ -213,8 +213,8 @@ def _install(tmp: Path, out_dir: Path) -> None:
 def integer_by_default(preset: TargetPreset) -> bool:
     """Whether a QDQ model goes onto integer kernels by default for ``preset``: where the CPU has
     an int8 dot-product instruction (Arm dotprod, x86 AVX-512 VNNI). On AVX2 the tensorized kernels
-    (:mod:`compiler.int8_x86`) beat the float import on resnet8 and mobilenet but not on ds-cnn-kws
-    (1.07-1.16x, its depthwise layers) or fc-autoencoder (0.97-1.05x) (BENCHMARKS.md "int8"), so
+    (:mod:`compiler.int8_x86`) beat the float import on resnet8 (0.65-0.84x) but not on ds-cnn-kws
+    (1.07-1.22x, its depthwise layers) or fc-autoencoder (0.97-1.05x) (BENCHMARKS.md "int8"), so
     AVX2 keeps the float import by default; both are within one quantization step of
     onnxruntime's reference."""
     mattr = set(preset.target.get("mattr", []))
