@@ -217,9 +217,11 @@ def _install(tmp: Path, out_dir: Path) -> None:
 
 def integer_by_default(preset: TargetPreset) -> bool:
     """Whether a QDQ model goes onto integer kernels by default for ``preset``: where the CPU has
-    an int8 dot-product instruction (Arm dotprod, x86 AVX-512 VNNI). Without one the integer
-    kernels measured slower than the float import (AVX2: 1.04-1.8x, BENCHMARKS.md "int8"), both
-    within one quantization step of onnxruntime's reference."""
+    an int8 dot-product instruction (Arm dotprod, x86 AVX-512 VNNI). On AVX2 the tensorized kernels
+    (:mod:`compiler.int8_x86`) beat the float import on resnet8 (0.65-0.84x) but not on ds-cnn-kws
+    (1.07-1.22x, its depthwise layers) or fc-autoencoder (0.97-1.05x) (BENCHMARKS.md "int8"), so
+    AVX2 keeps the float import by default; both are within one quantization step of
+    onnxruntime's reference."""
     mattr = set(preset.target.get("mattr", []))
     return bool(mattr & {"+dotprod", "+avx512vnni"})
 
@@ -308,7 +310,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     _say(progress, f"importing {onnx_path.name} for {preset.name}")
     if integer is None:
         integer = integer_by_default(preset)
-    imported = import_model(model, shapes=input_shapes, integer=integer)
+    imported = import_model(model, shapes=input_shapes, integer=integer, target=preset.tvm_target())
     if imported.prepared_steps:
         _say(progress, f"prepared the graph: {', '.join(imported.prepared_steps)}")
 

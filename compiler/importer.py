@@ -312,7 +312,8 @@ def _static_leading(model: Any, shapes: dict[str, list[int]] | None) -> set[int]
 
 
 def import_model(model: Any, *, batch: int | None = None,
-                 shapes: dict[str, list[int]] | None = None, integer: bool = True) -> ImportedModel:
+                 shapes: dict[str, list[int]] | None = None, integer: bool = True,
+                 target: Any = None) -> ImportedModel:
     """Prepare (compiler.prepare) and import an ONNX model into Relax with parameters as trailing
     inputs of ``main``.
 
@@ -320,6 +321,8 @@ def import_model(model: Any, *, batch: int | None = None,
     ``shapes``: input name -> dims fixing dynamic dimensions (-1 leaves one dynamic).
     ``integer``: a QDQ model's quantized convolutions / matmuls on int8 -> int32 kernels
     (:mod:`compiler.integer`; False: the frontend's dequantize -> float op -> quantize, to compare).
+    ``target``: the ``tvm.target.Target`` built for; where it has an int8 dot-product instruction
+    the integer kernels that fit use it (:mod:`compiler.int8_x86`).
     """
     from tvm.relax.frontend import detach_params
     from tvm.relax.frontend.onnx import from_onnx
@@ -356,9 +359,11 @@ def import_model(model: Any, *, batch: int | None = None,
     if integer and any(n.op_type == "DequantizeLinear" for n in model.graph.node):
         from compiler.integer import integer_kernels
 
-        rewrite = integer_kernels(mod)
+        rewrite = integer_kernels(mod, target)
         if rewrite.conv2d or rewrite.matmul:
             mod, steps = rewrite.mod, [*steps, rewrite.describe()]
+        if rewrite.dot:
+            steps = [*steps, rewrite.describe_dot()]
     params = [p.numpy() for p in detached.get("main", [])]
     if len(params) != len(param_names):
         raise ModelError(f"internal: {len(params)} imported parameters but {len(param_names)} initializers",

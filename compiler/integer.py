@@ -26,6 +26,10 @@ the float sum lands next to a rounding boundary.
 Anything the pattern does not match (per-channel activations, weight zero points, a bias at
 another scale, an intermediate value used elsewhere, conv1d/3d, Add / pooling / other ops
 between Q and DQ) keeps the float path the frontend built: correct, only not integer.
+
+Given the target, the ops that fit a CPU's int8 dot-product instruction are built as that
+target's tensorized kernels instead of the generic ``conv2d`` / ``matmul`` (x86:
+:mod:`compiler.int8_x86`, same arithmetic, requantized in registers).
 """
 
 from __future__ import annotations
@@ -45,9 +49,14 @@ class IntegerRewrite:
     mod: Any
     conv2d: int
     matmul: int
+    dot: int = 0  # of those, how many run a target's dot-product kernel (compiler.int8_x86)
+    intrin: str = ""
 
     def describe(self) -> str:
         return f"integer_kernels({self.conv2d} conv2d, {self.matmul} matmul int8->int32)"
+
+    def describe_dot(self) -> str:
+        return f"dot_product_kernels({self.dot} of them: {self.intrin})"
 
 
 def _const(expr: Any) -> np.ndarray | None:
@@ -72,8 +81,11 @@ def _per_channel(scale: np.ndarray, axis: int, ndim: int, channels: int, out_axi
 class _Rewriter:
     """The DFPattern of one quantized conv/matmul and the integer expression replacing it."""
 
-    def __init__(self) -> None:
+    def __init__(self, dot: Any = None) -> None:
         from tvm.relax.dpl import is_const, is_op, wildcard
+
+        self.dot = dot  # compiler.int8_x86.DotKernels, or None: the generic ops
+        self.dots = 0
 
         self.xq = wildcard()
         self.sx, self.zx = is_const(), is_const()
@@ -147,6 +159,14 @@ class _Rewriter:
         bias = bias - int(zx) * w_sum
         if np.abs(bias).max(initial=0) >= 2**31:
             raise _NoMatch
+        fast = self._dot(expr, m, is_conv, wq, bias, scale, zx, sy, zy, out_dtype)
+        if fast is not None:
+            self.dots += 1
+            if is_conv:
+                self.conv2d += 1
+            else:
+                self.matmul += 1
+            return fast
         shape = [1, channels, 1, 1] if is_conv else [channels]
         if is_conv:
             attrs = m[self.conv].attrs
@@ -171,16 +191,39 @@ class _Rewriter:
         return q
 
 
+    def _dot(self, expr: Any, m: dict[Any, Any], is_conv: bool, wq: np.ndarray, bias: np.ndarray,
+             scale: np.ndarray, zx: float, sy: float, zy: float, out_dtype: str) -> Any:
+        """The same computation on the target's dot-product kernel, or None (no such kernel, or
+        it does not apply to this op)."""
+        if self.dot is None:
+            return None
+        common = {"zx": int(zx), "sy": sy, "zy": int(zy), "out_dtype": out_dtype, "relu": self.relu in m}
+        if is_conv:
+            attrs = m[self.conv].attrs
+            pads = [int(p) for p in attrs.padding]
+            return self.dot.conv2d(m[self.xq], wq, bias, scale, strides=tuple(int(s) for s in attrs.strides),
+                                   dilation=tuple(int(d) for d in attrs.dilation),
+                                   pads=(pads[0], pads[1], pads[2], pads[3]), groups=int(attrs.groups),
+                                   **common)
+        return self.dot.matmul(m[self.xq], np.ascontiguousarray(wq.T if self.w_t in m else wq), bias,
+                               scale, **common)
+
+
 class _NoMatch(Exception):
     pass
 
 
-def integer_kernels(mod: Any) -> IntegerRewrite:
-    """``mod`` with every matching quantized conv2d / matmul on integer kernels (see above)."""
+def integer_kernels(mod: Any, target: Any = None) -> IntegerRewrite:
+    """``mod`` with every matching quantized conv2d / matmul on integer kernels (see above);
+    with a ``target`` (``tvm.target.Target``) that has an int8 dot-product instruction the kernels
+    that fit are that target's tensorized ones (x86: :mod:`compiler.int8_x86`)."""
     from tvm import relax
     from tvm.relax.dpl import rewrite_call
 
-    rw = _Rewriter()
+    from compiler import int8_x86
+
+    dot = int8_x86.kernels(target)
+    rw = _Rewriter(dot)
     out = mod
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
@@ -188,6 +231,10 @@ def integer_kernels(mod: Any) -> IntegerRewrite:
             if not new.same_as(func):
                 out = out.clone() if out is mod else out
                 out[gv] = new
+    if dot is not None and dot.funcs:
+        out = out.clone() if out is mod else out
+        for gv, f in dot.funcs:
+            out[gv] = f
     if rw.conv2d or rw.matmul:
         out = relax.transform.DeadCodeElimination()(out)
-    return IntegerRewrite(out, rw.conv2d, rw.matmul)
+    return IntegerRewrite(out, rw.conv2d, rw.matmul, rw.dots, dot.summary() if dot is not None else "")

@@ -107,6 +107,13 @@ def _build_presets() -> dict[str, TargetPreset]:
                      {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512",
                       "mattr": [*_AVX512, "-prefer-256-bit"], "num-cores": host},
                      None),
+        # AVX-512 VNNI (Cascade Lake, Ice Lake, Zen 4 and newer): vpdpbusd for the int8 kernels
+        # (compiler.int8_x86); also what makes QDQ models default to integer kernels
+        TargetPreset("x86_64-avx512-vnni", "x86_64",
+                     "x86-64 with AVX-512 and VNNI (Cascade Lake, Ice Lake, Zen 4 and newer)",
+                     {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake",
+                      "mattr": [*_AVX512, "+avx512vnni", "-prefer-256-bit"], "num-cores": host},
+                     None),
         TargetPreset("aarch64", "aarch64", "generic 64-bit ARM with NEON",
                      {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic",
                       "mattr": ["+neon"], "num-cores": 4},

@@ -314,6 +314,15 @@ def prepare(mod: Any, target: Any, *, prepack: bool = False, channels_last: bool
         ])(mod)
 
 
+def _prescheduled(task: Any) -> bool:
+    """Whether an extracted MetaSchedule task's function was scheduled before tuning."""
+    from tvm import tirx
+
+    return any(isinstance(f, tirx.PrimFunc) and f.attrs is not None
+               and bool(f.attrs.get("tirx.is_scheduled", 0))
+               for mod in task.dispatched for f in mod.functions.values())
+
+
 def _workload_hash(prepared: Any) -> str:
     # The printed TIR/Relax is deterministic across processes, unlike object addresses.
     return hashlib.sha256(prepared.script(show_meta=False).encode()).hexdigest()[:16]
@@ -494,7 +503,8 @@ def tune(mod: Any, target: Any, *, trials: int | None = 64, db_dir: str | Path |
 
     done = int((meta or {}).get("trials", 0))
     todo = None if trials is None else trials - done  # a database with fewer trials is extended
-    tasks = ms.relax_integration.extract_tasks(prepared, target)
+    # (kernels scheduled when they were built, e.g. compiler.int8_x86's tensorized ones, are not tasks)
+    tasks = [t for t in ms.relax_integration.extract_tasks(prepared, target) if not _prescheduled(t)]
     anchors = [t for t in tasks if any(op in t.task_name for op in _ANCHOR_OPS)] or list(tasks)
     if not anchors:
         raise CompilerError("nothing to tune: the model has no TIR tasks", hint="compile without --tune")

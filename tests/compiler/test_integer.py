@@ -7,6 +7,8 @@ accumulating conv2d / matmul only, and the artifact's manifest must say so."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -15,16 +17,19 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from compiler import compile_model, zoo
+from compiler import compile_model, int8_x86, zoo
 from compiler.artifact import load_artifact
 from compiler.importer import import_model, load_onnx
 from compiler.manifest import Manifest
 from compiler.quantize import quantize_int8
-from compiler.targets import host_preset_name
+from compiler.targets import best_host_preset_name, get_preset, host_preset_name
 
 # (conv2d, matmul) each zoo model puts on integer kernels: every one it has
 _EXPECTED = {"ds-cnn-kws": (9, 1), "resnet8-cifar10": (9, 1), "mobilenet-v1-0.25-vww": (27, 1),
              "fc-autoencoder": (0, 10), "digits-mlp": (0, 2)}
+# of those, the ones on x86's dot-product kernels (compiler.int8_x86): all but the depthwise convolutions
+_DOT = {"ds-cnn-kws": 6, "resnet8-cifar10": 10, "mobilenet-v1-0.25-vww": 15, "fc-autoencoder": 10,
+        "digits-mlp": 2}
 
 
 def _qdq(name: str, work: Path) -> Path:
@@ -83,10 +88,21 @@ def test_zoo_qdq_model_on_integer_kernels_matches_onnxruntime(name: str, tmp_pat
     # the frontend's own import of the same model runs them in float32 (what the rewrite replaces)
     assert {d for _, d in _kernels(import_model(load_onnx(qdq), integer=False).mod)} == {"float32"}
     # ds-cnn-kws with the default schedules the benchmark builds; the others with the naive
-    # lowering (the arithmetic is what they check, and it saves minutes of schedule timing)
-    art = compile_model(qdq, target=host_preset_name(), out_dir=tmp_path / "art", progress=False,
+    # lowering for what the dot-product kernels do not cover (the arithmetic is what they check,
+    # and it saves minutes of schedule timing). The most specific preset this CPU runs: on AVX2
+    # and AVX-512 the convolutions and matmuls run the tensorized kernels of compiler.int8_x86.
+    preset = best_host_preset_name()
+    art = compile_model(qdq, target=preset, out_dir=tmp_path / "art", progress=False,
                         default_schedules=name == "ds-cnn-kws", integer=True)
-    assert f"integer_kernels({conv} conv2d, {mm} matmul int8->int32)" in Manifest.read(art).prepared_steps
+    steps = Manifest.read(art).prepared_steps
+    assert f"integer_kernels({conv} conv2d, {mm} matmul int8->int32)" in steps
+    if int8_x86.kernels(get_preset(preset).tvm_target()) is not None:
+        assert any(s.startswith(f"dot_product_kernels({_DOT[name]} of them: ") for s in steps), steps
+        # random weights: some vpmaddubsw pair sum could saturate in every layer, so the exact
+        # int16 pairs (vpmaddwd) run
+        lib = json.loads((art / "manifest.json").read_text())["libs"]["infer"]
+        asm = subprocess.run(["objdump", "-d", str(art / lib)], capture_output=True, text=True).stdout
+        assert asm.count("vpmaddwd") >= _DOT[name], name
     # the outputs are on the int8 grid: equal, or one quantization step apart at most
     assert _worst_steps(art, qdq, name) <= 1.001
 
