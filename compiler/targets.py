@@ -239,7 +239,7 @@ def detect_native(cpuinfo: str, machine: str) -> tuple[str, str]:
     """(preset name, why) for a machine whose /proc/cpuinfo reads ``cpuinfo`` and whose
     ``platform.machine()`` is ``machine``. Pure, so tests give it other machines' texts.
 
-    x86_64: AVX-512 F/CD/BW/DQ/VL -> x86_64-avx512 (VNNI noted), AVX2 + FMA -> x86_64-avx2, else
+    x86_64: AVX-512 F/CD/BW/DQ/VL + VNNI -> x86_64-avx512-vnni, without VNNI -> x86_64-avx512, AVX2 + FMA -> x86_64-avx2, else
     x86_64. aarch64: NEON + dotprod (asimddp) -> rpi5 (Cortex-A76 tuning), else aarch64. riscv64:
     the V extension in ``isa`` -> riscv64-rvv, else riscv64."""
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine.lower())
@@ -247,8 +247,9 @@ def detect_native(cpuinfo: str, machine: str) -> tuple[str, str]:
         flags = set(_cpuinfo_field(cpuinfo, "flags").split())
         avx512 = [f[1:] for f in _AVX512 if f.startswith("+")]
         if all(f in flags for f in avx512):
-            vnni = "avx512_vnni" in flags
-            return "x86_64-avx512", "AVX-512 F/CD/BW/DQ/VL" + (" + VNNI" if vnni else "")
+            if "avx512_vnni" in flags:
+                return "x86_64-avx512-vnni", "AVX-512 F/CD/BW/DQ/VL + VNNI"
+            return "x86_64-avx512", "AVX-512 F/CD/BW/DQ/VL, no VNNI"
         if {"avx2", "fma"} <= flags:
             return "x86_64-avx2", "AVX2 + FMA, no AVX-512"
         return "x86_64", "no AVX2 + FMA: generic x86-64"

@@ -18,9 +18,9 @@ _RV = "processor\t: 0\nhart\t\t: 0\nisa\t\t: {isa}\nmmu\t\t: sv39\n"
 
 @pytest.mark.parametrize(("text", "machine", "want", "says"), [
     (_X86.format(extra="avx avx2 fma avx512f avx512cd avx512bw avx512dq avx512vl avx512_vnni"), "x86_64",
-     "x86_64-avx512", "AVX-512 F/CD/BW/DQ/VL + VNNI"),
+     "x86_64-avx512-vnni", "AVX-512 F/CD/BW/DQ/VL + VNNI"),
     (_X86.format(extra="avx avx2 fma avx512f avx512cd avx512bw avx512dq avx512vl"), "x86_64",
-     "x86_64-avx512", "AVX-512 F/CD/BW/DQ/VL"),
+     "x86_64-avx512", "AVX-512 F/CD/BW/DQ/VL, no VNNI"),
     (_X86.format(extra="avx avx2 fma avx512f"), "x86_64", "x86_64-avx2", "AVX2 + FMA, no AVX-512"),  # F only
     (_X86.format(extra="avx avx2 fma"), "AMD64", "x86_64-avx2", "AVX2 + FMA"),
     (_X86.format(extra="avx"), "x86_64", "x86_64", "generic"),
