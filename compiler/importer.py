@@ -319,8 +319,8 @@ def import_model(model: Any, *, batch: int | None = None,
     (:mod:`compiler.integer`; False: the frontend's dequantize -> float op -> quantize, to compare).
     """
     from tvm.relax.frontend import detach_params
-    from tvm.relax.frontend.onnx import from_onnx
 
+    from compiler.dynshape import from_onnx, has_runtime_shape_operand
     from compiler.prepare import prepare
 
     _check_input_types(model)
@@ -332,6 +332,13 @@ def import_model(model: Any, *, batch: int | None = None,
     _check_ops(model)
     _check_constructs(model)
     specs, base, batched = _input_shapes(model, batch)
+    dynamic = has_runtime_shape_operand(model)
+    if dynamic:  # a shape operand is not a batch of samples: exactly the compiled shapes
+        if batch is not None:
+            raise ModelError(f"a node takes a shape operand from a model input, so the model compiles for "
+                             f"exactly its input shapes, not for batch {batch}",
+                             hint="compile without --train/--batch")
+        batched = False
     keep = _trainable(model)
     param_names = [t.name for t in model.graph.initializer if t.name in keep]
     prepared = _constants_to_nodes(model, keep)
@@ -360,24 +367,17 @@ def import_model(model: Any, *, batch: int | None = None,
     if len(params) != len(param_names):
         raise ModelError(f"internal: {len(params)} imported parameters but {len(param_names)} initializers",
                          hint="report this model as a bug")
-    outputs = _output_specs(mod, model)
+    outputs = _output_specs(mod, model, dynamic)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
                          params=params, batch=batch or base, prepared_steps=steps, batched=batched)
-
-
-# op -> input positions that decide an output *shape*; TVM needs them known at compile time
-_SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
-    "Expand": (1,), "Reshape": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
-    "Upsample": (1,), "Resize": (2, 3), "Slice": (1, 2, 3, 4), "Pad": (1,), "Split": (1,),
-    "SplitToSequence": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "OneHot": (1,), "TopK": (1,),
-    "AffineGrid": (1,),
-}
 
 
 def _check_constructs(model: Any) -> None:
     """Refuse, with the node named, constructs TVM's frontend cannot import or imports wrongly
     (found by the conformance test)."""
     from onnx import numpy_helper
+
+    from compiler.dynshape import SHAPE_OPERANDS, runtime_operand_refusal
 
     g = model.graph
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
@@ -397,11 +397,11 @@ def _check_constructs(model: Any) -> None:
                              hint="give the model float32 (or float16, int8) inputs and outputs")
     for idx, node in enumerate(g.node):
         where = f"{node.op_type} at node {node.name or f'#{idx}'!r}"
-        for pos in _SHAPE_OPERANDS.get(node.op_type, ()):
-            if pos < len(node.input) and node.input[pos] in runtime_inputs:
+        for pos in SHAPE_OPERANDS.get(node.op_type, ()):
+            why = runtime_operand_refusal(node.op_type, pos)
+            if pos < len(node.input) and node.input[pos] in runtime_inputs and why is not None:
                 raise ModelError(f"{where} takes its shape operand from the model input {node.input[pos]!r}: "
-                                 "output shapes decided at run time are not supported",
-                                 hint="make that value a constant (initializer) in the model")
+                                 f"{why}", hint="make that value a constant (initializer) in the model")
         if node.op_type == "SequenceInsert" and len(node.input) > 2 and node.input[2]:
             pos_value = consts.get(node.input[2])
             if pos_value is None or int(pos_value) < 0:
@@ -513,7 +513,8 @@ def _check_prelu(model: Any, node: Any, where: str, slope: tuple[int, ...]) -> N
 def _failing_node(model: Any, specs: list[TensorSpec], opset: int | None) -> str | None:
     """Name the first node whose import fails (binary search over graph prefixes), or None."""
     import onnx
-    from tvm.relax.frontend.onnx import from_onnx
+
+    from compiler.dynshape import from_onnx
 
     nodes = list(model.graph.node)
     if not nodes or len(nodes) > 4096:
@@ -548,14 +549,21 @@ def _failing_node(model: Any, specs: list[TensorSpec], opset: int | None) -> str
     return f"node {node.name or f'#{lo - 1}'!r} ({node.op_type})"
 
 
-def _output_specs(mod: Any, model: Any) -> list[TensorSpec]:
-    from tvm import relax
+def _output_specs(mod: Any, model: Any, dynamic: bool = False) -> list[TensorSpec]:
+    """The outputs' specs; with ``dynamic`` (a shape operand is a model input) a dim decided at
+    run time is -1 (the rank must still be known)."""
+    from tvm import relax, tirx
 
     ret = mod["main"].ret_ty
     infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
     names = [o.name for o in model.graph.output]
     specs = []
     for name, info in zip(names, infos, strict=True):
+        if dynamic and isinstance(info, relax.TensorType) and info.ndim >= 0:
+            dims = info.shape.values if info.shape is not None else [None] * info.ndim
+            shape = tuple(int(d) if isinstance(d, tirx.IntImm) else -1 for d in dims)
+            specs.append(TensorSpec(name, shape, str(info.dtype)))
+            continue
         if not isinstance(info, relax.TensorType) or info.shape is None:
             raise ModelError(f"output {name!r} is not a tensor of known shape",
                              hint="export the model with static shapes")
