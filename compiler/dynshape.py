@@ -30,8 +30,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 __all__ = ["REDUCE_OPS", "from_onnx", "runtime_operand_refusal", "has_runtime_shape_operand"]
 
 # op -> the opset from which ``axes`` is an input (before it: an attribute)
@@ -50,8 +48,14 @@ SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
     **{op: (1,) for op in REDUCE_OPS},
 }
 
-# ops whose run-time shape operand compiles (checked against onnxruntime, tests/compiler/test_dynshape.py)
-_CONVERTED: frozenset[str] = frozenset(REDUCE_OPS)
+# op -> (first opset whose converter below applies, positions of its shape operands)
+_OWN: dict[str, tuple[int, tuple[int, ...]]] = {
+    "Reshape": (5, (1,)), "Expand": (8, (1,)), "Squeeze": (13, (1,)), "Unsqueeze": (13, (1,)),
+    "Slice": (10, (1, 2, 3, 4)), **{op: (v, (1,)) for op, v in REDUCE_OPS.items()},
+}
+# ops whose run-time shape operand compiles (checked against onnxruntime, tests/compiler/test_dynshape.py):
+# this module's converters, and TVM's for Tile and ConstantOfShape (which refuse negative dims)
+_CONVERTED: frozenset[str] = frozenset({*_OWN, "Tile", "ConstantOfShape"})
 
 
 def runtime_operand_refusal(op: str, position: int) -> str | None:
@@ -165,22 +169,19 @@ def _masked_fold(bb: Any, fold: Callable[[Any, Any, bool], Any], y: Any, mask: A
     return y
 
 
-def _shape_of(bb: Any, x: Any, prefix: str, dims: Any, check: Any, k: int) -> Any:
-    """``x`` reshaped to the run-time shape ``dims`` (an int64 [n] tensor), with the run-time
-    check that ``check`` (an int64 [1] tensor) equals ``k``: one shape match does both."""
-    from tvm import relax, tirx
+def _shape_of(bb: Any, x: Any, dims: Any, bad: Any) -> Any:
+    """``x`` reshaped to the run-time shape ``dims`` (an int64 [n] tensor) when ``bad`` is 0."""
+    from tvm import relax
 
-    n = int(dims.ty.shape.values[0])
-    both = bb.normalize(relax.op.concat([dims, check], axis=0))
-    both = bb.match_cast(both, relax.TensorType([n + 1], "int64"))
-    shape = bb.emit(relax.op.tensor_to_shape(both))
-    names = [tirx.Var(f"{prefix}_{i}", "int64") for i in range(n)]
-    bb.match_cast(shape, relax.ShapeType([*names, tirx.IntImm("int64", k)]))
-    return relax.op.reshape(x, relax.ShapeExpr(names))
+    from compiler.dynshape_ops import checked_shape
+
+    return relax.op.reshape(x, checked_shape(bb, dims, bad, "reduced"))
 
 
 def _convert_reduce(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     from tvm import relax
+
+    from compiler.dynshape_ops import axes_mask, compact
 
     data, axes = inputs[0], inputs[1]
     found = _rank_and_len(data, axes)
@@ -190,14 +191,8 @@ def _convert_reduce(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) 
     keepdims = bool(attrs.get("keepdims", 1))
     if k == 0:  # known at compile time
         return data if attrs.get("noop_with_empty_axes", 0) else _reduce_all(op, data, keepdims)
-    if axes.ty.dtype != "int64":
-        axes = bb.normalize(relax.op.astype(axes, "int64"))
-    norm = bb.normalize(relax.op.where(relax.op.less(axes, _i64(0)), relax.op.add(axes, _i64(rank)), axes))
-    hits = relax.op.equal(relax.op.reshape(norm, [k, 1]), relax.op.reshape(relax.op.arange(0, rank, 1, "int64"),
-                                                                          [1, rank]))
-    mask_i = bb.normalize(relax.op.max(relax.op.astype(hits, "int64"), [0], False))  # [rank] 0/1
+    mask_i, bad = axes_mask(bb, axes, rank)  # [rank] 0/1; bad: a repeated or out-of-range axis
     mask = bb.normalize(relax.op.astype(mask_i, "bool"))
-    count = bb.normalize(relax.op.sum(mask_i, [0], True))  # distinct valid axes, [1]: must be k
     fold, pre, post = _PARTS[op]
     if op == "ReduceLogSumExp":
         m = _masked_fold(bb, _folds()["max"], data, mask, rank)
@@ -210,25 +205,30 @@ def _convert_reduce(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) 
     zeros, ones = _i64([0] * rank), _i64([1] * rank)
     cut = bb.normalize(relax.op.dynamic_strided_slice(y, zeros, kept, ones))
     if keepdims:
-        return _shape_of(bb, cut, "reduced", kept, count, k)
-    out_rank = rank - k
-    if out_rank < 0:
+        return _shape_of(bb, cut, kept, bad)
+    if k > rank:
         raise ValueError(f"{op} reduces {k} axes of a rank-{rank} input")
-    if out_rank == 0:
-        return _shape_of(bb, cut, "reduced", relax.const(np.zeros(0, np.int64)), count, k)
-    # the dims of the kept axes, in order: out[j] = dims[i] for the (j+1)-th i with mask[i] == 0
     keep = bb.normalize(relax.op.subtract(_i64(1), mask_i))
-    pos = bb.normalize(relax.op.cumsum(keep, axis=0))
-    slots = relax.op.reshape(relax.op.arange(1, out_rank + 1, 1, "int64"), [1, out_rank])
-    sel = relax.op.astype(relax.op.equal(relax.op.reshape(pos, [rank, 1]), slots), "int64")
-    sel = relax.op.multiply(sel, relax.op.reshape(keep, [rank, 1]))
-    compact = bb.normalize(relax.op.sum(relax.op.multiply(sel, relax.op.reshape(dims, [rank, 1])), [0], False))
-    return _shape_of(bb, cut, "reduced", compact, count, k)
+    return _shape_of(bb, cut, compact(bb, dims, keep, rank, rank - k), bad)
 
 
-def _reduce_applies(op: str, inputs: list[Any], opset: int) -> bool:
-    return (opset >= REDUCE_OPS[op] and len(inputs) > 1 and inputs[1] is not None
-            and not _is_const(inputs[1]))
+def _convert(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    from compiler import dynshape_ops as ops
+
+    def at(i: int) -> Any:
+        return inputs[i] if i < len(inputs) else None
+
+    if op in REDUCE_OPS:
+        return _convert_reduce(bb, op, inputs, attrs)
+    if op == "Reshape":
+        return ops.convert_reshape(bb, inputs[0], inputs[1], bool(attrs.get("allowzero", 0)))
+    if op == "Expand":
+        return ops.convert_expand(bb, inputs[0], inputs[1])
+    if op == "Squeeze":
+        return ops.convert_squeeze(bb, inputs[0], inputs[1])
+    if op == "Unsqueeze":
+        return ops.convert_unsqueeze(bb, inputs[0], inputs[1])
+    return ops.convert_slice(bb, inputs[0], inputs[1], inputs[2], at(3), at(4))
 
 
 # ------------------------------------------------------------------------------------- importer
@@ -238,11 +238,15 @@ def _importer_class() -> type:
     class Importer(ONNXGraphImporter):  # type: ignore[misc]
         """The frontend's importer with this module's converters tried first."""
 
-        def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any], opset: int) -> Any:
-            if op_name in REDUCE_OPS and len(inputs) > 1 and inputs[1] is not None:
-                inputs = [inputs[0], get_constant(inputs[1], [self._nodes, self._params]), *inputs[2:]]
-                if _reduce_applies(op_name, inputs, opset):
-                    return self.bb.normalize(_convert_reduce(self.bb, op_name, inputs, attrs))
+        def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any],
+                              opset: int) -> Any:
+            own = _OWN.get(op_name)
+            if own is not None and opset >= own[0]:
+                params = [self._nodes, self._params]
+                inputs = [get_constant(v, params) if i in own[1] and v is not None else v
+                          for i, v in enumerate(inputs)]
+                if any(inputs[i] is not None and not _is_const(inputs[i]) for i in own[1] if i < len(inputs)):
+                    return self.bb.normalize(_convert(self.bb, op_name, inputs, attrs))
             return super()._convert_operator(op_name, inputs, attrs, opset)
 
     return Importer
