@@ -232,7 +232,7 @@ class Artifact:
                 detail = " ".join(str(exc).split())[:200]
                 raise InputError(f"the model refused these inputs at run time (a shape operand out of range, "
                                  f"a duplicate axis, or shapes that do not fit): {detail}",
-                                 hint="check the values of the model's shape inputs (axes, shape, ...)") from None
+                                 hint="check the values of the model's shape inputs (axes, shape)") from None
             return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
         b = self.batch
         batched_out = self._batched_out

@@ -516,8 +516,8 @@ def _refuse_dynamic(mod: Any, preset: Any, funcs: list[str]) -> None:
         for ty in (list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]):
             if isinstance(ty, relax.TensorType) and (ty.shape is None or not all(
                     isinstance(d, tirx.IntImm) for d in ty.shape.values)):
-                raise TargetError(f"preset {preset.name!r} (C backend) cannot run a model whose output shapes "
-                                  "are decided at run time (a shape operand is a model input)",
+                raise TargetError(f"preset {preset.name!r} (C backend) cannot run a model whose output "
+                                  "shapes are decided at run time (a shape operand is a model input)",
                                   hint="compile for a TVM VM preset (e.g. x86_64 or aarch64), or make the "
                                        "shape operand a constant")
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["REDUCE_OPS", "from_onnx", "runtime_operand_refusal", "has_runtime_shape_operand"]
+__all__ = ["REDUCE_OPS", "SHAPE_OPERANDS", "from_onnx", "runtime_operand_refusal",
+           "has_runtime_shape_operand", "shape_operand_inputs"]
 
 # op -> the opset from which ``axes`` is an input (before it: an attribute)
 REDUCE_OPS: dict[str, int] = {
@@ -67,15 +68,18 @@ def runtime_operand_refusal(op: str, position: int) -> str | None:
     return "output shapes decided at run time are not supported for this operator"
 
 
-def has_runtime_shape_operand(model: Any) -> bool:
-    """Whether a node of ``model`` takes a shape operand from a model input (directly)."""
+def shape_operand_inputs(model: Any) -> set[str]:
+    """The model inputs some node takes as a shape operand (directly). Such an input may have
+    length 0 (an empty ``axes``), unlike the data inputs."""
     inits = {t.name for t in model.graph.initializer}
     runtime = {i.name for i in model.graph.input if i.name not in inits}
-    for node in model.graph.node:
-        for pos in SHAPE_OPERANDS.get(node.op_type, ()):
-            if pos < len(node.input) and node.input[pos] in runtime:
-                return True
-    return False
+    return {node.input[pos] for node in model.graph.node for pos in SHAPE_OPERANDS.get(node.op_type, ())
+            if pos < len(node.input) and node.input[pos] in runtime}
+
+
+def has_runtime_shape_operand(model: Any) -> bool:
+    """Whether a node of ``model`` takes a shape operand from a model input (directly)."""
+    return bool(shape_operand_inputs(model))
 
 
 # ------------------------------------------------------------------------------------- Reduce*

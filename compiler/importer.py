@@ -149,13 +149,18 @@ def _check_input_types(model: Any) -> None:
                              hint="export the model with plain tensor inputs")
 
 
-def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int, bool]:
+def _input_shapes(model: Any, batch: int | None, exact: bool = False) -> tuple[list[TensorSpec], int, bool]:
     """Static input specs, the model's own batch and whether the inputs share a leading batch
-    dimension. The leading dim may be symbolic (it becomes ``batch``). Inputs whose static leading
+    dimension. The leading dim may be symbolic (it becomes ``batch``). ``exact``: a node takes a
+    shape operand from a model input (:mod:`compiler.dynshape`): no batch dimension, and such an
+    input may have length 0. Inputs whose static leading
     dims differ (``mm``: [2, 3] and [3, 4]) have no batch dimension: they are compiled for exactly
     their shapes (``batched`` False) and inference takes exactly those shapes."""
+    from compiler.dynshape import shape_operand_inputs
+
     specs: list[TensorSpec] = []
     model_batch: int | None = None
+    empty_ok = shape_operand_inputs(model) if exact else set()
     for inp in _graph_inputs(model):
         tt = inp.type.tensor_type
         if not tt.HasField("shape"):
@@ -163,7 +168,7 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int,
                              hint="export the model with static input shapes")
         dims: list[int] = []
         for axis, d in enumerate(tt.shape.dim):
-            static = d.HasField("dim_value") and d.dim_value > 0
+            static = d.HasField("dim_value") and (d.dim_value > 0 or inp.name in empty_ok)
             if axis == 0:
                 if static:
                     model_batch = model_batch or d.dim_value
@@ -176,6 +181,8 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int,
             else:
                 dims.append(d.dim_value)
         specs.append(TensorSpec(inp.name, tuple(dims), _elem_dtype(inp)))
+    if exact and not any(d < 0 for s in specs for d in s.shape):
+        return specs, 1, False
     leading = {s.name: s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
     # a rank-0 input (Clip's bounds, a threshold) has no batch dimension to share
     scalars = {s.name: 0 for s in specs if not s.shape}
@@ -331,14 +338,13 @@ def import_model(model: Any, *, batch: int | None = None,
     model, steps = prepare(model, shapes=shapes, batch=fill)
     _check_ops(model)
     _check_constructs(model)
-    specs, base, batched = _input_shapes(model, batch)
     dynamic = has_runtime_shape_operand(model)
-    if dynamic:  # a shape operand is not a batch of samples: exactly the compiled shapes
-        if batch is not None:
-            raise ModelError(f"a node takes a shape operand from a model input, so the model compiles for "
-                             f"exactly its input shapes, not for batch {batch}",
-                             hint="compile without --train/--batch")
-        batched = False
+    if dynamic and batch is not None:  # a shape operand is not a batch of samples
+        raise ModelError(f"a node takes a shape operand from a model input, so the model compiles for "
+                         f"exactly its input shapes, not for batch {batch}",
+                         hint="compile without --train/--batch")
+    specs, base, batched = _input_shapes(model, batch, exact=dynamic)
+    batched = batched and not dynamic
     keep = _trainable(model)
     param_names = [t.name for t in model.graph.initializer if t.name in keep]
     prepared = _constants_to_nodes(model, keep)

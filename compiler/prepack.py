@@ -124,7 +124,8 @@ def after_tuning() -> Any:
     def split(mod: Any, _ctx: Any) -> Any:
         return relax.transform.SplitLayoutRewritePreproc()(mod) if _has_layout_rewrite(mod) else mod
 
-    return transform.Sequential([split, relax.transform.LiftTransformParams(), relax.transform.FoldConstant()])
+    return transform.Sequential([split, relax.transform.LiftTransformParams(),
+                                 relax.transform.FoldConstant()])
 
 
 def has_transform(mod: Any) -> bool:
