@@ -83,12 +83,6 @@ def has_runtime_shape_operand(model: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------- Reduce*
-def _is_const(expr: Any) -> bool:
-    import tvm
-
-    return isinstance(expr, tvm.ir.GenericConst)
-
-
 def _rank_and_len(data: Any, axes: Any) -> tuple[int, int] | None:
     """(rank of ``data``, static length of ``axes``) or None if either is unknown."""
     from tvm import relax, tirx
@@ -240,7 +234,9 @@ def _importer_class() -> type:
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, get_constant
 
     class Importer(ONNXGraphImporter):  # type: ignore[misc]
-        """The frontend's importer with this module's converters tried first."""
+        """The frontend's importer with this module's converters tried first: for a node whose
+        shape operand is a model input itself (a shape computed in the graph, e.g. from ``Shape``,
+        stays with the frontend, which keeps such shapes static)."""
 
         def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any],
                               opset: int) -> Any:
@@ -249,7 +245,9 @@ def _importer_class() -> type:
                 params = [self._nodes, self._params]
                 inputs = [get_constant(v, params) if i in own[1] and v is not None else v
                           for i, v in enumerate(inputs)]
-                if any(inputs[i] is not None and not _is_const(inputs[i]) for i in own[1] if i < len(inputs)):
+                graph_inputs = list(self._inputs.values())
+                if any(any(inputs[i].same_as(g) for g in graph_inputs)
+                       for i in own[1] if i < len(inputs) and inputs[i] is not None):
                     return self.bb.normalize(_convert(self.bb, op_name, inputs, attrs))
             return super()._convert_operator(op_name, inputs, attrs, opset)
 
