@@ -245,7 +245,11 @@ attention_4d_gqa_causal_nonpad_decode_fp16 attention_3d_with_past_and_present_qk
 attention_23_boolmask_fullymasked_row_nan_robustness cumprod_2d_negative_axis det_nd celu_float16
 sce_mean_weight_ii_3d_log_prob nllloss_NCd1_weight_ii rotary_embedding_interleaved swish
 causal_conv_with_state_silu_with_past_state l2normalization_axis_1 pow_types_float32_int64
-""".split())
+""".split()) | frozenset("""
+reduce_l2_do_not_keepdims_example reduce_sum_default_axes_keepdims_random reduce_max_keepdims_random
+reshape_negative_dim expand_dim_changed unsqueeze_two_axes squeeze_negative_axes slice_neg_steps tile
+constantofshape_int_zeros
+""".split())  # a shape operand from a model input (compiler.dynshape): one case per converted operator
 
 
 def _in_shard(name: str) -> bool:
