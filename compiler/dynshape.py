@@ -182,6 +182,9 @@ def _convert_reduce(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) 
     from compiler.dynshape_ops import axes_mask, compact
 
     data, axes = inputs[0], inputs[1]
+    if isinstance(data.ty, relax.TensorType) and data.ty.dtype == "bool":  # TVM reduces no bool
+        out = _convert_reduce(bb, op, [bb.normalize(relax.op.astype(data, "int8")), axes], attrs)
+        return relax.op.astype(bb.normalize(out), "bool")
     found = _rank_and_len(data, axes)
     if found is None:
         raise ValueError(f"{op} with run-time axes needs a known input rank and a static axes length")
