@@ -176,6 +176,7 @@ class Artifact:
         self.params = params
         self.batch = manifest.batch
         self.batched = manifest.batched
+        self._dynamic = any(o.dynamic for o in self.outputs)  # dims decided at run time (-1)
         self._batched_out = manifest.batched and all(o.shape and o.shape[0] == self.batch
                                                      for o in self.outputs)
         self._infer = _runtime_for(manifest, directory / manifest.libs.infer)
@@ -222,7 +223,16 @@ class Artifact:
         rt = self._infer
         if not self.batched:  # exactly the compiled shapes, one call
             ins = [rt.tensor(arr, i) for i, arr in enumerate(arrays)]
-            outs = rt.call(INFER_FUNC, (*ins, *prepared.tensors), [*ins, *prepared.tensors])
+            try:
+                outs = rt.call(INFER_FUNC, (*ins, *prepared.tensors), [*ins, *prepared.tensors])
+            except Exception as exc:
+                if not self._dynamic:
+                    raise
+                # compiler.dynshape's run-time checks (and the VM's own) on a shape operand input
+                detail = " ".join(str(exc).split())[:200]
+                raise InputError(f"the model refused these inputs at run time (a shape operand out of range, "
+                                 f"a duplicate axis, or shapes that do not fit): {detail}",
+                                 hint="check the values of the model's shape inputs (axes, shape)") from None
             return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
         b = self.batch
         batched_out = self._batched_out

@@ -504,6 +504,24 @@ def build_native(entry_c: str, kernels_o: Path, arch: str, cflags: tuple[str, ..
     return NativeBuild(lib, runner, cached, time.perf_counter() - t0)
 
 
+def _refuse_dynamic(mod: Any, preset: Any, funcs: list[str]) -> None:
+    """One line naming the preset when an output's shape is decided at run time
+    (:mod:`compiler.dynshape`): the C runner allocates every output before the call."""
+    from tvm import relax, tirx
+
+    for name in funcs:
+        if name not in [gv.name_hint for gv in mod.functions]:
+            continue
+        ret = mod[name].ret_ty
+        for ty in (list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]):
+            if isinstance(ty, relax.TensorType) and (ty.shape is None or not all(
+                    isinstance(d, tirx.IntImm) for d in ty.shape.values)):
+                raise TargetError(f"preset {preset.name!r} (C backend) cannot run a model whose output "
+                                  "shapes are decided at run time (a shape operand is a model input)",
+                                  hint="compile for a TVM VM preset (e.g. x86_64 or aarch64), or make the "
+                                       "shape operand a constant")
+
+
 def compile_c(mod: Any, preset: Any, out_dir: Path, *, funcs: list[str], model_name: str,
               prefix: str = "", checks: dict[str, tuple[InputCheck, ...]] | None = None
               ) -> tuple[NativeBuild, list[CSignature]]:
@@ -511,6 +529,7 @@ def compile_c(mod: Any, preset: Any, out_dir: Path, *, funcs: list[str], model_n
 
     ``prefix`` names the products (``<prefix>libmodel.so``) so inference and training can share a
     directory; ``checks``: see :func:`generate_entry`. Returns the build and the signatures."""
+    _refuse_dynamic(mod, preset, funcs)
     target = preset.tvm_target()
     low = lower(mod, target)
     entry, sigs, _ = generate_entry(low, funcs, model_name, checks)

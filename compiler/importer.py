@@ -152,13 +152,18 @@ def _check_input_types(model: Any) -> None:
                              hint="export the model with plain tensor inputs")
 
 
-def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int, bool]:
+def _input_shapes(model: Any, batch: int | None, exact: bool = False) -> tuple[list[TensorSpec], int, bool]:
     """Static input specs, the model's own batch and whether the inputs share a leading batch
-    dimension. The leading dim may be symbolic (it becomes ``batch``). Inputs whose static leading
+    dimension. The leading dim may be symbolic (it becomes ``batch``). ``exact``: a node takes a
+    shape operand from a model input (:mod:`compiler.dynshape`): no batch dimension, and such an
+    input may have length 0. Inputs whose static leading
     dims differ (``mm``: [2, 3] and [3, 4]) have no batch dimension: they are compiled for exactly
     their shapes (``batched`` False) and inference takes exactly those shapes."""
+    from compiler.dynshape import shape_operand_inputs
+
     specs: list[TensorSpec] = []
     model_batch: int | None = None
+    empty_ok = shape_operand_inputs(model) if exact else set()
     for inp in _graph_inputs(model):
         tt = inp.type.tensor_type
         if not tt.HasField("shape"):
@@ -166,7 +171,7 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int,
                              hint="export the model with static input shapes")
         dims: list[int] = []
         for axis, d in enumerate(tt.shape.dim):
-            static = d.HasField("dim_value") and d.dim_value > 0
+            static = d.HasField("dim_value") and (d.dim_value > 0 or inp.name in empty_ok)
             if axis == 0:
                 if static:
                     model_batch = model_batch or d.dim_value
@@ -179,6 +184,8 @@ def _input_shapes(model: Any, batch: int | None) -> tuple[list[TensorSpec], int,
             else:
                 dims.append(d.dim_value)
         specs.append(TensorSpec(inp.name, tuple(dims), _elem_dtype(inp)))
+    if exact and not any(d < 0 for s in specs for d in s.shape):
+        return specs, 1, False
     leading = {s.name: s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
     # a rank-0 input (Clip's bounds, a threshold) has no batch dimension to share
     scalars = {s.name: 0 for s in specs if not s.shape}
@@ -325,8 +332,8 @@ def import_model(model: Any, *, batch: int | None = None,
     the integer kernels that fit use it (:mod:`compiler.int8_x86`).
     """
     from tvm.relax.frontend import detach_params
-    from tvm.relax.frontend.onnx import from_onnx
 
+    from compiler.dynshape import from_onnx, has_runtime_shape_operand
     from compiler.prepare import prepare
 
     _check_input_types(model)
@@ -337,7 +344,13 @@ def import_model(model: Any, *, batch: int | None = None,
     model, steps = prepare(model, shapes=shapes, batch=fill)
     _check_ops(model)
     _check_constructs(model)
-    specs, base, batched = _input_shapes(model, batch)
+    dynamic = has_runtime_shape_operand(model)
+    if dynamic and batch is not None:  # a shape operand is not a batch of samples
+        raise ModelError(f"a node takes a shape operand from a model input, so the model compiles for "
+                         f"exactly its input shapes, not for batch {batch}",
+                         hint="compile without --train/--batch")
+    specs, base, batched = _input_shapes(model, batch, exact=dynamic)
+    batched = batched and not dynamic
     keep = _trainable(model)
     param_names = [t.name for t in model.graph.initializer if t.name in keep]
     prepared = _constants_to_nodes(model, keep)
@@ -368,24 +381,17 @@ def import_model(model: Any, *, batch: int | None = None,
     if len(params) != len(param_names):
         raise ModelError(f"internal: {len(params)} imported parameters but {len(param_names)} initializers",
                          hint="report this model as a bug")
-    outputs = _output_specs(mod, model)
+    outputs = _output_specs(mod, model, dynamic)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
                          params=params, batch=batch or base, prepared_steps=steps, batched=batched)
-
-
-# op -> input positions that decide an output *shape*; TVM needs them known at compile time
-_SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
-    "Expand": (1,), "Reshape": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
-    "Upsample": (1,), "Resize": (2, 3), "Slice": (1, 2, 3, 4), "Pad": (1,), "Split": (1,),
-    "SplitToSequence": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "OneHot": (1,), "TopK": (1,),
-    "AffineGrid": (1,),
-}
 
 
 def _check_constructs(model: Any) -> None:
     """Refuse, with the node named, constructs TVM's frontend cannot import or imports wrongly
     (found by the conformance test)."""
     from onnx import numpy_helper
+
+    from compiler.dynshape import SHAPE_OPERANDS, runtime_operand_refusal
 
     g = model.graph
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
@@ -405,11 +411,11 @@ def _check_constructs(model: Any) -> None:
                              hint="give the model float32 (or float16, int8) inputs and outputs")
     for idx, node in enumerate(g.node):
         where = f"{node.op_type} at node {node.name or f'#{idx}'!r}"
-        for pos in _SHAPE_OPERANDS.get(node.op_type, ()):
-            if pos < len(node.input) and node.input[pos] in runtime_inputs:
+        for pos in SHAPE_OPERANDS.get(node.op_type, ()):
+            why = runtime_operand_refusal(node.op_type, pos)
+            if pos < len(node.input) and node.input[pos] in runtime_inputs and why is not None:
                 raise ModelError(f"{where} takes its shape operand from the model input {node.input[pos]!r}: "
-                                 "output shapes decided at run time are not supported",
-                                 hint="make that value a constant (initializer) in the model")
+                                 f"{why}", hint="make that value a constant (initializer) in the model")
         if node.op_type == "SequenceInsert" and len(node.input) > 2 and node.input[2]:
             pos_value = consts.get(node.input[2])
             if pos_value is None or int(pos_value) < 0:
@@ -521,7 +527,8 @@ def _check_prelu(model: Any, node: Any, where: str, slope: tuple[int, ...]) -> N
 def _failing_node(model: Any, specs: list[TensorSpec], opset: int | None) -> str | None:
     """Name the first node whose import fails (binary search over graph prefixes), or None."""
     import onnx
-    from tvm.relax.frontend.onnx import from_onnx
+
+    from compiler.dynshape import from_onnx
 
     nodes = list(model.graph.node)
     if not nodes or len(nodes) > 4096:
@@ -556,14 +563,21 @@ def _failing_node(model: Any, specs: list[TensorSpec], opset: int | None) -> str
     return f"node {node.name or f'#{lo - 1}'!r} ({node.op_type})"
 
 
-def _output_specs(mod: Any, model: Any) -> list[TensorSpec]:
-    from tvm import relax
+def _output_specs(mod: Any, model: Any, dynamic: bool = False) -> list[TensorSpec]:
+    """The outputs' specs; with ``dynamic`` (a shape operand is a model input) a dim decided at
+    run time is -1 (the rank must still be known)."""
+    from tvm import relax, tirx
 
     ret = mod["main"].ret_ty
     infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
     names = [o.name for o in model.graph.output]
     specs = []
     for name, info in zip(names, infos, strict=True):
+        if dynamic and isinstance(info, relax.TensorType) and info.ndim >= 0:
+            dims = info.shape.values if info.shape is not None else [None] * info.ndim
+            shape = tuple(int(d) if isinstance(d, tirx.IntImm) else -1 for d in dims)
+            specs.append(TensorSpec(name, shape, str(info.dtype)))
+            continue
         if not isinstance(info, relax.TensorType) or info.shape is None:
             raise ModelError(f"output {name!r} is not a tensor of known shape",
                              hint="export the model with static shapes")

@@ -106,11 +106,17 @@ def _bad(message: str) -> ArtifactError:
     return ArtifactError(f"malformed {MANIFEST}: {message}", hint="recompile the artifact with this fractal")
 
 
-def _shape(value: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+def _shape(value: Any, where: str, dynamic: bool = False) -> tuple[int, ...]:
+    low = -1 if dynamic else 0
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= low
                                               for d in value):
-        raise _bad(f"{where} is not a shape (a list of non-negative integers)")
+        kind = "non-negative integers or -1" if dynamic else "non-negative integers"
+        raise _bad(f"{where} is not a shape (a list of {kind})")
     return tuple(value)
+
+
+def _output_spec(d: Any, where: str) -> TensorSpec:
+    return TensorSpec.from_json(d, where, dynamic=True)
 
 
 def _text(value: Any, where: str) -> str:
@@ -121,7 +127,8 @@ def _text(value: Any, where: str) -> str:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, shape (batch dim included, as compiled) and dtype of one model input or output."""
+    """Name, shape (batch dim included, as compiled) and dtype of one model input or output.
+    An output's dim is -1 when it is decided at run time (:mod:`compiler.dynshape`)."""
 
     name: str
     shape: tuple[int, ...]
@@ -131,9 +138,14 @@ class TensorSpec:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "tensor") -> TensorSpec:
+    def from_json(cls, d: Any, where: str = "tensor", dynamic: bool = False) -> TensorSpec:
         r = _Reader(d, where)
-        return cls(r.text("name"), _shape(r.data.get("shape"), f"{where}.shape"), r.text("dtype"))
+        return cls(r.text("name"), _shape(r.data.get("shape"), f"{where}.shape", dynamic), r.text("dtype"))
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether a dim is decided at run time (-1)."""
+        return any(d < 0 for d in self.shape)
 
 
 @dataclass(frozen=True)
@@ -452,7 +464,7 @@ class Manifest:
         batch = r.integer("batch", inputs[0].shape[0] if inputs and inputs[0].shape else 1, required=False)
         return cls(
             name=r.text("name"), target=target, batch=batch, inputs=inputs,
-            outputs=r.seq("outputs", TensorSpec.from_json), params=params, libs=libs, files=files,
+            outputs=r.seq("outputs", _output_spec), params=params, libs=libs, files=files,
             onnx_sha256=r.text("onnx_sha256", "", required=False),
             onnx_file=r.text("onnx_file", "", required=False),
             tvm_version=r.text("tvm_version", "", required=False),

@@ -101,16 +101,31 @@ def before_tuning() -> Any:
     return relax.transform.AttachAttrLayoutFreeBuffers()
 
 
+_PREPROC = "meta_schedule.layout_rewrite_preproc"  # the block attribute of a tuned weight rewrite
+
+
+def _has_layout_rewrite(mod: Any) -> bool:
+    """Whether a kernel rewrites a weight's layout (only kernels whose weights
+    :func:`before_tuning` marked layout-free can)."""
+    from tvm import tirx
+
+    return any(isinstance(f, tirx.PrimFunc) and f.attrs is not None and "layout_free_buffers" in f.attrs
+               and _PREPROC in f.script() for f in mod.functions.values())
+
+
 def after_tuning() -> Any:
     """The passes lifting parameter-only work into ``main_transform_params`` (after the
-    database is applied)."""
+    database is applied). The layout rewrites are split out only when a kernel has one: the
+    split fails on kernels without a compute block (scatter_elements, as the run-time slices
+    of :mod:`compiler.dynshape` use it)."""
     from tvm import relax, transform
 
-    return transform.Sequential([
-        relax.transform.SplitLayoutRewritePreproc(),
-        relax.transform.LiftTransformParams(),
-        relax.transform.FoldConstant(),
-    ])
+    @transform.module_pass(opt_level=0, name="SplitLayoutRewriteIfAny")
+    def split(mod: Any, _ctx: Any) -> Any:
+        return relax.transform.SplitLayoutRewritePreproc()(mod) if _has_layout_rewrite(mod) else mod
+
+    return transform.Sequential([split, relax.transform.LiftTransformParams(),
+                                 relax.transform.FoldConstant()])
 
 
 def has_transform(mod: Any) -> bool:

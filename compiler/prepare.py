@@ -158,12 +158,15 @@ def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: 
     inits = {t.name for t in g.initializer}
     inputs = {i.name: i for i in g.input if i.name not in inits}
     shapes = dict(shapes or {})
+    from compiler.dynshape import shape_operand_inputs
+
+    empty_ok = shape_operand_inputs(model)  # an empty axes / shape operand is a length-0 input
     for name, dims in shapes.items():
         if name not in inputs:
             raise ModelError(f"--shape names {name!r}, which is not an input of the model",
                              hint=f"the inputs are: {', '.join(inputs) or '(none)'}")
         tt = inputs[name].type.tensor_type
-        if any(d == 0 or d < -1 for d in dims):
+        if any((d == 0 and name not in empty_ok) or d < -1 for d in dims):
             raise ModelError(f"--shape {name}={','.join(map(str, dims))} has an empty or negative dimension",
                              hint="dimensions are >= 1 (or ? for a dynamic batch)")
         if tt.HasField("shape") and len(tt.shape.dim) != len(dims):
@@ -180,7 +183,7 @@ def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: 
         if not tt.HasField("shape"):
             continue
         for axis, d in enumerate(tt.shape.dim):
-            static = d.HasField("dim_value") and d.dim_value > 0
+            static = d.HasField("dim_value") and (d.dim_value > 0 or name in empty_ok)
             want = want_dims[axis] if want_dims is not None else -1
             if want > 0:
                 if static and d.dim_value != want and axis > 0:
@@ -189,7 +192,7 @@ def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: 
                                      f"not {want}", hint="only dynamic dimensions (and the batch) can be set")
             elif axis == 0 and not static and batch:
                 want = batch
-            if want > 0 and not (static and d.dim_value == want):
+            if (want > 0 or (want == 0 and name in empty_ok)) and not (static and d.dim_value == want):
                 d.Clear()
                 d.dim_value = want
                 changed = True

@@ -25,9 +25,12 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """An uninitialised C-contiguous array whose data is 64-byte aligned (zero-copy into TVM)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+    # an empty array (a length-0 axes input) keeps one element's room: numpy moves the data
+    # pointer of a zero-byte view, which TVM then refuses as unaligned
+    room = nbytes or dtype.itemsize
+    buf = np.empty(room + _ALIGN, dtype=np.uint8)
     off = (-buf.ctypes.data) % _ALIGN
-    return buf[off:off + nbytes].view(dtype).reshape(shape)
+    return buf[off:off + room].view(dtype)[:math.prod(shape)].reshape(shape)
 
 
 def aligned_copy(arr: np.ndarray) -> np.ndarray:

@@ -1,0 +1,239 @@
+"""Relax converters for shape operators whose shape operand is a model input (see
+:mod:`compiler.dynshape`): Reshape, Expand, Squeeze, Unsqueeze, Slice.
+
+Each computes its output dims as an int64 tensor at run time, together with a ``bad`` flag for
+values ONNX forbids (onnxruntime refuses them): ``checked_shape`` matches ``[*dims, bad]`` against
+``[d0, d1, ..., 0]`` in one ``match_cast``, so invalid values stop inference with an error (the
+artifact turns it into an InputError) instead of giving an answer. Kernels that could crash on an
+invalid value (a zero slice step) get a safe value first; the check still fails afterwards.
+TVM's own dynamic converters were not used for these: Expand broadcast to the shape operand
+instead of the broadcast of both shapes, and Squeeze / Unsqueeze / Slice accepted non-unit,
+duplicate or out-of-range axes silently (measured against onnxruntime).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["checked_shape", "convert_reshape", "convert_expand", "convert_squeeze", "convert_unsqueeze",
+           "convert_slice", "static_len", "axes_mask"]
+
+
+def _i64(value: Any) -> Any:
+    from tvm import relax
+
+    return relax.const(np.asarray(value, np.int64), "int64")
+
+
+def static_len(x: Any) -> int | None:
+    """The static length of a 1-D tensor, or None."""
+    from tvm import relax, tirx
+
+    ty = x.ty
+    if not isinstance(ty, relax.TensorType) or ty.ndim != 1 or ty.shape is None:
+        return None
+    n = ty.shape.values[0]
+    return int(n.value) if isinstance(n, tirx.IntImm) else None
+
+
+def _rank(x: Any) -> int | None:
+    from tvm import relax
+
+    ty = x.ty
+    return int(ty.ndim) if isinstance(ty, relax.TensorType) and ty.ndim >= 0 else None
+
+
+def dims_of(bb: Any, x: Any) -> Any:
+    """``x``'s shape as an int64 [rank] tensor."""
+    from tvm import relax
+
+    return bb.normalize(relax.op.shape_to_tensor(relax.op.shape_of(x)))
+
+
+def _int64(bb: Any, x: Any) -> Any:
+    from tvm import relax
+
+    return x if x.ty.dtype == "int64" else bb.normalize(relax.op.astype(x, "int64"))
+
+
+def any_of(bb: Any, cond: Any) -> Any:
+    """int64 [1]: 1 if any element of the bool tensor ``cond`` is true."""
+    from tvm import relax
+
+    if _rank(cond) == 0:
+        cond = relax.op.reshape(cond, [1])
+    return bb.normalize(relax.op.max(relax.op.astype(cond, "int64"), [0], True))
+
+
+def checked_shape(bb: Any, dims: Any, bad: Any, prefix: str) -> Any:
+    """A ShapeExpr of run-time dims from the int64 [n] tensor ``dims``, bound only when the int64
+    [1] flag ``bad`` is 0 (else the VM raises)."""
+    from tvm import relax, tirx
+
+    n = static_len(dims)
+    assert n is not None
+    both = bb.normalize(relax.op.concat([dims, bad], axis=0))
+    both = bb.match_cast(both, relax.TensorType([n + 1], "int64"))
+    shape = bb.emit(relax.op.tensor_to_shape(both))
+    names = [tirx.Var(f"{prefix}_{i}", "int64") for i in range(n)]
+    bb.match_cast(shape, relax.ShapeType([*names, tirx.IntImm("int64", 0)]))
+    return relax.ShapeExpr(names)
+
+
+def axes_mask(bb: Any, axes: Any, rank: int) -> tuple[Any, Any]:
+    """(int64 [rank] 0/1 mask of the axes named by ``axes`` (negative from the end), int64 [1]
+    flag: some axis is out of range or repeated)."""
+    from tvm import relax
+
+    k = static_len(axes)
+    assert k is not None
+    axes = _int64(bb, axes)
+    norm = bb.normalize(relax.op.where(relax.op.less(axes, _i64(0)), relax.op.add(axes, _i64(rank)), axes))
+    every = relax.op.reshape(relax.op.arange(0, rank, 1, "int64"), [1, rank])
+    hits = relax.op.astype(relax.op.equal(relax.op.reshape(norm, [k, 1]), every), "int64")
+    mask = bb.normalize(relax.op.max(hits, [0], False))
+    count = relax.op.sum(mask, [0], True)
+    return mask, bb.normalize(relax.op.astype(relax.op.not_equal(count, _i64([k])), "int64"))
+
+
+def compact(bb: Any, dims: Any, keep: Any, rank: int, out_rank: int) -> Any:
+    """int64 [out_rank]: the entries of ``dims`` where ``keep`` (int64 0/1 [rank]) is 1, in order
+    (zeros past the kept ones)."""
+    from tvm import relax
+
+    if out_rank == 0:
+        return _i64(np.zeros(0, np.int64))
+    pos = bb.normalize(relax.op.cumsum(keep, axis=0))
+    slots = relax.op.reshape(relax.op.arange(1, out_rank + 1, 1, "int64"), [1, out_rank])
+    sel = relax.op.astype(relax.op.equal(relax.op.reshape(pos, [rank, 1]), slots), "int64")
+    sel = relax.op.multiply(sel, relax.op.reshape(keep, [rank, 1]))
+    picked = relax.op.multiply(sel, relax.op.reshape(dims, [rank, 1]))
+    return bb.normalize(relax.op.sum(picked, [0], False))
+
+
+def _or(bb: Any, *flags: Any) -> Any:
+    from tvm import relax
+
+    out = flags[0]
+    for f in flags[1:]:
+        out = relax.op.maximum(out, f)
+    return bb.normalize(out)
+
+
+def convert_reshape(bb: Any, x: Any, shape: Any, allowzero: bool) -> Any:
+    from tvm import relax
+
+    r, n = _rank(x), static_len(shape)
+    if r is None or n is None:
+        raise ValueError("Reshape with a run-time shape needs a known input rank and shape length")
+    s = _int64(bb, shape)
+    d = dims_of(bb, x)
+    if not allowzero:  # 0 copies the input's dim (a sentinel -2 past its rank fails the check)
+        ext = d if n == r else (relax.op.strided_slice(d, [0], [0], [n]) if n < r else
+                                relax.op.concat([d, _i64([-2] * (n - r))], axis=0))
+        s = bb.normalize(relax.op.where(relax.op.equal(s, _i64(0)), ext, s))
+    infer = bb.normalize(relax.op.equal(s, _i64(-1)))
+    known = relax.op.prod(relax.op.where(infer, _i64(1), s), [0], True)
+    numel = bb.normalize(relax.op.prod(d, [0], True) if r > 0 else _i64([1]))
+    fill = relax.op.floor_divide(numel, relax.op.maximum(known, _i64(1)))
+    out = bb.normalize(relax.op.where(infer, fill, s))
+    several = relax.op.astype(relax.op.greater(relax.op.sum(relax.op.astype(infer, "int64"), [0], True),
+                                               _i64([1])), "int64")
+    size = relax.op.prod(out, [0], True) if n > 0 else _i64([1])
+    wrong_size = relax.op.astype(relax.op.not_equal(size, numel), "int64")
+    bad = _or(bb, several, any_of(bb, relax.op.less(s, _i64(-1))), wrong_size)
+    return relax.op.reshape(x, checked_shape(bb, out, bad, "reshape"))
+
+
+def convert_expand(bb: Any, x: Any, shape: Any) -> Any:
+    from tvm import relax
+
+    r, n = _rank(x), static_len(shape)
+    if r is None or n is None:
+        raise ValueError("Expand with a run-time shape needs a known input rank and shape length")
+    rank = max(r, n)
+    s = _int64(bb, shape)
+    d = dims_of(bb, x)
+    if r < rank:
+        d = bb.normalize(relax.op.concat([_i64([1] * (rank - r)), d], axis=0))
+        x = relax.op.expand_dims(x, list(range(rank - r)))
+    if n < rank:
+        s = bb.normalize(relax.op.concat([_i64([1] * (rank - n)), s], axis=0))
+    one_d, one_s = relax.op.equal(d, _i64(1)), relax.op.equal(s, _i64(1))
+    fits = relax.op.logical_or(relax.op.equal(d, s), relax.op.logical_or(one_d, one_s))
+    out = bb.normalize(relax.op.where(one_d, s, d))
+    bad = _or(bb, any_of(bb, relax.op.logical_not(fits)), any_of(bb, relax.op.less(s, _i64(0))))
+    return relax.op.broadcast_to(x, checked_shape(bb, out, bad, "expand"))
+
+
+def convert_squeeze(bb: Any, x: Any, axes: Any) -> Any:
+    from tvm import relax
+
+    r, k = _rank(x), static_len(axes)
+    if r is None or k is None:
+        raise ValueError("Squeeze with run-time axes needs a known input rank and axes length")
+    if k == 0:
+        return relax.op.squeeze(x)
+    if k > r:
+        raise ValueError(f"Squeeze of {k} axes of a rank-{r} input")
+    d = dims_of(bb, x)
+    mask, bad = axes_mask(bb, axes, r)
+    not_unit = relax.op.logical_and(relax.op.astype(mask, "bool"), relax.op.not_equal(d, _i64(1)))
+    keep = bb.normalize(relax.op.subtract(_i64(1), mask))
+    out = compact(bb, d, keep, r, r - k)
+    return relax.op.reshape(x, checked_shape(bb, out, _or(bb, bad, any_of(bb, not_unit)), "squeeze"))
+
+
+def convert_unsqueeze(bb: Any, x: Any, axes: Any) -> Any:
+    from tvm import relax
+
+    r, k = _rank(x), static_len(axes)
+    if r is None or k is None:
+        raise ValueError("Unsqueeze with run-time axes needs a known input rank and axes length")
+    rank = r + k
+    d = dims_of(bb, x)
+    mask, bad = axes_mask(bb, axes, rank)
+    keep = bb.normalize(relax.op.subtract(_i64(1), mask))
+    if r == 0:
+        out = _i64([1] * rank)
+    else:
+        # out[i] = 1 on an inserted axis, else the next input dim: the (pos[i])-th one
+        pos = bb.normalize(relax.op.cumsum(keep, axis=0))
+        slots = relax.op.reshape(relax.op.arange(1, r + 1, 1, "int64"), [1, r])
+        sel = relax.op.astype(relax.op.equal(relax.op.reshape(pos, [rank, 1]), slots), "int64")
+        taken = relax.op.sum(relax.op.multiply(sel, relax.op.reshape(d, [1, r])), [1], False)
+        out = bb.normalize(relax.op.where(relax.op.astype(mask, "bool"), _i64(1), taken))
+    return relax.op.reshape(x, checked_shape(bb, out, bad, "unsqueeze"))
+
+
+def convert_slice(bb: Any, x: Any, starts: Any, ends: Any, axes: Any | None, steps: Any | None) -> Any:
+    from tvm import relax
+
+    r, k = _rank(x), static_len(starts)
+    if r is None or k is None or static_len(ends) != k:
+        raise ValueError("Slice with run-time operands needs a known input rank and operand lengths")
+    axes = _i64(list(range(k))) if axes is None else axes
+    steps = _i64([1] * k) if steps is None else _int64(bb, steps)
+    if static_len(axes) != k or static_len(steps) != k:
+        raise ValueError("Slice operands differ in length")
+    d = dims_of(bb, x)
+    mask, bad = axes_mask(bb, axes, r)
+    bad = _or(bb, bad, any_of(bb, relax.op.equal(steps, _i64(0))))
+    norm = relax.op.where(relax.op.less(_int64(bb, axes), _i64(0)), relax.op.add(_int64(bb, axes), _i64(r)),
+                          _int64(bb, axes))
+    every = relax.op.reshape(relax.op.arange(0, r, 1, "int64"), [1, r])
+    hits = bb.normalize(relax.op.astype(relax.op.equal(relax.op.reshape(norm, [k, 1]), every), "int64"))
+
+    def spread(v: Any) -> Any:  # [k] per named axis -> [r] per axis (0 where not named)
+        return relax.op.sum(relax.op.multiply(hits, relax.op.reshape(_int64(bb, v), [k, 1])), [0], False)
+
+    named = relax.op.astype(mask, "bool")
+    begin = bb.normalize(relax.op.where(named, spread(starts), _i64(0)))
+    end = bb.normalize(relax.op.where(named, spread(ends), d))
+    step = relax.op.where(named, spread(steps), _i64(1))
+    step = bb.normalize(relax.op.where(relax.op.equal(step, _i64(0)), _i64(1), step))  # never a 0 step
+    # the check goes on the input: the slice's own output shape is not available to shape code
+    x = bb.normalize(relax.op.reshape(x, checked_shape(bb, d, bad, "sliced")))
+    return relax.op.dynamic_strided_slice(x, begin, end, step)
