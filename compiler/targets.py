@@ -240,8 +240,8 @@ def detect_native(cpuinfo: str, machine: str) -> tuple[str, str]:
     ``platform.machine()`` is ``machine``. Pure, so tests give it other machines' texts.
 
     x86_64: AVX-512 F/CD/BW/DQ/VL + VNNI -> x86_64-avx512-vnni, without VNNI -> x86_64-avx512,
-    AVX2 + FMA -> x86_64-avx2, else x86_64. aarch64: NEON + dotprod (asimddp) -> rpi5 (Cortex-A76 tuning), else aarch64. riscv64:
-    the V extension in ``isa`` -> riscv64-rvv, else riscv64."""
+    AVX2 + FMA -> x86_64-avx2, else x86_64. aarch64: NEON + dotprod (asimddp) -> rpi5 (Cortex-A76
+    tuning), else aarch64. riscv64: the V extension in ``isa`` -> riscv64-rvv, else riscv64."""
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine.lower())
     if arch == "x86_64":
         flags = set(_cpuinfo_field(cpuinfo, "flags").split())
