@@ -548,7 +548,7 @@ def node_table(res: dict[str, dict[str, Any]], chosen: list[Case]) -> str:
 
 
 def node_jsonl(res: dict[str, dict[str, Any]], chosen: list[Case]) -> str:
-    """One JSON object per case, the format of /work/shared/measurements/onnx-node-suite-*.jsonl."""
+    """One JSON object per case, the format of bench/results/onnx-node-suite-*.jsonl."""
     out = []
     for c in chosen:
         r = res[c.id]
