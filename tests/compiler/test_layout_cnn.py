@@ -29,7 +29,8 @@ def _model() -> onnx.ModelProto:
     def w(*shape: int, scale: float = 0.1) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    inits = {"w1": w(C, C, 1, 1), "s": w(C, 1, 1, scale=1.0), "b": w(C, 1, 1), "w3": w(C, C, 3, 3, scale=0.05)}
+    inits = {"w1": w(C, C, 1, 1), "s": w(C, 1, 1, scale=1.0), "b": w(C, 1, 1),
+             "w3": w(C, C, 3, 3, scale=0.05)}
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"]),
         helper.make_node("Mul", ["c1", "s"], ["m"]),  # DenseNet's BatchNorm: x * [C, 1, 1] + [C, 1, 1]
@@ -83,6 +84,7 @@ def test_light_forms_go_channels_last(tmp_path: Path) -> None:
     onnx.save(model, path)
     x = np.random.default_rng(1).standard_normal((1, C, H, H)).astype(np.float32)
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    art = load_artifact(compile_model(path, target=host_preset_name(), out_dir=tmp_path / "art", progress=False))
+    art = load_artifact(compile_model(path, target=host_preset_name(), out_dir=tmp_path / "art",
+                                      progress=False))
     got = art.infer({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
