@@ -32,8 +32,9 @@ def channels_last(mod: Any) -> Any:
     A module without a conv2d is returned as it is, and so is one ConvertLayout cannot handle
     (this TVM build's layout inference fails on some broadcasting elementwise ops, e.g. Max of a
     [2, 3] and a [3] input): the conversion is an optimisation, the NCHW build is still correct.
-    Two imported forms it failed on in every ``light`` network but AlexNet, VGG and ZFNet are
-    rewritten first (:func:`_for_layout`): an inference Dropout and ONNX's Sum (stack + sum)."""
+    The imported forms it failed on (every ``light`` network of the onnx wheel but ZFNet-512
+    stayed NCHW) are rewritten first (:func:`_for_layout`): an inference Dropout, ONNX's Sum
+    (stack + sum) and broadcasting ops on operands of different ranks."""
     import tvm
     from tvm import relax, transform
 

@@ -1,6 +1,6 @@
 """Channels-last conversion of the graph forms 224x224 model-zoo CNNs import as (issue 29).
 
-Every `light` network but AlexNet, VGG and ZFNet stayed NCHW on x86_64 (ConvertLayout failed and
+Every `light` network but ZFNet-512 stayed NCHW on x86_64 (ConvertLayout failed and
 compiler.layout kept the original): ResNet's residual Sum (stack + sum, a 5-d tensor), SqueezeNet's
 and Inception's inference Dropout (a tuple output), and DenseNet's / Inception v2's BatchNorm as
 Mul/Add by [C, 1, 1] initializers left the rest of the network NCHW with transposes around every
