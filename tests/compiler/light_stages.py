@@ -1,0 +1,102 @@
+"""Untuned compile of ONNX's `light` networks stage by stage, and their latency vs onnxruntime.
+
+    PYTHONPATH=. .venv/bin/python tests/compiler/light_stages.py [NETWORK ...]   (e.g. resnet50)
+
+Per network (``light_<name>.onnx`` from the onnx wheel's backend data, issue 29), seconds spent in
+each step of ``compile_model`` without ``--tune`` on this machine's preset: import, the
+channels-last conversion (``nhwc``: whether it ran), ``tuning.prepare`` (legalization and fusion;
+it converts the layout again), ``schedules.schedule_prepared`` (the default schedules, measured
+when this machine runs the target), pre-packing and ``relax.build`` (LLVM). Then the median latency
+of the VM's ``main`` (1 thread) against onnxruntime's (1 thread, sequential) on the conformance
+test's dummy input, their ratio, the max abs difference and the load average. One JSON line per
+network. ``THREADS`` sets the thread count of both. Not a test (no test_ prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NAMES = ("squeezenet", "bvlc_alexnet", "zfnet512", "shufflenet", "inception_v1", "vgg19", "resnet50",
+         "inception_v2", "densenet121")
+
+
+def stages(name: str, target: Any) -> dict[str, Any]:
+    import tvm
+    from tvm import relax, tirx
+
+    from bench.compile import _ort_session, measure
+    from compiler import layout, schedules
+    from compiler import prepack as _prepack
+    from compiler.importer import import_model, load_onnx
+    from compiler.runtime import _flatten
+    from compiler.tuning import prepare
+    from tests.compiler.conformance import data_root
+
+    path = data_root() / "light" / f"light_{name}.onnx"
+    row: dict[str, Any] = {"model": name}
+    t = time.perf_counter()
+
+    def lap(key: str) -> None:
+        nonlocal t
+        row[key] = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
+
+    imp = import_model(load_onnx(path))
+    lap("import")
+    mod = _prepack.fold_batchnorm(imp.mod)
+    row["nhwc"] = layout.channels_last(mod) is not mod
+    lap("layout")
+    prep = prepare(mod, target)
+    lap("prepare")
+    row["primfuncs"] = sum(1 for f in prep.functions.values() if isinstance(f, tirx.PrimFunc))
+    sch = schedules.schedule_prepared(prep, target)
+    lap("schedule")
+    with target, tvm.transform.PassContext(opt_level=3):
+        sch = _prepack.after_tuning()(sch)
+    lap("prepack")
+    ex = relax.build(sch, target=target)
+    lap("build")
+    row["compile_s"] = round(sum(row[k] for k in ("import", "prepare", "schedule", "prepack", "build")), 1)
+
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    params = [tvm.runtime.tensor(p, dev) for p in imp.params]
+    if _prepack.has_transform(sch):
+        params = _flatten(vm[_prepack.TRANSFORM_FUNC](params), [])
+    spec = imp.inputs[0]
+    n = int(np.prod(spec.shape))
+    x = (np.arange(n).reshape(spec.shape) / n).astype(np.float32)  # the conformance test's input
+    xt = tvm.runtime.tensor(x, dev)
+    main = vm["main"]
+    out = main(xt, *params)
+    got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+    sess = _ort_session(path, int(os.environ.get("THREADS", "1")))
+    want = sess.run(None, {spec.name: x})[0]
+    row["max_abs_err"] = float(np.abs(got - want).max())
+    row["tvm_us"] = measure(lambda: main(xt, *params), min_seconds=3, min_runs=5)["median_us"]
+    row["ort_us"] = measure(lambda: sess.run(None, {spec.name: x}), min_seconds=3, min_runs=5)["median_us"]
+    row["ratio"] = round(row["tvm_us"] / row["ort_us"], 3)
+    row["load"] = round(os.getloadavg()[0], 1)
+    return row
+
+
+def main(argv: list[str]) -> None:
+    sys.path.insert(0, ROOT)
+    from bench.compile import set_threads
+    from compiler.targets import best_host_preset_name, get_preset
+
+    set_threads(int(os.environ.get("THREADS", "1")))
+    target = get_preset(best_host_preset_name()).tvm_target()
+    for name in argv or NAMES:
+        print(json.dumps(stages(name, target)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
