@@ -249,8 +249,11 @@ def _importer_class() -> type:
             own = _OWN.get(op_name)
             if own is not None and opset >= own[0]:
                 params = [self._nodes, self._params]
-                inputs = [get_constant(v, params) if i in own[1] and v is not None else v
-                          for i, v in enumerate(inputs)]
+                # in place: the frontend's input list answers None past its end (its converters
+                # read optional inputs such as Slice's steps that way); a plain list would raise
+                for i in own[1]:
+                    if i < len(inputs) and inputs[i] is not None:
+                        inputs[i] = get_constant(inputs[i], params)
                 graph_inputs = list(self._inputs.values())
                 if any(any(inputs[i].same_as(g) for g in graph_inputs)
                        for i in own[1] if i < len(inputs) and inputs[i] is not None):
