@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ModelError
+from compiler.graphbuild import node_attr
 from compiler.manifest import TensorSpec
 
 __all__ = ["ImportedModel", "TensorSpec", "load_onnx", "import_model", "supported_ops"]
@@ -429,14 +430,7 @@ def _check_constructs(model: Any) -> None:
             raise ModelError(f"{where} {refusal[0]}", hint=refusal[1])
 
 
-def _attr(node: Any, name: str, default: Any = None) -> Any:
-    import onnx
-
-    for a in node.attribute:
-        if a.name == name:
-            value = onnx.helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
+_attr = node_attr
 
 
 _INT_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # onnx TensorProto (U)INT8..64

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ModelError
+from compiler.graphbuild import node_attr
 
 __all__ = ["LOWERED_OPS", "lower_ops"]
 
@@ -45,14 +46,7 @@ LOWERED_OPS = frozenset(
 _DFT_MAX = 4096  # a length-N transform is an N x N table per part
 
 
-def _attr(node: Any, name: str, default: Any = None) -> Any:
-    import onnx
-
-    for a in node.attribute:
-        if a.name == name:
-            value = onnx.helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
+_attr = node_attr
 
 
 def _wanted(node: Any) -> bool:

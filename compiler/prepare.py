@@ -47,6 +47,7 @@ import numpy as np
 
 from compiler.errors import ModelError
 from compiler.expand import EXPANDED_OPS, expand_functions
+from compiler.graphbuild import Builder
 from compiler.lower_ops import LOWERED_OPS, lower_ops
 from compiler.lower_training import lower_training
 from compiler.prepare_ml import lower_ml
@@ -412,31 +413,8 @@ _ACT_DEFAULTS = {"LeakyRelu": (0.01, None), "ThresholdedRelu": (1.0, None), "Har
 _ACTS = {"Relu", "Tanh", "Sigmoid", "Softsign", "Softplus", *_ACT_DEFAULTS}
 
 
-class _Builder:
-    """Emits nodes and initializers with fresh names."""
-
-    def __init__(self, model: Any, prefix: str) -> None:
-        self.model, self.prefix, self.n = model, prefix, 0
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-
-    def name(self, hint: str) -> str:
-        self.n += 1
-        return f"{self.prefix}/{hint}_{self.n}"
-
-    def const(self, arr: np.ndarray, hint: str = "c") -> str:
-        from onnx import numpy_helper
-
-        name = self.name(hint)
-        self.inits.append(numpy_helper.from_array(np.array(arr, order="C"), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
-        import onnx
-
-        out = out or self.name(op_type.lower())
-        self.nodes.append(onnx.helper.make_node(op_type, inputs, [out], name=self.name(op_type), **attrs))
-        return out
+class _Builder(Builder):
+    """The rewrites' node builder (compiler/graphbuild.py) with the activations RNN cells use."""
 
     def act(self, kind: str, x: str, alpha: float | None, beta: float | None, dtype: Any) -> str:
         if kind in ("Relu", "Tanh", "Sigmoid", "Softsign", "Softplus"):

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ModelError
+from compiler.graphbuild import Builder
 
 __all__ = ["LOOP_OPS", "MAX_ITERATIONS", "MAX_NODES", "unroll_loops"]
 
@@ -84,32 +85,12 @@ def _rename_node(n: Any, rename: Any) -> None:
         _rename_graph(sub, rename)
 
 
-class _Emitter:
+class _Emitter(Builder):
     """Nodes and initializers of one rewrite, with fresh names under ``prefix``."""
 
     def __init__(self, model: Any, prefix: str) -> None:
+        super().__init__(model, prefix)
         self.opset = _opset(model)
-        self.prefix, self.n = prefix, 0
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-
-    def name(self, hint: str) -> str:
-        self.n += 1
-        return f"{self.prefix}/{hint}_{self.n}"
-
-    def const(self, arr: np.ndarray, hint: str = "c") -> str:
-        from onnx import numpy_helper
-
-        name = self.name(hint)
-        self.inits.append(numpy_helper.from_array(np.array(arr, order="C"), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
-        import onnx
-
-        out = out or self.name(op_type.lower())
-        self.nodes.append(onnx.helper.make_node(op_type, inputs, [out], name=self.name(op_type), **attrs))
-        return out
 
     def unsqueeze(self, x: str, axis: int) -> str:
         if self.opset >= 13:
