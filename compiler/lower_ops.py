@@ -409,7 +409,8 @@ def _tensor_scatter(bld: Any, node: Any, shapes: dict[str, list[int]], label: st
 
 def lower_ops(model: Any) -> bool:
     """Rewrite the nodes listed in the module docstring; True if any was."""
-    from compiler.prepare import _Builder, _const_inputs, _elem_types, _opset, _replace_nodes, _static_shapes
+    from compiler.graphbuild import Builder as _Builder
+    from compiler.graphbuild import _const_inputs, _elem_types, _opset, _replace_nodes, _static_shapes
 
     g = model.graph
     if not any(_wanted(n) for n in g.node):

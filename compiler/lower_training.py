@@ -127,7 +127,8 @@ def lower_training(model: Any) -> bool:
     """Rewrite every Adagrad / Adam / Momentum node; True if any was."""
     import onnx
 
-    from compiler.prepare import _Builder, _replace_nodes
+    from compiler.graphbuild import Builder as _Builder
+    from compiler.graphbuild import _replace_nodes
 
     g = model.graph
     if not any(n.domain == TRAINING_DOMAIN for n in g.node):

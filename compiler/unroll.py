@@ -137,7 +137,7 @@ class _Emitter(Builder):
 def _const_values(model: Any) -> dict[str, np.ndarray]:
     from onnx import numpy_helper
 
-    from compiler.prepare import _constant_value
+    from compiler.graphbuild import _constant_value
 
     vals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for n in model.graph.node:
@@ -149,7 +149,7 @@ def _const_values(model: Any) -> dict[str, np.ndarray]:
 
 
 def _static_shapes(model: Any) -> dict[str, list[int]]:
-    from compiler.prepare import _static_shapes as shapes
+    from compiler.graphbuild import _static_shapes as shapes
 
     return shapes(model)
 
@@ -393,7 +393,7 @@ def unroll_loops(model: Any, final: bool = True) -> bool:
             return changed
         changed = True
         if final:
-            from compiler.prepare import fold_constants
+            from compiler.graphbuild import fold_constants
 
             fold_constants(model)  # the iteration numbers fold: conditions, indices inside the copies
     left = next((n.op_type for n in model.graph.node if n.op_type in LOOP_OPS), None)
