@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ModelError
-from compiler.graphbuild import Builder
+from compiler.graphbuild import Builder, _const_inputs
 
 __all__ = ["LOOP_OPS", "MAX_ITERATIONS", "MAX_NODES", "unroll_loops"]
 
@@ -134,18 +134,7 @@ class _Emitter(Builder):
         return {o.name: rename(o.name) for o in graph.output}
 
 
-def _const_values(model: Any) -> dict[str, np.ndarray]:
-    from onnx import numpy_helper
-
-    from compiler.graphbuild import _constant_value
-
-    vals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant":
-            v = _constant_value(n)
-            if v is not None:
-                vals[n.output[0]] = v
-    return vals
+_const_values = _const_inputs  # initializers and Constant outputs (compiler/graphbuild.py)
 
 
 def _static_shapes(model: Any) -> dict[str, list[int]]:
