@@ -1,0 +1,70 @@
+"""The int8 figures' benchmarks end to end at small sizes (marker bench: `make bench`): `bench.int8`
+(integer kernels next to onnxruntime int8 / float32, same threads) and `bench.int8_calibration`
+(calibration source, re-quantize cost, a node's swap after a real round)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.bench
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _json(module: str, *args: str) -> dict:
+    p = subprocess.run([sys.executable, "-m", module, *args, "--json"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=1500)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(out["loadavg"]) == 3 and out["rows"]
+    return out
+
+
+def test_int8_bench_rows_per_thread_count():
+    out = _json("bench.int8", "--models", "fc-autoencoder", "--threads", "1,2", "--seconds", "0.3")
+    assert out["target"] == "x86_64-avx2"
+    assert [(r["model"], r["threads"]) for r in out["rows"]] == [("fc-autoencoder", 1), ("fc-autoencoder", 2)]
+    for r in out["rows"]:
+        for k in ("ort_f32_us", "ort_int8_us", "tvm_qdq_us", "tvm_int8_us"):
+            assert r[k] > 0, (k, r)
+        # the ratios are the row's own timings divided, not figures from elsewhere
+        assert r["tvm_vs_ort_int8"] == pytest.approx(r["tvm_int8_us"] / r["ort_int8_us"], abs=0.01)
+        assert r["tvm_vs_ort_f32"] == pytest.approx(r["tvm_int8_us"] / r["ort_f32_us"], abs=0.01)
+
+
+def test_int8_bench_unknown_model_fails():
+    p = subprocess.run([sys.executable, "-m", "bench.int8", "--models", "no-such-model", "--threads", "1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "no-such-model" in p.stderr
+
+
+def test_calibration_sources_on_digits():
+    out = _json("bench.int8_calibration", "--samples", "200")
+    rows = {(r.get("node"), r.get("calibration")): r for r in out["rows"]}
+    assert rows, out
+    own = [r for (node, cal), r in rows.items() if cal == "own"]
+    assert own, rows.keys()
+    for r in own:
+        # calibrated on the node's own store, int8 stays within a few points of float on its data
+        assert r["int8_top1"] >= r["float_top1"] - 5, r
+
+
+def test_swap_cost_and_node_swap():
+    cost = _json("bench.int8_calibration", "--swap-cost", "digits-mlp", "--samples", "64")["rows"][0]
+    assert cost["model"] == "digits-mlp" and cost["cal_samples"] == 64
+    parts = cost["read_store_s"] + cost["quantize_s"] + cost["compile_s"] + cost["load_and_first_infer_s"]
+    assert cost["total_s"] == pytest.approx(parts, abs=0.05)
+    swap = _json("bench.int8_calibration", "--node-swap", "digits-mlp", "--samples", "200",
+                 "--steps", "10")["rows"][0]
+    assert swap["model"] == "digits-mlp" and swap["round_steps"] == 10
+    assert swap["commit_to_int8_s"] > 0 and swap["build_s"] > 0
+    # the rebuilt library follows the committed float model more closely than the stale one
+    assert swap["int8_agree_with_float"] >= swap["stale_agree_with_float"], swap
+    assert swap["int8_agree_with_float"] >= 90, swap
+    for phase in ("latency_rest_ms", "latency_rebuild_ms"):
+        assert swap[phase], (phase, swap)
