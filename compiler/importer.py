@@ -103,15 +103,14 @@ def _decomposed() -> frozenset[str]:
 # kernels), the rest are refused by name
 _QOPERATOR = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul",
                         "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid",
-                        "QLinearLeakyRelu", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere", "QAttention",
-                        "QEmbedLayerNormalization", "QOrderedMatMul",
+                        "QLinearLeakyRelu", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere",
+                        "QAttention", "QEmbedLayerNormalization", "QOrderedMatMul",
                         "DynamicQuantizeMatMul", "MatMulIntegerToFloat"})
 
 
 def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
     from compiler.lower_training import TRAINING_DOMAIN
     from compiler.prepare_ml import ML_DOMAIN, check_ml_node
-
     from compiler.qoperator import QOPERATOR_OPS
     from compiler.qoperator import handled as qoperator_handled
 
