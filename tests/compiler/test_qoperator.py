@@ -115,6 +115,75 @@ def test_uint8_activations_and_per_tensor_weights_follow_the_onnx_definition(tmp
         np.testing.assert_array_equal(a.infer(inputs)["y"], want)
 
 
+def _contrib_ops_model(path: Path) -> tuple[dict[str, str], dict[str, float]]:
+    """Each rewritten com.microsoft operator once on int8 and once on uint8 activations, straight
+    from the quantized inputs (no chain: a one-step difference would grow along one), every
+    result dequantized to a graph output. Returns output -> operator, output -> its step."""
+    ms = "com.microsoft"
+    nodes, inits, outs = [], [], []
+    ops: dict[str, str] = {}
+    steps: dict[str, float] = {}
+    for dt, z in ((np.int8, -3), (np.uint8, 120)):
+        t = dt.__name__
+        grid = ((0.05, 0), (0.01, 2), (0.02, -1), (0.03, 0))  # (scale, zero point offset) of s0..s3
+        sz = {f"s{i}_{t}": (s, z + dz) for i, (s, dz) in enumerate(grid)}
+        for name, (s, zz) in sz.items():
+            inits += [numpy_helper.from_array(np.array(s, np.float32), name),
+                      numpy_helper.from_array(np.array(zz, dt), "z" + name[1:])]
+        s0, s1, s2, s3 = (f"s{i}_{t}" for i in range(4))
+        z0, z1, z2, z3 = (f"z{i}_{t}" for i in range(4))
+        q, q2 = f"q_{t}", f"q2_{t}"
+        nodes += [helper.make_node("QuantizeLinear", ["x", s0, z0], [q]),
+                  helper.make_node("QuantizeLinear", ["x2", s1, z1], [q2])]
+        pool = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2], "count_include_pad": 0}
+        for op, ins, (ys, yz), attrs, shape in (
+                ("QLinearSigmoid", [q, s0, z0], (s1, z1), {}, [1, 4, 9, 9]),
+                ("QLinearLeakyRelu", [q, s0, z0], (s2, z2), {"alpha": 0.1}, [1, 4, 9, 9]),
+                ("QLinearMul", [q, s0, z0, q2, s1, z1], (s3, z3), {}, [1, 4, 9, 9]),
+                ("QLinearAdd", [q, s0, z0, q2, s1, z1], (s3, z3), {}, [1, 4, 9, 9]),
+                ("QLinearAveragePool", [q, s0, z0], (s2, z2), pool, [1, 4, 5, 5]),
+                ("QLinearGlobalAveragePool", [q, s0, z0], (s1, z1), {"channels_last": 0}, [1, 4, 1, 1]),
+                ("QLinearConcat", [q, s0, z0, q2, s1, z1], (s2, z2), {"axis": 1}, [1, 8, 9, 9])):
+            out = f"{op}_{t}"
+            inputs = [ys, yz, *ins] if op == "QLinearConcat" else [*ins, ys, yz]
+            nodes += [helper.make_node(op, inputs, [out + "_q"], domain=ms, **attrs),
+                      helper.make_node("DequantizeLinear", [out + "_q", ys, yz], [out])]
+            outs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, shape))
+            ops[out], steps[out] = op, sz[ys][0]
+    x = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4, 9, 9]) for n in ("x", "x2")]
+    model = helper.make_model(helper.make_graph(nodes, "contrib", x, outs, inits),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return ops, steps
+
+
+def test_onnxruntime_contrib_quantized_ops_each_within_one_step(tmp_path: Path) -> None:
+    """QLinearSigmoid, QLinearLeakyRelu, QLinearMul, QLinearAdd, QLinearAveragePool,
+    QLinearGlobalAveragePool and QLinearConcat (int8 and uint8) through their QDQ form (float
+    path: dequantize, op, quantize) against onnxruntime's own kernels for them: equal, or one
+    step apart (measured: QLinearMul, uint8 QLinearAveragePool; onnxruntime rounds once with
+    the scales folded together)."""
+    import onnxruntime as ort
+
+    from compiler.artifact import load_artifact
+
+    ops, steps = _contrib_ops_model(tmp_path / "contrib.onnx")
+    art = compile_model(tmp_path / "contrib.onnx", target=host_preset_name(), out_dir=tmp_path / "art",
+                        progress=False, default_schedules=False)
+    assert "qoperator_to_qdq" in Manifest.read(art).prepared_steps
+    a = load_artifact(art)
+    sess = ort.InferenceSession(str(tmp_path / "contrib.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        feeds = {"x": rng.standard_normal((1, 4, 9, 9)).astype(np.float32) * 3,
+                 "x2": rng.standard_normal((1, 4, 9, 9)).astype(np.float32)}
+        got = a.infer(feeds)
+        for name, want in zip(names, sess.run(None, feeds), strict=True):
+            assert float(np.abs(got[name] - want).max()) / steps[name] <= 1.001, (ops[name], seed)
+
+
 def test_quantized_operators_not_rewritten_are_refused_in_one_line(run_cli: object, tmp_path: Path) -> None:
     """QLinearSoftmax (onnxruntime's contrib domain) has no QDQ rewrite: one line naming it and
     the QDQ format as the fix."""
