@@ -111,7 +111,6 @@ _QOPERATOR = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "QGemm", 
 def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
     from compiler.lower_training import TRAINING_DOMAIN
     from compiler.prepare_ml import ML_DOMAIN, check_ml_node
-    from compiler.qoperator import QOPERATOR_OPS
     from compiler.qoperator import handled as qoperator_handled
 
     supported = supported_ops() | extra
@@ -123,7 +122,7 @@ def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
             continue
         if node.domain == TRAINING_DOMAIN:  # optimizers lowered by compiler.lower_training, the rest refused
             continue
-        if node.op_type in _QOPERATOR and node.op_type not in supported | QOPERATOR_OPS:
+        if node.op_type in _QOPERATOR and node.op_type not in supported:
             raise ModelError(f"{node.op_type} at node {node.name or f'#{idx}'!r}: this QOperator-format "
                              "quantized operator is not compiled",
                              hint="quantize in QDQ format (quantize_static quant_format=QDQ), or compile "

@@ -34,15 +34,14 @@ import numpy as np
 from compiler.errors import ModelError
 from compiler.graphbuild import Builder, _const_inputs, _elem_types, _replace_nodes, _static_shapes, node_attr
 
-__all__ = ["MS_DOMAIN", "QOPERATOR_OPS", "qoperator_to_qdq"]
+__all__ = ["MS_DOMAIN", "MS_OPS", "ONNX_OPS", "handled", "qoperator_to_qdq"]
 
 MS_DOMAIN = "com.microsoft"
 # default-domain operators rewritten here (MatMulInteger: TVM's frontend converts it)
-_ONNX_OPS = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger"})
+ONNX_OPS = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger"})
 # onnxruntime's contrib operators rewritten here
-_MS_OPS = frozenset({"QGemm", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearAveragePool",
+MS_OPS = frozenset({"QGemm", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearAveragePool",
                      "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu"})
-QOPERATOR_OPS = _ONNX_OPS | _MS_OPS
 
 _FLOAT = 1
 _INT32 = 6
@@ -51,8 +50,8 @@ _INT32 = 6
 def handled(node: Any) -> bool:
     """Whether :func:`qoperator_to_qdq` rewrites ``node``."""
     if node.domain in ("", "ai.onnx"):
-        return node.op_type in _ONNX_OPS
-    return node.domain == MS_DOMAIN and node.op_type in _MS_OPS
+        return node.op_type in ONNX_OPS
+    return node.domain == MS_DOMAIN and node.op_type in MS_OPS
 
 
 class _Rewrite:

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model
 from compiler.emulate import run_emulated
+from compiler.inspect import inspect_model
 from compiler.manifest import Manifest, QuantSettings
 from compiler.quantize import quantize_int8
 from compiler.targets import best_host_preset_name, host_preset_name
@@ -169,6 +170,8 @@ def test_onnxruntime_contrib_quantized_ops_each_within_one_step(tmp_path: Path) 
     from compiler.artifact import load_artifact
 
     ops, steps = _contrib_ops_model(tmp_path / "contrib.onnx")
+    report = inspect_model(tmp_path / "contrib.onnx")  # fractal inspect: rewritten, not unsupported
+    assert not report.unsupported and report.decomposed["com.microsoft::QLinearConcat"] == 2
     art = compile_model(tmp_path / "contrib.onnx", target=host_preset_name(), out_dir=tmp_path / "art",
                         progress=False, default_schedules=False)
     assert "qoperator_to_qdq" in Manifest.read(art).prepared_steps
@@ -198,3 +201,4 @@ def test_quantized_operators_not_rewritten_are_refused_in_one_line(run_cli: obje
     onnx.save(model, str(tmp_path / "qs.onnx"))
     r = run_cli("compile", tmp_path / "qs.onnx", "-t", host_preset_name(), "-o", tmp_path / "art", "-q")  # type: ignore[operator]
     assert r.code != 0 and "QLinearSoftmax at node 'qs'" in r.error_line and "QDQ" in r.error_line
+    assert inspect_model(tmp_path / "qs.onnx").unsupported == {"com.microsoft::QLinearSoftmax": 1}
