@@ -150,7 +150,8 @@ def upgrade_opset(model: Any, minimum: int = MIN_OPSET) -> bool:
             err = exc
             continue
         model.CopyFrom(new)
-        need = onnx.helper.find_min_ir_version_for(list(model.opset_import))
+        # (domains onnx does not know, such as onnxruntime's com.microsoft.nchwc, ask nothing)
+        need = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
         model.ir_version = max(model.ir_version, need)
         return True
     raise ModelError(f"opset {have} is too old and could not be upgraded to {FLOOR_OPSET}: "
