@@ -99,26 +99,32 @@ def _decomposed() -> frozenset[str]:
 
 
 # onnxruntime's QOperator format (quantize_static(quant_format=QOperator)): TVM has no converter
-# for these; the same quantization in QDQ format compiles onto integer kernels (compiler.integer)
+# for these; compiler.qoperator rewrites most into their QDQ form (then compiler.integer's integer
+# kernels), the rest are refused by name
 _QOPERATOR = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul",
                         "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid",
-                        "QLinearLeakyRelu", "QLinearSoftmax"})
+                        "QLinearLeakyRelu", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere",
+                        "QAttention", "QEmbedLayerNormalization", "QOrderedMatMul",
+                        "DynamicQuantizeMatMul", "MatMulIntegerToFloat"})
 
 
 def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
     from compiler.lower_training import TRAINING_DOMAIN
     from compiler.prepare_ml import ML_DOMAIN, check_ml_node
+    from compiler.qoperator import handled as qoperator_handled
 
     supported = supported_ops() | extra
     for idx, node in enumerate(model.graph.node):
+        if qoperator_handled(node):  # their QDQ form (compiler.qoperator, a preparation step)
+            continue
         if node.domain == ML_DOMAIN:  # lowered by compiler.prepare_ml, or refused here with the reason
             check_ml_node(node, {i.name: i.type.tensor_type.elem_type for i in model.graph.input})
             continue
         if node.domain == TRAINING_DOMAIN:  # optimizers lowered by compiler.lower_training, the rest refused
             continue
         if node.op_type in _QOPERATOR and node.op_type not in supported:
-            raise ModelError(f"{node.op_type} at node {node.name or f'#{idx}'!r}: QOperator-format "
-                             "quantized models are not compiled",
+            raise ModelError(f"{node.op_type} at node {node.name or f'#{idx}'!r}: this QOperator-format "
+                             "quantized operator is not compiled",
                              hint="quantize in QDQ format (quantize_static quant_format=QDQ), or compile "
                                   "the float model with --quantize int8 --calibration DATA.npz")
         if node.domain not in ("", "ai.onnx"):

@@ -73,6 +73,7 @@ def inspect_model(path: str | Path) -> ModelReport:
     from compiler.lower_training import TRAINING_DOMAIN, TRAINING_OPS
     from compiler.prepare import DECOMPOSED_OPS
     from compiler.prepare_ml import CONVERTED_ML_OPS, ML_DOMAIN
+    from compiler.qoperator import MS_DOMAIN, MS_OPS, ONNX_OPS
 
     path = Path(path)
     if not path.is_file():
@@ -94,8 +95,10 @@ def inspect_model(path: str | Path) -> ModelReport:
         ops[n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"] += 1
     supported = supported_ops()
     # rewritten by the preparation stage: RNNs and loops unrolled, ai.onnx.ml lowered (prepare_ml.py),
-    # the training optimizers lowered (compiler/lower_training.py)
+    # the training optimizers lowered (compiler/lower_training.py), QOperator-format quantized
+    # operators as their QDQ form (compiler/qoperator.py)
     rewritten = DECOMPOSED_OPS | {f"{ML_DOMAIN}::{op}" for op in CONVERTED_ML_OPS}
+    rewritten |= ONNX_OPS | {f"{MS_DOMAIN}::{op}" for op in MS_OPS}
     rewritten |= {f"{TRAINING_DOMAIN}::{op}" for op in TRAINING_OPS}
     unsupported = {k: v for k, v in ops.items() if k not in supported and k not in rewritten}
     decomposed = {k: v for k, v in ops.items() if k in rewritten}

@@ -7,7 +7,9 @@ TVM 0.27's ONNX frontend imports a QDQ graph (onnxruntime ``quantize_static``, Q
 conversions around them. This pass runs on the imported Relax module, where the QDQ scales and
 zero points and the int8 weights are constants (the preparation stage leaves a weight's
 ``DequantizeLinear`` unfolded for it, ``compiler.prepare.fold_constants``), and the result is
-what both routes lower: the LLVM/VM build and the C backend.
+what both routes lower: the LLVM/VM build and the C backend. QOperator-format models (QLinearConv,
+QGemm, ...) reach this pattern too: the preparation stage rewrites them into their QDQ form
+(:mod:`compiler.qoperator`).
 
 Arithmetic (activations per tensor: scale ``sx``, zero point ``zx``; weights per output channel:
 scale ``sw[c]``, zero point 0, as ``quantize_static`` makes them; bias ``bq[c]`` int32 at scale

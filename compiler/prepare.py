@@ -10,6 +10,9 @@ that changed something (``fractal compile`` prints them).
                          both before the upgrade.
 2. ``upgrade_opset``  -- opsets older than ``MIN_OPSET`` go through onnx.version_converter.
 3. ``apply_shapes``   -- the user's ``--shape NAME=D0,D1,..`` and the batch fix the input dimensions.
+3b. ``qoperator_to_qdq`` -- QOperator-format quantized operators (QLinearConv, QLinearMatMul,
+                         ConvInteger, onnxruntime's QGemm / QLinearAdd / ...) become their QDQ form,
+                         DequantizeLinear -> op -> QuantizeLinear (compiler/qoperator.py).
 4. ``fold_constants`` -- Shape of a static tensor, and every node whose inputs are all constants,
                          become constants (Shape -> Gather -> Concat -> Reshape chains collapse);
                          a QDQ weight's DequantizeLinear stays (compiler.integer needs its int8 values).
@@ -60,6 +63,7 @@ from compiler.graphbuild import (
 from compiler.lower_ops import LOWERED_OPS, lower_ops
 from compiler.lower_training import lower_training
 from compiler.prepare_ml import lower_ml
+from compiler.qoperator import qoperator_to_qdq
 from compiler.unroll import LOOP_OPS, unroll_loops
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "expand_functions",
@@ -146,7 +150,8 @@ def upgrade_opset(model: Any, minimum: int = MIN_OPSET) -> bool:
             err = exc
             continue
         model.CopyFrom(new)
-        need = onnx.helper.find_min_ir_version_for(list(model.opset_import))
+        # (domains onnx does not know, such as onnxruntime's com.microsoft.nchwc, ask nothing)
+        need = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
         model.ir_version = max(model.ir_version, need)
         return True
     raise ModelError(f"opset {have} is too old and could not be upgraded to {FLOOR_OPSET}: "
@@ -821,6 +826,9 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("unroll_scan8", lambda: unroll_loops(model, final=False)),
         ("upgrade_opset", lambda: upgrade_opset(model)),
         ("apply_shapes", lambda: apply_shapes(model, shapes, batch)),
+        # QLinearConv, QGemm, ... -> DequantizeLinear -> op -> QuantizeLinear (compiler/qoperator.py):
+        # before fold_constants, which keeps a weight's DequantizeLinear for compiler.integer
+        ("qoperator_to_qdq", lambda: qoperator_to_qdq(model)),
         ("fold_constants", lambda: fold_constants(model)),
         ("expand_functions", lambda: expand_functions(model)),
         ("unroll_loops", lambda: unroll_loops(model)),  # Loop / Scan / constant If (compiler/unroll.py)

@@ -121,10 +121,12 @@ def calibration_batches(arrays: Mapping[str, np.ndarray], model: Any,
 
 
 def quantize_int8(model_path: str | Path, calibration: Calibration, out_path: str | Path,
-                  settings: QuantSettings | None = None) -> tuple[Path, int]:
+                  settings: QuantSettings | None = None, qoperator: bool = False) -> tuple[Path, int]:
     """Write the int8 QDQ model of ``model_path``, calibrated on ``calibration`` (an .npz path or
     a :class:`CalibrationSet`), to ``out_path``; ``settings``: the manifest's record of how
-    (default: per-channel int8 weights, asymmetric int8 activations, MinMax).
+    (default: per-channel int8 weights, asymmetric int8 activations, MinMax). ``qoperator``: the
+    same quantization in onnxruntime's QOperator format (QLinearConv, QGemm, ...; what
+    :mod:`compiler.qoperator` takes back to QDQ), for the tests that compare the two.
 
     Returns (out_path, number of calibration samples)."""
     import onnx
@@ -161,7 +163,8 @@ def quantize_int8(model_path: str | Path, calibration: Calibration, out_path: st
         pre = Path(tmp) / "pre.onnx"
         try:
             quant_pre_process(str(model_path), str(pre), skip_symbolic_shape=True)
-            quantize_static(str(pre), str(out_path), _Reader(), quant_format=QuantFormat.QDQ,
+            quantize_static(str(pre), str(out_path), _Reader(),
+                            quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ,
                             per_channel=settings.per_channel, activation_type=types[settings.activation_type],
                             weight_type=types[settings.weight_type],
                             calibrate_method=methods[settings.calibrate_method],

@@ -3,6 +3,7 @@
 * ``qdq_model(name)``: zoo ``name`` quantized by onnxruntime's ``quantize_static``
   (:func:`compiler.quantize.quantize_int8`, 64 seeded random-normal calibration samples, as
   bench.int8 does); made once per session.
+* ``qoperator_model(name)``: the same quantization in onnxruntime's QOperator format.
 * ``int8_build(name, preset)``: that model compiled for ``preset`` on integer kernels, with the
   default schedules (the build users get); once per session. Read-only.
 * :func:`steps_from_reference`: the largest output difference from onnxruntime running the
@@ -50,21 +51,43 @@ def int8_build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("int8-builds")
 
 
-@pytest.fixture(scope="session")
-def qdq_model(int8_build_dir: Path) -> Callable[[str], Path]:
-    """``qdq_model(name) -> QDQ .onnx`` of zoo ``name``, quantized once per session."""
+def _quantized(work: Path, name: str, qoperator: bool) -> Path:
     from compiler import zoo
     from compiler.quantize import quantize_int8
 
+    f32 = work / f"{name}.onnx"
+    cal = work / f"{name}-cal.npz"
+    if not cal.is_file():
+        zoo.save(name, f32)
+        np.savez(cal, x=np.random.default_rng(0).standard_normal((64, *zoo.input_shape(name)[1:]))
+                 .astype(np.float32))
+    out = work / f"{name}.{'qop' if qoperator else 'int8'}.onnx"
+    return quantize_int8(f32, cal, out, qoperator=qoperator)[0]
+
+
+@pytest.fixture(scope="session")
+def qdq_model(int8_build_dir: Path) -> Callable[[str], Path]:
+    """``qdq_model(name) -> QDQ .onnx`` of zoo ``name``, quantized once per session."""
     cache: dict[str, Path] = {}
 
     def get(name: str) -> Path:
         if name not in cache:
-            f32 = zoo.save(name, int8_build_dir / f"{name}.onnx")
-            cal = int8_build_dir / f"{name}-cal.npz"
-            np.savez(cal, x=np.random.default_rng(0).standard_normal((64, *zoo.input_shape(name)[1:]))
-                     .astype(np.float32))
-            cache[name] = quantize_int8(f32, cal, int8_build_dir / f"{name}.int8.onnx")[0]
+            cache[name] = _quantized(int8_build_dir, name, qoperator=False)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def qoperator_model(int8_build_dir: Path) -> Callable[[str], Path]:
+    """``qoperator_model(name) -> .onnx`` of zoo ``name`` quantized as ``qdq_model`` does (same
+    calibration samples and settings) in onnxruntime's QOperator format (QLinearConv, QGemm,
+    QLinearAdd, ...); once per session."""
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            cache[name] = _quantized(int8_build_dir, name, qoperator=True)
         return cache[name]
 
     return get

@@ -22,7 +22,7 @@ from compiler.artifact import load_artifact
 from compiler.importer import import_model, load_onnx
 from compiler.manifest import Manifest
 from compiler.quantize import quantize_int8
-from compiler.targets import best_host_preset_name, get_preset, host_preset_name
+from compiler.targets import best_host_preset_name, get_preset
 
 # (conv2d, matmul) each zoo model puts on integer kernels: every one it has
 _EXPECTED = {"ds-cnn-kws": (9, 1), "resnet8-cifar10": (9, 1), "mobilenet-v1-0.25-vww": (27, 1),
@@ -115,24 +115,6 @@ def test_c_backend_carries_the_integer_kernels(tmp_path: Path) -> None:
     assert man.libs.runtime == "c"
     assert "integer_kernels(9 conv2d, 1 matmul int8->int32)" in man.prepared_steps
     assert _worst_steps(art, qdq, "ds-cnn-kws") <= 1.001
-
-
-def test_qoperator_models_are_refused_in_one_line(run_cli: object, tmp_path: Path) -> None:
-    """onnxruntime's QOperator format (QLinearConv, ...) has no TVM converter: one line naming the
-    QDQ format as the fix."""
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 1, 4, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 1, 4, 4])
-    inits = [numpy_helper.from_array(np.array(v, dtype=dt), n) for n, v, dt in (
-        ("xs", 0.1, np.float32), ("xz", 0, np.uint8), ("w", np.ones((1, 1, 1, 1)), np.uint8),
-        ("ws", 0.1, np.float32), ("wz", 0, np.uint8), ("ys", 0.1, np.float32), ("yz", 0, np.uint8))]
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], name="qc")
-    model = helper.make_model(helper.make_graph([node], "g", [x], [y], inits),
-                              opset_imports=[helper.make_opsetid("", 13)])
-    onnx.save(model, str(tmp_path / "qop.onnx"))
-    r = run_cli("compile", tmp_path / "qop.onnx", "-t", host_preset_name(), "-o", tmp_path / "art", "-q")  # type: ignore[operator]
-    assert r.code != 0 and "QOperator" in r.error_line and "QDQ" in r.error_line
 
 
 def test_integer_kernels_are_the_default_where_the_cpu_has_an_int8_dot_product() -> None:
