@@ -68,3 +68,20 @@ def test_swap_cost_and_node_swap():
     assert swap["int8_agree_with_float"] >= 90, swap
     for phase in ("latency_rest_ms", "latency_rebuild_ms"):
         assert swap[phase], (phase, swap)
+
+
+def test_keyword_spotting_accuracy_small():
+    """The zoo's DS-CNN trained on the synthesised keywords (small: 40 per class, 6 epochs): the
+    trained weights land in the zoo graph, int8 stays near float and within a step of onnxruntime."""
+    rows = {r["run"]: r for r in _json("bench.int8_kws", "--per-class", "40", "--epochs", "6")["rows"]}
+    f32 = rows["float32 (onnxruntime)"]
+    assert f32["top1"] > 100 / 12 * 3, f32  # learnt something: three times chance at least
+    ours = rows["int8 integer kernels (x86_64-avx2)"]
+    assert ours["steps_from_ort_int8"] <= 1 and ours["agree_with_float"] >= 90, ours
+    assert abs(ours["vs_float_points"]) <= 5, ours
+
+
+def test_keyword_bench_bad_arguments_fail_in_one_line():
+    p = subprocess.run([sys.executable, "-m", "bench.int8_kws", "--per-class", "3"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1
