@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["convert_nms", "nms_kernel"]
+__all__ = ["convert_nms", "convert_unique", "nms_kernel", "unique_kernel"]
 
 
 def nms_kernel(batches: int, classes: int, boxes: int, center: bool, has_score: bool) -> Any:
@@ -33,7 +33,7 @@ def nms_kernel(batches: int, classes: int, boxes: int, center: bool, has_score: 
     @T.prim_func(private=True)
     def nms(b_in: T.handle, s_in: T.handle, m_in: T.handle, i_in: T.handle, t_in: T.handle,
             r_out: T.handle, c_out: T.handle) -> None:
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
         bx = T.match_buffer(b_in, (batches, boxes, 4), "float32")
         sc = T.match_buffer(s_in, (batches, classes, boxes), "float32")
         mx = T.match_buffer(m_in, (1,), "int64")
@@ -101,6 +101,12 @@ def nms_kernel(batches: int, classes: int, boxes: int, center: bool, has_score: 
     return nms
 
 
+def _i64(values: list[int]) -> Any:
+    from tvm import relax
+
+    return relax.const(np.array(values, np.int64), "int64")
+
+
 def _scalar(bb: Any, value: Any, dtype: str, default: float) -> Any:
     """``value`` (a model input, constant or None) as a [1] tensor of ``dtype``."""
     from tvm import relax
@@ -150,3 +156,125 @@ def convert_nms(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     ones = relax.const(np.ones(2, np.int64), "int64")
     cut = bb.normalize(relax.op.dynamic_strided_slice(sel, zeros, dims, ones))
     return relax.op.reshape(cut, relax.ShapeExpr([rows_dim, 3]))
+
+
+def unique_kernel(outer: int, length: int, inner: int, dtype: str, ordered: bool) -> Any:
+    """The TIR function ``(x [O, L, I]) -> (y [O, L, I], indices [L], inverse [L], counts [L],
+    count [1])``: the distinct slices ``x[:, k, :]`` (in ascending lexicographic order with
+    ``ordered``, else in order of first occurrence) in the first ``count`` rows of ``y``, where
+    each first occurs, which one each slice is, and how often each occurs. O(L^2 * O * I)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def unique(x_in: T.handle, y_out: T.handle, i_out: T.handle, v_out: T.handle, c_out: T.handle,
+               n_out: T.handle) -> None:
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
+        x = T.match_buffer(x_in, (outer, length, inner), dtype)
+        y = T.match_buffer(y_out, (outer, length, inner), dtype)
+        idx = T.match_buffer(i_out, (length,), "int64")
+        inv = T.match_buffer(v_out, (length,), "int64")
+        counts = T.match_buffer(c_out, (length,), "int64")
+        num = T.match_buffer(n_out, (1,), "int64")
+        with T.sblock("root"):  # (a root block: RewriteDataflowReshape inspects one-input kernels)
+            first = T.alloc_buffer((length,), "int32")  # the first slice equal to slice i
+            rank = T.alloc_buffer((length,), "int32")  # a first slice's row in the output
+            st = T.alloc_buffer((3,), "int32")  # equal so far / decided / less
+            total = T.alloc_buffer((1,), "int64")
+            total[0] = T.int64(0)
+            for i in T.serial(length):
+                first[i] = i
+                for j in T.serial(length):
+                    if j < i and first[i] == i:
+                        st[0] = 1
+                        for o in T.serial(outer):
+                            for e in T.serial(inner):
+                                if x[o, j, e] != x[o, i, e]:
+                                    st[0] = 0
+                        if st[0] == 1:
+                            first[i] = j
+                if first[i] == i:
+                    total[0] = total[0] + T.int64(1)
+            for i in T.serial(length):
+                counts[i] = T.int64(0)
+                rank[i] = 0
+                if first[i] == i:
+                    for k in T.serial(length):
+                        if first[k] == k and k != i:
+                            if ordered:
+                                st[1] = 0
+                                st[2] = 0
+                                for o in T.serial(outer):
+                                    for e in T.serial(inner):
+                                        if st[1] == 0 and x[o, k, e] != x[o, i, e]:
+                                            st[1] = 1
+                                            if x[o, k, e] < x[o, i, e]:
+                                                st[2] = 1
+                                rank[i] = rank[i] + st[2]
+                            elif k < i:
+                                rank[i] = rank[i] + 1
+            for i in T.serial(length):
+                r = rank[first[i]]
+                inv[i] = T.Cast("int64", r)
+                counts[r] = counts[r] + T.int64(1)
+                if first[i] == i:
+                    idx[r] = T.Cast("int64", i)
+                    for o in T.serial(outer):
+                        for e in T.serial(inner):
+                            y[o, r, e] = x[o, i, e]
+            num[0] = total[0]
+
+    return unique
+
+
+def convert_unique(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """ONNX Unique (opset 11) as :func:`unique_kernel` plus run-time slices (TVM's converter calls
+    numpy at run time, whose ``inverse`` has the input's shape under numpy 2: a shape mismatch)."""
+    from tvm import relax
+
+    from compiler.dynshape_ops import checked_shape
+
+    x = inputs[0]
+    ty = x.ty
+    if ty.shape is None or ty.ndim < 0:
+        raise ValueError("Unique needs an input of known shape")
+    dims = [int(d) for d in ty.shape.values]
+    axis = attrs.get("axis")
+    if axis is None:
+        outer, length, inner = 1, int(np.prod(dims)), 1
+    else:
+        axis = int(axis)
+        if not -len(dims) <= axis < len(dims):
+            raise ValueError(f"Unique axis {axis} is out of range for a rank-{len(dims)} input")
+        axis %= len(dims)
+        outer, length, inner = int(np.prod(dims[:axis])), dims[axis], int(np.prod(dims[axis + 1:]))
+    if length == 0:
+        raise ValueError("Unique of an empty input")
+    dtype = str(ty.dtype)
+    work = relax.op.astype(x, "int8") if dtype == "bool" else x  # TIR orders no bool
+    wdt = "int8" if dtype == "bool" else dtype
+    flat = bb.normalize(relax.op.reshape(work, [outer, length, inner]))
+    gv = bb.add_func(unique_kernel(outer, length, inner, wdt, bool(attrs.get("sorted", 1))), "fractal_unique")
+    res = bb.emit(relax.call_tir(gv, [flat], [relax.TensorType([outer, length, inner], wdt),
+                                              *[relax.TensorType([length], "int64")] * 3,
+                                              relax.TensorType([1], "int64")]))
+    y_all, idx, inv, counts, num = (bb.emit(relax.TupleGetItem(res, i)) for i in range(5))
+    n = checked_shape(bb, num, _i64([0]), "unique").values[0]
+
+    def first_rows(t: Any, around: tuple[int, int] | None) -> Any:
+        """``t``'s first ``num`` rows: along axis 1 of [O, L, I] (``around`` = (O, I)), or of [L]."""
+        parts = [num] if around is None else [_i64([around[0]]), num, _i64([around[1]])]
+        rank = len(parts)
+        ends = bb.normalize(relax.op.concat(parts, axis=0)) if rank > 1 else num
+        return bb.normalize(relax.op.dynamic_strided_slice(t, _i64([0] * rank), ends, _i64([1] * rank)))
+
+    y = first_rows(y_all, (outer, inner))
+    y_shape = [n] if axis is None else [*dims[:axis], n, *dims[axis + 1:]]
+    y = relax.op.reshape(y, relax.ShapeExpr(y_shape))
+    if dtype == "bool":
+        y = relax.op.astype(y, "bool")
+    outs = [bb.normalize(y),
+            bb.normalize(relax.op.reshape(first_rows(idx, None), relax.ShapeExpr([n]))),
+            inv,
+            bb.normalize(relax.op.reshape(first_rows(counts, None), relax.ShapeExpr([n])))]
+    wanted = int(attrs.get("tvm_custom", {}).get("num_outputs", 1))
+    return outs[0] if wanted == 1 else relax.Tuple(outs[:wanted])

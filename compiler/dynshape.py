@@ -263,6 +263,10 @@ def _importer_class() -> type:
                 from compiler.dataops import convert_nms
 
                 return self.bb.normalize(convert_nms(self.bb, list(inputs), attrs))
+            if op_name == "Unique" and opset >= 11:  # TVM's calls numpy (its inverse's shape varies)
+                from compiler.dataops import convert_unique
+
+                return convert_unique(self.bb, list(inputs), attrs)
             own = _OWN.get(op_name)
             if own is not None and opset >= own[0]:
                 params = [self._nodes, self._params]

@@ -562,6 +562,8 @@ def _output_specs(mod: Any, model: Any, dynamic: bool = False) -> list[TensorSpe
     from tvm import relax, tirx
 
     ret = mod["main"].ret_ty
+    if dynamic:  # the body's type keeps the static dims the return type erases with the run-time ones
+        ret = getattr(getattr(mod["main"].body, "body", None), "ty", None) or ret
     infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
     names = [o.name for o in model.graph.output]
     specs = []
