@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["convert_nms", "convert_unique", "nms_kernel", "unique_kernel"]
+__all__ = ["clip_condition", "convert_nms", "convert_unique", "nms_kernel", "unique_kernel"]
 
 
 def nms_kernel(batches: int, classes: int, boxes: int, center: bool, has_score: bool) -> Any:
@@ -278,3 +278,18 @@ def convert_unique(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
             bb.normalize(relax.op.reshape(first_rows(counts, None), relax.ShapeExpr([n])))]
     wanted = int(attrs.get("tvm_custom", {}).get("num_outputs", 1))
     return outs[0] if wanted == 1 else relax.Tuple(outs[:wanted])
+
+
+def clip_condition(bb: Any, data: Any, cond: Any, axis: int | None) -> Any:
+    """Compress's ``condition`` cut to the length of the selected axis (of the flattened input
+    without ``axis``): onnxruntime ignores entries past it, TVM's ``take`` would read past the input."""
+    from tvm import relax
+
+    dty, cty = data.ty, cond.ty
+    if dty.shape is None or cty.shape is None or cty.ndim != 1:
+        return cond
+    dims = [int(d) for d in dty.shape.values]
+    size = int(np.prod(dims)) if axis is None else dims[int(axis) % len(dims)] if dims else 1
+    if int(cty.shape.values[0]) <= size:
+        return cond
+    return bb.normalize(relax.op.strided_slice(cond, [0], [0], [size]))

@@ -267,6 +267,10 @@ def _importer_class() -> type:
                 from compiler.dataops import convert_unique
 
                 return convert_unique(self.bb, list(inputs), attrs)
+            if op_name == "Compress" and len(inputs) > 1:  # a condition past the axis would read past it
+                from compiler.dataops import clip_condition
+
+                inputs[1] = clip_condition(self.bb, inputs[0], inputs[1], attrs.get("axis"))
             own = _OWN.get(op_name)
             if own is not None and opset >= own[0]:
                 params = [self._nodes, self._params]
