@@ -253,7 +253,10 @@ adam_multiple dft_irfft_opset19 tensorscatter_circular
 reduce_l2_do_not_keepdims_example reduce_sum_default_axes_keepdims_random reduce_max_keepdims_random
 reshape_negative_dim expand_dim_changed unsqueeze_two_axes squeeze_negative_axes slice_neg_steps tile
 constantofshape_int_zeros
-""".split())  # a shape operand from a model input (compiler.dynshape): one case per converted operator
+""".split()) | frozenset("""
+nonzero_example unique_not_sorted_without_axis compress_negative_axis nonmaxsuppression_two_batches
+""".split())  # a shape operand from a model input (compiler.dynshape), an output length that depends on
+# the data (compiler.dataops): one case per converted operator
 
 
 def _in_shard(name: str) -> bool:
