@@ -569,7 +569,7 @@ def _output_specs(mod: Any, model: Any, dynamic: bool = False) -> list[TensorSpe
     specs = []
     for name, info in zip(names, infos, strict=True):
         if dynamic and isinstance(info, relax.TensorType) and info.ndim >= 0:
-            dims = info.shape.values if info.shape is not None else [None] * info.ndim
+            dims = getattr(info.shape, "values", None) or [None] * info.ndim  # (a shape var: no values)
             shape = tuple(int(d) if isinstance(d, tirx.IntImm) else -1 for d in dims)
             specs.append(TensorSpec(name, shape, str(info.dtype)))
             continue
