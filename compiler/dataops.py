@@ -133,19 +133,20 @@ def convert_nms(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     if bty.ndim != 3 or sty.ndim != 3 or bty.shape is None or sty.shape is None:
         raise ValueError("NonMaxSuppression needs boxes [B, N, 4] and scores [B, C, N] of known shapes")
     (nb, n, four), (sb, nc, sn) = ([int(d) for d in t.shape.values] for t in (bty, sty))
-    if four != 4 or nb != sb or n != sn:
+    if four != 4 or nb != sb or n != sn or 0 in (nb, nc, n):
         raise ValueError(f"NonMaxSuppression boxes {[nb, n, four]} and scores {[sb, nc, sn]} do not match")
     center = int(attrs.get("center_point_box", 0))
     if center not in (0, 1):
         raise ValueError(f"NonMaxSuppression center_point_box {center} is neither 0 nor 1")
-    f32 = [bb.normalize(relax.op.astype(x, "float32")) if x.ty.dtype != "float32" else x for x in (boxes, scores)]
+    f32 = [bb.normalize(relax.op.astype(x, "float32")) if x.ty.dtype != "float32" else x
+           for x in (boxes, scores)]
     mx = _scalar(bb, at(2), "int64", 0)
     iou = _scalar(bb, at(3), "float32", 0.0)
     thr = _scalar(bb, at(4), "float32", 0.0)
     rows = nb * nc * n
     gv = bb.add_func(nms_kernel(nb, nc, n, bool(center), at(4) is not None), "fractal_nms")
     res = bb.emit(relax.call_tir(gv, [*f32, mx, iou, thr],
-                                 [relax.TensorType([max(rows, 1), 3], "int64"), relax.TensorType([1], "int64")]))
+                                 [relax.TensorType([rows, 3], "int64"), relax.TensorType([1], "int64")]))
     sel, count = bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1))
     bad = relax.op.logical_or(relax.op.less(iou, relax.const(0.0, "float32")),
                               relax.op.greater(iou, relax.const(1.0, "float32")))

@@ -33,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DATA_DEPENDENT", "REDUCE_OPS", "SHAPE_OPERANDS", "data_dependent_node", "from_onnx", "runtime_operand_refusal",
+__all__ = ["DATA_DEPENDENT", "REDUCE_OPS", "SHAPE_OPERANDS", "data_dependent_node", "from_onnx",
+           "runtime_operand_refusal",
            "has_runtime_shape_operand", "shape_operand_inputs"]
 
 # op -> the opset from which ``axes`` is an input (before it: an attribute)

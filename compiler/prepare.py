@@ -829,7 +829,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("fold_constants", lambda: fold_constants(model)),
         ("expand_functions", lambda: expand_functions(model)),
         ("unroll_loops", lambda: unroll_loops(model)),  # Loop / Scan / constant If (compiler/unroll.py)
-        ("lower_sequences", lambda: lower_sequences(model)),  # static-length sequences (compiler/sequences.py)
+        ("lower_sequences", lambda: lower_sequences(model)),  # static lengths (compiler/sequences.py)
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("decompose_ops", lambda: decompose_ops(model)),
         ("lower_ops", lambda: lower_ops(model)),  # ScatterElements, DFT, ... (compiler/lower_ops.py)
@@ -843,7 +843,8 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     for name, step in steps:
         if step():
             changed.append(name)
-    rewritten = {"expand_functions", "unroll_loops", "lower_sequences", "decompose_rnn", "decompose_ops", "lower_ops"}
+    rewritten = {"expand_functions", "unroll_loops", "lower_sequences", "decompose_rnn", "decompose_ops",
+                 "lower_ops"}
     rewritten &= set(changed)
     if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")

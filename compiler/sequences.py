@@ -29,8 +29,9 @@ from compiler.graphbuild import _const_inputs, _static_shapes, node_attr
 
 __all__ = ["SEQUENCE_OPS", "lower_sequences"]
 
-SEQUENCE_OPS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt",
-                          "SequenceLength", "SplitToSequence", "ConcatFromSequence", "SequenceMap"})
+SEQUENCE_OPS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase",
+                          "SequenceAt", "SequenceLength", "SplitToSequence", "ConcatFromSequence",
+                          "SequenceMap"})
 _MAX_ROUNDS = 4  # a SequenceMap body's own sequence operators are lowered in the next round
 
 
@@ -88,7 +89,8 @@ def _lower(model: Any, prefix: str) -> tuple[list[Any], list[Any]]:
     for node in g.node:
         op = node.op_type
         ins = list(node.input)
-        if node.domain not in ("", "ai.onnx") or (op not in SEQUENCE_OPS and not (op == "Identity" and ins[0] in seqs)):
+        lowered = op in SEQUENCE_OPS or (op == "Identity" and ins[0] in seqs)
+        if node.domain not in ("", "ai.onnx") or not lowered:
             if any(i in seqs for i in ins):
                 raise _Unknown  # an operator this module does not resolve takes a sequence
             em.nodes.append(node)
@@ -168,10 +170,12 @@ def _split(em: Any, node: Any, consts: dict[str, np.ndarray], shapes: dict[str, 
     if len(pieces) == 1:
         em.op("Identity", [x], out=pieces[0])
     elif em.opset >= 13:
-        em.nodes.append(onnx.helper.make_node("Split", [x, em.const(np.array(sizes, np.int64), "split")], pieces,
-                                              name=em.name("Split"), axis=axis))
+        sizes_in = em.const(np.array(sizes, np.int64), "split")
+        em.nodes.append(onnx.helper.make_node("Split", [x, sizes_in], pieces, name=em.name("Split"),
+                                              axis=axis))
     else:
-        em.nodes.append(onnx.helper.make_node("Split", [x], pieces, name=em.name("Split"), axis=axis, split=sizes))
+        em.nodes.append(onnx.helper.make_node("Split", [x], pieces, name=em.name("Split"), axis=axis,
+                                              split=sizes))
     if not split and not node_attr(node, "keepdims", 1):
         if em.opset >= 13:
             axes = em.const(np.array([axis], np.int64), "axes")

@@ -59,11 +59,12 @@ def test_node_serves_data_dependent_output_lengths(tmp_path: Path) -> None:
     import tritonclient.http as triton
 
     F = TensorProto.FLOAT
-    graph = oh.make_graph([oh.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou", "thr"], ["sel"])],
-                          "nms", [oh.make_tensor_value_info("boxes", F, [1, 8, 4]),
+    nms = oh.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou", "thr"], ["sel"])
+    graph = oh.make_graph([nms], "nms", [oh.make_tensor_value_info("boxes", F, [1, 8, 4]),
                                   oh.make_tensor_value_info("scores", F, [1, 2, 8]),
                                   oh.make_tensor_value_info("k", TensorProto.INT64, [1]),
-                                  oh.make_tensor_value_info("iou", F, [1]), oh.make_tensor_value_info("thr", F, [1])],
+                                         oh.make_tensor_value_info("iou", F, [1]),
+                                         oh.make_tensor_value_info("thr", F, [1])],
                           [oh.make_tensor_value_info("sel", TensorProto.INT64, [None, 3])])
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 11)])
     model.ir_version = 8
@@ -91,11 +92,12 @@ def test_node_serves_data_dependent_output_lengths(tmp_path: Path) -> None:
                     t = triton.InferInput(name, list(v.shape), "INT64" if v.dtype == np.int64 else "FP32")
                     t.set_data_from_numpy(v, binary_data=True)
                     ins.append(t)
-                got = client.infer(node.model_name, ins,
-                                   outputs=[triton.InferRequestedOutput("sel", binary_data=True)]).as_numpy("sel")
+                binary = [triton.InferRequestedOutput("sel", binary_data=True)]
+                got = client.infer(node.model_name, ins, outputs=binary).as_numpy("sel")
                 np.testing.assert_array_equal(got, want)
-                body = {"inputs": [{"name": n, "shape": list(v.shape), "datatype": "INT64" if v.dtype == np.int64
-                                    else "FP32", "data": v.ravel().tolist()} for n, v in feeds.items()]}
+                body = {"inputs": [{"name": n, "shape": list(v.shape), "data": v.ravel().tolist(),
+                                    "datatype": "INT64" if v.dtype == np.int64 else "FP32"}
+                                   for n, v in feeds.items()]}
                 r = http.post(f"/v2/models/{node.model_name}/infer", json=body)
                 assert r.status_code == 200, r.text
                 out = r.json()["outputs"][0]

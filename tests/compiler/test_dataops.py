@@ -60,11 +60,11 @@ def test_nonzero_unique_compress_match_onnxruntime(tmp_path: Path) -> None:
              oh.make_node("Compress", ["x", "c1"], ["c_1"], axis=-1),
              oh.make_node("Compress", ["x", "c0"], ["c_flat"]),
              oh.make_node("Compress", ["x", "long"], ["c_long"], axis=0)]
-    outs = dict(nz=(I64, 2), u_y=(F, 1), u_i=(I64, 1), u_inv=(I64, 1), u_c=(I64, 1), ua_y=(F, 2), ua_i=(I64, 1),
-                ua_inv=(I64, 1), ua_c=(I64, 1), ub_y=(F, 2), um_y=(I64, 1), um_i=(I64, 1), c_0=(F, 2), c_1=(F, 2),
-                c_flat=(F, 1), c_long=(F, 2))
-    model = _model(nodes, [("x", F, [4, 3]), ("c0", B, [3]), ("c1", B, [3]), ("m", I64, [2, 5]), ("long", B, [6])],
-                   outs)
+    outs = dict(nz=(I64, 2), u_y=(F, 1), u_i=(I64, 1), u_inv=(I64, 1), u_c=(I64, 1), ua_y=(F, 2),
+                ua_i=(I64, 1), ua_inv=(I64, 1), ua_c=(I64, 1), ub_y=(F, 2), um_y=(I64, 1), um_i=(I64, 1),
+                c_0=(F, 2), c_1=(F, 2), c_flat=(F, 1), c_long=(F, 2))
+    ins = [("x", F, [4, 3]), ("c0", B, [3]), ("c1", B, [3]), ("m", I64, [2, 5]), ("long", B, [6])]
+    model = _model(nodes, ins, outs)
     art = _compile(model, tmp_path)
     assert not art.batched
     shapes = {o.name: list(o.shape) for o in art.outputs}
@@ -92,7 +92,8 @@ def test_nonzero_unique_compress_match_onnxruntime(tmp_path: Path) -> None:
 
 
 def _nms_model() -> onnx.ModelProto:
-    ins = [("boxes", F, [2, 12, 4]), ("scores", F, [2, 3, 12]), ("k", I64, [1]), ("iou", F, [1]), ("thr", F, [1])]
+    ins = [("boxes", F, [2, 12, 4]), ("scores", F, [2, 3, 12]), ("k", I64, [1]), ("iou", F, [1]),
+           ("thr", F, [1])]
     nodes = [oh.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou", "thr"], ["corners"]),
              oh.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou", "thr"], ["centers"],
                           center_point_box=1),
@@ -127,7 +128,7 @@ def test_non_max_suppression_matches_onnxruntime(tmp_path: Path) -> None:
         counts |= {got[n].shape[0] for n in names}
     assert 0 in counts and len(counts) > 5, counts
     feeds["iou"] = np.array([1.5], np.float32)
-    with pytest.raises(Exception):
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail, match="iou_threshold must be in range"):
         sess.run(names, feeds)
     with pytest.raises(InputError, match="refused these inputs at run time"):
         art.infer(feeds)

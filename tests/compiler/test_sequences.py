@@ -25,9 +25,10 @@ from compiler.prepare import prepare
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def _model(nodes: list[Any], ins: list[Any], outs: dict[str, tuple[int, int]], inits: list[Any]) -> onnx.ModelProto:
-    graph = oh.make_graph(nodes, "seq", ins, [oh.make_tensor_value_info(k, t, [None] * r) for k, (t, r) in outs.items()],
-                          inits)
+def _model(nodes: list[Any], ins: list[Any], outs: dict[str, tuple[int, int]],
+           inits: list[Any]) -> onnx.ModelProto:
+    outputs = [oh.make_tensor_value_info(k, t, [None] * r) for k, (t, r) in outs.items()]
+    graph = oh.make_graph(nodes, "seq", ins, outputs, inits)
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -71,9 +72,9 @@ def test_sequence_operators_match_onnxruntime(tmp_path: Path) -> None:
              oh.make_node("SequenceMap", ["seq", "t"], ["mapped", "shapes"], body=_body()),
              oh.make_node("ConcatFromSequence", ["mapped"], ["mapped_cat"], axis=0),
              oh.make_node("ConcatFromSequence", ["shapes"], ["shapes_cat"], axis=0, new_axis=1)]
-    outs = dict(a=(F, 2), a_neg=(F, 2), n=(I64, 0), back=(F, 2), stacked=(F, 2), stacked_neg=(F, 2), col3=(F, 2),
-                pc=(F, 2), t0=(F, 2), n_erased=(I64, 0), chunk1=(F, 2), single_cat=(F, 3), mapped_cat=(F, 2),
-                shapes_cat=(I64, 2))
+    outs = dict(a=(F, 2), a_neg=(F, 2), n=(I64, 0), back=(F, 2), stacked=(F, 2), stacked_neg=(F, 2),
+                col3=(F, 2), pc=(F, 2), t0=(F, 2), n_erased=(I64, 0), chunk1=(F, 2), single_cat=(F, 3),
+                mapped_cat=(F, 2), shapes_cat=(I64, 2))
     ins = [oh.make_tensor_value_info("x", F, [6, 4]), oh.make_tensor_value_info("y", F, [2, 4]),
            oh.make_tensor_value_info("x2", F, [3, 4]), oh.make_tensor_value_info("t", F, [4])]
     model = _model(nodes, ins, outs, inits)
@@ -81,12 +82,13 @@ def test_sequence_operators_match_onnxruntime(tmp_path: Path) -> None:
     assert "lower_sequences" in steps
     assert not {n.op_type for n in prepared.graph.node} & {"SequenceMap", "SplitToSequence", "SequenceAt"}
     onnx.save(model, tmp_path / "m.onnx")
-    art = load_artifact(compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art", progress=False))
+    art = load_artifact(compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art",
+                                      progress=False))
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(2)
     for _ in range(2):
-        feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-                 for i in ins}
+        feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
+                 .astype(np.float32) for i in ins}
         want = dict(zip(outs, sess.run(list(outs), feeds), strict=True))
         got = art.infer(feeds)
         for name, w in want.items():
@@ -112,7 +114,8 @@ def test_sequences_that_cannot_be_lowered_are_refused_in_one_line(tmp_path: Path
     else:
         graph = oh.make_graph([oh.make_node("SplitToSequence", ["x"], ["s"]),
                                oh.make_node("SequenceAt", ["s", "p"], ["y"])], "g",
-                              [x, oh.make_tensor_value_info("p", I64, [])], [oh.make_tensor_value_info("y", F, [None, 3])])
+                              [x, oh.make_tensor_value_info("p", I64, [])],
+                              [oh.make_tensor_value_info("y", F, [None, 3])])
         match = "SequenceAt"
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
