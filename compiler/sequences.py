@@ -123,7 +123,7 @@ def _lower(model: Any, prefix: str) -> tuple[list[Any], list[Any]]:
                                                       np.array(len(seq(ins[0])), np.int64))))
         elif op == "ConcatFromSequence":
             items = seq(ins[0])
-            if not items:
+            if not items or node_attr(node, "axis") is None:
                 raise _Unknown
             axis = int(node_attr(node, "axis"))
             parts = [em.unsqueeze(x, axis) for x in items] if node_attr(node, "new_axis", 0) else items
@@ -187,7 +187,8 @@ def _split(em: Any, node: Any, consts: dict[str, np.ndarray], shapes: dict[str, 
 def _map(em: Any, node: Any, seqs: dict[str, list[str]]) -> dict[str, list[str]]:
     body = node_attr(node, "body")
     ins = list(node.input)
-    if not ins or ins[0] not in seqs:
+    if not ins or ins[0] not in seqs or body is None or len(body.input) != len(ins) \
+            or len(body.output) != len(node.output):
         raise _Unknown
     length = len(seqs[ins[0]])
     if any(i in seqs and len(seqs[i]) != length for i in ins):
