@@ -144,6 +144,7 @@ PASSING: frozenset[str] = frozenset({
     "pytorch-operator/test_operator_view",
     "simple/test_sequence_model1",
     "simple/test_sequence_model2",
+    "simple/test_sequence_model3",
     "simple/test_sequence_model4",
     "simple/test_sequence_model5",
     "simple/test_sequence_model6",
@@ -157,7 +158,6 @@ PASSING: frozenset[str] = frozenset({
 REFUSED: dict[str, str] = {
     "simple/test_expand_shape_model1": "output shapes decided at run time are not supported",
     "simple/test_expand_shape_model3": "output shapes decided at run time are not supported",
-    "simple/test_sequence_model3": "negative position",
     "simple/test_strnorm_model_nostopwords_nochangecase": "unsupported operator 'StringNormalizer'",
 }
 
