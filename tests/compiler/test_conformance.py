@@ -142,6 +142,10 @@ PASSING: frozenset[str] = frozenset({
     "pytorch-operator/test_operator_symbolic_override",
     "pytorch-operator/test_operator_symbolic_override_nested",
     "pytorch-operator/test_operator_view",
+    "simple/test_expand_shape_model1",
+    "simple/test_expand_shape_model2",
+    "simple/test_expand_shape_model3",
+    "simple/test_expand_shape_model4",
     "simple/test_sequence_model1",
     "simple/test_sequence_model2",
     "simple/test_sequence_model3",
@@ -156,8 +160,6 @@ PASSING: frozenset[str] = frozenset({
 
 # Cases refused at compile time, each with the cause (the test checks the refusal line contains it).
 REFUSED: dict[str, str] = {
-    "simple/test_expand_shape_model1": "output shapes decided at run time are not supported",
-    "simple/test_expand_shape_model3": "output shapes decided at run time are not supported",
     "simple/test_strnorm_model_nostopwords_nochangecase": "unsupported operator 'StringNormalizer'",
 }
 
