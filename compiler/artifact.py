@@ -228,11 +228,12 @@ class Artifact:
             except Exception as exc:
                 if not self._dynamic:
                     raise
-                # compiler.dynshape's run-time checks (and the VM's own) on a shape operand input
+                # compiler.dynshape's / dataops' run-time checks (and the VM's own) on the input values
                 detail = " ".join(str(exc).split())[:200]
                 raise InputError(f"the model refused these inputs at run time (a shape operand out of range, "
-                                 f"a duplicate axis, or shapes that do not fit): {detail}",
-                                 hint="check the values of the model's shape inputs (axes, shape)") from None
+                                 f"a duplicate axis, an iou_threshold outside [0, 1], or shapes that do not "
+                                 f"fit): {detail}",
+                                 hint="check the values of the model's shape and threshold inputs") from None
             return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
         b = self.batch
         batched_out = self._batched_out

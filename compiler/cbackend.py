@@ -506,7 +506,8 @@ def build_native(entry_c: str, kernels_o: Path, arch: str, cflags: tuple[str, ..
 
 def _refuse_dynamic(mod: Any, preset: Any, funcs: list[str]) -> None:
     """One line naming the preset when an output's shape is decided at run time
-    (:mod:`compiler.dynshape`): the C runner allocates every output before the call."""
+    (:mod:`compiler.dynshape`, :mod:`compiler.dataops`): the C runner allocates every output before
+    the call."""
     from tvm import relax, tirx
 
     for name in funcs:
@@ -517,7 +518,8 @@ def _refuse_dynamic(mod: Any, preset: Any, funcs: list[str]) -> None:
             if isinstance(ty, relax.TensorType) and (ty.shape is None or not all(
                     isinstance(d, tirx.IntImm) for d in ty.shape.values)):
                 raise TargetError(f"preset {preset.name!r} (C backend) cannot run a model whose output "
-                                  "shapes are decided at run time (a shape operand is a model input)",
+                                  "shapes are decided at run time (a shape operand is a model input, or "
+                                  "an output's length depends on the data: NonZero, Unique, ...)",
                                   hint="compile for a TVM VM preset (e.g. x86_64 or aarch64), or make the "
                                        "shape operand a constant")
 

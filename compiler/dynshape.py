@@ -33,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["REDUCE_OPS", "SHAPE_OPERANDS", "from_onnx", "runtime_operand_refusal",
+__all__ = ["DATA_DEPENDENT", "REDUCE_OPS", "SHAPE_OPERANDS", "data_dependent_node", "from_onnx",
+           "runtime_operand_refusal",
            "has_runtime_shape_operand", "shape_operand_inputs"]
 
 # op -> the opset from which ``axes`` is an input (before it: an attribute)
@@ -78,6 +79,19 @@ def shape_operand_inputs(model: Any) -> set[str]:
     runtime = {i.name for i in model.graph.input if i.name not in inits}
     return {node.input[pos] for node in model.graph.node for pos in SHAPE_OPERANDS.get(node.op_type, ())
             if pos < len(node.input) and node.input[pos] in runtime}
+
+
+# ops with an output whose length depends on the input *values* (compiled unbatched, output dims -1)
+DATA_DEPENDENT: frozenset[str] = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
+
+
+def data_dependent_node(model: Any) -> str | None:
+    """``"Op at node 'name'"`` for the first node of ``model`` whose output length depends on the
+    data (NonZero, Unique, ...), or None."""
+    for idx, node in enumerate(model.graph.node):
+        if node.op_type in DATA_DEPENDENT and node.domain in ("", "ai.onnx"):
+            return f"{node.op_type} at node {node.name or f'#{idx}'!r}"
+    return None
 
 
 def has_runtime_shape_operand(model: Any) -> bool:
@@ -246,6 +260,18 @@ def _importer_class() -> type:
 
         def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any],
                               opset: int) -> Any:
+            if op_name == "NonMaxSuppression" and opset >= 10:  # TVM's drops run-time thresholds
+                from compiler.dataops import convert_nms
+
+                return self.bb.normalize(convert_nms(self.bb, list(inputs), attrs))
+            if op_name == "Unique" and opset >= 11:  # TVM's calls numpy (its inverse's shape varies)
+                from compiler.dataops import convert_unique
+
+                return convert_unique(self.bb, list(inputs), attrs)
+            if op_name == "Compress" and len(inputs) > 1:  # a condition past the axis would read past it
+                from compiler.dataops import clip_condition
+
+                inputs[1] = clip_condition(self.bb, inputs[0], inputs[1], attrs.get("axis"))
             own = _OWN.get(op_name)
             if own is not None and opset >= own[0]:
                 params = [self._nodes, self._params]

@@ -340,7 +340,7 @@ def import_model(model: Any, *, batch: int | None = None,
     """
     from tvm.relax.frontend import detach_params
 
-    from compiler.dynshape import from_onnx, has_runtime_shape_operand
+    from compiler.dynshape import data_dependent_node, from_onnx, has_runtime_shape_operand
     from compiler.prepare import prepare
 
     _check_input_types(model)
@@ -351,10 +351,12 @@ def import_model(model: Any, *, batch: int | None = None,
     model, steps = prepare(model, shapes=shapes, batch=fill)
     _check_ops(model)
     _check_constructs(model)
-    dynamic = has_runtime_shape_operand(model)
+    datadep = data_dependent_node(model)
+    dynamic = has_runtime_shape_operand(model) or datadep is not None
     if dynamic and batch is not None:  # a shape operand is not a batch of samples
-        raise ModelError(f"a node takes a shape operand from a model input, so the model compiles for "
-                         f"exactly its input shapes, not for batch {batch}",
+        why = (f"{datadep} has an output whose length depends on the data (not a batch of samples)"
+               if datadep is not None else "a node takes a shape operand from a model input")
+        raise ModelError(f"{why}, so the model compiles for exactly its input shapes, not for batch {batch}",
                          hint="compile without --train/--batch")
     specs, base, batched = _input_shapes(model, batch, exact=dynamic)
     batched = batched and not dynamic
@@ -494,9 +496,6 @@ def _refusal(node: Any, types: dict[str, tuple[int, int]],
             not (_const_false(consts, node.input[2]) or _const_zero(consts, node.input[1])):
         return ("may run in training mode (random masks), which is not supported",
                 "export the model in inference mode (model.eval() before torch.onnx.export)")
-    if op == "NonMaxSuppression":
-        return ("has an output whose shape depends on the data, which is not supported",
-                "run box selection outside the model (e.g. in numpy after inference)")
     if op in ("Scatter", "ScatterElements"):
         return ("is not supported (TVM fails to schedule it)", "use ScatterND")
     if op == "MaxUnpool":
@@ -569,12 +568,14 @@ def _output_specs(mod: Any, model: Any, dynamic: bool = False) -> list[TensorSpe
     from tvm import relax, tirx
 
     ret = mod["main"].ret_ty
+    if dynamic:  # the body's type keeps the static dims the return type erases with the run-time ones
+        ret = getattr(getattr(mod["main"].body, "body", None), "ty", None) or ret
     infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
     names = [o.name for o in model.graph.output]
     specs = []
     for name, info in zip(names, infos, strict=True):
         if dynamic and isinstance(info, relax.TensorType) and info.ndim >= 0:
-            dims = info.shape.values if info.shape is not None else [None] * info.ndim
+            dims = getattr(info.shape, "values", None) or [None] * info.ndim  # (a shape var: no values)
             shape = tuple(int(d) if isinstance(d, tirx.IntImm) else -1 for d in dims)
             specs.append(TensorSpec(name, shape, str(info.dtype)))
             continue

@@ -24,6 +24,10 @@ that changed something (``fractal compile`` prints them).
 4c. ``unroll_loops`` -- Loop and Scan with a trip count / sequence length known at compile time are
                          unrolled (up to 256 iterations), an If on a constant condition becomes
                          the branch taken (compiler/unroll.py; opset 8's Scan before step 2).
+4d. ``lower_sequences`` -- sequences inside the graph whose length is known at compile time become
+                         lists of tensors: SplitToSequence -> Split, ConcatFromSequence -> Concat,
+                         SequenceAt -> the element, SequenceMap -> its body once per element
+                         (compiler/sequences.py).
 5. ``decompose_rnn``  -- LSTM / GRU / RNN (missing in TVM's Relax frontend) unrolled over the fixed
                          sequence length into MatMul / Add / Mul / activations.
 5b. ``decompose_ops`` -- CumProd (unrolled along its axis, every axis when it comes at run time),
@@ -64,6 +68,7 @@ from compiler.lower_ops import LOWERED_OPS, lower_ops
 from compiler.lower_training import lower_training
 from compiler.prepare_ml import lower_ml
 from compiler.qoperator import qoperator_to_qdq
+from compiler.sequences import lower_sequences
 from compiler.unroll import LOOP_OPS, unroll_loops
 
 __all__ = ["prepare", "normalize_ir", "upgrade_opset", "apply_shapes", "fold_constants", "expand_functions",
@@ -77,7 +82,7 @@ FLOOR_OPSET = 7  # below this, the upgrade must succeed
 _RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
 _LOWERED_OPS = frozenset({"CumProd", "Det", "LpNormalization"})
 _FLOAT_TYPES = frozenset({1, 11})  # float, double (float16 Pow is left to TVM and promote_float16)
-DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS | LOOP_OPS | LOWERED_OPS
+DECOMPOSED_OPS = _RNN_OPS | _LOWERED_OPS | EXPANDED_OPS | LOOP_OPS | LOWERED_OPS | frozenset({"SequenceMap"})
 
 
 def parse_shape(text: str) -> tuple[str, list[int]]:
@@ -832,6 +837,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("fold_constants", lambda: fold_constants(model)),
         ("expand_functions", lambda: expand_functions(model)),
         ("unroll_loops", lambda: unroll_loops(model)),  # Loop / Scan / constant If (compiler/unroll.py)
+        ("lower_sequences", lambda: lower_sequences(model)),  # static lengths (compiler/sequences.py)
         ("decompose_rnn", lambda: decompose_rnn(model)),
         ("decompose_ops", lambda: decompose_ops(model)),
         ("lower_ops", lambda: lower_ops(model)),  # ScatterElements, DFT, ... (compiler/lower_ops.py)
@@ -845,7 +851,8 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
     for name, step in steps:
         if step():
             changed.append(name)
-    rewritten = {"expand_functions", "unroll_loops", "decompose_rnn", "decompose_ops", "lower_ops"}
+    rewritten = {"expand_functions", "unroll_loops", "lower_sequences", "decompose_rnn", "decompose_ops",
+                 "lower_ops"}
     rewritten &= set(changed)
     if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")

@@ -48,3 +48,68 @@ def test_node_serves_run_time_output_shapes(tmp_path: Path) -> None:
             assert r.status_code == 400 and "refused these inputs at run time" in r.json()["error"], r.text
     finally:
         node.stop()
+
+
+def test_node_serves_data_dependent_output_lengths(tmp_path: Path) -> None:
+    """NonMaxSuppression (compiler.dataops): the metadata gives [-1, 3], each response carries the
+    row count its inputs select (through tritonclient's binary tensors and plain JSON), the model
+    has no batch dimension (its rows are not samples: another leading dim is a 400), and an
+    iou_threshold outside [0, 1] is a 400."""
+    import onnxruntime as ort
+    import tritonclient.http as triton
+
+    F = TensorProto.FLOAT
+    nms = oh.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou", "thr"], ["sel"])
+    graph = oh.make_graph([nms], "nms", [oh.make_tensor_value_info("boxes", F, [1, 8, 4]),
+                                  oh.make_tensor_value_info("scores", F, [1, 2, 8]),
+                                  oh.make_tensor_value_info("k", TensorProto.INT64, [1]),
+                                         oh.make_tensor_value_info("iou", F, [1]),
+                                         oh.make_tensor_value_info("thr", F, [1])],
+                          [oh.make_tensor_value_info("sel", TensorProto.INT64, [None, 3])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 11)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "nms.onnx")
+    art = compile_model(tmp_path / "nms.onnx", target="x86_64", out_dir=tmp_path / "art", progress=False)
+    node = _make_node(tmp_path / "node", "nms-node", art)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    corner = rng.random((1, 8, 2)).astype(np.float32)
+    boxes = np.concatenate([corner, corner + 0.4], axis=2)
+    scores = rng.random((1, 2, 8)).astype(np.float32)
+    try:
+        with ServerThread(create_node_app(node)) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            meta = http.get(f"/v2/models/{node.model_name}").json()
+            assert meta["outputs"] == [{"name": "sel", "datatype": "INT64", "shape": [-1, 3]}]
+            assert [i["shape"] for i in meta["inputs"]] == [[1, 8, 4], [1, 2, 8], [1], [1], [1]]
+            client = triton.InferenceServerClient(srv.url.split("://", 1)[1])
+            rows = set()
+            for k, iou in ((1, 0.5), (3, 0.2), (8, 0.9), (0, 0.5)):
+                feeds = {"boxes": boxes, "scores": scores, "k": np.array([k], np.int64),
+                         "iou": np.array([iou], np.float32), "thr": np.array([0.1], np.float32)}
+                want = sess.run(None, feeds)[0]
+                ins = []
+                for name, v in feeds.items():
+                    t = triton.InferInput(name, list(v.shape), "INT64" if v.dtype == np.int64 else "FP32")
+                    t.set_data_from_numpy(v, binary_data=True)
+                    ins.append(t)
+                binary = [triton.InferRequestedOutput("sel", binary_data=True)]
+                got = client.infer(node.model_name, ins, outputs=binary).as_numpy("sel")
+                np.testing.assert_array_equal(got, want)
+                body = {"inputs": [{"name": n, "shape": list(v.shape), "data": v.ravel().tolist(),
+                                    "datatype": "INT64" if v.dtype == np.int64 else "FP32"}
+                                   for n, v in feeds.items()]}
+                r = http.post(f"/v2/models/{node.model_name}/infer", json=body)
+                assert r.status_code == 200, r.text
+                out = r.json()["outputs"][0]
+                assert out["shape"] == list(want.shape)
+                np.testing.assert_array_equal(np.array(out["data"], np.int64).reshape(want.shape), want)
+                rows.add(want.shape[0])
+            assert len(rows) == 4 and 0 in rows
+            two = dict(body["inputs"][0], shape=[2, 8, 4], data=body["inputs"][0]["data"] * 2)
+            r = http.post(f"/v2/models/{node.model_name}/infer", json={"inputs": [two, *body["inputs"][1:]]})
+            assert r.status_code == 400 and "expected [1, 8, 4]" in r.json()["error"], r.text
+            body["inputs"][3]["data"] = [1.5]
+            r = http.post(f"/v2/models/{node.model_name}/infer", json=body)
+            assert r.status_code == 400 and "refused these inputs at run time" in r.json()["error"], r.text
+    finally:
+        node.stop()
