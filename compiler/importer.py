@@ -62,7 +62,9 @@ def supported_ops() -> set[str]:
     """The ONNX op types the Relax frontend of this TVM can convert."""
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    return set(onnx_frontend._get_convert_map()) | {"Constant", "If"}
+    from compiler.convert_ops import OWN_CONVERTERS
+
+    return set(onnx_frontend._get_convert_map()) | {"Constant", "If"} | set(OWN_CONVERTERS)
 
 
 def load_onnx(path: str | Path) -> Any:
@@ -499,6 +501,9 @@ def _refusal(node: Any, types: dict[str, tuple[int, int]],
     if op == "RMSNormalization" and _attr(node, "axis", -1) in (0, -types.get(node.input[0], (0, 0))[1]):
         return ("normalizes over every axis (axis 0), which TVM's converter fails on",
                 "normalize over the trailing axes (axis >= 1) or expand it into ReduceMean/Sqrt/Div")
+    if op == "BitCast" and 9 in (types.get(node.input[0], (0, 0))[0], _attr(node, "to")):
+        return ("reinterprets a bool tensor, whose bits the compiled code does not fix",
+                "Cast the bool tensor to uint8 instead")
     if op == "Pow" and types.get(node.input[0], (0, 0))[0] in _INT_TYPES:
         return ("raises an integer tensor to a power, which TVM supports only for floats",
                 "Cast the base to float before Pow")
