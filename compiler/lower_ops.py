@@ -32,20 +32,24 @@ from compiler.lower_window import WINDOW_OPS, lower_window_node, wanted_window
 
 __all__ = ["LOWERED_OPS", "lower_ops"]
 
-LOWERED_OPS = frozenset(
-    {
-        "ScatterElements",
-        "Scatter",
-        "EyeLike",
-        "ReverseSequence",
-        "SpaceToDepth",
-        "ConvTranspose",
-        "BatchNormalization",
-        "DFT",
-        "STFT",
-        "TensorScatter",
-    }
-) | WINDOW_OPS | MISC_OPS
+LOWERED_OPS = (
+    frozenset(
+        {
+            "ScatterElements",
+            "Scatter",
+            "EyeLike",
+            "ReverseSequence",
+            "SpaceToDepth",
+            "ConvTranspose",
+            "BatchNormalization",
+            "DFT",
+            "STFT",
+            "TensorScatter",
+        }
+    )
+    | WINDOW_OPS
+    | MISC_OPS
+)
 _DFT_MAX = 4096  # a length-N transform is an N x N table per part
 
 
@@ -426,8 +430,17 @@ def _stft(
             framed = bld.op("Mul", [framed, window])
         parts.append(framed)
     onesided = bool(_attr(node, "onesided", 1))
-    out = _dft_along(bld, parts[0], parts[1] if len(parts) > 1 else None, [dims[0], frames, flen], 2, flen,
-                     False, onesided, dtype)
+    out = _dft_along(
+        bld,
+        parts[0],
+        parts[1] if len(parts) > 1 else None,
+        [dims[0], frames, flen],
+        2,
+        flen,
+        False,
+        onesided,
+        dtype,
+    )
     if checks:
         guard_values(bld, out, checks, node.output[0])
     else:
@@ -459,9 +472,11 @@ def _stft_operands(
     pairs = []
     for flen in lengths:
         fits = len(out) == 4 and 0 < flen <= dims[1]
-        steps = [known[1]] if 1 in known else [
-            s for s in range(1, dims[1] + 1) if fits and (dims[1] - flen) // s + 1 == out[1]
-        ]
+        steps = (
+            [known[1]]
+            if 1 in known
+            else [s for s in range(1, dims[1] + 1) if fits and (dims[1] - flen) // s + 1 == out[1]]
+        )
         pairs += [(s, flen) for s in steps]
     if len(pairs) != 1:
         pos = 1 if 1 not in known else 3

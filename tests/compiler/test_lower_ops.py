@@ -286,8 +286,11 @@ def _with_constants(model: onnx.ModelProto, **values: np.ndarray) -> onnx.ModelP
 
 @pytest.mark.parametrize(
     ("image", "block", "attrs"),
-    [([5, 5], [2, 2], {}), ([6, 7], [3, 2], {"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}),
-     ([3, 4, 5], [2, 1, 2], {"strides": [1, 2, 1]})],
+    [
+        ([5, 5], [2, 2], {}),
+        ([6, 7], [3, 2], {"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}),
+        ([3, 4, 5], [2, 1, 2], {"strides": [1, 2, 1]}),
+    ],
     ids=["plain", "strided-padded-dilated", "3d"],
 )
 def test_col2im_with_constant_shapes_matches_onnxruntime(
@@ -298,18 +301,24 @@ def test_col2im_with_constant_shapes_matches_onnxruntime(
     rank = len(image)
     strides, dil = attrs.get("strides", [1] * rank), attrs.get("dilations", [1] * rank)
     pads = attrs.get("pads", [0] * 2 * rank)
-    blocks = [(image[i] + pads[i] + pads[i + rank] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1
-              for i in range(rank)]
-    feeds = {"x": np.random.default_rng(7).standard_normal((2, 3 * int(np.prod(block)), int(np.prod(blocks))))
-             .astype(np.float32)}
+    blocks = [
+        (image[i] + pads[i] + pads[i + rank] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1
+        for i in range(rank)
+    ]
+    feeds = {
+        "x": np.random.default_rng(7)
+        .standard_normal((2, 3 * int(np.prod(block)), int(np.prod(blocks))))
+        .astype(np.float32)
+    }
     node = oh.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)
     model = _model(node, feeds, [oh.make_tensor_value_info("y", F, [2, 3, *image])], 18)
     model = _with_constants(model, image=np.array(image, np.int64), block=np.array(block, np.int64))
     _same_as_onnxruntime(model, feeds, "Col2Im")
 
 
-@pytest.mark.parametrize(("window", "onesided", "complex_in"), [(True, 1, False), (False, 0, False),
-                                                                (False, 0, True)])
+@pytest.mark.parametrize(
+    ("window", "onesided", "complex_in"), [(True, 1, False), (False, 0, False), (False, 0, True)]
+)
 def test_stft_with_constant_step_matches_onnxruntime(window: bool, onesided: int, complex_in: bool) -> None:
     """STFT with a constant frame_step (the suite gives it at run time, which is refused): frames
     gathered by a constant table, windowed, then DFT's cosine / sine tables."""
@@ -329,11 +338,13 @@ def test_stft_with_constant_step_matches_onnxruntime(window: bool, onesided: int
 
 @pytest.mark.parametrize(
     "attrs",
-    [{"kernel_shape": [3, 3], "ceil_mode": 1, "strides": [2, 2]},
-     {"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER", "strides": [2, 1]},
-     {"kernel_shape": [2, 3], "pads": [1, 1, 0, 1], "dilations": [2, 1]},
-     {"kernel_shape": [3, 2], "pads": [1, 0, 0, 1], "storage_order": 1},
-     {"kernel_shape": [2, 2, 2], "strides": [2, 1, 2]}],
+    [
+        {"kernel_shape": [3, 3], "ceil_mode": 1, "strides": [2, 2]},
+        {"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER", "strides": [2, 1]},
+        {"kernel_shape": [2, 3], "pads": [1, 1, 0, 1], "dilations": [2, 1]},
+        {"kernel_shape": [3, 2], "pads": [1, 0, 0, 1], "storage_order": 1},
+        {"kernel_shape": [2, 2, 2], "strides": [2, 1, 2]},
+    ],
     ids=["ceil", "same-lower", "dilated", "column-major", "3d"],
 )
 def test_maxpool_indices_match_onnxruntime(attrs: dict[str, Any]) -> None:
@@ -350,21 +361,36 @@ def test_maxpool_indices_match_onnxruntime(attrs: dict[str, Any]) -> None:
 def test_integer_pow_with_negative_exponents_matches_onnxruntime(dtype: Any) -> None:
     """Exact integer powers by square-and-multiply; negative exponents truncate as onnxruntime's
     std::pow does (0, or +-1 for a base of +-1)."""
-    feeds = {"x": np.array([[2, -3, 1, -1, 0, 7]], dtype),
-             "e": np.array([[0], [1], [5], [-1], [-2]], dtype)}
+    feeds = {"x": np.array([[2, -3, 1, -1, 0, 7]], dtype), "e": np.array([[0], [1], [5], [-1], [-2]], dtype)}
     node = oh.make_node("Pow", ["x", "e"], ["y"])
-    model = _model(node, feeds, [oh.make_tensor_value_info("y", oh.np_dtype_to_tensor_dtype(np.dtype(dtype)),
-                                                           [5, 6])], 15)
+    model = _model(
+        node,
+        feeds,
+        [oh.make_tensor_value_info("y", oh.np_dtype_to_tensor_dtype(np.dtype(dtype)), [5, 6])],
+        15,
+    )
     _same_as_onnxruntime(model, feeds, "Pow")
 
 
 @pytest.mark.parametrize(
     ("op", "inputs", "operand"),
-    [("Col2Im", {"x": ((1, 4, 4), np.float32), "image": ((2,), np.int64), "block": ((2,), np.int64)},
-      "image"),
-     ("STFT", {"x": ((1, 16, 1), np.float32), "step": ((), np.int64), "window": ((4,), np.float32)}, "step"),
-     ("MaxUnpool", {"x": ((1, 1, 2, 2), np.float32), "i": ((1, 1, 2, 2), np.int64),
-                    "shape": ((4,), np.int64)}, "shape")],
+    [
+        (
+            "Col2Im",
+            {"x": ((1, 4, 4), np.float32), "image": ((2,), np.int64), "block": ((2,), np.int64)},
+            "image",
+        ),
+        (
+            "STFT",
+            {"x": ((1, 16, 1), np.float32), "step": ((), np.int64), "window": ((4,), np.float32)},
+            "step",
+        ),
+        (
+            "MaxUnpool",
+            {"x": ((1, 1, 2, 2), np.float32), "i": ((1, 1, 2, 2), np.int64), "shape": ((4,), np.int64)},
+            "shape",
+        ),
+    ],
 )
 def test_a_run_time_shape_operand_is_refused_by_name(
     op: str, inputs: dict[str, tuple[tuple[int, ...], Any]], operand: str
@@ -374,3 +400,38 @@ def test_a_run_time_shape_operand_is_refused_by_name(
     model = _model(node, feeds, [oh.make_tensor_value_info("y", F, None)], 18)
     with pytest.raises(ModelError, match=rf"{op} at node '#0': \w+ '{operand}' is known only at run time"):
         prepare(model)
+
+
+def test_a_run_time_frame_step_is_compiled_for_its_one_value_and_checked(tmp_path: Any) -> None:
+    """STFT's frame_step given as a model input: the declared output shape allows one value, which
+    is compiled; inference with it matches onnxruntime, with any other it stops with an InputError
+    (the value guard) instead of answering for the compiled value."""
+    from compiler.artifact import load_artifact
+    from compiler.build import compile_model
+    from compiler.errors import InputError
+
+    node = oh.make_node("STFT", ["signal", "step", "window"], ["y"])
+    graph = oh.make_graph(
+        [node],
+        "stft",
+        [
+            oh.make_tensor_value_info("signal", F, [1, 32, 1]),
+            oh.make_tensor_value_info("step", TensorProto.INT64, []),
+        ],
+        [oh.make_tensor_value_info("y", F, [1, 7, 5, 2])],
+        [nh.from_array(np.hanning(8).astype(np.float32), "window")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    art = load_artifact(
+        compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art", progress=False)
+    )
+    signal = np.random.default_rng(10).standard_normal((1, 32, 1)).astype(np.float32)
+    feeds = {"signal": signal, "step": np.array(4, np.int64)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )[0]
+    np.testing.assert_allclose(art.infer(feeds)["y"], want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(InputError, match="refused these inputs at run time"):
+        art.infer({"signal": signal, "step": np.array(3, np.int64)})
