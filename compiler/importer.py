@@ -435,7 +435,6 @@ def _check_constructs(model: Any) -> None:
 _attr = node_attr
 
 
-_INT_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # onnx TensorProto (U)INT8..64
 _NO_DLPACK = {16: "bfloat16", 17: "float8", 18: "float8", 19: "float8", 20: "float8", 21: "uint4", 22: "int4",
               23: "float4", 24: "float8", 25: "uint2", 26: "int2"}
 
@@ -495,18 +494,12 @@ def _refusal(node: Any, types: dict[str, tuple[int, int]],
                 "run box selection outside the model (e.g. in numpy after inference)")
     if op in ("Scatter", "ScatterElements"):
         return ("is not supported (TVM fails to schedule it)", "use ScatterND")
-    if op == "MaxUnpool":
-        return ("is not supported (TVM fails to import or schedule it)",
-                "rewrite it with ScatterND, or keep it outside the model")
     if op == "RMSNormalization" and _attr(node, "axis", -1) in (0, -types.get(node.input[0], (0, 0))[1]):
         return ("normalizes over every axis (axis 0), which TVM's converter fails on",
                 "normalize over the trailing axes (axis >= 1) or expand it into ReduceMean/Sqrt/Div")
     if op == "BitCast" and 9 in (types.get(node.input[0], (0, 0))[0], _attr(node, "to")):
         return ("reinterprets a bool tensor, whose bits the compiled code does not fix",
                 "Cast the bool tensor to uint8 instead")
-    if op == "Pow" and types.get(node.input[0], (0, 0))[0] in _INT_TYPES:
-        return ("raises an integer tensor to a power, which TVM supports only for floats",
-                "Cast the base to float before Pow")
     return None
 
 

@@ -202,7 +202,7 @@ def _col2im_operands(node: Any, dims: list[int], shapes: dict[str, list[int]], c
     if len(known) == 2:
         return known[1], known[2], {}
     out = shapes.get(node.output[0]) or []
-    image = known.get(1) or out[2:]
+    image = known.get(1) or (out[2:] if all(d > 0 for d in out) else [])
     rank = len(image)
     choices = []
     if rank and all(d > 0 for d in out) and len(dims) == 3 and out[1] > 0 and dims[1] % out[1] == 0:
