@@ -5,11 +5,12 @@ them before TVM's:
   ``topi.reinterpret`` (no ONNX operator reinterprets a float as an integer). Bool, which has no
   fixed bit layout in the compiled code, is refused before import (:mod:`compiler.importer`).
 * Value guards. A rewrite that needs a shape operand given as a model input (Col2Im's
-  ``image_shape``, STFT's ``frame_step``, ...) may take the only value the model's static shapes
-  allow, provided the input is checked at run time: :func:`guard_values` emits the check as
-  ``Where(ok, y, y)`` marked with :data:`GUARD_ATTR` (a standard node, so ONNX shape inference
-  still sees through it), and its converter turns ``ok`` into a run-time shape check: inference on
-  any other value stops with an error (an InputError from the artifact) instead of an answer.
+  ``image_shape``, STFT's ``frame_step``, ...) compiles each value the model's static shapes allow
+  (a few at most), picks the one the input holds at run time, and checks that it holds one of them:
+  :func:`guard_values` emits the check as ``Where(ok, y, y)`` marked with :data:`GUARD_ATTR` (a
+  standard node, so ONNX shape inference still sees through it), and its converter turns ``ok``
+  into a run-time shape check: inference on any other value stops with an error (an InputError
+  from the artifact) instead of an answer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GUARD_ATTR", "OWN_CONVERTERS", "guard_values", "guarded", "convert_guard"]
+__all__ = ["GUARD_ATTR", "MAX_ALTERNATIVES", "OWN_CONVERTERS", "guard_values", "guarded", "convert_guard"]
 
 GUARD_ATTR = "fractal_expected_values"  # on a Where node: the values its condition checks (text)
 
@@ -35,21 +36,38 @@ def _bitcast(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
 OWN_CONVERTERS: dict[str, Callable[[Any, list[Any], dict[str, Any]], Any]] = {"BitCast": _bitcast}
 
 
-def guard_values(bld: Any, data: str, expected: dict[str, np.ndarray], out: str) -> None:
-    """``out`` = ``data`` once every model input named in ``expected`` holds exactly those values
-    (checked at run time; ``bld`` is a :class:`compiler.graphbuild.Builder`)."""
-    flags = []
-    for name, values in expected.items():
-        want = np.asarray(values, np.int64).reshape(-1)
+MAX_ALTERNATIVES = 8  # values compiled side by side for one run-time operand
+
+
+def _holds(bld: Any, values: dict[str, np.ndarray]) -> str:
+    """bool scalar: every model input named in ``values`` holds exactly those values."""
+    low = None
+    for name, want in values.items():
+        flat = np.asarray(want, np.int64).reshape(-1)
         have = bld.op("Reshape", [bld.op("Cast", [name], to=7), bld.const(np.array([-1], np.int64), "flat")])
-        same = bld.op("Cast", [bld.op("Equal", [have, bld.const(want, "want")])], to=7)
-        flags.append(bld.op("ReduceMin", [same], keepdims=0))  # axes attribute or input: all axes either way
-    low = flags[0]
+        same = bld.op("Cast", [bld.op("Equal", [have, bld.const(flat, "want")])], to=7)
+        one = bld.op("ReduceMin", [same], keepdims=0)  # all axes, whether axes is an attribute or input
+        low = one if low is None else bld.op("Min", [low, one])
+    return str(bld.op("Equal", [low, bld.const(np.array(1, np.int64), "one")]))
+
+
+def guard_values(bld: Any, results: list[str], alternatives: list[dict[str, np.ndarray]], out: str) -> None:
+    """``out`` = ``results[k]`` where the run-time inputs hold ``alternatives[k]`` (model input ->
+    values); inference on any other values stops (``bld`` is a :class:`compiler.graphbuild.Builder`).
+    No alternative holds a model input (all known at compile time): ``results[0]``, unchecked."""
+    if not alternatives or not alternatives[0]:
+        bld.op("Identity", [results[0]], out=out)
+        return
+    flags = [_holds(bld, alt) for alt in alternatives]
+    picked = results[-1]
+    for k in range(len(results) - 2, -1, -1):
+        picked = bld.op("Where", [flags[k], results[k], picked])
+    ok = flags[0]
     for f in flags[1:]:
-        low = bld.op("Min", [low, f])
-    ok = bld.op("Equal", [low, bld.const(np.array(1, np.int64), "one")])
-    text = ", ".join(f"{k}={np.asarray(v).reshape(-1).tolist()}" for k, v in expected.items())
-    bld.op("Where", [ok, data, data], out=out, **{GUARD_ATTR: text})
+        ok = bld.op("Or", [ok, f])
+    text = " or ".join(", ".join(f"{k}={np.asarray(v).reshape(-1).tolist()}" for k, v in alt.items())
+                       for alt in alternatives)
+    bld.op("Where", [ok, picked, picked], out=out, **{GUARD_ATTR: text})
 
 
 def guarded(node: Any) -> bool:

@@ -398,18 +398,25 @@ def _stft(
     label: str,
 ) -> None:
     """STFT: the frames gathered with a constant index table, times the window, then DFT's tables."""
-    from onnx import helper
-
     from compiler.convert_ops import guard_values
 
     x = node.input[0]
     dims = _static(shapes, x, label, "signal")
     if len(dims) != 3 or dims[-1] not in (1, 2):
         raise ModelError(f"{label}: signal {dims}; STFT takes [batch, length, 1 or 2]", hint="fix the model")
+    pairs, alternatives = _stft_operands(node, dims, shapes, consts, label)
+    results = [_stft_body(bld, node, dims, step, flen, types, label) for step, flen in pairs]
+    guard_values(bld, results, alternatives, node.output[0])
 
+
+def _stft_body(
+    bld: Any, node: Any, dims: list[int], step: int, flen: int, types: dict[str, int], label: str
+) -> str:
+    from onnx import helper
+
+    x = node.input[0]
     window = node.input[2] if len(node.input) > 2 else ""
-    step, flen, checks = _stft_operands(node, dims, shapes, consts, label)
-    if step is None or flen is None or step < 1 or not 0 < flen <= dims[1]:
+    if step < 1 or not 0 < flen <= dims[1]:
         raise ModelError(
             f"{label}: frame_step {step} and frame_length {flen} for a signal of {dims[1]} samples",
             hint="give a positive frame_step and a window or frame_length no longer than the signal",
@@ -430,7 +437,7 @@ def _stft(
             framed = bld.op("Mul", [framed, window])
         parts.append(framed)
     onesided = bool(_attr(node, "onesided", 1))
-    out = _dft_along(
+    return _dft_along(
         bld,
         parts[0],
         parts[1] if len(parts) > 1 else None,
@@ -441,17 +448,16 @@ def _stft(
         onesided,
         dtype,
     )
-    if checks:
-        guard_values(bld, out, checks, node.output[0])
-    else:
-        bld.op("Identity", [out], out=node.output[0])
 
 
 def _stft_operands(
     node: Any, dims: list[int], shapes: dict[str, list[int]], consts: dict[str, np.ndarray], label: str
-) -> tuple[int, int, dict[str, np.ndarray]]:
-    """(frame_step, frame_length, the run-time ones to check): a model input takes the only value the
-    signal's, the window's and the declared output's static shapes allow."""
+) -> tuple[list[tuple[int, int]], list[dict[str, np.ndarray]]]:
+    """The (frame_step, frame_length) pairs to compile and, per pair, the run-time operands' values
+    it stands for: a model input takes each value the signal's, the window's and the declared
+    output's static shapes allow (at most MAX_ALTERNATIVES)."""
+    from compiler.convert_ops import MAX_ALTERNATIVES
+
     names = {pos: node.input[pos] if len(node.input) > pos else "" for pos in (1, 3)}
     known = {pos: int(np.asarray(consts[n]).reshape(-1)[0]) for pos, n in names.items() if n in consts}
     window = node.input[2] if len(node.input) > 2 else ""
@@ -478,7 +484,7 @@ def _stft_operands(
             else [s for s in range(1, dims[1] + 1) if fits and (dims[1] - flen) // s + 1 == out[1]]
         )
         pairs += [(s, flen) for s in steps]
-    if len(pairs) != 1:
+    if not 0 < len(pairs) <= MAX_ALTERNATIVES:
         pos = 1 if 1 not in known else 3
         what = "frame_step" if pos == 1 else "frame_length"
         raise ModelError(
@@ -486,9 +492,11 @@ def _stft_operands(
             f"{len(pairs)} values; output shapes decided at run time are not supported for this operator",
             hint=f"make {what} a constant (initializer) of the model",
         )
-    step, flen = pairs[0]
-    checks = {names[pos]: np.array(v) for pos, v in ((1, step), (3, flen)) if names[pos] and pos not in known}
-    return step, flen, checks
+    alternatives = [
+        {names[pos]: np.array(v) for pos, v in ((1, step), (3, flen)) if names[pos] and pos not in known}
+        for step, flen in pairs
+    ]
+    return pairs, alternatives
 
 
 def _tensor_scatter(bld: Any, node: Any, shapes: dict[str, list[int]], label: str) -> None:

@@ -8,13 +8,15 @@ is known at compile time (static shapes), so each becomes constant index tables 
   mapped to the flat index ONNX defines (row-major, or column-major with ``storage_order`` 1).
 * MaxUnpool (TVM fails to import it): ``ScatterND`` of the values into zeros at the flat indices.
 * Col2Im (no converter): ``ScatterND`` with ``reduction='add'`` of every column entry that lands
-  inside the image, at its pixel.
+  inside the image, at its pixel. ``image_shape`` / ``block_shape`` given as model inputs: each
+  value the static shapes allow is compiled and the one the input holds picked at run time
+  (:func:`compiler.convert_ops.guard_values`; any other value stops inference).
 * DeformConv (no converter): bilinear sampling at the offset positions (four ``GatherElements``
   corners, zero outside the image, as ONNX's GridSample with ``align_corners``), times the mask,
   then one batched ``MatMul`` per group with the weights.
 
-Shape operands (Col2Im's ``image_shape`` / ``block_shape``, MaxUnpool's ``output_shape``) must be
-constants of the model; otherwise the node is refused in one line.
+MaxUnpool's ``output_shape`` must be a constant of the model; otherwise the node is refused in one
+line.
 """
 
 from __future__ import annotations
@@ -194,13 +196,16 @@ def _col2im_blocks(node: Any, image: list[int], block: list[int]) -> list[int]:
 
 
 def _col2im_operands(node: Any, dims: list[int], shapes: dict[str, list[int]], consts: dict[str, np.ndarray],
-                     label: str) -> tuple[list[int], list[int], dict[str, np.ndarray]]:
-    """(image_shape, block_shape, the run-time ones to check): a model input takes the only value the
-    input's and the declared output's static shapes allow."""
+                     label: str) -> tuple[list[tuple[list[int], list[int]]], list[dict[str, np.ndarray]]]:
+    """The (image_shape, block_shape) pairs to compile and, per pair, the run-time operands' values
+    it stands for: a model input takes each value the input's and the declared output's static
+    shapes allow (at most MAX_ALTERNATIVES)."""
+    from compiler.convert_ops import MAX_ALTERNATIVES
+
     known = {pos: [int(v) for v in np.asarray(consts[node.input[pos]]).reshape(-1)]
              for pos in (1, 2) if node.input[pos] in consts}
     if len(known) == 2:
-        return known[1], known[2], {}
+        return [(known[1], known[2])], [{}]
     out = shapes.get(node.output[0]) or []
     image = known.get(1) or (out[2:] if all(d > 0 for d in out) else [])
     rank = len(image)
@@ -211,7 +216,7 @@ def _col2im_operands(node: Any, dims: list[int], shapes: dict[str, list[int]], c
         choices = [list(b) for b in itertools.product(*sizes)
                    if int(np.prod(b)) == per and int(np.prod(_col2im_blocks(node, image, list(b)))) == dims[2]
                    and min(_col2im_blocks(node, image, list(b))) >= 1]
-    if len(choices) != 1:
+    if not 0 < len(choices) <= MAX_ALTERNATIVES:
         pos = 2 if image and 2 not in known else 1  # the declared output gives the image shape
         what = "image_shape" if pos == 1 else "block_shape"
         raise ModelError(
@@ -219,19 +224,26 @@ def _col2im_operands(node: Any, dims: list[int], shapes: dict[str, list[int]], c
             f"{len(choices)} values; output shapes decided at run time are not supported for this operator",
             hint=f"make {what} a constant (initializer) of the model",
         )
-    block = choices[0]
-    checks = {node.input[pos]: np.array(v) for pos, v in ((1, image), (2, block)) if pos not in known}
-    return image, block, checks
+    pairs = [(image, block) for block in choices]
+    alternatives = [{node.input[pos]: np.array(v) for pos, v in ((1, image), (2, block)) if pos not in known}
+                    for image, block in pairs]
+    return pairs, alternatives
 
 
 def _col2im(bld: Any, node: Any, shapes: dict[str, list[int]], consts: dict[str, np.ndarray],
             types: dict[str, int], label: str) -> None:
-    from onnx import helper
-
     from compiler.convert_ops import guard_values
 
     dims = _static(shapes, node.input[0], label, "input")
-    image, block, checks = _col2im_operands(node, dims, shapes, consts, label)
+    pairs, alternatives = _col2im_operands(node, dims, shapes, consts, label)
+    results = [_col2im_body(bld, node, dims, image, block, types, label) for image, block in pairs]
+    guard_values(bld, results, alternatives, node.output[0])
+
+
+def _col2im_body(bld: Any, node: Any, dims: list[int], image: list[int], block: list[int],
+                 types: dict[str, int], label: str) -> str:
+    from onnx import helper
+
     rank = len(image)
     if len(block) != rank:
         raise ModelError(f"{label}: image_shape {image} and block_shape {block} differ in length",
@@ -260,12 +272,8 @@ def _col2im(bld: Any, node: Any, shapes: dict[str, list[int]], consts: dict[str,
     zeros = bld.op("Expand", [bld.const(np.zeros([1, 1, 1], dtype), "zero"), _i64(bld, [size, n, c], "dims")])
     where = _i64(bld, np.array(dst).reshape(-1, 1), "dst")
     summed = bld.op("ScatterND", [zeros, where, used], reduction="add")
-    result = bld.op("Reshape", [bld.op("Transpose", [summed], perm=[1, 2, 0]),
-                                _i64(bld, [n, c, *image], "shape")])
-    if checks:
-        guard_values(bld, result, checks, node.output[0])
-    else:
-        bld.op("Identity", [result], out=node.output[0])
+    return str(bld.op("Reshape", [bld.op("Transpose", [summed], perm=[1, 2, 0]),
+                                  _i64(bld, [n, c, *image], "shape")]))
 
 
 # ------------------------------------------------------------------------------------- DeformConv
