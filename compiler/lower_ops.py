@@ -49,7 +49,7 @@ LOWERED_OPS = (
     )
     | WINDOW_OPS
     | MISC_OPS
-)
+) - {"MaxPool", "Pow"}  # TVM converts these but for the forms lowered here (see _wanted)
 _DFT_MAX = 4096  # a length-N transform is an N x N table per part
 
 
@@ -58,7 +58,7 @@ _attr = node_attr
 
 def _wanted(node: Any, types: dict[str, int] | None = None) -> bool:
     """Whether ``node`` is rewritten (``types`` None: might be, before the element types are known)."""
-    if node.domain not in ("", "ai.onnx") or node.op_type not in LOWERED_OPS:
+    if node.domain not in ("", "ai.onnx") or node.op_type not in LOWERED_OPS | WINDOW_OPS | MISC_OPS:
         return False
     op = node.op_type
     if op in WINDOW_OPS:
