@@ -11,9 +11,9 @@ is known at compile time (static shapes), so each becomes constant index tables 
   inside the image, at its pixel. ``image_shape`` / ``block_shape`` given as model inputs: each
   value the static shapes allow is compiled and the one the input holds picked at run time
   (:func:`compiler.convert_ops.guard_values`; any other value stops inference).
-* DeformConv (no converter): bilinear sampling at the offset positions (four ``GatherElements``
-  corners, zero outside the image, as ONNX's GridSample with ``align_corners``), times the mask,
-  then one batched ``MatMul`` per group with the weights.
+* DeformConv (no converter): bilinear sampling at the offset positions (the four corners side by
+  side in one ``GatherElements``, zero outside the image, as ONNX's GridSample with
+  ``align_corners``), times the mask, then one batched ``MatMul`` per group with the weights.
 
 MaxUnpool's ``output_shape`` must be a constant of the model; otherwise the node is refused in one
 line.
@@ -332,18 +332,19 @@ def _deform_conv(bld: Any, node: Any, shapes: dict[str, list[int]], consts: dict
         return str(bld.op("Cast", [bld.op("Min", [bld.op("Max", [v, zero]),
                                                   bld.const(np.array(size - 1, dtype), "top")])], to=7))
 
-    total = None
-    for yy, wy in ((y0, hy), (y1, ly)):
-        for xc, wx in ((x0, hx), (x1, lx)):
-            ok = bld.op("Cast", [bld.op("And", [inside(yy, h), inside(xc, wid)])], to=types.get(x, 1))
-            weight = bld.op("Mul", [bld.op("Mul", [wy, wx]), ok])  # [N, G, P]
-            at = bld.op("Add", [bld.op("Mul", [clip(yy, h), _i64(bld, wid, "w")]), clip(xc, wid)])
-            at = bld.op("Unsqueeze", [at, _i64(bld, [2], "ax")])
-            at = bld.op("Expand", [at, _i64(bld, [n, og, cg, pts], "e")])
-            got = bld.op("GatherElements", [planes, at], axis=3)  # [N, G, Cg, P]
-            term = bld.op("Mul", [got, bld.op("Unsqueeze", [weight, _i64(bld, [2], "ax")])])
-            total = term if total is None else bld.op("Add", [total, term])
-    assert total is not None
+    # the four corners side by side along the last axis: one gather for all of them
+    ys = bld.op("Concat", [y0, y0, y1, y1], axis=-1)  # [N, G, 4P]
+    xs = bld.op("Concat", [x0, x1, x0, x1], axis=-1)
+    wts = bld.op("Concat", [bld.op("Mul", [hy, hx]), bld.op("Mul", [hy, lx]), bld.op("Mul", [ly, hx]),
+                            bld.op("Mul", [ly, lx])], axis=-1)
+    ok = bld.op("Cast", [bld.op("And", [inside(ys, h), inside(xs, wid)])], to=types.get(x, 1))
+    weight = bld.op("Unsqueeze", [bld.op("Mul", [wts, ok]), _i64(bld, [2], "ax")])  # [N, G, 1, 4P]
+    at = bld.op("Add", [bld.op("Mul", [clip(ys, h), _i64(bld, wid, "w")]), clip(xs, wid)])
+    at = bld.op("Unsqueeze", [at, _i64(bld, [2], "ax")])
+    at = bld.op("Expand", [at, _i64(bld, [n, og, cg, 4 * pts], "e")])
+    got = bld.op("Mul", [bld.op("GatherElements", [planes, at], axis=3), weight])  # [N, G, Cg, 4P]
+    total = bld.op("ReduceSum", [bld.op("Reshape", [got, _i64(bld, [n, og, cg, 4, pts], "corners")]),
+                                 _i64(bld, [3], "axes")], keepdims=0)  # [N, G, Cg, P]
     if mask:
         m = bld.op("Reshape", [mask, _i64(bld, [n, og, 1, pts], "m")])
         total = bld.op("Mul", [total, m])
