@@ -95,8 +95,11 @@ def data_dependent_node(model: Any) -> str | None:
 
 
 def has_runtime_shape_operand(model: Any) -> bool:
-    """Whether a node of ``model`` takes a shape operand from a model input (directly)."""
-    return bool(shape_operand_inputs(model))
+    """Whether a node of ``model`` takes a shape operand from a model input (directly), or checks
+    one's value at run time (a guard of :mod:`compiler.convert_ops`)."""
+    from compiler.convert_ops import guarded
+
+    return bool(shape_operand_inputs(model)) or any(guarded(n) for n in model.graph.node)
 
 
 # ------------------------------------------------------------------------------------- Reduce*
@@ -258,8 +261,20 @@ def _importer_class() -> type:
         shape operand is a model input itself (a shape computed in the graph, e.g. from ``Shape``,
         stays with the frontend, which keeps such shapes static)."""
 
+        def _check_for_unsupported_ops(self, graph: Any) -> None:
+            from compiler.convert_ops import OWN_CONVERTERS
+
+            if not any(n.op_type in OWN_CONVERTERS for n in graph.node):
+                super()._check_for_unsupported_ops(graph)
+
         def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any],
                               opset: int) -> Any:
+            from compiler.convert_ops import GUARD_ATTR, OWN_CONVERTERS, convert_guard
+
+            if op_name in OWN_CONVERTERS:  # operators TVM has no converter for (compiler.convert_ops)
+                return self.bb.normalize(OWN_CONVERTERS[op_name](self.bb, inputs, attrs))
+            if op_name == "Where" and GUARD_ATTR in attrs:  # a run-time value check (compiler.convert_ops)
+                return self.bb.normalize(convert_guard(self.bb, inputs, attrs))
             if op_name == "NonMaxSuppression" and opset >= 10:  # TVM's drops run-time thresholds
                 from compiler.dataops import convert_nms
 

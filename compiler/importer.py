@@ -62,7 +62,9 @@ def supported_ops() -> set[str]:
     """The ONNX op types the Relax frontend of this TVM can convert."""
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    return set(onnx_frontend._get_convert_map()) | {"Constant", "If"}
+    from compiler.convert_ops import OWN_CONVERTERS
+
+    return set(onnx_frontend._get_convert_map()) | {"Constant", "If"} | set(OWN_CONVERTERS)
 
 
 def load_onnx(path: str | Path) -> Any:
@@ -441,7 +443,6 @@ def _check_constructs(model: Any) -> None:
 _attr = node_attr
 
 
-_INT_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # onnx TensorProto (U)INT8..64
 _NO_DLPACK = {16: "bfloat16", 17: "float8", 18: "float8", 19: "float8", 20: "float8", 21: "uint4", 22: "int4",
               23: "float4", 24: "float8", 25: "uint2", 26: "int2"}
 
@@ -498,15 +499,12 @@ def _refusal(node: Any, types: dict[str, tuple[int, int]],
                 "export the model in inference mode (model.eval() before torch.onnx.export)")
     if op in ("Scatter", "ScatterElements"):
         return ("is not supported (TVM fails to schedule it)", "use ScatterND")
-    if op == "MaxUnpool":
-        return ("is not supported (TVM fails to import or schedule it)",
-                "rewrite it with ScatterND, or keep it outside the model")
     if op == "RMSNormalization" and _attr(node, "axis", -1) in (0, -types.get(node.input[0], (0, 0))[1]):
         return ("normalizes over every axis (axis 0), which TVM's converter fails on",
                 "normalize over the trailing axes (axis >= 1) or expand it into ReduceMean/Sqrt/Div")
-    if op == "Pow" and types.get(node.input[0], (0, 0))[0] in _INT_TYPES:
-        return ("raises an integer tensor to a power, which TVM supports only for floats",
-                "Cast the base to float before Pow")
+    if op == "BitCast" and 9 in (types.get(node.input[0], (0, 0))[0], _attr(node, "to")):
+        return ("reinterprets a bool tensor, whose bits the compiled code does not fix",
+                "Cast the bool tensor to uint8 instead")
     return None
 
 

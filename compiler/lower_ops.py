@@ -27,32 +27,44 @@ import numpy as np
 
 from compiler.errors import ModelError
 from compiler.graphbuild import node_attr
+from compiler.lower_misc import MISC_OPS, lower_misc_node, wanted_misc
+from compiler.lower_window import WINDOW_OPS, lower_window_node, wanted_window
 
 __all__ = ["LOWERED_OPS", "lower_ops"]
 
-LOWERED_OPS = frozenset(
-    {
-        "ScatterElements",
-        "Scatter",
-        "EyeLike",
-        "ReverseSequence",
-        "SpaceToDepth",
-        "ConvTranspose",
-        "BatchNormalization",
-        "DFT",
-        "TensorScatter",
-    }
-)
+LOWERED_OPS = (
+    frozenset(
+        {
+            "ScatterElements",
+            "Scatter",
+            "EyeLike",
+            "ReverseSequence",
+            "SpaceToDepth",
+            "ConvTranspose",
+            "BatchNormalization",
+            "DFT",
+            "STFT",
+            "TensorScatter",
+        }
+    )
+    | WINDOW_OPS
+    | MISC_OPS
+) - {"MaxPool", "Pow"}  # TVM converts these but for the forms lowered here (see _wanted)
 _DFT_MAX = 4096  # a length-N transform is an N x N table per part
 
 
 _attr = node_attr
 
 
-def _wanted(node: Any) -> bool:
-    if node.domain not in ("", "ai.onnx") or node.op_type not in LOWERED_OPS:
+def _wanted(node: Any, types: dict[str, int] | None = None) -> bool:
+    """Whether ``node`` is rewritten (``types`` None: might be, before the element types are known)."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in LOWERED_OPS | WINDOW_OPS | MISC_OPS:
         return False
     op = node.op_type
+    if op in WINDOW_OPS:
+        return wanted_window(node)
+    if op in MISC_OPS:
+        return types is None or wanted_misc(node, types)
     if op == "EyeLike":
         return _attr(node, "dtype") is not None
     if op == "SpaceToDepth":
@@ -377,6 +389,116 @@ def _dft(
     bld.op("Identity", [picked], out=node.output[0])
 
 
+def _stft(
+    bld: Any,
+    node: Any,
+    shapes: dict[str, list[int]],
+    consts: dict[str, np.ndarray],
+    types: dict[str, int],
+    label: str,
+) -> None:
+    """STFT: the frames gathered with a constant index table, times the window, then DFT's tables."""
+    from compiler.convert_ops import guard_values
+
+    x = node.input[0]
+    dims = _static(shapes, x, label, "signal")
+    if len(dims) != 3 or dims[-1] not in (1, 2):
+        raise ModelError(f"{label}: signal {dims}; STFT takes [batch, length, 1 or 2]", hint="fix the model")
+    pairs, alternatives = _stft_operands(node, dims, shapes, consts, label)
+    results = [_stft_body(bld, node, dims, step, flen, types, label) for step, flen in pairs]
+    guard_values(bld, results, alternatives, node.output[0])
+
+
+def _stft_body(
+    bld: Any, node: Any, dims: list[int], step: int, flen: int, types: dict[str, int], label: str
+) -> str:
+    from onnx import helper
+
+    x = node.input[0]
+    window = node.input[2] if len(node.input) > 2 else ""
+    if step < 1 or not 0 < flen <= dims[1]:
+        raise ModelError(
+            f"{label}: frame_step {step} and frame_length {flen} for a signal of {dims[1]} samples",
+            hint="give a positive frame_step and a window or frame_length no longer than the signal",
+        )
+    if flen > _DFT_MAX:
+        raise ModelError(
+            f"{label}: frames of {flen} samples; STFT is a table product, up to {_DFT_MAX}",
+            hint="compute the transform outside the model",
+        )
+    frames = (dims[1] - flen) // step + 1
+    table = bld.const(np.arange(frames)[:, None] * step + np.arange(flen)[None, :], "frames")
+    dtype = helper.tensor_dtype_to_np_dtype(types.get(x, 1))
+    parts = []
+    for k in range(dims[-1]):
+        one = bld.op("Gather", [x, bld.const(np.array(k, np.int64), "k")], axis=2)  # [B, L]
+        framed = bld.op("Gather", [one, table], axis=1)  # [B, frames, flen]
+        if window:
+            framed = bld.op("Mul", [framed, window])
+        parts.append(framed)
+    onesided = bool(_attr(node, "onesided", 1))
+    return _dft_along(
+        bld,
+        parts[0],
+        parts[1] if len(parts) > 1 else None,
+        [dims[0], frames, flen],
+        2,
+        flen,
+        False,
+        onesided,
+        dtype,
+    )
+
+
+def _stft_operands(
+    node: Any, dims: list[int], shapes: dict[str, list[int]], consts: dict[str, np.ndarray], label: str
+) -> tuple[list[tuple[int, int]], list[dict[str, np.ndarray]]]:
+    """The (frame_step, frame_length) pairs to compile and, per pair, the run-time operands' values
+    it stands for: a model input takes each value the signal's, the window's and the declared
+    output's static shapes allow (at most MAX_ALTERNATIVES)."""
+    from compiler.convert_ops import MAX_ALTERNATIVES
+
+    names = {pos: node.input[pos] if len(node.input) > pos else "" for pos in (1, 3)}
+    known = {pos: int(np.asarray(consts[n]).reshape(-1)[0]) for pos, n in names.items() if n in consts}
+    window = node.input[2] if len(node.input) > 2 else ""
+    wlen = None
+    if window:
+        wdims = list(consts[window].shape) if window in consts else _static(shapes, window, label, "window")
+        if len(wdims) != 1 or known.get(3, wdims[0]) != wdims[0]:
+            raise ModelError(f"{label}: window {wdims} for frame_length {known.get(3)}", hint="fix the model")
+        wlen = wdims[0]
+    out = shapes.get(node.output[0]) or []
+    onesided = bool(_attr(node, "onesided", 1))
+    if 3 in known or wlen is not None:
+        lengths = [known.get(3, wlen or 0)]
+    elif names[3] and len(out) == 4 and out[2] > 0:
+        lengths = [2 * (out[2] - 1), 2 * out[2] - 1] if onesided else [out[2]]
+    else:
+        lengths = []
+    pairs = []
+    for flen in lengths:
+        fits = len(out) == 4 and 0 < flen <= dims[1]
+        steps = (
+            [known[1]]
+            if 1 in known
+            else [s for s in range(1, dims[1] + 1) if fits and (dims[1] - flen) // s + 1 == out[1]]
+        )
+        pairs += [(s, flen) for s in steps]
+    if not 0 < len(pairs) <= MAX_ALTERNATIVES:
+        pos = 1 if 1 not in known else 3
+        what = "frame_step" if pos == 1 else "frame_length"
+        raise ModelError(
+            f"{label}: {what} {names[pos]!r} is known only at run time and the static shapes allow "
+            f"{len(pairs)} values; output shapes decided at run time are not supported for this operator",
+            hint=f"make {what} a constant (initializer) of the model",
+        )
+    alternatives = [
+        {names[pos]: np.array(v) for pos, v in ((1, step), (3, flen)) if names[pos] and pos not in known}
+        for step, flen in pairs
+    ]
+    return pairs, alternatives
+
+
 def _tensor_scatter(bld: Any, node: Any, shapes: dict[str, list[int]], label: str) -> None:
     cache, update = node.input[:2]
     writes = node.input[2] if len(node.input) > 2 else ""
@@ -419,9 +541,11 @@ def lower_ops(model: Any) -> bool:
     types = _elem_types(model)
     consts = _const_inputs(model)
     opset = _opset(model)
+    if not any(_wanted(n, types) for n in g.node):
+        return False
     new_nodes = []
     for i, node in enumerate(g.node):
-        if not _wanted(node):
+        if not _wanted(node, types):
             new_nodes.append(node)
             continue
         label = f"{node.op_type} at node {node.name or f'#{i}'!r}"
@@ -441,6 +565,12 @@ def lower_ops(model: Any) -> bool:
             _tensor_scatter(bld, node, shapes, label)
         elif node.op_type == "DFT":
             _dft(bld, node, shapes, consts, types, opset, label)
+        elif node.op_type == "STFT":
+            _stft(bld, node, shapes, consts, types, label)
+        elif node.op_type in WINDOW_OPS:
+            lower_window_node(bld, node, shapes, consts, types, opset, label)
+        elif node.op_type in MISC_OPS:
+            lower_misc_node(bld, node, shapes, types, opset, label)
         else:
             _batchnorm_training(bld, node, shapes, types, opset, label)
         new_nodes.extend(bld.nodes)

@@ -35,7 +35,9 @@ that changed something (``fractal compile`` prints them).
                          Gather / Reduce / Div.
 5c. ``lower_ops``     -- ScatterElements -> ScatterND, EyeLike with a dtype -> a constant, ReverseSequence
                          -> GatherElements, SpaceToDepth CRD, ConvTranspose's output_shape -> pads,
-                         BatchNormalization in training mode (compiler/lower_ops.py).
+                         BatchNormalization in training mode, DFT, STFT, TensorScatter
+                         (compiler/lower_ops.py); MaxPool's Indices, MaxUnpool, Col2Im, DeformConv
+                         (compiler/lower_window.py); integer Pow, TfIdfVectorizer (compiler/lower_misc.py).
 5d. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.

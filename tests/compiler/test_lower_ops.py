@@ -273,3 +273,166 @@ def test_tensor_scatter_matches_onnxruntime(mode: str, writes: bool) -> None:
     node = oh.make_node("TensorScatter", list(feeds), ["y"], mode=mode)
     model = _model(node, feeds, [oh.make_tensor_value_info("y", F, [3, 2, 5, 4])], 24)
     _same_as_onnxruntime(model, feeds, "TensorScatter")
+
+
+def _with_constants(model: onnx.ModelProto, **values: np.ndarray) -> onnx.ModelProto:
+    """``model`` with these initializers, its outputs typed by shape inference."""
+    model.graph.initializer.extend(nh.from_array(v, k) for k, v in values.items())
+    typed = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    del model.graph.output[:]
+    model.graph.output.extend(typed.graph.output)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("image", "block", "attrs"),
+    [
+        ([5, 5], [2, 2], {}),
+        ([6, 7], [3, 2], {"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}),
+        ([3, 4, 5], [2, 1, 2], {"strides": [1, 2, 1]}),
+    ],
+    ids=["plain", "strided-padded-dilated", "3d"],
+)
+def test_col2im_with_constant_shapes_matches_onnxruntime(
+    image: list[int], block: list[int], attrs: dict[str, Any]
+) -> None:
+    """Col2Im with constant image_shape / block_shape (the suite gives them at run time, which is
+    refused): ScatterND with reduction add of the columns that land inside the image."""
+    rank = len(image)
+    strides, dil = attrs.get("strides", [1] * rank), attrs.get("dilations", [1] * rank)
+    pads = attrs.get("pads", [0] * 2 * rank)
+    blocks = [
+        (image[i] + pads[i] + pads[i + rank] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1
+        for i in range(rank)
+    ]
+    feeds = {
+        "x": np.random.default_rng(7)
+        .standard_normal((2, 3 * int(np.prod(block)), int(np.prod(blocks))))
+        .astype(np.float32)
+    }
+    node = oh.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)
+    model = _model(node, feeds, [oh.make_tensor_value_info("y", F, [2, 3, *image])], 18)
+    model = _with_constants(model, image=np.array(image, np.int64), block=np.array(block, np.int64))
+    _same_as_onnxruntime(model, feeds, "Col2Im")
+
+
+@pytest.mark.parametrize(
+    ("window", "onesided", "complex_in"), [(True, 1, False), (False, 0, False), (False, 0, True)]
+)
+def test_stft_with_constant_step_matches_onnxruntime(window: bool, onesided: int, complex_in: bool) -> None:
+    """STFT with a constant frame_step (the suite gives it at run time, which is refused): frames
+    gathered by a constant table, windowed, then DFT's cosine / sine tables."""
+    rng = np.random.default_rng(8)
+    feeds = {"signal": rng.standard_normal((2, 50, 2 if complex_in else 1)).astype(np.float32)}
+    consts = {"step": np.array(6, np.int64)}
+    if window:
+        consts["window"] = np.hanning(10).astype(np.float32)
+        ins = ["signal", "step", "window"]
+    else:
+        consts["length"] = np.array(10, np.int64)
+        ins = ["signal", "step", "", "length"]
+    node = oh.make_node("STFT", ins, ["y"], onesided=onesided)
+    model = _model(node, feeds, [oh.make_tensor_value_info("y", F, None)], 17)
+    _same_as_onnxruntime(_with_constants(model, **consts), feeds, "STFT")
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [3, 3], "ceil_mode": 1, "strides": [2, 2]},
+        {"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER", "strides": [2, 1]},
+        {"kernel_shape": [2, 3], "pads": [1, 1, 0, 1], "dilations": [2, 1]},
+        {"kernel_shape": [3, 2], "pads": [1, 0, 0, 1], "storage_order": 1},
+        {"kernel_shape": [2, 2, 2], "strides": [2, 1, 2]},
+    ],
+    ids=["ceil", "same-lower", "dilated", "column-major", "3d"],
+)
+def test_maxpool_indices_match_onnxruntime(attrs: dict[str, Any]) -> None:
+    """MaxPool's Indices output (flat, per storage order) beyond the suite's two 2-D cases; integer
+    inputs make ties, where the first maximum wins as in onnxruntime."""
+    shape = [2, 3, 5, 6, 4][: 2 + len(attrs["kernel_shape"])]
+    feeds = {"x": np.random.default_rng(9).integers(0, 4, shape).astype(np.float32)}
+    node = oh.make_node("MaxPool", ["x"], ["y", "i"], **attrs)
+    outs = [oh.make_tensor_value_info("y", F, None), oh.make_tensor_value_info("i", TensorProto.INT64, None)]
+    _same_as_onnxruntime(_with_constants(_model(node, feeds, outs, 22)), feeds, "MaxPool")
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_pow_with_negative_exponents_matches_onnxruntime(dtype: Any) -> None:
+    """Exact integer powers by square-and-multiply; negative exponents truncate as onnxruntime's
+    std::pow does (0, or +-1 for a base of +-1)."""
+    feeds = {"x": np.array([[2, -3, 1, -1, 0, 7]], dtype), "e": np.array([[0], [1], [5], [-1], [-2]], dtype)}
+    node = oh.make_node("Pow", ["x", "e"], ["y"])
+    model = _model(
+        node,
+        feeds,
+        [oh.make_tensor_value_info("y", oh.np_dtype_to_tensor_dtype(np.dtype(dtype)), [5, 6])],
+        15,
+    )
+    _same_as_onnxruntime(model, feeds, "Pow")
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "operand"),
+    [
+        (
+            "Col2Im",
+            {"x": ((1, 4, 4), np.float32), "image": ((2,), np.int64), "block": ((2,), np.int64)},
+            "image",
+        ),
+        (
+            "STFT",
+            {"x": ((1, 16, 1), np.float32), "step": ((), np.int64), "window": ((4,), np.float32)},
+            "step",
+        ),
+        (
+            "MaxUnpool",
+            {"x": ((1, 1, 2, 2), np.float32), "i": ((1, 1, 2, 2), np.int64), "shape": ((4,), np.int64)},
+            "shape",
+        ),
+    ],
+)
+def test_a_run_time_shape_operand_is_refused_by_name(
+    op: str, inputs: dict[str, tuple[tuple[int, ...], Any]], operand: str
+) -> None:
+    feeds = {k: np.ones(shape, dt) for k, (shape, dt) in inputs.items()}
+    node = oh.make_node(op, list(inputs), ["y"], **({"kernel_shape": [2, 2]} if op == "MaxUnpool" else {}))
+    model = _model(node, feeds, [oh.make_tensor_value_info("y", F, None)], 18)
+    with pytest.raises(ModelError, match=rf"{op} at node '#0': \w+ '{operand}' is known only at run time"):
+        prepare(model)
+
+
+def test_run_time_block_shapes_are_compiled_picked_and_checked(tmp_path: Any) -> None:
+    """Col2Im's block_shape given as a model input: the static shapes allow [1, 4] and [4, 1]; both
+    are compiled and the one the input holds is picked (each answers as onnxruntime), any other
+    value stops inference with an InputError (the value guard) instead of an answer."""
+    from compiler.artifact import load_artifact
+    from compiler.build import compile_model
+    from compiler.errors import InputError
+
+    node = oh.make_node("Col2Im", ["x", "image", "block"], ["y"])
+    graph = oh.make_graph(
+        [node],
+        "col2im",
+        [
+            oh.make_tensor_value_info("x", F, [1, 4, 4]),
+            oh.make_tensor_value_info("image", TensorProto.INT64, [2]),
+            oh.make_tensor_value_info("block", TensorProto.INT64, [2]),
+        ],
+        [oh.make_tensor_value_info("y", F, [1, 1, 4, 4])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    art = load_artifact(
+        compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art", progress=False)
+    )
+    x = np.random.default_rng(10).standard_normal((1, 4, 4)).astype(np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for block in ([1, 4], [4, 1]):
+        feeds = {"x": x, "image": np.array([4, 4], np.int64), "block": np.array(block, np.int64)}
+        np.testing.assert_allclose(art.infer(feeds)["y"], sess.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+    for image, block in (([1, 7], [1, 4]), ([7, 1], [4, 1])):  # valid for onnxruntime, not compiled
+        sess.run(None, {"x": x, "image": np.array(image, np.int64), "block": np.array(block, np.int64)})
+        with pytest.raises(InputError, match="refused these inputs at run time"):
+            art.infer({"x": x, "image": np.array(image, np.int64), "block": np.array(block, np.int64)})
