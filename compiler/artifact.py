@@ -80,9 +80,13 @@ def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool) -> np.ndar
     """The one dtype rule. A typed array (a numpy array, or a tensor whose protocol datatype was
     given) must have the model's dtype exactly, as onnxruntime demands. Untyped data (Python or
     JSON numbers) is converted when that cannot change a value's meaning: bool/int/float -> float,
-    bool/int -> int within range; float -> int, complex, strings and objects are refused. Float
-    inputs must be finite: NaN or infinity is refused (it would poison a batch and, for samples,
-    training)."""
+    bool/int -> int within range; float -> int, complex, strings and objects are refused.
+
+    Float inputs are IEEE values, NaN and infinities included (IsNaN, IsInf, a -inf attention mask,
+    Cast and Mod define results for them; onnxruntime takes them too). They cannot poison anyone
+    else's answer: :meth:`Artifact.infer` runs a request in library calls of its own (the rows of a
+    short last call are zeros, never another request's samples). Data that trains stays finite: the
+    sample store, a round's samples and ``Trainer`` refuse NaN and infinity."""
     have = arr.dtype
     if have != want and typed:
         raise InputError(f"input {name!r} has dtype {have}, expected {want}",
@@ -98,9 +102,13 @@ def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool) -> np.ndar
             if arr.min() < info.min or arr.max() > info.max:
                 raise InputError(f"input {name!r} has values outside the {want} range",
                                  hint=f"send values in [{info.min}, {info.max}]")
-        arr = arr.astype(want)
-    if want.kind == "f" and arr.size and not np.isfinite(arr).all():
-        raise InputError(f"input {name!r} holds NaN or infinity", hint="send finite numbers")
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = arr.astype(want)
+        if want.kind == "f" and have.kind in "iuf" and arr.size \
+                and (np.isfinite(arr) & ~np.isfinite(out)).any():  # 1e39 -> float32 inf
+            raise InputError(f"input {name!r} has numbers outside the {want} range",
+                             hint=f"send {want} values")
+        arr = out
     return arr
 
 
