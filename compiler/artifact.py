@@ -28,7 +28,16 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ArtifactError, InputError
-from compiler.manifest import FORMAT_VERSION, MANIFEST, Manifest, TargetInfo, TensorSpec, file_sha256
+from compiler.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    NONFINITE_UNCHECKED,
+    Manifest,
+    NonFinite,
+    TargetInfo,
+    TensorSpec,
+    file_sha256,
+)
 from compiler.runtime import PreparedParams, Runtime, aligned_copy, aligned_empty, check_params
 from compiler.targets import cpu_flags, host_arch
 from compiler.trainstep import Trainer
@@ -76,17 +85,35 @@ def load_params(directory: Path, manifest: Manifest) -> tuple[list[str], list[np
     return names, arrays
 
 
-def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool) -> np.ndarray:
+_IEEE = NonFinite(nan="", inf="")  # every non-finite value taken (a caller without a manifest)
+
+
+def _nonfinite(name: str, arr: np.ndarray, policy: NonFinite) -> None:
+    """InputError for NaN / infinity the model's operators would not answer as ONNX does."""
+    if np.isfinite(arr).all():
+        return
+    for what, blocker, hit in (("NaN", policy.nan, np.isnan), ("infinity", policy.inf, np.isinf)):
+        if blocker and hit(arr).any():
+            why = (f"its {blocker} would not give ONNX's result for it" if blocker != NONFINITE_UNCHECKED
+                   else "the artifact was compiled before fractal checked which operators take it")
+            raise InputError(f"input {name!r} holds {what}, which this model refuses: {why}",
+                             hint="send finite numbers, or recompile a model whose operators take them "
+                                  "(docs/serving.md, non-finite inputs)")
+
+
+def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool,
+             policy: NonFinite = _IEEE) -> np.ndarray:
     """The one dtype rule. A typed array (a numpy array, or a tensor whose protocol datatype was
     given) must have the model's dtype exactly, as onnxruntime demands. Untyped data (Python or
     JSON numbers) is converted when that cannot change a value's meaning: bool/int/float -> float,
     bool/int -> int within range; float -> int, complex, strings and objects are refused.
 
     Float inputs are IEEE values, NaN and infinities included (IsNaN, IsInf, a -inf attention mask,
-    Cast and Mod define results for them; onnxruntime takes them too). They cannot poison anyone
-    else's answer: :meth:`Artifact.infer` runs a request in library calls of its own (the rows of a
-    short last call are zeros, never another request's samples). Data that trains stays finite: the
-    sample store, a round's samples and ``Trainer`` refuse NaN and infinity."""
+    Cast and Mod define results for them; onnxruntime takes them too), as far as ``policy`` (the
+    manifest's ``nonfinite``: which of the model's operators would not give ONNX's result) allows.
+    They cannot poison anyone else's answer: :meth:`Artifact.infer` runs a request in library calls
+    of its own (the rows of a short last call are zeros, never another request's samples). Data
+    that trains stays finite: the sample store, a round's samples and ``Trainer`` refuse them."""
     have = arr.dtype
     if have != want and typed:
         raise InputError(f"input {name!r} has dtype {have}, expected {want}",
@@ -109,6 +136,8 @@ def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool) -> np.ndar
             raise InputError(f"input {name!r} has numbers outside the {want} range",
                              hint=f"send {want} values")
         arr = out
+    if want.kind == "f" and arr.size:
+        _nonfinite(name, arr, policy)
     return arr
 
 
@@ -122,7 +151,7 @@ def _runtime_for(manifest: Manifest, lib_path: Path) -> Runtime:
 
 
 def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
-                 batched: bool = True) -> tuple[list[np.ndarray], int]:
+                 batched: bool = True, nonfinite: NonFinite = _IEEE) -> tuple[list[np.ndarray], int]:
     """Validate a batch of inputs against the model's specs: names, shapes ([N, *spec.shape[1:]] with
     the same N >= 1 for every input) and dtypes (numpy arrays exactly; lists converted, see
     :func:`_convert`). Returns the arrays in spec
@@ -154,7 +183,7 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
                                  f"{list(spec.shape)}",
                                  hint="this model's inputs have no batch dimension: send exactly "
                                       "the shapes of its metadata")
-            arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed))
+            arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
             n = 1
             continue
         want = spec.shape[1:]
@@ -166,7 +195,7 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
             raise InputError(f"inputs disagree on the batch size ({n} vs {arr.shape[0]} for {spec.name!r})",
                              hint="give every input the same leading dimension")
         n = arr.shape[0]
-        arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed))
+        arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
     return arrays, int(n or 1)
 
 
@@ -221,7 +250,8 @@ class Artifact:
 
         Thread-safe: each calling thread gets its own VM. ``params`` default to the artifact's own.
         """
-        arrays, n = check_inputs(self.inputs, inputs, batched=self.batched)
+        arrays, n = check_inputs(self.inputs, inputs, batched=self.batched,
+                                 nonfinite=self.manifest.nonfinite)
         if params is None:
             prepared = self._default
         elif isinstance(params, PreparedParams):

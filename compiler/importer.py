@@ -22,7 +22,8 @@ import numpy as np
 
 from compiler.errors import ModelError
 from compiler.graphbuild import node_attr
-from compiler.manifest import TensorSpec
+from compiler.manifest import NonFinite, TensorSpec
+from compiler.nonfinite import nonfinite_blockers
 
 __all__ = ["ImportedModel", "TensorSpec", "load_onnx", "import_model", "supported_ops"]
 
@@ -56,6 +57,7 @@ class ImportedModel:
     batch: int
     prepared_steps: list[str] = field(default_factory=list)  # prepare steps that changed the graph
     batched: bool = True  # False: the inputs share no leading batch dimension (fixed shapes)
+    nonfinite: NonFinite = field(default_factory=NonFinite)  # NaN / inf inputs (compiler/nonfinite.py)
 
 
 def supported_ops() -> set[str]:
@@ -344,6 +346,7 @@ def import_model(model: Any, *, batch: int | None = None,
     fill = (batch or own or 1) if len(_static_leading(model, shapes)) <= 1 else batch
     model, steps = prepare(model, shapes=shapes, batch=fill)
     _check_ops(model)
+    nonfinite = NonFinite(*nonfinite_blockers(model))
     _check_constructs(model)
     dynamic = has_runtime_shape_operand(model)
     if dynamic and batch is not None:  # a shape operand is not a batch of samples
@@ -384,7 +387,8 @@ def import_model(model: Any, *, batch: int | None = None,
                          hint="report this model as a bug")
     outputs = _output_specs(mod, model, dynamic)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
-                         params=params, batch=batch or base, prepared_steps=steps, batched=batched)
+                         params=params, batch=batch or base, prepared_steps=steps, batched=batched,
+                         nonfinite=nonfinite)
 
 
 def _check_constructs(model: Any) -> None:

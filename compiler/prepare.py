@@ -32,6 +32,8 @@ that changed something (``fractal compile`` prints them).
 5d. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
+6b. ``lower_ieee``   -- IsInf with one sign only, float Mod by an infinite divisor: ONNX's IEEE
+                         results (compiler/lower_ieee.py).
 7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
 8. ``fix_reduce_extremes`` -- float ReduceMax/ReduceMin of a slice of only -inf/+inf gives the
                          infinity, not TVM's finite initial value (fully masked attention rows).
@@ -57,6 +59,7 @@ from compiler.graphbuild import (
     _static_shapes,
     fold_constants,
 )
+from compiler.lower_ieee import lower_ieee
 from compiler.lower_ops import LOWERED_OPS, lower_ops
 from compiler.lower_training import lower_training
 from compiler.prepare_ml import lower_ml
@@ -829,6 +832,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("lower_ops", lambda: lower_ops(model)),  # ScatterElements, DFT, ... (compiler/lower_ops.py)
         ("cast_pow_exponent", lambda: cast_pow_exponent(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
+        ("lower_ieee", lambda: lower_ieee(model)),  # IsInf's sign, Mod by inf (compiler/lower_ieee.py)
         ("promote_float16", lambda: promote_float16(model)),
         # after promote_float16: the finite extreme is the computing type's
         ("fix_reduce_extremes", lambda: fix_reduce_extremes(model)),
