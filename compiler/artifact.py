@@ -214,6 +214,7 @@ class Artifact:
         self.batch = manifest.batch
         self.batched = manifest.batched
         self._dynamic = any(o.dynamic for o in self.outputs)  # dims decided at run time (-1)
+        self._empty = {i for i, o in enumerate(self.outputs) if 0 in o.shape}  # answered, not computed
         self._batched_out = manifest.batched and all(o.shape and o.shape[0] == self.batch
                                                      for o in self.outputs)
         self._infer = _runtime_for(manifest, directory / manifest.libs.infer)
@@ -271,6 +272,10 @@ class Artifact:
                 raise InputError(f"the model refused these inputs at run time (a shape operand out of range, "
                                  f"a duplicate axis, or shapes that do not fit): {detail}",
                                  hint="check the values of the model's shape inputs (axes, shape)") from None
+            if self._empty:  # outputs with a zero dim have no compiled code (compiler.importer)
+                it = iter(outs)
+                return {spec.name: np.empty(spec.shape, spec.dtype) if i in self._empty else next(it)
+                        for i, spec in enumerate(self.outputs)}
             return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
         b = self.batch
         batched_out = self._batched_out
