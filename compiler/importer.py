@@ -592,14 +592,14 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
     from compiler.graphbuild import _drop_dead_nodes, _static_shapes
 
     g = model.graph
-    shapes = _static_shapes(model)
+    declared = {o.name: [d.dim_value if d.HasField("dim_value") else -1 for d in o.type.tensor_type.shape.dim]
+                for o in g.output if o.type.tensor_type.HasField("shape")}
+    if not any(0 in dims for dims in declared.values()):  # (shape inference costs seconds on big models)
+        return []
+    shapes = {**declared, **_static_shapes(model)}
     empty = []
     for at, out in enumerate(g.output):
         dims = shapes.get(out.name)
-        if dims is None:
-            tt = out.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim] \
-                if tt.HasField("shape") else None
         if dims is not None and 0 in dims and all(d >= 0 for d in dims):
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(out.type.tensor_type.elem_type)).name
             empty.append((at, TensorSpec(out.name, tuple(dims), dtype)))
@@ -623,6 +623,8 @@ def _drop_empty_operands(model: Any) -> None:
     from compiler.graphbuild import _drop_dead_nodes, _drop_unused_initializers, _static_shapes
 
     g = model.graph
+    if not any(0 in t.dims for t in g.initializer):
+        return
     shapes = _static_shapes(model)
     sizes = {t.name: int(np.prod(t.dims)) for t in g.initializer}
     for name, dims in shapes.items():
