@@ -594,7 +594,8 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
     g = model.graph
     declared = {o.name: [d.dim_value if d.HasField("dim_value") else -1 for d in o.type.tensor_type.shape.dim]
                 for o in g.output if o.type.tensor_type.HasField("shape")}
-    if not any(0 in dims for dims in declared.values()):  # (shape inference costs seconds on big models)
+    # shape inference costs seconds on big models: only where an empty tensor is in sight
+    if not any(0 in dims for dims in declared.values()) and not any(0 in t.dims for t in g.initializer):
         return []
     shapes = {**declared, **_static_shapes(model)}
     empty = []
