@@ -253,7 +253,11 @@ adam_multiple dft_irfft_opset19 tensorscatter_circular
 reduce_l2_do_not_keepdims_example reduce_sum_default_axes_keepdims_random reduce_max_keepdims_random
 reshape_negative_dim expand_dim_changed unsqueeze_two_axes squeeze_negative_axes slice_neg_steps tile
 constantofshape_int_zeros
-""".split())  # a shape operand from a model input (compiler.dynshape): one case per converted operator
+""".split()) | frozenset("""
+isnan isinf_negative mod_float_edge_cases_fmod_0_float32 castlike_FLOAT_to_DOUBLE
+causal_conv_with_state_kernel_size_one
+""".split())  # NaN / inf inputs, IsInf's sign and Mod by inf (compiler.lower_ieee), an input that only
+# carries a dtype, an empty output answered by the artifact
 
 
 def _in_shard(name: str) -> bool:
