@@ -369,8 +369,8 @@ def import_model(model: Any, *, batch: int | None = None,
     _drop_empty_operands(model)
     if empty:  # produced by the artifact without compiled code (compiler.artifact)
         if batch is not None or any(d < 0 for s in specs for d in s.shape):
-            first = empty[0][1]
-            raise ModelError(f"output {first.name!r} is empty (shape {list(first.shape)}), so the model "
+            spec0 = empty[0][1]
+            raise ModelError(f"output {spec0.name!r} is empty (shape {list(spec0.shape)}), so the model "
                              "compiles for exactly its input shapes, not for a batch",
                              hint="compile without --train/--batch, or fix every input with --shape")
         batched = False
