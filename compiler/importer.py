@@ -619,8 +619,9 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
 
 def _drop_empty_operands(model: Any) -> None:
     """Concat operands of static zero size (CausalConvWithState's zero-column padding at kernel
-    size 1) add nothing: removed. An empty constant still used then is refused by name, since TVM
-    cannot store it in a library (it failed at load, "Invalid DLTensor file format")."""
+    size 1) add nothing: removed, since TVM cannot store such a constant in a library (it failed at
+    load, "Invalid DLTensor file format"). Other empty constants stay: an empty shape operand
+    (Reshape to a scalar, inside CumProd's lowering) compiles."""
     from compiler.graphbuild import _drop_dead_nodes, _drop_unused_initializers, _static_shapes
 
     g = model.graph
@@ -642,12 +643,6 @@ def _drop_empty_operands(model: Any) -> None:
     if changed:
         _drop_dead_nodes(model)
         _drop_unused_initializers(model)
-    used = {i for n in g.node for i in n.input}
-    for t in g.initializer:
-        if t.name in used and 0 in t.dims:
-            raise ModelError(f"the constant {t.name!r} is empty (shape {list(t.dims)}); empty tensors "
-                             "cannot be compiled into the library",
-                             hint="remove the empty tensor from the model")
 
 
 def _output_specs(mod: Any, model: Any, dynamic: bool = False) -> list[TensorSpec]:
