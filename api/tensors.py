@@ -4,6 +4,9 @@ Parsed with ``json`` + ``numpy`` directly rather than pydantic: a pydantic model
 thousands of floats costs more than the model itself on a small MLP, and the node's latency
 budget is sub-millisecond. Every malformed request raises :class:`TensorError` whose message
 names the problem (the route turns it into a 400 with the OIP ``{"error": ...}`` body).
+Float inputs may hold NaN and infinities (binary data as sent; in JSON the tokens ``NaN``,
+``Infinity``, ``-Infinity`` that Python's ``json`` and tritonclient write, and that replies carry):
+inference takes IEEE values, as onnxruntime does. Samples and labels stay finite (api.routes).
 
 Supports the JSON tensor form (``data`` flat or nested, row-major) and Triton's binary tensor
 data extension (``Inference-Header-Content-Length`` header, ``binary_data_size`` /
@@ -114,7 +117,7 @@ def parse_infer_request(body: bytes, output_names: Sequence[str], header_length:
         head, blob = body[:hlen], memoryview(body)[hlen:]
     else:
         head, blob = body, memoryview(b"")
-    req = _loads(head)
+    req = _loads(head, ieee=True)  # inference takes IEEE values (see compiler.artifact._convert)
     if not isinstance(req, dict):
         raise TensorError("request body must be a JSON object with an 'inputs' list")
     rid = req.get("id")
@@ -160,13 +163,11 @@ def parse_infer_request(body: bytes, output_names: Sequence[str], header_length:
                                   f"(need {size} bytes at offset {offset}, have {len(blob) - offset})")
             arr = np.frombuffer(blob[offset:offset + size], dtype=dtype.newbyteorder("<")).reshape(dims)
             offset += size
-            if dtype.kind == "f" and not np.isfinite(arr).all():
-                raise TensorError(f"input '{name}': binary data has non-finite values")
-            inputs[name] = arr.astype(dtype, copy=False)
+            inputs[name] = arr.astype(dtype, copy=False)  # IEEE bits as sent, NaN and infinities too
         else:
             if "data" not in t:
                 raise TensorError(f"input '{name}' has no 'data' (and no binary_data_size)")
-            inputs[name] = _from_json_data(name, t["data"], dims, dtype)
+            inputs[name] = _from_json_data(name, t["data"], dims, dtype, ieee=True)
     if offset != len(blob):
         raise TensorError(f"{len(blob) - offset} bytes of binary data after the inputs are unaccounted for")
     outs, binary = _parse_outputs(req, output_names, bool(params.get("binary_data_output", False)))

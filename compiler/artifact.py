@@ -28,7 +28,16 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ArtifactError, InputError
-from compiler.manifest import FORMAT_VERSION, MANIFEST, Manifest, TargetInfo, TensorSpec, file_sha256
+from compiler.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    NONFINITE_UNCHECKED,
+    Manifest,
+    NonFinite,
+    TargetInfo,
+    TensorSpec,
+    file_sha256,
+)
 from compiler.runtime import PreparedParams, Runtime, aligned_copy, aligned_empty, check_params
 from compiler.targets import cpu_flags, host_arch
 from compiler.trainstep import Trainer
@@ -76,13 +85,35 @@ def load_params(directory: Path, manifest: Manifest) -> tuple[list[str], list[np
     return names, arrays
 
 
-def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool) -> np.ndarray:
+_IEEE = NonFinite(nan="", inf="")  # every non-finite value taken (a caller without a manifest)
+
+
+def _nonfinite(name: str, arr: np.ndarray, policy: NonFinite) -> None:
+    """InputError for NaN / infinity the model's operators would not answer as ONNX does."""
+    if np.isfinite(arr).all():
+        return
+    for what, blocker, hit in (("NaN", policy.nan, np.isnan), ("infinity", policy.inf, np.isinf)):
+        if blocker and hit(arr).any():
+            why = (f"its {blocker} would not give ONNX's result for it" if blocker != NONFINITE_UNCHECKED
+                   else "the artifact was compiled before fractal checked which operators take it")
+            raise InputError(f"input {name!r} holds {what}, which this model refuses: {why}",
+                             hint="send finite numbers, or recompile a model whose operators take them "
+                                  "(docs/serving.md, non-finite inputs)")
+
+
+def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool,
+             policy: NonFinite = _IEEE) -> np.ndarray:
     """The one dtype rule. A typed array (a numpy array, or a tensor whose protocol datatype was
     given) must have the model's dtype exactly, as onnxruntime demands. Untyped data (Python or
     JSON numbers) is converted when that cannot change a value's meaning: bool/int/float -> float,
-    bool/int -> int within range; float -> int, complex, strings and objects are refused. Float
-    inputs must be finite: NaN or infinity is refused (it would poison a batch and, for samples,
-    training)."""
+    bool/int -> int within range; float -> int, complex, strings and objects are refused.
+
+    Float inputs are IEEE values, NaN and infinities included (IsNaN, IsInf, a -inf attention mask,
+    Cast and Mod define results for them; onnxruntime takes them too), as far as ``policy`` (the
+    manifest's ``nonfinite``: which of the model's operators would not give ONNX's result) allows.
+    They cannot poison anyone else's answer: :meth:`Artifact.infer` runs a request in library calls
+    of its own (the rows of a short last call are zeros, never another request's samples). Data
+    that trains stays finite: the sample store, a round's samples and ``Trainer`` refuse them."""
     have = arr.dtype
     if have != want and typed:
         raise InputError(f"input {name!r} has dtype {have}, expected {want}",
@@ -98,9 +129,15 @@ def _convert(name: str, arr: np.ndarray, want: np.dtype, typed: bool) -> np.ndar
             if arr.min() < info.min or arr.max() > info.max:
                 raise InputError(f"input {name!r} has values outside the {want} range",
                                  hint=f"send values in [{info.min}, {info.max}]")
-        arr = arr.astype(want)
-    if want.kind == "f" and arr.size and not np.isfinite(arr).all():
-        raise InputError(f"input {name!r} holds NaN or infinity", hint="send finite numbers")
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = arr.astype(want)
+        if want.kind == "f" and have.kind in "iuf" and arr.size \
+                and (np.isfinite(arr) & ~np.isfinite(out)).any():  # 1e39 -> float32 inf
+            raise InputError(f"input {name!r} has numbers outside the {want} range",
+                             hint=f"send {want} values")
+        arr = out
+    if want.kind == "f" and arr.size:
+        _nonfinite(name, arr, policy)
     return arr
 
 
@@ -114,7 +151,7 @@ def _runtime_for(manifest: Manifest, lib_path: Path) -> Runtime:
 
 
 def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
-                 batched: bool = True) -> tuple[list[np.ndarray], int]:
+                 batched: bool = True, nonfinite: NonFinite = _IEEE) -> tuple[list[np.ndarray], int]:
     """Validate a batch of inputs against the model's specs: names, shapes ([N, *spec.shape[1:]] with
     the same N >= 1 for every input) and dtypes (numpy arrays exactly; lists converted, see
     :func:`_convert`). Returns the arrays in spec
@@ -146,7 +183,7 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
                                  f"{list(spec.shape)}",
                                  hint="this model's inputs have no batch dimension: send exactly "
                                       "the shapes of its metadata")
-            arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed))
+            arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
             n = 1
             continue
         want = spec.shape[1:]
@@ -158,7 +195,7 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
             raise InputError(f"inputs disagree on the batch size ({n} vs {arr.shape[0]} for {spec.name!r})",
                              hint="give every input the same leading dimension")
         n = arr.shape[0]
-        arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed))
+        arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
     return arrays, int(n or 1)
 
 
@@ -177,6 +214,7 @@ class Artifact:
         self.batch = manifest.batch
         self.batched = manifest.batched
         self._dynamic = any(o.dynamic for o in self.outputs)  # dims decided at run time (-1)
+        self._empty = {i for i, o in enumerate(self.outputs) if 0 in o.shape}  # answered, not computed
         self._batched_out = manifest.batched and all(o.shape and o.shape[0] == self.batch
                                                      for o in self.outputs)
         self._infer = _runtime_for(manifest, directory / manifest.libs.infer)
@@ -213,7 +251,8 @@ class Artifact:
 
         Thread-safe: each calling thread gets its own VM. ``params`` default to the artifact's own.
         """
-        arrays, n = check_inputs(self.inputs, inputs, batched=self.batched)
+        arrays, n = check_inputs(self.inputs, inputs, batched=self.batched,
+                                 nonfinite=self.manifest.nonfinite)
         if params is None:
             prepared = self._default
         elif isinstance(params, PreparedParams):
@@ -234,6 +273,10 @@ class Artifact:
                                  f"a duplicate axis, an iou_threshold outside [0, 1], or shapes that do not "
                                  f"fit): {detail}",
                                  hint="check the values of the model's shape and threshold inputs") from None
+            if self._empty:  # outputs with a zero dim have no compiled code (compiler.importer)
+                it = iter(outs)
+                return {spec.name: np.empty(spec.shape, spec.dtype) if i in self._empty else next(it)
+                        for i, spec in enumerate(self.outputs)}
             return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
         b = self.batch
         batched_out = self._batched_out

@@ -406,6 +406,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             compiled_shapes={s.name: tuple(s.shape) for s in imported.inputs},
             prepared_steps=(*quant_steps, *imported.prepared_steps),
             batched=imported.batched,
+            nonfinite=imported.nonfinite,
         )
         manifest.write(tmp)
         _install(tmp, out_dir)

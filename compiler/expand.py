@@ -162,14 +162,6 @@ def _rank(types: dict[str, Any], name: str) -> int | None:
     return len(t.tensor_type.shape.dim)
 
 
-def _dims(types: dict[str, Any], name: str) -> list[int]:
-    """The static dimensions of ``name`` (0 for an unknown one; [] if the rank is unknown)."""
-    t = types.get(name)
-    if t is None or not t.tensor_type.HasField("shape"):
-        return []
-    return [d.dim_value for d in t.tensor_type.shape.dim]
-
-
 def _extra_outputs(node: Any, types: dict[str, Any]) -> bool:
     return any(node.output[1:])
 
@@ -191,10 +183,6 @@ def _refusal(node: Any, label: str, consts: set[str], types: dict[str, Any]) -> 
         raise ModelError(f"{label}: the target shape {node.input[1]!r} is known only at run time; output "
                          "shapes decided at run time are not supported",
                          hint="make the shape a constant (an initializer) of the model")
-    if node.op_type == "CausalConvWithState" and len(node.output) > 1 and node.output[1] and \
-            _dims(types, node.input[1])[-1:] == [1]:
-        raise ModelError(f"{label}: with kernel size 1 the present_state output is empty (0 columns); "
-                         "empty tensors are not supported", hint="drop the present_state output")
     if node.op_type == "Attention":
         ranks = [_rank(types, name) for name in node.input[:3]]
         if ranks[0] not in (3, 4) or len(set(ranks)) != 1:

@@ -99,6 +99,20 @@ def _constant_value(node: Any) -> np.ndarray | None:
     return None
 
 
+def dtype_only_inputs(model: Any) -> set[str]:
+    """Model inputs whose values no node reads: consumed by nothing, or only as CastLike's ``target_type``
+    (which carries just a dtype). Such an input may be empty (ONNX's CastLike cases give a [0] tensor)."""
+    inits = {t.name for t in model.graph.initializer}
+    names = {i.name for i in model.graph.input if i.name not in inits}
+    for node in model.graph.node:
+        for pos, name in enumerate(node.input):
+            if name in names and not (node.op_type == "CastLike" and pos == 1):
+                names.discard(name)
+    for out in model.graph.output:
+        names.discard(out.name)
+    return names
+
+
 def _static_shapes(model: Any) -> dict[str, list[int]]:
     import onnx
 

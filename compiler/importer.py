@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ModelError
-from compiler.graphbuild import node_attr
-from compiler.manifest import TensorSpec
+from compiler.graphbuild import dtype_only_inputs, node_attr
+from compiler.manifest import NonFinite, TensorSpec
+from compiler.nonfinite import nonfinite_blockers
 
 __all__ = ["ImportedModel", "TensorSpec", "load_onnx", "import_model", "supported_ops"]
 
@@ -56,6 +57,7 @@ class ImportedModel:
     batch: int
     prepared_steps: list[str] = field(default_factory=list)  # prepare steps that changed the graph
     batched: bool = True  # False: the inputs share no leading batch dimension (fixed shapes)
+    nonfinite: NonFinite = field(default_factory=NonFinite)  # NaN / inf inputs (compiler/nonfinite.py)
 
 
 def supported_ops() -> set[str]:
@@ -161,18 +163,21 @@ def _check_input_types(model: Any) -> None:
                              hint="export the model with plain tensor inputs")
 
 
-def _input_shapes(model: Any, batch: int | None, exact: bool = False) -> tuple[list[TensorSpec], int, bool]:
+def _input_shapes(model: Any, batch: int | None, exact: bool = False,
+                  carriers: frozenset[str] = frozenset()) -> tuple[list[TensorSpec], int, bool]:
     """Static input specs, the model's own batch and whether the inputs share a leading batch
     dimension. The leading dim may be symbolic (it becomes ``batch``). ``exact``: a node takes a
     shape operand from a model input (:mod:`compiler.dynshape`): no batch dimension, and such an
     input may have length 0. Inputs whose static leading
     dims differ (``mm``: [2, 3] and [3, 4]) have no batch dimension: they are compiled for exactly
-    their shapes (``batched`` False) and inference takes exactly those shapes."""
+    their shapes (``batched`` False) and inference takes exactly those shapes. ``carriers``: inputs
+    that only carry a dtype (``graphbuild.dtype_only_inputs`` of the model before preparation), which
+    may be empty too; a model with an empty input is compiled for exactly its shapes."""
     from compiler.dynshape import shape_operand_inputs
 
     specs: list[TensorSpec] = []
     model_batch: int | None = None
-    empty_ok = shape_operand_inputs(model) if exact else set()
+    empty_ok = (shape_operand_inputs(model) if exact else set()) | carriers
     for inp in _graph_inputs(model):
         tt = inp.type.tensor_type
         if not tt.HasField("shape"):
@@ -194,6 +199,12 @@ def _input_shapes(model: Any, batch: int | None, exact: bool = False) -> tuple[l
                 dims.append(d.dim_value)
         specs.append(TensorSpec(inp.name, tuple(dims), _elem_dtype(inp)))
     if exact and not any(d < 0 for s in specs for d in s.shape):
+        return specs, 1, False
+    if any(d == 0 for s in specs for d in s.shape):  # an empty input (a dtype carrier) is no batch
+        if any(s.shape and s.shape[0] < 0 for s in specs):
+            raise ModelError("an input is empty and another has a dynamic leading dimension; a model with "
+                             "an empty input compiles for exactly its input shapes",
+                             hint="fix every input's shape with --shape NAME=D0,D1,...")
         return specs, 1, False
     leading = {s.name: s.shape[0] for s in specs if s.shape and s.shape[0] > 0}
     # a rank-0 input (Clip's bounds, a threshold) has no batch dimension to share
@@ -350,8 +361,10 @@ def import_model(model: Any, *, batch: int | None = None,
     # Inputs whose static leading dims differ have no batch dimension: a dynamic leading dim
     # among them is left dynamic here (and refused by name below) rather than guessed.
     fill = (batch or own or 1) if len(_static_leading(model, shapes)) <= 1 else batch
+    carriers = frozenset(dtype_only_inputs(model))  # before preparation adds casts of them
     model, steps = prepare(model, shapes=shapes, batch=fill)
     _check_ops(model)
+    nonfinite = NonFinite(*nonfinite_blockers(model))
     _check_constructs(model)
     datadep = data_dependent_node(model)
     dynamic = has_runtime_shape_operand(model) or datadep is not None
@@ -360,8 +373,17 @@ def import_model(model: Any, *, batch: int | None = None,
                if datadep is not None else "a node takes a shape operand from a model input")
         raise ModelError(f"{why}, so the model compiles for exactly its input shapes, not for batch {batch}",
                          hint="compile without --train/--batch")
-    specs, base, batched = _input_shapes(model, batch, exact=dynamic)
+    specs, base, batched = _input_shapes(model, batch, exact=dynamic, carriers=carriers)
     batched = batched and not dynamic
+    empty = _take_empty_outputs(model)
+    _drop_empty_operands(model)
+    if empty:  # produced by the artifact without compiled code (compiler.artifact)
+        if batch is not None or any(d < 0 for s in specs for d in s.shape):
+            spec0 = empty[0][1]
+            raise ModelError(f"output {spec0.name!r} is empty (shape {list(spec0.shape)}), so the model "
+                             "compiles for exactly its input shapes, not for a batch",
+                             hint="compile without --train/--batch, or fix every input with --shape")
+        batched = False
     keep = _trainable(model)
     param_names = [t.name for t in model.graph.initializer if t.name in keep]
     prepared = _constants_to_nodes(model, keep)
@@ -393,8 +415,11 @@ def import_model(model: Any, *, batch: int | None = None,
         raise ModelError(f"internal: {len(params)} imported parameters but {len(param_names)} initializers",
                          hint="report this model as a bug")
     outputs = _output_specs(mod, model, dynamic)
+    for at, spec in empty:
+        outputs.insert(at, spec)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
-                         params=params, batch=batch or base, prepared_steps=steps, batched=batched)
+                         params=params, batch=batch or base, prepared_steps=steps, batched=batched,
+                         nonfinite=nonfinite)
 
 
 def _check_constructs(model: Any) -> None:
@@ -558,6 +583,69 @@ def _failing_node(model: Any, specs: list[TensorSpec], opset: int | None) -> str
     if node.op_type == "Constant":
         return None
     return f"node {node.name or f'#{lo - 1}'!r} ({node.op_type})"
+
+
+def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
+    """Remove the outputs of static shape with a zero dim (CausalConvWithState's present_state at
+    kernel size 1) from the graph, with the nodes only they used: TVM cannot store an empty constant
+    in a library ("Invalid DLTensor file format" at load). Returns (position, spec) of each; the
+    artifact answers them as empty arrays. Refused when every output is empty."""
+    from onnx import helper
+
+    from compiler.graphbuild import _drop_dead_nodes, _static_shapes
+
+    g = model.graph
+    declared = {o.name: [d.dim_value if d.HasField("dim_value") else -1 for d in o.type.tensor_type.shape.dim]
+                for o in g.output if o.type.tensor_type.HasField("shape")}
+    # shape inference costs seconds on big models: only where an empty tensor is in sight
+    if not any(0 in dims for dims in declared.values()) and not any(0 in t.dims for t in g.initializer):
+        return []
+    shapes = {**declared, **_static_shapes(model)}
+    empty = []
+    for at, out in enumerate(g.output):
+        dims = shapes.get(out.name)
+        if dims is not None and 0 in dims and all(d >= 0 for d in dims):
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(out.type.tensor_type.elem_type)).name
+            empty.append((at, TensorSpec(out.name, tuple(dims), dtype)))
+    if not empty:
+        return []
+    if len(empty) == len(g.output):
+        raise ModelError(f"every output of the model is empty (e.g. {empty[0][1].name!r}: shape "
+                         f"{list(empty[0][1].shape)})", hint="there is nothing to compute")
+    names = {spec.name for _, spec in empty}
+    kept = [o for o in g.output if o.name not in names]
+    del g.output[:]
+    g.output.extend(kept)
+    _drop_dead_nodes(model)
+    return empty
+
+
+def _drop_empty_operands(model: Any) -> None:
+    """Concat operands of static zero size (CausalConvWithState's zero-column padding at kernel
+    size 1) add nothing: removed, since TVM cannot store such a constant in a library (it failed at
+    load, "Invalid DLTensor file format"). Other empty constants stay: an empty shape operand
+    (Reshape to a scalar, inside CumProd's lowering) compiles."""
+    from compiler.graphbuild import _drop_dead_nodes, _drop_unused_initializers, _static_shapes
+
+    g = model.graph
+    if not any(0 in t.dims for t in g.initializer):
+        return
+    shapes = _static_shapes(model)
+    sizes = {t.name: int(np.prod(t.dims)) for t in g.initializer}
+    for name, dims in shapes.items():
+        if name not in sizes and dims and all(d >= 0 for d in dims):
+            sizes[name] = int(np.prod(dims))
+    changed = False
+    for node in g.node:
+        if node.op_type == "Concat" and node.domain in ("", "ai.onnx"):
+            keep = [i for i in node.input if sizes.get(i, 1) != 0]
+            if keep and len(keep) != len(node.input):
+                del node.input[:]
+                node.input.extend(keep)
+                changed = True
+    if changed:
+        _drop_dead_nodes(model)
+        _drop_unused_initializers(model)
 
 
 def _output_specs(mod: Any, model: Any, dynamic: bool = False) -> list[TensorSpec]:

@@ -31,6 +31,8 @@ __all__ = [
     "TrainingInfo",
     "QuantSettings",
     "QuantizationInfo",
+    "NonFinite",
+    "NONFINITE_UNCHECKED",
     "Manifest",
     "file_sha256",
 ]
@@ -382,6 +384,29 @@ class QuantizationInfo:
                    r.typed("integer", bool, False, required=False))
 
 
+# An artifact from before the per-operator check: it refused every non-finite input, and still does.
+NONFINITE_UNCHECKED = "?"
+_LEGACY = NONFINITE_UNCHECKED
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Which non-finite float inputs inference takes (compiler/nonfinite.py): for NaN and for
+    infinities, ``""`` (taken: every operator gives ONNX's IEEE result) or the operator that would
+    not, which makes inference refuse them. A manifest without it refuses both
+    (``NONFINITE_UNCHECKED``)."""
+
+    nan: str = _LEGACY
+    inf: str = _LEGACY
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nan": self.nan, "inf": self.inf}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> NonFinite:
+        return cls(r.text("nan", _LEGACY, required=False), r.text("inf", _LEGACY, required=False))
+
+
 def _shapes_map(value: dict[Any, Any], where: str) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for k, v in value.items():
@@ -417,6 +442,7 @@ class Manifest:
     batched: bool = True
     # --train --quantize int8: the int8 inference library and what rebuilding it takes (None: float only)
     quantization: QuantizationInfo | None = None
+    nonfinite: NonFinite = field(default_factory=NonFinite)  # NaN / inf inputs taken or refused
     format_version: int = FORMAT_VERSION
 
     @property
@@ -440,6 +466,7 @@ class Manifest:
             "compiled_shapes": {k: list(v) for k, v in self.compiled_shapes.items()},
             "prepared_steps": list(self.prepared_steps),
             "batched": self.batched,
+            "nonfinite": self.nonfinite.to_json(),
             **({"quantization": self.quantization.to_json()} if self.quantization is not None else {}),
         }
 
@@ -476,6 +503,7 @@ class Manifest:
             prepared_steps=r.seq("prepared_steps", _text, required=False),
             batched=r.typed("batched", bool, True, required=False),
             quantization=r.obj("quantization", QuantizationInfo.parse, required=False),
+            nonfinite=r.obj("nonfinite", NonFinite.parse, required=False) or NonFinite(),
             format_version=version,
         )
 

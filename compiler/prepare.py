@@ -41,6 +41,8 @@ that changed something (``fractal compile`` prints them).
 5d. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
+6b. ``lower_ieee``   -- IsInf with one sign only, float Mod by an infinite divisor: ONNX's IEEE
+                         results (compiler/lower_ieee.py).
 7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
 8. ``fix_reduce_extremes`` -- float ReduceMax/ReduceMin of a slice of only -inf/+inf gives the
                          infinity, not TVM's finite initial value (fully masked attention rows).
@@ -64,8 +66,10 @@ from compiler.graphbuild import (
     _opset,
     _replace_nodes,
     _static_shapes,
+    dtype_only_inputs,
     fold_constants,
 )
+from compiler.lower_ieee import lower_ieee
 from compiler.lower_ops import LOWERED_OPS, lower_ops
 from compiler.lower_training import lower_training
 from compiler.prepare_ml import lower_ml
@@ -175,7 +179,8 @@ def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: 
     shapes = dict(shapes or {})
     from compiler.dynshape import shape_operand_inputs
 
-    empty_ok = shape_operand_inputs(model)  # an empty axes / shape operand is a length-0 input
+    # an empty axes / shape operand is a length-0 input; so may be one that only carries a dtype
+    empty_ok = shape_operand_inputs(model) | dtype_only_inputs(model)
     for name, dims in shapes.items():
         if name not in inputs:
             raise ModelError(f"--shape names {name!r}, which is not an input of the model",
@@ -183,7 +188,9 @@ def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: 
         tt = inputs[name].type.tensor_type
         if any((d == 0 and name not in empty_ok) or d < -1 for d in dims):
             raise ModelError(f"--shape {name}={','.join(map(str, dims))} has an empty or negative dimension",
-                             hint="dimensions are >= 1 (or ? for a dynamic batch)")
+                             hint="dimensions are >= 1 (or ? for a dynamic batch); only an input that "
+                                  "carries just a dtype (CastLike's target_type) or a shape operand may be "
+                                  "empty: TVM does not import or run empty data tensors")
         if tt.HasField("shape") and len(tt.shape.dim) != len(dims):
             raise ModelError(f"--shape {name} gives {len(dims)} dimensions; the input has "
                              f"{len(tt.shape.dim)}",
@@ -816,6 +823,28 @@ def _uses_float16(model: Any) -> bool:
     return False
 
 
+def cast_like_inputs(model: Any) -> bool:
+    """CastLike whose ``target_type`` is a model input -> Cast to that input's dtype: the input only
+    carries a dtype (it may be empty, as in ONNX's CastLike cases), and no compiled code reads it."""
+    from onnx import helper
+
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    dtypes = {i.name: i.type.tensor_type.elem_type for i in g.input if i.name not in inits}
+    changed = False
+    for node in g.node:
+        if node.op_type == "CastLike" and node.domain in ("", "ai.onnx") and len(node.input) == 2 \
+                and dtypes.get(node.input[1]):
+            to = dtypes[node.input[1]]
+            node.op_type = "Cast"
+            del node.input[1]
+            saturate = [a for a in node.attribute if a.name == "saturate"]
+            del node.attribute[:]
+            node.attribute.extend([helper.make_attribute("to", to), *saturate])
+            changed = True
+    return changed
+
+
 # ---------------------------------------------------------------------------------------------- all
 def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
             batch: int | None = None) -> tuple[Any, list[str]]:
@@ -845,6 +874,8 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("lower_ops", lambda: lower_ops(model)),  # ScatterElements, DFT, ... (compiler/lower_ops.py)
         ("cast_pow_exponent", lambda: cast_pow_exponent(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
+        ("cast_like_inputs", lambda: cast_like_inputs(model)),
+        ("lower_ieee", lambda: lower_ieee(model)),  # IsInf's sign, Mod by inf (compiler/lower_ieee.py)
         ("promote_float16", lambda: promote_float16(model)),
         # after promote_float16: the finite extreme is the computing type's
         ("fix_reduce_extremes", lambda: fix_reduce_extremes(model)),

@@ -59,6 +59,9 @@ class Trainer:
                 raise InputError(f"training input {spec.name!r} is {arr.dtype}{list(arr.shape)}, expected "
                                  f"{spec.dtype}{list(want)}",
                                  hint=f"training batches have exactly {self.batch} samples")
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():  # inference takes them; training never
+                raise InputError(f"training input {spec.name!r} holds NaN or infinity",
+                                 hint="training data must be finite numbers")
             out.append(arr)
         return out
 

@@ -349,8 +349,12 @@ class EdgeNode:
         return out
 
     def _serve(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The model's outputs as requests get them: the int8 library, or the float model."""
-        return self.int8.infer(inputs) if self.int8 is not None else self.model.infer(inputs)
+        """The model's outputs as requests get them: the int8 library, or the float model. A request
+        holding NaN or infinity goes to the float model: int8 has no such values (quantizing them is
+        undefined), the float model gives ONNX's IEEE results."""
+        if self.int8 is not None and not _holds_nonfinite(inputs):
+            return self.int8.infer(inputs)
+        return self.model.infer(inputs)
 
     def add_samples(self, inputs: dict[str, np.ndarray], labels: np.ndarray | None) -> int:
         """Store samples durably (one fsynced transaction) and return the new sample count."""
@@ -713,3 +717,20 @@ def _check_writable(data_dir: Path) -> None:
         raise ConfigError(f"data_dir {data_dir} is not writable: {exc.strerror or exc}",
                           hint="point data_dir at a writable directory (the node stores samples and "
                                "parameters there)") from None
+
+
+def _holds_nonfinite(inputs: Mapping[str, Any]) -> bool:
+    """Whether a float input holds NaN or infinity (inputs that are not arrays of numbers: False,
+    the artifact's validator names what is wrong with them)."""
+    if not isinstance(inputs, Mapping):
+        return False
+    for v in inputs.values():
+        a = v if isinstance(v, np.ndarray) else None
+        if a is None:
+            try:
+                a = np.asarray(v)
+            except (ValueError, TypeError):
+                return False
+        if a.dtype.kind == "f" and a.size and not np.isfinite(a).all():
+            return True
+    return False

@@ -385,11 +385,13 @@ class RoundRunner:
 
     def _check_labels(self, plan: RoundPlan, samples: Samples) -> None:
         """Refuse a round over stored labels the compiled loss must not see (a store edited by
-        hand or kept from a model with more classes); the peers hear it at once."""
+        hand or kept from a model with more classes), or over non-finite inputs; the peers hear
+        it at once."""
         try:
             self.parts.store.check_labels(samples.labels)
+            self.parts.store.check_inputs(list(samples.inputs.values()))
         except InvalidInput as exc:
-            reason = f"{self.node_id}: its stored training samples hold bad labels: {exc}"
+            reason = f"{self.node_id}: its stored training samples hold bad labels or inputs: {exc}"
             if self.collective is not None:
                 self.collective.abort(f"{plan.round_id}/hello",
                                       [m for m in plan.group if m != self.node_id], reason)

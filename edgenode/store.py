@@ -27,6 +27,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,12 +199,19 @@ class SampleStore:
                                else "targets must be numbers")
         if n == 0:
             raise InvalidInput("no samples in the request", hint="send at least one sample")
-        for a in arrays:
-            if a.dtype.kind == "f" and not np.isfinite(a).all():
-                raise InvalidInput("inputs contain NaN or Inf", hint="send finite numbers")
+        self.check_inputs(arrays)
         lab = np.ascontiguousarray(lab, dtype=self.spec.label_dtype)
         self.check_labels(lab)
         return arrays, lab
+
+    @staticmethod
+    def check_inputs(arrays: Sequence[np.ndarray]) -> None:
+        """Samples train, so they are finite (inference takes NaN and infinity; training data never
+        does: one NaN sample would make every member's parameters NaN). InvalidInput otherwise.
+        Also run on what a round reads (a store written by hand or by an older node)."""
+        for a in arrays:
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise InvalidInput("inputs contain NaN or Inf", hint="samples train: send finite numbers")
 
     def check_labels(self, lab: np.ndarray) -> None:
         """Class ids in [0, num_classes), regression targets finite; InvalidInput otherwise.

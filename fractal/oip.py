@@ -59,9 +59,13 @@ def _reject_constant(token: str) -> Any:
     raise TensorError(f"non-finite number {token} in request JSON (NaN and Infinity are not allowed)")
 
 
-def loads(raw: bytes | str) -> Any:
-    """Strict JSON: NaN/Infinity, too deep nesting and bad UTF-8 are TensorErrors."""
+def loads(raw: bytes | str, *, ieee: bool = False) -> Any:
+    """Strict JSON: too deep nesting and bad UTF-8 are TensorErrors, and so are the tokens ``NaN``,
+    ``Infinity`` and ``-Infinity`` unless ``ieee`` (an inference request: Python's ``json`` and
+    tritonclient write non-finite floats so, and the node's replies carry them the same way)."""
     try:
+        if ieee:
+            return json.loads(raw)
         return json.loads(raw, parse_constant=_reject_constant)
     except TensorError:
         raise
@@ -89,8 +93,11 @@ def check_shape(name: str, shape: Any, what: str = "input") -> tuple[int, ...]:
 
 
 def decode_json_data(name: str, data: Any, dims: tuple[int, ...], dtype: np.dtype,
-                     what: str = "input") -> np.ndarray:
-    """``data`` (flat or nested row-major) as an array of ``dtype`` and shape ``dims``, or TensorError."""
+                     what: str = "input", *, ieee: bool = False) -> np.ndarray:
+    """``data`` (flat or nested row-major) as an array of ``dtype`` and shape ``dims``, or TensorError.
+    Float data must be finite unless ``ieee`` (inference: NaN and infinities are IEEE values the
+    model's operators define); a finite number that overflows the datatype is refused either way
+    (it has no value of that datatype: the client declared the wrong one)."""
     if not isinstance(data, list):
         raise TensorError(f"{what} '{name}': 'data' must be a list (flat or nested row-major)")
     try:
@@ -107,8 +114,11 @@ def decode_json_data(name: str, data: Any, dims: tuple[int, ...], dtype: np.dtyp
         with np.errstate(over="ignore", invalid="ignore"):
             out = arr.astype(dtype, copy=False).reshape(dims)
         if not np.isfinite(out).all():
-            raise TensorError(f"{what} '{name}': 'data' has non-finite values "
-                              f"(NaN, Infinity or out of {datatype_of(dtype)} range)")
+            if not ieee:
+                raise TensorError(f"{what} '{name}': 'data' has non-finite values "
+                                  f"(NaN, Infinity or out of {datatype_of(dtype)} range)")
+            if (np.isfinite(arr.reshape(dims)) & ~np.isfinite(out)).any():
+                raise TensorError(f"{what} '{name}': 'data' has numbers out of {datatype_of(dtype)} range")
         return out
     if dtype.kind in "iu":
         if arr.dtype.kind == "f":

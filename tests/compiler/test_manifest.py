@@ -57,3 +57,24 @@ def test_malformed_fields_are_named(compiler_digits_artifact, tmp_path, edit, me
     with pytest.raises(ArtifactError, match=message) as info:
         load_artifact(art)
     assert info.value.hint
+
+
+def test_artifact_from_before_the_nonfinite_field_refuses_nan_and_inf(compiler_digits_artifact, tmp_path):
+    """A manifest without ``nonfinite`` was compiled when inference refused every non-finite input;
+    it still does (its operators were never checked), while the recompiled one names its Relu."""
+    import numpy as np
+
+    from compiler.errors import InputError
+
+    assert Manifest.read(compiler_digits_artifact).nonfinite.nan == "Relu"
+    art, data = _copy(compiler_digits_artifact, tmp_path)
+    data.pop("nonfinite")
+    (art / MANIFEST).write_text(json.dumps(data))
+    old = load_artifact(art)
+    x = np.zeros((1, *old.inputs[0].shape[1:]), np.float32)
+    old.infer({old.inputs[0].name: x})
+    for bad, what in ((np.inf, "infinity"), (np.nan, "NaN")):
+        x[0, 0] = bad
+        with pytest.raises(InputError, match=f"holds {what}, which this model refuses: the artifact was "
+                                             "compiled before"):
+            old.infer({old.inputs[0].name: x})

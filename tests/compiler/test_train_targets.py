@@ -94,6 +94,28 @@ def test_trainer_refuses_non_finite_mse_targets(route: str, bad: float, mse_adam
         tr.loss_and_grad(art.params, _x(tr.batch, 8), y)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_trainer_refuses_non_finite_inputs(bad: float, mse_adam_artifact: Path) -> None:
+    """Inference takes NaN and infinity (IEEE values); a training step never does: one such
+    sample would make the gradient, and every member's parameters after the round, NaN."""
+    art = load_artifact(mse_adam_artifact)
+    tr = art.trainer
+    assert tr is not None
+    x = _x(tr.batch, 8)
+    x[1, 3] = bad
+    with pytest.raises(InputError, match=r"training input .* holds NaN or infinity"):
+        tr.loss_and_grad(art.params, x, np.zeros(tr.target_spec.shape, np.float32))
+    # inference: infinities pass Gemm and Relu as ONNX says; NaN would come out of Relu as 0
+    # (TVM's max drops it), so this model refuses NaN by name (compiler/nonfinite.py)
+    assert art.manifest.nonfinite.nan == "Relu" and art.manifest.nonfinite.inf == ""
+    if np.isnan(bad):
+        with pytest.raises(InputError, match=r"holds NaN, which this model refuses: its Relu"):
+            art.infer({art.inputs[0].name: x})
+    else:
+        out = next(iter(art.infer({art.inputs[0].name: x}).values()))
+        assert np.isfinite(np.delete(out, 1, axis=0)).all() and not np.isfinite(out[1]).all()
+
+
 @pytest.mark.parametrize("bad", BAD_IDS)
 def test_c_library_checks_class_ids_itself(bad: int, c_digits: Path) -> None:
     """The compiled entry point refuses them even when the Trainer's checks are bypassed."""

@@ -204,3 +204,24 @@ def test_stored_labels_out_of_range_fail_the_round_cleanly(swarm, bad):
         assert (n.params_sha256, n.model_version) == before[i]
         assert n.info()["state"] == "online"
     assert odd.infer({"x": np.zeros((1, 64), np.float32)})["logits"].shape == (1, 10)
+
+
+def test_stored_non_finite_inputs_fail_the_round_cleanly(swarm):
+    """Inference takes NaN; training never does. A NaN sample written into a node's store by hand
+    (the HTTP API refuses it) fails the round at its start, naming it; the peers hear it at once and
+    nothing is committed anywhere."""
+    import sqlite3
+
+    hub, nodes, events = swarm
+    odd = nodes["n1"]
+    before = {i: (n.params_sha256, n.model_version) for i, n in nodes.items()}
+    with sqlite3.connect(odd.store.path) as db:
+        db.execute("UPDATE samples SET data = ?", (np.full(64, np.nan, np.float32).tobytes(),))
+    t0 = time.monotonic()
+    run(nodes, RoundCommand(round_id="nan-inputs", steps=5, lr=0.1, participants=IDS, step_timeout_s=20))
+    assert time.monotonic() - t0 < 15
+    failed = [e for e in events["n1"] if e.kind == EventKind.FAILED]
+    assert len(failed) == 1 and "inputs contain NaN or Inf" in failed[0].reason, events["n1"]
+    for i, n in nodes.items():
+        assert not [e for e in events[i] if e.kind == EventKind.DONE]
+        assert (n.params_sha256, n.model_version) == before[i]
