@@ -44,21 +44,11 @@ def dot_product_target(target: Any) -> bool:
 
 def _int8_convs(mod: Any) -> tuple[int, int]:
     """(int32-accumulating conv2d, other conv2d) bound in ``mod``'s Relax functions."""
-    from tvm import ir, relax
+    from compiler.layout import conv2d_calls
 
-    conv = ir.Op.get("relax.nn.conv2d")
-    n_int, n_other = 0, 0
-    for func in mod.functions.values():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        for block in func.body.blocks:
-            for b in block.bindings:
-                if isinstance(b.value, relax.Call) and b.value.op.same_as(conv):
-                    if str(b.value.attrs.out_dtype) == "int32":
-                        n_int += 1
-                    else:
-                        n_other += 1
-    return n_int, n_other
+    dtypes = [str(call.attrs.out_dtype) for call in conv2d_calls(mod)]
+    n_int = dtypes.count("int32")
+    return n_int, len(dtypes) - n_int
 
 
 def prepare(mod: Any, target: Any) -> Any:

@@ -60,95 +60,81 @@ _registered: list[str] = []
 
 
 def _register() -> None:
-    """The project's intrinsics; first the AVX2 quad: ``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for 8
-    int32 lanes, 4 bytes each."""
+    """The project's intrinsics (:func:`_quad_intrin`, :func:`_pair_intrin`), once."""
     if _registered:
         return
     from tvm.s_tir import TensorIntrin
-    from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (8, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (8,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-            T.writes(C[0:8])
-            for i in T.serial(0, 8):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (8, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (8,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-            T.writes(C[0:8])
-            # the 4 activation bytes broadcast to every lane; u8 x s8 products summed in pairs
-            # (int16, saturating), then the pairs summed to int32 by a multiply with ones
-            a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-            pairs = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
-                T.reinterpret(T.broadcast(a4, 8), dtype="uint8x32"),
-                B.vload([0, 0], dtype="int8x32"),
-                dtype="int16x16",
-            )
-            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
-                pairs,
-                T.broadcast(T.int16(1), 16),
-                dtype="int32x8",
-            )
-
-    TensorIntrin.register(AVX2_DOT_8X4, desc, impl)
-    TensorIntrin.register(VNNI_DOT_16X4, *_vnni_intrin())
+    TensorIntrin.register(AVX2_DOT_8X4, *_quad_intrin(8, vnni=False))
+    TensorIntrin.register(VNNI_DOT_16X4, *_quad_intrin(16, vnni=True))
     TensorIntrin.register(AVX2_PAIR_8X2, *_pair_intrin(8, "llvm.x86.avx2.pmadd.wd"))
     TensorIntrin.register(AVX512_PAIR_16X2, *_pair_intrin(16, "llvm.x86.avx512.pmaddw.d.512"))
     _registered.append(AVX2_DOT_8X4)
 
 
-def _vnni_intrin() -> tuple[Any, Any]:
-    """``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for 16 int32 lanes: one ``vpdpbusd`` (the 4 products
-    summed in int32, no saturation)."""
+def _quad_intrin(lanes: int, *, vnni: bool) -> tuple[Any, Any]:
+    """``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for ``lanes`` int32 lanes, 4 bytes each, the 4
+    activation bytes broadcast to every lane. ``vnni``: one ``vpdpbusd`` (16 lanes, the products
+    summed in int32); else AVX2's ``vpmaddubsw`` (u8 x s8 products summed in pairs to int16,
+    saturating) then ``vpmaddwd`` by ones (the pairs summed to int32), 8 lanes."""
     from tvm.script import tirx as T
+
+    nbytes = 4 * lanes
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (16,), "int32", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
                 for k in T.serial(0, 4):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
                         C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
     @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+    def vnni_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (16,), "int32", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
             a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], dtype="int32x16"),
-                T.reinterpret(T.broadcast(a4, 16), dtype="uint8x64"),
-                B.vload([0, 0], dtype="int8x64"),
-                dtype="int32x16",
+                C.vload([0], dtype=f"int32x{lanes}"),
+                T.reinterpret(T.broadcast(a4, lanes), dtype=f"uint8x{nbytes}"),
+                B.vload([0, 0], dtype=f"int8x{nbytes}"),
+                dtype=f"int32x{lanes}",
             )
 
-    return desc, impl
+    @T.prim_func(s_tir=True)
+    def avx2_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
+                T.reinterpret(T.broadcast(a4, lanes), dtype=f"uint8x{nbytes}"),
+                B.vload([0, 0], dtype=f"int8x{nbytes}"),
+                dtype=f"int16x{2 * lanes}",
+            )
+            C[T.ramp(T.int32(0), 1, lanes)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                pairs,
+                T.broadcast(T.int16(1), 2 * lanes),
+                dtype=f"int32x{lanes}",
+            )
+
+    return desc, vnni_impl if vnni else avx2_impl
 
 
 def _pair_intrin(lanes: int, llvm: str) -> tuple[Any, Any]:
