@@ -19,16 +19,21 @@ emits; tensorizing with it would additionally need weights packed as ``[O/4, KH,
 (its ``B`` operand is a compact 4x4 block), which LLVM does not need to find the instruction.
 
 Depthwise convolutions (reduction over a 3x3 window per channel: no four contiguous products to
-pair) keep the default channels-last schedule (``smlal``). Targets without ``+dotprod`` (``rpi4``,
-generic ``aarch64``) are left as they are. Anything here that fails falls back to the default
-path: the layouts and schedules change speed only, never results.
+pair) run the fused channels-last kernel of :mod:`compiler.int8_depthwise` (:func:`kernels`:
+channels in the vector lanes, widening multiply-accumulates, requantization in registers).
+Targets without ``+dotprod`` (``rpi4``, generic ``aarch64``) are left as they are. Anything here
+that fails falls back to the default path: the layouts and schedules change speed only, never
+results.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DOTPROD_TILE", "dot_product_target", "input_channels_last", "prepare", "rules", "schedule"]
+from compiler.int8_depthwise import DepthwiseKernels
+
+__all__ = ["DOTPROD_TILE", "dot_product_target", "input_channels_last", "kernels", "prepare", "rules",
+           "schedule"]
 
 # register tile (output columns, output channels): 5 x 4 sdot accumulators + 9 operands: 29 of
 # the 32 NEON registers
@@ -40,6 +45,15 @@ def dot_product_target(target: Any) -> bool:
     if "aarch64" not in str(target.attrs.get("mtriple", "")):
         return False
     return "+dotprod" in [str(a) for a in target.attrs.get("mattr", [])]
+
+
+def kernels(target: Any) -> DepthwiseKernels | None:
+    """The int8 kernels :func:`compiler.integer.integer_kernels` builds itself for ``target``
+    (LLVM, ``+dotprod``): the depthwise convolutions' (:mod:`compiler.int8_depthwise`, 4 int32
+    lanes per NEON register); None elsewhere."""
+    if target is None or target.kind.name != "llvm" or not dot_product_target(target):
+        return None
+    return DepthwiseKernels(vector=4)
 
 
 def _int8_convs(mod: Any) -> tuple[int, int]:

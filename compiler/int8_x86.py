@@ -35,8 +35,9 @@ negative ones to at least -128) the u8 quads run; elsewhere an exact int16 pair 
 multiply-adds per multiplier instruction as the quads on AVX2. VNNI's ``vpdpbusd`` sums in int32:
 always the quads.
 
-Depthwise and grouped convolutions keep the generic integer kernels (no reduction over channels
-to put in the 4-byte groups). :func:`kernels` picks the instruction for a target; the builders
+Depthwise convolutions (no reduction over channels to put in the 4-byte groups) run the fused
+channels-last kernel of :mod:`compiler.int8_depthwise`; other grouped ones the generic integer
+kernels. :func:`kernels` picks the instruction for a target; the builders
 return ``None`` where they do not apply, and :mod:`compiler.integer` then emits its generic ops.
 """
 
@@ -46,6 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from compiler.int8_depthwise import Int8Kernels, requantize
 
 __all__ = ["AVX2_DOT_8X4", "AVX2_PAIR_8X2", "AVX512_PAIR_16X2", "VNNI_DOT_16X4", "DotKernels", "kernels"]
 
@@ -204,7 +207,7 @@ _AVX2_CPUS = {"haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", *
 
 
 @dataclass
-class DotKernels:
+class DotKernels(Int8Kernels):
     """Builders of tensorized int8 kernels for one target: ``lanes`` int32 outputs per intrinsic
     call; ``quad`` the u8 x s8 4-byte dot product's intrinsic; ``pair`` the exact int16 pair
     one (``vpmaddwd``) used where ``quad`` would saturate (None: ``quad`` cannot, VNNI);
@@ -219,8 +222,9 @@ class DotKernels:
     funcs: list[tuple[Any, Any]] = field(default_factory=list)
     used: dict[str, int] = field(default_factory=dict)
 
-    def summary(self) -> str:
-        return ", ".join(f"{n} {name}" for name, n in sorted(self.used.items()))
+    @property
+    def vector(self) -> int:  # type: ignore[override]
+        return self.lanes
 
     def conv2d(self, xq: Any, wq: np.ndarray, bias: np.ndarray, scale: np.ndarray, *, zx: int,
                sy: float, zy: int, out_dtype: str, relu: bool, strides: tuple[int, int],
@@ -231,7 +235,10 @@ class DotKernels:
         :mod:`compiler.integer` makes it)."""
         from tvm import relax
 
-        if groups != 1 or wq.dtype != np.int8 or str(xq.ty.dtype) != "int8" or wq.ndim != 4:
+        if groups != 1:
+            return self.depthwise(xq, wq, bias, scale, zx=zx, sy=sy, zy=zy, out_dtype=out_dtype, relu=relu,
+                                  strides=strides, dilation=dilation, pads=pads, groups=groups)
+        if wq.dtype != np.int8 or str(xq.ty.dtype) != "int8" or wq.ndim != 4:
             return None
         if not _static(xq):
             return None
@@ -307,21 +314,14 @@ class DotKernels:
         intrin = self.quad if quad else str(self.pair)
         func = self._prim_func(n, hp, wp * ci, ci, co, co_l, kh, rowg, oh, ow, strides, dilation[0],
                                (g, act, wdt, intrin), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
-        self.used[intrin] = self.used.get(intrin, 0) + 1
-        # (a GlobalVar typed by the function it names: call_tir checks its callee's type)
-        # (private, like the functions LegalizeOps makes: the build names its symbol after the
-        # GlobalVar, so passes that copy functions, as tuning's do, cannot duplicate a symbol)
-        func = func.without_attr("global_symbol")
-        gv = relax.BlockBuilder().add_func(func, f"fractal_int8_conv_{len(self.funcs)}")
-        self.funcs.append((gv, func))
-        return relax.call_tir(gv, [xu, relax.const(np.ascontiguousarray(w_pack)),
-                                   relax.const(b.astype(np.int32)), relax.const(s)],
-                              relax.TensorType([n, oh, ow, co], out_dtype))
+        return self.emit(func, intrin, "conv", [xu, relax.const(np.ascontiguousarray(w_pack)),
+                                                relax.const(b.astype(np.int32)), relax.const(s)],
+                         relax.TensorType([n, oh, ow, co], out_dtype))
 
     def _prim_func(self, n: int, hp: int, width: int, ci: int, co: int, co_l: int, kh: int, rowg: int,
                    oh: int, ow: int, strides: tuple[int, int], dh: int, kind: tuple[int, str, str, str], *,
                    sy: float, zy: int, out_dtype: str, relu: bool) -> Any:
-        from tvm import te, tirx
+        from tvm import te
 
         L = self.lanes
         g, act, wdt, intrin = kind
@@ -338,17 +338,7 @@ class DotKernels:
                 X[b, y * sh + rh * dh, x * (sw * ci) + rm * g + rk].astype("int32")
                 * W[c // L, rh, rm, c % L, rk].astype("int32"), axis=[rh, rm, rk]),
             name="acc")
-        lo, hi = (-128, 127) if out_dtype == "int8" else (0, 255)
-        lo = max(lo, zy) if relu else lo  # ReLU on the quantized grid: max(q, zy)
-
-        def requant(b: Any, y: Any, x: Any, c: Any) -> Any:
-            # R.quantize's arithmetic (float32 x / scale, round half to even, zero point, clamp)
-            real = (acc[b, y, x, c] + B[c]).astype("float32") * S[c]
-            q = te.round(real / tirx.const(sy, "float32")) + tirx.const(float(zy), "float32")
-            return te.max(te.min(q, tirx.const(float(hi), "float32")),
-                          tirx.const(float(lo), "float32")).astype(out_dtype)
-
-        out = te.compute((n, oh, ow, co), requant, name="requant")
+        out = requantize(acc, B, S, (n, oh, ow, co), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
         func = te.create_prim_func([X, W, B, S, out])
         return self._schedule(func, intrin, n * oh, ow, co_l, co)
 

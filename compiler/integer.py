@@ -84,7 +84,7 @@ class _Rewriter:
     def __init__(self, dot: Any = None) -> None:
         from tvm.relax.dpl import is_const, is_op, wildcard
 
-        self.dot = dot  # compiler.int8_x86.DotKernels, or None: the generic ops
+        self.dot = dot  # compiler.int8_depthwise.Int8Kernels (the target's), or None: the generic ops
         self.dots = 0
 
         self.xq = wildcard()
@@ -220,9 +220,9 @@ def integer_kernels(mod: Any, target: Any = None) -> IntegerRewrite:
     from tvm import relax
     from tvm.relax.dpl import rewrite_call
 
-    from compiler import int8_x86
+    from compiler import int8_arm, int8_x86
 
-    dot = int8_x86.kernels(target)
+    dot = int8_x86.kernels(target) or int8_arm.kernels(target)
     rw = _Rewriter(dot)
     out = mod
     for gv, func in mod.functions.items():

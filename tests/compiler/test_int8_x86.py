@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from compiler import compile_model, int8_x86
+from compiler.int8_depthwise import DEPTHWISE
 from compiler.manifest import Manifest
 from compiler.targets import get_preset
 from tests.compiler.test_integer import _qdq
@@ -88,7 +89,7 @@ def test_vnni_build_runs_its_int8_kernels_on_vpdpbusd(tmp_path: Path) -> None:
     art = compile_model(qdq, target="x86_64-avx512-vnni", out_dir=tmp_path / "art", progress=False,
                         integer=True)
     steps = Manifest.read(art).prepared_steps
-    assert f"dot_product_kernels(6 of them: 6 {int8_x86.VNNI_DOT_16X4})" in steps
+    assert f"dot_product_kernels(10 of them: 4 {DEPTHWISE}, 6 {int8_x86.VNNI_DOT_16X4})" in steps
     lib = json.loads((art / "manifest.json").read_text())["libs"]["infer"]
     asm = _disassembly(art / lib)
     assert asm.count("vpdpbusd") >= 6 and "vpmaddubsw" not in asm
