@@ -149,7 +149,9 @@ def rules(tile: tuple[int, int] = DOTPROD_TILE, accept: Any = dot_product_target
             par = sch.fuse(*outer, h) if outer else h
             if int(sch.get(par).extent) > 1:
                 sch.parallel(par)
-            acc = sch.cache_write(red.block_rv, 0, "local")
+            # (a "global" tile: TVM lowers it to a stack array; a "local" one was a
+            # TVMBackendAllocWorkspace / Free call pair per tile inside the parallel loop)
+            acc = sch.cache_write(red.block_rv, 0, "global")
             sch.reverse_compute_at(acc, co, preserve_unit_loops=True)
             if last is not None:
                 sch.reverse_compute_at(last, par, preserve_unit_loops=True)
