@@ -50,10 +50,11 @@ def dot_product_target(target: Any) -> bool:
 def kernels(target: Any) -> DepthwiseKernels | None:
     """The int8 kernels :func:`compiler.integer.integer_kernels` builds itself for ``target``
     (LLVM, ``+dotprod``): the depthwise convolutions' (:mod:`compiler.int8_depthwise`, 4 int32
-    lanes per NEON register); None elsewhere."""
+    lanes per NEON register) and the matmuls' with ``[N, K]`` weights (``sdot`` on ONNX MatMul's
+    ``[K, N]`` ones too); None elsewhere."""
     if target is None or target.kind.name != "llvm" or not dot_product_target(target):
         return None
-    return DepthwiseKernels(vector=4)
+    return DepthwiseKernels(vector=4, rows_matmul=True)
 
 
 def _int8_convs(mod: Any) -> tuple[int, int]:

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEPTHWISE", "DepthwiseKernels", "Int8Kernels", "requantize"]
+__all__ = ["DEPTHWISE", "ROWS_MATMUL", "DepthwiseKernels", "Int8Kernels", "requantize"]
 
 DEPTHWISE = "fractal_depthwise_i8"
+ROWS_MATMUL = "fractal_matmul_rows_i8"
 
 
 def requantize(acc: Any, bias: Any, scale: Any, shape: tuple[int, ...], *, sy: float, zy: int,
@@ -173,9 +174,52 @@ class Int8Kernels:
 
 @dataclass
 class DepthwiseKernels(Int8Kernels):
-    """A target's int8 kernel set that is only the depthwise one (Arm, where LLVM finds ``sdot``
-    in the other convolutions by itself: :mod:`compiler.int8_arm`)."""
+    """A target's int8 kernel set that is the depthwise one plus, with ``rows_matmul`` (Arm
+    ``+dotprod``), ``[K, N]`` matmuls as ``[N, K]`` row dot products (:meth:`matmul`). The other
+    convolutions are left to the generic path, where LLVM finds ``sdot`` by itself
+    (:mod:`compiler.int8_arm`)."""
 
     vector: int = 4
+    rows_matmul: bool = False
     funcs: list[tuple[Any, Any]] = field(default_factory=list)
     used: dict[str, int] = field(default_factory=dict)
+
+    def matmul(self, xq: Any, w_kn: np.ndarray, bias: np.ndarray, scale: np.ndarray, *, zx: int,
+               sy: float, zy: int, out_dtype: str, relu: bool) -> Any:
+        """``quantize(matmul(xq - zx, w_kn) + bias) * scale`` with the weights stored ``[N, K]``
+        (transposed at compile time) so each output is a dot product of two contiguous int8 rows:
+        the reduction LLVM's loop vectoriser turns into ``sdot`` partial sums, 4 outputs
+        accumulated side by side; requantized in the same kernel. None for dynamic or non-2-d
+        activations."""
+        from tvm import relax, s_tir, te, tirx
+
+        shape = xq.ty.shape
+        if not self.rows_matmul or shape is None or len(shape) != 2 or w_kn.dtype != np.int8 \
+                or str(xq.ty.dtype) != "int8" or not all(isinstance(d, tirx.IntImm) for d in shape):
+            return None
+        if np.abs(bias).max(initial=0) >= 2**31:
+            return None
+        m, k = (int(d) for d in shape)
+        n = int(w_kn.shape[1])
+        X = te.placeholder((m, k), "int8", name="x")
+        W = te.placeholder((n, k), "int8", name="w")
+        B = te.placeholder((n,), "int32", name="bias")
+        S = te.placeholder((n,), "float32", name="scale")
+        rk = te.reduce_axis((0, k), "rk")
+        acc = te.compute((m, n), lambda i, j: te.sum(X[i, rk].astype("int32") * W[j, rk].astype("int32"),
+                                                     axis=[rk]), name="acc")
+        out = requantize(acc, B, S, (m, n), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
+        sch = s_tir.Schedule(te.create_prim_func([X, W, B, S, out]))
+        blk, req = sch.get_sblock("acc"), sch.get_sblock("requant")
+        i, j, r = sch.get_loops(blk)
+        tile = max(d for d in range(1, min(n, 4) + 1) if n % d == 0)
+        j_o, j_i = sch.split(j, factors=[None, tile])
+        sch.reorder(i, j_o, r, j_i)
+        sch.reverse_compute_at(req, j_o, preserve_unit_loops=True)
+        sch.decompose_reduction(blk, r)
+        sch.unroll(j_i)
+        func = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("op_pattern", 8)
+        w_nk = np.ascontiguousarray(w_kn.T)
+        args = [xq, relax.const(w_nk), relax.const(bias.astype(np.int32)),
+                relax.const(np.asarray(scale, np.float32))]
+        return self.emit(func, ROWS_MATMUL, "matmul", args, relax.TensorType([m, n], out_dtype))

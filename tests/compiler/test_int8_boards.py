@@ -44,6 +44,10 @@ def test_aarch64_int8_builds_use_sdot_with_dotprod_and_match_onnxruntime_under_q
         if name in ("ds-cnn-kws", "resnet8-cifar10", "mobilenet-v1-0.25-vww"):
             # the CNNs' pointwise / k x k convolutions (input channels innermost: int8_arm)
             assert any("conv2d" in k for k in with_sdot), (name, with_sdot)
+        if name == "fc-autoencoder":
+            # its [K, N] matmuls as [N, K] row dot products (int8_depthwise.DepthwiseKernels.matmul):
+            # all but the 8-wide bottleneck's (K = 8: too short to vectorise)
+            assert len(with_sdot) >= 9, kernels
         if name in ("ds-cnn-kws", "mobilenet-v1-0.25-vww"):
             # depthwise: compiler.int8_depthwise's kernel, NEON widening multiply-accumulates
             dw = [c for k, c in kernels.items() if k.startswith("fractal_int8_depthwise")]
