@@ -19,16 +19,21 @@ emits; tensorizing with it would additionally need weights packed as ``[O/4, KH,
 (its ``B`` operand is a compact 4x4 block), which LLVM does not need to find the instruction.
 
 Depthwise convolutions (reduction over a 3x3 window per channel: no four contiguous products to
-pair) keep the default channels-last schedule (``smlal``). Targets without ``+dotprod`` (``rpi4``,
-generic ``aarch64``) are left as they are. Anything here that fails falls back to the default
-path: the layouts and schedules change speed only, never results.
+pair) run the fused channels-last kernel of :mod:`compiler.int8_depthwise` (:func:`kernels`:
+channels in the vector lanes, widening multiply-accumulates, requantization in registers).
+Targets without ``+dotprod`` (``rpi4``, generic ``aarch64``) are left as they are. Anything here
+that fails falls back to the default path: the layouts and schedules change speed only, never
+results.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DOTPROD_TILE", "dot_product_target", "input_channels_last", "prepare", "rules", "schedule"]
+from compiler.int8_depthwise import DepthwiseKernels
+
+__all__ = ["DOTPROD_TILE", "dot_product_target", "input_channels_last", "kernels", "prepare", "rules",
+           "schedule"]
 
 # register tile (output columns, output channels): 5 x 4 sdot accumulators + 9 operands: 29 of
 # the 32 NEON registers
@@ -42,23 +47,23 @@ def dot_product_target(target: Any) -> bool:
     return "+dotprod" in [str(a) for a in target.attrs.get("mattr", [])]
 
 
+def kernels(target: Any) -> DepthwiseKernels | None:
+    """The int8 kernels :func:`compiler.integer.integer_kernels` builds itself for ``target``
+    (LLVM, ``+dotprod``): the depthwise convolutions' (:mod:`compiler.int8_depthwise`, 4 int32
+    lanes per NEON register) and the matmuls' with ``[N, K]`` weights (``sdot`` on ONNX MatMul's
+    ``[K, N]`` ones too); None elsewhere."""
+    if target is None or target.kind.name != "llvm" or not dot_product_target(target):
+        return None
+    return DepthwiseKernels(vector=4, rows_matmul=True)
+
+
 def _int8_convs(mod: Any) -> tuple[int, int]:
     """(int32-accumulating conv2d, other conv2d) bound in ``mod``'s Relax functions."""
-    from tvm import ir, relax
+    from compiler.layout import conv2d_calls
 
-    conv = ir.Op.get("relax.nn.conv2d")
-    n_int, n_other = 0, 0
-    for func in mod.functions.values():
-        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-            continue
-        for block in func.body.blocks:
-            for b in block.bindings:
-                if isinstance(b.value, relax.Call) and b.value.op.same_as(conv):
-                    if str(b.value.attrs.out_dtype) == "int32":
-                        n_int += 1
-                    else:
-                        n_other += 1
-    return n_int, n_other
+    dtypes = [str(call.attrs.out_dtype) for call in conv2d_calls(mod)]
+    n_int = dtypes.count("int32")
+    return n_int, len(dtypes) - n_int
 
 
 def prepare(mod: Any, target: Any) -> Any:
@@ -145,7 +150,9 @@ def rules(tile: tuple[int, int] = DOTPROD_TILE, accept: Any = dot_product_target
             par = sch.fuse(*outer, h) if outer else h
             if int(sch.get(par).extent) > 1:
                 sch.parallel(par)
-            acc = sch.cache_write(red.block_rv, 0, "local")
+            # (a "global" tile: TVM lowers it to a stack array; a "local" one was a
+            # TVMBackendAllocWorkspace / Free call pair per tile inside the parallel loop)
+            acc = sch.cache_write(red.block_rv, 0, "global")
             sch.reverse_compute_at(acc, co, preserve_unit_loops=True)
             if last is not None:
                 sch.reverse_compute_at(last, par, preserve_unit_loops=True)

@@ -35,8 +35,9 @@ negative ones to at least -128) the u8 quads run; elsewhere an exact int16 pair 
 multiply-adds per multiplier instruction as the quads on AVX2. VNNI's ``vpdpbusd`` sums in int32:
 always the quads.
 
-Depthwise and grouped convolutions keep the generic integer kernels (no reduction over channels
-to put in the 4-byte groups). :func:`kernels` picks the instruction for a target; the builders
+Depthwise convolutions (no reduction over channels to put in the 4-byte groups) run the fused
+channels-last kernel of :mod:`compiler.int8_depthwise`; other grouped ones the generic integer
+kernels. :func:`kernels` picks the instruction for a target; the builders
 return ``None`` where they do not apply, and :mod:`compiler.integer` then emits its generic ops.
 """
 
@@ -46,6 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from compiler.int8_depthwise import Int8Kernels, requantize
 
 __all__ = ["AVX2_DOT_8X4", "AVX2_PAIR_8X2", "AVX512_PAIR_16X2", "VNNI_DOT_16X4", "DotKernels", "kernels"]
 
@@ -60,95 +63,81 @@ _registered: list[str] = []
 
 
 def _register() -> None:
-    """The project's intrinsics; first the AVX2 quad: ``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for 8
-    int32 lanes, 4 bytes each."""
+    """The project's intrinsics (:func:`_quad_intrin`, :func:`_pair_intrin`), once."""
     if _registered:
         return
     from tvm.s_tir import TensorIntrin
-    from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (8, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (8,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-            T.writes(C[0:8])
-            for i in T.serial(0, 8):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (8, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (8,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
-            T.writes(C[0:8])
-            # the 4 activation bytes broadcast to every lane; u8 x s8 products summed in pairs
-            # (int16, saturating), then the pairs summed to int32 by a multiply with ones
-            a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-            pairs = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
-                T.reinterpret(T.broadcast(a4, 8), dtype="uint8x32"),
-                B.vload([0, 0], dtype="int8x32"),
-                dtype="int16x16",
-            )
-            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
-                pairs,
-                T.broadcast(T.int16(1), 16),
-                dtype="int32x8",
-            )
-
-    TensorIntrin.register(AVX2_DOT_8X4, desc, impl)
-    TensorIntrin.register(VNNI_DOT_16X4, *_vnni_intrin())
+    TensorIntrin.register(AVX2_DOT_8X4, *_quad_intrin(8, vnni=False))
+    TensorIntrin.register(VNNI_DOT_16X4, *_quad_intrin(16, vnni=True))
     TensorIntrin.register(AVX2_PAIR_8X2, *_pair_intrin(8, "llvm.x86.avx2.pmadd.wd"))
     TensorIntrin.register(AVX512_PAIR_16X2, *_pair_intrin(16, "llvm.x86.avx512.pmaddw.d.512"))
     _registered.append(AVX2_DOT_8X4)
 
 
-def _vnni_intrin() -> tuple[Any, Any]:
-    """``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for 16 int32 lanes: one ``vpdpbusd`` (the 4 products
-    summed in int32, no saturation)."""
+def _quad_intrin(lanes: int, *, vnni: bool) -> tuple[Any, Any]:
+    """``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for ``lanes`` int32 lanes, 4 bytes each, the 4
+    activation bytes broadcast to every lane. ``vnni``: one ``vpdpbusd`` (16 lanes, the products
+    summed in int32); else AVX2's ``vpmaddubsw`` (u8 x s8 products summed in pairs to int16,
+    saturating) then ``vpmaddwd`` by ones (the pairs summed to int32), 8 lanes."""
     from tvm.script import tirx as T
+
+    nbytes = 4 * lanes
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (16,), "int32", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
                 for k in T.serial(0, 4):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
                         C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
     @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+    def vnni_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (16,), "int32", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
             a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], dtype="int32x16"),
-                T.reinterpret(T.broadcast(a4, 16), dtype="uint8x64"),
-                B.vload([0, 0], dtype="int8x64"),
-                dtype="int32x16",
+                C.vload([0], dtype=f"int32x{lanes}"),
+                T.reinterpret(T.broadcast(a4, lanes), dtype=f"uint8x{nbytes}"),
+                B.vload([0, 0], dtype=f"int8x{nbytes}"),
+                dtype=f"int32x{lanes}",
             )
 
-    return desc, impl
+    @T.prim_func(s_tir=True)
+    def avx2_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
+                T.reinterpret(T.broadcast(a4, lanes), dtype=f"uint8x{nbytes}"),
+                B.vload([0, 0], dtype=f"int8x{nbytes}"),
+                dtype=f"int16x{2 * lanes}",
+            )
+            C[T.ramp(T.int32(0), 1, lanes)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                pairs,
+                T.broadcast(T.int16(1), 2 * lanes),
+                dtype=f"int32x{lanes}",
+            )
+
+    return desc, vnni_impl if vnni else avx2_impl
 
 
 def _pair_intrin(lanes: int, llvm: str) -> tuple[Any, Any]:
@@ -218,7 +207,7 @@ _AVX2_CPUS = {"haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", *
 
 
 @dataclass
-class DotKernels:
+class DotKernels(Int8Kernels):
     """Builders of tensorized int8 kernels for one target: ``lanes`` int32 outputs per intrinsic
     call; ``quad`` the u8 x s8 4-byte dot product's intrinsic; ``pair`` the exact int16 pair
     one (``vpmaddwd``) used where ``quad`` would saturate (None: ``quad`` cannot, VNNI);
@@ -233,8 +222,9 @@ class DotKernels:
     funcs: list[tuple[Any, Any]] = field(default_factory=list)
     used: dict[str, int] = field(default_factory=dict)
 
-    def summary(self) -> str:
-        return ", ".join(f"{n} {name}" for name, n in sorted(self.used.items()))
+    @property
+    def vector(self) -> int:  # type: ignore[override]
+        return self.lanes
 
     def conv2d(self, xq: Any, wq: np.ndarray, bias: np.ndarray, scale: np.ndarray, *, zx: int,
                sy: float, zy: int, out_dtype: str, relu: bool, strides: tuple[int, int],
@@ -245,7 +235,10 @@ class DotKernels:
         :mod:`compiler.integer` makes it)."""
         from tvm import relax
 
-        if groups != 1 or wq.dtype != np.int8 or str(xq.ty.dtype) != "int8" or wq.ndim != 4:
+        if groups != 1:
+            return self.depthwise(xq, wq, bias, scale, zx=zx, sy=sy, zy=zy, out_dtype=out_dtype, relu=relu,
+                                  strides=strides, dilation=dilation, pads=pads, groups=groups)
+        if wq.dtype != np.int8 or str(xq.ty.dtype) != "int8" or wq.ndim != 4:
             return None
         if not _static(xq):
             return None
@@ -321,21 +314,14 @@ class DotKernels:
         intrin = self.quad if quad else str(self.pair)
         func = self._prim_func(n, hp, wp * ci, ci, co, co_l, kh, rowg, oh, ow, strides, dilation[0],
                                (g, act, wdt, intrin), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
-        self.used[intrin] = self.used.get(intrin, 0) + 1
-        # (a GlobalVar typed by the function it names: call_tir checks its callee's type)
-        # (private, like the functions LegalizeOps makes: the build names its symbol after the
-        # GlobalVar, so passes that copy functions, as tuning's do, cannot duplicate a symbol)
-        func = func.without_attr("global_symbol")
-        gv = relax.BlockBuilder().add_func(func, f"fractal_int8_conv_{len(self.funcs)}")
-        self.funcs.append((gv, func))
-        return relax.call_tir(gv, [xu, relax.const(np.ascontiguousarray(w_pack)),
-                                   relax.const(b.astype(np.int32)), relax.const(s)],
-                              relax.TensorType([n, oh, ow, co], out_dtype))
+        return self.emit(func, intrin, "conv", [xu, relax.const(np.ascontiguousarray(w_pack)),
+                                                relax.const(b.astype(np.int32)), relax.const(s)],
+                         relax.TensorType([n, oh, ow, co], out_dtype))
 
     def _prim_func(self, n: int, hp: int, width: int, ci: int, co: int, co_l: int, kh: int, rowg: int,
                    oh: int, ow: int, strides: tuple[int, int], dh: int, kind: tuple[int, str, str, str], *,
                    sy: float, zy: int, out_dtype: str, relu: bool) -> Any:
-        from tvm import te, tirx
+        from tvm import te
 
         L = self.lanes
         g, act, wdt, intrin = kind
@@ -352,17 +338,7 @@ class DotKernels:
                 X[b, y * sh + rh * dh, x * (sw * ci) + rm * g + rk].astype("int32")
                 * W[c // L, rh, rm, c % L, rk].astype("int32"), axis=[rh, rm, rk]),
             name="acc")
-        lo, hi = (-128, 127) if out_dtype == "int8" else (0, 255)
-        lo = max(lo, zy) if relu else lo  # ReLU on the quantized grid: max(q, zy)
-
-        def requant(b: Any, y: Any, x: Any, c: Any) -> Any:
-            # R.quantize's arithmetic (float32 x / scale, round half to even, zero point, clamp)
-            real = (acc[b, y, x, c] + B[c]).astype("float32") * S[c]
-            q = te.round(real / tirx.const(sy, "float32")) + tirx.const(float(zy), "float32")
-            return te.max(te.min(q, tirx.const(float(hi), "float32")),
-                          tirx.const(float(lo), "float32")).astype(out_dtype)
-
-        out = te.compute((n, oh, ow, co), requant, name="requant")
+        out = requantize(acc, B, S, (n, oh, ow, co), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
         func = te.create_prim_func([X, W, B, S, out])
         return self._schedule(func, intrin, n * oh, ow, co_l, co)
 
@@ -385,7 +361,9 @@ class DotKernels:
         sch.reverse_compute_at(out, tile, preserve_unit_loops=True)
         init = sch.decompose_reduction(acc, rh)
         sch.tensorize(co_i, intrin)
-        sch.set_scope(init, 0, "local")  # (after tensorize: the intrinsic's buffers are global)
+        # (the accumulator tile is left in "global" scope, which TVM lowers to a stack array for a
+        # tile this small; in "local" scope it was a TVMBackendAllocWorkspace + Free call pair per
+        # tile inside the parallel body: 1.3-1.4x the kernel's time)
         sch.unroll(co_v)
         sch.unroll(x_i)
         for blk in (init, out):

@@ -86,7 +86,7 @@ class _Rewriter:
     def __init__(self, dot: Any = None) -> None:
         from tvm.relax.dpl import is_const, is_op, wildcard
 
-        self.dot = dot  # compiler.int8_x86.DotKernels, or None: the generic ops
+        self.dot = dot  # compiler.int8_depthwise.Int8Kernels (the target's), or None: the generic ops
         self.dots = 0
 
         self.xq = wildcard()
@@ -215,6 +215,27 @@ class _NoMatch(Exception):
     pass
 
 
+def _cancel_transposes(func: Any) -> Any:
+    """``func`` with ``permute_dims(permute_dims(x, p), q)`` that compose to the identity replaced
+    by ``x``: the target kernels take and give channels-last tensors behind NCHW transposes
+    (:mod:`compiler.int8_x86`, :mod:`compiler.int8_depthwise`), so between two of them the
+    activations went NHWC -> NCHW -> NHWC, fused into the next copy but a gather per element."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    x = wildcard()
+    inner = is_op("relax.permute_dims")(x)
+    outer = is_op("relax.permute_dims")(inner)
+
+    def cancel(expr: Any, m: dict[Any, Any]) -> Any:
+        p, q = m[inner].attrs.axes, m[outer].attrs.axes
+        if p is None or q is None:
+            return expr
+        p, q = [int(a) for a in p], [int(a) for a in q]
+        return m[x] if [p[a] for a in q] == list(range(len(p))) else expr
+
+    return rewrite_call(outer, cancel, func)
+
+
 def integer_kernels(mod: Any, target: Any = None) -> IntegerRewrite:
     """``mod`` with every matching quantized conv2d / matmul on integer kernels (see above);
     with a ``target`` (``tvm.target.Target``) that has an int8 dot-product instruction the kernels
@@ -222,14 +243,16 @@ def integer_kernels(mod: Any, target: Any = None) -> IntegerRewrite:
     from tvm import relax
     from tvm.relax.dpl import rewrite_call
 
-    from compiler import int8_x86
+    from compiler import int8_arm, int8_x86
 
-    dot = int8_x86.kernels(target)
+    dot = int8_x86.kernels(target) or int8_arm.kernels(target)
     rw = _Rewriter(dot)
     out = mod
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
             new = rewrite_call(rw.pattern, rw, func)
+            if dot is not None and not new.same_as(func):
+                new = _cancel_transposes(new)
             if not new.same_as(func):
                 out = out.clone() if out is mod else out
                 out[gv] = new

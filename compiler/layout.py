@@ -15,9 +15,10 @@ see the same graph.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["channels_last", "has_conv2d", "wants_channels_last"]
+__all__ = ["channels_last", "conv2d_calls", "has_conv2d", "wants_channels_last"]
 
 
 def wants_channels_last(target: Any) -> bool:
@@ -138,8 +139,8 @@ def _same_rank(a: Any, b: Any) -> Any:
     return rewrite
 
 
-def has_conv2d(mod: Any) -> bool:
-    """Whether a Relax function of ``mod`` binds a ``relax.nn.conv2d`` call (the imported form:
+def conv2d_calls(mod: Any) -> Iterator[Any]:
+    """The ``relax.nn.conv2d`` calls bound in ``mod``'s Relax functions (the imported form:
     bindings in the functions' top-level blocks; no printing of the whole module)."""
     from tvm import ir, relax
 
@@ -150,5 +151,9 @@ def has_conv2d(mod: Any) -> bool:
         for block in func.body.blocks:
             for b in block.bindings:
                 if isinstance(b.value, relax.Call) and b.value.op.same_as(conv):
-                    return True
-    return False
+                    yield b.value
+
+
+def has_conv2d(mod: Any) -> bool:
+    """Whether a Relax function of ``mod`` binds a ``relax.nn.conv2d`` call."""
+    return next(conv2d_calls(mod), None) is not None

@@ -1,6 +1,6 @@
 """Per-operator profile of an untuned (default-schedule, pre-packed) TVM build vs onnxruntime.
 
-    PYTHONPATH=. .venv/bin/python tests/compiler/profile_ops.py [--target x86_64-avx512] [MODEL ...]
+    PYTHONPATH=. .venv/bin/python tests/compiler/profile_ops.py [--target x86_64-avx512] [--int8] [MODEL ...]
 
 TVM side: every fused PrimFunc the inference ``main`` calls (the module ``compile_model`` builds
 without ``--tune``; ``--nchw``: without the channels-last conversion), timed alone with
@@ -26,10 +26,12 @@ os.environ["TVM_NUM_THREADS"] = "1"
 import numpy as np  # noqa: E402
 
 
-def tvm_kernels(onnx_path: Path, target_name: str, nchw: bool = False) -> list[tuple[str, float, int, str]]:
+def tvm_kernels(onnx_path: Path, target_name: str, nchw: bool = False,
+                integer: bool = False) -> list[tuple[str, float, int, str]]:
     """(fused function, us per call, calls per inference, one-line shape summary) for every
     PrimFunc the default build's ``main`` calls (``nchw``: without the channels-last conversion,
-    the previous default). Functions only the parameter transform calls are left out."""
+    the previous default; ``integer``: a QDQ model on the integer kernels). Functions only the
+    parameter transform calls are left out."""
     import re
 
     from tvm import tirx
@@ -41,7 +43,7 @@ def tvm_kernels(onnx_path: Path, target_name: str, nchw: bool = False) -> list[t
 
     preset = get_preset(target_name)
     target = preset.tvm_target()
-    mod = import_model(load_onnx(onnx_path)).mod
+    mod = import_model(load_onnx(onnx_path), integer=integer, target=target).mod
     mod = prepack.fold_batchnorm(mod)
     keep = layout.wants_channels_last
     if nchw:
@@ -96,6 +98,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--nchw", action="store_true",
                     help="profile the build without the channels-last conversion")
+    ap.add_argument("--int8", action="store_true",
+                    help="the models quantized (compiler.quantize, as bench.int8), on integer kernels")
     args = ap.parse_args()
 
     from bench.compile import set_threads
@@ -106,10 +110,17 @@ def main() -> None:
     for name in args.models or ["ds-cnn-kws", "mobilenet-v1-0.25-vww"]:
         onnx_path = zoo.save(name, work / f"{name}.onnx")
         x = np.random.default_rng(0).standard_normal(zoo.input_shape(name)).astype(np.float32)
-        tvm_rows = tvm_kernels(onnx_path, args.target, nchw=args.nchw)
+        if args.int8:
+            from compiler.quantize import quantize_int8
+
+            cal = work / f"{name}-cal.npz"
+            np.savez(cal, x=np.random.default_rng(0).standard_normal((64, *zoo.input_shape(name)[1:]))
+                     .astype(np.float32))
+            onnx_path = quantize_int8(onnx_path, cal, work / f"{name}.int8.onnx")[0]
+        tvm_rows = tvm_kernels(onnx_path, args.target, nchw=args.nchw, integer=args.int8)
         ort_rows = ort_nodes(onnx_path, x)
         print(json.dumps({"model": name, "target": args.target,
-                          "layout": "NCHW" if args.nchw else "default",
+                          "layout": "NCHW" if args.nchw else "default", "int8": args.int8,
                           "tvm_total_us": round(sum(r[1] * r[2] for r in tvm_rows), 1),
                           "ort_total_us": round(sum(r[2] for r in ort_rows), 1),
                           "load1": round(os.getloadavg()[0], 2)}))

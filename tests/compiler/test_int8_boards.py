@@ -23,10 +23,12 @@ _RVV_MACS = ("vwmacc.vv", "vwmacc.vx", "vwmaccu.vx", "vmacc.vv", "vmacc.vx", "vw
 
 
 def _int8_kernels(art: Path) -> dict[str, Counter[str]]:
-    """Instruction counts of the artifact's conv2d / matmul kernels (what integer.py made int8)."""
+    """Instruction counts of the artifact's conv2d / matmul kernels (what integer.py made int8,
+    generic or the target's own ``fractal_int8_*``)."""
     man = Manifest.read(art)
     kernels = kernel_instructions(art / man.libs.infer, man.arch)
-    return {k: c for k, c in kernels.items() if "conv2d" in k or "matmul" in k}
+    return {k: c for k, c in kernels.items()
+            if "conv2d" in k or "matmul" in k or k.startswith("fractal_int8_")}
 
 
 @pytest.mark.emulate
@@ -42,6 +44,14 @@ def test_aarch64_int8_builds_use_sdot_with_dotprod_and_match_onnxruntime_under_q
         if name in ("ds-cnn-kws", "resnet8-cifar10", "mobilenet-v1-0.25-vww"):
             # the CNNs' pointwise / k x k convolutions (input channels innermost: int8_arm)
             assert any("conv2d" in k for k in with_sdot), (name, with_sdot)
+        if name == "fc-autoencoder":
+            # its [K, N] matmuls as [N, K] row dot products (int8_depthwise.DepthwiseKernels.matmul):
+            # all but the 8-wide bottleneck's (K = 8: too short to vectorise)
+            assert len(with_sdot) >= 9, kernels
+        if name in ("ds-cnn-kws", "mobilenet-v1-0.25-vww"):
+            # depthwise: compiler.int8_depthwise's kernel, NEON widening multiply-accumulates
+            dw = [c for k, c in kernels.items() if k.startswith("fractal_int8_depthwise")]
+            assert dw and all(c["smull"] + c["smull2"] and c["saddw"] + c["saddw2"] for c in dw), (name, dw)
     for name, art in plain.items():  # no dotprod in the target: no sdot anywhere
         assert not any(c["sdot"] for c in _int8_kernels(art).values()), name
     # one emulated process runs them all (qemu-aarch64's default CPU has the dot product)

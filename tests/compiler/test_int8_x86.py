@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from compiler import compile_model, int8_x86
+from compiler.disasm import kernel_instructions
+from compiler.int8_depthwise import DEPTHWISE
 from compiler.manifest import Manifest
 from compiler.targets import get_preset
 from tests.compiler.test_integer import _qdq
@@ -82,13 +84,19 @@ def test_avx2_kernel_equals_integer_arithmetic_and_uses_the_dot_instructions(
 @pytest.mark.slow
 def test_vnni_build_runs_its_int8_kernels_on_vpdpbusd(tmp_path: Path) -> None:
     """The x86_64-avx512-vnni preset: every non-depthwise quantized convolution and the matmul of
-    ds-cnn-kws on the vpdpbusd intrinsic, and the library holds vpdpbusd (disassembly only: no
-    AVX-512 here)."""
+    ds-cnn-kws on the vpdpbusd intrinsic, and the library holds vpdpbusd; the depthwise ones on
+    the fused kernel with zmm multiplies (disassembly only: no AVX-512 here)."""
     qdq = _qdq("ds-cnn-kws", tmp_path)
     art = compile_model(qdq, target="x86_64-avx512-vnni", out_dir=tmp_path / "art", progress=False,
                         integer=True)
     steps = Manifest.read(art).prepared_steps
-    assert f"dot_product_kernels(6 of them: 6 {int8_x86.VNNI_DOT_16X4})" in steps
+    assert f"dot_product_kernels(10 of them: 4 {DEPTHWISE}, 6 {int8_x86.VNNI_DOT_16X4})" in steps
     lib = json.loads((art / "manifest.json").read_text())["libs"]["infer"]
     asm = _disassembly(art / lib)
     assert asm.count("vpdpbusd") >= 6 and "vpmaddubsw" not in asm
+    # the depthwise ones: compiler.int8_depthwise's kernel on 512-bit vectors (16 channels each)
+    dw = {k: c for k, c in kernel_instructions(art / lib, "x86_64").items()
+          if k.startswith("fractal_int8_depthwise")}
+    assert len(dw) == 4 and all(c["vpmulld"] >= 18 for c in dw.values()), dw
+    for name in dw:
+        assert "zmm" in asm.split(f"<{name}_compute_>:")[1].split("\n\n")[0], name

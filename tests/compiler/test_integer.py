@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from compiler import compile_model, int8_x86, zoo
 from compiler.artifact import load_artifact
 from compiler.importer import import_model, load_onnx
+from compiler.int8_depthwise import DEPTHWISE
 from compiler.manifest import Manifest
 from compiler.quantize import quantize_int8
 from compiler.targets import best_host_preset_name, get_preset
@@ -27,9 +28,11 @@ from compiler.targets import best_host_preset_name, get_preset
 # (conv2d, matmul) each zoo model puts on integer kernels: every one it has
 _EXPECTED = {"ds-cnn-kws": (9, 1), "resnet8-cifar10": (9, 1), "mobilenet-v1-0.25-vww": (27, 1),
              "fc-autoencoder": (0, 10), "digits-mlp": (0, 2)}
-# of those, the ones on x86's dot-product kernels (compiler.int8_x86): all but the depthwise convolutions
+# of those, the ones on x86's dot-product kernels (compiler.int8_x86): all but the depthwise
+# convolutions, which run compiler.int8_depthwise's kernel
 _DOT = {"ds-cnn-kws": 6, "resnet8-cifar10": 10, "mobilenet-v1-0.25-vww": 15, "fc-autoencoder": 10,
         "digits-mlp": 2}
+_DEPTHWISE = {"ds-cnn-kws": 4, "mobilenet-v1-0.25-vww": 13}
 
 
 def _qdq(name: str, work: Path) -> Path:
@@ -97,7 +100,10 @@ def test_zoo_qdq_model_on_integer_kernels_matches_onnxruntime(name: str, tmp_pat
     steps = Manifest.read(art).prepared_steps
     assert f"integer_kernels({conv} conv2d, {mm} matmul int8->int32)" in steps
     if int8_x86.kernels(get_preset(preset).tvm_target()) is not None:
-        assert any(s.startswith(f"dot_product_kernels({_DOT[name]} of them: ") for s in steps), steps
+        own = _DOT[name] + _DEPTHWISE.get(name, 0)
+        assert any(s.startswith(f"dot_product_kernels({own} of them: ") for s in steps), steps
+        if name in _DEPTHWISE:
+            assert any(f"{_DEPTHWISE[name]} {DEPTHWISE}" in s for s in steps), steps
         # random weights: some vpmaddubsw pair sum could saturate in every layer, so the exact
         # int16 pairs (vpmaddwd) run
         lib = json.loads((art / "manifest.json").read_text())["libs"]["infer"]
