@@ -284,6 +284,9 @@ def _importer_class() -> type:
                 if any(any(inputs[i].same_as(g) for g in graph_inputs)
                        for i in own[1] if i < len(inputs) and inputs[i] is not None):
                     return self.bb.normalize(_convert(self.bb, op_name, inputs, attrs))
+            if op_name == "Resize" and attrs.get("nearest_mode") in (b"simple", "simple"):
+                raise ValueError("an Upsample / Resize-10 (upgraded to Resize) rounds up on axes it shrinks "
+                                 "and down on those it grows; with constant scales one rounding must fit all")
             return super()._convert_operator(op_name, inputs, attrs, opset)
 
         def _check_for_unsupported_ops(self, graph: Any) -> None:
