@@ -329,8 +329,8 @@ def _grid_axis(bb: Any, n: Any, length: Any, align: bool) -> Any:
 
 def convert_affine_grid(bb: Any, theta: Any, size: Any, align: bool) -> Any:
     """ONNX AffineGrid with a run-time ``size`` ([N, C, H, W] or [N, C, D, H, W]): the grid of
-    normalized coordinates, transformed by each ``theta``; a batch other than theta's or a
-    spatial size below 1 is refused at run time."""
+    normalized coordinates, transformed by each ``theta``; a batch other than theta's, a spatial
+    size below 1, or (``align_corners``) of 1 is refused at run time."""
     from tvm import relax
 
     op = relax.op
@@ -347,8 +347,11 @@ def convert_affine_grid(bb: Any, theta: Any, size: Any, align: bool) -> Any:
     s = _int64(bb, size)
     batch = op.reshape(op.take(dims_of(bb, theta), _i64(0), axis=0, mode="clip"), [1])
     lens = op.strided_slice(s, [0], [2], [n])
-    bad = _or(bb, op.astype(op.not_equal(op.strided_slice(s, [0], [0], [1]), batch), "int64"),
-              any_of(bb, op.less(lens, _i64(1))))
+    flags = [op.astype(op.not_equal(op.strided_slice(s, [0], [0], [1]), batch), "int64"),
+             any_of(bb, op.less(lens, _i64(1)))]
+    if align:  # one position with align_corners: ONNX's reference puts it at -1, onnxruntime elsewhere
+        flags.append(any_of(bb, op.equal(lens, _i64(1))))
+    bad = _or(bb, *flags)
     shape = checked_shape(bb, bb.normalize(lens), bad, "grid")
     sizes = [op.take(s, _i64(2 + i), axis=0, mode="clip") for i in range(spatial)]
     # per spatial axis (D, H, W order) its coordinates, broadcast to the grid; homogeneous x, y(, z), 1
