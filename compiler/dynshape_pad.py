@@ -39,13 +39,13 @@ def _axes(attr_axes: Any, rank: int, what: str) -> list[int]:
 
 def _const_axes(axes: Any, rank: int, what: str) -> list[int]:
     """``axes`` given as an input: it must be a constant."""
-    from tvm import relax
+    import tvm
 
     if axes is None:
         return list(range(rank))
-    if not isinstance(axes, relax.Constant):
+    if not isinstance(axes, tvm.ir.GenericConst):
         raise ValueError(f"{what} with run-time axes is not supported (make axes a constant)")
-    return _axes(axes.data.numpy().reshape(-1).tolist(), rank, what)
+    return _axes(axes.value.numpy().reshape(-1).tolist(), rank, what)
 
 
 def _pad_axes(bb: Any, x: Any, axes: list[int], before: list[Any], after: list[Any], mode: str,
