@@ -253,7 +253,7 @@ adam_multiple dft_irfft_opset19 tensorscatter_circular
 reduce_l2_do_not_keepdims_example reduce_sum_default_axes_keepdims_random reduce_max_keepdims_random
 reshape_negative_dim expand_dim_changed unsqueeze_two_axes squeeze_negative_axes slice_neg_steps tile
 constantofshape_int_zeros resize_downsample_sizes_nearest_not_larger upsample_nearest
-split_variable_parts_1d_opset13 top_k_same_values reflect_pad center_crop_pad_crop affine_grid_2d
+split_variable_parts_1d_opset13 top_k_same_values edge_pad center_crop_pad_crop affine_grid_2d
 """.split())  # a shape operand from a model input (compiler.dynshape): one case per converted operator
 
 
