@@ -20,8 +20,10 @@ may come from a model input (the others are refused at compile time, by name).
   declared) stop inference with an error: the number of distinct valid axes is checked against
   ``k`` by a shape match at run time, never a silently different answer.
 
-- Reshape, Expand, Squeeze, Unsqueeze and Slice: :mod:`compiler.dynshape_ops` (same run-time
-  checks); Tile and ConstantOfShape: TVM's converters (they refuse negative values themselves).
+- Reshape, Expand, Squeeze, Unsqueeze, Slice, Split, TopK and AffineGrid:
+  :mod:`compiler.dynshape_ops`; Resize: :mod:`compiler.dynshape_resize`; Pad and CenterCropPad:
+  :mod:`compiler.dynshape_pad` (same run-time checks); Tile and ConstantOfShape: TVM's converters
+  (they refuse negative values themselves).
 
 Everything downstream copes with symbolic output dims: the manifest records them as -1, the
 artifact is compiled for exactly its input shapes (no batch chunking: a run-time operand is not
