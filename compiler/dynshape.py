@@ -20,8 +20,10 @@ may come from a model input (the others are refused at compile time, by name).
   declared) stop inference with an error: the number of distinct valid axes is checked against
   ``k`` by a shape match at run time, never a silently different answer.
 
-- Reshape, Expand, Squeeze, Unsqueeze and Slice: :mod:`compiler.dynshape_ops` (same run-time
-  checks); Tile and ConstantOfShape: TVM's converters (they refuse negative values themselves).
+- Reshape, Expand, Squeeze, Unsqueeze, Slice, Split, TopK and AffineGrid:
+  :mod:`compiler.dynshape_ops`; Resize: :mod:`compiler.dynshape_resize`; Pad and CenterCropPad:
+  :mod:`compiler.dynshape_pad` (same run-time checks); Tile and ConstantOfShape: TVM's converters
+  (they refuse negative values themselves).
 
 Everything downstream copes with symbolic output dims: the manifest records them as -1, the
 artifact is compiled for exactly its input shapes (no batch chunking: a run-time operand is not
@@ -56,8 +58,14 @@ SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
 # op -> (first opset whose converter below applies, positions of its shape operands)
 _OWN: dict[str, tuple[int, tuple[int, ...]]] = {
     "Reshape": (5, (1,)), "Expand": (8, (1,)), "Squeeze": (13, (1,)), "Unsqueeze": (13, (1,)),
-    "Slice": (10, (1, 2, 3, 4)), **{op: (v, (1,)) for op, v in REDUCE_OPS.items()},
+    "Slice": (10, (1, 2, 3, 4)), "Resize": (11, (2, 3)), "Split": (13, (1,)), "TopK": (10, (1,)),
+    "Pad": (11, (1,)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)),
+    **{op: (v, (1,)) for op, v in REDUCE_OPS.items()},
 }
+# ops only this module converts (TVM has no converter)
+_ONLY_HERE = frozenset({"CenterCropPad"})
+# op -> further inputs the converter needs as constants when they are (its axes)
+_CONST_INPUTS: dict[str, tuple[int, ...]] = {"Pad": (3,)}
 # ops whose run-time shape operand compiles (checked against onnxruntime, tests/compiler/test_dynshape.py):
 # this module's converters, and TVM's for Tile and ConstantOfShape (which refuse negative dims)
 _CONVERTED: frozenset[str] = frozenset({*_OWN, "Tile", "ConstantOfShape"})
@@ -249,6 +257,26 @@ def _convert(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         return ops.convert_squeeze(bb, inputs[0], inputs[1])
     if op == "Unsqueeze":
         return ops.convert_unsqueeze(bb, inputs[0], inputs[1])
+    if op == "Resize":
+        from compiler.dynshape_resize import convert_resize
+
+        return convert_resize(bb, inputs[0], at(1), at(2), at(3), attrs)
+    if op in ("Pad", "CenterCropPad"):
+        from compiler import dynshape_pad as pad
+
+        if op == "CenterCropPad":
+            return pad.convert_center_crop_pad(bb, inputs[0], inputs[1], attrs.get("axes"))
+        mode = attrs.get("mode", b"constant")
+        return pad.convert_pad(bb, inputs[0], inputs[1], at(2), at(3),
+                               mode.decode() if isinstance(mode, bytes) else str(mode))
+    if op == "Split":
+        return ops.convert_split(bb, inputs[0], inputs[1], int(attrs.get("axis", 0)),
+                                 int(attrs["tvm_custom"]["num_outputs"]))
+    if op == "TopK":
+        return ops.convert_topk(bb, inputs[0], inputs[1], int(attrs.get("axis", -1)),
+                                bool(attrs.get("largest", 1)), bool(attrs.get("sorted", 1)))
+    if op == "AffineGrid":
+        return ops.convert_affine_grid(bb, inputs[0], inputs[1], bool(attrs.get("align_corners", 0)))
     return ops.convert_slice(bb, inputs[0], inputs[1], inputs[2], at(3), at(4))
 
 
@@ -292,14 +320,25 @@ def _importer_class() -> type:
                 params = [self._nodes, self._params]
                 # in place: the frontend's input list answers None past its end (its converters
                 # read optional inputs such as Slice's steps that way); a plain list would raise
-                for i in own[1]:
+                for i in (*own[1], *_CONST_INPUTS.get(op_name, ())):
                     if i < len(inputs) and inputs[i] is not None:
                         inputs[i] = get_constant(inputs[i], params)
                 graph_inputs = list(self._inputs.values())
                 if any(any(inputs[i].same_as(g) for g in graph_inputs)
                        for i in own[1] if i < len(inputs) and inputs[i] is not None):
                     return self.bb.normalize(_convert(self.bb, op_name, inputs, attrs))
+            if op_name == "Resize" and attrs.get("nearest_mode") in (b"simple", "simple"):
+                raise ValueError("an Upsample / Resize-10 (upgraded to Resize) rounds up on axes it shrinks "
+                                 "and down on those it grows; with constant scales one rounding must fit all")
             return super()._convert_operator(op_name, inputs, attrs, opset)
+
+        def _check_for_unsupported_ops(self, graph: Any) -> None:
+            # ops TVM has no converter for, left whole for this module (compiler.expand's
+            # KEPT_WHEN_RUNTIME: only when their operand is a model input, which routes them here)
+            from types import SimpleNamespace
+
+            nodes = [n for n in graph.node if n.op_type not in _ONLY_HERE]
+            super()._check_for_unsupported_ops(SimpleNamespace(node=nodes))
 
     return Importer
 

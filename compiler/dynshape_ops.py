@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["checked_shape", "convert_reshape", "convert_expand", "convert_squeeze", "convert_unsqueeze",
-           "convert_slice", "static_len", "axes_mask"]
+__all__ = ["checked_shape", "index_range", "convert_reshape", "convert_expand", "convert_squeeze",
+           "convert_unsqueeze", "convert_slice", "convert_split", "convert_topk", "convert_affine_grid",
+           "static_len", "axes_mask"]
 
 
 def _i64(value: Any) -> Any:
@@ -80,6 +81,13 @@ def checked_shape(bb: Any, dims: Any, bad: Any, prefix: str) -> Any:
     names = [tirx.Var(f"{prefix}_{i}", "int64") for i in range(n)]
     bb.match_cast(shape, relax.ShapeType([*names, tirx.IntImm("int64", 0)]))
     return relax.ShapeExpr(names)
+
+
+def index_range(bb: Any, n: Any) -> Any:
+    """int64 [n]: 0 .. n - 1 (``n`` a dim bound by :func:`checked_shape`, or an int)."""
+    from tvm import relax
+
+    return bb.normalize(relax.op.arange(0, n, 1, "int64"))
 
 
 def axes_mask(bb: Any, axes: Any, rank: int) -> tuple[Any, Any]:
@@ -237,3 +245,129 @@ def convert_slice(bb: Any, x: Any, starts: Any, ends: Any, axes: Any | None, ste
     # the check goes on the input: the slice's own output shape is not available to shape code
     x = bb.normalize(relax.op.reshape(x, checked_shape(bb, d, bad, "sliced")))
     return relax.op.dynamic_strided_slice(x, begin, end, step)
+
+
+def convert_split(bb: Any, x: Any, split: Any, axis: int, n_out: int) -> Any:
+    """ONNX Split (opset 13+) with run-time ``split``: ``n_out`` pieces along ``axis`` (a tuple);
+    a negative length or lengths that do not sum to the dim are refused at run time."""
+    from tvm import relax
+
+    r, k = _rank(x), static_len(split)
+    if r is None or k is None:
+        raise ValueError("Split with a run-time split needs a known input rank and split length")
+    if k != n_out:
+        raise ValueError(f"Split has {k} lengths for {n_out} outputs")
+    if not -r <= axis < r:
+        raise ValueError(f"Split axis {axis} is out of range for a rank-{r} input")
+    axis = axis + r if axis < 0 else axis
+    s = _int64(bb, split)
+    d = dims_of(bb, x)
+    op = relax.op
+    size = op.reshape(op.take(d, _i64(axis), axis=0, mode="clip"), [1])
+    bad = _or(bb, any_of(bb, op.less(s, _i64(0))),
+              op.astype(op.not_equal(op.sum(s, [0], True), size), "int64"))
+    ends = bb.normalize(op.cumsum(s, axis=0))
+    at = _i64(np.eye(r, dtype=np.int64)[axis])  # 1 on the split axis
+    pieces = []
+    for i in range(k):
+        length = op.take(s, _i64(i), axis=0, mode="clip")
+        first = op.subtract(op.take(ends, _i64(i), axis=0, mode="clip"), length)
+        begin = bb.normalize(op.multiply(at, first))
+        dims = bb.normalize(op.where(op.astype(at, "bool"), length, d))
+        end = bb.normalize(op.add(begin, dims))
+        piece = bb.normalize(op.dynamic_strided_slice(x, begin, end, _i64([1] * r)))
+        pieces.append(bb.normalize(op.reshape(piece, checked_shape(bb, dims, bad, f"split{i}"))))
+    return relax.Tuple(pieces)
+
+
+def convert_topk(bb: Any, x: Any, k: Any, axis: int, largest: bool, sort: bool) -> Any:
+    """ONNX TopK (opset 10+) with a run-time ``k``: the whole axis sorted (stable: among equal
+    values the lower index first, as ONNX asks), then the first ``k``; ``k`` outside [0, dim] is
+    refused at run time."""
+    from tvm import relax
+
+    r, n = _rank(x), static_len(k) if _rank(k) == 1 else (1 if _rank(k) == 0 else None)
+    if r is None or n != 1:
+        raise ValueError("TopK with a run-time k needs a known input rank and a one-element k")
+    if not -r <= axis < r:
+        raise ValueError(f"TopK axis {axis} is out of range for a rank-{r} input")
+    if not sort:
+        raise ValueError("TopK with sorted=0 is not supported")
+    axis = axis + r if axis < 0 else axis
+    kk = bb.normalize(relax.op.reshape(_int64(bb, k), [1]))
+    d = dims_of(bb, x)
+    size = relax.op.reshape(relax.op.take(d, _i64(axis), axis=0, mode="clip"), [1])
+    bad = _or(bb, relax.op.astype(relax.op.less(kk, _i64([0])), "int64"),
+              relax.op.astype(relax.op.greater(kk, size), "int64"))
+    at = _i64(np.eye(r, dtype=np.int64)[axis])
+    dims = bb.normalize(relax.op.where(relax.op.astype(at, "bool"), relax.op.broadcast_to(kk, [r]), d))
+    shape = checked_shape(bb, dims, bad, "topk")
+    op = relax.op
+    order = bb.normalize(op.argsort(x, axis=axis, descending=largest, dtype="int64"))
+    zeros, ones = _i64([0] * r), _i64([1] * r)
+    index = bb.normalize(op.reshape(op.dynamic_strided_slice(order, zeros, dims, ones), shape))
+    ranked = bb.normalize(op.gather_elements(x, order, axis))
+    values = bb.normalize(op.reshape(op.dynamic_strided_slice(ranked, zeros, dims, ones), shape))
+    return relax.Tuple([values, index])
+
+
+def _grid_axis(bb: Any, n: Any, length: Any, align: bool) -> Any:
+    """float32 [n]: the normalized coordinates (-1 .. 1) of ``n`` positions (ONNX AffineGrid)."""
+    from tvm import relax
+
+    op = relax.op
+    i = op.astype(index_range(bb, n), "float32")
+    s = op.astype(length, "float32")
+    if align:  # -1 + 2 i / (n - 1); one position: -1
+        step = op.divide(relax.const(2.0, "float32"), op.maximum(op.subtract(s, relax.const(1.0, "float32")),
+                                                                 relax.const(1.0, "float32")))
+        return bb.normalize(op.add(relax.const(-1.0, "float32"), op.multiply(i, step)))
+    step = op.divide(relax.const(2.0, "float32"), s)  # -1 + step / 2 + i step
+    start = op.add(relax.const(-1.0, "float32"), op.divide(step, relax.const(2.0, "float32")))
+    return bb.normalize(op.add(start, op.multiply(i, step)))
+
+
+def convert_affine_grid(bb: Any, theta: Any, size: Any, align: bool) -> Any:
+    """ONNX AffineGrid with a run-time ``size`` ([N, C, H, W] or [N, C, D, H, W]): the grid of
+    normalized coordinates, transformed by each ``theta``; a batch other than theta's, a spatial
+    size below 1, or (``align_corners``) of 1 is refused at run time."""
+    from tvm import relax
+
+    op = relax.op
+    tr, n = _rank(theta), static_len(size)
+    if tr != 3 or n not in (4, 5):
+        raise ValueError("AffineGrid takes theta [N, 2, 3] with size [N, C, H, W], or [N, 3, 4] with "
+                         "[N, C, D, H, W]")
+    spatial = n - 2
+    tdims = theta.ty.shape.values
+    if theta.ty.shape is None or not all(hasattr(v, "value") for v in tdims) or \
+            (int(tdims[1].value), int(tdims[2].value)) != (spatial, spatial + 1):
+        raise ValueError(f"AffineGrid with a {n}-value size needs theta of shape "
+                         f"[N, {spatial}, {spatial + 1}]")
+    s = _int64(bb, size)
+    batch = op.reshape(op.take(dims_of(bb, theta), _i64(0), axis=0, mode="clip"), [1])
+    lens = op.strided_slice(s, [0], [2], [n])
+    flags = [op.astype(op.not_equal(op.strided_slice(s, [0], [0], [1]), batch), "int64"),
+             any_of(bb, op.less(lens, _i64(1)))]
+    if align:  # one position with align_corners: ONNX's reference puts it at -1, onnxruntime elsewhere
+        flags.append(any_of(bb, op.equal(lens, _i64(1))))
+    bad = _or(bb, *flags)
+    shape = checked_shape(bb, bb.normalize(lens), bad, "grid")
+    sizes = [op.take(s, _i64(2 + i), axis=0, mode="clip") for i in range(spatial)]
+    # per spatial axis (D, H, W order) its coordinates, broadcast to the grid; homogeneous x, y(, z), 1
+    axes = [_grid_axis(bb, shape.values[i], sizes[i], align) for i in range(spatial)]
+    full = [shape.values[i] for i in range(spatial)]
+    coords = []
+    for i in reversed(range(spatial)):  # x (along W) first
+        view = [1] * spatial
+        view[i] = full[i]
+        coords.append(op.broadcast_to(op.reshape(axes[i], view), full))
+    coords.append(op.ones_like(coords[0]))
+    count = full[0]
+    for v in full[1:]:
+        count = count * v
+    points = op.reshape(op.stack(coords, axis=spatial), [count, spatial + 1])  # [P, spatial + 1]
+    t = theta if theta.ty.dtype == "float32" else op.astype(theta, "float32")
+    grid = op.matmul(op.expand_dims(points, 0), op.permute_dims(t, [0, 2, 1]))  # [N, P, spatial]
+    out = op.reshape(grid, [tdims[0], *full, spatial])
+    return out if theta.ty.dtype == "float32" else op.astype(out, theta.ty.dtype)

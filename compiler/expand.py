@@ -16,7 +16,7 @@ from typing import Any
 
 from compiler.errors import ModelError
 
-__all__ = ["EXPANDED_OPS", "EXPANDED_WHEN", "expand_functions"]
+__all__ = ["EXPANDED_OPS", "EXPANDED_WHEN", "KEPT_WHEN_RUNTIME", "expand_functions"]
 
 # Attention: TVM's converter is com.microsoft's (reads ``num_heads``), wrong for ai.onnx Attention.
 # The others have no converter. SoftmaxCrossEntropyLoss's body calls NegativeLogLikelihoodLoss,
@@ -180,9 +180,10 @@ EXPANDED_WHEN = {"LayerNormalization": _extra_outputs, "RMSNormalization": _norm
 def _refusal(node: Any, label: str, consts: set[str], types: dict[str, Any]) -> None:
     """Variants the expanded body cannot compile to: refused by name, with the reason."""
     if node.op_type == "CenterCropPad" and len(node.input) > 1 and node.input[1] not in consts:
-        raise ModelError(f"{label}: the target shape {node.input[1]!r} is known only at run time; output "
-                         "shapes decided at run time are not supported",
-                         hint="make the shape a constant (an initializer) of the model")
+        # (a model input keeps the node whole: KEPT_WHEN_RUNTIME)
+        raise ModelError(f"{label}: the target shape {node.input[1]!r} is computed in the graph; only a "
+                         "constant or a model input is supported",
+                         hint="make the shape a constant (an initializer) or an input of the model")
     if node.op_type == "Attention":
         ranks = [_rank(types, name) for name in node.input[:3]]
         if ranks[0] not in (3, 4) or len(set(ranks)) != 1:
@@ -198,8 +199,23 @@ def _refusal(node: Any, label: str, consts: set[str], types: dict[str, Any]) -> 
                              hint="use 0 (Q K^T), 1 (plus mask), 2 (softcapped) or 3 (softmax)")
 
 
-def _wanted(node: Any, ops: frozenset[str], types: dict[str, Any] | None) -> bool:
+def _model_inputs(model: Any) -> frozenset[str]:
+    """The graph inputs that are not initializers (values known only at run time)."""
+    inits = {t.name for t in model.graph.initializer}
+    return frozenset(i.name for i in model.graph.input if i.name not in inits)
+
+
+# Operators kept whole when their shape operand is a model input: compiler.dynshape converts them
+# (the function body would compute that operand in the graph, where TVM needs a constant).
+KEPT_WHEN_RUNTIME = {"CenterCropPad": 1}
+
+
+def _wanted(node: Any, ops: frozenset[str], types: dict[str, Any] | None,
+            runtime: frozenset[str] = frozenset()) -> bool:
     if node.domain not in ("", "ai.onnx"):
+        return False
+    pos = KEPT_WHEN_RUNTIME.get(node.op_type)
+    if pos is not None and pos < len(node.input) and node.input[pos] in runtime:
         return False
     if node.op_type in ops:
         return True
@@ -215,7 +231,8 @@ def expand_functions(model: Any, ops: frozenset[str] = EXPANDED_OPS) -> bool:
         if not _expand_once(model, ops):
             return changed
         changed = True
-    left = next((n.op_type for n in model.graph.node if _wanted(n, ops, _types(model))), None)
+    runtime = _model_inputs(model)
+    left = next((n.op_type for n in model.graph.node if _wanted(n, ops, _types(model), runtime)), None)
     if left is not None:
         raise ModelError(f"{left}: ONNX's definition of the operator is nested more than {_MAX_DEPTH} deep",
                          hint="rewrite the model with standard operators")
@@ -230,13 +247,14 @@ def _expand_once(model: Any, ops: frozenset[str]) -> bool:
         return False
     opset = _opset(model)
     types = _types(model)
-    if not any(_wanted(n, ops, types) for n in g.node):
+    runtime = _model_inputs(model)
+    if not any(_wanted(n, ops, types, runtime) for n in g.node):
         return False
     consts = {t.name for t in g.initializer} | {n.output[0] for n in g.node if n.op_type == "Constant"}
     new_nodes = []
     used_opsets = {o.domain: o for o in model.opset_import}
     for i, node in enumerate(g.node):
-        if not _wanted(node, ops, types):
+        if not _wanted(node, ops, types, runtime):
             new_nodes.append(node)
             continue
         label = f"{node.op_type} at node {node.name or f'#{i}'!r}"

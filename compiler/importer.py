@@ -354,6 +354,7 @@ def import_model(model: Any, *, batch: int | None = None,
     from tvm.relax.frontend import detach_params
 
     from compiler.dynshape import data_dependent_node, from_onnx, has_runtime_shape_operand
+    from compiler.expand import KEPT_WHEN_RUNTIME
     from compiler.prepare import prepare
 
     _check_input_types(model)
@@ -363,7 +364,7 @@ def import_model(model: Any, *, batch: int | None = None,
     fill = (batch or own or 1) if len(_static_leading(model, shapes)) <= 1 else batch
     carriers = frozenset(dtype_only_inputs(model))  # before preparation adds casts of them
     model, steps = prepare(model, shapes=shapes, batch=fill)
-    _check_ops(model)
+    _check_ops(model, extra=frozenset(KEPT_WHEN_RUNTIME))  # kept whole for compiler.dynshape
     nonfinite = NonFinite(*nonfinite_blockers(model))
     _check_constructs(model)
     datadep = data_dependent_node(model)
@@ -402,6 +403,14 @@ def import_model(model: Any, *, batch: int | None = None,
                          f"{first}",
                          hint="rewrite that part of the model, or fix input shapes with --shape") from None
     mod, detached = detach_params(mod)
+    if dynamic:
+        # Kernel fusion sees data dependencies only, not the run-time dims a match_cast binds
+        # (compiler.dynshape): in a dataflow block it may move a fused kernel that allocates with
+        # such dims above their binding (the VM fails: "has not been computed"). Plain binding
+        # blocks keep the order.
+        from tvm import relax
+
+        mod = relax.transform.ToNonDataflow()(mod)
     if integer and any(n.op_type == "DequantizeLinear" for n in model.graph.node):
         from compiler.integer import integer_kernels
 

@@ -160,13 +160,44 @@ def upgrade_opset(model: Any, minimum: int = MIN_OPSET) -> bool:
         except Exception as exc:
             err = exc
             continue
+        old_resize = _old_resize_outputs(model, have)
         model.CopyFrom(new)
+        _keep_old_resize(model, old_resize)
         # (domains onnx does not know, such as onnxruntime's com.microsoft.nchwc, ask nothing)
         need = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
         model.ir_version = max(model.ir_version, need)
         return True
     raise ModelError(f"opset {have} is too old and could not be upgraded to {FLOOR_OPSET}: "
                      f"{' '.join(str(err).split())[:200]}", hint="re-export the model with a recent opset")
+
+
+def _old_resize_outputs(model: Any, opset: int) -> set[str]:
+    """The outputs of Upsample nodes, and of Resize nodes before opset 11: their coordinates are
+    ``asymmetric`` and their nearest rounding floor (ceil when downsampling), which the version
+    converter's Resize-11 does not keep (it gets Resize-11's defaults, half_pixel: another answer)."""
+    if opset >= 11:
+        return set()
+    return {n.output[0] for n in model.graph.node if n.op_type in ("Upsample", "Resize") and n.output}
+
+
+def _keep_old_resize(model: Any, outputs: set[str]) -> None:
+    """Give the upgraded Resize nodes of :func:`_old_resize_outputs` their old semantics."""
+    from onnx import helper, numpy_helper
+
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "Resize" or not node.output or node.output[0] not in outputs:
+            continue
+        keep = [a for a in node.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
+        scales = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        # nearest: floor when upsampling, ceil when downsampling (per axis: "simple", which only
+        # compiler.dynshape_resize implements; with constant scales one rounding must fit all axes)
+        rounding = "simple"
+        if scales is not None and scales.size:
+            rounding = "floor" if (scales >= 1).all() else "ceil" if (scales <= 1).all() else "simple"
+        del node.attribute[:]
+        node.attribute.extend([*keep, helper.make_attribute("coordinate_transformation_mode", "asymmetric"),
+                               helper.make_attribute("nearest_mode", rounding)])
 
 
 # ---------------------------------------------------------------------------------------------- 3

@@ -257,7 +257,8 @@ stft tfidfvectorizer_tf_only_bigrams_skip0
 """.split()) | frozenset("""
 reduce_l2_do_not_keepdims_example reduce_sum_default_axes_keepdims_random reduce_max_keepdims_random
 reshape_negative_dim expand_dim_changed unsqueeze_two_axes squeeze_negative_axes slice_neg_steps tile
-constantofshape_int_zeros
+constantofshape_int_zeros resize_downsample_sizes_nearest_not_larger upsample_nearest
+split_variable_parts_1d_opset13 top_k_same_values edge_pad center_crop_pad_crop affine_grid_2d
 """.split()) | frozenset("""
 nonzero_example unique_not_sorted_without_axis compress_negative_axis nonmaxsuppression_two_batches
 """.split())  # a shape operand from a model input (compiler.dynshape), an output length that depends on

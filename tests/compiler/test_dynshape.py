@@ -164,3 +164,102 @@ def test_shape_operators_with_run_time_operands_match_onnxruntime(tmp_path: Path
             np.testing.assert_allclose(got[name], w, rtol=1e-6, atol=1e-6, err_msg=f"{name} {values}")
         shapes.add(tuple(got[n].shape for n in ranks))
     assert len(shapes) == len(good)
+
+
+@pytest.mark.slow
+def test_resize_pad_split_topk_grid_with_run_time_operands(tmp_path: Path) -> None:
+    """Resize (scales and sizes), Pad (reflect, constant with a crop), Split, TopK, CenterCropPad
+    and AffineGrid with their shape operand a model input, in one model (one compile): values the
+    suite's cases do not try agree with onnxruntime (a downscale by a non-integer factor, negative
+    pads, k = 0 and k = dim, an odd crop); each value ONNX / onnxruntime forbids (a zero scale, a
+    negative size, a reflect pad as long as the axis, split lengths that do not sum to the dim, k
+    past the dim, a grid batch other than theta's, an aligned grid of one position: onnxruntime and
+    ONNX's reference disagree there) is refused at run time."""
+    ins = [("x", F, [1, 2, 4, 5]), ("scales", F, [4]), ("sizes", I64, [2]), ("pads", I64, [8]),
+           ("cpads", I64, [4]), ("t", F, [2, 6]), ("split", I64, [3]), ("k", I64, [1]), ("crop", I64, [2]),
+           ("theta", F, [2, 2, 3]), ("size", I64, [4])]
+    nodes = [oh.make_node("Resize", ["x", "", "scales"], ["by_scales"], mode="cubic"),
+             oh.make_node("Resize", ["x", "", "", "sizes"], ["by_sizes"], mode="nearest", axes=[2, 3],
+                          coordinate_transformation_mode="asymmetric", nearest_mode="ceil"),
+             oh.make_node("Pad", ["x", "pads"], ["reflected"], mode="reflect"),
+             oh.make_node("Pad", ["t", "cpads", "v"], ["padded"], mode="constant"),
+             oh.make_node("Split", ["t", "split"], ["s0", "s1", "s2"], axis=1),
+             oh.make_node("TopK", ["t", "k"], ["top", "top_i"], largest=0),
+             oh.make_node("CenterCropPad", ["x", "crop"], ["cropped"], axes=[2, 3]),
+             oh.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=1)]
+    outs = {"by_scales": (F, 4), "by_sizes": (F, 4), "reflected": (F, 4), "padded": (F, 2), "s0": (F, 2),
+            "s1": (F, 2), "s2": (F, 2), "top": (F, 2), "top_i": (I64, 2), "cropped": (F, 4), "grid": (F, 4)}
+    from onnx import numpy_helper as nh
+
+    graph = oh.make_graph(nodes, "dyn_more", [oh.make_tensor_value_info(n, t, s) for n, t, s in ins],
+                          [oh.make_tensor_value_info(o, t, [None] * k) for o, (t, k) in outs.items()],
+                          [nh.from_array(np.array(1.5, np.float32), "v")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 20)])
+    model.ir_version = 9
+    art = _compile(model, tmp_path)
+    assert all(o.dynamic for o in art.outputs)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    base = {name: rng.standard_normal(shape).astype(np.float32) for name, t, shape in ins if t == F}
+    base["t"][0, 1] = base["t"][0, 4]  # a tie for TopK (the lower index first)
+    good = [dict(scales=[1, 1, 0.7, 1.3], sizes=[3, 9], pads=[0, 0, 2, 1, 0, 1, 1, 3], cpads=[1, -2, 0, 2],
+                 split=[2, 1, 3], k=[1], crop=[3, 8], size=[2, 1, 3, 4]),
+            dict(scales=[1, 1, 2.5, 0.4], sizes=[1, 2], pads=[0, 0, 3, 0, 0, 0, 0, 4], cpads=[0, 0, 0, 0],
+                 split=[1, 1, 4], k=[6], crop=[4, 1], size=[2, 3, 2, 3]),
+            dict(scales=[1, 1, 1, 1], sizes=[8, 5], pads=[0, 0, -1, -2, 0, 0, -1, 1], cpads=[0, 3, 1, -5],
+                 split=[4, 1, 1], k=[3], crop=[7, 5], size=[2, 1, 5, 2])]
+    first = good[0]
+    bad = [dict(first, scales=[1, 1, 0, 1]), dict(first, sizes=[3, -1]),
+           dict(first, pads=[0, 0, 4, 0, 0, 0, 0, 0]), dict(first, split=[2, 1, 4]),
+           dict(first, split=[3, -1, 4]), dict(first, k=[7]),
+           dict(first, size=[1, 1, 3, 4]), dict(first, cpads=[0, -4, 0, -3])]
+    ambiguous = dict(first, size=[2, 1, 1, 4])  # onnxruntime answers, unlike ONNX's reference
+    shapes = set()
+    for values in [*good, *bad, ambiguous]:
+        operands = {k: np.array(v, np.float32 if k == "scales" else np.int64) for k, v in values.items()}
+        feeds = {**base, **operands}
+        if values is ambiguous:
+            with pytest.raises(InputError, match="refused these inputs at run time"):
+                art.infer(feeds)
+            continue
+        try:
+            want = dict(zip(outs, sess.run(list(outs), feeds), strict=True))
+        except Exception:
+            with pytest.raises(InputError, match="refused these inputs at run time"):
+                art.infer(feeds)
+            assert values in bad, values
+            continue
+        assert values in good, values
+        got = art.infer(feeds)
+        for name, w in want.items():
+            assert got[name].shape == w.shape, (name, values, got[name].shape, w.shape)
+            np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5, err_msg=f"{name} {values}")
+        shapes.add(tuple(got[n].shape for n in outs))
+    assert len(shapes) == len(good)
+
+
+def test_upsample_keeps_its_asymmetric_coordinates(tmp_path: Path) -> None:
+    """Upsample (opset 9) reaches the compiler as Resize-13 through onnx's version converter, which
+    leaves Resize-11's default half_pixel coordinates on it (another answer for linear); the upgrade
+    keeps Upsample's asymmetric coordinates and floor rounding. Run-time scales (linear) and
+    constant scales (nearest, non-integer) both agree with onnxruntime's Upsample."""
+    from onnx import numpy_helper as nh
+
+    nodes = [oh.make_node("Upsample", ["x", "s"], ["lin"], mode="linear"),
+             oh.make_node("Upsample", ["x", "c"], ["near"], mode="nearest")]
+    graph = oh.make_graph(nodes, "upsample9", [oh.make_tensor_value_info("x", F, [1, 1, 4, 4]),
+                                               oh.make_tensor_value_info("s", F, [4])],
+                          [oh.make_tensor_value_info(o, F, [None] * 4) for o in ("lin", "near")],
+                          [nh.from_array(np.array([1, 1, 2.5, 1.5], np.float32), "c")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 9)])
+    model.ir_version = 5
+    art = _compile(model, tmp_path)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(7).standard_normal((1, 1, 4, 4)).astype(np.float32)
+    for scales in ([1, 1, 2, 2], [1, 1, 3, 1.5]):
+        feeds = {"x": x, "s": np.array(scales, np.float32)}
+        want = dict(zip(("lin", "near"), sess.run(None, feeds), strict=True))
+        got = art.infer(feeds)
+        for name, w in want.items():
+            assert got[name].shape == w.shape, (name, scales)
+            np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5, err_msg=f"{name} {scales}")

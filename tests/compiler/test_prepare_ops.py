@@ -114,12 +114,17 @@ def test_celu_and_center_crop_pad_with_a_constant_shape() -> None:
     _same_as_onnxruntime(crop, {"x": x}, "expand_functions")
 
 
-def test_center_crop_pad_with_a_run_time_shape_is_refused() -> None:
+def test_center_crop_pad_with_a_computed_shape_is_refused() -> None:
+    """A target shape that is a model input keeps the node whole (compiler.dynshape_pad converts
+    it, tests/compiler/test_dynshape.py); one computed in the graph is refused in one line."""
     inputs = [oh.make_tensor_value_info("x", F, [3, 7, 4]), oh.make_tensor_value_info("shape", 7, [2])]
     model = _model(oh.make_node("CenterCropPad", ["x", "shape"], ["y"], axes=[1, 2]), inputs, ["y"], 18)
-    with pytest.raises(ModelError, match=r"^CenterCropPad at node '#0': the target shape 'shape' is known "
-                                         "only at run time") as err:
-        prepare(model)
+    assert [n.op_type for n in prepare(model)[0].graph.node] == ["CenterCropPad"]
+    computed = _model(oh.make_node("CenterCropPad", ["x", "half"], ["y"], axes=[1, 2]), inputs, ["y"], 18)
+    computed.graph.node.insert(0, oh.make_node("Abs", ["shape"], ["half"]))
+    with pytest.raises(ModelError, match=r"^CenterCropPad at node '#1': the target shape 'half' is computed "
+                                         "in the graph") as err:
+        prepare(computed)
     assert "\n" not in str(err.value)
 
 
