@@ -203,6 +203,7 @@ def _into_zoo(net: Any) -> Any:
         if isinstance(m, nn.Conv2d):
             arrays.append(m.weight.detach().numpy())
         elif isinstance(m, nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None
             arrays += [m.weight.detach().numpy(), m.bias.detach().numpy(), m.running_mean.numpy(),
                        m.running_var.numpy()]
         elif isinstance(m, nn.Linear):

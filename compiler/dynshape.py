@@ -289,12 +289,6 @@ def _importer_class() -> type:
         shape operand is a model input itself (a shape computed in the graph, e.g. from ``Shape``,
         stays with the frontend, which keeps such shapes static)."""
 
-        def _check_for_unsupported_ops(self, graph: Any) -> None:
-            from compiler.convert_ops import OWN_CONVERTERS
-
-            if not any(n.op_type in OWN_CONVERTERS for n in graph.node):
-                super()._check_for_unsupported_ops(graph)
-
         def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any],
                               opset: int) -> Any:
             from compiler.convert_ops import GUARD_ATTR, OWN_CONVERTERS, convert_guard
@@ -335,9 +329,12 @@ def _importer_class() -> type:
         def _check_for_unsupported_ops(self, graph: Any) -> None:
             # ops TVM has no converter for, left whole for this module (compiler.expand's
             # KEPT_WHEN_RUNTIME: only when their operand is a model input, which routes them here)
+            # or converted by compiler.convert_ops (OWN_CONVERTERS)
             from types import SimpleNamespace
 
-            nodes = [n for n in graph.node if n.op_type not in _ONLY_HERE]
+            from compiler.convert_ops import OWN_CONVERTERS
+
+            nodes = [n for n in graph.node if n.op_type not in _ONLY_HERE and n.op_type not in OWN_CONVERTERS]
             super()._check_for_unsupported_ops(SimpleNamespace(node=nodes))
 
     return Importer
