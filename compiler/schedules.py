@@ -393,7 +393,8 @@ def apply(mod: Any, target: Any, *, measure: bool | None = None, cache_dir: str 
     if measure is None:
         measure = can_measure(target)[0]
     decisions = Decisions(target, cache_root() if cache_dir is None else Path(cache_dir)) if measure else None
-    scheduled = schedule_prepared(prepare(mod, target), target, measure=measure, decisions=decisions)
+    scheduled = schedule_prepared(prepare(mod, target, fold_in_numpy=True), target, measure=measure,
+                                  decisions=decisions)
     if decisions is not None:
         decisions.save()
     return int8_rvv.serial_vectors(scheduled, target)

@@ -61,7 +61,7 @@ def stages(name: str, target: Any) -> dict[str, Any]:
     row["nhwc"] = layout.channels_last(mod) is not mod
     layout_cpu = time.process_time() - layout_cpu
     lap("layout")
-    prep = prepare(mod, target)
+    prep = prepare(mod, target, fold_in_numpy=True)  # as schedules.apply (untuned builds)
     lap("prepare")
     row["primfuncs"] = sum(1 for f in prep.functions.values() if isinstance(f, tirx.PrimFunc))
     decisions = Decisions(target, cache_root())  # as compile_model: choices cached per machine
