@@ -24,9 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from fractal.files import atomic_write
 
 __all__ = ["Decisions", "cache_root", "workload_key"]
 
@@ -56,9 +57,7 @@ def workload_key(func: Any) -> str:
 def _version() -> str:
     import tvm
 
-    from compiler import schedules
-
-    src = Path(schedules.__file__).read_bytes()
+    src = (Path(__file__).resolve().parent / "schedules.py").read_bytes()
     return hashlib.sha256(tvm.__version__.encode() + b"\0" + src).hexdigest()[:16]
 
 
@@ -107,10 +106,7 @@ class Decisions:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             merged = {**self._read(), **self._new}
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".decisions-", suffix=".json")
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"format": FORMAT, "decisions": merged}, fh, sort_keys=True)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps({"format": FORMAT, "decisions": merged}, sort_keys=True))
         except OSError:
             return
         self._known, self._new = merged, {}
