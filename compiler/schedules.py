@@ -487,8 +487,14 @@ def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Dec
     variants = {"naive": prepared, "fused": fused, "rows": rows, "narrow": narrow}
     for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True).items():
         scheduled[n] = variants[label][n]
-    # channels-last convolutions: each register tile timed, the fastest kept
+    # channels-last convolutions: each register tile timed, the fastest kept. Not in untuned
+    # builds (``decisions``) where the default tile is 1 vector x 8 columns (16 vector registers:
+    # AVX2, NEON): measured on AVX2 (ResNet-50, 2026-11-28), the 2 x 6 tile beat it on 4 of 24
+    # convolutions by 0.6% of their total time, and timing it cost an LLVM build and runs of every
+    # convolution (~40% of the schedule step); they keep the 1 x 8 tile, unmeasured
     conv = [n for n, f in funcs if not last[0][n].same_as(f)]
+    if decisions is not None and _vector_lanes(target) < 16:
+        conv = []
     tiles = {f"tile{v}x{c}": m for (v, c), m in zip(_TILES, last, strict=True)}
     for n, label in _choose(conv, tiles, prepared, target, decisions, changed_only=False).items():
         scheduled[n] = tiles[label][n]
