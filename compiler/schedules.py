@@ -469,6 +469,8 @@ def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Dec
     from tvm import tirx
     from tvm.s_tir import dlight as dl
 
+    from compiler.schedule_cache import workload_key
+
     # (ApplyDefaultSchedule writes into the module it is given: each variant gets a clone)
     with target, tvm.transform.PassContext(opt_level=3):
         scheduled = dl.ApplyDefaultSchedule(*_rules(fuse=None))(prepared.clone())
@@ -488,20 +490,31 @@ def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Dec
     for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True).items():
         scheduled[n] = variants[label][n]
     # channels-last convolutions: each register tile timed, the fastest kept. Not in untuned
-    # builds (``decisions``) where the default tile is 1 vector x 8 columns (16 vector registers:
-    # AVX2, NEON): measured on AVX2 (ResNet-50, 2026-11-28), the 2 x 6 tile beat it on 4 of 24
-    # convolutions by 0.6% of their total time, and timing it cost an LLVM build and runs of every
-    # convolution (~40% of the schedule step); they keep the 1 x 8 tile, unmeasured
+    # builds (``decisions``) for x86 without AVX-512 (16 vector registers): measured on AVX2
+    # (ResNet-50, 2026-11-28), the 1 x 8 tile was 28% faster in total than 2 x 6, which beat it
+    # on 4 of 24 convolutions by 0.6% of their total time, and timing both was an LLVM build and
+    # runs of every convolution twice (~40% of the schedule step): they get 1 x 8, unmeasured
     conv = [n for n, f in funcs if not last[0][n].same_as(f)]
-    if decisions is not None and _vector_lanes(target) < 16:
-        conv = []
     tiles = {f"tile{v}x{c}": m for (v, c), m in zip(_TILES, last, strict=True)}
+    if decisions is not None and _sixteen_vector_registers(target):
+        for n in conv:
+            scheduled[n] = tiles[_UNTIMED_TILE][n]
+            decisions.put(workload_key(prepared[n]), _UNTIMED_TILE, {}, timed=False)
+        conv = []
     for n, label in _choose(conv, tiles, prepared, target, decisions, changed_only=False).items():
         scheduled[n] = tiles[label][n]
     return scheduled
 
 
 _DEFAULT = "default"  # the recorded choice for a kernel no variant could be timed of: the rule's pick
+_UNTIMED_TILE = f"tile1x{_MAX_COLS}"  # untuned builds' convolutions on 16 vector registers
+
+
+def _sixteen_vector_registers(target: Any) -> bool:
+    """x86 without AVX-512: 16 vector registers (``_vector_lanes`` says 16 float lanes for the
+    haswell preset on this AVX2 host, so the rules' unmeasured pick there is the 2 x 6 tile)."""
+    mattr = [str(a) for a in (target.attrs.get("mattr") or [])]
+    return "x86_64" in str(target.attrs.get("mtriple", "")) and "+avx512f" not in mattr
 
 
 def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: Any,
