@@ -39,10 +39,13 @@ def channels_last(mod: Any) -> Any:
     import tvm
     from tvm import relax, transform
 
+    from compiler.constfold import fold_numpy
+
     if not has_conv2d(mod):
         return mod
     mod = tvm.IRModule({gv: _for_layout(f) if isinstance(f, relax.Function) else f
                         for gv, f in mod.functions.items()}, attrs=mod.attrs)
+    mod = fold_numpy(mod)  # (the folds numpy does exactly first: FoldConstant builds each with LLVM)
     try:
         return transform.Sequential([
             relax.transform.FoldConstant(),  # (ConvertLayout crashes on add(constant, prim value))

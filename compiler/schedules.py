@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compiler.schedule_cache import Decisions
 
 __all__ = ["TunedBuild", "apply", "apply_tuned", "schedule_prepared"]
 
@@ -36,6 +40,7 @@ _MIN_ROW = 8  # register tiling wants at least this many output columns per row
 _MAX_COLS = 8  # channels-last register tile: at most this many output columns (x 1 vector)
 _TILES = ((1, _MAX_COLS), (2, 6))  # channels-last tiles tried when measuring: (vectors, columns)
 _MIN_PARALLEL = 4  # do not parallelise tiny outer loops (thread-pool launch costs ~1-2 us)
+_QUICK_US = 1000.0  # untuned builds time calls longer than this twice, not 16 times (_time_all)
 
 
 def _extent(sch: Any, loop: Any) -> int | None:
@@ -318,9 +323,13 @@ def _divides_by_data(func: Any) -> bool:
     return bool(_DATA_DIVISOR.search(func.script()))
 
 
-def _time_all(funcs: dict[str, Any], target: Any) -> dict[str, float]:
+def _time_all(funcs: dict[str, Any], target: Any, *, quick: bool = False) -> dict[str, float]:
     """Best-of-5 time (us) of each PrimFunc on random inputs, built as one library (one
-    LLVM run) and run in this process. Functions that fail to build or run are left out."""
+    LLVM run) and run in this process. Functions that fail to build or run are left out.
+    ``quick``: a function whose first two timed calls each take over ``_QUICK_US`` keeps the
+    faster of those two (the 24 convolutions of ResNet-50 take 5-60 ms per call: 16 calls each
+    were ~40 s of its untuned compile here; noise on such calls is a few percent, far below
+    the differences between variants that matter)."""
     import numpy as np
     import tvm
     from tvm import IRModule
@@ -347,6 +356,11 @@ def _time_all(funcs: dict[str, Any], target: Any) -> dict[str, float]:
                 dtype = str(info.dtype)
                 arr = rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
                 args.append(tvm.runtime.tensor(arr))
+            if quick:  # (a warm-up call, then two timed ones)
+                first = min(lib.time_evaluator(name, tvm.cpu(), number=1, repeat=2)(*args).results) * 1e6
+                if first > _QUICK_US:
+                    out[name] = float(first)
+                    continue
             # best of 5 repeats: on a shared machine the minimum is the stable statistic
             timer = lib.time_evaluator(name, tvm.cpu(), number=3, repeat=5, min_repeat_ms=1)
             out[name] = float(min(timer(*args).results)) * 1e6
@@ -356,30 +370,46 @@ def _time_all(funcs: dict[str, Any], target: Any) -> dict[str, float]:
 
 
 
-def apply(mod: Any, target: Any, *, measure: bool | None = None) -> Any:
+def apply(mod: Any, target: Any, *, measure: bool | None = None, cache_dir: str | Path | None = None) -> Any:
     """``mod`` (a Relax module) lowered to fused TIR with default CPU schedules (see above).
 
     With ``measure`` (default: when this machine runs ``target``) each rule-scheduled function
     is timed once against its naive schedule in this process and the faster one is kept, so a
-    rule never makes a function slower (a fraction of a second per function). The result goes
-    to ``relax.build``; any function a rule fails on keeps its naive schedule.
+    rule never makes a function slower (a fraction of a second per function). The choices are
+    cached per machine by workload (:mod:`compiler.schedule_cache`; ``cache_dir`` overrides its
+    root, default :func:`compiler.schedule_cache.cache_root`), so a kernel is timed once per
+    machine, target and compiler version. The result goes to ``relax.build``; any function a
+    rule fails on keeps its naive schedule.
     """
     from compiler import int8_arm, int8_rvv
-    from compiler.tuning import _as_target, prepare
+    from compiler.schedule_cache import Decisions, cache_root
+    from compiler.tuning import _as_target, can_measure, prepare
 
     target = _as_target(target)
     if target.kind.name != "llvm":
         return mod
     # int8 convolutions input channels innermost where a dot product / RVV can use that
     mod = int8_rvv.prepare(int8_arm.prepare(mod, target), target)
-    return int8_rvv.serial_vectors(schedule_prepared(prepare(mod, target), target, measure=measure), target)
+    if measure is None:
+        measure = can_measure(target)[0]
+    decisions = Decisions(target, cache_root() if cache_dir is None else Path(cache_dir)) if measure else None
+    scheduled = schedule_prepared(prepare(mod, target, fold_in_numpy=True), target, measure=measure,
+                                  decisions=decisions)
+    if decisions is not None:
+        decisions.save()
+    return int8_rvv.serial_vectors(scheduled, target)
 
 
-def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None) -> Any:
+def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None,
+                      decisions: Decisions | None = None) -> Any:
     """:func:`apply` on a module :func:`compiler.tuning.prepare` already lowered (``prepared``
-    itself is not modified)."""
+    itself is not modified). ``decisions``: choices measured before, by workload
+    (:mod:`compiler.schedule_cache`): kernels found there get their variant without any timing,
+    identical kernels are timed once, calls over a millisecond are timed twice
+    (``_time_all(quick=True)``), and the new choices are added (the caller saves them). Without
+    it every kernel is timed in full."""
     import tvm
-    from tvm import tirx
+    from tvm import IRModule, tirx
     from tvm.s_tir import dlight as dl
 
     from compiler import int8_arm, int8_rvv
@@ -388,11 +418,62 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
     # int8 kernels for dot-product targets first (the functions they schedule are marked
     # scheduled, so every rule below and every timed variant leaves them as they are)
     prepared = int8_rvv.schedule(int8_arm.schedule(prepared, target), target)
+    if measure is None:
+        measure = can_measure(target)[0]
+    if not measure or decisions is None:
+        return _schedule_measured(prepared, target, measure, None)
+    from compiler.schedule_cache import workload_key
+
+    keys = {gv.name_hint: workload_key(f) for gv, f in prepared.functions.items()
+            if isinstance(f, tirx.PrimFunc)}
+    by_label = _variant_rules()
+    known: dict[str, str] = {}
+    for n, k in keys.items():
+        label = decisions.get(k)
+        if label is not None and label in by_label:
+            known[n] = label
+    decisions.hits += len(known)
+    rest = IRModule({gv: f for gv, f in prepared.functions.items()
+                     if gv.name_hint in keys and gv.name_hint not in known})
+    out = prepared.clone()
+    if len(rest.functions):
+        done = _schedule_measured(rest, target, True, decisions)
+        for gv in rest.functions:
+            out[gv.name_hint] = done[gv.name_hint]
+            if decisions.get(keys[gv.name_hint]) is None:  # neither timed nor timeable: the rules' pick
+                decisions.put(keys[gv.name_hint], _DEFAULT, {}, timed=False)
+    # the kernels measured before: only the rules of their variant applied
+    for label in set(known.values()):
+        part = IRModule({gv: f for gv, f in prepared.functions.items() if known.get(gv.name_hint) == label})
+        rules = by_label[label]
+        if rules:
+            with target, tvm.transform.PassContext(opt_level=3):
+                part = dl.ApplyDefaultSchedule(*rules)(part)
+        for gv in part.functions:
+            out[gv.name_hint] = part[gv.name_hint]
+    return out
+
+
+def _variant_rules() -> dict[str, list[Any]]:
+    """The rules of each variant label :func:`_schedule_measured` chooses among (``naive``: none;
+    ``default``: the unmeasured pick)."""
+    return {"naive": [], "fused": _rules(fuse=True), "rows": _rules(fuse=False),
+            "narrow": _rules(fuse=None, min_row=2), _DEFAULT: _rules(fuse=None),
+            **{f"tile{v}x{c}": _rules(fuse=None, tile=(v, c))[:1] for v, c in _TILES}}
+
+
+def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Decisions | None) -> Any:
+    """``prepared`` scheduled by the rules; with ``measure``, each kernel's variants timed and the
+    fastest kept (see :func:`schedule_prepared`)."""
+    import tvm
+    from tvm import tirx
+    from tvm.s_tir import dlight as dl
+
+    from compiler.schedule_cache import workload_key
+
     # (ApplyDefaultSchedule writes into the module it is given: each variant gets a clone)
     with target, tvm.transform.PassContext(opt_level=3):
         scheduled = dl.ApplyDefaultSchedule(*_rules(fuse=None))(prepared.clone())
-    if measure is None:
-        measure = can_measure(target)[0]
     if not measure:
         return scheduled
     # Register-tiled convolutions are trusted (10-60x faster than naive in every case measured);
@@ -403,27 +484,72 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
         rows = dl.ApplyDefaultSchedule(*_rules(fuse=False))(prepared.clone())
         narrow = dl.ApplyDefaultSchedule(*_rules(fuse=None, min_row=2))(prepared.clone())
         last = [dl.ApplyDefaultSchedule(_rules(fuse=None, tile=t)[0])(prepared.clone()) for t in _TILES]
-    names = [gv.name_hint for gv, f in prepared.functions.items()
-             if isinstance(f, tirx.PrimFunc) and tiled[gv.name_hint].same_as(f)]
-    variants = [prepared, fused, rows, narrow]
-    times = []
-    for v in variants:
-        todo = {n: v[n] for n in names if v is prepared or not v[n].same_as(prepared[n])}
-        times.append(_time_all(todo, target) if todo else {})
-    for n in names:
-        timed = [(t[n], i) for i, t in enumerate(times) if n in t]
-        if timed:
-            scheduled[n] = variants[min(timed)[1]][n]
-    # channels-last convolutions: each register tile timed, the fastest kept
-    conv = [gv.name_hint for gv, f in prepared.functions.items()
-            if isinstance(f, tirx.PrimFunc) and not last[0][gv.name_hint].same_as(f)]
-    if conv:
-        ctimes = [_time_all({n: v[n] for n in conv}, target) for v in last]
+    funcs = [(gv.name_hint, f) for gv, f in prepared.functions.items() if isinstance(f, tirx.PrimFunc)]
+    names = [n for n, f in funcs if tiled[n].same_as(f)]
+    variants = {"naive": prepared, "fused": fused, "rows": rows, "narrow": narrow}
+    for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True).items():
+        scheduled[n] = variants[label][n]
+    # channels-last convolutions: each register tile timed, the fastest kept. Not in untuned
+    # builds (``decisions``) for x86 without AVX-512 (16 vector registers): measured on AVX2
+    # (ResNet-50, 2026-11-28), the 1 x 8 tile was 28% faster in total than 2 x 6, which beat it
+    # on 4 of 24 convolutions by 0.6% of their total time, and timing both was an LLVM build and
+    # runs of every convolution twice (~40% of the schedule step): they get 1 x 8, unmeasured
+    conv = [n for n, f in funcs if not last[0][n].same_as(f)]
+    tiles = {f"tile{v}x{c}": m for (v, c), m in zip(_TILES, last, strict=True)}
+    if decisions is not None and _sixteen_vector_registers(target):
         for n in conv:
-            timed = [(t[n], i) for i, t in enumerate(ctimes) if n in t]
-            if timed:
-                scheduled[n] = last[min(timed)[1]][n]
+            scheduled[n] = tiles[_UNTIMED_TILE][n]
+            decisions.put(workload_key(prepared[n]), _UNTIMED_TILE, {}, timed=False)
+        conv = []
+    for n, label in _choose(conv, tiles, prepared, target, decisions, changed_only=False).items():
+        scheduled[n] = tiles[label][n]
     return scheduled
+
+
+_DEFAULT = "default"  # the recorded choice for a kernel no variant could be timed of: the rule's pick
+_UNTIMED_TILE = f"tile1x{_MAX_COLS}"  # untuned builds' convolutions on 16 vector registers
+
+
+def _sixteen_vector_registers(target: Any) -> bool:
+    """x86 without AVX-512: 16 vector registers (``_vector_lanes`` says 16 float lanes for the
+    haswell preset on this AVX2 host, so the rules' unmeasured pick there is the 2 x 6 tile)."""
+    mattr = [str(a) for a in (target.attrs.get("mattr") or [])]
+    return "x86_64" in str(target.attrs.get("mtriple", "")) and "+avx512f" not in mattr
+
+
+def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: Any,
+            decisions: Decisions | None, *, changed_only: bool) -> dict[str, str]:
+    """The fastest variant label of each kernel in ``names`` (kernels none could be timed of are
+    left out: they keep the rules' pick). ``changed_only``: a variant is timed only on the kernels
+    it schedules differently from ``prepared`` (the naive lowering, itself a variant, is timed
+    on all). Ties go to the first label. With ``decisions``: identical kernels (one workload) are
+    timed once, in quick mode, and every choice is recorded there."""
+    if not names:
+        return {}
+    keys: dict[str, str] = {}
+    todo: list[str] = names  # one kernel per workload
+    if decisions is not None:
+        from compiler.schedule_cache import workload_key
+
+        keys = {n: workload_key(prepared[n]) for n in names}
+        first: dict[str, str] = {}
+        todo = [n for n in names if first.setdefault(keys[n], n) == n]
+    times: dict[str, dict[str, float]] = {}
+    for label, mod in variants.items():
+        funcs = {n: mod[n] for n in todo
+                 if not changed_only or mod is prepared or not mod[n].same_as(prepared[n])}
+        times[label] = _time_all(funcs, target, quick=decisions is not None) if funcs else {}
+    best: dict[str, str] = {}
+    for n in todo:
+        timed = {label: t[n] for label, t in times.items() if n in t}
+        order = list(variants)
+        best[n] = min(timed, key=lambda label: (timed[label], order.index(label))) if timed else _DEFAULT
+        if decisions is not None:
+            decisions.put(keys[n], best[n], timed)
+    if decisions is not None:  # identical kernels: the choice of the one timed
+        by_key = {keys[n]: best[n] for n in todo}
+        best = {n: by_key[keys[n]] for n in names}
+    return {n: label for n, label in best.items() if label != _DEFAULT}
 
 
 @dataclass(frozen=True)

@@ -287,28 +287,39 @@ def check_remote(remote: Remote) -> None:
                                "(or python3 -m compiler.rpc_server) and check the address") from None
 
 
-def prepare(mod: Any, target: Any, *, prepack: bool = False, channels_last: bool = True) -> Any:
+def prepare(mod: Any, target: Any, *, prepack: bool = False, channels_last: bool = True,
+            fold_in_numpy: bool = False) -> Any:
     """Lower a Relax module to fused TIR: the form MetaSchedule extracts tasks from and applies
     records to (same passes as ``relax.pipeline.static_shape_tuning_pipeline``). ``prepack``:
     BatchNorm folded into the convolutions and the weights marked layout-free, so tuned schedules
     may read them in a rewritten layout (:mod:`compiler.prepack`; another workload, hence
     another database). On x86_64 targets the convolutions are converted to channels-last first
     (:mod:`compiler.layout`), for untuned and tuned inference builds alike; ``channels_last=False``
-    keeps the layout (the training module: its backward convolutions are unmeasured there)."""
+    keeps the layout (the training module: its backward convolutions are unmeasured there).
+    ``fold_in_numpy``: constant operators folded by :func:`compiler.constfold.fold_numpy` before
+    FoldConstant (same kernels and values, much faster on CNNs whose weights are constants; the
+    kernels' names differ, hence the module's workload hash: untuned builds only, so tuned builds
+    keep the databases they were tuned and shipped with)."""
     from tvm import relax, transform
 
     from compiler import layout
     from compiler import prepack as _prepack
+    from compiler.constfold import fold_numpy
 
     target = _as_target(target)
     if prepack:
         mod = _prepack.fold_batchnorm(mod)
     if channels_last and layout.wants_channels_last(target):
         mod = layout.channels_last(mod)
+    # the weight transposes of the layout conversion and the decomposed BatchNorms' statistics
+    # folded in numpy (FoldConstant, in the zero pipeline, builds each with LLVM: most of this
+    # function's time on CNNs whose weights are constants)
+    fold = [transform.module_pass(lambda m, _ctx: fold_numpy(m), opt_level=0, name="FoldNumpy")]
     with target:
         return transform.Sequential([
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
+            *(fold if fold_in_numpy else []),
             relax.pipeline.zero_pipeline(),
             *([_prepack.before_tuning()] if prepack else []),
         ])(mod)

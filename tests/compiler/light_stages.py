@@ -3,11 +3,15 @@
     PYTHONPATH=. .venv/bin/python tests/compiler/light_stages.py [NETWORK ...]   (e.g. resnet50)
 
 Per network (``light_<name>.onnx`` from the onnx wheel's backend data, issue 29), seconds spent in
-each step of ``compile_model`` without ``--tune`` on this machine's preset: import, the
+each step of ``compile_model`` without ``--tune`` on this machine's preset (wall clock; the total
+also in CPU seconds, ``compile_cpu_s``, steadier on a shared machine): import, the
 channels-last conversion (``nhwc``: whether it ran), ``tuning.prepare`` (legalization and fusion;
 it converts the layout again), ``schedules.schedule_prepared`` (the default schedules, measured
-when this machine runs the target), pre-packing and ``relax.build`` (LLVM). Then the median latency
-of the VM's ``main`` (1 thread) against onnxruntime's (1 thread, sequential) on the conformance
+when this machine runs the target), pre-packing and ``relax.build`` (LLVM); ``cached`` /
+``timed``: kernels whose schedule choice came from the per-machine cache
+(``$FRACTAL_SCHEDULE_CACHE``, :mod:`compiler.schedule_cache`) / workloads timed in this run.
+Then the median latency of the VM's ``main`` (1 thread) against onnxruntime's (1 thread,
+sequential) on the conformance
 test's dummy input, their ratio, the max abs difference and the load average. One JSON line per
 network. ``THREADS`` sets the thread count of both. Not a test (no test_ prefix).
 """
@@ -36,12 +40,14 @@ def stages(name: str, target: Any) -> dict[str, Any]:
     from compiler import prepack as _prepack
     from compiler.importer import import_model, load_onnx
     from compiler.runtime import _flatten
+    from compiler.schedule_cache import Decisions, cache_root
     from compiler.tuning import prepare
     from tests.compiler.conformance import data_root
 
     path = data_root() / "light" / f"light_{name}.onnx"
     row: dict[str, Any] = {"model": name}
     t = time.perf_counter()
+    cpu0 = time.process_time()
 
     def lap(key: str) -> None:
         nonlocal t
@@ -51,12 +57,17 @@ def stages(name: str, target: Any) -> dict[str, Any]:
     imp = import_model(load_onnx(path))
     lap("import")
     mod = _prepack.fold_batchnorm(imp.mod)
+    layout_cpu = time.process_time()
     row["nhwc"] = layout.channels_last(mod) is not mod
+    layout_cpu = time.process_time() - layout_cpu
     lap("layout")
-    prep = prepare(mod, target)
+    prep = prepare(mod, target, fold_in_numpy=True)  # as schedules.apply (untuned builds)
     lap("prepare")
     row["primfuncs"] = sum(1 for f in prep.functions.values() if isinstance(f, tirx.PrimFunc))
-    sch = schedules.schedule_prepared(prep, target)
+    decisions = Decisions(target, cache_root())  # as compile_model: choices cached per machine
+    sch = schedules.schedule_prepared(prep, target, decisions=decisions)
+    decisions.save()
+    row["cached"], row["timed"] = decisions.hits, decisions.timed
     lap("schedule")
     with target, tvm.transform.PassContext(opt_level=3):
         sch = _prepack.after_tuning()(sch)
@@ -64,6 +75,9 @@ def stages(name: str, target: Any) -> dict[str, Any]:
     ex = relax.build(sch, target=target)
     lap("build")
     row["compile_s"] = round(sum(row[k] for k in ("import", "prepare", "schedule", "prepack", "build")), 1)
+    # CPU seconds of this process (1 thread): what the compile costs whatever else the machine
+    # runs (the layout step apart: compile_model converts the layout in prepare only)
+    row["compile_cpu_s"] = round(time.process_time() - cpu0 - layout_cpu, 1)
 
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
