@@ -97,6 +97,12 @@ Waiting = str | Callable[[], Iterable[str]] | None
 
 __all__ = ["Endpoint", "Call", "grace_period"]
 
+def _same_round(a: str, b: str) -> bool:
+    """Whether two call tags belong to one round: tags ``ROUND/PHASE`` (edgenode's rounds) with
+    the same ``ROUND``; tags without a ``/`` belong to no round."""
+    return "/" in a and "/" in b and a.rsplit("/", 1)[0] == b.rsplit("/", 1)[0]
+
+
 _DONE_TAGS = 256  # how many finished tags are remembered to recognise stale frames
 _MAX_EARLY_FRAMES = 4096  # hard bound per early tag, on top of the senders' windows
 _MAX_EARLY_BYTES = 64 << 20  # hard bound over all early tags (a misbehaving sender ignores windows)
@@ -232,6 +238,14 @@ class Endpoint:
                 reason = self._done[fr.tag]
                 if self._linger and fr.kind != FrameKind.DATA:
                     self._retire(fr)
+                if fr.kind == FrameKind.ABORT and call is not None and fr.sender in call.peers \
+                        and _same_round(fr.tag, call.tag):
+                    # a peer gave up a call of this round we had already finished (a member that
+                    # relays the fleet's abort while still in a call we left, e.g. a lingering
+                    # exchange): it has left the round, so it will not take part in this call
+                    # either; waiting for it would last until our deadline
+                    call.arrived(fr, next(self._arrivals))
+                    return
                 if fr.kind == FrameKind.DATA:
                     if reason is None:
                         reply = encode_ack(fr, sender=self.member_id, **self.frame_kw)
