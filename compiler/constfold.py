@@ -66,6 +66,17 @@ def _fold(op: str, call: Any, args: list[np.ndarray | None]) -> np.ndarray | Non
     return None
 
 
+def _fits(call: Any, value: np.ndarray) -> bool:
+    """Whether ``value`` has the shape and dtype the original ``call`` was inferred to give (a
+    0-d operand broadcast by numpy where TVM kept a rank, say, is left to FoldConstant)."""
+    try:
+        sinfo = call.struct_info
+        shape = tuple(int(v) for v in sinfo.shape.values)
+    except (AttributeError, TypeError, ValueError):  # no static tensor info to compare with
+        return True
+    return shape == value.shape
+
+
 def fold_numpy(mod: Any) -> Any:
     """``mod`` with the calls above on constants replaced by their values (every Relax function)."""
     import tvm
@@ -93,11 +104,19 @@ def fold_numpy(mod: Any) -> Any:
             if any(a is None for a in args):
                 return call
             value = _fold(call.op.name, call, args)
-            return call if value is None else relax.const(value, str(value.dtype))
+            if value is None or not _fits(op, value):
+                return call
+            return relax.const(value, str(value.dtype))
 
     folder = Fold()
-    funcs = {gv: folder.visit_expr(f) if isinstance(f, relax.Function) else f
-             for gv, f in mod.functions.items()}
+    try:
+        funcs = {gv: folder.visit_expr(f) if isinstance(f, relax.Function) else f
+                 for gv, f in mod.functions.items()}
+    except (ValueError, TypeError, RuntimeError):
+        # a fold the module's other inferred types do not accept (ONNX's DynamicQuantizeLinear
+        # body: a Stack of a folded [1] and a 0-d value): FoldConstant, which folds none of those
+        # at once, does the folding instead
+        return mod
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 

@@ -376,7 +376,9 @@ def import_model(model: Any, *, batch: int | None = None,
                          hint="compile without --train/--batch")
     specs, base, batched = _input_shapes(model, batch, exact=dynamic, carriers=carriers)
     batched = batched and not dynamic
-    empty = _take_empty_outputs(model)
+    # outputs computed from run-time shape operands are the run-time code's (checked there), even
+    # where the model declares them empty
+    empty = [] if dynamic else _take_empty_outputs(model)
     _drop_empty_operands(model)
     if empty:  # produced by the artifact without compiled code (compiler.artifact)
         if batch is not None or any(d < 0 for s in specs for d in s.shape):

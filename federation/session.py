@@ -149,6 +149,8 @@ class Endpoint:
         self._early: OrderedDict[str, dict[tuple, Frame]] = OrderedDict()
         self._early_bytes = 0
         self._abort_replied: set[tuple[str, str]] = set()
+        # (round, peer) -> the peer's ABORT of a finished call of that round (it left the round)
+        self._left: OrderedDict[tuple[str, str], Frame] = OrderedDict()
         # Arrival order of the frames routed to a call (Call._heard): a call blames the peer heard
         # from least recently by when frames *arrived*, not by when its thread got to them.
         self._arrivals = itertools.count()
@@ -238,14 +240,17 @@ class Endpoint:
                 reason = self._done[fr.tag]
                 if self._linger and fr.kind != FrameKind.DATA:
                     self._retire(fr)
-                if fr.kind == FrameKind.ABORT and call is not None and fr.sender in call.peers \
-                        and _same_round(fr.tag, call.tag):
-                    # a peer gave up a call of this round we had already finished (a member that
-                    # relays the fleet's abort while still in a call we left, e.g. a lingering
-                    # exchange): it has left the round, so it will not take part in this call
-                    # either; waiting for it would last until our deadline
-                    call.arrived(fr, next(self._arrivals))
-                    return
+                if fr.kind == FrameKind.ABORT and "/" in fr.tag:
+                    # a peer gave up a call of a round we had already finished (a member relaying
+                    # the fleet's abort while still in a call we left, e.g. a lingering exchange):
+                    # it has left the round, so it takes part in no later call of it; waiting for
+                    # it would last until our deadline. This call, or the next of the round.
+                    if call is not None and fr.sender in call.peers and _same_round(fr.tag, call.tag):
+                        call.arrived(fr, next(self._arrivals))
+                        return
+                    self._left[(fr.tag.rsplit("/", 1)[0], fr.sender)] = fr
+                    while len(self._left) > _DONE_TAGS:
+                        self._left.popitem(last=False)
                 if fr.kind == FrameKind.DATA:
                     if reason is None:
                         reply = encode_ack(fr, sender=self.member_id, **self.frame_kw)
@@ -399,6 +404,11 @@ class Endpoint:
                 if self._linger and fr.kind == FrameKind.DATA:
                     self._moved_on(fr.sender)  # a row of this call that came before we started it
                 c.arrived(fr, next(self._arrivals))  # in the order the early frames came
+            if "/" in tag:  # peers that left this round before the call began (see _route)
+                for p in peers:
+                    left = self._left.get((tag.rsplit("/", 1)[0], p))
+                    if left is not None:
+                        c.arrived(left, next(self._arrivals))
             self._active = c
         reason: str | None = None
         try:

@@ -265,7 +265,7 @@ nonzero_example unique_not_sorted_without_axis compress_negative_axis nonmaxsupp
 # the data (compiler.dataops): one case per converted operator
 NODE_REACH |= frozenset("""
 isnan isinf_negative mod_float_edge_cases_fmod_0_float32 castlike_FLOAT_to_DOUBLE
-causal_conv_with_state_kernel_size_one
+causal_conv_with_state_kernel_size_one dynamicquantizelinear_expanded slice_start_out_of_bounds
 """.split())  # NaN / inf inputs, IsInf's sign and Mod by inf (compiler.lower_ieee), an input that only
 # carries a dtype, an empty output answered by the artifact
 
