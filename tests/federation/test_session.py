@@ -397,3 +397,39 @@ def test_a_call_starved_past_its_deadline_blames_by_arrival(first: str) -> None:
         ep.close()
         for t in peers.values():
             t.close()
+
+
+def test_a_peers_abort_of_a_finished_call_fails_the_next_call_of_that_round() -> None:
+    """A member that relays the fleet's abort from inside a call its peer already finished (a
+    lingering `hello`) sends ABORT for that tag; the peer, between calls, must not then wait for it
+    in the round's next call until the deadline. Another round's calls are not touched."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from federation.framing import encode_abort
+
+    hub = MemoryHub()
+    a, c = RingAllreduce(hub.transport("a")), RingAllreduce(hub.transport("c"))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futs = [pool.submit(e.allreduce, np.ones(4, np.float32), group=["a", "c"], tag="r/hello",
+                                timeout=5) for e in (a, c)]
+            for f in futs:
+                f.result()
+        c.close()
+        x = hub.transport("c")
+        x.send("a", encode_abort(swarm="default", tag="r/hello", sender="c", member=None,
+                                 reason="aborted by the fleet: operator"))
+        assert _wait(lambda: a.stats.stale >= 1)
+        t0 = time.monotonic()
+        with pytest.raises(RoundAborted) as err:
+            a.allreduce(np.ones(4, np.float32), group=["a", "c"], tag="r/0", timeout=10)
+        assert time.monotonic() - t0 < 3, "waited for a peer that had left the round"
+        assert "fleet" in str(err.value)
+        # the memory is per round: another round's call waits for c as usual (its deadline)
+        t0 = time.monotonic()
+        with pytest.raises(RoundAborted):
+            a.allreduce(np.ones(4, np.float32), group=["a", "c"], tag="q/0", timeout=0.5)
+        assert time.monotonic() - t0 >= 0.5
+    finally:
+        a.close()
+        c.close()
