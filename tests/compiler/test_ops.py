@@ -5,7 +5,7 @@ Float ops must match within 1e-4 (absolute, on O(1) values). The QDQ int8 model 
 one output quantization step: onnxruntime fuses Q/DQ around Conv into integer kernels while TVM
 dequantizes and computes in float32, so an output that lands on a rounding boundary may round to
 the neighbouring int8 value (we also require most outputs to be exactly equal). Ops TVM's Relax
-frontend cannot convert (e.g. QLinearConv) must fail with one clear ModelError naming the op.
+frontend cannot convert (e.g. RegexFullMatch) must fail with one clear ModelError naming the op.
 """
 
 from __future__ import annotations
