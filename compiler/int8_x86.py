@@ -75,6 +75,28 @@ def _register() -> None:
     _registered.append(AVX2_DOT_8X4)
 
 
+def _dot_desc(lanes: int, k: int, a_dtype: str, b_dtype: str) -> Any:
+    """The semantics both kinds of intrinsic implement: ``C[i] += sum_k A[k] * B[i, k]`` over
+    ``lanes`` int32 lanes, ``k`` operands each (``a_dtype`` broadcast, ``b_dtype`` per lane)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (k,), a_dtype, offset_factor=1)
+        B = T.match_buffer(b, (lanes, k), b_dtype, offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for j in T.serial(0, k):
+                    with T.sblock("update"):
+                        vi, vj = T.axis.remap("SR", [i, j])
+                        C[vi] = C[vi] + T.cast(A[vj], "int32") * T.cast(B[vi, vj], "int32")
+
+    return desc
+
+
 def _quad_intrin(lanes: int, *, vnni: bool) -> tuple[Any, Any]:
     """``C[i] += sum_k u8(A[k]) * s8(B[i, k])`` for ``lanes`` int32 lanes, 4 bytes each, the 4
     activation bytes broadcast to every lane. ``vnni``: one ``vpdpbusd`` (16 lanes, the products
@@ -84,19 +106,7 @@ def _quad_intrin(lanes: int, *, vnni: bool) -> tuple[Any, Any]:
 
     nbytes = 4 * lanes
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
-            T.writes(C[0:lanes])
-            for i in T.serial(0, lanes):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+    desc = _dot_desc(lanes, 4, "uint8", "int8")
 
     @T.prim_func(s_tir=True)
     def vnni_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -145,19 +155,7 @@ def _pair_intrin(lanes: int, llvm: str) -> tuple[Any, Any]:
     ``vpmaddwd`` (int16 products summed in pairs to int32: exact for int8 operands)."""
     from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (2,), "int16", offset_factor=1)
-        B = T.match_buffer(b, (lanes, 2), "int16", offset_factor=1)
-        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
-            T.writes(C[0:lanes])
-            for i in T.serial(0, lanes):
-                for k in T.serial(0, 2):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+    desc = _dot_desc(lanes, 2, "int16", "int16")
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
