@@ -298,3 +298,17 @@ def _drop_unused_initializers(model: Any) -> None:
         inputs = [i for i in g.input if i.name not in dropped]
         del g.input[:]
         g.input.extend(inputs)
+
+
+def static_dims(shapes: dict[str, list[int]], name: str, label: str, what: str) -> list[int]:
+    """The static shape of ``name`` (every dim known and > 0), or a ModelError naming the node
+    (``label``) and the operand (``what``): the rewrites that unroll over a shape need one."""
+    from compiler.errors import ModelError
+
+    dims = shapes.get(name)
+    if dims is None or any(d <= 0 for d in dims):
+        raise ModelError(
+            f"{label}: the {what} {name!r} has no static shape ({dims})",
+            hint="fix the input shapes with --shape NAME=D0,D1,...",
+        )
+    return dims

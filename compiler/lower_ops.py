@@ -27,6 +27,7 @@ import numpy as np
 
 from compiler.errors import ModelError
 from compiler.graphbuild import node_attr
+from compiler.graphbuild import static_dims as _static
 from compiler.lower_misc import MISC_OPS, lower_misc_node, wanted_misc
 from compiler.lower_window import WINDOW_OPS, lower_window_node, wanted_window
 
@@ -74,16 +75,6 @@ def _wanted(node: Any, types: dict[str, int] | None = None) -> bool:
     if op == "BatchNormalization":
         return bool(_attr(node, "training_mode", 0))
     return True
-
-
-def _static(shapes: dict[str, list[int]], name: str, label: str, what: str) -> list[int]:
-    dims = shapes.get(name)
-    if dims is None or any(d <= 0 for d in dims):
-        raise ModelError(
-            f"{label}: the {what} {name!r} has no static shape ({dims})",
-            hint="fix the input shapes with --shape NAME=D0,D1,...",
-        )
-    return dims
 
 
 def _scatter_elements(bld: Any, node: Any, shapes: dict[str, list[int]], opset: int, label: str) -> None:

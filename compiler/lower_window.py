@@ -28,6 +28,7 @@ import numpy as np
 
 from compiler.errors import ModelError
 from compiler.graphbuild import node_attr
+from compiler.graphbuild import static_dims as _static
 
 __all__ = ["WINDOW_OPS", "lower_window_node", "wanted_window"]
 
@@ -40,16 +41,6 @@ def wanted_window(node: Any) -> bool:
     if node.op_type == "MaxPool":
         return len(node.output) > 1 and bool(node.output[1])
     return node.op_type in WINDOW_OPS
-
-
-def _static(shapes: dict[str, list[int]], name: str, label: str, what: str) -> list[int]:
-    dims = shapes.get(name)
-    if dims is None or any(d <= 0 for d in dims):
-        raise ModelError(
-            f"{label}: the {what} {name!r} has no static shape ({dims})",
-            hint="fix the input shapes with --shape NAME=D0,D1,...",
-        )
-    return dims
 
 
 def _constant(consts: dict[str, np.ndarray], node: Any, pos: int, label: str, what: str) -> np.ndarray:
