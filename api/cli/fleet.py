@@ -68,6 +68,11 @@ def fleet(
     async_max_staleness: int = typer.Option(4, "--async-max-staleness", min=0, max=1000,
                                             help="Async: refuse updates more than this many versions "
                                             "behind (S)."),
+    standby_for: str | None = typer.Option(None, "--standby-for", help="Start as the standby of the fleet "
+                                           "process at this URL (same --database): wait until it leads, "
+                                           "at most --standby-wait seconds, before contending for the lead."),
+    standby_wait: float = typer.Option(60.0, "--standby-wait", min=0.0, max=3600.0,
+                                       help="With --standby-for: how long to give the other process."),
 ) -> None:
     """Run the fleet service: node registry, training rounds, event stream and dashboard."""
     if db is not None and database:
@@ -88,6 +93,21 @@ def fleet(
     if not settings.token:
         settings = settings.model_copy(update={"token": secrets.token_urlsafe(18)})
         typer.echo(f"operator token (generated): {settings.token}")
+    if standby_for is not None:
+        from urllib.parse import urlsplit
+
+        if not settings.database:
+            raise FleetError("--standby-for needs --database "
+                             "(PostgreSQL shared with the other fleet process)",
+                             hint="a fleet on its own SQLite file leads alone")
+        if urlsplit(standby_for).scheme not in ("http", "https") or not urlsplit(standby_for).hostname:
+            raise FleetError(f"bad --standby-for URL {standby_for!r}", hint="give http://HOST:PORT of the "
+                             "other fleet process")
+        from api.fleet.serve import wait_for_leader
+
+        if not wait_for_leader(standby_for, standby_wait):
+            typer.echo(f"{standby_for} did not lead within {standby_wait:g} s: contending for the lead",
+                       err=True)
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
     serve_fleet(settings, ready=lambda: typer.echo(f"fleet dashboard: {url}", err=False))
 

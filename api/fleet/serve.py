@@ -17,13 +17,39 @@ from api.net import port_problem
 if TYPE_CHECKING:
     from api.fleet.settings import FleetSettings
 
-__all__ = ["check_port_free", "serve_fleet"]
+__all__ = ["check_port_free", "serve_fleet", "wait_for_leader"]
 
 
 def check_port_free(host: str, port: int) -> None:
     """Raise a :class:`FleetError` with a hint if ``host:port`` cannot be listened on."""
     if (problem := port_problem(host, port)) is not None:
         raise FleetError(problem, hint="pick another port with --port")
+
+
+def wait_for_leader(url: str, timeout_s: float, *, poll_s: float = 0.25) -> bool:
+    """A standby's start: wait until the fleet process at ``url`` answers ``/api/health`` as the
+    leader, at most ``timeout_s``; True if it did. Both processes of a common start (`compose up`)
+    would otherwise race for the lock, and the standby could lead after every fresh start. When the
+    other process never leads in time (it failed, or it is down) the standby goes on and contends
+    for the lead itself: it is there for availability. Any answer but a leader's (refused
+    connection, an error status, a follower) is waited out."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    health = url.rstrip("/") + "/api/health"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(health, timeout=min(5.0, max(0.5, timeout_s))) as resp:
+                if json.loads(resp.read(4096)).get("role") == "leader":
+                    return True
+        except (OSError, ValueError, AttributeError):  # not up yet, not a fleet, not JSON
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        threading.Event().wait(poll_s)  # the other process's start: nothing here to wait on
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
