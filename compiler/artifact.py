@@ -269,9 +269,12 @@ class Artifact:
                     raise
                 # compiler.dynshape's / dataops' run-time checks (and the VM's own) on the input values
                 detail = " ".join(str(exc).split())[:200]
-                raise InputError(f"the model refused these inputs at run time (a shape operand out of range, "
-                                 f"a duplicate axis, an iou_threshold outside [0, 1], or shapes that do not "
-                                 f"fit): {detail}",
+                from compiler.dynshape_ops import MAX_RUNTIME_ELEMENTS
+
+                why = (f"a shape operand out of range or making a tensor over {MAX_RUNTIME_ELEMENTS:,} "
+                       f"elements, a duplicate axis, an iou_threshold outside [0, 1], "
+                       "or shapes that do not fit")
+                raise InputError(f"the model refused these inputs at run time ({why}): {detail}",
                                  hint="check the values of the model's shape and threshold inputs") from None
             if self._empty:  # outputs with a zero dim have no compiled code (compiler.importer)
                 it = iter(outs)

@@ -282,6 +282,8 @@ def _convert(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
 
 # ------------------------------------------------------------------------------------- importer
 def _importer_class() -> type:
+    import tvm
+    from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, get_constant
 
     class Importer(ONNXGraphImporter):  # type: ignore[misc]
@@ -309,6 +311,15 @@ def _importer_class() -> type:
                 from compiler.dataops import clip_condition
 
                 inputs[1] = clip_condition(self.bb, inputs[0], inputs[1], attrs.get("axis"))
+            if op_name in ("Tile", "ConstantOfShape"):  # TVM's converters, with the size bound
+                pos = 1 if op_name == "Tile" else 0
+                operand = (get_constant(inputs[pos], [self._nodes, self._params]) if pos < len(inputs)
+                           else None)
+                if (operand is not None and not isinstance(operand, tvm.ir.GenericConst)
+                        and isinstance(operand.ty, relax.TensorType)):  # a tensor of run-time values
+                    from compiler.dynshape_ops import budget_operand
+
+                    inputs[pos] = budget_operand(self.bb, op_name, inputs)
             own = _OWN.get(op_name)
             if own is not None and opset >= own[0]:
                 params = [self._nodes, self._params]

@@ -17,15 +17,39 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["checked_shape", "index_range", "convert_reshape", "convert_expand", "convert_squeeze",
+__all__ = ["MAX_RUNTIME_ELEMENTS", "budget_operand", "over_budget",
+           "checked_shape", "index_range", "convert_reshape", "convert_expand", "convert_squeeze",
            "convert_unsqueeze", "convert_slice", "convert_split", "convert_topk", "convert_affine_grid",
            "static_len", "axes_mask"]
+
+
+# The most elements a tensor whose dims are decided at run time may have (256 MiB of float32).
+# Shape operands arrive with the request: without a bound, one request could make the node
+# allocate what the board does not have, or dims whose product overflows int64 (a small buffer
+# written as a huge one: heap corruption, measured before this check). Over it: an InputError.
+MAX_RUNTIME_ELEMENTS = 1 << 26
 
 
 def _i64(value: Any) -> Any:
     from tvm import relax
 
     return relax.const(np.asarray(value, np.int64), "int64")
+
+
+def over_budget(bb: Any, dims: Any, *factors: Any) -> Any:
+    """int64 [1]: 1 if a dim of the int64 [n] tensor ``dims`` is negative or the product of its
+    dims (times each int64 [n] tensor in ``factors``, elementwise) exceeds
+    :data:`MAX_RUNTIME_ELEMENTS`. The product is taken in float64, which cannot wrap."""
+    from tvm import relax
+
+    size = relax.op.astype(dims, "float64")
+    negative = relax.op.less(dims, _i64(0))
+    for f in factors:
+        size = relax.op.multiply(size, relax.op.astype(f, "float64"))
+        negative = relax.op.logical_or(negative, relax.op.less(f, _i64(0)))
+    total = relax.op.prod(relax.op.abs(size), [0], True)
+    big = relax.op.greater(total, relax.const(np.asarray([MAX_RUNTIME_ELEMENTS], np.float64), "float64"))
+    return _or(bb, any_of(bb, bb.normalize(negative)), bb.normalize(relax.op.astype(big, "int64")))
 
 
 def static_len(x: Any) -> int | None:
@@ -70,17 +94,39 @@ def any_of(bb: Any, cond: Any) -> Any:
 
 def checked_shape(bb: Any, dims: Any, bad: Any, prefix: str) -> Any:
     """A ShapeExpr of run-time dims from the int64 [n] tensor ``dims``, bound only when the int64
-    [1] flag ``bad`` is 0 (else the VM raises)."""
+    [1] flag ``bad`` is 0 and the dims are within :data:`MAX_RUNTIME_ELEMENTS` (else the VM
+    raises)."""
     from tvm import relax, tirx
 
     n = static_len(dims)
     assert n is not None
+    if n:
+        bad = _or(bb, bad, over_budget(bb, dims))
     both = bb.normalize(relax.op.concat([dims, bad], axis=0))
     both = bb.match_cast(both, relax.TensorType([n + 1], "int64"))
     shape = bb.emit(relax.op.tensor_to_shape(both))
     names = [tirx.Var(f"{prefix}_{i}", "int64") for i in range(n)]
     bb.match_cast(shape, relax.ShapeType([*names, tirx.IntImm("int64", 0)]))
     return relax.ShapeExpr(names)
+
+
+def budget_operand(bb: Any, op: str, inputs: list[Any]) -> Any:
+    """The run-time shape operand of TVM's own Tile (repeats) or ConstantOfShape (shape) converter,
+    passed through :func:`checked_shape` with the size of the output they make from it."""
+    from tvm import relax
+
+    if op == "ConstantOfShape":
+        shape = _int64(bb, inputs[0])
+        n = static_len(shape)
+        if n is None:
+            raise ValueError("ConstantOfShape with a run-time shape needs its static length")
+        return checked_shape(bb, shape, _i64([0]), "filled")
+    reps = _int64(bb, inputs[1])
+    n, rank = static_len(reps), _rank(inputs[0])
+    if n is None or rank is None or n != rank:
+        raise ValueError("Tile with run-time repeats needs as many repeats as the input's rank")
+    bad = over_budget(bb, dims_of(bb, inputs[0]), reps)
+    return bb.normalize(relax.op.shape_to_tensor(checked_shape(bb, reps, bad, "repeats")))
 
 
 def index_range(bb: Any, n: Any) -> Any:

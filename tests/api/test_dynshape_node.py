@@ -113,3 +113,38 @@ def test_node_serves_data_dependent_output_lengths(tmp_path: Path) -> None:
             assert r.status_code == 400 and "refused these inputs at run time" in r.json()["error"], r.text
     finally:
         node.stop()
+
+
+def test_node_survives_shape_operands_over_the_size_bound(tmp_path: Path) -> None:
+    """An attacker's shape operand: dims whose product wraps int64 (2**32 x 2**32 was a small buffer
+    written as a huge one, heap corruption that killed the node) and a fill over the run-time size
+    bound get a 400 naming it; the node answers the next honest request."""
+    from compiler.dynshape_ops import MAX_RUNTIME_ELEMENTS
+
+    value = oh.make_tensor("v", TensorProto.FLOAT, [1], [1.5])
+    fill = oh.make_node("ConstantOfShape", ["c"], ["y"], value=value)
+    graph = oh.make_graph([fill], "dyn_fill", [oh.make_tensor_value_info("c", TensorProto.INT64, [2])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "fill.onnx")
+    art = compile_model(tmp_path / "fill.onnx", target="x86_64", out_dir=tmp_path / "art", progress=False)
+    node = _make_node(tmp_path / "node", "fill-node", art)
+    side = int(MAX_RUNTIME_ELEMENTS**0.5) + 1
+    try:
+        with ServerThread(create_node_app(node)) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            url = f"/v2/models/{node.model_name}/infer"
+            def post(dims: list[int]) -> httpx.Response:
+                return http.post(url, json={"inputs": [{"name": "c", "shape": [2], "datatype": "INT64",
+                                                        "data": dims}]})
+
+            for dims in ([2**32, 2**32], [side, side], [-1, 4]):
+                r = post(dims)
+                assert r.status_code == 400, r.text
+                assert "refused these inputs at run time" in r.json()["error"]
+            r = post([2, 3])
+            assert r.status_code == 200, r.text
+            out = r.json()["outputs"][0]
+            assert (out["name"], out["shape"], out["data"]) == ("y", [2, 3], [1.5] * 6)
+    finally:
+        node.stop()

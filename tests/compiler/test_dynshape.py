@@ -164,6 +164,20 @@ def test_shape_operators_with_run_time_operands_match_onnxruntime(tmp_path: Path
             np.testing.assert_allclose(got[name], w, rtol=1e-6, atol=1e-6, err_msg=f"{name} {values}")
         shapes.add(tuple(got[n].shape for n in ranks))
     assert len(shapes) == len(good)
+    # Over the run-time size bound (MAX_RUNTIME_ELEMENTS), refused before anything is allocated:
+    # dims whose product wraps int64 to a small number (Expand, Tile, ConstantOfShape: that corrupted
+    # the heap, "malloc(): corrupted top size", and killed the process), and a plain 268 MB fill.
+    from compiler.dynshape_ops import MAX_RUNTIME_ELEMENTS
+
+    side = int(MAX_RUNTIME_ELEMENTS**0.5) + 1
+    for values in [dict(first, c=[2**32, 2**32]), dict(first, e=[2**31, 3, 2**33]),
+                   dict(first, r=[2**40, 1, 2**30]), dict(first, c=[side, side]),
+                   dict(first, e=[1, 3, MAX_RUNTIME_ELEMENTS // 2])]:
+        feeds = {**base, **{k: np.array(v, np.int64) for k, v in values.items()}}
+        with pytest.raises(InputError, match=f"over {MAX_RUNTIME_ELEMENTS:,} elements"):
+            art.infer(feeds)
+    again = art.infer({**base, **{k: np.array(v, np.int64) for k, v in first.items()}})
+    assert again["filled"].shape == (2, 3)  # and the artifact goes on serving
 
 
 @pytest.mark.slow
