@@ -33,6 +33,7 @@ __all__ = [
     "QuantizationInfo",
     "NonFinite",
     "NONFINITE_UNCHECKED",
+    "HostInfo",
     "Manifest",
     "file_sha256",
 ]
@@ -199,9 +200,10 @@ class ParamsInfo:
 
 @dataclass(frozen=True)
 class Libs:
-    """File names of the compiled libraries (``train`` only with ``--train``)."""
+    """File names of the compiled libraries (``train`` only with ``--train``; ``infer`` None only
+    when a host stage computes every output, see :class:`HostInfo`)."""
 
-    infer: str
+    infer: str | None
     train: str | None = None
     # "vm": TVM libraries run by the Relax VM; "c": the C backend (compiler/cbackend.py), a native
     # library called through ctypes plus a standalone runner (``runner``, ``train_runner``).
@@ -229,7 +231,7 @@ class Libs:
         transform = r.text("transform", required=False)
         if transform is not None and runtime != "vm":
             raise _bad(f"{r.where}.transform is only valid for the 'vm' runtime")
-        return cls(r.text("infer"), r.text("train", required=False), runtime,
+        return cls(r.text("infer", required=False), r.text("train", required=False), runtime,
                    r.text("runner", required=False), r.text("train_runner", required=False), transform)
 
 
@@ -384,6 +386,29 @@ class QuantizationInfo:
                    r.typed("integer", bool, False, required=False))
 
 
+@dataclass(frozen=True)
+class HostInfo:
+    """The model's string operators run on the host (compiler/hoststage.py): the stage's file, and
+    the compiled library's own inputs and outputs (the manifest's ``inputs`` and ``outputs`` are the
+    model's, strings with dtype ``object``; no library when ``libs.infer`` is None)."""
+
+    file: str
+    library_inputs: tuple[TensorSpec, ...] = ()
+    library_outputs: tuple[TensorSpec, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "library_inputs": [s.to_json() for s in self.library_inputs],
+                "library_outputs": [s.to_json() for s in self.library_outputs]}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> HostInfo:
+        file = r.text("file")
+        if not file or Path(file).is_absolute() or ".." in Path(file).parts:
+            raise _bad(f"{r.where}.file {file!r} leaves the artifact directory")
+        return cls(file, r.seq("library_inputs", TensorSpec.from_json, required=False),
+                   r.seq("library_outputs", _output_spec, required=False))
+
+
 # An artifact from before the per-operator check: it refused every non-finite input, and still does.
 NONFINITE_UNCHECKED = "?"
 _LEGACY = NONFINITE_UNCHECKED
@@ -443,6 +468,7 @@ class Manifest:
     # --train --quantize int8: the int8 inference library and what rebuilding it takes (None: float only)
     quantization: QuantizationInfo | None = None
     nonfinite: NonFinite = field(default_factory=NonFinite)  # NaN / inf inputs taken or refused
+    host: HostInfo | None = None  # string operators run on the host (None: the library does everything)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -468,6 +494,7 @@ class Manifest:
             "batched": self.batched,
             "nonfinite": self.nonfinite.to_json(),
             **({"quantization": self.quantization.to_json()} if self.quantization is not None else {}),
+            **({"host": self.host.to_json()} if self.host is not None else {}),
         }
 
     @classmethod
@@ -488,6 +515,9 @@ class Manifest:
         libs = r.obj("libs", Libs.parse)
         assert target is not None and params is not None and libs is not None  # (required=True)
         inputs = r.seq("inputs", TensorSpec.from_json)
+        host = r.obj("host", HostInfo.parse, required=False)
+        if libs.infer is None and host is None:
+            raise _bad(f"{where}.libs lacks the 'infer' library")
         batch = r.integer("batch", inputs[0].shape[0] if inputs and inputs[0].shape else 1, required=False)
         return cls(
             name=r.text("name"), target=target, batch=batch, inputs=inputs,
@@ -504,6 +534,7 @@ class Manifest:
             batched=r.typed("batched", bool, True, required=False),
             quantization=r.obj("quantization", QuantizationInfo.parse, required=False),
             nonfinite=r.obj("nonfinite", NonFinite.parse, required=False) or NonFinite(),
+            host=host,
             format_version=version,
         )
 

@@ -1,0 +1,517 @@
+"""The host stage: a model's string operators, run with numpy beside the compiled numeric code.
+
+TVM has no string dtype, so the string-typed part of a graph at the model's edges (sklearn-onnx
+pipelines map categories with LabelEncoder / CategoryMapper, clean them with StringNormalizer, ...)
+runs here, on the host, by this small interpreter written from the ONNX operator specifications:
+
+* ``head``: string operators reading the model's inputs (and each other's outputs); their numeric
+  outputs feed the compiled library (``libs.infer``), or are outputs of the model themselves.
+* ``tail``: operators turning the library's outputs into strings (LabelEncoder int -> string).
+
+:mod:`compiler.hostsplit` cuts a model into these parts at compile time and refuses string
+operators between numeric ones. The stage is stored as ``host.json`` in the artifact (nodes with
+JSON attributes, string constants): standard library and numpy only, no onnx, no tvm, as
+everything :mod:`compiler.artifact` loads on a board.
+
+Strings are numpy object arrays of Python ``str`` (ONNX's STRING is UTF-8; bytes that are not
+UTF-8 are refused where they enter, :func:`as_strings`). Operators and how they follow the spec:
+
+* LabelEncoder (ai.onnx.ml 1-4; string keys or values), CategoryMapper: exact key lookup, the
+  default for a missing key; float keys compare as float32, NaN matches a NaN key.
+* Equal (strings), StringConcat: elementwise with numpy broadcasting.
+* StringSplit: a non-empty ``delimiter`` splits on each occurrence; none or ``""`` splits on runs of
+  ASCII whitespace (leading/trailing runs ignored); ``maxsplit`` limits the splits from the left.
+* StringNormalizer: drops the elements equal to a stopword (case-insensitively unless
+  ``is_case_sensitive``), then LOWER / UPPER per character (a character whose case mapping is not
+  one character is kept, as C's ``towupper`` does); an empty result is ``[""]``. Locales other
+  than English / C are refused (Turkish dotted i and friends).
+* RegexFullMatch: RE2 syntax; the subset RE2 and Python's ``re`` read alike is translated (ASCII
+  classes, ``$`` only at the end, ``\\s`` without ``\\v``), every other construct is refused at
+  compile time rather than answered differently (:func:`translate_re2`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import InputError, ModelError
+
+__all__ = ["STRING", "HOST_FILE", "HostNode", "HostStage", "as_strings", "translate_re2", "HOST_OPS"]
+
+STRING = "object"  # a string tensor's dtype in the manifest (numpy's form of ONNX STRING)
+HOST_FILE = "host.json"
+FORMAT = 1
+
+Kernel = Callable[..., tuple[np.ndarray, ...]]
+
+
+@dataclass(frozen=True)
+class HostNode:
+    """One operator of the host stage; ``attrs`` are JSON values (a tensor is
+    ``{"dtype", "shape", "data"}``)."""
+
+    op: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "name": self.name, "inputs": list(self.inputs), "outputs": list(self.outputs),
+                "attrs": dict(self.attrs)}
+
+    @classmethod
+    def from_json(cls, d: Any) -> HostNode:
+        if not isinstance(d, dict) or not isinstance(d.get("op"), str):
+            raise ModelError(f"malformed host stage node {str(d)[:80]}", hint="recompile the artifact")
+        return cls(d["op"], str(d.get("name", "")), tuple(d.get("inputs", ())), tuple(d.get("outputs", ())),
+                   dict(d.get("attrs", {})))
+
+    @property
+    def label(self) -> str:
+        return f"{self.op} at node {self.name or self.outputs[0]!r}"
+
+
+def tensor_to_json(arr: np.ndarray) -> dict[str, Any]:
+    """A constant as JSON: dtype, shape and the flat values (strings as str)."""
+    dtype = STRING if arr.dtype.kind in "OUS" else arr.dtype.name
+    return {"dtype": dtype, "shape": list(arr.shape), "data": arr.ravel().tolist()}
+
+
+def tensor_from_json(d: Mapping[str, Any]) -> np.ndarray:
+    dtype = np.dtype(object) if d["dtype"] == STRING else np.dtype(d["dtype"])
+    return np.array(d["data"], dtype=dtype).reshape(d["shape"])
+
+
+@dataclass(frozen=True)
+class HostStage:
+    """The host stage of one model (see the module docstring). ``run`` evaluates ``head`` or
+    ``tail`` into a dict of named values."""
+
+    head: tuple[HostNode, ...]
+    tail: tuple[HostNode, ...]
+    constants: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def kernels(self) -> dict[str, Kernel]:
+        """Every node's kernel by node label: the attributes checked and prepared once (a
+        ModelError names a node the stage cannot run)."""
+        out: dict[str, Kernel] = {}
+        for node in (*self.head, *self.tail):
+            make = HOST_OPS.get(node.op)
+            if make is None:
+                raise ModelError(f"{node.label}: not an operator of the host stage",
+                                 hint="recompile the artifact with this fractal")
+            out[node.label] = make(node)
+        return out
+
+    def run(self, nodes: Sequence[HostNode], env: dict[str, np.ndarray],
+            kernels: Mapping[str, Kernel]) -> None:
+        """Evaluate ``nodes`` in order, reading and adding values in ``env``."""
+        for node in nodes:
+            args = [env[i] if i in env else self.constants[i] for i in node.inputs]
+            outs = kernels[node.label](*args)
+            env.update(zip(node.outputs, outs, strict=False))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "head": [n.to_json() for n in self.head],
+                "tail": [n.to_json() for n in self.tail],
+                "constants": {k: tensor_to_json(v) for k, v in self.constants.items()}}
+
+    @classmethod
+    def from_json(cls, data: Any) -> HostStage:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ModelError("the host stage file is not of a format this fractal reads",
+                             hint="recompile the artifact with this fractal")
+        return cls(tuple(HostNode.from_json(n) for n in data.get("head", [])),
+                   tuple(HostNode.from_json(n) for n in data.get("tail", [])),
+                   {k: tensor_from_json(v) for k, v in data.get("constants", {}).items()})
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True, ensure_ascii=False) + "\n",
+                        encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: Path) -> HostStage:
+        return cls.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+# ------------------------------------------------------------------------------------ strings in
+def as_strings(name: str, arr: Any) -> np.ndarray:
+    """``arr`` as an object array of str: str and numpy str as they are, bytes decoded as UTF-8
+    (InputError when they are not UTF-8, or when an element is not text)."""
+    a = np.asarray(arr, dtype=object) if not isinstance(arr, np.ndarray) else arr
+    if a.dtype.kind not in "OUS":
+        raise InputError(f"input {name!r} has dtype {a.dtype}, expected strings",
+                         hint="send text (the BYTES datatype over the Open Inference Protocol)")
+    out = np.empty(a.shape, dtype=object)
+    flat = out.reshape(-1)
+    for i, v in enumerate(a.reshape(-1).tolist()):
+        if isinstance(v, bytes):
+            try:
+                v = v.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(f"input {name!r} holds bytes that are not UTF-8 text (element {i})",
+                                 hint="send UTF-8 encoded strings") from None
+        elif not isinstance(v, str):
+            raise InputError(f"input {name!r} holds a {type(v).__name__} where a string belongs (element {i})",
+                             hint="send text (the BYTES datatype over the Open Inference Protocol)")
+        flat[i] = v
+    return out
+
+
+def _objects(values: list[Any], shape: tuple[int, ...]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out.reshape(shape)
+
+
+# ------------------------------------------------------------------------------------ operators
+def _seq(a: Mapping[str, Any], stem: str) -> np.ndarray | None:
+    """LabelEncoder's / CategoryMapper's ``{stem}_strings|int64s|floats|tensor`` attribute as an array."""
+    for suffix, dtype in (("strings", object), ("int64s", np.int64), ("floats", np.float32)):
+        if f"{stem}_{suffix}" in a:
+            return np.array(a[f"{stem}_{suffix}"], dtype=dtype)
+    if f"{stem}_tensor" in a:
+        return tensor_from_json(a[f"{stem}_tensor"]).reshape(-1)
+    return None
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, default: Any, out_dtype: np.dtype, label: str) -> Kernel:
+    """A kernel mapping each element through ``keys -> values`` (``default`` when absent)."""
+    kl = keys.tolist()
+    if len(set(k for k in kl if not (isinstance(k, float) and math.isnan(k)))) != \
+            len([k for k in kl if not (isinstance(k, float) and math.isnan(k))]):
+        raise ModelError(f"{label}: duplicate keys", hint="give every key once")
+    table = dict(zip(kl, values.tolist(), strict=True))
+    nan_value = next((v for k, v in table.items() if isinstance(k, float) and math.isnan(k)), default)
+    floats = keys.dtype.kind == "f"
+    want = keys.dtype.kind if keys.dtype.kind != "O" else "O"
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if (x.dtype.kind == "O") != (want == "O"):
+            raise InputError(f"{label}: input of dtype {x.dtype} for keys of dtype {keys.dtype}",
+                             hint="send the key type the model maps")
+        if floats:
+            got = [nan_value if math.isnan(v) else table.get(v, default)
+                   for v in x.astype(np.float32).ravel().tolist()]
+        else:
+            got = [table.get(v, default) for v in x.ravel().tolist()]
+        if out_dtype.kind == "O":
+            return (_objects(got, x.shape),)
+        return (np.array(got, dtype=out_dtype).reshape(x.shape),)
+
+    return run
+
+
+def _label_encoder(node: HostNode) -> Kernel:
+    a = node.attrs
+    keys, values = _seq(a, "keys"), _seq(a, "values")
+    if keys is None or values is None or keys.size != values.size:
+        raise ModelError(f"{node.label}: keys and values must be given and of the same length",
+                         hint="fix the model's LabelEncoder attributes")
+    kind = values.dtype.kind
+    if "default_tensor" in a:
+        default = tensor_from_json(a["default_tensor"]).reshape(-1).tolist()[0]
+    elif kind == "O":
+        default = a.get("default_string", "_Unused")
+    elif kind in "iu":
+        default = a.get("default_int64", -1)
+    else:
+        default = a.get("default_float", -0.0)
+    return _lookup(keys, values, default, values.dtype, node.label)
+
+
+def _category_mapper(node: HostNode) -> Kernel:
+    a = node.attrs
+    strings = np.array(a.get("cats_strings", []), dtype=object)
+    ints = np.array(a.get("cats_int64s", []), dtype=np.int64)
+    if strings.size != ints.size:
+        raise ModelError(f"{node.label}: cats_strings and cats_int64s differ in length",
+                         hint="fix the model's CategoryMapper attributes")
+    to_int = _lookup(strings, ints, a.get("default_int64", -1), np.dtype(np.int64), node.label)
+    to_str = _lookup(ints, strings, a.get("default_string", "_Unused"), np.dtype(object), node.label)
+    return lambda x: to_int(x) if x.dtype.kind == "O" else to_str(x)
+
+
+def _equal(node: HostNode) -> Kernel:
+    def run(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
+        return (np.asarray(np.frompyfunc(operator.eq, 2, 1)(x, y), dtype=bool),)
+
+    return run
+
+
+def _string_concat(node: HostNode) -> Kernel:
+    def run(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
+        return (np.asarray(np.frompyfunc(operator.add, 2, 1)(x, y), dtype=object),)
+
+    return run
+
+
+_ASCII_SPACE = " \t\n\r\f\v"
+_SPACE_RUN = re.compile(r"[ \t\n\r\f\v]+")
+
+
+def _split_space(s: str, maxsplit: int | None) -> list[str]:
+    """``s.split(None, maxsplit)`` on ASCII whitespace only (Python's also splits on Unicode spaces)."""
+    out: list[str] = []
+    s = s.lstrip(_ASCII_SPACE)
+    while s:
+        if maxsplit is not None and len(out) == maxsplit:
+            out.append(s)
+            break
+        m = _SPACE_RUN.search(s)
+        if m is None:
+            out.append(s)
+            break
+        out.append(s[:m.start()])
+        s = s[m.end():]
+    return out
+
+
+def _string_split(node: HostNode) -> Kernel:
+    delim = node.attrs.get("delimiter") or None
+    maxsplit = node.attrs.get("maxsplit")
+    if maxsplit is not None and maxsplit < 0:
+        raise ModelError(f"{node.label}: maxsplit {maxsplit} is negative", hint="give maxsplit >= 0")
+
+    def split(s: str) -> list[str]:
+        if delim is None:
+            return _split_space(s, maxsplit)
+        return s.split(delim, -1 if maxsplit is None else maxsplit)
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        parts = [split(s) for s in x.ravel().tolist()]
+        n = max((len(p) for p in parts), default=0)
+        subs = np.full((len(parts), n), "", dtype=object)
+        for i, p in enumerate(parts):
+            subs[i, :len(p)] = p
+        lengths = np.array([len(p) for p in parts], dtype=np.int64)
+        return subs.reshape(*x.shape, n), lengths.reshape(x.shape)
+
+    return run
+
+
+_LOCALES = {"", "C", "C.UTF-8", "POSIX", "en_US", "en_US.UTF-8", "en_US.utf8", "en_GB", "en_GB.UTF-8"}
+
+
+def _per_char(fn: Callable[[str], str]) -> Callable[[str], str]:
+    """A case mapping character by character; a character whose mapping is longer (German sharp s
+    to "SS") is kept, as C's ``towupper`` / ``towlower`` do."""
+    def apply(s: str) -> str:
+        if s.isascii():
+            return fn(s)
+        return "".join(m if len(m := fn(c)) == 1 else c for c in s)
+
+    return apply
+
+
+_LOWER, _UPPER = _per_char(str.lower), _per_char(str.upper)
+
+
+def _string_normalizer(node: HostNode) -> Kernel:
+    a = node.attrs
+    action = a.get("case_change_action", "NONE")
+    if action not in ("NONE", "LOWER", "UPPER"):
+        raise ModelError(f"{node.label}: case_change_action {action!r} is not NONE, LOWER or UPPER",
+                         hint="fix the attribute")
+    locale = a.get("locale", "")
+    if locale not in _LOCALES:
+        raise ModelError(f"{node.label}: locale {locale!r} is not supported (its case rules are not "
+                         "English ones)", hint="use locale en_US, or normalize the text before the model")
+    sensitive = bool(a.get("is_case_sensitive", 0))
+    stops = set(a.get("stopwords", []))
+    if not sensitive:
+        stops = {_LOWER(w) for w in stops}
+    change = {"NONE": (lambda s: s), "LOWER": _LOWER, "UPPER": _UPPER}[action]
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if not (x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1)) or x.size == 0:
+            raise InputError(f"{node.label}: input of shape {list(x.shape)}; StringNormalizer takes [C] or "
+                             "[1, C] with C >= 1", hint="send one row of strings")
+        kept = [change(s) for s in x.ravel().tolist() if (s if sensitive else _LOWER(s)) not in stops] or [""]
+        return (_objects(kept, (len(kept),) if x.ndim == 1 else (1, len(kept))),)
+
+    return run
+
+
+# RE2 -> Python ``re``: what both read alike, with the few rewrites that make them agree.
+_ESCAPES_OUT = {"d": r"\d", "D": r"\D", "w": r"\w", "W": r"\W", "b": r"\b", "B": r"\B",
+                "s": r"[\t\n\f\r ]", "S": r"[^\t\n\f\r ]", "n": r"\n", "t": r"\t", "r": r"\r", "f": r"\f",
+                "v": r"\v"}
+_ESCAPES_IN = {"d": r"\d", "D": r"\D", "w": r"\w", "W": r"\W", "s": r"\t\n\f\r ", "n": r"\n", "t": r"\t",
+               "r": r"\r", "f": r"\f", "v": r"\v"}
+_REPEAT = re.compile(r"\{(\d+)(,(\d*))?\}")
+_MAX_REPEAT = 1000  # RE2's limit
+
+
+def translate_re2(pattern: str) -> str:
+    """``pattern`` (RE2 syntax) as a Python ``re`` pattern (compiled with ``re.ASCII``) that matches
+    the same strings, or ValueError naming the construct outside the subset both read alike.
+
+    Taken: literals, ``.``, escaped punctuation, ``\\d \\D \\w \\W \\s \\S \\b \\B \\n \\t \\r \\f
+    \\v \\xHH``, classes ``[...]`` (ranges, negation, the class escapes but ``\\S``...), groups
+    ``(...)`` and ``(?:...)``, ``|``, ``* + ? {m} {m,} {m,n}`` (n <= 1000) and their lazy ``?``
+    forms, ``^`` and ``$`` (end of text only, as in RE2; Python's also matches before a final
+    newline). Refused: look-around, back-references, named groups, flags, ``\\A \\z \\Z \\p \\Q``,
+    POSIX classes, octal escapes, possessive repeats."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    depth = 0
+    repeatable = False  # whether a quantifier may follow (an atom precedes it)
+
+    def refuse(what: str) -> ValueError:
+        return ValueError(f"{what} at offset {i} of the pattern")
+
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 >= n:
+                raise refuse("a trailing backslash")
+            e = pattern[i + 1]
+            if e in _ESCAPES_OUT:
+                out.append(_ESCAPES_OUT[e])
+                repeatable = e not in "bB"
+                i += 2
+                continue
+            if e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2:i + 4]):
+                out.append(pattern[i:i + 4])
+                repeatable, i = True, i + 4
+                continue
+            if e.isascii() and not e.isalnum():
+                out.append("\\" + e)
+                repeatable, i = True, i + 2
+                continue
+            raise refuse(f"the escape \\{e} (RE2 and Python read it differently, or one lacks it)")
+        if c == "[":
+            j, body = _class(pattern, i)
+            out.append(body)
+            repeatable, i = True, j
+            continue
+        if c == "(":
+            if pattern.startswith("(?:", i):
+                out.append("(?:")
+                i += 3
+            elif pattern.startswith("(?", i):
+                raise refuse("a (? group (look-around, named group or flags)")
+            else:
+                out.append("(")
+                i += 1
+            depth += 1
+            repeatable = False
+            continue
+        if c == ")":
+            if depth == 0:
+                raise refuse("an unbalanced )")
+            depth -= 1
+            out.append(")")
+            repeatable, i = True, i + 1
+            continue
+        if c in "*+?{":
+            if c == "{":
+                m = _REPEAT.match(pattern, i)
+                if m is None:
+                    raise refuse("a { that is not a repeat {m}, {m,} or {m,n}")
+                hi = m.group(3)
+                if int(m.group(1)) > _MAX_REPEAT or (hi and int(hi) > _MAX_REPEAT) or \
+                        (hi and int(hi) < int(m.group(1))):
+                    raise refuse(f"the repeat {m.group(0)} (RE2 takes m <= n <= {_MAX_REPEAT})")
+                tok, j = m.group(0), m.end()
+            else:
+                tok, j = c, i + 1
+            if not repeatable:
+                raise refuse(f"a repeat {tok} with nothing to repeat")
+            if j < n and pattern[j] == "?":
+                tok, j = tok + "?", j + 1
+            if j < n and pattern[j] in "*+?{":
+                raise refuse("a repeat of a repeat")
+            out.append(tok)
+            repeatable, i = False, j
+            continue
+        if c == "$":
+            out.append(r"\Z")
+            repeatable, i = False, i + 1
+            continue
+        if c in "^|":
+            out.append(c)
+            repeatable, i = False, i + 1
+            continue
+        if c == "]" or c == "}":
+            raise refuse(f"an unescaped {c}")
+        out.append(re.escape(c) if c != "." else ".")
+        repeatable, i = True, i + 1
+    if depth:
+        raise refuse("an unclosed (")
+    return "".join(out)
+
+
+def _class(pattern: str, start: int) -> tuple[int, str]:
+    """The class starting at ``pattern[start] == "["``: (index after it, its Python form)."""
+    i, n = start + 1, len(pattern)
+    out = ["["]
+    if i < n and pattern[i] == "^":
+        out.append("^")
+        i += 1
+    if i < n and pattern[i] == "]":
+        raise ValueError(f"a ] first in a class at offset {i} of the pattern")
+    while i < n and pattern[i] != "]":
+        c = pattern[i]
+        if c == "[" or pattern.startswith(("--", "&&", "~~", "||"), i):
+            raise ValueError(f"{pattern[i:i + 2]!r} in a class (POSIX classes or set operations) at "
+                             f"offset {i} of the pattern")
+        if c == "\\":
+            e = pattern[i + 1] if i + 1 < n else ""
+            if e in _ESCAPES_IN:
+                out.append(_ESCAPES_IN[e])
+            elif e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2:i + 4]):
+                out.append(pattern[i:i + 4])
+                i += 2
+            elif e and e.isascii() and not e.isalnum():
+                out.append("\\" + e)
+            else:
+                raise ValueError(f"the escape \\{e} in a class at offset {i} of the pattern")
+            i += 2
+            continue
+        out.append(c if c != "^" else r"\^")
+        i += 1
+    if i >= n:
+        raise ValueError("an unclosed [ in the pattern")
+    out.append("]")
+    return i + 1, "".join(out)
+
+
+def _regex_full_match(node: HostNode) -> Kernel:
+    pattern = node.attrs.get("pattern")
+    if not isinstance(pattern, str):
+        raise ModelError(f"{node.label}: no pattern", hint="give the pattern attribute")
+    try:
+        rx = re.compile(translate_re2(pattern), re.ASCII)
+    except (ValueError, re.error) as exc:
+        raise ModelError(f"{node.label}: pattern {pattern!r} is outside the RE2 subset fractal runs ({exc})",
+                         hint="use classes, groups, alternation and repeats only (docs/compile.md)") from None
+    full = np.frompyfunc(lambda s: rx.fullmatch(s) is not None, 1, 1)
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        return (np.asarray(full(x), dtype=bool).reshape(x.shape),)
+
+    return run
+
+
+# op_type -> kernel factory (the attributes checked once)
+HOST_OPS: dict[str, Callable[[HostNode], Kernel]] = {
+    "LabelEncoder": _label_encoder,
+    "CategoryMapper": _category_mapper,
+    "Equal": _equal,
+    "StringConcat": _string_concat,
+    "StringSplit": _string_split,
+    "StringNormalizer": _string_normalizer,
+    "RegexFullMatch": _regex_full_match,
+}
