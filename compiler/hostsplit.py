@@ -91,6 +91,24 @@ def _attr_json(node: Any) -> dict[str, Any]:
     return out
 
 
+def _may_have_strings(model: Any) -> bool:
+    """Whether a string tensor can arise in ``model``: a string input, output, initializer or
+    constant, a Cast to string, or an operator of the host stage."""
+    g = model.graph
+    if any(v.type.tensor_type.elem_type == _ONNX_STRING for v in [*g.input, *g.output]) or \
+            any(t.data_type == _ONNX_STRING for t in g.initializer):
+        return True
+    for node in g.node:
+        if runs_on_host(node):
+            return True
+        for a in node.attribute:
+            if (node.op_type == "Cast" and a.name == "to" and a.i == _ONNX_STRING) or \
+                    (node.op_type == "Constant" and (a.name in ("value_string", "value_strings") or
+                                                     (a.name == "value" and a.t.data_type == _ONNX_STRING))):
+                return True
+    return False
+
+
 def _types(model: Any) -> dict[str, Any]:
     """name -> TypeProto of every value ONNX's shape inference knows (inputs with user shapes)."""
     import onnx
@@ -139,6 +157,8 @@ def split_host_stage(model: Any, shapes: dict[str, list[int]] | None = None) -> 
     ModelError (one line) for strings the host stage cannot take."""
     from onnx import numpy_helper
 
+    if not _may_have_strings(model):  # (shape inference costs seconds on big models)
+        return None
     model = _with_shapes(model, shapes)
     g = model.graph
     types = _types(model)
