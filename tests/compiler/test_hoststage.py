@@ -1,0 +1,130 @@
+"""The host stage (compiler/hoststage.py, compiler/hostsplit.py): string operators against
+onnxruntime (whose RegexFullMatch is RE2 itself), the RE2 subset refused outside what Python's ``re``
+reads alike, and the cuts it refuses (strings between numeric operators, other operators on strings)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from compiler.artifact import load_artifact
+from compiler.build import compile_model
+from compiler.errors import InputError, ModelError
+from compiler.hoststage import HostNode, translate_re2
+from compiler.hostsplit import split_host_stage
+
+S, I64, F = TensorProto.STRING, TensorProto.INT64, TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, inits=(), ml=False, opset=20):
+    ops = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("ai.onnx.ml", 3)] if ml else [])
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(*i) for i in inputs],
+                          [helper.make_tensor_value_info(*o) for o in outputs], initializer=list(inits))
+    m = helper.make_model(g, opset_imports=ops)
+    m.ir_version = 9
+    return m
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _ours(model, feeds, tmp_path):
+    onnx.save(model, tmp_path / "m.onnx")
+    art = load_artifact(compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art",
+                                      progress=False))
+    res = art.infer(feeds)
+    return [res[o.name] for o in art.outputs]
+
+
+REGEX_TEXTS = ["abc", "ABC", "abc\n", "a b", "a\vb", "é", "x1_", "", "a.b", "www.x-y.com", "3.14", "tab\there"]
+PATTERNS = [r"[a-z]+", r"\w+", r"\w*", r"abc$", r"a\sb", r"a\Sb", r"[^a-z]+", r"(a|b)c?\.?b?", r"\d+\.\d{2}",
+            r"www\.[\w.-]+\.com", r".*", r"[\s\w]+", r"x\d_?", r"(?:ab)+c", r"\x41BC", r"t[a-c]b\t\w+",
+            r"\bx\w*\b", r"[+\-.]|a{1,3}?bc"]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_regex_matches_re2_as_onnxruntime_runs_it(pattern, tmp_path):
+    x = np.array(REGEX_TEXTS, dtype=object)
+    m = _model([helper.make_node("RegexFullMatch", ["x"], ["y"], pattern=pattern)],
+               [("x", S, [len(x)])], [("y", TensorProto.BOOL, [len(x)])])
+    got, = _ours(m, {"x": x}, tmp_path)
+    want, = _ort(m, {"x": x})
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("pattern", [r"a(?=b)", r"(a)\1", r"(?P<n>a)", r"(?i)a", r"\p{L}", r"\Aa\z", r"a{,3}",
+                                     r"[[:alpha:]]", r"\Qa.b\E", r"a*+", r"\0", r"[]a]", r"a{2000}", r"a)", r"(a"])
+def test_regex_outside_the_common_subset_is_refused(pattern):
+    with pytest.raises(ValueError):
+        translate_re2(pattern)
+
+
+def test_refused_pattern_is_one_line_at_compile(tmp_path):
+    m = _model([helper.make_node("RegexFullMatch", ["x"], ["y"], pattern="a(?!b)")], [("x", S, [2])],
+               [("y", TensorProto.BOOL, [2])])
+    onnx.save(m, tmp_path / "m.onnx")
+    with pytest.raises(ModelError, match=r"RegexFullMatch at node .*outside the RE2 subset") as e:
+        compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art", progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_split_normalize_and_category_map_match_onnxruntime(tmp_path):
+    x = np.array(["Monday  a\tb", "TUESDAY", "a\u3000b c", "straße", "monday", "x\x1cy z"], dtype=object)
+    nodes = [
+        helper.make_node("StringSplit", ["x"], ["parts", "n"], maxsplit=1),
+        helper.make_node("StringNormalizer", ["x"], ["norm"], case_change_action="UPPER", is_case_sensitive=0,
+                         stopwords=["MONDAY"], locale="C.UTF-8"),
+        helper.make_node("CategoryMapper", ["x"], ["code"], domain="ai.onnx.ml", cats_strings=["TUESDAY", "monday"],
+                         cats_int64s=[7, 9], default_int64=-5),
+        helper.make_node("CategoryMapper", ["code"], ["back"], domain="ai.onnx.ml", cats_strings=["t", "m"],
+                         cats_int64s=[7, 9], default_string="none"),
+    ]
+    m = _model(nodes, [("x", S, [6])], [("parts", S, [6, None]), ("n", I64, [6]), ("norm", S, [None]),
+                                        ("code", I64, [6]), ("back", S, [6])], ml=True)
+    got = _ours(m, {"x": x}, tmp_path)
+    want = _ort(m, {"x": x})
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.tolist() == w.tolist()
+
+
+def test_normalizer_takes_one_row_only():
+    from compiler.hoststage import HOST_OPS
+
+    run = HOST_OPS["StringNormalizer"](HostNode("StringNormalizer", "n", ("x",), ("y",), {}))
+    with pytest.raises(InputError, match=r"\[1, C\]"):
+        run(np.array([["a"], ["b"]], dtype=object))
+
+
+def test_strings_between_numeric_operators_are_refused():
+    nodes = [
+        helper.make_node("LabelEncoder", ["x"], ["i"], domain="ai.onnx.ml", keys_strings=["a"], values_int64s=[1]),
+        helper.make_node("Neg", ["i"], ["j"]),
+        helper.make_node("LabelEncoder", ["j"], ["s"], domain="ai.onnx.ml", keys_int64s=[-1], values_strings=["b"]),
+        helper.make_node("LabelEncoder", ["s"], ["k"], domain="ai.onnx.ml", keys_strings=["b"], values_int64s=[2]),
+        helper.make_node("Neg", ["k"], ["y"]),
+    ]
+    m = _model(nodes, [("x", S, [2])], [("y", I64, [2])], ml=True, opset=17)
+    with pytest.raises(ModelError, match="works on strings between numeric operators"):
+        split_host_stage(m)
+    other = _model([helper.make_node("Identity", ["x"], ["y"])], [("x", S, [2])], [("y", S, [2])])
+    with pytest.raises(ModelError, match="Identity at node .* takes or gives a string tensor"):
+        split_host_stage(other)
+
+
+def test_inputs_must_be_text(tmp_path):
+    m = _model([helper.make_node("StringConcat", ["x", "x"], ["y"])], [("x", S, [2])], [("y", S, [2])])
+    onnx.save(m, tmp_path / "m.onnx")
+    art = load_artifact(compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art",
+                                      progress=False))
+    assert art.manifest.libs.infer is None and art.manifest.host is not None
+    assert art.infer({"x": [b"ab", "\u00e9"]})["y"].tolist() == ["abab", "\u00e9\u00e9"]
+    with pytest.raises(InputError, match="expected strings"):
+        art.infer({"x": np.zeros(2, np.float32)})
+    with pytest.raises(InputError, match="not UTF-8"):
+        art.infer({"x": np.array([b"\xff", b"a"], dtype=object)})
+    with pytest.raises(InputError, match="shape"):
+        art.infer({"x": np.array(["a", "b", "c"], dtype=object)})
