@@ -186,8 +186,8 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
                                  f"{list(spec.shape)}",
                                  hint="this model's inputs have no batch dimension: send exactly "
                                       "the shapes of its metadata")
-            arrays.append(arr if spec.dtype == STRING else _convert(spec.name, arr, np.dtype(spec.dtype), typed,
-                                                                    nonfinite))
+            arrays.append(arr if spec.dtype == STRING else
+                          _convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
             n = 1
             continue
         want = spec.shape[1:]
@@ -199,8 +199,8 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
             raise InputError(f"inputs disagree on the batch size ({n} vs {arr.shape[0]} for {spec.name!r})",
                              hint="give every input the same leading dimension")
         n = arr.shape[0]
-        arrays.append(arr if spec.dtype == STRING else _convert(spec.name, arr, np.dtype(spec.dtype), typed,
-                                                                nonfinite))
+        arrays.append(arr if spec.dtype == STRING else
+                      _convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
     return arrays, int(n or 1)
 
 

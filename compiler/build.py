@@ -313,7 +313,8 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     model = load_onnx(onnx_path)
     split = _host_split(model, input_shapes, train is not None, quant_dir is not None, c_route)
     if split is not None:
-        _say(progress, f"string operators on the host: {', '.join(n.op for n in split.stage.head + split.stage.tail)}")
+        host_ops = ", ".join(n.op for n in (*split.stage.head, *split.stage.tail))
+        _say(progress, f"string operators on the host: {host_ops}")
         if split.numeric is None:
             return _compile_host_only(split, preset, out_dir, name, src_onnx, t0, progress)
         model = split.numeric

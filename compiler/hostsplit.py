@@ -26,7 +26,8 @@ __all__ = ["HostSplit", "split_host_stage", "runs_on_host"]
 
 _ONNX_STRING = 8
 _ML = "ai.onnx.ml"
-_STRING_ONLY = frozenset({"StringConcat", "StringSplit", "StringNormalizer", "RegexFullMatch", "CategoryMapper"})
+_STRING_ONLY = frozenset({"StringConcat", "StringSplit", "StringNormalizer", "RegexFullMatch",
+                          "CategoryMapper"})
 _HINT = "run this part of the pipeline before or after the model (docs/compile.md, string tensors)"
 
 
@@ -65,6 +66,7 @@ class HostSplit:
 def _attr_json(node: Any) -> dict[str, Any]:
     from onnx import helper, numpy_helper
 
+    where = f"{node.op_type} at node {node.name or node.output[0]!r}"
     out: dict[str, Any] = {}
     for a in node.attribute:
         v = helper.get_attribute_value(a)
@@ -82,11 +84,11 @@ def _attr_json(node: Any) -> dict[str, Any]:
             elif isinstance(v, list | int | float | str):
                 pass
             else:
-                raise ModelError(f"{node.op_type} at node {node.name or node.output[0]!r}: attribute {a.name!r} "
-                                 "is of a kind the host stage does not take", hint=_HINT)
+                raise ModelError(f"{where}: attribute {a.name!r} is of a kind the host stage does not take",
+                                 hint=_HINT)
         except UnicodeDecodeError:
-            raise ModelError(f"{node.op_type} at node {node.name or node.output[0]!r}: attribute {a.name!r} is "
-                             "not UTF-8 text", hint="give UTF-8 strings") from None
+            raise ModelError(f"{where}: attribute {a.name!r} is not UTF-8 text",
+                             hint="give UTF-8 strings") from None
         out[a.name] = v
     return out
 
@@ -134,7 +136,8 @@ def _spec(types: dict[str, Any], name: str) -> TensorSpec:
 
     t = types[name].tensor_type
     dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
-    dtype = STRING if t.elem_type == _ONNX_STRING else np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).name
+    dtype = STRING if t.elem_type == _ONNX_STRING else \
+        np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).name
     return TensorSpec(name, dims, dtype)
 
 
@@ -212,8 +215,9 @@ def split_host_stage(model: Any, shapes: dict[str, list[int]] | None = None) -> 
             tail.insert(0, node)
     for node in rest:
         if node not in tail:
-            raise ModelError(f"{node.op_type} at node {node.name or node.output[0]!r} works on strings between "
-                             "numeric operators; string operators run only at the model's inputs and outputs",
+            raise ModelError(f"{node.op_type} at node {node.name or node.output[0]!r} works on strings "
+                             "between numeric operators; string operators run only at the model's inputs and "
+                             "outputs",
                              hint=_HINT)
     for node in numeric:
         bad = next((i for i in node.input if i in strings), None)

@@ -162,7 +162,8 @@ def as_strings(name: str, arr: Any) -> np.ndarray:
                 raise InputError(f"input {name!r} holds bytes that are not UTF-8 text (element {i})",
                                  hint="send UTF-8 encoded strings") from None
         elif not isinstance(v, str):
-            raise InputError(f"input {name!r} holds a {type(v).__name__} where a string belongs (element {i})",
+            raise InputError(f"input {name!r} holds a {type(v).__name__} where a string belongs "
+                             f"(element {i})",
                              hint="send text (the BYTES datatype over the Open Inference Protocol)")
         flat[i] = v
     return out

@@ -108,7 +108,8 @@ def encode_bytes(arr: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def decode_bytes(name: str, raw: bytes | memoryview, dims: tuple[int, ...], what: str = "input") -> np.ndarray:
+def decode_bytes(name: str, raw: bytes | memoryview, dims: tuple[int, ...],
+                 what: str = "input") -> np.ndarray:
     """The binary form of a BYTES tensor (:func:`encode_bytes`) as an object array of bytes of
     shape ``dims``; TensorError unless ``raw`` holds exactly that many elements."""
     raw = bytes(raw)

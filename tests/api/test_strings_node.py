@@ -41,7 +41,8 @@ def pipeline_model() -> onnx.ModelProto:
         nodes, "pipeline", [helper.make_tensor_value_info("color", TensorProto.STRING, ["N"])],
         [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["N", 2]),
          helper.make_tensor_value_info("label", TensorProto.STRING, ["N"])], initializer=[w, b, axes])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 3)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
@@ -82,8 +83,8 @@ def test_metadata_says_bytes(client):
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_bytes_in_and_out_match_onnxruntime(client, strings_server, binary):
     x = _colors()
-    want_score, want_label = ort.InferenceSession(str(strings_server[1]), providers=["CPUExecutionProvider"]) \
-        .run(None, {"color": x})
+    sess = ort.InferenceSession(str(strings_server[1]), providers=["CPUExecutionProvider"])
+    want_score, want_label = sess.run(None, {"color": x})
     inp = triton.InferInput("color", [len(x)], "BYTES")
     inp.set_data_from_numpy(x, binary_data=binary)
     outs = [triton.InferRequestedOutput(n, binary_data=binary) for n in ("score", "label")]
@@ -110,6 +111,6 @@ def test_wrong_types_are_4xx(client, strings_server):
                    timeout=30)
     assert r.status_code == 400 and "UTF-8" in r.json()["error"]
     short = head.replace(str(len(raw)).encode(), b"9")
-    r = httpx.post(url, content=short + raw + b"xxx", headers={"Inference-Header-Content-Length": str(len(short))},
-                   timeout=30)
+    r = httpx.post(url, content=short + raw + b"xxx",
+                   headers={"Inference-Header-Content-Length": str(len(short))}, timeout=30)
     assert r.status_code == 400 and "BYTES" in r.json()["error"]

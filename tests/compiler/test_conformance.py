@@ -269,8 +269,8 @@ causal_conv_with_state_kernel_size_one dynamicquantizelinear_expanded slice_star
 """.split())  # NaN / inf inputs, IsInf's sign and Mod by inf (compiler.lower_ieee), an input that only
 # carries a dtype, an empty output answered by the artifact
 NODE_REACH |= frozenset("""
-ai_onnx_ml_label_encoder_tensor_mapping equal_string_broadcast regex_full_match_email_domain string_concat_utf8
-string_split_maxsplit strnormalizer_export_monday_insensintive_upper_twodim
+ai_onnx_ml_label_encoder_tensor_mapping equal_string_broadcast regex_full_match_email_domain
+string_concat_utf8 string_split_maxsplit strnormalizer_export_monday_insensintive_upper_twodim
 """.split())  # string tensors: one case per operator of the host stage (compiler/hoststage.py)
 
 

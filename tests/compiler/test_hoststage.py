@@ -13,10 +13,11 @@ from onnx import TensorProto, helper
 from compiler.artifact import load_artifact
 from compiler.build import compile_model
 from compiler.errors import InputError, ModelError
-from compiler.hoststage import HostNode, translate_re2
 from compiler.hostsplit import split_host_stage
+from compiler.hoststage import HostNode, translate_re2
 
-S, I64, F = TensorProto.STRING, TensorProto.INT64, TensorProto.FLOAT
+S, I64 = TensorProto.STRING, TensorProto.INT64
+ML = "ai.onnx.ml"
 
 
 def _model(nodes, inputs, outputs, inits=(), ml=False, opset=20):
@@ -29,7 +30,8 @@ def _model(nodes, inputs, outputs, inits=(), ml=False, opset=20):
 
 
 def _ort(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
 
 
 def _ours(model, feeds, tmp_path):
@@ -40,7 +42,8 @@ def _ours(model, feeds, tmp_path):
     return [res[o.name] for o in art.outputs]
 
 
-REGEX_TEXTS = ["abc", "ABC", "abc\n", "a b", "a\vb", "é", "x1_", "", "a.b", "www.x-y.com", "3.14", "tab\there"]
+REGEX_TEXTS = ["abc", "ABC", "abc\n", "a b", "a\vb", "é", "x1_", "", "a.b", "www.x-y.com", "3.14",
+               "tab\there"]
 PATTERNS = [r"[a-z]+", r"\w+", r"\w*", r"abc$", r"a\sb", r"a\Sb", r"[^a-z]+", r"(a|b)c?\.?b?", r"\d+\.\d{2}",
             r"www\.[\w.-]+\.com", r".*", r"[\s\w]+", r"x\d_?", r"(?:ab)+c", r"\x41BC", r"t[a-c]b\t\w+",
             r"\bx\w*\b", r"[+\-.]|a{1,3}?bc"]
@@ -57,7 +60,8 @@ def test_regex_matches_re2_as_onnxruntime_runs_it(pattern, tmp_path):
 
 
 @pytest.mark.parametrize("pattern", [r"a(?=b)", r"(a)\1", r"(?P<n>a)", r"(?i)a", r"\p{L}", r"\Aa\z", r"a{,3}",
-                                     r"[[:alpha:]]", r"\Qa.b\E", r"a*+", r"\0", r"[]a]", r"a{2000}", r"a)", r"(a"])
+                                     r"[[:alpha:]]", r"\Qa.b\E", r"a*+", r"\0", r"[]a]", r"a{2000}",
+                                     r"a)", r"(a"])
 def test_regex_outside_the_common_subset_is_refused(pattern):
     with pytest.raises(ValueError):
         translate_re2(pattern)
@@ -78,8 +82,8 @@ def test_split_normalize_and_category_map_match_onnxruntime(tmp_path):
         helper.make_node("StringSplit", ["x"], ["parts", "n"], maxsplit=1),
         helper.make_node("StringNormalizer", ["x"], ["norm"], case_change_action="UPPER", is_case_sensitive=0,
                          stopwords=["MONDAY"], locale="C.UTF-8"),
-        helper.make_node("CategoryMapper", ["x"], ["code"], domain="ai.onnx.ml", cats_strings=["TUESDAY", "monday"],
-                         cats_int64s=[7, 9], default_int64=-5),
+        helper.make_node("CategoryMapper", ["x"], ["code"], domain="ai.onnx.ml",
+                         cats_strings=["TUESDAY", "monday"], cats_int64s=[7, 9], default_int64=-5),
         helper.make_node("CategoryMapper", ["code"], ["back"], domain="ai.onnx.ml", cats_strings=["t", "m"],
                          cats_int64s=[7, 9], default_string="none"),
     ]
@@ -101,10 +105,10 @@ def test_normalizer_takes_one_row_only():
 
 def test_strings_between_numeric_operators_are_refused():
     nodes = [
-        helper.make_node("LabelEncoder", ["x"], ["i"], domain="ai.onnx.ml", keys_strings=["a"], values_int64s=[1]),
+        helper.make_node("LabelEncoder", ["x"], ["i"], domain=ML, keys_strings=["a"], values_int64s=[1]),
         helper.make_node("Neg", ["i"], ["j"]),
-        helper.make_node("LabelEncoder", ["j"], ["s"], domain="ai.onnx.ml", keys_int64s=[-1], values_strings=["b"]),
-        helper.make_node("LabelEncoder", ["s"], ["k"], domain="ai.onnx.ml", keys_strings=["b"], values_int64s=[2]),
+        helper.make_node("LabelEncoder", ["j"], ["s"], domain=ML, keys_int64s=[-1], values_strings=["b"]),
+        helper.make_node("LabelEncoder", ["s"], ["k"], domain=ML, keys_strings=["b"], values_int64s=[2]),
         helper.make_node("Neg", ["k"], ["y"]),
     ]
     m = _model(nodes, [("x", S, [2])], [("y", I64, [2])], ml=True, opset=17)
