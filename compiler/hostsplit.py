@@ -73,10 +73,7 @@ def _attr_json(node: Any) -> dict[str, Any]:
         try:
             if a.type == a.TENSOR:
                 arr = numpy_helper.to_array(v)
-                if arr.dtype.kind in "OS":
-                    arr = np.array([s.decode("utf-8") if isinstance(s, bytes) else s for s in arr.ravel()],
-                                   dtype=object).reshape(arr.shape)
-                v = tensor_to_json(arr)
+                v = tensor_to_json(_texts(arr, where) if arr.dtype.kind in "OSU" else arr)
             elif isinstance(v, bytes):
                 v = v.decode("utf-8")
             elif isinstance(v, list) and v and isinstance(v[0], bytes):
@@ -109,6 +106,17 @@ def _may_have_strings(model: Any) -> bool:
                                                      (a.name == "value" and a.t.data_type == _ONNX_STRING))):
                 return True
     return False
+
+
+def _texts(arr: np.ndarray, where: str) -> np.ndarray:
+    """A string tensor of the model (bytes or str elements) as an object array of str."""
+    out = np.empty(arr.size, dtype=object)
+    for i, s in enumerate(np.asarray(arr).ravel().tolist()):
+        try:
+            out[i] = s.decode("utf-8") if isinstance(s, bytes) else str(s)
+        except UnicodeDecodeError:
+            raise ModelError(f"{where}: a string that is not UTF-8 text", hint="give UTF-8 strings") from None
+    return out.reshape(np.shape(arr))
 
 
 def _types(model: Any) -> dict[str, Any]:
@@ -181,8 +189,7 @@ def split_host_stage(model: Any, shapes: dict[str, list[int]] | None = None) -> 
                 if any(a.name == "value" for a in node.attribute) else None
             if arr is None:
                 raise ModelError(f"{where}: a string constant not given as a tensor 'value'", hint=_HINT)
-            constants[node.output[0]] = np.array([s.decode("utf-8") for s in arr.ravel()],
-                                                 dtype=object).reshape(arr.shape)
+            constants[node.output[0]] = _texts(arr, where)
         elif runs_on_host(node) or (touches and node.op_type == "Equal" and _domain_ok(node)):
             host.append(node)
         elif touches:
@@ -192,8 +199,7 @@ def split_host_stage(model: Any, shapes: dict[str, list[int]] | None = None) -> 
             numeric.append(node)
     for name, t in inits.items():
         if t.data_type == _ONNX_STRING:
-            constants[name] = np.array([s.decode("utf-8") for s in numpy_helper.to_array(t).ravel()],
-                                       dtype=object).reshape(tuple(t.dims))
+            constants[name] = _texts(numpy_helper.to_array(t), f"initializer {name!r}")
     # head: host nodes reading only inputs, constants and other head nodes (graph order is topological)
     known = set(graph_inputs) | set(constants)
     head: list[Any] = []
@@ -201,8 +207,7 @@ def split_host_stage(model: Any, shapes: dict[str, list[int]] | None = None) -> 
         if all(not i or i in known for i in node.input):
             head.append(node)
             known.update(node.output)
-    # tail: the other host nodes, whose outputs reach only the model's outputs through tail nodes
-    outputs = {o.name for o in g.output}
+    # tail: the other host nodes, whose outputs go only to the model's outputs and other tail nodes
     consumers: dict[str, list[Any]] = {}
     for node in g.node:
         for i in node.input:
@@ -210,8 +215,7 @@ def split_host_stage(model: Any, shapes: dict[str, list[int]] | None = None) -> 
     rest = [n for n in host if n not in head]
     tail: list[Any] = []
     for node in reversed(rest):
-        if all(c in tail for o in node.output for c in consumers.get(o, [])) and \
-                all(o in outputs or consumers.get(o) for o in node.output):
+        if all(c in tail for o in node.output for c in consumers.get(o, [])):
             tail.insert(0, node)
     for node in rest:
         if node not in tail:
@@ -219,13 +223,6 @@ def split_host_stage(model: Any, shapes: dict[str, list[int]] | None = None) -> 
                              "between numeric operators; string operators run only at the model's inputs and "
                              "outputs",
                              hint=_HINT)
-    for node in numeric:
-        bad = next((i for i in node.input if i in strings), None)
-        if bad is not None:  # (a string into a numeric node was refused above; kept as a guard)
-            raise ModelError(f"{node.op_type} reads the string tensor {bad!r}", hint=_HINT)
-    for node in [*head, *tail]:
-        if node.op_type not in HOST_OPS:
-            raise ModelError(f"{node.op_type} cannot run on strings", hint=_HINT)
     stage = HostStage(tuple(_host_node(n) for n in head), tuple(_host_node(n) for n in tail), constants)
     stage.kernels()  # refuses attributes the host stage cannot honour, now rather than at run time
     user_inputs = [_spec(types, n) for n in graph_inputs]
@@ -237,6 +234,15 @@ def split_host_stage(model: Any, shapes: dict[str, list[int]] | None = None) -> 
         if lost:
             raise ModelError(f"output {lost[0]!r} is computed by no operator", hint="check the model")
     return HostSplit(stage, num, user_inputs, user_outputs)
+
+
+def _known_type(types: dict[str, Any], name: str) -> Any:
+    """The inferred type of a value crossing between the host stage and the library."""
+    t = types.get(name)
+    if t is None or not t.tensor_type.HasField("shape"):
+        raise ModelError(f"the shape of {name!r}, which crosses between the string operators and the "
+                         "compiled code, is unknown", hint="export the model with static shapes")
+    return t
 
 
 def _runtime_dims(spec: TensorSpec, host: list[Any]) -> TensorSpec:
@@ -262,23 +268,21 @@ def _numeric_model(model: Any, numeric: list[Any], head: list[Any], tail: list[A
     made = {o for n in numeric for o in n.output}
     read = {i for n in numeric for i in n.input if i}
     inits = {t.name for t in g.initializer}
-    head_out = {o for n in head for o in n.output}
     ins = [i for i in g.input if i.name in read and i.name not in inits]
-    for name in sorted(read & head_out, key=lambda s: [o for n in head for o in n.output].index(s)):
-        ins.append(helper.make_value_info(name, types[name]))
+    ins += [helper.make_value_info(o, _known_type(types, o)) for n in head for o in n.output if o in read]
     outs = [o for o in g.output if o.name in made]
     named = {o.name for o in outs}
     for node in tail:
         for i in node.input:
             if i in made and i not in named:
-                outs.append(helper.make_value_info(i, types[i]))
+                outs.append(helper.make_value_info(i, _known_type(types, i)))
                 named.add(i)
     num = copy.deepcopy(model)
     ng = num.graph
     del ng.node[:]
     ng.node.extend(numeric)
     del ng.input[:]
-    ng.input.extend([*ins, *[i for i in g.input if i.name in inits]])
+    ng.input.extend([*ins, *[i for i in g.input if i.name in inits and i.name in read]])
     del ng.output[:]
     ng.output.extend(outs)
     keep = [t for t in ng.initializer if t.name in read]

@@ -106,7 +106,8 @@ def inspect_model(path: str | Path) -> ModelReport:
     rewritten = DECOMPOSED_OPS | {f"{ML_DOMAIN}::{op}" for op in CONVERTED_ML_OPS}
     rewritten |= ONNX_OPS | {f"{MS_DOMAIN}::{op}" for op in MS_OPS}
     rewritten |= {f"{TRAINING_DOMAIN}::{op}" for op in TRAINING_OPS}
-    unsupported = {k: v for k, v in ops.items() if k not in supported and k not in rewritten and k not in host}
+    unsupported = {k: v for k, v in ops.items()
+                   if k not in supported and k not in rewritten and k not in host}
     decomposed = {k: v - host[k] for k, v in ops.items() if k in rewritten and v > host[k]}
     needs = [i["name"] for i in inputs if any(isinstance(d, str) for d in i["shape"][1:])
              or i["shape"] == ["?rank"]]

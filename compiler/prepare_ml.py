@@ -19,8 +19,8 @@ TVM's Relax ONNX frontend converts no operator of the classical-ML domain. ``low
 String keys and values (LabelEncoder, CategoryMapper) never get here: they run on the host
 (compiler/hoststage.py, cut out by compiler/hostsplit.py). Refused: string class labels (the
 compiled CPU path carries floats and integers only), ZipMap (its output is a sequence of maps), and
-the operators not converted (SVM*, DictVectorizer, ...), each with one line naming the operator. The emitter, type information and
-shared helpers are in compiler/prepare_ml_base.py.
+the operators not converted (SVM*, DictVectorizer, ...), each with one line naming the operator.
+The emitter, type information and shared helpers are in compiler/prepare_ml_base.py.
 """
 
 from __future__ import annotations

@@ -132,3 +132,22 @@ def test_inputs_must_be_text(tmp_path):
         art.infer({"x": np.array([b"\xff", b"a"], dtype=object)})
     with pytest.raises(InputError, match="shape"):
         art.infer({"x": np.array(["a", "b", "c"], dtype=object)})
+
+
+def test_string_constants_feed_the_compiled_rest(tmp_path):
+    """Equal against a string initializer and StringConcat with a string Constant at the inputs,
+    their numbers through a compiled Mul, at any batch size (the library's batch is 1)."""
+    red = helper.make_tensor("red", S, [1], [b"red"])
+    nodes = [helper.make_node("Constant", [], ["suffix"], value=helper.make_tensor("v", S, [], [b"!"])),
+             helper.make_node("Equal", ["x", "red"], ["is_red"]),
+             helper.make_node("Cast", ["is_red"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["f", "w"], ["y"]),
+             helper.make_node("StringConcat", ["x", "suffix"], ["loud"])]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [1], [2.5])
+    m = _model(nodes, [("x", S, ["N"])], [("y", TensorProto.FLOAT, ["N"]), ("loud", S, ["N"])],
+               inits=[red, w])
+    x = np.array(["red", "blue", "", "red"], dtype=object)
+    got = _ours(m, {"x": x}, tmp_path)
+    want = _ort(m, {"x": x})
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1].tolist() == want[1].tolist() == ["red!", "blue!", "!", "red!"]
