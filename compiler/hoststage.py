@@ -363,17 +363,21 @@ def translate_re2(pattern: str) -> str:
     ``(...)`` and ``(?:...)``, ``|``, ``* + ? {m} {m,} {m,n}`` (n <= 1000) and their lazy ``?``
     forms, ``^`` and ``$`` (end of text only, as in RE2; Python's also matches before a final
     newline). Refused: look-around, back-references, named groups, flags, ``\\A \\z \\Z \\p \\Q``,
-    POSIX classes, octal escapes, possessive repeats."""
+    POSIX classes, octal escapes, possessive repeats, and an open-ended repeat of a group that holds
+    a repeat or an alternation (``(a*)*``, ``(a|ab)+``: exponential backtracking in Python, a request
+    could stall the node; RE2 is linear)."""
     out: list[str] = []
     i, n = 0, len(pattern)
-    depth = 0
+    groups: list[bool] = []  # per open group: whether it holds a repeat or an alternation
     repeatable = False  # whether a quantifier may follow (an atom precedes it)
+    risky = False  # the atom just read is a group holding a repeat or an alternation
 
     def refuse(what: str) -> ValueError:
         return ValueError(f"{what} at offset {i} of the pattern")
 
     while i < n:
         c = pattern[i]
+        after_risky, risky = risky, False
         if c == "\\":
             if i + 1 >= n:
                 raise refuse("a trailing backslash")
@@ -406,13 +410,15 @@ def translate_re2(pattern: str) -> str:
             else:
                 out.append("(")
                 i += 1
-            depth += 1
+            groups.append(False)
             repeatable = False
             continue
         if c == ")":
-            if depth == 0:
+            if not groups:
                 raise refuse("an unbalanced )")
-            depth -= 1
+            risky = groups.pop()
+            if groups and risky:
+                groups[-1] = True
             out.append(")")
             repeatable, i = True, i + 1
             continue
@@ -434,6 +440,12 @@ def translate_re2(pattern: str) -> str:
                 tok, j = tok + "?", j + 1
             if j < n and pattern[j] in "*+?{":
                 raise refuse("a repeat of a repeat")
+            bounded = tok in ("?", "??") or (c == "{" and "," not in tok)  # at most one / exactly m copies
+            if after_risky and not bounded:
+                raise refuse(f"the repeat {tok} of a group holding a repeat or an alternation (Python's "
+                             "backtracking can take exponential time on it where RE2 takes linear time)")
+            if groups:
+                groups[-1] = True
             out.append(tok)
             repeatable, i = False, j
             continue
@@ -442,6 +454,8 @@ def translate_re2(pattern: str) -> str:
             repeatable, i = False, i + 1
             continue
         if c in "^|":
+            if c == "|" and groups:
+                groups[-1] = True
             out.append(c)
             repeatable, i = False, i + 1
             continue
@@ -449,7 +463,7 @@ def translate_re2(pattern: str) -> str:
             raise refuse(f"an unescaped {c}")
         out.append(re.escape(c) if c != "." else ".")
         repeatable, i = True, i + 1
-    if depth:
+    if groups:
         raise refuse("an unclosed (")
     return "".join(out)
 

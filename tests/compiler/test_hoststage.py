@@ -46,7 +46,7 @@ REGEX_TEXTS = ["abc", "ABC", "abc\n", "a b", "a\vb", "é", "x1_", "", "a.b", "ww
                "tab\there"]
 PATTERNS = [r"[a-z]+", r"\w+", r"\w*", r"abc$", r"a\sb", r"a\Sb", r"[^a-z]+", r"(a|b)c?\.?b?", r"\d+\.\d{2}",
             r"www\.[\w.-]+\.com", r".*", r"[\s\w]+", r"x\d_?", r"(?:ab)+c", r"\x41BC", r"t[a-c]b\t\w+",
-            r"\bx\w*\b", r"[+\-.]|a{1,3}?bc"]
+            r"\bx\w*\b", r"[+\-.]|a{1,3}?bc", r"(a|b)?c", r"(\w+){2}", r"(?:ab)*c"]
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -61,7 +61,7 @@ def test_regex_matches_re2_as_onnxruntime_runs_it(pattern, tmp_path):
 
 @pytest.mark.parametrize("pattern", [r"a(?=b)", r"(a)\1", r"(?P<n>a)", r"(?i)a", r"\p{L}", r"\Aa\z", r"a{,3}",
                                      r"[[:alpha:]]", r"\Qa.b\E", r"a*+", r"\0", r"[]a]", r"a{2000}",
-                                     r"a)", r"(a"])
+                                     r"a)", r"(a", r"(a*)*b", r"(a|ab)+", r"((ab)+c)*", r"(x+){2,}"])
 def test_regex_outside_the_common_subset_is_refused(pattern):
     with pytest.raises(ValueError):
         translate_re2(pattern)
