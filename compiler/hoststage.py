@@ -20,11 +20,17 @@ UTF-8 are refused where they enter, :func:`as_strings`). Operators and how they 
   default for a missing key; float keys compare as float32, NaN matches a NaN key.
 * Equal (strings), StringConcat: elementwise with numpy broadcasting.
 * StringSplit: a non-empty ``delimiter`` splits on each occurrence; none or ``""`` splits on runs of
-  ASCII whitespace (leading/trailing runs ignored); ``maxsplit`` limits the splits from the left.
+  spaces (leading/trailing runs ignored); ``maxsplit`` limits the splits from the left.
 * StringNormalizer: drops the elements equal to a stopword (case-insensitively unless
-  ``is_case_sensitive``), then LOWER / UPPER per character (a character whose case mapping is not
-  one character is kept, as C's ``towupper`` does); an empty result is ``[""]``. Locales other
-  than English / C are refused (Turkish dotted i and friends).
+  ``is_case_sensitive``), then LOWER / UPPER character by character; an empty result is ``[""]``.
+  Locales other than English / C are refused (Turkish dotted i and friends).
+
+Where ONNX's reference implementation (Python) and onnxruntime answer differently, the input is
+refused with an InputError rather than answered one way (a 400 at the node): StringSplit of text
+holding tabs or line breaks, of an empty string at a delimiter, or leaving a remainder that ends in
+spaces; StringNormalizer of a character whose case mapping is not one character (sharp s, dotted
+I) or of text that matches a stopword in lower case but not in upper case (final sigma, long s).
+``tests/compiler/test_hoststage.py`` checks both operators string by string against onnxruntime.
 * RegexFullMatch: RE2 syntax; the subset RE2 and Python's ``re`` read alike is translated (ASCII
   classes, ``$`` only at the end, ``\\s`` without ``\\v``), every other construct is refused at
   compile time rather than answered differently (:func:`translate_re2`).
@@ -257,25 +263,32 @@ def _string_concat(node: HostNode) -> Kernel:
     return run
 
 
-_ASCII_SPACE = " \t\n\r\f\v"
-_SPACE_RUN = re.compile(r"[ \t\n\r\f\v]+")
+# Where ONNX's reference (Python's str.split) and onnxruntime split differently, the input is
+# refused rather than answered one way: tabs and line breaks (whitespace to the reference and the
+# spec's text, not to onnxruntime, which splits at spaces only), a remainder ending in spaces after
+# maxsplit (kept by the reference, trimmed by onnxruntime), an empty string split at a delimiter
+# (one empty substring for the reference, none for onnxruntime).
+_OTHER_SPACE = re.compile(r"[\t\n\r\f\v]")
+_SPACES = re.compile(r" +")
 
 
-def _split_space(s: str, maxsplit: int | None) -> list[str]:
-    """``s.split(None, maxsplit)`` on ASCII whitespace only (Python's also splits on Unicode spaces)."""
-    out: list[str] = []
-    s = s.lstrip(_ASCII_SPACE)
-    while s:
-        if maxsplit is not None and len(out) == maxsplit:
-            out.append(s)
-            break
-        m = _SPACE_RUN.search(s)
-        if m is None:
-            out.append(s)
-            break
-        out.append(s[:m.start()])
-        s = s[m.end():]
-    return out
+def _split_space(s: str, maxsplit: int | None) -> list[str] | str:
+    """``s`` split at runs of spaces (ends ignored), or why the input is contested."""
+    if _OTHER_SPACE.search(s):
+        return "holds a tab or line break (whitespace to ONNX's reference, not to onnxruntime)"
+    body = s.lstrip(" ")
+    if not body:
+        return []
+    if maxsplit == 0:
+        parts = [body]
+    else:  # (re.split's maxsplit 0 means no limit)
+        parts = _SPACES.split(body, maxsplit or 0)
+        if not parts[-1]:  # the string ended in spaces before maxsplit was reached
+            parts.pop()
+    if maxsplit is not None and parts[-1].endswith(" "):
+        return ("leaves a remainder ending in spaces after maxsplit (kept by ONNX's reference, trimmed by "
+                "onnxruntime)")
+    return parts
 
 
 def _string_split(node: HostNode) -> Kernel:
@@ -284,13 +297,20 @@ def _string_split(node: HostNode) -> Kernel:
     if maxsplit is not None and maxsplit < 0:
         raise ModelError(f"{node.label}: maxsplit {maxsplit} is negative", hint="give maxsplit >= 0")
 
-    def split(s: str) -> list[str]:
+    def split(i: int, s: str) -> list[str]:
         if delim is None:
-            return _split_space(s, maxsplit)
-        return s.split(delim, -1 if maxsplit is None else maxsplit)
+            got = _split_space(s, maxsplit)
+        elif not s:
+            got = "is empty (one empty substring to ONNX's reference, none to onnxruntime)"
+        else:
+            got = s.split(delim, -1 if maxsplit is None else maxsplit)
+        if isinstance(got, str):
+            raise InputError(f"{node.label}: string {i} {got}; refused rather than answered one way",
+                             hint="normalize such strings before the model")
+        return got
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
-        parts = [split(s) for s in x.ravel().tolist()]
+        parts = [split(i, s) for i, s in enumerate(x.ravel().tolist())]
         n = max((len(p) for p in parts), default=0)
         subs = np.full((len(parts), n), "", dtype=object)
         for i, p in enumerate(parts):
@@ -304,18 +324,21 @@ def _string_split(node: HostNode) -> Kernel:
 _LOCALES = {"", "C", "C.UTF-8", "POSIX", "en_US", "en_US.UTF-8", "en_US.utf8", "en_GB", "en_GB.UTF-8"}
 
 
-def _per_char(fn: Callable[[str], str]) -> Callable[[str], str]:
-    """A case mapping character by character; a character whose mapping is longer (German sharp s
-    to "SS") is kept, as C's ``towupper`` / ``towlower`` do."""
-    def apply(s: str) -> str:
+def _per_char(fn: Callable[[str], str]) -> Callable[[str], str | None]:
+    """A case mapping character by character, or None when a character's mapping is not one
+    character (German sharp s to "SS", Turkish dotted I): Python's full mapping (ONNX's reference)
+    and C's ``towupper`` / ``towlower`` (onnxruntime) answer those differently."""
+    def apply(s: str) -> str | None:
         if s.isascii():
             return fn(s)
-        return "".join(m if len(m := fn(c)) == 1 else c for c in s)
+        out = [fn(c) for c in s]
+        return "".join(out) if all(len(m) == 1 for m in out) else None
 
     return apply
 
 
 _LOWER, _UPPER = _per_char(str.lower), _per_char(str.upper)
+_CONTESTED = "; ONNX's reference and onnxruntime answer it differently, so it is refused"
 
 
 def _string_normalizer(node: HostNode) -> Kernel:
@@ -329,16 +352,43 @@ def _string_normalizer(node: HostNode) -> Kernel:
         raise ModelError(f"{node.label}: locale {locale!r} is not supported (its case rules are not "
                          "English ones)", hint="use locale en_US, or normalize the text before the model")
     sensitive = bool(a.get("is_case_sensitive", 0))
-    stops = set(a.get("stopwords", []))
-    if not sensitive:
-        stops = {_LOWER(w) for w in stops}
-    change = {"NONE": (lambda s: s), "LOWER": _LOWER, "UPPER": _UPPER}[action]
+    words = list(a.get("stopwords", []))
+
+    def case(fn: Callable[[str], str | None], text: str, what: str) -> str:
+        got = fn(text)
+        if got is None:
+            raise InputError(f"{node.label}: {what} has a character whose case mapping is not one "
+                             f"character (such as \u00df or \u0130){_CONTESTED}",
+                             hint="normalize such text before the model")
+        return got
+
+    fold = bool(words) and not sensitive  # stopwords compared case-insensitively
+    try:
+        lows = {case(_LOWER, w, "a stopword") for w in words} if fold else set()
+        ups = {case(_UPPER, w, "a stopword") for w in words} if fold else set()
+    except InputError as exc:
+        raise ModelError(str(exc.args[0]), hint="give stopwords without such characters") from None
+    stops = set(words)
+    change = {"NONE": (lambda t, what: t), "LOWER": lambda t, what: case(_LOWER, t, what),
+              "UPPER": lambda t, what: case(_UPPER, t, what)}[action]
+
+    def is_stop(text: str, what: str) -> bool:
+        if not fold:
+            return text in stops
+        # compared in lower case and in upper case (final sigma, long s): where the two differ, contested
+        low, up = case(_LOWER, text, what) in lows, case(_UPPER, text, what) in ups
+        if low != up:
+            raise InputError(f"{node.label}: {what} matches a stopword in one case but not the other"
+                             f"{_CONTESTED}", hint="normalize such text before the model")
+        return low
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         if not (x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1)) or x.size == 0:
             raise InputError(f"{node.label}: input of shape {list(x.shape)}; StringNormalizer takes [C] or "
                              "[1, C] with C >= 1", hint="send one row of strings")
-        kept = [change(s) for s in x.ravel().tolist() if (s if sensitive else _LOWER(s)) not in stops] or [""]
+        texts = x.ravel().tolist()
+        kept = [change(t, f"string {i}") for i, t in enumerate(texts)
+                if not is_stop(t, f"string {i}")] or [""]
         return (_objects(kept, (len(kept),) if x.ndim == 1 else (1, len(kept))),)
 
     return run

@@ -77,7 +77,7 @@ def test_refused_pattern_is_one_line_at_compile(tmp_path):
 
 
 def test_split_normalize_and_category_map_match_onnxruntime(tmp_path):
-    x = np.array(["Monday  a\tb", "TUESDAY", "a\u3000b c", "straße", "monday", "x\x1cy z"], dtype=object)
+    x = np.array(["Monday  a b", "TUESDAY", "a\u3000b c", "\u00e9lan", "monday", "x\x1cy z"], dtype=object)
     nodes = [
         helper.make_node("StringSplit", ["x"], ["parts", "n"], maxsplit=1),
         helper.make_node("StringNormalizer", ["x"], ["norm"], case_change_action="UPPER", is_case_sensitive=0,
@@ -93,6 +93,71 @@ def test_split_normalize_and_category_map_match_onnxruntime(tmp_path):
     want = _ort(m, {"x": x})
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.tolist() == w.tolist()
+
+
+SPLIT_TEXTS = ["a  b  c  ", "  a b", "a\t\tb\nc", " ", "a\vb", "a\x1cb", "a\u3000b", "a\u00a0b", "", "x",
+               " x ", "a b  ", "a  b c", ",", "a,", ",a", "a,b,c", " a , b ", "a,,b", "abab"]
+
+
+@pytest.mark.parametrize("attrs", [{}, {"maxsplit": 1}, {"maxsplit": 2}, {"maxsplit": 0},
+                                   {"delimiter": ","}, {"delimiter": ",", "maxsplit": 1}, {"delimiter": "ab"},
+                                   {"delimiter": " "}],
+                         ids=str)
+def test_split_answers_as_onnxruntime_or_refuses(attrs):
+    """Each string alone: onnxruntime's substrings, or an InputError where ONNX's reference and
+    onnxruntime disagree (tabs, a remainder ending in spaces, an empty string at a delimiter)."""
+    from compiler.hoststage import HOST_OPS
+
+    run = HOST_OPS["StringSplit"](HostNode("StringSplit", "s", ("x",), ("p", "n"), attrs))
+    m = _model([helper.make_node("StringSplit", ["x"], ["p", "n"], **attrs)], [("x", S, [1])],
+               [("p", S, [1, None]), ("n", I64, [1])])
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    refused = 0
+    for text in SPLIT_TEXTS:
+        x = np.array([text], dtype=object)
+        p, n = sess.run(None, {"x": x})
+        want = p.tolist()[0][:n[0]]
+        try:
+            gp, gn = run(x)
+        except InputError as exc:
+            assert "refused rather than answered one way" in str(exc)
+            refused += 1
+            continue
+        assert gp.tolist()[0][:gn[0]] == want, text
+    assert refused < len(SPLIT_TEXTS) // 2
+
+
+NORMALIZER_ROWS = [["", "a"], ["Stra\u00dfe", "\u0130stanbul", "\u01c5", "\u03a9"],
+                   ["MONDAY", "monday", "Monday "], ["\u00c9COLE", "\u00e9cole", "\u00c9cole"],
+                   ["\u03c2", "\u03a3", "\u017f", "S", "K", "\u212a"]]
+
+
+@pytest.mark.parametrize("attrs", [{}, {"case_change_action": "UPPER"}, {"case_change_action": "LOWER"},
+                                   {"stopwords": ["monday", "\u00e9cole", "\u03c3", "s"]},
+                                   {"stopwords": ["monday", "\u00c9COLE"], "is_case_sensitive": 1},
+                                   {"stopwords": ["k", "\u03c2"], "case_change_action": "UPPER"}], ids=str)
+def test_normalizer_answers_as_onnxruntime_or_refuses(attrs):
+    """Each row: onnxruntime's answer (its C.UTF-8 locale's towupper / towlower), or an InputError
+    where it and ONNX's reference (Python's full case mapping) disagree."""
+    from compiler.hoststage import HOST_OPS
+
+    attrs = {**attrs, "locale": "C.UTF-8"}
+    run = HOST_OPS["StringNormalizer"](HostNode("StringNormalizer", "n", ("x",), ("y",), attrs))
+    answered = 0
+    for row in NORMALIZER_ROWS:
+        m = _model([helper.make_node("StringNormalizer", ["x"], ["y"], **attrs)], [("x", S, [len(row)])],
+                   [("y", S, [None])], opset=10)
+        x = np.array(row, dtype=object)
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = sess.run(None, {"x": x})
+        try:
+            got = run(x)
+        except InputError as exc:
+            assert "refused" in str(exc)
+            continue
+        assert got[0].tolist() == want[0].tolist(), row
+        answered += 1
+    assert answered >= 3
 
 
 def test_normalizer_takes_one_row_only():
@@ -151,3 +216,24 @@ def test_string_constants_feed_the_compiled_rest(tmp_path):
     want = _ort(m, {"x": x})
     np.testing.assert_array_equal(got[0], want[0])
     assert got[1].tolist() == want[1].tolist() == ["red!", "blue!", "!", "red!"]
+
+
+def test_a_strings_only_artifact_runs_without_tvm_or_onnx(tmp_path):
+    """No library: loading and inference import neither TVM nor onnx (what a board's node has)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    m = _model([helper.make_node("StringSplit", ["x"], ["parts", "n"], delimiter=",")], [("x", S, [2])],
+               [("parts", S, [2, None]), ("n", I64, [2])])
+    onnx.save(m, tmp_path / "m.onnx")
+    art = compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art", progress=False)
+    code = ("import sys; from compiler.artifact import load_artifact; "
+            f"out = load_artifact({str(art)!r}).infer({{'x': ['a,b,c', 'd']}}); "
+            "print(out['parts'].tolist(), out['n'].tolist(), "
+            "sorted({m.split('.')[0] for m in sys.modules} & {'tvm', 'tvm_ffi', 'onnx', 'onnxruntime'}))")
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120,
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[['a', 'b', 'c'], ['d', '', '']] [3, 1] []"
