@@ -237,3 +237,38 @@ def test_a_strings_only_artifact_runs_without_tvm_or_onnx(tmp_path):
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[['a', 'b', 'c'], ['d', '', '']] [3, 1] []"
+
+
+def _le_cases():
+    from onnx import numpy_helper as nh
+
+    strings = helper.make_tensor("v", S, [2], [b"p", b"q"])
+    return [
+        ({"keys_floats": [1.0, float("nan"), -0.0], "values_strings": ["one", "nan", "zero"]},
+         TensorProto.FLOAT, np.array([1, np.nan, 0.0, -0.0, 2], np.float32), S),
+        ({"keys_int64s": [3, -1], "values_strings": ["a", "b"], "default_string": "?"}, I64,
+         np.array([3, -1, 7], np.int64), S),
+        ({"keys_strings": ["a", "b"], "values_floats": [0.5, -1.5]}, S, np.array(["a", "b", "c"], object),
+         TensorProto.FLOAT),
+        ({"keys_strings": ["a", "b"], "values_strings": ["x", "y"]}, S, np.array(["a", "b", "c", ""], object),
+         S),
+        ({"keys_tensor": nh.from_array(np.array([1, 2], np.int64), "k"), "values_tensor": strings}, I64,
+         np.array([1, 2, 3], np.int64), S),
+        ({"keys_strings": ["a"], "values_tensor": nh.from_array(np.array([2.5], np.float64), "v")}, S,
+         np.array(["a", "b"], object), TensorProto.DOUBLE),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_label_encoder_with_strings_matches_onnxruntime(case):
+    """Keys and values of every kind with strings on one side (NaN and -0.0 keys, the defaults)."""
+    from compiler.hostsplit import _attr_json
+    from compiler.hoststage import HOST_OPS
+
+    attrs, in_type, x, out_type = _le_cases()[case]
+    node = helper.make_node("LabelEncoder", ["x"], ["y"], domain=ML, **attrs)
+    m = _model([node], [("x", in_type, [len(x)])], [("y", out_type, [len(x)])], ml=True, opset=17)
+    m.opset_import[1].version = 4
+    want, = _ort(m, {"x": x})
+    got, = HOST_OPS["LabelEncoder"](HostNode("LabelEncoder", "y", ("x",), ("y",), _attr_json(node)))(x)
+    assert got.dtype == want.dtype and [str(v) for v in got.tolist()] == [str(v) for v in want.tolist()]
