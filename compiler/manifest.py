@@ -38,7 +38,11 @@ __all__ = [
     "file_sha256",
 ]
 
-FORMAT_VERSION = 1
+# The newest format this build reads. 2: a host stage (``host``: string operators run beside the
+# library, whose inputs are then not the model's); a reader of 1 would hand the library strings, so
+# only such artifacts are written as 2 and every other artifact stays 1, readable by older fractal.
+FORMAT_VERSION = 2
+_HOST_FORMAT = 2
 MANIFEST = "manifest.json"
 
 T = TypeVar("T")
@@ -469,7 +473,7 @@ class Manifest:
     quantization: QuantizationInfo | None = None
     nonfinite: NonFinite = field(default_factory=NonFinite)  # NaN / inf inputs taken or refused
     host: HostInfo | None = None  # string operators run on the host (None: the library does everything)
-    format_version: int = FORMAT_VERSION
+    format_version: int = 1
 
     @property
     def preset(self) -> str:
@@ -481,7 +485,8 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format_version": self.format_version, "name": self.name, "created": self.created,
+            "format_version": max(self.format_version, _HOST_FORMAT if self.host is not None else 1),
+            "name": self.name, "created": self.created,
             "onnx_file": self.onnx_file, "onnx_sha256": self.onnx_sha256, "tvm_version": self.tvm_version,
             "target": self.target.to_json(), "batch": self.batch,
             "inputs": [s.to_json() for s in self.inputs], "outputs": [s.to_json() for s in self.outputs],

@@ -190,6 +190,8 @@ def test_inputs_must_be_text(tmp_path):
     art = load_artifact(compile_model(tmp_path / "m.onnx", target="x86_64", out_dir=tmp_path / "art",
                                       progress=False))
     assert art.manifest.libs.infer is None and art.manifest.host is not None
+    # format 2: an older fractal refuses it by name instead of handing strings to a library
+    assert '"format_version": 2' in (art.directory / "manifest.json").read_text()
     assert art.infer({"x": [b"ab", "\u00e9"]})["y"].tolist() == ["abab", "\u00e9\u00e9"]
     with pytest.raises(InputError, match="expected strings"):
         art.infer({"x": np.zeros(2, np.float32)})
