@@ -191,7 +191,14 @@ def tune_model(onnx_path: str | Path, *, target: str, budget: TuneBudget, db_dir
                           hint="tune a VM preset of the same board (e.g. aarch64 or rpi4)")
     linker_for(preset)  # fail fast on a missing cross compiler
     remote = _remote(budget, preset)
-    mod = import_model(load_onnx(Path(onnx_path)), shapes=input_shapes).mod
+    model = load_onnx(Path(onnx_path))
+    split = _host_split(model, input_shapes, False, False, False)
+    if split is not None:  # the compiled part only: string operators run on the host
+        if split.numeric is None:
+            raise CompilerError(f"{Path(onnx_path).name} is string operators only: nothing is compiled, "
+                                "nothing to tune", hint="compile it without --tune")
+        model = split.numeric
+    mod = import_model(model, shapes=input_shapes).mod
     _say(progress, f"tuning {Path(onnx_path).name} for {preset.name} ({budget.describe()})")
     return tuning.tune(mod, preset.tvm_target(), trials=budget.trials, time_budget=budget.time_budget,
                        db_dir=db_dir, progress=progress, prepack=prepack, remote=remote)
