@@ -195,8 +195,8 @@ def _seq(a: Mapping[str, Any], stem: str) -> np.ndarray | None:
 def _lookup(keys: np.ndarray, values: np.ndarray, default: Any, out_dtype: np.dtype, label: str) -> Kernel:
     """A kernel mapping each element through ``keys -> values`` (``default`` when absent)."""
     kl = keys.tolist()
-    if len(set(k for k in kl if not (isinstance(k, float) and math.isnan(k)))) != \
-            len([k for k in kl if not (isinstance(k, float) and math.isnan(k))]):
+    plain = [k for k in kl if not (isinstance(k, float) and math.isnan(k))]
+    if len(set(plain)) != len(plain) or len(kl) - len(plain) > 1:  # (0.0 and -0.0 are one key)
         raise ModelError(f"{label}: duplicate keys", hint="give every key once")
     table = dict(zip(kl, values.tolist(), strict=True))
     nan_value = next((v for k, v in table.items() if isinstance(k, float) and math.isnan(k)), default)
