@@ -14,7 +14,8 @@ from compiler.artifact import load_artifact
 from compiler.build import compile_model
 from compiler.errors import InputError, ModelError
 from compiler.hostsplit import split_host_stage
-from compiler.hoststage import HostNode, translate_re2
+from compiler.hoststage import HostNode
+from compiler.re2subset import translate_re2
 
 S, I64 = TensorProto.STRING, TensorProto.INT64
 ML = "ai.onnx.ml"
