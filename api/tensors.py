@@ -28,7 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from fractal.oip import DATATYPES, TensorError, as_int, check_shape, datatype_of, decode_json_data, loads
+from fractal.oip import (
+    BYTES,
+    DATATYPES,
+    TensorError,
+    as_int,
+    check_shape,
+    datatype_of,
+    decode_bytes,
+    decode_json_data,
+    encode_bytes,
+    json_tensor,
+    loads,
+)
 
 __all__ = [
     "DATATYPES",
@@ -155,6 +167,13 @@ def parse_infer_request(body: bytes, output_names: Sequence[str], header_length:
         if size is not None:
             size = _as_int(size, f"input '{name}': binary_data_size")
             need = math.prod(dims) * dtype.itemsize
+            if want_dt == BYTES:  # length-prefixed elements: the size is the sender's to give
+                if size < 0 or offset + size > len(blob):
+                    raise TensorError(f"input '{name}': binary data is truncated "
+                                      f"(need {size} bytes at offset {offset}, have {len(blob) - offset})")
+                inputs[name] = decode_bytes(name, blob[offset:offset + size], dims)
+                offset += size
+                continue
             if size != need:
                 raise TensorError(f"input '{name}': binary_data_size {size} but shape {list(dims)} "
                                   f"of {want_dt} needs {need} bytes")
@@ -184,11 +203,12 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
         arr = np.asarray(results[name])
         entry: dict[str, Any] = {"name": name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
         if request.binary.get(name):
-            raw = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+            raw = (encode_bytes(arr) if arr.dtype.kind == "O" else
+                   np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes())
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = arr.ravel().tolist()
+            entry["data"] = json_tensor(name, arr)["data"]
         outputs.append(entry)
     resp: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
     if request.id is not None:

@@ -100,6 +100,7 @@ def _tvm_latency(art_dir: Path, x: np.ndarray, min_seconds: float) -> tuple[dict
     inputs = {art.inputs[0].name: x}
     out = art.infer(inputs)
     runtime = art._infer  # benchmark internals on purpose: the VM under the artifact API
+    assert runtime is not None and art._default is not None  # (a host-stage-only model has no library)
     params = art._default.tensors
     main = runtime.vm()["main"]
     from_dlpack = tvm_ffi.from_dlpack

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ArtifactError, InputError
+from compiler.hoststage import STRING, HostStage, as_strings
 from compiler.manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -171,7 +172,9 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
     for spec in specs:
         arr = inputs[spec.name]
         typed = isinstance(arr, np.ndarray)
-        if not typed:
+        if spec.dtype == STRING:  # text for the host stage (compiler/hoststage.py)
+            arr = as_strings(spec.name, arr)
+        elif not typed:
             try:
                 arr = np.asarray(arr)
             except (ValueError, TypeError) as exc:
@@ -183,7 +186,8 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
                                  f"{list(spec.shape)}",
                                  hint="this model's inputs have no batch dimension: send exactly "
                                       "the shapes of its metadata")
-            arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
+            arrays.append(arr if spec.dtype == STRING else
+                          _convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
             n = 1
             continue
         want = spec.shape[1:]
@@ -195,7 +199,8 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: Mapping[str, Any], *,
             raise InputError(f"inputs disagree on the batch size ({n} vs {arr.shape[0]} for {spec.name!r})",
                              hint="give every input the same leading dimension")
         n = arr.shape[0]
-        arrays.append(_convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
+        arrays.append(arr if spec.dtype == STRING else
+                      _convert(spec.name, arr, np.dtype(spec.dtype), typed, nonfinite))
     return arrays, int(n or 1)
 
 
@@ -213,13 +218,23 @@ class Artifact:
         self.params = params
         self.batch = manifest.batch
         self.batched = manifest.batched
-        self._dynamic = any(o.dynamic for o in self.outputs)  # dims decided at run time (-1)
-        self._empty = {i for i, o in enumerate(self.outputs) if 0 in o.shape}  # answered, not computed
-        self._batched_out = manifest.batched and all(o.shape and o.shape[0] == self.batch
-                                                     for o in self.outputs)
-        self._infer = _runtime_for(manifest, directory / manifest.libs.infer)
+        # string operators run on the host around the library (compiler/hoststage.py), whose own
+        # inputs and outputs are then the host stage's numeric values
+        host = manifest.host
+        self._host = HostStage.read(directory / host.file) if host is not None else None
+        self._kernels = self._host.kernels() if self._host is not None else {}
+        self._lib_inputs = list(host.library_inputs) if host is not None else self.inputs
+        self._lib_outputs = list(host.library_outputs) if host is not None else self.outputs
+        lib_outs = self._lib_outputs
+        self._dynamic = any(o.dynamic for o in lib_outs)  # dims decided at run time (-1)
+        self._empty = {i for i, o in enumerate(lib_outs) if 0 in o.shape}  # answered, not computed
+        self._batched_out = manifest.batched and all(o.shape and o.shape[0] == self.batch for o in lib_outs)
         self._transform = manifest.libs.transform  # packed parameters (compiler/prepack.py) or None
-        self._default = PreparedParams(self._infer, params, self._transform)
+        self._infer: Runtime | None = None
+        self._default: PreparedParams | None = None
+        if manifest.libs.infer is not None:  # (None: the host stage computes every output)
+            self._infer = _runtime_for(manifest, directory / manifest.libs.infer)
+            self._default = PreparedParams(self._infer, params, self._transform)
         self._trainer: Trainer | None = None
         if manifest.libs.train and manifest.training is not None:
             train_rt = _runtime_for(manifest, directory / manifest.libs.train)
@@ -238,10 +253,11 @@ class Artifact:
         """The preset this artifact was compiled for (name, arch, TVM target)."""
         return self.manifest.target
 
-    def prepare_params(self, params: list[np.ndarray]) -> PreparedParams:
-        """Validate and convert a parameter list once, for many ``infer`` calls."""
+    def prepare_params(self, params: list[np.ndarray]) -> PreparedParams | None:
+        """Validate and convert a parameter list once, for many ``infer`` calls (None: the model
+        has no compiled library, hence no parameters)."""
         checked = check_params(params, self.param_names, self.params)
-        return PreparedParams(self._infer, checked, self._transform)
+        return None if self._infer is None else PreparedParams(self._infer, checked, self._transform)
 
     def infer(self, inputs: dict[str, np.ndarray],
               params: list[np.ndarray] | PreparedParams | None = None) -> dict[str, np.ndarray]:
@@ -250,15 +266,31 @@ class Artifact:
         shapes.
 
         Thread-safe: each calling thread gets its own VM. ``params`` default to the artifact's own.
+        A model with string operators runs them on the host before and after the library.
         """
         arrays, n = check_inputs(self.inputs, inputs, batched=self.batched,
                                  nonfinite=self.manifest.nonfinite)
+        if self._host is None:
+            return self._run_library(arrays, n, params)
+        env = {spec.name: arr for spec, arr in zip(self.inputs, arrays, strict=True)}
+        self._host.run(self._host.head, env, self._kernels)
+        if self._infer is not None:
+            lib_in = {s.name: env[s.name] for s in self._lib_inputs}
+            lib_arrays, lib_n = check_inputs(self._lib_inputs, lib_in, batched=self.batched)
+            env.update(self._run_library(lib_arrays, lib_n, params))
+        self._host.run(self._host.tail, env, self._kernels)
+        return {spec.name: env[spec.name] for spec in self.outputs}
+
+    def _run_library(self, arrays: list[np.ndarray], n: int,
+                     params: list[np.ndarray] | PreparedParams | None) -> dict[str, np.ndarray]:
+        """The compiled library on checked inputs (a batch of ``n``): its outputs by name."""
+        assert self._infer is not None and self._default is not None
         if params is None:
             prepared = self._default
         elif isinstance(params, PreparedParams):
             prepared = params
         else:
-            prepared = self.prepare_params(params)
+            prepared = self.prepare_params(params) or self._default
         rt = self._infer
         if not self.batched:  # exactly the compiled shapes, one call
             ins = [rt.tensor(arr, i) for i, arr in enumerate(arrays)]
@@ -279,14 +311,14 @@ class Artifact:
             if self._empty:  # outputs with a zero dim have no compiled code (compiler.importer)
                 it = iter(outs)
                 return {spec.name: np.empty(spec.shape, spec.dtype) if i in self._empty else next(it)
-                        for i, spec in enumerate(self.outputs)}
-            return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
+                        for i, spec in enumerate(self._lib_outputs)}
+            return {spec.name: o for spec, o in zip(self._lib_outputs, outs, strict=True)}
         b = self.batch
         batched_out = self._batched_out
         if n != b and not batched_out:
             raise InputError(f"this model's outputs have no batch dimension; send exactly {b} sample(s)",
                              hint=f"use batch {b}")
-        chunks: list[list[np.ndarray]] = [[] for _ in self.outputs]
+        chunks: list[list[np.ndarray]] = [[] for _ in self._lib_outputs]
         # The library is compiled for batch b: run ceil(n/b) calls, zero-padding the last one.
         # Inputs and outputs cross by DLPack (no copy); see Runtime.tensor and Runtime.call.
         for start in range(0, n, b):
@@ -303,7 +335,7 @@ class Artifact:
             for i, o in enumerate(outs):
                 chunks[i].append(o)
         return {spec.name: (c[0][:n] if len(c) == 1 else np.concatenate(c)[:n]) if batched_out else c[0]
-                for spec, c in zip(self.outputs, chunks, strict=True)}
+                for spec, c in zip(self._lib_outputs, chunks, strict=True)}
 
 
 def _check_cpu_features(manifest: Manifest) -> None:

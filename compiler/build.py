@@ -22,10 +22,13 @@ import numpy as np
 from compiler import prepack as _prepack
 from compiler.artifact import load_params, param_key
 from compiler.errors import ArtifactError, CompilerError, TargetError
+from compiler.hoststage import HOST_FILE
 from compiler.manifest import (
     MANIFEST,
+    HostInfo,
     Libs,
     Manifest,
+    NonFinite,
     ParamsInfo,
     QuantizationInfo,
     QuantSettings,
@@ -45,6 +48,7 @@ from compiler.trainbuild import (
 )
 
 if TYPE_CHECKING:
+    from compiler.hostsplit import HostSplit
     from compiler.quantize import Calibration
 
 __all__ = ["compile_model", "tune_model", "TuneBudget", "TrainSettings", "build_library"]
@@ -187,7 +191,14 @@ def tune_model(onnx_path: str | Path, *, target: str, budget: TuneBudget, db_dir
                           hint="tune a VM preset of the same board (e.g. aarch64 or rpi4)")
     linker_for(preset)  # fail fast on a missing cross compiler
     remote = _remote(budget, preset)
-    mod = import_model(load_onnx(Path(onnx_path)), shapes=input_shapes).mod
+    model = load_onnx(Path(onnx_path))
+    split = _host_split(model, input_shapes, False, False, False)
+    if split is not None:  # the compiled part only: string operators run on the host
+        if split.numeric is None:
+            raise CompilerError(f"{Path(onnx_path).name} is string operators only: nothing is compiled, "
+                                "nothing to tune", hint="compile it without --tune")
+        model = split.numeric
+    mod = import_model(model, shapes=input_shapes).mod
     _say(progress, f"tuning {Path(onnx_path).name} for {preset.name} ({budget.describe()})")
     return tuning.tune(mod, preset.tvm_target(), trials=budget.trials, time_budget=budget.time_budget,
                        db_dir=db_dir, progress=progress, prepack=prepack, remote=remote)
@@ -307,10 +318,23 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
         quant_steps = [f"quantize_int8(qdq, per-channel weights, {n_cal} calibration samples)"]
         onnx_path = qpath
     model = load_onnx(onnx_path)
+    split = _host_split(model, input_shapes, train is not None, quant_dir is not None, c_route)
+    if split is not None:
+        host_ops = ", ".join(n.op for n in (*split.stage.head, *split.stage.tail))
+        _say(progress, f"string operators on the host: {host_ops}")
+        if split.numeric is None:
+            return _compile_host_only(split, preset, out_dir, name, src_onnx, t0, progress)
+        model = split.numeric
+        names = {i.name for i in model.graph.input}
+        input_shapes = {k: v for k, v in (input_shapes or {}).items() if k in names}
     _say(progress, f"importing {onnx_path.name} for {preset.name}")
     if integer is None:
         integer = integer_by_default(preset)
     imported = import_model(model, shapes=input_shapes, integer=integer, target=preset.tvm_target())
+    host = None
+    if split is not None:
+        host = HostInfo(HOST_FILE, tuple(imported.inputs), tuple(imported.outputs))
+        imported.inputs, imported.outputs = _user_specs(split, imported.batch if imported.batched else None)
     if imported.prepared_steps:
         _say(progress, f"prepared the graph: {', '.join(imported.prepared_steps)}")
 
@@ -384,6 +408,9 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
         if quant_dir is not None:
             shutil.copy2(onnx_path, tmp / QUANT_FILE)
             files.append(QUANT_FILE)
+        if split is not None:
+            split.stage.write(tmp / HOST_FILE)
+            files.append(HOST_FILE)
         manifest = Manifest(
             name=name,
             created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -407,6 +434,7 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
             prepared_steps=(*quant_steps, *imported.prepared_steps),
             batched=imported.batched,
             nonfinite=imported.nonfinite,
+            host=host,
         )
         manifest.write(tmp)
         _install(tmp, out_dir)
@@ -416,6 +444,71 @@ def compile_model(onnx_path: str | Path, *, target: str, out_dir: str | Path, na
     finally:
         if quant_dir is not None:
             quant_dir.cleanup()
+    _say(progress, f"wrote {out_dir} in {time.perf_counter() - t0:.1f}s")
+    return out_dir
+
+
+def _host_split(model: Any, shapes: dict[str, list[int]] | None, train: bool, quantize: bool,
+                c_route: bool) -> HostSplit | None:
+    """The model's host stage and numeric rest (compiler/hostsplit.py), or None without strings."""
+    from compiler.hostsplit import split_host_stage
+
+    split = split_host_stage(model, shapes)
+    if split is None:
+        return None
+    why = ("--train" if train else "--quantize" if quantize else
+           "the C backend (its board runner takes numeric tensors only)" if c_route else None)
+    if why is not None:
+        raise CompilerError(f"the model has string tensors (run on the host), which {why} does not take",
+                            hint="compile without it, or for a VM preset (e.g. --target x86_64)")
+    return split
+
+
+def _user_specs(split: HostSplit, batch: int | None) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The model's own inputs and outputs for the manifest: a dynamic leading dim becomes the
+    library's ``batch`` (None: no batch dimension, every input dim must be fixed)."""
+    from compiler.errors import ModelError
+
+    def fix(spec: TensorSpec, is_input: bool) -> TensorSpec:
+        dims = list(spec.shape)
+        if dims and dims[0] < 0 and batch is not None:
+            dims[0] = batch
+        if is_input and any(d < 0 for d in dims):
+            raise ModelError(f"input {spec.name!r} has a dynamic dimension and the model has no batch "
+                             "dimension to give it", hint=f"fix it with --shape {spec.name}=D0,D1,...")
+        return dataclasses.replace(spec, shape=tuple(dims))
+
+    return [fix(s, True) for s in split.inputs], [fix(s, False) for s in split.outputs]
+
+
+def _compile_host_only(split: HostSplit, preset: TargetPreset, out_dir: Path, name: str, src_onnx: Path,
+                       t0: float, progress: bool) -> Path:
+    """An artifact whose every output the host stage computes: host.json, no library."""
+    import tvm
+
+    inputs, outputs = _user_specs(split, None)
+    tmp = _prepare_out(out_dir)
+    try:
+        split.stage.write(tmp / HOST_FILE)
+        np.savez(tmp / PARAMS_FILE)
+        files = [HOST_FILE, PARAMS_FILE]
+        Manifest(
+            name=name, created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            onnx_file=src_onnx.name, onnx_sha256=file_sha256(src_onnx), tvm_version=tvm.__version__,
+            target=TargetInfo(preset.name, preset.arch, dict(preset.target), preset.cross_compiler,
+                              preset.description),
+            batch=1, inputs=tuple(inputs), outputs=tuple(outputs),
+            params=ParamsInfo(PARAMS_FILE, (), (), ()), libs=Libs(None),
+            files={f: file_sha256(tmp / f) for f in files},
+            compile_seconds=round(time.perf_counter() - t0, 3),
+            compiled_shapes={s.name: tuple(s.shape) for s in inputs},
+            prepared_steps=("string operators on the host (no compiled library)",),
+            batched=False, nonfinite=NonFinite("", ""), host=HostInfo(HOST_FILE),
+        ).write(tmp)
+        _install(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _say(progress, f"wrote {out_dir} in {time.perf_counter() - t0:.1f}s")
     return out_dir
 

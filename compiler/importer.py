@@ -113,6 +113,7 @@ _QOPERATOR = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "QGemm", 
 
 
 def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
+    from compiler.hostsplit import runs_on_host
     from compiler.lower_training import TRAINING_DOMAIN
     from compiler.prepare_ml import ML_DOMAIN, check_ml_node
     from compiler.qoperator import handled as qoperator_handled
@@ -120,6 +121,8 @@ def _check_ops(model: Any, extra: frozenset[str] = frozenset()) -> None:
     supported = supported_ops() | extra
     for idx, node in enumerate(model.graph.node):
         if qoperator_handled(node):  # their QDQ form (compiler.qoperator, a preparation step)
+            continue
+        if runs_on_host(node):  # string operators: the host stage (compiler.hostsplit) takes or refuses them
             continue
         if node.domain == ML_DOMAIN:  # lowered by compiler.prepare_ml, or refused here with the reason
             check_ml_node(node, {i.name: i.type.tensor_type.elem_type for i in model.graph.input})

@@ -30,6 +30,7 @@ class ModelReport:
     unsupported: dict[str, int] = field(default_factory=dict)
     decomposed: dict[str, int] = field(default_factory=dict)
     needs_shape: list[str] = field(default_factory=list)  # inputs with a dynamic non-batch dim
+    host: dict[str, int] = field(default_factory=dict)  # string operators run on the host (hoststage.py)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -69,6 +70,7 @@ def inspect_model(path: str | Path) -> ModelReport:
     """Read ``path`` (no validation beyond parsing) and describe it; ModelError if unreadable."""
     import onnx
 
+    from compiler.hostsplit import runs_on_host
     from compiler.importer import supported_ops
     from compiler.lower_training import TRAINING_DOMAIN, TRAINING_OPS
     from compiler.prepare import DECOMPOSED_OPS
@@ -91,8 +93,12 @@ def inspect_model(path: str | Path) -> ModelReport:
     inputs = [{"name": i.name, "dtype": _dtype(i), "shape": _dims(i)} for i in g.input if i.name not in inits]
     outputs = [{"name": o.name, "dtype": _dtype(o), "shape": _dims(o)} for o in g.output]
     ops: Counter[str] = Counter()
+    host: Counter[str] = Counter()
     for n in _all_nodes(g):
-        ops[n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"] += 1
+        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+        ops[key] += 1
+        if runs_on_host(n):
+            host[key] += 1
     supported = supported_ops()
     # rewritten by the preparation stage: RNNs and loops unrolled, ai.onnx.ml lowered (prepare_ml.py),
     # the training optimizers lowered (compiler/lower_training.py), QOperator-format quantized
@@ -100,8 +106,9 @@ def inspect_model(path: str | Path) -> ModelReport:
     rewritten = DECOMPOSED_OPS | {f"{ML_DOMAIN}::{op}" for op in CONVERTED_ML_OPS}
     rewritten |= ONNX_OPS | {f"{MS_DOMAIN}::{op}" for op in MS_OPS}
     rewritten |= {f"{TRAINING_DOMAIN}::{op}" for op in TRAINING_OPS}
-    unsupported = {k: v for k, v in ops.items() if k not in supported and k not in rewritten}
-    decomposed = {k: v for k, v in ops.items() if k in rewritten}
+    unsupported = {k: v for k, v in ops.items()
+                   if k not in supported and k not in rewritten and k not in host}
+    decomposed = {k: v - host[k] for k, v in ops.items() if k in rewritten and v > host[k]}
     needs = [i["name"] for i in inputs if any(isinstance(d, str) for d in i["shape"][1:])
              or i["shape"] == ["?rank"]]
     params = 0
@@ -114,7 +121,7 @@ def inspect_model(path: str | Path) -> ModelReport:
                        opsets={(o.domain or "ai.onnx"): int(o.version) for o in model.opset_import},
                        producer=f"{model.producer_name} {model.producer_version}".strip(),
                        inputs=inputs, outputs=outputs, params=params, ops=dict(ops.most_common()),
-                       unsupported=unsupported, decomposed=decomposed, needs_shape=needs)
+                       unsupported=unsupported, decomposed=decomposed, needs_shape=needs, host=dict(host))
 
 
 def format_report(r: ModelReport) -> str:
@@ -131,6 +138,8 @@ def format_report(r: ModelReport) -> str:
     lines += [f"  {k:<28} {v}" for k, v in r.ops.items()]
     if r.decomposed:
         lines.append("decomposed before import: " + ", ".join(f"{k} x{v}" for k, v in r.decomposed.items()))
+    if r.host:
+        lines.append("run on the host (string tensors): " + ", ".join(f"{k} x{v}" for k, v in r.host.items()))
 
     if r.unsupported:
         lines.append("UNSUPPORTED by this compiler: "

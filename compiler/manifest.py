@@ -33,11 +33,16 @@ __all__ = [
     "QuantizationInfo",
     "NonFinite",
     "NONFINITE_UNCHECKED",
+    "HostInfo",
     "Manifest",
     "file_sha256",
 ]
 
-FORMAT_VERSION = 1
+# The newest format this build reads. 2: a host stage (``host``: string operators run beside the
+# library, whose inputs are then not the model's); a reader of 1 would hand the library strings, so
+# only such artifacts are written as 2 and every other artifact stays 1, readable by older fractal.
+FORMAT_VERSION = 2
+_HOST_FORMAT = 2
 MANIFEST = "manifest.json"
 
 T = TypeVar("T")
@@ -199,9 +204,10 @@ class ParamsInfo:
 
 @dataclass(frozen=True)
 class Libs:
-    """File names of the compiled libraries (``train`` only with ``--train``)."""
+    """File names of the compiled libraries (``train`` only with ``--train``; ``infer`` None only
+    when a host stage computes every output, see :class:`HostInfo`)."""
 
-    infer: str
+    infer: str | None
     train: str | None = None
     # "vm": TVM libraries run by the Relax VM; "c": the C backend (compiler/cbackend.py), a native
     # library called through ctypes plus a standalone runner (``runner``, ``train_runner``).
@@ -229,7 +235,7 @@ class Libs:
         transform = r.text("transform", required=False)
         if transform is not None and runtime != "vm":
             raise _bad(f"{r.where}.transform is only valid for the 'vm' runtime")
-        return cls(r.text("infer"), r.text("train", required=False), runtime,
+        return cls(r.text("infer", required=False), r.text("train", required=False), runtime,
                    r.text("runner", required=False), r.text("train_runner", required=False), transform)
 
 
@@ -384,6 +390,29 @@ class QuantizationInfo:
                    r.typed("integer", bool, False, required=False))
 
 
+@dataclass(frozen=True)
+class HostInfo:
+    """The model's string operators run on the host (compiler/hoststage.py): the stage's file, and
+    the compiled library's own inputs and outputs (the manifest's ``inputs`` and ``outputs`` are the
+    model's, strings with dtype ``object``; no library when ``libs.infer`` is None)."""
+
+    file: str
+    library_inputs: tuple[TensorSpec, ...] = ()
+    library_outputs: tuple[TensorSpec, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "library_inputs": [s.to_json() for s in self.library_inputs],
+                "library_outputs": [s.to_json() for s in self.library_outputs]}
+
+    @classmethod
+    def parse(cls, r: _Reader) -> HostInfo:
+        file = r.text("file")
+        if not file or Path(file).is_absolute() or ".." in Path(file).parts:
+            raise _bad(f"{r.where}.file {file!r} leaves the artifact directory")
+        return cls(file, r.seq("library_inputs", TensorSpec.from_json, required=False),
+                   r.seq("library_outputs", _output_spec, required=False))
+
+
 # An artifact from before the per-operator check: it refused every non-finite input, and still does.
 NONFINITE_UNCHECKED = "?"
 _LEGACY = NONFINITE_UNCHECKED
@@ -443,7 +472,8 @@ class Manifest:
     # --train --quantize int8: the int8 inference library and what rebuilding it takes (None: float only)
     quantization: QuantizationInfo | None = None
     nonfinite: NonFinite = field(default_factory=NonFinite)  # NaN / inf inputs taken or refused
-    format_version: int = FORMAT_VERSION
+    host: HostInfo | None = None  # string operators run on the host (None: the library does everything)
+    format_version: int = 1
 
     @property
     def preset(self) -> str:
@@ -455,7 +485,8 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format_version": self.format_version, "name": self.name, "created": self.created,
+            "format_version": max(self.format_version, _HOST_FORMAT if self.host is not None else 1),
+            "name": self.name, "created": self.created,
             "onnx_file": self.onnx_file, "onnx_sha256": self.onnx_sha256, "tvm_version": self.tvm_version,
             "target": self.target.to_json(), "batch": self.batch,
             "inputs": [s.to_json() for s in self.inputs], "outputs": [s.to_json() for s in self.outputs],
@@ -468,6 +499,7 @@ class Manifest:
             "batched": self.batched,
             "nonfinite": self.nonfinite.to_json(),
             **({"quantization": self.quantization.to_json()} if self.quantization is not None else {}),
+            **({"host": self.host.to_json()} if self.host is not None else {}),
         }
 
     @classmethod
@@ -488,6 +520,9 @@ class Manifest:
         libs = r.obj("libs", Libs.parse)
         assert target is not None and params is not None and libs is not None  # (required=True)
         inputs = r.seq("inputs", TensorSpec.from_json)
+        host = r.obj("host", HostInfo.parse, required=False)
+        if libs.infer is None and host is None:
+            raise _bad(f"{where}.libs lacks the 'infer' library")
         batch = r.integer("batch", inputs[0].shape[0] if inputs and inputs[0].shape else 1, required=False)
         return cls(
             name=r.text("name"), target=target, batch=batch, inputs=inputs,
@@ -504,6 +539,7 @@ class Manifest:
             batched=r.typed("batched", bool, True, required=False),
             quantization=r.obj("quantization", QuantizationInfo.parse, required=False),
             nonfinite=r.obj("nonfinite", NonFinite.parse, required=False) or NonFinite(),
+            host=host,
             format_version=version,
         )
 

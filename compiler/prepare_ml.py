@@ -16,10 +16,11 @@ TVM's Relax ONNX frontend converts no operator of the classical-ML domain. ``low
   Where move all trees of all samples one level down at once, then a Gather of the leaf values
   and a reduction over the trees aggregate. Memory is linear in the number of nodes.
 
-Refused: string tensors (the compiled CPU path carries floats and integers only), ZipMap (its
-output is a sequence of maps), and the operators not converted (SVM*, DictVectorizer,
-CategoryMapper, ...), each with one line naming the operator. The emitter, type information and
-shared helpers are in compiler/prepare_ml_base.py.
+String keys and values (LabelEncoder, CategoryMapper) never get here: they run on the host
+(compiler/hoststage.py, cut out by compiler/hostsplit.py). Refused: string class labels (the
+compiled CPU path carries floats and integers only), ZipMap (its output is a sequence of maps), and
+the operators not converted (SVM*, DictVectorizer, ...), each with one line naming the operator.
+The emitter, type information and shared helpers are in compiler/prepare_ml_base.py.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ _REFUSED = {
               "classifier without ZipMap (skl2onnx: options={'zipmap': False})",
     "DictVectorizer": "its input is a map, which compiled code cannot take",
     "CastMap": "its input is a map, which compiled code cannot take",
-    "CategoryMapper": "it maps strings to integers (string tensors are not supported)",
     "SVMClassifier": "not converted (support vector machines); export a linear or tree model",
     "SVMRegressor": "not converted (support vector machines); export a linear or tree model",
 }

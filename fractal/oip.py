@@ -23,9 +23,14 @@ __all__ = [
     "decode_json_tensor",
     "json_tensor",
     "loads",
+    "BYTES",
+    "encode_bytes",
+    "decode_bytes",
 ]
 
-# OIP datatype name <-> numpy dtype (BYTES and BF16 have no fixed numpy form; edge models never use them).
+# OIP datatype name <-> numpy dtype. BYTES (strings: a model's text inputs and outputs, run by the
+# host stage) are object arrays of str (or of bytes, as received); BF16 has no numpy form.
+BYTES = "BYTES"
 DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -39,6 +44,7 @@ DATATYPES: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    BYTES: np.dtype(object),
 }
 _BY_DTYPE = {v: k for k, v in DATATYPES.items()}
 
@@ -92,14 +98,70 @@ def check_shape(name: str, shape: Any, what: str = "input") -> tuple[int, ...]:
     return dims
 
 
+def encode_bytes(arr: np.ndarray) -> bytes:
+    """A BYTES tensor in the binary extension's form: each element (row-major) as a 4-byte
+    little-endian length and its bytes (str as UTF-8)."""
+    parts = []
+    for v in np.asarray(arr, dtype=object).ravel().tolist():
+        b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+        parts += [len(b).to_bytes(4, "little"), b]
+    return b"".join(parts)
+
+
+def decode_bytes(name: str, raw: bytes | memoryview, dims: tuple[int, ...],
+                 what: str = "input") -> np.ndarray:
+    """The binary form of a BYTES tensor (:func:`encode_bytes`) as an object array of bytes of
+    shape ``dims``; TensorError unless ``raw`` holds exactly that many elements."""
+    raw = bytes(raw)
+    count = math.prod(dims)
+    out = np.empty(count, dtype=object)
+    at = 0
+    for i in range(count):
+        if at + 4 > len(raw):
+            raise TensorError(f"{what} '{name}': BYTES data ends before element {i} of {count}")
+        size = int.from_bytes(raw[at:at + 4], "little")
+        at += 4
+        if at + size > len(raw):
+            raise TensorError(f"{what} '{name}': BYTES element {i} claims {size} bytes, "
+                              f"{len(raw) - at} are left")
+        out[i] = raw[at:at + size]
+        at += size
+    if at != len(raw):
+        raise TensorError(f"{what} '{name}': {len(raw) - at} bytes after the {count} BYTES elements of "
+                          f"shape {list(dims)}")
+    return out.reshape(dims)
+
+
+def _strings(name: str, data: list[Any], dims: tuple[int, ...], what: str) -> np.ndarray:
+    """JSON ``data`` of a BYTES tensor: strings only, flat or nested, as an object array of str."""
+    flat: list[Any] = []
+    stack = [data]
+    while stack:  # row-major flattening; nesting is checked against dims by the count below
+        top = stack.pop()
+        if isinstance(top, list):
+            stack.extend(reversed(top))
+        elif isinstance(top, str):
+            flat.append(top)
+        else:
+            raise TensorError(f"{what} '{name}': 'data' of a BYTES tensor must hold only strings")
+    if len(flat) != math.prod(dims):
+        raise TensorError(f"{what} '{name}': 'data' has {len(flat)} elements but shape {list(dims)} "
+                          f"needs {math.prod(dims)}")
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(dims)
+
+
 def decode_json_data(name: str, data: Any, dims: tuple[int, ...], dtype: np.dtype,
                      what: str = "input", *, ieee: bool = False) -> np.ndarray:
     """``data`` (flat or nested row-major) as an array of ``dtype`` and shape ``dims``, or TensorError.
     Float data must be finite unless ``ieee`` (inference: NaN and infinities are IEEE values the
     model's operators define); a finite number that overflows the datatype is refused either way
-    (it has no value of that datatype: the client declared the wrong one)."""
+    (it has no value of that datatype: the client declared the wrong one). BYTES data are strings."""
     if not isinstance(data, list):
         raise TensorError(f"{what} '{name}': 'data' must be a list (flat or nested row-major)")
+    if dtype.kind == "O":
+        return _strings(name, data, dims, what)
     try:
         arr = np.asarray(data)
     except (ValueError, TypeError) as exc:  # ragged nesting
@@ -145,5 +207,7 @@ def decode_json_tensor(t: Any, what: str = "output") -> tuple[str, np.ndarray]:
 def json_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
     """``arr`` as a JSON tensor object (the form a request's inputs and a reply's outputs take)."""
     a = np.asarray(arr)
-    return {"name": name, "datatype": datatype_of(a.dtype), "shape": list(a.shape),
-            "data": a.ravel().tolist()}
+    data = a.ravel().tolist()
+    if a.dtype.kind == "O":  # BYTES: text (bytes that are not UTF-8 cannot be JSON)
+        data = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in data]
+    return {"name": name, "datatype": datatype_of(a.dtype), "shape": list(a.shape), "data": data}

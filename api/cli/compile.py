@@ -201,6 +201,8 @@ def predict_cmd(
 
     art = load_artifact(artifact)
     outputs = art.infer(_read_npz(input))
+    # strings as numpy str arrays, which np.load reads without allow_pickle
+    outputs = {k: v.astype(str) if v.dtype == object else v for k, v in outputs.items()}
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "wb") as fh:  # a file object keeps numpy from appending ".npz"
         np.savez(fh, **outputs)  # type: ignore[arg-type]

@@ -28,6 +28,10 @@ def test_no_module_but_fractal_oip_spells_a_datatype():
 def test_the_codec_round_trips_every_datatype():
     for name, dtype in oip.DATATYPES.items():
         a = np.arange(6).reshape(2, 3).astype(dtype)
+        if dtype.kind == "O":  # BYTES: text, in JSON as strings and in binary length-prefixed
+            a = np.array([["", "a", "\u00e9"], ["x y", "\u4e2d", "z" * 300]], dtype=object)
+            assert np.array_equal(oip.decode_bytes("x", oip.encode_bytes(a), a.shape),
+                                  np.vectorize(lambda s: s.encode(), otypes=[object])(a))
         t = oip.json_tensor("x", a)
         assert t["datatype"] == name
         got, b = oip.decode_json_tensor(t, "x")

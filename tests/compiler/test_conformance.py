@@ -268,6 +268,10 @@ isnan isinf_negative mod_float_edge_cases_fmod_0_float32 castlike_FLOAT_to_DOUBL
 causal_conv_with_state_kernel_size_one dynamicquantizelinear_expanded slice_start_out_of_bounds
 """.split())  # NaN / inf inputs, IsInf's sign and Mod by inf (compiler.lower_ieee), an input that only
 # carries a dtype, an empty output answered by the artifact
+NODE_REACH |= frozenset("""
+ai_onnx_ml_label_encoder_tensor_mapping equal_string_broadcast regex_full_match_email_domain
+string_concat_utf8 string_split_maxsplit strnormalizer_export_monday_insensintive_upper_twodim
+""".split())  # string tensors: one case per operator of the host stage (compiler/hoststage.py)
 
 
 def _in_shard(name: str) -> bool:

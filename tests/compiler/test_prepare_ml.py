@@ -184,8 +184,8 @@ def test_every_converted_operator_is_exercised() -> None:
 
 
 @pytest.mark.parametrize(("node", "inputs", "says"), [
-    (_ml("LabelEncoder", ["x"], ["y"], keys_strings=["a", "b"], values_int64s=[1, 2]),
-     [_vi("x", TensorProto.STRING, ["N"])], "LabelEncoder at node 'y': string keys_strings"),
+    (_ml("LinearClassifier", ["x"], ["y"], classlabels_strings=["a", "b"], coefficients=[1.0, 2.0, 3.0, 4.0]),
+     [_vi("x", F, ["N", 2])], "LinearClassifier at node 'y': string classlabels_strings"),
     (_ml("ZipMap", ["x"], ["y"], classlabels_int64s=[0, 1]), [_vi("x", F, ["N", 2])],
      "ZipMap at node 'y': its output is a sequence of maps"),
     (_ml("SVMRegressor", ["x"], ["y"]), [_vi("x", F, ["N", 2])], "SVMRegressor at node 'y': not converted"),
