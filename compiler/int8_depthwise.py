@@ -25,10 +25,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEPTHWISE", "ROWS_MATMUL", "DepthwiseKernels", "Int8Kernels", "requantize"]
+__all__ = ["DEPTHWISE", "ROWS_MATMUL", "DepthwiseKernels", "Int8Kernels", "requantize", "worth_parallel"]
 
 DEPTHWISE = "fractal_depthwise_i8"
 ROWS_MATMUL = "fractal_matmul_rows_i8"
+# A parallel loop pays a thread-pool launch and a barrier per call: ~1-2 us idle, 4-5 us on this
+# shared 2-core machine at load 5, and a whole stall when the other worker is descheduled (TVM's
+# pool splits the loop statically, so the caller waits for it). MLPerf Tiny's kernels are 1-50 us,
+# so a kernel runs its outer loop in parallel only with about this much single-thread work.
+PARALLEL_MIN_US = 25.0
+
+
+def worth_parallel(macs: int, macs_per_us: float) -> bool:
+    """Whether a kernel of ``macs`` multiply-adds (at about ``macs_per_us`` on one thread) should
+    run its outer loop in parallel (see ``PARALLEL_MIN_US``)."""
+    return macs / macs_per_us >= PARALLEL_MIN_US
 
 
 def requantize(acc: Any, bias: Any, scale: Any, shape: tuple[int, ...], *, sy: float, zy: int,
@@ -154,7 +165,8 @@ class Int8Kernels:
         row = sch.fuse(b, y)
         sch.reorder(row, x_o, c_o, r_h, r_w, x_i, c_i)
         tile = sch.fuse(x_o, c_o)
-        if n * oh >= 2:
+        # (the depthwise tile: ~10 multiply-adds per ns on one AVX2 core)
+        if n * oh >= 2 and worth_parallel(n * oh * ow * c * kh * kw, 10_000):
             sch.parallel(row)
         sch.reverse_compute_at(req, tile, preserve_unit_loops=True)
         # (vectorized while the block still has its init: the update alone is no "local

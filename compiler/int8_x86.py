@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.int8_depthwise import Int8Kernels, requantize
+from compiler.int8_depthwise import Int8Kernels, requantize, worth_parallel
 
 __all__ = ["AVX2_DOT_8X4", "AVX2_PAIR_8X2", "AVX512_PAIR_16X2", "VNNI_DOT_16X4", "DotKernels", "kernels"]
 
@@ -338,9 +338,9 @@ class DotKernels(Int8Kernels):
             name="acc")
         out = requantize(acc, B, S, (n, oh, ow, co), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
         func = te.create_prim_func([X, W, B, S, out])
-        return self._schedule(func, intrin, n * oh, ow, co_l, co)
+        return self._schedule(func, intrin, n * oh, ow, co_l, co, n * oh * ow * co_l * kh * rowg)
 
-    def _schedule(self, func: Any, intrin: str, rows: int, ow: int, co_l: int, co: int) -> Any:
+    def _schedule(self, func: Any, intrin: str, rows: int, ow: int, co_l: int, co: int, macs: int) -> Any:
         from tvm import s_tir
 
         L = self.lanes
@@ -354,7 +354,8 @@ class DotKernels(Int8Kernels):
         row = sch.fuse(b, y)
         sch.reorder(row, x_o, co_o, rh, rm, x_i, co_v, co_i, rk)
         tile = sch.fuse(row, x_o, co_o)
-        if rows * (ow // cols) * (co_l // (L * vecs)) >= 4:
+        # (the dot-product tile: ~40 multiply-adds per ns on one AVX2 core)
+        if rows * (ow // cols) * (co_l // (L * vecs)) >= 4 and worth_parallel(macs, 40_000):
             sch.parallel(tile)
         sch.reverse_compute_at(out, tile, preserve_unit_loops=True)
         init = sch.decompose_reduction(acc, rh)
