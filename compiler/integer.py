@@ -259,9 +259,9 @@ def _sink_transposes(func: Any) -> Any:
     add = is_op("relax.add")(tx, ty)
     mean = is_op("relax.mean")(tx)
 
-    def scalar(e: Any) -> bool:
-        return isinstance(e.ty, relax.TensorType) and e.ty.ndim == 0 or \
-            (e.ty.shape is not None and all(int(d) == 1 for d in e.ty.shape))
+    def scalar(e: Any) -> bool:  # one scale / zero point for the whole tensor
+        c = _const(e)
+        return c is not None and c.size == 1
 
     def sink(expr: Any, m: dict[Any, Any]) -> Any:
         p = axes(m[tx])
