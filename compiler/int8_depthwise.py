@@ -9,9 +9,9 @@ activations in memory between them. Here one kernel reads the zero-point-padded 
 activations, keeps a register tile of a few output columns x ``V`` channels of int32
 accumulators while the window is unrolled around it (channels in the vector lanes: one load, a
 widening multiply and an add per tap and vector, ``vpmovsxbd``/``vpmulld``/``vpaddd`` on x86,
-``smull``/``smlal`` on NEON) and requantizes the tile in registers (bias, scale, round half to
-even, zero point, clamp, ReLU: :func:`requantize`, the TIR of ``R.quantize``, so results equal
-the generic integer kernels') before one int8 store.
+``smull``/``smlal`` on NEON) and requantizes the tile in registers (bias, one multiply by
+``scale / sy``, round half to even, zero point, clamp, ReLU: :func:`requantize`) before one int8
+store.
 
 :class:`Int8Kernels` is what both targets' kernel sets share: the depthwise builder, the record
 of the PrimFuncs made (``funcs``, for :func:`compiler.integer.integer_kernels` to add to the
@@ -25,17 +25,39 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEPTHWISE", "ROWS_MATMUL", "DepthwiseKernels", "Int8Kernels", "requantize"]
+__all__ = ["DEPTHWISE", "ROWS_MATMUL", "DepthwiseKernels", "Int8Kernels", "multiplier", "requantize",
+           "worth_parallel"]
 
 DEPTHWISE = "fractal_depthwise_i8"
 ROWS_MATMUL = "fractal_matmul_rows_i8"
+# A parallel loop pays a thread-pool launch and a barrier per call: ~1-2 us idle, 4-5 us on this
+# shared 2-core machine at load 5, and a whole stall when the other worker is descheduled (TVM's
+# pool splits the loop statically, so the caller waits for it). MLPerf Tiny's kernels are 1-50 us,
+# so a kernel runs its outer loop in parallel only with about this much single-thread work.
+PARALLEL_MIN_US = 25.0
 
 
-def requantize(acc: Any, bias: Any, scale: Any, shape: tuple[int, ...], *, sy: float, zy: int,
-               out_dtype: str, relu: bool) -> Any:
-    """The te stage ``quantize((acc + bias[c]) * scale[c])`` over ``shape`` (channels last):
-    ``R.quantize``'s arithmetic (float32 ``x / sy``, round half to even, zero point, clamp), ReLU
-    on the quantized grid (``max(q, zy)``)."""
+def worth_parallel(macs: int, macs_per_us: float) -> bool:
+    """Whether a kernel of ``macs`` multiply-adds (at about ``macs_per_us`` on one thread) should
+    run its outer loop in parallel (see ``PARALLEL_MIN_US``)."""
+    return macs / macs_per_us >= PARALLEL_MIN_US
+
+
+def multiplier(scale: np.ndarray, sy: float) -> np.ndarray:
+    """The per-channel float32 requantization multiplier ``scale[c] / sy`` the kernels apply
+    (:func:`requantize`), computed once at compile time in float64."""
+    return (np.asarray(scale, np.float64) / float(sy)).astype(np.float32)
+
+
+def requantize(acc: Any, bias: Any, mult: Any, shape: tuple[int, ...], *, zy: int, out_dtype: str,
+               relu: bool) -> Any:
+    """The te stage ``round((acc + bias[c]) * mult[c]) + zy`` over ``shape`` (channels last),
+    ``mult`` from :func:`multiplier`: float32, round half to even, zero point, clamp, ReLU on
+    the quantized grid (``max(q, zy)``). ``R.quantize`` divides the float32 product
+    ``(acc + bias) * scale`` by ``sy``; one multiply by ``scale / sy`` instead rounds differently
+    only where a value lies within float32 rounding of a half step (one step at most, as the float
+    reference's own summation order does), and a ``vdivps`` per 8 outputs was ~10% of
+    mobilenet's int8 time on AVX2."""
     from tvm import te, tirx
 
     lo, hi = (-128, 127) if out_dtype == "int8" else (0, 255)
@@ -43,8 +65,7 @@ def requantize(acc: Any, bias: Any, scale: Any, shape: tuple[int, ...], *, sy: f
 
     def requant(*idx: Any) -> Any:
         c = idx[-1]
-        real = (acc[idx] + bias[c]).astype("float32") * scale[c]
-        q = te.round(real / tirx.const(sy, "float32")) + tirx.const(float(zy), "float32")
+        q = te.round((acc[idx] + bias[c]).astype("float32") * mult[c]) + tirx.const(float(zy), "float32")
         return te.max(te.min(q, tirx.const(float(hi), "float32")),
                       tirx.const(float(lo), "float32")).astype(out_dtype)
 
@@ -119,7 +140,7 @@ class Int8Kernels:
                                     out_dtype=out_dtype, relu=relu)
         w_hwc = np.ascontiguousarray(wq.reshape(c, kh, kw).transpose(1, 2, 0))
         args = [x, relax.const(w_hwc), relax.const(bias.astype(np.int32)),
-                relax.const(np.asarray(scale, np.float32))]
+                relax.const(multiplier(scale, sy))]
         out = self.emit(func, DEPTHWISE, "depthwise", args, relax.TensorType([n, oh, ow, c], out_dtype))
         return relax.op.permute_dims(out, [0, 3, 1, 2])
 
@@ -142,7 +163,7 @@ class Int8Kernels:
             lambda b, y, x, ch: te.sum(X[b, y * sh + rh * dh, x * sw + rw * dw, ch].astype("int32")
                                        * W[rh, rw, ch].astype("int32"), axis=[rh, rw]),
             name="acc")
-        out = requantize(acc, B, S, (n, oh, ow, c), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
+        out = requantize(acc, B, S, (n, oh, ow, c), zy=zy, out_dtype=out_dtype, relu=relu)
         sch = s_tir.Schedule(te.create_prim_func([X, W, B, S, out]))
         # channels in the lanes: two vector registers of int32 where the channels fill them
         lanes = next(v for v in (2 * self.vector, self.vector, 4) if c % v == 0)
@@ -154,7 +175,8 @@ class Int8Kernels:
         row = sch.fuse(b, y)
         sch.reorder(row, x_o, c_o, r_h, r_w, x_i, c_i)
         tile = sch.fuse(x_o, c_o)
-        if n * oh >= 2:
+        # (the depthwise tile: ~10 multiply-adds per ns on one AVX2 core)
+        if n * oh >= 2 and worth_parallel(n * oh * ow * c * kh * kw, 10_000):
             sch.parallel(row)
         sch.reverse_compute_at(req, tile, preserve_unit_loops=True)
         # (vectorized while the block still has its init: the update alone is no "local
@@ -208,7 +230,7 @@ class DepthwiseKernels(Int8Kernels):
         rk = te.reduce_axis((0, k), "rk")
         acc = te.compute((m, n), lambda i, j: te.sum(X[i, rk].astype("int32") * W[j, rk].astype("int32"),
                                                      axis=[rk]), name="acc")
-        out = requantize(acc, B, S, (m, n), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
+        out = requantize(acc, B, S, (m, n), zy=zy, out_dtype=out_dtype, relu=relu)
         sch = s_tir.Schedule(te.create_prim_func([X, W, B, S, out]))
         blk, req = sch.get_sblock("acc"), sch.get_sblock("requant")
         i, j, r = sch.get_loops(blk)
@@ -221,5 +243,5 @@ class DepthwiseKernels(Int8Kernels):
         func = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("op_pattern", 8)
         w_nk = np.ascontiguousarray(w_kn.T)
         args = [xq, relax.const(w_nk), relax.const(bias.astype(np.int32)),
-                relax.const(np.asarray(scale, np.float32))]
+                relax.const(multiplier(scale, sy))]
         return self.emit(func, ROWS_MATMUL, "matmul", args, relax.TensorType([m, n], out_dtype))

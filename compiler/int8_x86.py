@@ -21,10 +21,12 @@ what onnxruntime's MLAS kernels use, and it fixes the data layout:
   per-call work) as ``[O / L, KH, ROW / 4, L, 4]``, ``L`` the int32 lanes (8 for AVX2, 16 for
   AVX-512), output channels padded with zero weights.
 - the kernel: a register tile of ``L`` (or ``2L``) output channels x a few output columns of int32
-  accumulators while the reduction runs (one intrinsic call per group), then bias, scale,
-  rounding, zero point, clamp (and ReLU) on the tile before one int8 store: the TIR of
-  ``R.quantize`` (float32 ``x / scale``, round half to even), so results equal the generic
-  integer kernels'.
+  accumulators while the reduction runs (one intrinsic call per group), then bias, one float32
+  multiply by ``scale[c] / sy`` (:func:`compiler.int8_depthwise.requantize`), rounding half to
+  even, zero point, clamp (and ReLU) on the tile before one int8 store: the generic integer
+  kernels' ``R.quantize`` divides by ``sy`` instead, so the two round apart (one step) only where
+  a value lies within float32 rounding of a half step. The outer loop of tiles runs in parallel
+  only where the kernel has enough work (:func:`compiler.int8_depthwise.worth_parallel`).
 
 ``vpmaddubsw`` saturates its int16 pair sums (``255 * 127 * 2`` > 32767). MLAS's AVX2 u8s8 kernels
 accept that (onnxruntime's documentation names it and suggests ``reduce_range``), and so moved
@@ -48,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.int8_depthwise import Int8Kernels, requantize
+from compiler.int8_depthwise import Int8Kernels, multiplier, requantize, worth_parallel
 
 __all__ = ["AVX2_DOT_8X4", "AVX2_PAIR_8X2", "AVX512_PAIR_16X2", "VNNI_DOT_16X4", "DotKernels", "kernels"]
 
@@ -306,7 +308,7 @@ class DotKernels(Int8Kernels):
         if np.abs(b).max(initial=0) >= 2**31:
             return None
         s = np.zeros(co_l, np.float32)
-        s[:co] = scale
+        s[:co] = multiplier(scale, sy)
         # [O/L, KH, ROW/g, L, g]: the L x g values one intrinsic call reads are contiguous
         w_pack = packed.reshape(co_l // L, L, kh, rowg // g, g).transpose(0, 2, 3, 1, 4)
         intrin = self.quad if quad else str(self.pair)
@@ -336,11 +338,11 @@ class DotKernels(Int8Kernels):
                 X[b, y * sh + rh * dh, x * (sw * ci) + rm * g + rk].astype("int32")
                 * W[c // L, rh, rm, c % L, rk].astype("int32"), axis=[rh, rm, rk]),
             name="acc")
-        out = requantize(acc, B, S, (n, oh, ow, co), sy=sy, zy=zy, out_dtype=out_dtype, relu=relu)
+        out = requantize(acc, B, S, (n, oh, ow, co), zy=zy, out_dtype=out_dtype, relu=relu)
         func = te.create_prim_func([X, W, B, S, out])
-        return self._schedule(func, intrin, n * oh, ow, co_l, co)
+        return self._schedule(func, intrin, n * oh, ow, co_l, co, n * oh * ow * co_l * kh * rowg)
 
-    def _schedule(self, func: Any, intrin: str, rows: int, ow: int, co_l: int, co: int) -> Any:
+    def _schedule(self, func: Any, intrin: str, rows: int, ow: int, co_l: int, co: int, macs: int) -> Any:
         from tvm import s_tir
 
         L = self.lanes
@@ -354,7 +356,8 @@ class DotKernels(Int8Kernels):
         row = sch.fuse(b, y)
         sch.reorder(row, x_o, co_o, rh, rm, x_i, co_v, co_i, rk)
         tile = sch.fuse(row, x_o, co_o)
-        if rows * (ow // cols) * (co_l // (L * vecs)) >= 4:
+        # (the dot-product tile: ~40 multiply-adds per ns on one AVX2 core)
+        if rows * (ow // cols) * (co_l // (L * vecs)) >= 4 and worth_parallel(macs, 40_000):
             sch.parallel(tile)
         sch.reverse_compute_at(out, tile, preserve_unit_loops=True)
         init = sch.decompose_reduction(acc, rh)

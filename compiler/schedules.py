@@ -40,6 +40,9 @@ _MIN_ROW = 8  # register tiling wants at least this many output columns per row
 _MAX_COLS = 8  # channels-last register tile: at most this many output columns (x 1 vector)
 _TILES = ((1, _MAX_COLS), (2, 6))  # channels-last tiles tried when measuring: (vectors, columns)
 _MIN_PARALLEL = 4  # do not parallelise tiny outer loops (thread-pool launch costs ~1-2 us)
+# elementwise functions: parallel from this many elements (a copy or cast of fewer takes a few us
+# on one thread, about a thread-pool launch on a loaded 2-core machine: int8 glue between kernels)
+_MIN_PARALLEL_ELEMENTS = 1 << 16
 _QUICK_US = 1000.0  # untuned builds time calls longer than this twice, not 16 times (_time_all)
 
 
@@ -286,7 +289,7 @@ def _rules(fuse: bool | None, min_row: int = _MIN_ROW, tile: tuple[int, int] | N
             lanes = _vector_lanes(target)
             if ext % lanes == 0 and ext > lanes:
                 o, i = sch.split(fused, factors=[None, lanes])
-                if ext // lanes >= 64:
+                if ext >= _MIN_PARALLEL_ELEMENTS:
                     sch.parallel(o)
                 sch.vectorize(i)
             return sch

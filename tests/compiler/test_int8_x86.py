@@ -30,7 +30,8 @@ def _disassembly(lib: Path) -> str:
 
 def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, scale: np.ndarray, zx: int, sy: float,
                zy: int, stride: int, pad: int) -> np.ndarray:
-    """quantize((conv(x - zx, w) + bias) * scale) in int64 / float32, NCHW, ReLU on the grid."""
+    """round((conv(x - zx, w) + bias) * (scale / sy)) + zy in int64 / float32 (the kernels' one
+    multiplier per channel, compiler.int8_depthwise.multiplier), NCHW, ReLU on the grid."""
     o, _, kh, kw = w.shape
     xp = np.pad(x.astype(np.int64) - zx, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     oh, ow = (xp.shape[2] - kh) // stride + 1, (xp.shape[3] - kw) // stride + 1
@@ -39,8 +40,9 @@ def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, scale: np.ndarray
         for j in range(kw):
             win = xp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
             acc += np.einsum("nchw,oc->nohw", win, w[:, :, i, j].astype(np.int64))
-    real = (acc + bias.reshape(1, o, 1, 1)).astype(np.float32) * scale.reshape(1, o, 1, 1)
-    return np.clip(np.round(real / np.float32(sy)) + zy, max(-128, zy), 127).astype(np.int8)
+    mult = (scale.astype(np.float64) / sy).astype(np.float32)
+    real = (acc + bias.reshape(1, o, 1, 1)).astype(np.float32) * mult.reshape(1, o, 1, 1)
+    return np.clip(np.round(real) + zy, max(-128, zy), 127).astype(np.int8)
 
 
 @pytest.mark.parametrize(("wmax", "instructions"), [(64, {"vpmaddubsw", "vpmaddwd"}), (127, {"vpmaddwd"})])
