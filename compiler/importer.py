@@ -354,6 +354,7 @@ def import_model(model: Any, *, batch: int | None = None,
     from tvm.relax.frontend import detach_params
 
     from compiler.dynshape import data_dependent_node, from_onnx, has_runtime_shape_operand
+    from compiler.empty import empty_inputs
     from compiler.expand import KEPT_WHEN_RUNTIME
     from compiler.prepare import prepare
 
@@ -363,6 +364,11 @@ def import_model(model: Any, *, batch: int | None = None,
     # among them is left dynamic here (and refused by name below) rather than guessed.
     fill = (batch or own or 1) if len(_static_leading(model, shapes)) <= 1 else batch
     carriers = frozenset(dtype_only_inputs(model))  # before preparation adds casts of them
+    emptied = empty_inputs(model, shapes)  # data inputs given a zero dim (compiler/empty.py)
+    if emptied and batch is not None:
+        raise ModelError(f"input {sorted(emptied)[0]!r} is empty, so the model compiles for exactly its "
+                         f"input shapes, not for batch {batch}", hint="compile without --train/--batch")
+    carriers |= emptied
     model, steps = prepare(model, shapes=shapes, batch=fill)
     _check_ops(model, extra=frozenset(KEPT_WHEN_RUNTIME))  # kept whole for compiler.dynshape
     nonfinite = NonFinite(*nonfinite_blockers(model))
@@ -600,7 +606,7 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
     """Remove the outputs of static shape with a zero dim (CausalConvWithState's present_state at
     kernel size 1) from the graph, with the nodes only they used: TVM cannot store an empty constant
     in a library ("Invalid DLTensor file format" at load). Returns (position, spec) of each; the
-    artifact answers them as empty arrays. Refused when every output is empty."""
+    artifact answers them as empty arrays (every output empty: the compiled code returns nothing)."""
     from onnx import helper
 
     from compiler.graphbuild import _drop_dead_nodes, _static_shapes
@@ -620,9 +626,6 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
             empty.append((at, TensorSpec(out.name, tuple(dims), dtype)))
     if not empty:
         return []
-    if len(empty) == len(g.output):
-        raise ModelError(f"every output of the model is empty (e.g. {empty[0][1].name!r}: shape "
-                         f"{list(empty[0][1].shape)})", hint="there is nothing to compute")
     names = {spec.name for _, spec in empty}
     kept = [o for o in g.output if o.name not in names]
     del g.output[:]
