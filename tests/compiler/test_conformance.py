@@ -268,6 +268,8 @@ isnan isinf_negative mod_float_edge_cases_fmod_0_float32 castlike_FLOAT_to_DOUBL
 causal_conv_with_state_kernel_size_one dynamicquantizelinear_expanded slice_start_out_of_bounds
 """.split())  # NaN / inf inputs, IsInf's sign and Mod by inf (compiler.lower_ieee), an input that only
 # carries a dtype, an empty output answered by the artifact
+NODE_REACH |= frozenset("reduce_sum_empty_set_non_reduced_axis_zero triu_zero".split())  # empty data inputs
+# (compiler.empty): a run-time-axes reduction over them, a model whose every output is empty
 
 
 def _in_shard(name: str) -> bool:
