@@ -273,7 +273,9 @@ class Artifact:
                                  f"a duplicate axis, an iou_threshold outside [0, 1], or shapes that do not "
                                  f"fit): {detail}",
                                  hint="check the values of the model's shape and threshold inputs") from None
-            if self._empty:  # outputs with a zero dim have no compiled code (compiler.importer)
+            # outputs with a zero dim have no compiled code (compiler.importer), unless every output
+            # is compiled (a run-time shape operand's outputs: the VM's own empty arrays)
+            if self._empty and len(outs) < len(self.outputs):
                 it = iter(outs)
                 return {spec.name: np.empty(spec.shape, spec.dtype) if i in self._empty else next(it)
                         for i, spec in enumerate(self.outputs)}

@@ -432,6 +432,10 @@ def import_model(model: Any, *, batch: int | None = None,
         raise ModelError(f"internal: {len(params)} imported parameters but {len(param_names)} initializers",
                          hint="report this model as a bug")
     outputs = _output_specs(mod, model, dynamic)
+    late = [s for s in outputs if 0 in s.shape]
+    if empty and late:  # the artifact tells the outputs it answers by their zero dims: all or none
+        raise ModelError(f"internal: output {late[0].name!r} is empty (shape {list(late[0].shape)}) but "
+                         "compiled, beside empty outputs that are not", hint="report this model as a bug")
     for at, spec in empty:
         outputs.insert(at, spec)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
@@ -615,7 +619,10 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
     declared = {o.name: [d.dim_value if d.HasField("dim_value") else -1 for d in o.type.tensor_type.shape.dim]
                 for o in g.output if o.type.tensor_type.HasField("shape")}
     # shape inference costs seconds on big models: only where an empty tensor is in sight
-    if not any(0 in dims for dims in declared.values()) and not any(0 in t.dims for t in g.initializer):
+    empty_in = any(d.HasField("dim_value") and d.dim_value == 0
+                   for i in g.input for d in i.type.tensor_type.shape.dim)
+    if not any(0 in dims for dims in declared.values()) and not any(0 in t.dims for t in g.initializer) \
+            and not empty_in:
         return []
     shapes = {**declared, **_static_shapes(model)}
     empty = []
