@@ -308,7 +308,9 @@ class Artifact:
                        "or shapes that do not fit")
                 raise InputError(f"the model refused these inputs at run time ({why}): {detail}",
                                  hint="check the values of the model's shape and threshold inputs") from None
-            if self._empty:  # outputs with a zero dim have no compiled code (compiler.importer)
+            # outputs with a zero dim have no compiled code (compiler.importer), unless every output
+            # is compiled (a run-time shape operand's outputs: the VM's own empty arrays)
+            if self._empty and len(outs) < len(self.outputs):
                 it = iter(outs)
                 return {spec.name: np.empty(spec.shape, spec.dtype) if i in self._empty else next(it)
                         for i, spec in enumerate(self._lib_outputs)}

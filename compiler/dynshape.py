@@ -208,8 +208,11 @@ def _convert_reduce(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) 
     from tvm import relax
 
     from compiler.dynshape_ops import axes_mask, compact
+    from compiler.empty import EMPTY_DIMS_ATTR
 
     data, axes = inputs[0], inputs[1]
+    # compiler.empty: data is the reduction's identity standing in for an empty tensor of these dims
+    empty = attrs.get(EMPTY_DIMS_ATTR)
     if isinstance(data.ty, relax.TensorType) and data.ty.dtype == "bool":  # TVM reduces no bool
         out = _convert_reduce(bb, op, [bb.normalize(relax.op.astype(data, "int8")), axes], attrs)
         return relax.op.astype(bb.normalize(out), "bool")
@@ -223,13 +226,16 @@ def _convert_reduce(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) 
     mask_i, bad = axes_mask(bb, axes, rank)  # [rank] 0/1; bad: a repeated or out-of-range axis
     mask = bb.normalize(relax.op.astype(mask_i, "bool"))
     fold, pre, post = _PARTS[op]
-    if op == "ReduceLogSumExp":
+    if empty is not None:  # nothing to reduce: the identity, cut to the output's dims below
+        y = data
+    elif op == "ReduceLogSumExp":
         m = _masked_fold(bb, _folds()["max"], data, mask, rank)
         s = _masked_fold(bb, fold, bb.normalize(relax.op.exp(relax.op.subtract(data, m))), mask, rank)
         y = bb.normalize(relax.op.add(relax.op.log(s), m))
     else:
         y = bb.normalize(post(_masked_fold(bb, fold, bb.normalize(pre(data)), mask, rank)))
-    dims = bb.normalize(relax.op.shape_to_tensor(relax.op.shape_of(data)))
+    dims = _i64(list(empty)) if empty is not None else \
+        bb.normalize(relax.op.shape_to_tensor(relax.op.shape_of(data)))
     kept = bb.normalize(relax.op.where(mask, _i64(1), dims))  # keepdims=1 output dims
     zeros, ones = _i64([0] * rank), _i64([1] * rank)
     cut = bb.normalize(relax.op.dynamic_strided_slice(y, zeros, kept, ones))

@@ -143,9 +143,13 @@ def run_c_artifact(artifact_dir: Path, manifest: Manifest, inputs: dict[str, np.
     names = [d.name for d in manifest.outputs]
     if not manifest.batched:  # exactly the compiled shapes, one run
         chunk = [np.asarray(inputs[s.name], dtype=s.dtype) for s in specs]
-        got = iter(run_c_runner(runner, arch, "main", [*chunk, *params], timeout=timeout))
-        # an output with a zero dim has no compiled code (compiler.importer): answered empty
-        return {d.name: np.empty(d.shape, d.dtype) if 0 in d.shape else next(got) for d in manifest.outputs}
+        outs = run_c_runner(runner, arch, "main", [*chunk, *params], timeout=timeout)
+        got = iter(outs)
+        # an output with a zero dim has no compiled code (compiler.importer): answered empty (unless
+        # every output is compiled)
+        answered = len(outs) < len(manifest.outputs)
+        return {d.name: np.empty(d.shape, d.dtype) if answered and 0 in d.shape else next(got)
+                for d in manifest.outputs}
     batch = manifest.batch
     n = next(iter(inputs.values())).shape[0] if inputs else batch
     parts: dict[str, list[np.ndarray]] = {k: [] for k in names}

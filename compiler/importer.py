@@ -357,6 +357,7 @@ def import_model(model: Any, *, batch: int | None = None,
     from tvm.relax.frontend import detach_params
 
     from compiler.dynshape import data_dependent_node, from_onnx, has_runtime_shape_operand
+    from compiler.empty import empty_inputs
     from compiler.expand import KEPT_WHEN_RUNTIME
     from compiler.prepare import prepare
 
@@ -366,6 +367,11 @@ def import_model(model: Any, *, batch: int | None = None,
     # among them is left dynamic here (and refused by name below) rather than guessed.
     fill = (batch or own or 1) if len(_static_leading(model, shapes)) <= 1 else batch
     carriers = frozenset(dtype_only_inputs(model))  # before preparation adds casts of them
+    emptied = empty_inputs(model, shapes)  # data inputs given a zero dim (compiler/empty.py)
+    if emptied and batch is not None:
+        raise ModelError(f"input {sorted(emptied)[0]!r} is empty, so the model compiles for exactly its "
+                         f"input shapes, not for batch {batch}", hint="compile without --train/--batch")
+    carriers |= emptied
     model, steps = prepare(model, shapes=shapes, batch=fill)
     _check_ops(model, extra=frozenset(KEPT_WHEN_RUNTIME))  # kept whole for compiler.dynshape
     nonfinite = NonFinite(*nonfinite_blockers(model))
@@ -429,6 +435,10 @@ def import_model(model: Any, *, batch: int | None = None,
         raise ModelError(f"internal: {len(params)} imported parameters but {len(param_names)} initializers",
                          hint="report this model as a bug")
     outputs = _output_specs(mod, model, dynamic)
+    late = [s for s in outputs if 0 in s.shape]
+    if empty and late:  # the artifact tells the outputs it answers by their zero dims: all or none
+        raise ModelError(f"internal: output {late[0].name!r} is empty (shape {list(late[0].shape)}) but "
+                         "compiled, beside empty outputs that are not", hint="report this model as a bug")
     for at, spec in empty:
         outputs.insert(at, spec)
     return ImportedModel(mod=mod, inputs=specs, outputs=outputs, param_names=param_names,
@@ -603,7 +613,7 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
     """Remove the outputs of static shape with a zero dim (CausalConvWithState's present_state at
     kernel size 1) from the graph, with the nodes only they used: TVM cannot store an empty constant
     in a library ("Invalid DLTensor file format" at load). Returns (position, spec) of each; the
-    artifact answers them as empty arrays. Refused when every output is empty."""
+    artifact answers them as empty arrays (every output empty: the compiled code returns nothing)."""
     from onnx import helper
 
     from compiler.graphbuild import _drop_dead_nodes, _static_shapes
@@ -612,7 +622,10 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
     declared = {o.name: [d.dim_value if d.HasField("dim_value") else -1 for d in o.type.tensor_type.shape.dim]
                 for o in g.output if o.type.tensor_type.HasField("shape")}
     # shape inference costs seconds on big models: only where an empty tensor is in sight
-    if not any(0 in dims for dims in declared.values()) and not any(0 in t.dims for t in g.initializer):
+    empty_in = any(d.HasField("dim_value") and d.dim_value == 0
+                   for i in g.input for d in i.type.tensor_type.shape.dim)
+    if not any(0 in dims for dims in declared.values()) and not any(0 in t.dims for t in g.initializer) \
+            and not empty_in:
         return []
     shapes = {**declared, **_static_shapes(model)}
     empty = []
@@ -623,9 +636,6 @@ def _take_empty_outputs(model: Any) -> list[tuple[int, TensorSpec]]:
             empty.append((at, TensorSpec(out.name, tuple(dims), dtype)))
     if not empty:
         return []
-    if len(empty) == len(g.output):
-        raise ModelError(f"every output of the model is empty (e.g. {empty[0][1].name!r}: shape "
-                         f"{list(empty[0][1].shape)})", hint="there is nothing to compute")
     names = {spec.name for _, spec in empty}
     kept = [o for o in g.output if o.name not in names]
     del g.output[:]

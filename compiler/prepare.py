@@ -41,6 +41,9 @@ that changed something (``fractal compile`` prints them).
 5d. ``cast_pow_exponent`` -- Pow of a float base by an integer exponent: the exponent is cast.
 6. ``guard_bitshift`` -- BitShift by an amount that may be >= the bit width or negative gets ONNX's
                          result (0 or the sign) instead of LLVM's undefined shift.
+6a. ``fold_empty``   -- what nodes compute from an empty data input (``--shape x=2,0,4``) becomes a
+                         constant, or a run-time-axes Reduce's identity; other reads refused by name
+                         (compiler/empty.py).
 6b. ``lower_ieee``   -- IsInf with one sign only, float Mod by an infinite divisor: ONNX's IEEE
                          results (compiler/lower_ieee.py).
 7. ``promote_float16`` -- a float16 model computes in float32 (inputs cast up, outputs cast back).
@@ -56,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.empty import fold_empty
 from compiler.errors import ModelError
 from compiler.expand import EXPANDED_OPS, expand_functions
 from compiler.graphbuild import (
@@ -105,10 +109,10 @@ def parse_shape(text: str) -> tuple[str, list[int]]:
         try:
             v = int(d)
         except ValueError:
-            v = 0
-        if v < 1 or v > 1 << 24:
+            v = -1
+        if v < 0 or v > 1 << 24:  # 0: an empty input (compiler/empty.py)
             raise ModelError(f"bad dimension {d!r} in --shape {text!r}",
-                             hint="dimensions are integers >= 1 (or ? for a dynamic batch)")
+                             hint="dimensions are integers >= 0 (or ? for a dynamic batch)")
         out.append(v)
     return name, out
 
@@ -210,18 +214,18 @@ def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: 
     shapes = dict(shapes or {})
     from compiler.dynshape import shape_operand_inputs
 
-    # an empty axes / shape operand is a length-0 input; so may be one that only carries a dtype
-    empty_ok = shape_operand_inputs(model) | dtype_only_inputs(model)
+    # an empty axes / shape operand is a length-0 input; so may be one that only carries a dtype, and
+    # a data input given a zero dim here (answered at compile time: compiler/empty.py)
+    empty_ok = shape_operand_inputs(model) | dtype_only_inputs(model) | \
+        {n for n, dims in shapes.items() if 0 in dims}
     for name, dims in shapes.items():
         if name not in inputs:
             raise ModelError(f"--shape names {name!r}, which is not an input of the model",
                              hint=f"the inputs are: {', '.join(inputs) or '(none)'}")
         tt = inputs[name].type.tensor_type
-        if any((d == 0 and name not in empty_ok) or d < -1 for d in dims):
-            raise ModelError(f"--shape {name}={','.join(map(str, dims))} has an empty or negative dimension",
-                             hint="dimensions are >= 1 (or ? for a dynamic batch); only an input that "
-                                  "carries just a dtype (CastLike's target_type) or a shape operand may be "
-                                  "empty: TVM does not import or run empty data tensors")
+        if any(d < -1 for d in dims):
+            raise ModelError(f"--shape {name}={','.join(map(str, dims))} has a negative dimension",
+                             hint="dimensions are >= 0 (or ? for a dynamic batch)")
         if tt.HasField("shape") and len(tt.shape.dim) != len(dims):
             raise ModelError(f"--shape {name} gives {len(dims)} dimensions; the input has "
                              f"{len(tt.shape.dim)}",
@@ -906,6 +910,8 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         ("cast_pow_exponent", lambda: cast_pow_exponent(model)),
         ("guard_bitshift", lambda: guard_bitshift(model)),
         ("cast_like_inputs", lambda: cast_like_inputs(model)),
+        # what nodes compute from empty data inputs, answered at compile time (compiler/empty.py)
+        ("fold_empty", lambda: fold_empty(model, shapes)),
         ("lower_ieee", lambda: lower_ieee(model)),  # IsInf's sign, Mod by inf (compiler/lower_ieee.py)
         ("promote_float16", lambda: promote_float16(model)),
         # after promote_float16: the finite extreme is the computing type's
@@ -916,7 +922,7 @@ def prepare(model: Any, *, shapes: dict[str, list[int]] | None = None,
         if step():
             changed.append(name)
     rewritten = {"expand_functions", "unroll_loops", "lower_sequences", "decompose_rnn", "decompose_ops",
-                 "lower_ops"}
+                 "lower_ops", "fold_empty"}
     rewritten &= set(changed)
     if rewritten and fold_constants(model) and "fold_constants" not in changed:
         changed.append("fold_constants")

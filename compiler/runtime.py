@@ -148,6 +148,8 @@ class Runtime:
         With ``slot`` the copy goes into this thread's staging buffer for that slot instead of a
         new allocation: only for arguments that live no longer than one VM call.
         """
+        if arr.size == 0:  # numpy's empty arrays have zero strides; TVM's kernels check for compact ones
+            return self._tvm.runtime.empty(arr.shape, str(arr.dtype.newbyteorder("=")))
         if type(arr) is np.ndarray and arr.flags.c_contiguous and arr.flags.writeable \
                 and arr.dtype.isnative:
             # Alignment is checked on the tensor, not by from_dlpack: its error path costs ~20 us.

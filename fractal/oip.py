@@ -166,6 +166,8 @@ def decode_json_data(name: str, data: Any, dims: tuple[int, ...], dtype: np.dtyp
         arr = np.asarray(data)
     except (ValueError, TypeError) as exc:  # ragged nesting
         raise TensorError(f"{what} '{name}': 'data' is ragged or malformed: {exc}") from exc
+    if arr.size == 0 and math.prod(dims) == 0:  # an empty tensor: no values, so no type to check
+        return np.empty(dims, dtype)
     if arr.dtype.kind not in "biuf" or (arr.dtype.kind == "b") != (dtype.kind == "b"):
         raise TensorError(f"{what} '{name}': 'data' must hold only "
                           f"{'booleans' if dtype.kind == 'b' else 'numbers'}")

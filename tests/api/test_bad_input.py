@@ -30,6 +30,9 @@ def _infer_cases(node):
         ("wrong-shape", model, {"inputs": [_tensor(node, shape=[1, width + 3], data=[0.1] * (width + 3))]},
          400, "has shape [1, "),
         ("wrong-rank", model, {"inputs": [_tensor(node, shape=[width])]}, 400, "shape"),
+        # empty tensors: only a model compiled with an empty input takes one (tests/api/test_dynshape_node.py)
+        ("empty-batch", model, {"inputs": [_tensor(node, n=0)]}, 400, "with N >= 1"),
+        ("empty-dim", model, {"inputs": [_tensor(node, shape=[1, 0], data=[])]}, 400, "has shape [1, 0]"),
         ("data-count", model, {"inputs": [_tensor(node, data=[0.1] * (width - 1))]}, 400, "elements"),
         ("wrong-datatype", model, {"inputs": [_tensor(node, datatype="INT32", data=[0] * width)]}, 400,
          "has dtype int32, expected float32"),

@@ -148,3 +148,36 @@ def test_node_survives_shape_operands_over_the_size_bound(tmp_path: Path) -> Non
             assert (out["name"], out["shape"], out["data"]) == ("y", [2, 3], [1.5] * 6)
     finally:
         node.stop()
+
+
+def test_node_serves_empty_inputs(tmp_path: Path) -> None:
+    """A model compiled with an empty data input (compiler.empty: ReduceSum over a [2, 0, 4] input,
+    its axes a model input): the metadata gives the zero dim, an empty tensor of that shape is
+    answered (0 where the empty axis is reduced, an empty output where it is kept), and data of
+    another shape is a 400."""
+    graph = oh.make_graph([oh.make_node("ReduceSum", ["x", "axes"], ["y"])], "empty_reduce",
+                          [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 4]),
+                           oh.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, None])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "empty.onnx")
+    art = compile_model(tmp_path / "empty.onnx", target="x86_64", out_dir=tmp_path / "art", progress=False,
+                        input_shapes={"x": [2, 0, 4], "axes": [1]})
+    node = _make_node(tmp_path / "node", "empty-node", art)
+    try:
+        with ServerThread(create_node_app(node)) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+            meta = http.get(f"/v2/models/{node.model_name}").json()
+            assert [i["shape"] for i in meta["inputs"]] == [[2, 0, 4], [1]]
+            for axis, shape, data in ((1, [2, 1, 4], [0.0] * 8), (2, [2, 0, 1], [])):
+                body = {"inputs": [{"name": "x", "shape": [2, 0, 4], "datatype": "FP32", "data": []},
+                                   {"name": "axes", "shape": [1], "datatype": "INT64", "data": [axis]}]}
+                r = http.post(f"/v2/models/{node.model_name}/infer", json=body)
+                assert r.status_code == 200, r.text
+                out = r.json()["outputs"][0]
+                assert (out["shape"], out["data"]) == (shape, data)
+            body["inputs"][0].update(shape=[2, 1, 4], data=[1.0] * 8)
+            r = http.post(f"/v2/models/{node.model_name}/infer", json=body)
+            assert r.status_code == 400 and "expected [2, 0, 4]" in r.json()["error"], r.text
+    finally:
+        node.stop()

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fractal import oip
 
@@ -36,3 +37,14 @@ def test_the_codec_round_trips_every_datatype():
         assert t["datatype"] == name
         got, b = oip.decode_json_tensor(t, "x")
         assert got == "x" and b.dtype == dtype and np.array_equal(a, b), name
+
+
+def test_the_codec_round_trips_empty_tensors():
+    """An empty tensor (a model compiled with an empty input, compiler/empty.py) has no values, so
+    ``[]`` is its data whatever the datatype; a shape with elements still needs them."""
+    for name, dtype in oip.DATATYPES.items():
+        a = np.empty((2, 0, 3), dtype)
+        got, b = oip.decode_json_tensor(oip.json_tensor("x", a), "x")
+        assert b.dtype == dtype and b.shape == (2, 0, 3), name
+    with pytest.raises(oip.TensorError, match=r"has 0 elements but shape \[1, 3\] needs 3"):
+        oip.decode_json_data("x", [], (1, 3), np.dtype(np.int64))

@@ -272,6 +272,8 @@ NODE_REACH |= frozenset("""
 ai_onnx_ml_label_encoder_tensor_mapping equal_string_broadcast regex_full_match_email_domain
 string_concat_utf8 string_split_maxsplit strnormalizer_export_monday_insensintive_upper_twodim
 """.split())  # string tensors: one case per operator of the host stage (compiler/hoststage.py)
+NODE_REACH |= frozenset("reduce_sum_empty_set_non_reduced_axis_zero triu_zero".split())  # empty data inputs
+# (compiler.empty): a run-time-axes reduction over them, a model whose every output is empty
 
 
 def _in_shard(name: str) -> bool:
