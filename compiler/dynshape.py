@@ -35,9 +35,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DATA_DEPENDENT", "REDUCE_OPS", "SHAPE_OPERANDS", "data_dependent_node", "from_onnx",
+__all__ = ["DATA_DEPENDENT", "EMPTY_DIMS_ATTR", "REDUCE_OPS", "SHAPE_OPERANDS", "data_dependent_node",
+           "from_onnx",
            "runtime_operand_refusal",
            "has_runtime_shape_operand", "shape_operand_inputs"]
+
+# on a Reduce* node (compiler.empty): the dims of the empty data its input stands in for
+EMPTY_DIMS_ATTR = "fractal_empty_dims"
 
 # op -> the opset from which ``axes`` is an input (before it: an attribute)
 REDUCE_OPS: dict[str, int] = {
@@ -208,7 +212,6 @@ def _convert_reduce(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) 
     from tvm import relax
 
     from compiler.dynshape_ops import axes_mask, compact
-    from compiler.empty import EMPTY_DIMS_ATTR
 
     data, axes = inputs[0], inputs[1]
     # compiler.empty: data is the reduction's identity standing in for an empty tensor of these dims

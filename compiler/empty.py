@@ -31,11 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from compiler.dynshape import EMPTY_DIMS_ATTR  # read by dynshape's Reduce converter: defined there
 from compiler.errors import ModelError
 
 __all__ = ["EMPTY_DIMS_ATTR", "SHRINKING", "empty_inputs", "fold_empty"]
-
-EMPTY_DIMS_ATTR = "fractal_empty_dims"  # on a Reduce* node: the dims of the empty data it stands in for
 
 # ops whose output has at most as many elements as their data input (one of them empty: none),
 # whatever the values of their shape operands
