@@ -59,9 +59,12 @@ SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
 _OWN: dict[str, tuple[int, tuple[int, ...]]] = {
     "Reshape": (5, (1,)), "Expand": (8, (1,)), "Squeeze": (13, (1,)), "Unsqueeze": (13, (1,)),
     "Slice": (10, (1, 2, 3, 4)), "Resize": (11, (2, 3)), "Split": (13, (1,)), "TopK": (10, (1,)),
-    "Pad": (11, (1,)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)),
+    "Pad": (11, (1,)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)), "Range": (11, (0, 1, 2)),
     **{op: (v, (1,)) for op, v in REDUCE_OPS.items()},
 }
+# ops converted here only when their shape operand is computed from model inputs (compiler.dynshape_flow;
+# TVM's converter takes a model input, but loses the output rank when the operand is computed)
+_OWN_WHEN_COMPUTED: dict[str, tuple[int, tuple[int, ...]]] = {"ConstantOfShape": (9, (0,))}
 # ops only this module converts (TVM has no converter)
 _ONLY_HERE = frozenset({"CenterCropPad"})
 # op -> further inputs the converter needs as constants when they are (its axes)
@@ -103,11 +106,13 @@ def data_dependent_node(model: Any) -> str | None:
 
 
 def has_runtime_shape_operand(model: Any) -> bool:
-    """Whether a node of ``model`` takes a shape operand from a model input (directly), or checks
-    one's value at run time (a guard of :mod:`compiler.convert_ops`)."""
+    """Whether a node of ``model`` takes a shape operand from a model input (directly, or computed
+    from one: :mod:`compiler.dynshape_flow`), or checks one's value at run time (a guard of
+    :mod:`compiler.convert_ops`)."""
     from compiler.convert_ops import guarded
+    from compiler.dynshape_flow import marked
 
-    return bool(shape_operand_inputs(model)) or any(guarded(n) for n in model.graph.node)
+    return bool(shape_operand_inputs(model)) or any(guarded(n) or marked(n) for n in model.graph.node)
 
 
 # ------------------------------------------------------------------------------------- Reduce*
@@ -277,7 +282,39 @@ def _convert(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
                                 bool(attrs.get("largest", 1)), bool(attrs.get("sorted", 1)))
     if op == "AffineGrid":
         return ops.convert_affine_grid(bb, inputs[0], inputs[1], bool(attrs.get("align_corners", 0)))
+    if op == "ConstantOfShape":
+        from tvm.relax.frontend.onnx.onnx_frontend import get_numpy
+
+        value = attrs.get("value")
+        return ops.convert_constant_of_shape(bb, inputs[0], None if value is None else get_numpy(value))
+    if op == "Range":
+        return ops.convert_range(bb, inputs[0], inputs[1], inputs[2])
     return ops.convert_slice(bb, inputs[0], inputs[1], inputs[2], at(3), at(4))
+
+
+def _computed(e: Any) -> bool:
+    """Whether the operand ``e`` is a tensor computed at run time (not a constant, not a ShapeExpr)."""
+    import tvm
+    from tvm import relax
+
+    return isinstance(e.ty, relax.TensorType) and not isinstance(e, tvm.ir.GenericConst)
+
+
+def _shape_tensor(bb: Any, x: Any, attrs: dict[str, Any]) -> Any:
+    """ONNX Shape (``start`` / ``end`` attributes) as an int64 tensor of ``x``'s run-time dims."""
+    from tvm import relax
+
+    from compiler.dynshape_ops import dims_of
+
+    dims = dims_of(bb, x)
+    rank = x.ty.ndim
+    start, end = int(attrs.get("start", 0)), attrs.get("end")
+    if start == 0 and end is None:
+        return dims
+    if rank < 0:
+        raise ValueError("Shape with start / end of a tensor of unknown rank")
+    lo, hi = slice(start, None if end is None else int(end)).indices(rank)[:2]
+    return relax.op.strided_slice(dims, axes=[0], begin=[lo], end=[max(lo, hi)])
 
 
 # ------------------------------------------------------------------------------------- importer
@@ -291,8 +328,14 @@ def _importer_class() -> type:
 
         def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any],
                               opset: int) -> Any:
-            from compiler.convert_ops import GUARD_ATTR, OWN_CONVERTERS, convert_guard
+            from tvm import relax
 
+            from compiler.convert_ops import GUARD_ATTR, OWN_CONVERTERS, convert_guard
+            from compiler.dynshape_flow import RUNTIME_ATTR
+
+            runtime = bool(attrs.pop(RUNTIME_ATTR, 0))  # (compiler.dynshape_flow)
+            if runtime and op_name == "Shape":  # dims decided at run time: a tensor, not a ShapeExpr
+                return self.bb.normalize(_shape_tensor(self.bb, inputs[0], attrs))
             if op_name in OWN_CONVERTERS:  # operators TVM has no converter for (compiler.convert_ops)
                 return self.bb.normalize(OWN_CONVERTERS[op_name](self.bb, inputs, attrs))
             if op_name == "Where" and GUARD_ATTR in attrs:  # a run-time value check (compiler.convert_ops)
@@ -309,7 +352,7 @@ def _importer_class() -> type:
                 from compiler.dataops import clip_condition
 
                 inputs[1] = clip_condition(self.bb, inputs[0], inputs[1], attrs.get("axis"))
-            own = _OWN.get(op_name)
+            own = _OWN.get(op_name) or (_OWN_WHEN_COMPUTED.get(op_name) if runtime else None)
             if own is not None and opset >= own[0]:
                 params = [self._nodes, self._params]
                 # in place: the frontend's input list answers None past its end (its converters
@@ -318,8 +361,13 @@ def _importer_class() -> type:
                     if i < len(inputs) and inputs[i] is not None:
                         inputs[i] = get_constant(inputs[i], params)
                 graph_inputs = list(self._inputs.values())
-                if any(any(inputs[i].same_as(g) for g in graph_inputs)
-                       for i in own[1] if i < len(inputs) and inputs[i] is not None):
+                operands = [i for i in own[1] if i < len(inputs) and inputs[i] is not None]
+                if runtime and any(_computed(inputs[i]) for i in operands):
+                    for i in operands:  # (a ShapeExpr beside the run-time tensor: as a tensor too)
+                        if isinstance(inputs[i], relax.ShapeExpr):
+                            inputs[i] = self.bb.normalize(relax.op.shape_to_tensor(inputs[i]))
+                    return self.bb.normalize(_convert(self.bb, op_name, inputs, attrs))
+                if any(any(inputs[i].same_as(g) for g in graph_inputs) for i in operands):
                     return self.bb.normalize(_convert(self.bb, op_name, inputs, attrs))
             if op_name == "Resize" and attrs.get("nearest_mode") in (b"simple", "simple"):
                 raise ValueError("an Upsample / Resize-10 (upgraded to Resize) rounds up on axes it shrinks "

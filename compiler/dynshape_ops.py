@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = ["checked_shape", "index_range", "convert_reshape", "convert_expand", "convert_squeeze",
            "convert_unsqueeze", "convert_slice", "convert_split", "convert_topk", "convert_affine_grid",
-           "static_len", "axes_mask"]
+           "static_len", "axes_mask", "convert_range", "convert_constant_of_shape"]
 
 
 def _i64(value: Any) -> Any:
@@ -371,3 +371,51 @@ def convert_affine_grid(bb: Any, theta: Any, size: Any, align: bool) -> Any:
     grid = op.matmul(op.expand_dims(points, 0), op.permute_dims(t, [0, 2, 1]))  # [N, P, spatial]
     out = op.reshape(grid, [tdims[0], *full, spatial])
     return out if theta.ty.dtype == "float32" else op.astype(out, theta.ty.dtype)
+
+
+def convert_range(bb: Any, start: Any, limit: Any, delta: Any) -> Any:
+    """ONNX Range with run-time scalars: ``max(ceil((limit - start) / delta), 0)`` values
+    ``start + i * delta``, computed in float64 for a float type (as ONNX's reference, numpy's
+    ``arange``) and in int64 for an integer one; a zero (or, for floats, non-finite) ``delta`` or
+    length is refused at run time (onnxruntime refuses a zero delta too)."""
+    from tvm import relax
+
+    op = relax.op
+    if any(_rank(v) != 0 for v in (start, limit, delta)):
+        raise ValueError("Range takes rank-0 start, limit and delta")
+    dtype = str(start.ty.dtype)
+    is_float = dtype.startswith(("float", "bfloat"))
+    wide = "float64" if is_float else "int64"
+    s, lim, d = (bb.normalize(op.astype(v, wide)) for v in (start, limit, delta))
+    zero = relax.const(0, wide)
+    zero_step = op.equal(d, zero)
+    safe = bb.normalize(op.where(zero_step, relax.const(1, wide), d))
+    if is_float:
+        q = bb.normalize(op.ceil(op.divide(op.subtract(lim, s), safe)))
+        finite = op.logical_and(op.less(op.abs(q), relax.const(2.0**62, wide)), op.equal(q, q))
+        bad = op.logical_or(zero_step, op.logical_not(finite))
+        q = op.where(finite, q, relax.const(0.0, wide))
+        n = op.astype(q, "int64")
+    else:  # ceil(a / b) = -floor(-a / b)
+        n = op.negative(op.floor_divide(op.negative(op.subtract(lim, s)), safe))
+        bad = zero_step
+    n = op.maximum(n, _i64(0))
+    shape = checked_shape(bb, bb.normalize(op.reshape(n, [1])), any_of(bb, bad), "range")
+    i = op.astype(index_range(bb, shape.values[0]), wide)
+    out = bb.normalize(op.add(s, op.multiply(i, d)))
+    return out if dtype == wide else op.astype(out, dtype)
+
+
+def convert_constant_of_shape(bb: Any, shape: Any, value: np.ndarray | None) -> Any:
+    """ONNX ConstantOfShape with a run-time ``shape`` (static length): the output rank stays known;
+    a negative dim is refused at run time."""
+    from tvm import relax
+
+    n = static_len(shape)
+    if n is None:
+        raise ValueError("ConstantOfShape with a run-time shape needs a static shape length")
+    fill = np.zeros((), np.float32) if value is None else np.asarray(value).reshape(())
+    dims = _int64(bb, shape)
+    bad = any_of(bb, relax.op.less(dims, _i64(0))) if n else _i64([0])
+    out = checked_shape(bb, dims, bad, "filled")
+    return relax.op.broadcast_to(relax.const(fill, str(fill.dtype)), out)

@@ -354,6 +354,7 @@ def import_model(model: Any, *, batch: int | None = None,
     from tvm.relax.frontend import detach_params
 
     from compiler.dynshape import data_dependent_node, from_onnx, has_runtime_shape_operand
+    from compiler.dynshape_flow import mark_runtime_operands
     from compiler.expand import KEPT_WHEN_RUNTIME
     from compiler.prepare import prepare
 
@@ -367,6 +368,7 @@ def import_model(model: Any, *, batch: int | None = None,
     _check_ops(model, extra=frozenset(KEPT_WHEN_RUNTIME))  # kept whole for compiler.dynshape
     nonfinite = NonFinite(*nonfinite_blockers(model))
     _check_constructs(model)
+    mark_runtime_operands(model)  # shape operands computed from model inputs (compiler.dynshape_flow)
     datadep = data_dependent_node(model)
     dynamic = has_runtime_shape_operand(model) or datadep is not None
     if dynamic and batch is not None:  # a shape operand is not a batch of samples
@@ -439,10 +441,12 @@ def _check_constructs(model: Any) -> None:
     from onnx import numpy_helper
 
     from compiler.dynshape import SHAPE_OPERANDS, runtime_operand_refusal
+    from compiler.dynshape_flow import runtime_values
 
     g = model.graph
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     runtime_inputs = {i.name for i in g.input if i.name not in consts}
+    computed = runtime_values(model) - runtime_inputs
     types = _value_types(model)
     for vi in g.output:
         kind = vi.type.WhichOneof("value")
@@ -463,6 +467,9 @@ def _check_constructs(model: Any) -> None:
             if pos < len(node.input) and node.input[pos] in runtime_inputs and why is not None:
                 raise ModelError(f"{where} takes its shape operand from the model input {node.input[pos]!r}: "
                                  f"{why}", hint="make that value a constant (initializer) in the model")
+            if pos < len(node.input) and node.input[pos] in computed and why is not None:
+                raise ModelError(f"{where} takes its shape operand {node.input[pos]!r} computed from "
+                                 f"model inputs: {why}", hint="make that value a constant of the model")
         if node.op_type == "SequenceInsert" and len(node.input) > 2 and node.input[2]:
             pos_value = consts.get(node.input[2])
             if pos_value is None or int(pos_value) < 0:
