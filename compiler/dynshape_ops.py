@@ -400,7 +400,7 @@ def convert_range(bb: Any, start: Any, limit: Any, delta: Any) -> Any:
         n = op.negative(op.floor_divide(op.negative(op.subtract(lim, s)), safe))
         bad = zero_step
     n = op.maximum(n, _i64(0))
-    shape = checked_shape(bb, bb.normalize(op.reshape(n, [1])), any_of(bb, bad), "range")
+    shape = checked_shape(bb, bb.normalize(op.reshape(n, [1])), any_of(bb, bb.normalize(bad)), "range")
     i = op.astype(index_range(bb, shape.values[0]), wide)
     out = bb.normalize(op.add(s, op.multiply(i, d)))
     return out if dtype == wide else op.astype(out, dtype)
