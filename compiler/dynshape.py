@@ -62,9 +62,6 @@ _OWN: dict[str, tuple[int, tuple[int, ...]]] = {
     "Pad": (11, (1,)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)), "Range": (11, (0, 1, 2)),
     **{op: (v, (1,)) for op, v in REDUCE_OPS.items()},
 }
-# ops converted here only when their shape operand is computed from model inputs (compiler.dynshape_flow;
-# TVM's converter takes a model input, but loses the output rank when the operand is computed)
-_OWN_WHEN_COMPUTED: dict[str, tuple[int, tuple[int, ...]]] = {"ConstantOfShape": (9, (0,))}
 # ops only this module converts (TVM has no converter)
 _ONLY_HERE = frozenset({"CenterCropPad"})
 # op -> further inputs the converter needs as constants when they are (its axes)
@@ -282,11 +279,6 @@ def _convert(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
                                 bool(attrs.get("largest", 1)), bool(attrs.get("sorted", 1)))
     if op == "AffineGrid":
         return ops.convert_affine_grid(bb, inputs[0], inputs[1], bool(attrs.get("align_corners", 0)))
-    if op == "ConstantOfShape":
-        from tvm.relax.frontend.onnx.onnx_frontend import get_numpy
-
-        value = attrs.get("value")
-        return ops.convert_constant_of_shape(bb, inputs[0], None if value is None else get_numpy(value))
     if op == "Range":
         return ops.convert_range(bb, inputs[0], inputs[1], inputs[2])
     return ops.convert_slice(bb, inputs[0], inputs[1], inputs[2], at(3), at(4))
@@ -352,7 +344,7 @@ def _importer_class() -> type:
                 from compiler.dataops import clip_condition
 
                 inputs[1] = clip_condition(self.bb, inputs[0], inputs[1], attrs.get("axis"))
-            own = _OWN.get(op_name) or (_OWN_WHEN_COMPUTED.get(op_name) if runtime else None)
+            own = _OWN.get(op_name)
             if own is not None and opset >= own[0]:
                 params = [self._nodes, self._params]
                 # in place: the frontend's input list answers None past its end (its converters

@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = ["checked_shape", "index_range", "convert_reshape", "convert_expand", "convert_squeeze",
            "convert_unsqueeze", "convert_slice", "convert_split", "convert_topk", "convert_affine_grid",
-           "static_len", "axes_mask", "convert_range", "convert_constant_of_shape"]
+           "static_len", "axes_mask", "convert_range"]
 
 
 def _i64(value: Any) -> Any:
@@ -405,17 +405,3 @@ def convert_range(bb: Any, start: Any, limit: Any, delta: Any) -> Any:
     out = bb.normalize(op.add(s, op.multiply(i, d)))
     return out if dtype == wide else op.astype(out, dtype)
 
-
-def convert_constant_of_shape(bb: Any, shape: Any, value: np.ndarray | None) -> Any:
-    """ONNX ConstantOfShape with a run-time ``shape`` (static length): the output rank stays known;
-    a negative dim is refused at run time."""
-    from tvm import relax
-
-    n = static_len(shape)
-    if n is None:
-        raise ValueError("ConstantOfShape with a run-time shape needs a static shape length")
-    fill = np.zeros((), np.float32) if value is None else np.asarray(value).reshape(())
-    dims = _int64(bb, shape)
-    bad = any_of(bb, relax.op.less(dims, _i64(0))) if n else _i64([0])
-    out = checked_shape(bb, dims, bad, "filled")
-    return relax.op.broadcast_to(relax.const(fill, str(fill.dtype)), out)
