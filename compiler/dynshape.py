@@ -60,6 +60,7 @@ _OWN: dict[str, tuple[int, tuple[int, ...]]] = {
     "Reshape": (5, (1,)), "Expand": (8, (1,)), "Squeeze": (13, (1,)), "Unsqueeze": (13, (1,)),
     "Slice": (10, (1, 2, 3, 4)), "Resize": (11, (2, 3)), "Split": (13, (1,)), "TopK": (10, (1,)),
     "Pad": (11, (1,)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)), "Range": (11, (0, 1, 2)),
+    "OneHot": (11, (1,)),
     **{op: (v, (1,)) for op, v in REDUCE_OPS.items()},
 }
 # ops only this module converts (TVM has no converter)
@@ -279,6 +280,8 @@ def _convert(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
                                 bool(attrs.get("largest", 1)), bool(attrs.get("sorted", 1)))
     if op == "AffineGrid":
         return ops.convert_affine_grid(bb, inputs[0], inputs[1], bool(attrs.get("align_corners", 0)))
+    if op == "OneHot":
+        return ops.convert_onehot(bb, inputs[0], inputs[1], inputs[2], int(attrs.get("axis", -1)))
     if op == "Range":
         return ops.convert_range(bb, inputs[0], inputs[1], inputs[2])
     return ops.convert_slice(bb, inputs[0], inputs[1], inputs[2], at(3), at(4))

@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = ["checked_shape", "index_range", "convert_reshape", "convert_expand", "convert_squeeze",
            "convert_unsqueeze", "convert_slice", "convert_split", "convert_topk", "convert_affine_grid",
-           "static_len", "axes_mask", "convert_range"]
+           "static_len", "axes_mask", "convert_range", "convert_onehot"]
 
 
 def _i64(value: Any) -> Any:
@@ -405,3 +405,34 @@ def convert_range(bb: Any, start: Any, limit: Any, delta: Any) -> Any:
     out = bb.normalize(op.add(s, op.multiply(i, d)))
     return out if dtype == wide else op.astype(out, dtype)
 
+
+
+def convert_onehot(bb: Any, indices: Any, depth: Any, values: Any, axis: int) -> Any:
+    """ONNX OneHot with a run-time ``depth`` (a scalar, or one element; a float truncated): the
+    output has ``depth`` positions on ``axis``, ``values[1]`` where the index (negative: from
+    ``depth``) is, ``values[0]`` elsewhere (everywhere for an index out of range); a depth below 1
+    is refused at run time."""
+    from tvm import relax
+
+    op = relax.op
+    r = _rank(indices)
+    if r is None or _rank(values) != 1 or static_len(values) != 2:
+        raise ValueError("OneHot with a run-time depth needs indices of known rank and two values")
+    ax = axis + r + 1 if axis < 0 else axis
+    if not 0 <= ax <= r:
+        raise ValueError(f"OneHot axis {axis} is out of range for rank-{r} indices")
+    if _rank(depth) not in (0, 1) or (_rank(depth) == 1 and static_len(depth) != 1):
+        raise ValueError("OneHot takes a scalar (or one-element) depth")
+    dep = bb.normalize(op.reshape(op.astype(depth, "int64"), [1]))
+    d = dims_of(bb, indices)
+    parts = [op.strided_slice(d, [0], [0], [ax]), dep, op.strided_slice(d, [0], [ax], [r])]
+    bad = any_of(bb, bb.normalize(op.less(dep, _i64(1))))
+    shape = checked_shape(bb, bb.normalize(op.concat(parts, axis=0)), bad, "onehot")
+    idx = bb.normalize(op.astype(indices, "int64"))
+    idx = bb.normalize(op.where(op.less(idx, _i64(0)), op.add(idx, op.reshape(dep, [])), idx))
+    view = [1] * (r + 1)
+    view[ax] = shape.values[ax]
+    classes = op.reshape(index_range(bb, shape.values[ax]), view)
+    hit = op.equal(op.expand_dims(idx, [ax]), classes)
+    on, off = (op.take(values, _i64(k), axis=0) for k in (1, 0))
+    return op.reshape(op.where(hit, on, off), shape)
