@@ -451,7 +451,9 @@ def _check_constructs(model: Any) -> None:
     for vi in g.output:
         kind = vi.type.WhichOneof("value")
         if kind not in (None, "tensor_type"):
-            raise ModelError(f"output {vi.name!r} is a {kind.removesuffix('_type')}, not a tensor; only "
+            what = kind.removesuffix("_type")
+            what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
+            raise ModelError(f"output {vi.name!r} is {what}, not a tensor; only "
                              "tensor outputs are supported",
                              hint="return the tensors themselves (e.g. SequenceAt / ConcatFromSequence)")
     for vi in [*g.input, *g.output]:
