@@ -24,6 +24,7 @@ from compiler.errors import InputError
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 REFUSED = "refused these inputs at run time"
+_vi = oh.make_tensor_value_info
 
 
 def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], opset: int = 18,
@@ -62,11 +63,12 @@ def _center_crop_pad() -> onnx.ModelProto:
         n("Shape", ["x"], ["xs"]), n("Max", ["xs", "shape"], ["big"]), n("Sub", ["big", "xs"], ["grow"]),
         n("Div", ["grow", "two"], ["left"]), n("Sub", ["grow", "left"], ["right"]),
         n("Concat", ["left", "right"], ["pads"], axis=0), n("Pad", ["x", "pads"], ["padded"]),
-        n("Shape", ["padded"], ["ps"]), n("Sub", ["ps", "shape"], ["diff"]), n("Div", ["diff", "two"], ["lo"]),
+        n("Shape", ["padded"], ["ps"]), n("Sub", ["ps", "shape"], ["diff"]),
+        n("Div", ["diff", "two"], ["lo"]),
         n("Add", ["lo", "shape"], ["hi"]), n("Slice", ["padded", "lo", "hi"], ["y"]),
     ]
-    return _model(nodes, [oh.make_tensor_value_info("x", F, [5, 6]), oh.make_tensor_value_info("shape", I64, [2])],
-                  [oh.make_tensor_value_info("y", F, [None, None])], inits=c)
+    return _model(nodes, [_vi("x", F, [5, 6]), _vi("shape", I64, [2])],
+                  [_vi("y", F, [None, None])], inits=c)
 
 
 def test_marks_only_operands_computed_from_input_values() -> None:
@@ -95,11 +97,12 @@ def test_range_and_onehot_with_run_time_scalars(tmp_path: Path) -> None:
     indices) match onnxruntime on several values; a zero delta and a zero depth are refused."""
     n = oh.make_node
     model = _model(
-        [n("Range", ["start", "limit", "delta"], ["r"]), n("OneHot", ["idx", "depth", "values"], ["h"], axis=0)],
-        [oh.make_tensor_value_info(k, I64, []) for k in ("start", "limit", "delta")]
-        + [oh.make_tensor_value_info("idx", I64, [4]), oh.make_tensor_value_info("depth", F, []),
-           oh.make_tensor_value_info("values", F, [2])],
-        [oh.make_tensor_value_info("r", I64, [None]), oh.make_tensor_value_info("h", F, [None, 4])],
+        [n("Range", ["start", "limit", "delta"], ["r"]),
+         n("OneHot", ["idx", "depth", "values"], ["h"], axis=0)],
+        [_vi(k, I64, []) for k in ("start", "limit", "delta")]
+        + [_vi("idx", I64, [4]), _vi("depth", F, []),
+           _vi("values", F, [2])],
+        [_vi("r", I64, [None]), _vi("h", F, [None, 4])],
     )
     art = _compile(model, tmp_path)
     idx, values = _i64(0, 3, -2, 7), np.array([0.5, 2.0], np.float32)
@@ -120,18 +123,19 @@ def test_loop_trip_count_fixed_by_its_scan_output(tmp_path: Path) -> None:
     unrolled 3 times; any other trip count, or a false condition, is refused at run time."""
     n = oh.make_node
     body = oh.make_graph(
-        [n("Identity", ["c_in"], ["c_out"]), n("Cast", ["i"], ["fi"], to=F), n("Add", ["y_in", "fi"], ["y_out"]),
+        [n("Identity", ["c_in"], ["c_out"]), n("Cast", ["i"], ["fi"], to=F),
+         n("Add", ["y_in", "fi"], ["y_out"]),
          n("Identity", ["y_out"], ["scan"])],
         "body",
-        [oh.make_tensor_value_info("i", I64, []), oh.make_tensor_value_info("c_in", B, []),
-         oh.make_tensor_value_info("y_in", F, [1])],
-        [oh.make_tensor_value_info("c_out", B, []), oh.make_tensor_value_info("y_out", F, [1]),
-         oh.make_tensor_value_info("scan", F, [1])],
+        [_vi("i", I64, []), _vi("c_in", B, []),
+         _vi("y_in", F, [1])],
+        [_vi("c_out", B, []), _vi("y_out", F, [1]),
+         _vi("scan", F, [1])],
     )
     model = _model([n("Loop", ["trip", "cond", "y"], ["res", "rows"], body=body)],
-                   [oh.make_tensor_value_info("trip", I64, []), oh.make_tensor_value_info("cond", B, []),
-                    oh.make_tensor_value_info("y", F, [1])],
-                   [oh.make_tensor_value_info("res", F, [1]), oh.make_tensor_value_info("rows", F, [3, 1])], opset=13)
+                   [_vi("trip", I64, []), _vi("cond", B, []),
+                    _vi("y", F, [1])],
+                   [_vi("res", F, [1]), _vi("rows", F, [3, 1])], opset=13)
     art = _compile(model, tmp_path)
     feeds = {"trip": np.array(3), "cond": np.array(True), "y": np.array([0.5], np.float32)}
     _same_as_ort(model, art, feeds)
@@ -144,8 +148,8 @@ def test_dft_axis_fixed_by_the_declared_output(tmp_path: Path) -> None:
     """An inverse one-sided DFT (opset 20) with a run-time axis: of the axes 1 and 2, only 1 gives
     the declared [1, 6, 4, 1]; 1 and -3 (the same axis) match onnxruntime, 2 is refused."""
     model = _model([oh.make_node("DFT", ["x", "", "axis"], ["y"], inverse=1, onesided=1)],
-                   [oh.make_tensor_value_info("x", F, [1, 4, 4, 2]), oh.make_tensor_value_info("axis", I64, [])],
-                   [oh.make_tensor_value_info("y", F, [1, 6, 4, 1])], opset=20)
+                   [_vi("x", F, [1, 4, 4, 2]), _vi("axis", I64, [])],
+                   [_vi("y", F, [1, 6, 4, 1])], opset=20)
     art = _compile(model, tmp_path)
     x = np.random.default_rng(0).standard_normal((1, 4, 4, 2)).astype(np.float32)
     for axis in (1, -3):
