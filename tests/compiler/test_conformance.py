@@ -269,9 +269,9 @@ causal_conv_with_state_kernel_size_one dynamicquantizelinear_expanded slice_star
 """.split())  # NaN / inf inputs, IsInf's sign and Mod by inf (compiler.lower_ieee), an input that only
 # carries a dtype, an empty output answered by the artifact
 NODE_REACH |= frozenset("""
-center_crop_pad_crop_expanded loop11 dft_irfft range_int32_type_negative_delta onehot_with_axis
+center_crop_pad_crop_expanded loop11 dft_irfft range_int32_type_negative_delta onehot_with_axis hannwindow
 """.split())  # shape operands computed from a model input (compiler.dynshape_flow), a run-time trip count
-# and DFT axis fixed by static shapes and guarded, Range / OneHot with run-time scalars
+# and DFT axis fixed by static shapes and guarded, Range / OneHot with run-time scalars, a window function
 
 
 def _in_shard(name: str) -> bool:
