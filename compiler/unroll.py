@@ -300,10 +300,23 @@ def _passes_condition(body: Any, consts: dict[str, np.ndarray]) -> bool:
     return cond_out in alias or cond_out in true
 
 
-def _declared_steps(node: Any, n: int, shapes: dict[str, list[int]]) -> int | None:
+def _declared_steps(model: Any, node: Any, n: int, shapes: dict[str, list[int]]) -> int | None:
     """The iteration count the scan outputs' static leading dims agree on (None: no scan output
-    with one, or they disagree)."""
-    firsts = {shapes[o][0] for o in node.output[n:] if o and shapes.get(o) and shapes[o][0] > 0}
+    with one, or they disagree). A scan output only cast (or copied) on its way to a declared
+    model output takes that output's dims (shape inference runs forward only)."""
+    users: dict[str, list[Any]] = {}
+    for other in model.graph.node:
+        for i in other.input:
+            users.setdefault(i, []).append(other)
+    firsts = set()
+    for out in node.output[n:]:
+        for _ in range(4):  # a short chain of Cast / Identity
+            if not out or (shapes.get(out) or [0])[0] > 0 or len(users.get(out, [])) != 1 or \
+                    users[out][0].op_type not in ("Cast", "Identity"):
+                break
+            out = users[out][0].output[0]
+        if out and (shapes.get(out) or [0])[0] > 0:
+            firsts.add(shapes[out][0])
     return firsts.pop() if len(firsts) == 1 else None
 
 
@@ -320,7 +333,7 @@ def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], bu
             f"{len(body.output)} outputs do not agree",
             hint="fix the model",
         )
-    declared = _declared_steps(node, n, shapes)
+    declared = _declared_steps(em.model, node, n, shapes)
     if trip and declared is not None and (trip not in consts or (cond and cond not in consts)) and \
             _passes_condition(body, consts):
         # a run-time trip count (or initial condition) the static scan outputs fix: unrolled for
