@@ -1,7 +1,8 @@
 """Run-time operands the compiler derives from model inputs (issue 29): shape operands computed in
 the graph from a model input (compiler.dynshape_flow: CenterCropPad's expanded body), Range and
-OneHot with run-time scalars, a Loop whose run-time trip count its static scan output fixes and a
-DFT whose run-time axis the declared output shape fixes (both checked at run time). Answers are
+OneHot with run-time scalars, CumSum with a run-time axis, a Loop whose run-time trip count its
+static scan output fixes and a DFT whose run-time axis the declared output shape fixes (both
+checked at run time). Answers are
 compared with onnxruntime; values it refuses, or that the compiled shapes cannot take, stop
 inference with an InputError."""
 
@@ -153,6 +154,19 @@ def test_dft_axis_fixed_by_the_declared_output(tmp_path: Path) -> None:
     art = _compile(model, tmp_path)
     x = np.random.default_rng(0).standard_normal((1, 4, 4, 2)).astype(np.float32)
     for axis in (1, -3):
+        _same_as_ort(model, art, {"x": x, "axis": np.array(axis)})
+    with pytest.raises(InputError, match=REFUSED):
+        art.infer({"x": x, "axis": np.array(2)})
+
+
+def test_cumsum_axis_given_at_run_time(tmp_path: Path) -> None:
+    """CumSum (exclusive, reverse) with its axis a model input: every axis, negative ones too,
+    matches onnxruntime; an axis out of range is refused at run time."""
+    model = _model([oh.make_node("CumSum", ["x", "axis"], ["y"], exclusive=1, reverse=1)],
+                   [_vi("x", F, [3, 4]), _vi("axis", I64, [])], [_vi("y", F, [3, 4])], opset=14)
+    art = _compile(model, tmp_path)
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    for axis in (0, 1, -1, -2):
         _same_as_ort(model, art, {"x": x, "axis": np.array(axis)})
     with pytest.raises(InputError, match=REFUSED):
         art.infer({"x": x, "axis": np.array(2)})
