@@ -151,6 +151,15 @@ def _elem_dtype(value_info: Any) -> str:
     return str(onnx.helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type))
 
 
+def _type_name(tp: Any) -> str:
+    """``tensor``, ``sequence(tensor)``, ``optional(sequence(tensor))``, ... of a TypeProto."""
+    kind = tp.WhichOneof("value") or "unknown"
+    name = kind.removesuffix("_type")
+    if kind in ("sequence_type", "optional_type"):
+        return f"{name}({_type_name(getattr(tp, kind).elem_type)})"
+    return name
+
+
 def _check_input_types(model: Any) -> None:
     """Refuse graph inputs that are not tensors (optional, sequence, map) before any step reads
     their shapes (an optional input made the preparation stage fail with a KeyError)."""
@@ -158,8 +167,8 @@ def _check_input_types(model: Any) -> None:
     for inp in model.graph.input:
         kind = inp.type.WhichOneof("value")
         if inp.name not in inits and kind != "tensor_type":
-            what = (kind or "unknown").removesuffix("_type")
-            raise ModelError(f"input {inp.name!r} is of type {what}: only tensor inputs are compiled",
+            raise ModelError(f"input {inp.name!r} is of type {_type_name(inp.type)}: only tensor inputs are "
+                             "compiled (the Open Inference Protocol has no sequences or optionals)",
                              hint="export the model with plain tensor inputs")
 
 
@@ -451,7 +460,7 @@ def _check_constructs(model: Any) -> None:
     for vi in g.output:
         kind = vi.type.WhichOneof("value")
         if kind not in (None, "tensor_type"):
-            what = kind.removesuffix("_type")
+            what = _type_name(vi.type)
             what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
             raise ModelError(f"output {vi.name!r} is {what}, not a tensor; only "
                              "tensor outputs are supported",
