@@ -49,7 +49,7 @@ REDUCE_OPS: dict[str, int] = {
 # this module converts the op)
 SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Expand": (1,), "Reshape": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
-    "Upsample": (1,), "Resize": (2, 3), "Slice": (1, 2, 3, 4), "Pad": (1,), "Split": (1,),
+    "Upsample": (1,), "Resize": (2, 3), "Slice": (1, 2, 3, 4), "Pad": (1, 3), "Split": (1,),
     "SplitToSequence": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "OneHot": (1,), "TopK": (1,),
     "AffineGrid": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
     **{op: (1,) for op in REDUCE_OPS},
@@ -59,14 +59,14 @@ SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
 _OWN: dict[str, tuple[int, tuple[int, ...]]] = {
     "Reshape": (5, (1,)), "Expand": (8, (1,)), "Squeeze": (13, (1,)), "Unsqueeze": (13, (1,)),
     "Slice": (10, (1, 2, 3, 4)), "Resize": (11, (2, 3)), "Split": (13, (1,)), "TopK": (10, (1,)),
-    "Pad": (11, (1,)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)), "Range": (11, (0, 1, 2)),
+    "Pad": (11, (1, 3)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)), "Range": (11, (0, 1, 2)),
     "OneHot": (11, (1,)),
     **{op: (v, (1,)) for op, v in REDUCE_OPS.items()},
 }
 # ops only this module converts (TVM has no converter)
 _ONLY_HERE = frozenset({"CenterCropPad"})
 # op -> further inputs the converter needs as constants when they are (its axes)
-_CONST_INPUTS: dict[str, tuple[int, ...]] = {"Pad": (3,)}
+_CONST_INPUTS: dict[str, tuple[int, ...]] = {}
 # ops whose run-time shape operand compiles (checked against onnxruntime, tests/compiler/test_dynshape.py):
 # this module's converters, and TVM's for Tile and ConstantOfShape (which refuse negative dims)
 _CONVERTED: frozenset[str] = frozenset({*_OWN, "Tile", "ConstantOfShape"})

@@ -170,3 +170,20 @@ def test_cumsum_axis_given_at_run_time(tmp_path: Path) -> None:
         _same_as_ort(model, art, {"x": x, "axis": np.array(axis)})
     with pytest.raises(InputError, match=REFUSED):
         art.infer({"x": x, "axis": np.array(2)})
+
+
+@pytest.mark.parametrize("const_pads", [False, True], ids=["run-time-pads", "constant-pads"])
+def test_pad_axes_given_at_run_time(tmp_path: Path, const_pads: bool) -> None:
+    """Pad (constant mode) with its axes a model input, the pads too or a constant: several axes
+    (negative ones too) match onnxruntime; a repeated axis is refused at run time."""
+    inits = [oh.make_tensor("pads", I64, [4], [1, 0, 2, 3])] if const_pads else []
+    inputs = [_vi("x", F, [2, 3, 4]), _vi("axes", I64, [2])] + ([] if const_pads else [_vi("pads", I64, [4])])
+    model = _model([oh.make_node("Pad", ["x", "pads", "", "axes"], ["y"], mode="constant")], inputs,
+                   [_vi("y", F, [None, None, None])], inits=inits)
+    art = _compile(model, tmp_path)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    extra = {} if const_pads else {"pads": _i64(1, -1, 2, 0)}
+    for axes in [(0, 2), (-1, 1), (2, 0)]:
+        _same_as_ort(model, art, {"x": x, "axes": _i64(*axes), **extra})
+    with pytest.raises(InputError, match=REFUSED):
+        art.infer({"x": x, "axes": _i64(1, -2), **extra})
