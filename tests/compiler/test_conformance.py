@@ -270,10 +270,10 @@ causal_conv_with_state_kernel_size_one dynamicquantizelinear_expanded slice_star
 # carries a dtype, an empty output answered by the artifact
 NODE_REACH |= frozenset("""
 center_crop_pad_crop_expanded loop11 dft_irfft range_int32_type_negative_delta onehot_with_axis hannwindow
-cumsum_2d_negative_axis
+cumsum_2d_negative_axis constant_pad_axes
 """.split())  # shape operands computed from a model input (compiler.dynshape_flow), a run-time trip count
 # and DFT axis fixed by static shapes and guarded, Range / OneHot with run-time scalars, a window function,
-# CumSum with a run-time axis
+# CumSum and Pad with a run-time axis
 
 
 def _in_shard(name: str) -> bool:
