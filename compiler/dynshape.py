@@ -53,7 +53,7 @@ REDUCE_OPS: dict[str, int] = {
 # this module converts the op)
 SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Expand": (1,), "Reshape": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
-    "Upsample": (1,), "Resize": (2, 3), "Slice": (1, 2, 3, 4), "Pad": (1,), "Split": (1,),
+    "Upsample": (1,), "Resize": (2, 3), "Slice": (1, 2, 3, 4), "Pad": (1, 3), "Split": (1,),
     "SplitToSequence": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "OneHot": (1,), "TopK": (1,),
     "AffineGrid": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
     **{op: (1,) for op in REDUCE_OPS},
@@ -63,13 +63,14 @@ SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
 _OWN: dict[str, tuple[int, tuple[int, ...]]] = {
     "Reshape": (5, (1,)), "Expand": (8, (1,)), "Squeeze": (13, (1,)), "Unsqueeze": (13, (1,)),
     "Slice": (10, (1, 2, 3, 4)), "Resize": (11, (2, 3)), "Split": (13, (1,)), "TopK": (10, (1,)),
-    "Pad": (11, (1,)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)),
+    "Pad": (11, (1, 3)), "CenterCropPad": (18, (1,)), "AffineGrid": (20, (1,)), "Range": (11, (0, 1, 2)),
+    "OneHot": (11, (1,)),
     **{op: (v, (1,)) for op, v in REDUCE_OPS.items()},
 }
 # ops only this module converts (TVM has no converter)
 _ONLY_HERE = frozenset({"CenterCropPad"})
 # op -> further inputs the converter needs as constants when they are (its axes)
-_CONST_INPUTS: dict[str, tuple[int, ...]] = {"Pad": (3,)}
+_CONST_INPUTS: dict[str, tuple[int, ...]] = {}
 # ops whose run-time shape operand compiles (checked against onnxruntime, tests/compiler/test_dynshape.py):
 # this module's converters, and TVM's for Tile and ConstantOfShape (which refuse negative dims)
 _CONVERTED: frozenset[str] = frozenset({*_OWN, "Tile", "ConstantOfShape"})
@@ -107,11 +108,13 @@ def data_dependent_node(model: Any) -> str | None:
 
 
 def has_runtime_shape_operand(model: Any) -> bool:
-    """Whether a node of ``model`` takes a shape operand from a model input (directly), or checks
-    one's value at run time (a guard of :mod:`compiler.convert_ops`)."""
+    """Whether a node of ``model`` takes a shape operand from a model input (directly, or computed
+    from one: :mod:`compiler.dynshape_flow`), or checks one's value at run time (a guard of
+    :mod:`compiler.convert_ops`)."""
     from compiler.convert_ops import guarded
+    from compiler.dynshape_flow import marked
 
-    return bool(shape_operand_inputs(model)) or any(guarded(n) for n in model.graph.node)
+    return bool(shape_operand_inputs(model)) or any(guarded(n) or marked(n) for n in model.graph.node)
 
 
 # ------------------------------------------------------------------------------------- Reduce*
@@ -286,7 +289,36 @@ def _convert(bb: Any, op: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
                                 bool(attrs.get("largest", 1)), bool(attrs.get("sorted", 1)))
     if op == "AffineGrid":
         return ops.convert_affine_grid(bb, inputs[0], inputs[1], bool(attrs.get("align_corners", 0)))
+    if op == "OneHot":
+        return ops.convert_onehot(bb, inputs[0], inputs[1], inputs[2], int(attrs.get("axis", -1)))
+    if op == "Range":
+        return ops.convert_range(bb, inputs[0], inputs[1], inputs[2])
     return ops.convert_slice(bb, inputs[0], inputs[1], inputs[2], at(3), at(4))
+
+
+def _computed(e: Any) -> bool:
+    """Whether the operand ``e`` is a tensor computed at run time (not a constant, not a ShapeExpr)."""
+    import tvm
+    from tvm import relax
+
+    return isinstance(e.ty, relax.TensorType) and not isinstance(e, tvm.ir.GenericConst)
+
+
+def _shape_tensor(bb: Any, x: Any, attrs: dict[str, Any]) -> Any:
+    """ONNX Shape (``start`` / ``end`` attributes) as an int64 tensor of ``x``'s run-time dims."""
+    from tvm import relax
+
+    from compiler.dynshape_ops import dims_of
+
+    dims = dims_of(bb, x)
+    rank = x.ty.ndim
+    start, end = int(attrs.get("start", 0)), attrs.get("end")
+    if start == 0 and end is None:
+        return dims
+    if rank < 0:
+        raise ValueError("Shape with start / end of a tensor of unknown rank")
+    lo, hi = slice(start, None if end is None else int(end)).indices(rank)[:2]
+    return relax.op.strided_slice(dims, axes=[0], begin=[lo], end=[max(lo, hi)])
 
 
 # ------------------------------------------------------------------------------------- importer
@@ -303,7 +335,11 @@ def _importer_class() -> type:
         def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any],
                               opset: int) -> Any:
             from compiler.convert_ops import GUARD_ATTR, OWN_CONVERTERS, convert_guard
+            from compiler.dynshape_flow import RUNTIME_ATTR
 
+            runtime = bool(attrs.pop(RUNTIME_ATTR, 0))  # (compiler.dynshape_flow)
+            if runtime and op_name == "Shape":  # dims decided at run time: a tensor, not a ShapeExpr
+                return self.bb.normalize(_shape_tensor(self.bb, inputs[0], attrs))
             if op_name in OWN_CONVERTERS:  # operators TVM has no converter for (compiler.convert_ops)
                 return self.bb.normalize(OWN_CONVERTERS[op_name](self.bb, inputs, attrs))
             if op_name == "Where" and GUARD_ATTR in attrs:  # a run-time value check (compiler.convert_ops)
@@ -338,8 +374,13 @@ def _importer_class() -> type:
                     if i < len(inputs) and inputs[i] is not None:
                         inputs[i] = get_constant(inputs[i], params)
                 graph_inputs = list(self._inputs.values())
-                if any(any(inputs[i].same_as(g) for g in graph_inputs)
-                       for i in own[1] if i < len(inputs) and inputs[i] is not None):
+                operands = [i for i in own[1] if i < len(inputs) and inputs[i] is not None]
+                if runtime and any(_computed(inputs[i]) for i in operands):
+                    for i in operands:  # (a ShapeExpr beside the run-time tensor: as a tensor too)
+                        if isinstance(inputs[i], relax.ShapeExpr):
+                            inputs[i] = self.bb.normalize(relax.op.shape_to_tensor(inputs[i]))
+                    return self.bb.normalize(_convert(self.bb, op_name, inputs, attrs))
+                if any(any(inputs[i].same_as(g) for g in graph_inputs) for i in operands):
                     return self.bb.normalize(_convert(self.bb, op_name, inputs, attrs))
             if op_name == "Resize" and attrs.get("nearest_mode") in (b"simple", "simple"):
                 raise ValueError("an Upsample / Resize-10 (upgraded to Resize) rounds up on axes it shrinks "

@@ -20,7 +20,7 @@ import numpy as np
 __all__ = ["MAX_RUNTIME_ELEMENTS", "budget_operand", "over_budget",
            "checked_shape", "index_range", "convert_reshape", "convert_expand", "convert_squeeze",
            "convert_unsqueeze", "convert_slice", "convert_split", "convert_topk", "convert_affine_grid",
-           "static_len", "axes_mask"]
+           "static_len", "axes_mask", "convert_range", "convert_onehot"]
 
 
 # The most elements a tensor whose dims are decided at run time may have (256 MiB of float32).
@@ -417,3 +417,68 @@ def convert_affine_grid(bb: Any, theta: Any, size: Any, align: bool) -> Any:
     grid = op.matmul(op.expand_dims(points, 0), op.permute_dims(t, [0, 2, 1]))  # [N, P, spatial]
     out = op.reshape(grid, [tdims[0], *full, spatial])
     return out if theta.ty.dtype == "float32" else op.astype(out, theta.ty.dtype)
+
+
+def convert_range(bb: Any, start: Any, limit: Any, delta: Any) -> Any:
+    """ONNX Range with run-time scalars: ``max(ceil((limit - start) / delta), 0)`` values
+    ``start + i * delta``, computed in float64 for a float type (as ONNX's reference, numpy's
+    ``arange``) and in int64 for an integer one; a zero (or, for floats, non-finite) ``delta`` or
+    length is refused at run time (onnxruntime refuses a zero delta too)."""
+    from tvm import relax
+
+    op = relax.op
+    if any(_rank(v) != 0 for v in (start, limit, delta)):
+        raise ValueError("Range takes rank-0 start, limit and delta")
+    dtype = str(start.ty.dtype)
+    is_float = dtype.startswith(("float", "bfloat"))
+    wide = "float64" if is_float else "int64"
+    s, lim, d = (bb.normalize(op.astype(v, wide)) for v in (start, limit, delta))
+    zero = relax.const(0, wide)
+    zero_step = op.equal(d, zero)
+    safe = bb.normalize(op.where(zero_step, relax.const(1, wide), d))
+    if is_float:
+        q = bb.normalize(op.ceil(op.divide(op.subtract(lim, s), safe)))
+        finite = op.logical_and(op.less(op.abs(q), relax.const(2.0**62, wide)), op.equal(q, q))
+        bad = op.logical_or(zero_step, op.logical_not(finite))
+        q = op.where(finite, q, relax.const(0.0, wide))
+        n = op.astype(q, "int64")
+    else:  # ceil(a / b) = -floor(-a / b)
+        n = op.negative(op.floor_divide(op.negative(op.subtract(lim, s)), safe))
+        bad = zero_step
+    n = op.maximum(n, _i64(0))
+    shape = checked_shape(bb, bb.normalize(op.reshape(n, [1])), any_of(bb, bb.normalize(bad)), "range")
+    i = op.astype(index_range(bb, shape.values[0]), wide)
+    out = bb.normalize(op.add(s, op.multiply(i, d)))
+    return out if dtype == wide else op.astype(out, dtype)
+
+
+
+def convert_onehot(bb: Any, indices: Any, depth: Any, values: Any, axis: int) -> Any:
+    """ONNX OneHot with a run-time ``depth`` (a scalar, or one element; a float truncated): the
+    output has ``depth`` positions on ``axis``, ``values[1]`` where the index (negative: from
+    ``depth``) is, ``values[0]`` elsewhere (everywhere for an index out of range); a depth below 1
+    is refused at run time."""
+    from tvm import relax
+
+    op = relax.op
+    r = _rank(indices)
+    if r is None or _rank(values) != 1 or static_len(values) != 2:
+        raise ValueError("OneHot with a run-time depth needs indices of known rank and two values")
+    ax = axis + r + 1 if axis < 0 else axis
+    if not 0 <= ax <= r:
+        raise ValueError(f"OneHot axis {axis} is out of range for rank-{r} indices")
+    if _rank(depth) not in (0, 1) or (_rank(depth) == 1 and static_len(depth) != 1):
+        raise ValueError("OneHot takes a scalar (or one-element) depth")
+    dep = bb.normalize(op.reshape(op.astype(depth, "int64"), [1]))
+    d = dims_of(bb, indices)
+    parts = [op.strided_slice(d, [0], [0], [ax]), dep, op.strided_slice(d, [0], [ax], [r])]
+    bad = any_of(bb, bb.normalize(op.less(dep, _i64(1))))
+    shape = checked_shape(bb, bb.normalize(op.concat(parts, axis=0)), bad, "onehot")
+    idx = bb.normalize(op.astype(indices, "int64"))
+    idx = bb.normalize(op.where(op.less(idx, _i64(0)), op.add(idx, op.reshape(dep, [])), idx))
+    view = [1] * (r + 1)
+    view[ax] = shape.values[ax]
+    classes = op.reshape(index_range(bb, shape.values[ax]), view)
+    hit = op.equal(op.expand_dims(idx, [ax]), classes)
+    on, off = (op.take(values, _i64(k), axis=0) for k in (1, 0))
+    return op.reshape(op.where(hit, on, off), shape)

@@ -49,9 +49,9 @@ def _const_axes(axes: Any, rank: int, what: str) -> list[int]:
 
 
 def _pad_axes(bb: Any, x: Any, axes: list[int], before: list[Any], after: list[Any], mode: str,
-              value: Any | None, prefix: str) -> Any:
+              value: Any | None, prefix: str, refused: Any | None = None) -> Any:
     """``x`` padded (negative: cropped) on ``axes`` by the int64 rank-0 tensors ``before`` /
-    ``after``, with the output dims bound and checked at run time."""
+    ``after``, with the output dims bound and checked at run time (and the bool ``refused``)."""
     from tvm import relax
 
     from compiler.dynshape_ops import any_of, checked_shape, dims_of, index_range
@@ -76,6 +76,8 @@ def _pad_axes(bb: Any, x: Any, axes: list[int], before: list[Any], after: list[A
                         op.greater(grow_e, most)])
         plans.append((a, bb.normalize(cut_b), grow_b, extent))
         outs.append(out)
+    if refused is not None:
+        bad.append(refused)
     flag = any_of(bb, op.concat([op.reshape(b, [1]) for b in bad], axis=0))
     shape = checked_shape(bb, bb.normalize(op.stack(outs, axis=0)), flag, prefix)
     y = x
@@ -120,7 +122,8 @@ def fill_where(bb: Any, y: Any, axis: int, outside: Any, every: Any, size: Any, 
 
 
 def convert_pad(bb: Any, x: Any, pads: Any, value: Any | None, axes: Any | None, mode: str) -> Any:
-    """ONNX Pad (opset 11+) with run-time ``pads``."""
+    """ONNX Pad (opset 11+) with run-time ``pads`` (and constant or run-time ``axes``)."""
+    import tvm
     from tvm import relax
 
     from compiler.dynshape_ops import static_len
@@ -131,21 +134,57 @@ def convert_pad(bb: Any, x: Any, pads: Any, value: Any | None, axes: Any | None,
     if mode not in _MODES:
         raise ValueError(f"Pad mode {mode!r} is not defined by ONNX")
     rank = int(x.ty.ndim)
+    pads = pads if pads.ty.dtype == "int64" else bb.normalize(op.astype(pads, "int64"))
+    if axes is not None and not isinstance(axes, tvm.ir.GenericConst):
+        before, after, refused = _run_time_axes(bb, pads, axes, rank)
+        every = list(range(rank))
+        return _pad_axes(bb, x, every, before, after, mode, _fill(bb, x, value), "padded", refused)
     chosen = _const_axes(axes, rank, "Pad")
     n = static_len(pads)
     if n != 2 * len(chosen):
         raise ValueError(f"Pad has {n} pads for {len(chosen)} axes (needs {2 * len(chosen)})")
-    pads = pads if pads.ty.dtype == "int64" else bb.normalize(op.astype(pads, "int64"))
     k = len(chosen)
     before = [bb.normalize(op.take(pads, _i64(i), axis=0, mode="clip")) for i in range(k)]
     after = [bb.normalize(op.take(pads, _i64(k + i), axis=0, mode="clip")) for i in range(k)]
-    if value is not None:
-        if isinstance(value.ty, relax.TensorType) and value.ty.ndim not in (0, -1):
-            value = op.reshape(value, [])
-        if value.ty.dtype != x.ty.dtype:
-            value = op.astype(value, x.ty.dtype)
-        value = bb.normalize(value)
-    return _pad_axes(bb, x, chosen, before, after, mode, value, "padded")
+    return _pad_axes(bb, x, chosen, before, after, mode, _fill(bb, x, value), "padded")
+
+
+def _fill(bb: Any, x: Any, value: Any | None) -> Any | None:
+    """Pad's constant ``value`` as a scalar of ``x``'s dtype (None: absent)."""
+    from tvm import relax
+
+    op = relax.op
+    if value is None:
+        return None
+    if isinstance(value.ty, relax.TensorType) and value.ty.ndim not in (0, -1):
+        value = op.reshape(value, [])
+    if value.ty.dtype != x.ty.dtype:
+        value = op.astype(value, x.ty.dtype)
+    return bb.normalize(value)
+
+
+def _run_time_axes(bb: Any, pads: Any, axes: Any, rank: int) -> tuple[list[Any], list[Any], Any]:
+    """Pad's run-time ``axes`` (k of them, negative from the end): the pads before / after every
+    axis of the input (0 where none is named), and a bool flag: an axis repeated or out of range."""
+    from tvm import relax
+
+    from compiler.dynshape_ops import axes_mask, static_len
+
+    op = relax.op
+    k = static_len(axes)
+    if k is None or static_len(pads) != 2 * k:
+        raise ValueError(f"Pad has {static_len(pads)} pads for {k} run-time axes (needs twice as many)")
+    _, repeated = axes_mask(bb, axes, rank)
+    a = axes if axes.ty.dtype == "int64" else bb.normalize(op.astype(axes, "int64"))
+    norm = op.where(op.less(a, _i64(0)), op.add(a, _i64(rank)), a)
+    hits = bb.normalize(op.astype(op.equal(op.reshape(norm, [k, 1]),
+                                           op.reshape(op.arange(0, rank, 1, "int64"), [1, rank])), "int64"))
+    sides = []
+    for lo in (0, k):
+        part = op.reshape(op.strided_slice(pads, [0], [lo], [lo + k]), [k, 1])
+        full = bb.normalize(op.sum(op.multiply(hits, part), [0], False))  # [rank]
+        sides.append([bb.normalize(op.take(full, _i64(i), axis=0, mode="clip")) for i in range(rank)])
+    return sides[0], sides[1], bb.normalize(op.greater(repeated, _i64([0])))
 
 
 def convert_center_crop_pad(bb: Any, x: Any, shape: Any, attr_axes: Any | None) -> Any:

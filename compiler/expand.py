@@ -21,9 +21,10 @@ __all__ = ["EXPANDED_OPS", "EXPANDED_WHEN", "KEPT_WHEN_RUNTIME", "expand_functio
 # Attention: TVM's converter is com.microsoft's (reads ``num_heads``), wrong for ai.onnx Attention.
 # The others have no converter. SoftmaxCrossEntropyLoss's body calls NegativeLogLikelihoodLoss,
 # whose body is expanded in turn. LinearAttention's body is a Scan (unrolled by compiler/unroll.py).
+# The window functions' bodies take Range over their size (a model input: compiler.dynshape_flow).
 EXPANDED_OPS = frozenset({"Attention", "Celu", "CenterCropPad", "SoftmaxCrossEntropyLoss",
                           "NegativeLogLikelihoodLoss", "RotaryEmbedding", "CausalConvWithState", "Swish",
-                          "LinearAttention"})
+                          "LinearAttention", "BlackmanWindow", "HammingWindow", "HannWindow"})
 _MAX_DEPTH = 4  # function bodies calling functions (SoftmaxCrossEntropyLoss -> NegativeLogLikelihoodLoss)
 
 _GRAPH, _GRAPHS = 5, 10  # AttributeProto types holding subgraphs

@@ -154,6 +154,15 @@ def _elem_dtype(value_info: Any) -> str:
     return str(onnx.helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type))
 
 
+def _type_name(tp: Any) -> str:
+    """``tensor``, ``sequence(tensor)``, ``optional(sequence(tensor))``, ... of a TypeProto."""
+    kind = tp.WhichOneof("value") or "unknown"
+    name = kind.removesuffix("_type")
+    if kind in ("sequence_type", "optional_type"):
+        return f"{name}({_type_name(getattr(tp, kind).elem_type)})"
+    return name
+
+
 def _check_input_types(model: Any) -> None:
     """Refuse graph inputs that are not tensors (optional, sequence, map) before any step reads
     their shapes (an optional input made the preparation stage fail with a KeyError)."""
@@ -161,8 +170,8 @@ def _check_input_types(model: Any) -> None:
     for inp in model.graph.input:
         kind = inp.type.WhichOneof("value")
         if inp.name not in inits and kind != "tensor_type":
-            what = (kind or "unknown").removesuffix("_type")
-            raise ModelError(f"input {inp.name!r} is of type {what}: only tensor inputs are compiled",
+            raise ModelError(f"input {inp.name!r} is of type {_type_name(inp.type)}: only tensor inputs are "
+                             "compiled (the Open Inference Protocol has no sequences or optionals)",
                              hint="export the model with plain tensor inputs")
 
 
@@ -357,6 +366,7 @@ def import_model(model: Any, *, batch: int | None = None,
     from tvm.relax.frontend import detach_params
 
     from compiler.dynshape import data_dependent_node, from_onnx, has_runtime_shape_operand
+    from compiler.dynshape_flow import mark_runtime_operands
     from compiler.empty import empty_inputs
     from compiler.expand import KEPT_WHEN_RUNTIME
     from compiler.prepare import prepare
@@ -376,6 +386,7 @@ def import_model(model: Any, *, batch: int | None = None,
     _check_ops(model, extra=frozenset(KEPT_WHEN_RUNTIME))  # kept whole for compiler.dynshape
     nonfinite = NonFinite(*nonfinite_blockers(model))
     _check_constructs(model)
+    mark_runtime_operands(model)  # shape operands computed from model inputs (compiler.dynshape_flow)
     datadep = data_dependent_node(model)
     dynamic = has_runtime_shape_operand(model) or datadep is not None
     if dynamic and batch is not None:  # a shape operand is not a batch of samples
@@ -452,15 +463,19 @@ def _check_constructs(model: Any) -> None:
     from onnx import numpy_helper
 
     from compiler.dynshape import SHAPE_OPERANDS, runtime_operand_refusal
+    from compiler.dynshape_flow import runtime_values
 
     g = model.graph
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     runtime_inputs = {i.name for i in g.input if i.name not in consts}
+    computed = runtime_values(model) - runtime_inputs
     types = _value_types(model)
     for vi in g.output:
         kind = vi.type.WhichOneof("value")
         if kind not in (None, "tensor_type"):
-            raise ModelError(f"output {vi.name!r} is a {kind.removesuffix('_type')}, not a tensor; only "
+            what = _type_name(vi.type)
+            what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
+            raise ModelError(f"output {vi.name!r} is {what}, not a tensor; only "
                              "tensor outputs are supported",
                              hint="return the tensors themselves (e.g. SequenceAt / ConcatFromSequence)")
     for vi in [*g.input, *g.output]:
@@ -476,6 +491,9 @@ def _check_constructs(model: Any) -> None:
             if pos < len(node.input) and node.input[pos] in runtime_inputs and why is not None:
                 raise ModelError(f"{where} takes its shape operand from the model input {node.input[pos]!r}: "
                                  f"{why}", hint="make that value a constant (initializer) in the model")
+            if pos < len(node.input) and node.input[pos] in computed and why is not None:
+                raise ModelError(f"{where} takes its shape operand {node.input[pos]!r} computed from "
+                                 f"model inputs: {why}", hint="make that value a constant of the model")
         if node.op_type == "SequenceInsert" and len(node.input) > 2 and node.input[2]:
             pos_value = consts.get(node.input[2])
             if pos_value is None or int(pos_value) < 0:

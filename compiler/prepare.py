@@ -642,22 +642,57 @@ def _lp_norm_nodes(model: Any, node: Any, types: dict[str, int], label: str, ind
     return bld
 
 
+def _cumsum_nodes(model: Any, node: Any, shapes: dict[str, list[int]], label: str, index: int) -> _Builder:
+    """CumSum with its axis given at run time: one CumSum per axis (TVM's converter needs a constant
+    axis), the one the input holds picked and checked (any other value stops inference)."""
+    from compiler.convert_ops import MAX_ALTERNATIVES, guard_values
+
+    x, axis_name = node.input[0], node.input[1]
+    rank = len(shapes.get(x) or [])
+    if not 0 < 2 * rank <= MAX_ALTERNATIVES:
+        raise ModelError(f"{label}: the axis {axis_name!r} is known only at run time and the input has rank "
+                         f"{rank or 'unknown'} (up to {MAX_ALTERNATIVES // 2} is compiled axis by axis)",
+                         hint="make the axis a constant of the model")
+    bld = _Builder(model, f"{node.name or 'CumSum'}_{index}")
+    attrs = {a.name: a.i for a in node.attribute if a.name in ("exclusive", "reverse")}
+    results, alternatives = [], []
+    for k in range(rank):
+        along = bld.op("CumSum", [x, bld.const(np.array(k, np.int64), "axis")], **attrs)
+        for value in (k, k - rank):
+            results.append(along)
+            alternatives.append({axis_name: np.array(value)})
+    guard_values(bld, results, alternatives, node.output[0])
+    return bld
+
+
+def _decomposed(node: Any, consts: dict[str, np.ndarray]) -> bool:
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type == "CumSum":  # with a run-time axis
+        return len(node.input) > 1 and node.input[1] not in consts
+    return node.op_type in _LOWERED_OPS
+
+
 def decompose_ops(model: Any) -> bool:
     """CumProd (unrolled along its axis), Det (Leibniz, up to 5x5) and LpNormalization (a reduction
-    and a division): no TVM converter, no ONNX function."""
+    and a division): no TVM converter, no ONNX function; CumSum with a run-time axis."""
     g = model.graph
-    if not any(n.op_type in _LOWERED_OPS and n.domain in ("", "ai.onnx") for n in g.node):
+    if not any(n.op_type in {*_LOWERED_OPS, "CumSum"} and n.domain in ("", "ai.onnx") for n in g.node):
         return False
     consts = _const_inputs(model)
+    if not any(_decomposed(n, consts) for n in g.node):
+        return False
     shapes = _static_shapes(model)
     types = _elem_types(model)
     new_nodes = []
     for i, node in enumerate(g.node):
-        if node.op_type not in _LOWERED_OPS or node.domain not in ("", "ai.onnx"):
+        if not _decomposed(node, consts):
             new_nodes.append(node)
             continue
         label = f"{node.op_type} at node {node.name or f'#{i}'!r}"
-        if node.op_type == "CumProd":
+        if node.op_type == "CumSum":
+            bld = _cumsum_nodes(model, node, shapes, label, i)
+        elif node.op_type == "CumProd":
             bld = _cumprod_nodes(model, node, consts, shapes, types, label, i)
         elif node.op_type == "LpNormalization":
             bld = _lp_norm_nodes(model, node, types, label, i)

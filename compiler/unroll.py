@@ -13,7 +13,11 @@ iterations), and TVM's import and build time grow with the node count; beyond th
 is refused in one line (a rolled loop would need TVM's Relax control flow, which its ONNX
 frontend does not emit).
 
-Refused, each with the reason: a trip count or sequence length known only at run time, a Loop that
+A trip count (or initial condition) known only at run time is taken from the static leading dim of
+the scan outputs when they declare one: the loop is unrolled that many times and the inputs are
+checked at run time (:func:`compiler.convert_ops.guard_values`: other values stop inference).
+
+Refused, each with the reason: a trip count or sequence length known only at run time otherwise, a Loop that
 may end early on a condition computed at run time, zero iterations with scan outputs (an empty
 tensor), opset 8's Scan with a sequence_lens input.
 """
@@ -296,7 +300,28 @@ def _passes_condition(body: Any, consts: dict[str, np.ndarray]) -> bool:
     return cond_out in alias or cond_out in true
 
 
-def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], budget: _Budget) -> None:
+def _declared_steps(model: Any, node: Any, n: int, shapes: dict[str, list[int]]) -> int | None:
+    """The iteration count the scan outputs' static leading dims agree on (None: no scan output
+    with one, or they disagree). A scan output only cast (or copied) on its way to a declared
+    model output takes that output's dims (shape inference runs forward only)."""
+    users: dict[str, list[Any]] = {}
+    for other in model.graph.node:
+        for i in other.input:
+            users.setdefault(i, []).append(other)
+    firsts = set()
+    for out in node.output[n:]:
+        for _ in range(4):  # a short chain of Cast / Identity
+            if not out or (shapes.get(out) or [0])[0] > 0 or len(users.get(out, [])) != 1 or \
+                    users[out][0].op_type not in ("Cast", "Identity"):
+                break
+            out = users[out][0].output[0]
+        if out and (shapes.get(out) or [0])[0] > 0:
+            firsts.add(shapes[out][0])
+    return firsts.pop() if len(firsts) == 1 else None
+
+
+def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], budget: _Budget,
+          shapes: dict[str, list[int]]) -> None:
     body = _attr(node, "body")
     trip, cond = (list(node.input) + ["", ""])[:2]
     states = list(node.input[2:])
@@ -308,6 +333,13 @@ def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], bu
             f"{len(body.output)} outputs do not agree",
             hint="fix the model",
         )
+    declared = _declared_steps(em.model, node, n, shapes)
+    if trip and declared is not None and (trip not in consts or (cond and cond not in consts)) and \
+            _passes_condition(body, consts):
+        # a run-time trip count (or initial condition) the static scan outputs fix: unrolled for
+        # that count, the inputs checked at run time (any other value stops inference)
+        _loop_guarded(em, node, label, consts, budget, declared)
+        return
     if not trip:
         raise ModelError(
             f"{label}: no trip count (a while loop); loops are unrolled at compile time, which "
@@ -316,7 +348,8 @@ def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], bu
         )
     if trip not in consts:
         raise ModelError(
-            f"{label}: the trip count {trip!r} is known only at run time; loops are unrolled at compile time",
+            f"{label}: the trip count {trip!r} is known only at run time, and no scan output of static "
+            "length fixes it; loops are unrolled at compile time",
             hint="make the trip count a constant of the model",
         )
     if cond and cond not in consts:
@@ -338,6 +371,34 @@ def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], bu
             f"{label}: runs zero times, so its scan outputs are empty tensors, which are not supported",
             hint="give the loop at least one iteration",
         )
+    _unrolled(em, node, label, budget, steps, list(node.output))
+
+
+def _loop_guarded(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], budget: _Budget,
+                  steps: int) -> None:
+    """``node`` unrolled ``steps`` times, each output guarded: its run-time trip count must be
+    ``steps`` and its run-time initial condition true (:func:`compiler.convert_ops.guard_values`)."""
+    from compiler.convert_ops import guard_values
+
+    trip, cond = (list(node.input) + ["", ""])[:2]
+    if (trip in consts and int(consts[trip]) != steps) or (cond in consts and not bool(np.all(consts[cond]))):
+        raise ModelError(f"{label}: the scan outputs have {steps} rows, which its trip count and "
+                         "condition do not give", hint="fix the model")
+    want = {name: np.array(v) for name, v in ((trip, steps), (cond, 1)) if name and name not in consts}
+    values = [em.name("unguarded") if o else "" for o in node.output]
+    _unrolled(em, node, label, budget, steps, values)
+    for value, out in zip(values, node.output, strict=True):
+        if out:
+            guard_values(em, [value], [want], out)
+
+
+def _unrolled(em: _Emitter, node: Any, label: str, budget: _Budget, steps: int, outputs: list[str]) -> None:
+    """``node``'s body copied ``steps`` times into ``outputs`` (the condition passes through,
+    checked by the caller)."""
+    body = _attr(node, "body")
+    states = list(node.input[2:])
+    n = len(states)
+    k = len(body.output) - 1 - n
     budget.spend(label, steps, body)
     carried = states
     per_step: list[list[str]] = [[] for _ in range(k)]
@@ -349,10 +410,10 @@ def _loop(em: _Emitter, node: Any, label: str, consts: dict[str, np.ndarray], bu
         carried = [outs[body.output[1 + i].name] for i in range(n)]
         for j in range(k):
             per_step[j].append(outs[body.output[1 + n + j].name])
-    for i, out in enumerate(node.output[:n]):
+    for i, out in enumerate(outputs[:n]):
         if out:
             em.op("Identity", [carried[i]], out=out)
-    for j, out in enumerate(node.output[n:]):
+    for j, out in enumerate(outputs[n:]):
         if out:
             em.stack(per_step[j], 0, out)
 
@@ -421,7 +482,7 @@ def _unroll_once(model: Any, final: bool, budget: _Budget) -> bool:
         if node.op_type == "Scan":
             _scan(em, node, label, shapes, consts, budget)
         elif node.op_type == "Loop":
-            _loop(em, node, label, consts, budget)
+            _loop(em, node, label, consts, budget, shapes)
         else:
             _if(em, node, bool(np.all(consts[node.input[0]])))
         new_nodes.extend(em.nodes)

@@ -274,6 +274,12 @@ string_concat_utf8 string_split_maxsplit strnormalizer_export_monday_insensintiv
 """.split())  # string tensors: one case per operator of the host stage (compiler/hoststage.py)
 NODE_REACH |= frozenset("reduce_sum_empty_set_non_reduced_axis_zero triu_zero".split())  # empty data inputs
 # (compiler.empty): a run-time-axes reduction over them, a model whose every output is empty
+NODE_REACH |= frozenset("""
+center_crop_pad_crop_expanded loop11 dft_irfft range_int32_type_negative_delta onehot_with_axis hannwindow
+cumsum_2d_negative_axis constant_pad_axes
+""".split())  # shape operands computed from a model input (compiler.dynshape_flow), a run-time trip count
+# and DFT axis fixed by static shapes and guarded, Range / OneHot with run-time scalars, a window function,
+# CumSum and Pad with a run-time axis
 
 
 def _in_shard(name: str) -> bool:
