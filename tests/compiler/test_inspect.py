@@ -23,7 +23,7 @@ def _model(path: Path) -> Path:
              nh.from_array(rng.standard_normal((1, 16, 4)).astype(np.float32), "R")]
     nodes = [oh.make_node("LSTM", ["audio", "W", "R"], ["seq", "h"], hidden_size=4),
              oh.make_node("Relu", ["h"], ["r"]),
-             oh.make_node("HannWindow", ["r"], ["y"])]
+             oh.make_node("ImageDecoder", ["r"], ["y"])]
     m = oh.make_model(oh.make_graph(nodes, "g", [x], [y], inits), opset_imports=[oh.make_opsetid("", 14)])
     m.ir_version = 8
     onnx.save(m, path)
@@ -37,15 +37,15 @@ def test_inspect_names_dynamic_dims_and_unsupported_ops(run_cli: Callable, tmp_p
     assert "audio: float32 [T, batch, 3]" in out
     assert "opsets ai.onnx 14" in out
     assert "LSTM" in out and "decomposed before import: LSTM x1" in out
-    assert "UNSUPPORTED by this compiler: HannWindow x1" in out
+    assert "UNSUPPORTED by this compiler: ImageDecoder x1" in out
     assert "--shape audio=D,D,3" in out
 
 
 def test_inspect_json(run_cli: Callable, tmp_path: Path) -> None:
     res = run_cli("inspect", _model(tmp_path / "m.onnx"), "--json")
     doc = json.loads(res.out)
-    assert doc["ops"] == {"LSTM": 1, "Relu": 1, "HannWindow": 1}
-    assert doc["unsupported"] == {"HannWindow": 1}
+    assert doc["ops"] == {"LSTM": 1, "Relu": 1, "ImageDecoder": 1}
+    assert doc["unsupported"] == {"ImageDecoder": 1}
     assert doc["needs_shape"] == ["audio"]
     assert doc["params"] == 16 * 3 + 16 * 4
 
