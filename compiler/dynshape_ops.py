@@ -444,7 +444,12 @@ def convert_range(bb: Any, start: Any, limit: Any, delta: Any) -> Any:
         n = op.astype(q, "int64")
     else:  # ceil(a / b) = -floor(-a / b)
         n = op.negative(op.floor_divide(op.negative(op.subtract(lim, s)), safe))
-        bad = zero_step
+        # limit - start may wrap int64 (-2**63 .. 2**63 - 1 gave an empty answer): the length
+        # estimated in float64 too, refused past what the size bound would take anyway
+        f = [bb.normalize(op.astype(v, "float64")) for v in (s, lim, safe)]
+        approx = op.ceil(op.divide(op.subtract(f[1], f[0]), f[2]))
+        budget = relax.const(float(MAX_RUNTIME_ELEMENTS), "float64")
+        bad = op.logical_or(zero_step, op.greater(approx, budget))
     n = op.maximum(n, _i64(0))
     shape = checked_shape(bb, bb.normalize(op.reshape(n, [1])), any_of(bb, bb.normalize(bad)), "range")
     i = op.astype(index_range(bb, shape.values[0]), wide)

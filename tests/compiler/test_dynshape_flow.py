@@ -117,6 +117,13 @@ def test_range_and_onehot_with_run_time_scalars(tmp_path: Path) -> None:
         art.infer(bad)
     with pytest.raises(InputError, match=REFUSED):
         art.infer({**bad, "delta": np.array(1), "depth": np.array(0.0, np.float32)})
+    # lengths past the run-time size bound, one whose limit - start wraps int64 (it gave an empty
+    # answer), and a depth of 2**40 columns: refused, never allocated
+    for start, limit, delta, depth in [(-(2**63), 2**63 - 1, 1, 4.0), (2**63 - 1, -(2**63), -1, 4.0),
+                                       (0, 2**62, 1, 4.0), (0, 3, 1, 2.0**40)]:
+        with pytest.raises(InputError, match=REFUSED):
+            art.infer({**bad, "start": np.array(start), "limit": np.array(limit), "delta": np.array(delta),
+                       "depth": np.array(depth, np.float32)})
 
 
 def test_loop_trip_count_fixed_by_its_scan_output(tmp_path: Path) -> None:
