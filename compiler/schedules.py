@@ -435,12 +435,16 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
     decisions.hits += len(known)
     rest = IRModule({gv: f for gv, f in prepared.functions.items()
                      if gv.name_hint in keys and gv.name_hint not in known})
+    # parameter-only kernels run once per parameter set (pre-packed), not per inference: the
+    # rules' pick, untimed and not recorded (the same workload may be an inference kernel elsewhere)
+    untimed = _parameter_only(prepared)
     out = prepared.clone()
     if len(rest.functions):
-        done = _schedule_measured(rest, target, True, decisions)
+        done = _schedule_measured(rest, target, True, decisions, untimed)
         for gv in rest.functions:
             out[gv.name_hint] = done[gv.name_hint]
-            if decisions.get(keys[gv.name_hint]) is None:  # neither timed nor timeable: the rules' pick
+            if gv.name_hint not in untimed and decisions.get(keys[gv.name_hint]) is None:
+                # neither timed nor timeable: the rules' pick
                 decisions.put(keys[gv.name_hint], _DEFAULT, {}, timed=False)
     # the kernels measured before: only the rules of their variant applied
     for label in set(known.values()):
@@ -454,6 +458,33 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
     return out
 
 
+def _parameter_only(mod: Any) -> set[str]:
+    """The kernels every call of which reads parameters and constants only (a Relax function's
+    inputs past its ``num_input``, and what is computed from them alone): the weight layout
+    transposes and the folded BatchNorm arithmetic, which pre-packing (:mod:`compiler.prepack`)
+    moves out of inference into a function run once per parameter set."""
+    from tvm import relax
+
+    param_only: set[str] = set()
+    data: set[str] = set()
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        n = func.attrs.get("num_input") if func.attrs is not None else None
+        derived = {v for v in func.params[int(n):]} if n is not None else set()
+        body = func.body
+        blocks = body.blocks if isinstance(body, relax.SeqExpr) else []
+        for block in blocks:
+            for b in block.bindings:
+                value = b.value
+                const = all(v in derived for v in relax.analysis.free_vars(value))
+                if const:
+                    derived.add(b.var)
+                for gv in relax.analysis.all_global_vars(value):
+                    (param_only if const else data).add(gv.name_hint)
+    return param_only - data
+
+
 def _variant_rules() -> dict[str, list[Any]]:
     """The rules of each variant label :func:`_schedule_measured` chooses among (``naive``: none;
     ``default``: the unmeasured pick)."""
@@ -462,47 +493,69 @@ def _variant_rules() -> dict[str, list[Any]]:
             **{f"tile{v}x{c}": _rules(fuse=None, tile=(v, c))[:1] for v, c in _TILES}}
 
 
-def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Decisions | None) -> Any:
+def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Decisions | None,
+                       untimed: set[str] | frozenset[str] = frozenset()) -> Any:
     """``prepared`` scheduled by the rules; with ``measure``, each kernel's variants timed and the
-    fastest kept (see :func:`schedule_prepared`)."""
+    fastest kept (see :func:`schedule_prepared`); the kernels in ``untimed`` keep the rules' pick."""
     import tvm
-    from tvm import tirx
+    from tvm import IRModule, tirx
     from tvm.s_tir import dlight as dl
 
     from compiler.schedule_cache import workload_key
 
-    # (ApplyDefaultSchedule writes into the module it is given: each variant gets a clone)
-    with target, tvm.transform.PassContext(opt_level=3):
-        scheduled = dl.ApplyDefaultSchedule(*_rules(fuse=None))(prepared.clone())
+    def apply_rules(rules: list[Any], names: Any = None) -> Any:
+        """The kernels ``names`` (default all) of ``prepared`` scheduled by ``rules``, a new module
+        (ApplyDefaultSchedule writes into the module it is given; kernels no rule fits are the
+        very functions of ``prepared``)."""
+        part = prepared.clone() if names is None else IRModule(
+            {gv: f for gv, f in prepared.functions.items() if gv.name_hint in names})
+        with target, tvm.transform.PassContext(opt_level=3):
+            return dl.ApplyDefaultSchedule(*rules)(part)
+
     if not measure:
-        return scheduled
+        return apply_rules(_rules(fuse=None))
     # Register-tiled convolutions are trusted (10-60x faster than naive in every case measured);
     # the other functions try both spatial-reduction variants and the naive lowering, timed.
-    with target, tvm.transform.PassContext(opt_level=3):
-        tiled = dl.ApplyDefaultSchedule(*_rules(fuse=None)[:3:2])(prepared.clone())
-        fused = dl.ApplyDefaultSchedule(*_rules(fuse=True))(prepared.clone())
-        rows = dl.ApplyDefaultSchedule(*_rules(fuse=False))(prepared.clone())
-        narrow = dl.ApplyDefaultSchedule(*_rules(fuse=None, min_row=2))(prepared.clone())
-        last = [dl.ApplyDefaultSchedule(_rules(fuse=None, tile=t)[0])(prepared.clone()) for t in _TILES]
+    # Each variant's rules are applied to the kernels it is timed on only (applying a rule set
+    # to every kernel cost more than timing them: ~3 s of SqueezeNet's ~4 s schedule step).
     funcs = [(gv.name_hint, f) for gv, f in prepared.functions.items() if isinstance(f, tirx.PrimFunc)]
-    names = [n for n, f in funcs if tiled[n].same_as(f)]
-    variants = {"naive": prepared, "fused": fused, "rows": rows, "narrow": narrow}
-    for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True).items():
-        scheduled[n] = variants[label][n]
-    # channels-last convolutions: each register tile timed, the fastest kept. Not in untuned
-    # builds (``decisions``) for x86 without AVX-512 (16 vector registers): measured on AVX2
-    # (ResNet-50, 2026-11-28), the 1 x 8 tile was 28% faster in total than 2 x 6, which beat it
-    # on 4 of 24 convolutions by 0.6% of their total time, and timing both was an LLVM build and
-    # runs of every convolution twice (~40% of the schedule step): they get 1 x 8, unmeasured
-    conv = [n for n, f in funcs if not last[0][n].same_as(f)]
-    tiles = {f"tile{v}x{c}": m for (v, c), m in zip(_TILES, last, strict=True)}
-    if decisions is not None and _sixteen_vector_registers(target):
+    tiled = apply_rules(_rules(fuse=None)[:3:2])
+    names = [n for n, f in funcs if tiled[n].same_as(f) and n not in untimed]
+    chosen: dict[str, Any] = {}
+    if names:
+        variants = {"naive": prepared, "fused": apply_rules(_rules(fuse=True), names),
+                    "rows": apply_rules(_rules(fuse=False), names),
+                    "narrow": apply_rules(_rules(fuse=None, min_row=2), names)}
+        for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True).items():
+            chosen[n] = variants[label][n]
+    # channels-last convolutions (among the kernels register tiling changed): each register tile
+    # timed, the fastest kept. Not in untuned builds (``decisions``) for x86 without AVX-512 (16
+    # vector registers): measured on AVX2 (ResNet-50, 2026-11-28), the 1 x 8 tile was 28% faster
+    # in total than 2 x 6, which beat it on 4 of 24 convolutions by 0.6% of their total time, and
+    # timing both was an LLVM build and runs of every convolution twice (~40% of the schedule
+    # step): they get 1 x 8, unmeasured
+    tiled_names = [n for n, f in funcs if not tiled[n].same_as(f) and n not in untimed]
+    race = not (decisions is not None and _sixteen_vector_registers(target))
+    tiles = {f"tile{v}x{c}": apply_rules(_rules(fuse=None, tile=(v, c))[:1], tiled_names)
+             for v, c in _TILES if race or f"tile{v}x{c}" == _UNTIMED_TILE} if tiled_names else {}
+    conv = [n for n in tiled_names if not tiles[_UNTIMED_TILE][n].same_as(prepared[n])]
+    if not race:
+        assert decisions is not None
         for n in conv:
-            scheduled[n] = tiles[_UNTIMED_TILE][n]
+            chosen[n] = tiles[_UNTIMED_TILE][n]
             decisions.put(workload_key(prepared[n]), _UNTIMED_TILE, {}, timed=False)
-        conv = []
-    for n, label in _choose(conv, tiles, prepared, target, decisions, changed_only=False).items():
-        scheduled[n] = tiles[label][n]
+    else:
+        for n, label in _choose(conv, tiles, prepared, target, decisions, changed_only=False).items():
+            chosen[n] = tiles[label][n]
+    # the rest (not timed, or no variant could be timed): the rules' pick
+    scheduled = prepared.clone()
+    rest = [n for n, _ in funcs if n not in chosen]
+    if rest:
+        picked = apply_rules(_rules(fuse=None), rest)
+        for n in rest:
+            scheduled[n] = picked[n]
+    for n, f in chosen.items():
+        scheduled[n] = f
     return scheduled
 
 
@@ -524,6 +577,8 @@ def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: A
     it schedules differently from ``prepared`` (the naive lowering, itself a variant, is timed
     on all). Ties go to the first label. With ``decisions``: identical kernels (one workload) are
     timed once, in quick mode, and every choice is recorded there."""
+    from tvm_ffi import structural_equal
+
     if not names:
         return {}
     keys: dict[str, str] = {}
@@ -535,9 +590,19 @@ def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: A
         first: dict[str, str] = {}
         todo = [n for n in names if first.setdefault(keys[n], n) == n]
     times: dict[str, dict[str, float]] = {}
+    seen: dict[str, list[Any]] = {n: [] for n in todo}  # each kernel's variants timed so far
     for label, mod in variants.items():
-        funcs = {n: mod[n] for n in todo
-                 if not changed_only or mod is prepared or not mod[n].same_as(prepared[n])}
+        funcs = {}
+        for n in todo:
+            f = mod[n]
+            if changed_only and mod is not prepared and f.same_as(prepared[n]):
+                continue
+            # a variant scheduling the kernel as an earlier one did (every rule set gives an
+            # elementwise kernel the same schedule) is not timed again: ties go to the first
+            if decisions is not None and any(structural_equal(f, g) for g in seen[n]):
+                continue
+            seen[n].append(f)
+            funcs[n] = f
         times[label] = _time_all(funcs, target, quick=decisions is not None) if funcs else {}
     best: dict[str, str] = {}
     for n in todo:

@@ -4,7 +4,7 @@
 
 Per network (``light_<name>.onnx`` from the onnx wheel's backend data, issue 29), seconds spent in
 each step of ``compile_model`` without ``--tune`` on this machine's preset (wall clock; the total
-also in CPU seconds, ``compile_cpu_s``, steadier on a shared machine): import, the
+also in CPU seconds, ``compile_cpu_s``, steadier on a shared machine, and each step's in ``cpu``): import, the
 channels-last conversion (``nhwc``: whether it ran), ``tuning.prepare`` (legalization and fusion;
 it converts the layout again), ``schedules.schedule_prepared`` (the default schedules, measured
 when this machine runs the target), pre-packing and ``relax.build`` (LLVM); ``cached`` /
@@ -13,7 +13,10 @@ when this machine runs the target), pre-packing and ``relax.build`` (LLVM); ``ca
 Then the median latency of the VM's ``main`` (1 thread) against onnxruntime's (1 thread,
 sequential) on the conformance
 test's dummy input, their ratio, the max abs difference and the load average. One JSON line per
-network. ``THREADS`` sets the thread count of both. Not a test (no test_ prefix).
+network. ``THREADS`` sets the thread count of both. ``--profile`` adds where the CPU seconds of
+the schedule and build steps go (``prof``: the variant libraries' TVM lowering and LLVM code
+generation, the timing runs, the rest of the schedule step; the final build's TVM passes and
+LLVM). ``--no-latency`` skips the latency measurement. Not a test (no test_ prefix).
 """
 
 from __future__ import annotations
@@ -31,7 +34,55 @@ NAMES = ("squeezenet", "bvlc_alexnet", "zfnet512", "shufflenet", "inception_v1",
          "inception_v2", "densenet121")
 
 
-def stages(name: str, target: Any) -> dict[str, Any]:
+class _Profile:
+    """CPU seconds by kind of work (``--profile``): wraps TVM's LLVM code generation and the
+    schedule step's variant timing (:func:`compiler.schedules._time_all`)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self.phase = "other"
+
+    def add(self, key: str, seconds: float) -> None:
+        self.cpu[key] = self.cpu.get(key, 0.0) + seconds
+
+    def install(self) -> None:
+        import tvm
+        import tvm.tirx  # noqa: F401
+
+        from compiler import schedules
+
+        build_mod = sys.modules["tvm.tirx.build"]
+        codegen, build, time_all = build_mod.tir_to_runtime, tvm.tirx.build, schedules._time_all
+        prof = self
+
+        def timed(key: str, fn: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t = time.process_time()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    prof.add(key(), time.process_time() - t)
+            return wrapper
+
+        build_mod.tir_to_runtime = timed(lambda: f"{prof.phase}_llvm", codegen)
+        tvm.tirx.build = timed(lambda: f"{prof.phase}_tir+llvm", build)
+        schedules._time_all = timed(lambda: "variants_all", time_all)
+
+    def row(self) -> dict[str, float]:
+        c = self.cpu
+        out = {"variant_llvm": c.get("variants_llvm", 0.0),
+               "variant_tvm": c.get("variants_tir+llvm", 0.0) - c.get("variants_llvm", 0.0),
+               "timing_runs": c.get("variants_all", 0.0) - c.get("variants_tir+llvm", 0.0),
+               "build_llvm": c.get("build_llvm", 0.0),
+               "build_tvm": c.get("build_step", 0.0) - c.get("build_llvm", 0.0)}
+        out["schedule_rest"] = c.get("schedule_step", 0.0) - c.get("variants_all", 0.0)
+        return {k: round(v, 1) for k, v in out.items()}
+
+
+PROFILE: _Profile | None = None
+
+
+def stages(name: str, target: Any, latency: bool = True) -> dict[str, Any]:
     import tvm
     from tvm import relax, tirx
 
@@ -49,10 +100,14 @@ def stages(name: str, target: Any) -> dict[str, Any]:
     t = time.perf_counter()
     cpu0 = time.process_time()
 
+    cpu_laps: dict[str, float] = {}
+    c = cpu0
+
     def lap(key: str) -> None:
-        nonlocal t
+        nonlocal t, c
         row[key] = round(time.perf_counter() - t, 2)
-        t = time.perf_counter()
+        cpu_laps[key] = round(time.process_time() - c, 1)
+        t, c = time.perf_counter(), time.process_time()
 
     imp = import_model(load_onnx(path))
     lap("import")
@@ -65,19 +120,33 @@ def stages(name: str, target: Any) -> dict[str, Any]:
     lap("prepare")
     row["primfuncs"] = sum(1 for f in prep.functions.values() if isinstance(f, tirx.PrimFunc))
     decisions = Decisions(target, cache_root())  # as compile_model: choices cached per machine
+    prof = PROFILE
+    if prof is not None:
+        prof.cpu.clear()
+        prof.phase, c0 = "variants", time.process_time()
     sch = schedules.schedule_prepared(prep, target, decisions=decisions)
     decisions.save()
+    if prof is not None:
+        prof.add("schedule_step", time.process_time() - c0)
     row["cached"], row["timed"] = decisions.hits, decisions.timed
     lap("schedule")
     with target, tvm.transform.PassContext(opt_level=3):
         sch = _prepack.after_tuning()(sch)
     lap("prepack")
+    if prof is not None:
+        prof.phase, c0 = "build", time.process_time()
     ex = relax.build(sch, target=target)
+    if prof is not None:
+        prof.add("build_step", time.process_time() - c0)
+        row["prof"] = prof.row()
     lap("build")
     row["compile_s"] = round(sum(row[k] for k in ("import", "prepare", "schedule", "prepack", "build")), 1)
     # CPU seconds of this process (1 thread): what the compile costs whatever else the machine
     # runs (the layout step apart: compile_model converts the layout in prepare only)
     row["compile_cpu_s"] = round(time.process_time() - cpu0 - layout_cpu, 1)
+    row["cpu"] = cpu_laps  # CPU seconds of each step
+    if not latency:
+        return row
 
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
@@ -108,8 +177,13 @@ def main(argv: list[str]) -> None:
 
     set_threads(int(os.environ.get("THREADS", "1")))
     target = get_preset(best_host_preset_name()).tvm_target()
-    for name in argv or NAMES:
-        print(json.dumps(stages(name, target)), flush=True)
+    global PROFILE
+    if "--profile" in argv:
+        PROFILE = _Profile()
+        PROFILE.install()
+    latency = "--no-latency" not in argv
+    for name in [a for a in argv if not a.startswith("--")] or NAMES:
+        print(json.dumps(stages(name, target, latency)), flush=True)
 
 
 if __name__ == "__main__":
