@@ -323,13 +323,27 @@ def _divides_by_data(func: Any) -> bool:
     return bool(_DATA_DIVISOR.search(func.script()))
 
 
-def _time_all(funcs: dict[str, Any], target: Any, *, quick: bool = False) -> dict[str, float]:
+def _random(rng: Any, shape: list[int], dtype: str) -> Any:
+    """Standard-normal values for a float argument (drawn in float32 when that is its type: half
+    the time of float64 and a cast), zeros for any other."""
+    import numpy as np
+
+    if dtype in ("float32", "float64"):
+        return rng.standard_normal(shape, dtype=dtype)
+    return rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
+
+
+def _time_all(funcs: dict[str, Any], target: Any, *, quick: bool = False,
+              inputs: dict[Any, list[Any]] | None = None) -> dict[str, float]:
     """Best-of-5 time (us) of each PrimFunc on random inputs, built as one library (one
     LLVM run) and run in this process. Functions that fail to build or run are left out.
     ``quick``: a function whose first two timed calls each take over ``_QUICK_US`` keeps the
     faster of those two (the 24 convolutions of ResNet-50 take 5-60 ms per call: 16 calls each
     were ~40 s of its untuned compile here; noise on such calls is a few percent, far below
-    the differences between variants that matter)."""
+    the differences between variants that matter). ``inputs``: the argument tensors made so far,
+    by kernel name and argument types, reused and added to (the variants of one kernel share
+    them: VGG-19's first dense layer reads 411 MB of weights, whose random values took seconds
+    to draw for each variant)."""
     import numpy as np
     import tvm
     from tvm import IRModule
@@ -350,12 +364,13 @@ def _time_all(funcs: dict[str, Any], target: Any, *, quick: bool = False) -> dic
         if _divides_by_data(func):  # zeros would divide by zero (SIGFPE kills the compiler)
             continue
         try:
-            args = []
-            for info in ArgInfo.from_prim_func(func):
-                shape = [int(d) for d in info.shape]
-                dtype = str(info.dtype)
-                arr = rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
-                args.append(tvm.runtime.tensor(arr))
+            infos = [([int(d) for d in info.shape], str(info.dtype)) for info in ArgInfo.from_prim_func(func)]
+            key = (name, tuple((tuple(shape), dtype) for shape, dtype in infos))
+            args = inputs.get(key) if inputs is not None else None
+            if args is None:
+                args = [tvm.runtime.tensor(_random(rng, shape, dtype)) for shape, dtype in infos]
+                if inputs is not None:
+                    inputs[key] = args
             if quick:  # (a warm-up call, then two timed ones)
                 first = min(lib.time_evaluator(name, tvm.cpu(), number=1, repeat=2)(*args).results) * 1e6
                 if first > _QUICK_US:
@@ -458,6 +473,36 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
     return out
 
 
+_BIG_REDUCTION = 16  # a single reduction at least this long: the naive lowering is not timed
+
+
+def _one_big_reduction(func: Any) -> bool:
+    """Whether ``func`` is one reduction block ``S+R+`` over at least ``_BIG_REDUCTION`` elements
+    (plus elementwise blocks): a dense layer, a global or window pooling, a mean. The rules'
+    schedules (GEMV, the spatial reductions) beat its naive lowering on every such kernel timed
+    (the 9 `light` networks, 2026-11-28: 5-100x on the dense layers, whose naive lowering took up
+    to 3.5 s a call, a third of VGG-19's untuned compile; 0.2 us slower on one 7x7 pooling), so
+    only the rule variants are timed. Two reductions (softmax) are timed naive too: there the
+    naive loop won by 1000x."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    try:
+        infos = normalize_prim_func(s_tir.Schedule(func)) or []
+    except Exception:
+        return False
+    reds = [b for b in infos if not b.is_injective()]
+    if len(reds) != 1 or not re.fullmatch("S+R+", reds[0].dom_kind()):
+        return False
+    size = 1
+    for it in reds[0].iters:
+        if it.kind == "R":
+            if not isinstance(it.dom, int):
+                return False
+            size *= it.dom
+    return size >= _BIG_REDUCTION and isinstance(func, tirx.PrimFunc)
+
+
 def _parameter_only(mod: Any) -> set[str]:
     """The kernels every call of which reads parameters and constants only (a Relax function's
     inputs past its ``num_input``, and what is computed from them alone): the weight layout
@@ -526,7 +571,10 @@ def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Dec
         variants = {"naive": prepared, "fused": apply_rules(_rules(fuse=True), names),
                     "rows": apply_rules(_rules(fuse=False), names),
                     "narrow": apply_rules(_rules(fuse=None, min_row=2), names)}
-        for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True).items():
+        # (untuned builds: the naive lowering of one big reduction is not timed, see above)
+        skip = {"naive": {n for n in names if _one_big_reduction(prepared[n])}} if decisions is not None else {}
+        for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True,
+                                skip=skip).items():
             chosen[n] = variants[label][n]
     # channels-last convolutions (among the kernels register tiling changed): each register tile
     # timed, the fastest kept. Not in untuned builds (``decisions``) for x86 without AVX-512 (16
@@ -571,11 +619,12 @@ def _sixteen_vector_registers(target: Any) -> bool:
 
 
 def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: Any,
-            decisions: Decisions | None, *, changed_only: bool) -> dict[str, str]:
+            decisions: Decisions | None, *, changed_only: bool,
+            skip: dict[str, set[str]] | None = None) -> dict[str, str]:
     """The fastest variant label of each kernel in ``names`` (kernels none could be timed of are
     left out: they keep the rules' pick). ``changed_only``: a variant is timed only on the kernels
     it schedules differently from ``prepared`` (the naive lowering, itself a variant, is timed
-    on all). Ties go to the first label. With ``decisions``: identical kernels (one workload) are
+    on all); ``skip``: the kernels a variant label is not timed on. Ties go to the first label. With ``decisions``: identical kernels (one workload) are
     timed once, in quick mode, and every choice is recorded there."""
     from tvm_ffi import structural_equal
 
@@ -591,10 +640,13 @@ def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: A
         todo = [n for n in names if first.setdefault(keys[n], n) == n]
     times: dict[str, dict[str, float]] = {}
     seen: dict[str, list[Any]] = {n: [] for n in todo}  # each kernel's variants timed so far
+    inputs: dict[Any, list[Any]] = {}  # each kernel's arguments, made once for all its variants
     for label, mod in variants.items():
         funcs = {}
         for n in todo:
             f = mod[n]
+            if skip and n in skip.get(label, ()):
+                continue
             if changed_only and mod is not prepared and f.same_as(prepared[n]):
                 continue
             # a variant scheduling the kernel as an earlier one did (every rule set gives an
@@ -603,7 +655,7 @@ def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: A
                 continue
             seen[n].append(f)
             funcs[n] = f
-        times[label] = _time_all(funcs, target, quick=decisions is not None) if funcs else {}
+        times[label] = _time_all(funcs, target, quick=decisions is not None, inputs=inputs) if funcs else {}
     best: dict[str, str] = {}
     for n in todo:
         timed = {label: t[n] for label, t in times.items() if n in t}
