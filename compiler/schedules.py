@@ -476,6 +476,18 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
 _BIG_REDUCTION = 16  # a single reduction at least this long: the naive lowering is not timed
 
 
+def _all_injective(func: Any) -> bool:
+    """Whether every block of ``func`` is injective (what :class:`Elementwise` schedules)."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    try:
+        infos = normalize_prim_func(s_tir.Schedule(func))
+    except Exception:
+        return False
+    return bool(infos) and all(b.is_injective() for b in infos)
+
+
 def _one_big_reduction(func: Any) -> bool:
     """Whether ``func`` is one reduction block ``S+R+`` over at least ``_BIG_REDUCTION`` elements
     (plus elementwise blocks): a dense layer, a global or window pooling, a mean. The rules'
@@ -568,11 +580,22 @@ def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Dec
     names = [n for n, f in funcs if tiled[n].same_as(f) and n not in untimed]
     chosen: dict[str, Any] = {}
     if names:
-        variants = {"naive": prepared, "fused": apply_rules(_rules(fuse=True), names),
-                    "rows": apply_rules(_rules(fuse=False), names),
-                    "narrow": apply_rules(_rules(fuse=None, min_row=2), names)}
-        # (untuned builds: the naive lowering of one big reduction is not timed, see above)
-        skip = {"naive": {n for n in names if _one_big_reduction(prepared[n])}} if decisions is not None else {}
+        # elementwise kernels (concatenations, transposes, BatchNorm + ReLU, ...): every rule set
+        # gives them the one Elementwise schedule, made once (filed as ``fused``) and raced
+        # against the naive lowering; the rule sets' other rules are tried on the rest only
+        inj = {n for n in names if _all_injective(prepared[n])}
+        other = [n for n in names if n not in inj]
+        fused = apply_rules(_rules(fuse=True), other)
+        if inj:
+            elementwise = apply_rules(_rules(fuse=True)[-1:], inj)
+            for n in inj:
+                fused[n] = elementwise[n]
+        variants = {"naive": prepared, "fused": fused,
+                    "rows": apply_rules(_rules(fuse=False), other),
+                    "narrow": apply_rules(_rules(fuse=None, min_row=2), other)}
+        skip = {"rows": inj, "narrow": inj}
+        if decisions is not None:  # (untuned builds: the naive lowering of one big reduction is not timed)
+            skip["naive"] = {n for n in names if _one_big_reduction(prepared[n])}
         for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True,
                                 skip=skip).items():
             chosen[n] = variants[label][n]
@@ -644,9 +667,9 @@ def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: A
     for label, mod in variants.items():
         funcs = {}
         for n in todo:
-            f = mod[n]
             if skip and n in skip.get(label, ()):
                 continue
+            f = mod[n]
             if changed_only and mod is not prepared and f.same_as(prepared[n]):
                 continue
             # a variant scheduling the kernel as an earlier one did (every rule set gives an

@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("import", "prepare", "schedule", "prepack", "build")
+STEPS = ("import", "prepare", "schedule", "prepack", "build", "export")
 
 
 def _stages(cache: Path, *args: str) -> dict:
