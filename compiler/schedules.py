@@ -647,8 +647,10 @@ def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: A
     """The fastest variant label of each kernel in ``names`` (kernels none could be timed of are
     left out: they keep the rules' pick). ``changed_only``: a variant is timed only on the kernels
     it schedules differently from ``prepared`` (the naive lowering, itself a variant, is timed
-    on all); ``skip``: the kernels a variant label is not timed on. Ties go to the first label. With ``decisions``: identical kernels (one workload) are
-    timed once, in quick mode, and every choice is recorded there."""
+    on all); ``skip``: the kernels a variant label is not timed on. Ties go to the first label.
+    With ``decisions``: identical kernels (one workload) are timed once, in quick mode, a variant
+    scheduling a kernel as an earlier one did is not timed again, and every choice is recorded
+    there."""
     from tvm_ffi import structural_equal
 
     if not names:

@@ -4,20 +4,21 @@
 
 Per network (``light_<name>.onnx`` from the onnx wheel's backend data, issue 29), seconds spent in
 each step of ``compile_model`` without ``--tune`` on this machine's preset (wall clock; the total
-also in CPU seconds, ``compile_cpu_s``, steadier on a shared machine, and each step's in ``cpu``): import, the
-channels-last conversion (``nhwc``: whether it ran), ``tuning.prepare`` (legalization and fusion;
-it converts the layout again), ``schedules.schedule_prepared`` (the default schedules, measured
-when this machine runs the target), pre-packing, ``relax.build`` (TVM's lowering and LLVM's optimisation) and ``export_library``
-(LLVM's machine code and the link, as ``compile_model`` does); ``cached`` /
-``timed``: kernels whose schedule choice came from the per-machine cache
-(``$FRACTAL_SCHEDULE_CACHE``, :mod:`compiler.schedule_cache`) / workloads timed in this run.
-Then the median latency of the VM's ``main`` (1 thread) against onnxruntime's (1 thread,
-sequential) on the conformance
-test's dummy input, their ratio, the max abs difference and the load average. One JSON line per
-network. ``THREADS`` sets the thread count of both. ``--profile`` adds where the CPU seconds of
-the schedule and build steps go (``prof``: the variant libraries' TVM lowering and LLVM code
-generation, the timing runs, the rest of the schedule step; the final build's TVM passes and
-LLVM). ``--no-latency`` skips the latency measurement. Not a test (no test_ prefix).
+also in CPU seconds, ``compile_cpu_s``, steadier on a shared machine, and each step's in ``cpu``):
+import, the channels-last conversion (``nhwc``: whether it ran), ``tuning.prepare``
+(legalization and fusion; it converts the layout again), ``schedules.schedule_prepared`` (the
+default schedules, measured when this machine runs the target), pre-packing, ``relax.build``
+(TVM's lowering, LLVM's optimisation) and ``export_library`` (LLVM's machine code and the link,
+as ``compile_model`` does); ``cached`` / ``timed``: kernels whose schedule choice came from the
+per-machine cache (``$FRACTAL_SCHEDULE_CACHE``, :mod:`compiler.schedule_cache`) / workloads
+timed in this run. Then the median latency of the exported library's ``main`` (1 thread)
+against onnxruntime's (1 thread, sequential) on the conformance test's dummy input, their
+ratio, the max abs difference and the load average. One JSON line per network. ``THREADS`` sets
+the thread count of both. ``--profile`` adds where the CPU seconds of the schedule and build
+steps go (``prof``: the variant libraries' LLVM (optimisation and machine code) and TVM
+lowering, the timing runs, the rest of the schedule step (applying the rules); the final
+build's TVM passes and LLVM, the export). ``--no-latency`` skips the latency measurement.
+Not a test (no test_ prefix).
 """
 
 from __future__ import annotations
