@@ -114,3 +114,47 @@ def test_identical_workloads_timed_once_then_cached(tmp_path: Path, monkeypatch:
     want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = next(iter(load_artifact(out).infer({"x": x}).values()))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_untuned_builds_skip_the_timings_whose_outcome_is_known(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense layer (one big reduction) is not timed in its naive lowering, a softmax (two
+    reductions, where the naive loop won by 1000x) is; an elementwise kernel is timed in two
+    variants (naive, its one rule schedule), not four."""
+    from tvm import tirx
+
+    from compiler.importer import import_model
+    from compiler.targets import get_preset
+    from compiler.tuning import prepare
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((256, 64)) * 0.1).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["y"], perm=[1, 0])]
+    graph = helper.make_graph(nodes, "dense_softmax",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    target = get_preset(host_preset_name()).tvm_target()
+    prepared = prepare(import_model(model).mod, target)
+    kernels = [gv.name_hint for gv, f in prepared.functions.items() if isinstance(f, tirx.PrimFunc)]
+    dense = next(n for n in kernels if "matmul" in n)
+    softmax = next(n for n in kernels if "softmax" in n)
+    elementwise = next(n for n in kernels if n.startswith("transpose"))
+
+    runs: list[dict[str, bool]] = []  # per timing run: kernel -> whether it ran its naive lowering
+    real = schedules._time_all
+
+    def spy(funcs: dict[str, Any], target: Any, **kw: Any) -> dict[str, float]:
+        runs.append({n: f.same_as(prepared[n]) for n, f in funcs.items()})
+        return real(funcs, target, **kw)
+
+    monkeypatch.setattr(schedules, "_time_all", spy)
+    decisions = Decisions(target, tmp_path / "cache")
+    schedules.schedule_prepared(prepared, target, decisions=decisions)
+    naive = {n for run in runs for n, is_naive in run.items() if is_naive}
+    timed = [n for run in runs for n in run]
+    assert dense in timed and dense not in naive, runs  # only its rule variants
+    assert softmax in naive, runs
+    assert timed.count(elementwise) == 2 and elementwise in naive, runs
