@@ -106,7 +106,9 @@ def fold_numpy(mod: Any) -> Any:
             value = _fold(call.op.name, call, args)
             if value is None or not _fits(op, value):
                 return call
-            return relax.const(value, str(value.dtype))
+            # (a TVM tensor, not the array: relax.const copies an array through astype even
+            # when it has the dtype already, a second copy of VGG-19's 548 MB of weights)
+            return relax.const(tvm.runtime.tensor(value))
 
     folder = Fold()
     try:

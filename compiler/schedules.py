@@ -326,13 +326,27 @@ def _divides_by_data(func: Any) -> bool:
     return bool(_DATA_DIVISOR.search(func.script()))
 
 
-def _time_all(funcs: dict[str, Any], target: Any, *, quick: bool = False) -> dict[str, float]:
+def _random(rng: Any, shape: list[int], dtype: str) -> Any:
+    """Standard-normal values for a float argument (drawn in float32 when that is its type: half
+    the time of float64 and a cast), zeros for any other."""
+    import numpy as np
+
+    if dtype in ("float32", "float64"):
+        return rng.standard_normal(shape, dtype=dtype)
+    return rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
+
+
+def _time_all(funcs: dict[str, Any], target: Any, *, quick: bool = False,
+              inputs: dict[Any, list[Any]] | None = None) -> dict[str, float]:
     """Best-of-5 time (us) of each PrimFunc on random inputs, built as one library (one
     LLVM run) and run in this process. Functions that fail to build or run are left out.
     ``quick``: a function whose first two timed calls each take over ``_QUICK_US`` keeps the
     faster of those two (the 24 convolutions of ResNet-50 take 5-60 ms per call: 16 calls each
     were ~40 s of its untuned compile here; noise on such calls is a few percent, far below
-    the differences between variants that matter)."""
+    the differences between variants that matter). ``inputs``: the argument tensors made so far,
+    by kernel name and argument types, reused and added to (the variants of one kernel share
+    them: VGG-19's first dense layer reads 411 MB of weights, whose random values took seconds
+    to draw for each variant)."""
     import numpy as np
     import tvm
     from tvm import IRModule
@@ -353,12 +367,13 @@ def _time_all(funcs: dict[str, Any], target: Any, *, quick: bool = False) -> dic
         if _divides_by_data(func):  # zeros would divide by zero (SIGFPE kills the compiler)
             continue
         try:
-            args = []
-            for info in ArgInfo.from_prim_func(func):
-                shape = [int(d) for d in info.shape]
-                dtype = str(info.dtype)
-                arr = rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
-                args.append(tvm.runtime.tensor(arr))
+            infos = [([int(d) for d in info.shape], str(info.dtype)) for info in ArgInfo.from_prim_func(func)]
+            key = (name, tuple((tuple(shape), dtype) for shape, dtype in infos))
+            args = inputs.get(key) if inputs is not None else None
+            if args is None:
+                args = [tvm.runtime.tensor(_random(rng, shape, dtype)) for shape, dtype in infos]
+                if inputs is not None:
+                    inputs[key] = args
             if quick:  # (a warm-up call, then two timed ones)
                 first = min(lib.time_evaluator(name, tvm.cpu(), number=1, repeat=2)(*args).results) * 1e6
                 if first > _QUICK_US:
@@ -438,12 +453,16 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
     decisions.hits += len(known)
     rest = IRModule({gv: f for gv, f in prepared.functions.items()
                      if gv.name_hint in keys and gv.name_hint not in known})
+    # parameter-only kernels run once per parameter set (pre-packed), not per inference: the
+    # rules' pick, untimed and not recorded (the same workload may be an inference kernel elsewhere)
+    untimed = _parameter_only(prepared)
     out = prepared.clone()
     if len(rest.functions):
-        done = _schedule_measured(rest, target, True, decisions)
+        done = _schedule_measured(rest, target, True, decisions, untimed)
         for gv in rest.functions:
             out[gv.name_hint] = done[gv.name_hint]
-            if decisions.get(keys[gv.name_hint]) is None:  # neither timed nor timeable: the rules' pick
+            if gv.name_hint not in untimed and decisions.get(keys[gv.name_hint]) is None:
+                # neither timed nor timeable: the rules' pick
                 decisions.put(keys[gv.name_hint], _DEFAULT, {}, timed=False)
     # the kernels measured before: only the rules of their variant applied
     for label in set(known.values()):
@@ -457,6 +476,87 @@ def schedule_prepared(prepared: Any, target: Any, *, measure: bool | None = None
     return out
 
 
+_BIG_REDUCTION = 16  # a single reduction at least this long: the naive lowering is not timed
+
+
+def _all_injective(func: Any) -> bool:
+    """Whether every block of ``func`` is injective (what :class:`Elementwise` schedules)."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    try:
+        infos = normalize_prim_func(s_tir.Schedule(func))
+    except Exception:
+        return False
+    return bool(infos) and all(b.is_injective() for b in infos)
+
+
+def _whole_vectors(func: Any, lanes: int) -> bool:
+    """Whether every argument of ``func`` has a static innermost extent that is a multiple of
+    ``lanes`` (channels-last activations with 16k channels, their per-channel parameters)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    try:
+        shapes = [[int(d) for d in info.shape] for info in ArgInfo.from_prim_func(func)]
+    except (TypeError, ValueError):  # a symbolic dimension
+        return False
+    return bool(shapes) and all(shape and shape[-1] % lanes == 0 for shape in shapes)
+
+
+def _one_big_reduction(func: Any) -> bool:
+    """Whether ``func`` is one reduction block ``S+R+`` over at least ``_BIG_REDUCTION`` elements
+    (plus elementwise blocks): a dense layer, a global or window pooling, a mean. The rules'
+    schedules (GEMV, the spatial reductions) beat its naive lowering on every such kernel timed
+    (the 9 `light` networks, 2026-11-28: 5-100x on the dense layers, whose naive lowering took up
+    to 3.5 s a call, a third of VGG-19's untuned compile; 0.2 us slower on one 7x7 pooling), so
+    only the rule variants are timed. Two reductions (softmax) are timed naive too: there the
+    naive loop won by 1000x."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    try:
+        infos = normalize_prim_func(s_tir.Schedule(func)) or []
+    except Exception:
+        return False
+    reds = [b for b in infos if not b.is_injective()]
+    if len(reds) != 1 or not re.fullmatch("S+R+", reds[0].dom_kind()):
+        return False
+    size = 1
+    for it in reds[0].iters:
+        if it.kind == "R":
+            if not isinstance(it.dom, int):
+                return False
+            size *= it.dom
+    return size >= _BIG_REDUCTION and isinstance(func, tirx.PrimFunc)
+
+
+def _parameter_only(mod: Any) -> set[str]:
+    """The kernels every call of which reads parameters and constants only (a Relax function's
+    inputs past its ``num_input``, and what is computed from them alone): the weight layout
+    transposes and the folded BatchNorm arithmetic, which pre-packing (:mod:`compiler.prepack`)
+    moves out of inference into a function run once per parameter set."""
+    from tvm import relax
+
+    param_only: set[str] = set()
+    data: set[str] = set()
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        n = func.attrs.get("num_input") if func.attrs is not None else None
+        derived = {v for v in func.params[int(n):]} if n is not None else set()
+        body = func.body
+        blocks = body.blocks if isinstance(body, relax.SeqExpr) else []
+        for block in blocks:
+            for b in block.bindings:
+                value = b.value
+                const = all(v in derived for v in relax.analysis.free_vars(value))
+                if const:
+                    derived.add(b.var)
+                for gv in relax.analysis.all_global_vars(value):
+                    (param_only if const else data).add(gv.name_hint)
+    return param_only - data
+
+
 def _variant_rules() -> dict[str, list[Any]]:
     """The rules of each variant label :func:`_schedule_measured` chooses among (``naive``: none;
     ``default``: the unmeasured pick)."""
@@ -465,47 +565,98 @@ def _variant_rules() -> dict[str, list[Any]]:
             **{f"tile{v}x{c}": _rules(fuse=None, tile=(v, c))[:1] for v, c in _TILES}}
 
 
-def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Decisions | None) -> Any:
+def _schedule_measured(prepared: Any, target: Any, measure: bool, decisions: Decisions | None,
+                       untimed: set[str] | frozenset[str] = frozenset()) -> Any:
     """``prepared`` scheduled by the rules; with ``measure``, each kernel's variants timed and the
-    fastest kept (see :func:`schedule_prepared`)."""
+    fastest kept (see :func:`schedule_prepared`); the kernels in ``untimed`` keep the rules' pick."""
     import tvm
-    from tvm import tirx
+    from tvm import IRModule, tirx
     from tvm.s_tir import dlight as dl
 
     from compiler.schedule_cache import workload_key
 
-    # (ApplyDefaultSchedule writes into the module it is given: each variant gets a clone)
-    with target, tvm.transform.PassContext(opt_level=3):
-        scheduled = dl.ApplyDefaultSchedule(*_rules(fuse=None))(prepared.clone())
+    def apply_rules(rules: list[Any], names: Any = None) -> Any:
+        """The kernels ``names`` (default all) of ``prepared`` scheduled by ``rules``, a new module
+        (ApplyDefaultSchedule writes into the module it is given; kernels no rule fits are the
+        very functions of ``prepared``)."""
+        part = prepared.clone() if names is None else IRModule(
+            {gv: f for gv, f in prepared.functions.items() if gv.name_hint in names})
+        with target, tvm.transform.PassContext(opt_level=3):
+            return dl.ApplyDefaultSchedule(*rules)(part)
+
     if not measure:
-        return scheduled
+        return apply_rules(_rules(fuse=None))
     # Register-tiled convolutions are trusted (10-60x faster than naive in every case measured);
     # the other functions try both spatial-reduction variants and the naive lowering, timed.
-    with target, tvm.transform.PassContext(opt_level=3):
-        tiled = dl.ApplyDefaultSchedule(*_rules(fuse=None)[:3:2])(prepared.clone())
-        fused = dl.ApplyDefaultSchedule(*_rules(fuse=True))(prepared.clone())
-        rows = dl.ApplyDefaultSchedule(*_rules(fuse=False))(prepared.clone())
-        narrow = dl.ApplyDefaultSchedule(*_rules(fuse=None, min_row=2))(prepared.clone())
-        last = [dl.ApplyDefaultSchedule(_rules(fuse=None, tile=t)[0])(prepared.clone()) for t in _TILES]
+    # Each variant's rules are applied to the kernels it is timed on only (applying a rule set
+    # to every kernel cost more than timing them: ~3 s of SqueezeNet's ~4 s schedule step).
     funcs = [(gv.name_hint, f) for gv, f in prepared.functions.items() if isinstance(f, tirx.PrimFunc)]
-    names = [n for n, f in funcs if tiled[n].same_as(f)]
-    variants = {"naive": prepared, "fused": fused, "rows": rows, "narrow": narrow}
-    for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True).items():
-        scheduled[n] = variants[label][n]
-    # channels-last convolutions: each register tile timed, the fastest kept. Not in untuned
-    # builds (``decisions``) for x86 without AVX-512 (16 vector registers): measured on AVX2
-    # (ResNet-50, 2026-11-28), the 1 x 8 tile was 28% faster in total than 2 x 6, which beat it
-    # on 4 of 24 convolutions by 0.6% of their total time, and timing both was an LLVM build and
-    # runs of every convolution twice (~40% of the schedule step): they get 1 x 8, unmeasured
-    conv = [n for n, f in funcs if not last[0][n].same_as(f)]
-    tiles = {f"tile{v}x{c}": m for (v, c), m in zip(_TILES, last, strict=True)}
-    if decisions is not None and _sixteen_vector_registers(target):
+    tiled = apply_rules(_rules(fuse=None)[:3:2])
+    names = [n for n, f in funcs if tiled[n].same_as(f) and n not in untimed]
+    chosen: dict[str, Any] = {}
+    if names:
+        # elementwise kernels (concatenations, transposes, BatchNorm + ReLU, ...): every rule set
+        # gives them the one Elementwise schedule, made once (filed as ``fused``) and raced
+        # against the naive lowering; the rule sets' other rules are tried on the rest only
+        inj = {n for n in names if _all_injective(prepared[n])}
+        if decisions is not None:
+            # untuned builds: an elementwise kernel whose every argument's rows are whole vectors
+            # gets the Elementwise schedule untimed (the 9 `light` networks, 2026-11-28: it won
+            # on 72 of the 82 such kernels; the naive loop won 10 by 570 us in all, mostly one
+            # ZFNet-512 kernel, 0.3% of its inference; DenseNet-121's 119 timed kernels were
+            # nearly all such, their variant libraries' LLVM 98 of its 114 s schedule step)
+            lanes = _vector_lanes(target)
+            aligned = [n for n in names if n in inj and _whole_vectors(prepared[n], lanes)]
+            if aligned:
+                elementwise = apply_rules(_rules(fuse=True)[-1:], aligned)
+                for n in aligned:
+                    chosen[n] = elementwise[n]
+                    decisions.put(workload_key(prepared[n]), "fused", {}, timed=False)
+                inj -= set(aligned)
+                names = [n for n in names if n not in aligned]
+        other = [n for n in names if n not in inj]
+        fused = apply_rules(_rules(fuse=True), other)
+        if inj:
+            elementwise = apply_rules(_rules(fuse=True)[-1:], inj)
+            for n in inj:
+                fused[n] = elementwise[n]
+        variants = {"naive": prepared, "fused": fused,
+                    "rows": apply_rules(_rules(fuse=False), other),
+                    "narrow": apply_rules(_rules(fuse=None, min_row=2), other)}
+        skip = {"rows": inj, "narrow": inj}
+        if decisions is not None:  # (untuned builds: the naive lowering of one big reduction is not timed)
+            skip["naive"] = {n for n in names if _one_big_reduction(prepared[n])}
+        for n, label in _choose(names, variants, prepared, target, decisions, changed_only=True,
+                                skip=skip).items():
+            chosen[n] = variants[label][n]
+    # channels-last convolutions (among the kernels register tiling changed): each register tile
+    # timed, the fastest kept. Not in untuned builds (``decisions``) for x86 without AVX-512 (16
+    # vector registers): measured on AVX2 (ResNet-50, 2026-11-28), the 1 x 8 tile was 28% faster
+    # in total than 2 x 6, which beat it on 4 of 24 convolutions by 0.6% of their total time, and
+    # timing both was an LLVM build and runs of every convolution twice (~40% of the schedule
+    # step): they get 1 x 8, unmeasured
+    tiled_names = [n for n, f in funcs if not tiled[n].same_as(f) and n not in untimed]
+    race = not (decisions is not None and _sixteen_vector_registers(target))
+    tiles = {f"tile{v}x{c}": apply_rules(_rules(fuse=None, tile=(v, c))[:1], tiled_names)
+             for v, c in _TILES if race or f"tile{v}x{c}" == _UNTIMED_TILE} if tiled_names else {}
+    conv = [n for n in tiled_names if not tiles[_UNTIMED_TILE][n].same_as(prepared[n])]
+    if not race:
+        assert decisions is not None
         for n in conv:
-            scheduled[n] = tiles[_UNTIMED_TILE][n]
+            chosen[n] = tiles[_UNTIMED_TILE][n]
             decisions.put(workload_key(prepared[n]), _UNTIMED_TILE, {}, timed=False)
-        conv = []
-    for n, label in _choose(conv, tiles, prepared, target, decisions, changed_only=False).items():
-        scheduled[n] = tiles[label][n]
+    else:
+        for n, label in _choose(conv, tiles, prepared, target, decisions, changed_only=False).items():
+            chosen[n] = tiles[label][n]
+    # the rest (not timed, or no variant could be timed): the rules' pick
+    scheduled = prepared.clone()
+    rest = [n for n, _ in funcs if n not in chosen]
+    if rest:
+        picked = apply_rules(_rules(fuse=None), rest)
+        for n in rest:
+            scheduled[n] = picked[n]
+    for n, f in chosen.items():
+        scheduled[n] = f
     return scheduled
 
 
@@ -521,12 +672,17 @@ def _sixteen_vector_registers(target: Any) -> bool:
 
 
 def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: Any,
-            decisions: Decisions | None, *, changed_only: bool) -> dict[str, str]:
+            decisions: Decisions | None, *, changed_only: bool,
+            skip: dict[str, set[str]] | None = None) -> dict[str, str]:
     """The fastest variant label of each kernel in ``names`` (kernels none could be timed of are
     left out: they keep the rules' pick). ``changed_only``: a variant is timed only on the kernels
     it schedules differently from ``prepared`` (the naive lowering, itself a variant, is timed
-    on all). Ties go to the first label. With ``decisions``: identical kernels (one workload) are
-    timed once, in quick mode, and every choice is recorded there."""
+    on all); ``skip``: the kernels a variant label is not timed on. Ties go to the first label.
+    With ``decisions``: identical kernels (one workload) are timed once, in quick mode, a variant
+    scheduling a kernel as an earlier one did is not timed again, and every choice is recorded
+    there."""
+    from tvm_ffi import structural_equal
+
     if not names:
         return {}
     keys: dict[str, str] = {}
@@ -538,10 +694,23 @@ def _choose(names: list[str], variants: dict[str, Any], prepared: Any, target: A
         first: dict[str, str] = {}
         todo = [n for n in names if first.setdefault(keys[n], n) == n]
     times: dict[str, dict[str, float]] = {}
+    seen: dict[str, list[Any]] = {n: [] for n in todo}  # each kernel's variants timed so far
+    inputs: dict[Any, list[Any]] = {}  # each kernel's arguments, made once for all its variants
     for label, mod in variants.items():
-        funcs = {n: mod[n] for n in todo
-                 if not changed_only or mod is prepared or not mod[n].same_as(prepared[n])}
-        times[label] = _time_all(funcs, target, quick=decisions is not None) if funcs else {}
+        funcs = {}
+        for n in todo:
+            if skip and n in skip.get(label, ()):
+                continue
+            f = mod[n]
+            if changed_only and mod is not prepared and f.same_as(prepared[n]):
+                continue
+            # a variant scheduling the kernel as an earlier one did (every rule set gives an
+            # elementwise kernel the same schedule) is not timed again: ties go to the first
+            if decisions is not None and any(structural_equal(f, g) for g in seen[n]):
+                continue
+            seen[n].append(f)
+            funcs[n] = f
+        times[label] = _time_all(funcs, target, quick=decisions is not None, inputs=inputs) if funcs else {}
     best: dict[str, str] = {}
     for n in todo:
         timed = {label: t[n] for label, t in times.items() if n in t}

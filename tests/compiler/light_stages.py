@@ -4,16 +4,21 @@
 
 Per network (``light_<name>.onnx`` from the onnx wheel's backend data, issue 29), seconds spent in
 each step of ``compile_model`` without ``--tune`` on this machine's preset (wall clock; the total
-also in CPU seconds, ``compile_cpu_s``, steadier on a shared machine): import, the
-channels-last conversion (``nhwc``: whether it ran), ``tuning.prepare`` (legalization and fusion;
-it converts the layout again), ``schedules.schedule_prepared`` (the default schedules, measured
-when this machine runs the target), pre-packing and ``relax.build`` (LLVM); ``cached`` /
-``timed``: kernels whose schedule choice came from the per-machine cache
-(``$FRACTAL_SCHEDULE_CACHE``, :mod:`compiler.schedule_cache`) / workloads timed in this run.
-Then the median latency of the VM's ``main`` (1 thread) against onnxruntime's (1 thread,
-sequential) on the conformance
-test's dummy input, their ratio, the max abs difference and the load average. One JSON line per
-network. ``THREADS`` sets the thread count of both. Not a test (no test_ prefix).
+also in CPU seconds, ``compile_cpu_s``, steadier on a shared machine, and each step's in ``cpu``):
+import, the channels-last conversion (``nhwc``: whether it ran), ``tuning.prepare``
+(legalization and fusion; it converts the layout again), ``schedules.schedule_prepared`` (the
+default schedules, measured when this machine runs the target), pre-packing, ``relax.build``
+(TVM's lowering, LLVM's optimisation) and ``export_library`` (LLVM's machine code and the link,
+as ``compile_model`` does); ``cached`` / ``timed``: kernels whose schedule choice came from the
+per-machine cache (``$FRACTAL_SCHEDULE_CACHE``, :mod:`compiler.schedule_cache`) / workloads
+timed in this run. Then the median latency of the exported library's ``main`` (1 thread)
+against onnxruntime's (1 thread, sequential) on the conformance test's dummy input, their
+ratio, the max abs difference and the load average. One JSON line per network. ``THREADS`` sets
+the thread count of both. ``--profile`` adds where the CPU seconds of the schedule and build
+steps go (``prof``: the variant libraries' LLVM (optimisation and machine code) and TVM
+lowering, the timing runs, the rest of the schedule step (applying the rules); the final
+build's TVM passes and LLVM, the export). ``--no-latency`` skips the latency measurement.
+Not a test (no test_ prefix).
 """
 
 from __future__ import annotations
@@ -21,17 +26,78 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS = ("import", "prepare", "schedule", "prepack", "build", "export")  # compile_s: their sum
 NAMES = ("squeezenet", "bvlc_alexnet", "zfnet512", "shufflenet", "inception_v1", "vgg19", "resnet50",
          "inception_v2", "densenet121")
 
 
-def stages(name: str, target: Any) -> dict[str, Any]:
+class _Profile:
+    """CPU seconds by kind of work (``--profile``): wraps TVM's LLVM code generation and the
+    schedule step's variant timing (:func:`compiler.schedules._time_all`)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self.phase = "other"
+
+    def add(self, key: str, seconds: float) -> None:
+        self.cpu[key] = self.cpu.get(key, 0.0) + seconds
+
+    def install(self) -> None:
+        import tvm
+        import tvm.tirx  # noqa: F401
+
+        from compiler import schedules
+
+        build_mod = sys.modules["tvm.tirx.build"]
+        codegen, build, time_all = build_mod.tir_to_runtime, tvm.tirx.build, schedules._time_all
+        prof = self
+
+        def timed(key: str, fn: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t = time.process_time()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    prof.add(key(), time.process_time() - t)
+            return wrapper
+
+        def build_and_load(mod: Any, *args: Any, **kwargs: Any) -> Any:
+            lib = build(mod, *args, **kwargs)
+            if prof.phase == "variants":  # LLVM's machine code: made when a function is first looked up
+                t = time.process_time()
+                lib.get_function(next(iter(mod.functions)).name_hint, query_imports=True)
+                prof.add("variants_jit", time.process_time() - t)
+            return lib
+
+        build_mod.tir_to_runtime = timed(lambda: f"{prof.phase}_llvm", codegen)
+        tvm.tirx.build = timed(lambda: f"{prof.phase}_tir+llvm", build_and_load)
+        schedules._time_all = timed(lambda: "variants_all", time_all)
+
+    def row(self) -> dict[str, float]:
+        c = self.cpu
+        jit = c.get("variants_jit", 0.0)
+        out = {"variant_llvm": c.get("variants_llvm", 0.0) + jit,
+               "variant_tvm": c.get("variants_tir+llvm", 0.0) - c.get("variants_llvm", 0.0) - jit,
+               "timing_runs": c.get("variants_all", 0.0) - c.get("variants_tir+llvm", 0.0),
+               "build_llvm": c.get("build_llvm", 0.0),
+               "build_tvm": c.get("build_step", 0.0) - c.get("build_llvm", 0.0)}
+        out["schedule_rest"] = c.get("schedule_step", 0.0) - c.get("variants_all", 0.0)
+        out["export"] = c.get("export_step", 0.0)  # LLVM's machine code and the link (CPU of
+        # this process: the linker's own is not counted)
+        return {k: round(v, 1) for k, v in out.items()}
+
+
+PROFILE: _Profile | None = None
+
+
+def stages(name: str, target: Any, latency: bool = True) -> dict[str, Any]:
     import tvm
     from tvm import relax, tirx
 
@@ -49,10 +115,14 @@ def stages(name: str, target: Any) -> dict[str, Any]:
     t = time.perf_counter()
     cpu0 = time.process_time()
 
+    cpu_laps: dict[str, float] = {}
+    c = cpu0
+
     def lap(key: str) -> None:
-        nonlocal t
+        nonlocal t, c
         row[key] = round(time.perf_counter() - t, 2)
-        t = time.perf_counter()
+        cpu_laps[key] = round(time.process_time() - c, 1)
+        t, c = time.perf_counter(), time.process_time()
 
     imp = import_model(load_onnx(path))
     lap("import")
@@ -65,22 +135,45 @@ def stages(name: str, target: Any) -> dict[str, Any]:
     lap("prepare")
     row["primfuncs"] = sum(1 for f in prep.functions.values() if isinstance(f, tirx.PrimFunc))
     decisions = Decisions(target, cache_root())  # as compile_model: choices cached per machine
+    prof = PROFILE
+    if prof is not None:
+        prof.cpu.clear()
+        prof.phase, c0 = "variants", time.process_time()
     sch = schedules.schedule_prepared(prep, target, decisions=decisions)
     decisions.save()
+    if prof is not None:
+        prof.add("schedule_step", time.process_time() - c0)
     row["cached"], row["timed"] = decisions.hits, decisions.timed
     lap("schedule")
     with target, tvm.transform.PassContext(opt_level=3):
         sch = _prepack.after_tuning()(sch)
     lap("prepack")
+    if prof is not None:
+        prof.phase, c0 = "build", time.process_time()
     ex = relax.build(sch, target=target)
+    if prof is not None:
+        prof.add("build_step", time.process_time() - c0)
     lap("build")
-    row["compile_s"] = round(sum(row[k] for k in ("import", "prepare", "schedule", "prepack", "build")), 1)
+    with tempfile.TemporaryDirectory(prefix="light-stages-") as tmp:
+        lib_path = os.path.join(tmp, "lib.so")
+        if prof is not None:
+            prof.phase, c0 = "export", time.process_time()
+        ex.export_library(lib_path)  # as compile_model: LLVM's machine code, then the linker
+        if prof is not None:
+            prof.add("export_step", time.process_time() - c0)
+            row["prof"] = prof.row()
+        lap("export")
+        loaded = tvm.runtime.load_module(lib_path)
+    row["compile_s"] = round(sum(row[k] for k in STEPS), 1)
     # CPU seconds of this process (1 thread): what the compile costs whatever else the machine
     # runs (the layout step apart: compile_model converts the layout in prepare only)
     row["compile_cpu_s"] = round(time.process_time() - cpu0 - layout_cpu, 1)
+    row["cpu"] = cpu_laps  # CPU seconds of each step
+    if not latency:
+        return row
 
     dev = tvm.cpu()
-    vm = relax.VirtualMachine(ex, dev)
+    vm = relax.VirtualMachine(loaded, dev)
     params = [tvm.runtime.tensor(p, dev) for p in imp.params]
     if _prepack.has_transform(sch):
         params = _flatten(vm[_prepack.TRANSFORM_FUNC](params), [])
@@ -108,8 +201,13 @@ def main(argv: list[str]) -> None:
 
     set_threads(int(os.environ.get("THREADS", "1")))
     target = get_preset(best_host_preset_name()).tvm_target()
-    for name in argv or NAMES:
-        print(json.dumps(stages(name, target)), flush=True)
+    global PROFILE
+    if "--profile" in argv:
+        PROFILE = _Profile()
+        PROFILE.install()
+    latency = "--no-latency" not in argv
+    for name in [a for a in argv if not a.startswith("--")] or NAMES:
+        print(json.dumps(stages(name, target, latency)), flush=True)
 
 
 if __name__ == "__main__":
