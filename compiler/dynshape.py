@@ -35,13 +35,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DATA_DEPENDENT", "EMPTY_DIMS_ATTR", "REDUCE_OPS", "SHAPE_OPERANDS", "data_dependent_node",
-           "from_onnx",
+__all__ = ["DATA_DEPENDENT", "EMPTY_DIMS_ATTR", "RUNTIME_ATTR", "marked", "REDUCE_OPS", "SHAPE_OPERANDS",
+           "data_dependent_node", "from_onnx",
            "runtime_operand_refusal",
            "has_runtime_shape_operand", "shape_operand_inputs"]
 
 # on a Reduce* node (compiler.empty): the dims of the empty data its input stands in for
 EMPTY_DIMS_ATTR = "fractal_empty_dims"
+# on a node (compiler.dynshape_flow): its shape operand (or Shape's input dims) is a run-time value
+RUNTIME_ATTR = "fractal_runtime_operand"
+
+
+def marked(node: Any) -> bool:
+    """Whether :func:`compiler.dynshape_flow.mark_runtime_operands` marked ``node``."""
+    return any(a.name == RUNTIME_ATTR for a in node.attribute)
+
 
 # op -> the opset from which ``axes`` is an input (before it: an attribute)
 REDUCE_OPS: dict[str, int] = {
@@ -112,7 +120,6 @@ def has_runtime_shape_operand(model: Any) -> bool:
     from one: :mod:`compiler.dynshape_flow`), or checks one's value at run time (a guard of
     :mod:`compiler.convert_ops`)."""
     from compiler.convert_ops import guarded
-    from compiler.dynshape_flow import marked
 
     return bool(shape_operand_inputs(model)) or any(guarded(n) or marked(n) for n in model.graph.node)
 
@@ -335,8 +342,6 @@ def _importer_class() -> type:
         def _convert_operator(self, op_name: str, inputs: list[Any], attrs: dict[str, Any],
                               opset: int) -> Any:
             from compiler.convert_ops import GUARD_ATTR, OWN_CONVERTERS, convert_guard
-            from compiler.dynshape_flow import RUNTIME_ATTR
-
             runtime = bool(attrs.pop(RUNTIME_ATTR, 0))  # (compiler.dynshape_flow)
             if runtime and op_name == "Shape":  # dims decided at run time: a tensor, not a ShapeExpr
                 return self.bb.normalize(_shape_tensor(self.bb, inputs[0], attrs))

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RUNTIME_ATTR", "marked", "mark_runtime_operands", "runtime_values"]
+from compiler.dynshape import RUNTIME_ATTR, SHAPE_OPERANDS, marked  # dynshape reads the marks: defined there
 
-RUNTIME_ATTR = "fractal_runtime_operand"  # on a node: its shape operand (or Shape's input dims) is run-time
+__all__ = ["RUNTIME_ATTR", "marked", "mark_runtime_operands", "runtime_values"]
 
 _READS_DIMS = frozenset({"Shape", "Size"})
 _GRAPH, _GRAPHS = 5, 10  # AttributeProto types holding subgraphs
@@ -32,8 +32,6 @@ _GRAPH, _GRAPHS = 5, 10  # AttributeProto types holding subgraphs
 
 def _flow(model: Any) -> tuple[set[str], set[str]]:
     """(run-time values, tensors with run-time dims) of ``model``'s main graph."""
-    from compiler.dynshape import SHAPE_OPERANDS
-
     g = model.graph
     inits = {t.name for t in g.initializer}
     values = {i.name for i in g.input if i.name not in inits}
@@ -70,8 +68,6 @@ def mark_runtime_operands(model: Any) -> bool:
     ``Shape`` nodes of tensors with run-time dims; returns whether any was marked."""
     import onnx
 
-    from compiler.dynshape import SHAPE_OPERANDS
-
     g = model.graph
     inputs = {i.name for i in g.input}
     values, dims = _flow(model)
@@ -88,8 +84,3 @@ def mark_runtime_operands(model: Any) -> bool:
             node.attribute.append(onnx.helper.make_attribute(RUNTIME_ATTR, 1))
             changed = True
     return changed
-
-
-def marked(node: Any) -> bool:
-    """Whether :func:`mark_runtime_operands` marked ``node``."""
-    return any(a.name == RUNTIME_ATTR for a in node.attribute)
