@@ -247,7 +247,7 @@ def apply_shapes(model: Any, shapes: dict[str, list[int]] | None = None, batch: 
                     raise ModelError(f"--shape {name}: dimension {axis} is fixed to {d.dim_value} in the "
                                      "model, "
                                      f"not {want}", hint="only dynamic dimensions (and the batch) can be set")
-            elif axis == 0 and not static and batch:
+            elif want < 0 and axis == 0 and not static and batch:  # (a given 0 stays: compiler/empty.py)
                 want = batch
             if (want > 0 or (want == 0 and name in empty_ok)) and not (static and d.dim_value == want):
                 d.Clear()
