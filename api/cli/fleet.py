@@ -100,7 +100,8 @@ def fleet(
             raise FleetError("--standby-for needs --database "
                              "(PostgreSQL shared with the other fleet process)",
                              hint="a fleet on its own SQLite file leads alone")
-        if urlsplit(standby_for).scheme not in ("http", "https") or not urlsplit(standby_for).hostname:
+        parts = urlsplit(standby_for)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise FleetError(f"bad --standby-for URL {standby_for!r}", hint="give http://HOST:PORT of the "
                              "other fleet process")
         from api.fleet.serve import wait_for_leader

@@ -35,7 +35,6 @@ def wait_for_leader(url: str, timeout_s: float, *, poll_s: float = 0.25) -> bool
     connection, an error status, a follower) is waited out."""
     import json
     import time
-    import urllib.error
     import urllib.request
 
     health = url.rstrip("/") + "/api/health"
