@@ -330,7 +330,6 @@ def _shape_tensor(bb: Any, x: Any, attrs: dict[str, Any]) -> Any:
 
 # ------------------------------------------------------------------------------------- importer
 def _importer_class() -> type:
-    import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, get_constant
 
@@ -365,8 +364,7 @@ def _importer_class() -> type:
                 pos = 1 if op_name == "Tile" else 0
                 operand = (get_constant(inputs[pos], [self._nodes, self._params]) if pos < len(inputs)
                            else None)
-                if (operand is not None and not isinstance(operand, tvm.ir.GenericConst)
-                        and isinstance(operand.ty, relax.TensorType)):  # a tensor of run-time values
+                if operand is not None and _computed(operand):
                     from compiler.dynshape_ops import budget_operand
 
                     inputs[pos] = budget_operand(self.bb, op_name, inputs)
