@@ -224,7 +224,9 @@ def test_standby_fleet_is_the_fleet_on_another_port():
     assert standby["profiles"] == ["standby"] and "profiles" not in fleet  # started on request only
     _, a = parse_fractal(fleet["command"])
     _, b = parse_fractal(standby["command"])
-    assert {**b, "port": a["port"]} == a and b["port"] != a["port"]
+    # the same fleet on another port, which lets the primary take the lead first (--standby-for)
+    assert {**b, "port": a["port"], "standby_for": None} == a and b["port"] != a["port"]
+    assert a["standby_for"] is None and b["standby_for"] == f"http://fleet:{a['port']}"
     assert standby["environment"] == fleet["environment"] and standby["depends_on"] == fleet["depends_on"]
 
 
