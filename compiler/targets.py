@@ -170,15 +170,30 @@ def host_preset_name() -> str:
     return arch
 
 
+# /proc/cpuinfo's x86 names that LLVM spells otherwise beyond dropping the underscore
+# (avx512_vnni -> avx512vnni, avx_vnni -> avxvnni, avx512_bf16 -> avx512bf16, ...).
+_LLVM_X86_NAMES = {"sse4_1": "sse4.1", "sse4_2": "sse4.2", "pni": "sse3", "abm": "lzcnt"}
+
+
+def feature_names(flags: set[str]) -> set[str]:
+    """``flags`` as /proc/cpuinfo spells them plus their LLVM ``-mattr`` spellings, which presets
+    and manifests use: the kernel writes ``avx512_vnni`` where LLVM writes ``avx512vnni``."""
+    out = set(flags)
+    for f in flags:
+        out.add(_LLVM_X86_NAMES.get(f, f.replace("_", "")))
+    return out
+
+
 def cpu_flags() -> set[str]:
-    """This CPU's feature flags from /proc/cpuinfo (x86 ``flags``, ARM ``Features``); empty if unknown."""
+    """This CPU's feature flags from /proc/cpuinfo (x86 ``flags``, ARM ``Features``) with their
+    LLVM spellings (:func:`feature_names`); empty if unknown."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return set()
     for line in text.splitlines():
         if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
+            return feature_names(set(line.split(":", 1)[1].split()))
     return set()
 
 

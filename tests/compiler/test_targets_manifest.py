@@ -194,3 +194,30 @@ def test_artifact_needing_missing_cpu_features_is_refused(compiler_digits_artifa
     assert res.code == 1 and "needs CPU features" in res.err
     # the unmodified artifact (generic x86-64) still loads
     assert load_artifact(compiler_digits_artifact).name == "digits-mlp"
+
+
+def test_cpu_features_are_read_in_llvm_spelling(compiler_digits_artifact, tmp_path, monkeypatch):
+    """/proc/cpuinfo writes ``avx512_vnni`` where presets and manifests write LLVM's ``avx512vnni``
+    (and ``sse4_1`` for ``sse4.1``): an x86_64-avx512-vnni artifact loads on a VNNI CPU. Before, every
+    VNNI artifact was refused on the very machines it was built for."""
+    from compiler import ArtifactError
+    from compiler import artifact as artifact_mod
+    from compiler.targets import feature_names, get_preset
+
+    # the flags line of an AMD EPYC (Zen 4) with AVX-512 VNNI, cut to the x86 vector features
+    line = "sse sse2 pni ssse3 fma sse4_1 sse4_2 avx avx2 abm avx512f avx512dq avx512cd avx512bw avx512vl " \
+           "avx512_bf16 avx512vbmi avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq"
+    names = feature_names(set(line.split()))
+    assert {"avx512vnni", "avx512bf16", "avx512vbmi2", "sse4.1", "sse4.2", "sse3", "lzcnt"} <= names
+    need = {f[1:] for f in get_preset("x86_64-avx512-vnni").target["mattr"] if f.startswith("+")}
+    assert need <= names
+    art = tmp_path / "art"
+    shutil.copytree(compiler_digits_artifact, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["target"]["tvm_target"]["mattr"] = sorted(f"+{f}" for f in need)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(artifact_mod, "cpu_flags", lambda: names)
+    artifact_mod._check_cpu_features(artifact_mod.Manifest.read(art))  # loads: nothing lacking
+    monkeypatch.setattr(artifact_mod, "cpu_flags", lambda: names - {"avx512vnni", "avx512_vnni"})
+    with pytest.raises(ArtifactError, match=r"lacks: avx512vnni"):
+        artifact_mod._check_cpu_features(artifact_mod.Manifest.read(art))
