@@ -170,6 +170,7 @@ class RoundRunner:
         except NodeError as exc:
             if isinstance(exc, NodeBusy):
                 self.parts.metrics.rejected()
+            log.warning("round %s refused: %s", command.round_id, exc)  # the fleet hears it as FAILED
             self._emit(RoundEvent(kind=EventKind.FAILED, round_id=command.round_id, node_id=self.node_id,
                                   reason=str(exc)))
 

@@ -126,7 +126,7 @@ def test_dead_member_rolls_back_everywhere(swarm):
     assert 3 <= steps_seen < 499
 
 
-def test_busy_abort_and_malformed_commands(swarm):
+def test_busy_abort_and_malformed_commands(swarm, caplog):
     hub, nodes, events = swarm
     before = {i: n.params_sha256 for i, n in nodes.items()}
     long = RoundCommand(round_id="long", steps=100_000, lr=0.01, participants=IDS, step_timeout_s=20)
@@ -140,6 +140,9 @@ def test_busy_abort_and_malformed_commands(swarm):
     nodes["n0"].handle_command(RoundCommand(round_id="second", steps=1, participants=IDS))
     ev = [e for e in events["n0"] if e.round_id == "second"]
     assert ev and ev[0].kind == EventKind.FAILED and "busy" in ev[0].reason
+    # ... and in the node's own log: a refusal the node log did not show was only in the fleet's
+    assert any(r.getMessage().startswith("round second refused:") and "busy" in r.getMessage()
+               for r in caplog.records), caplog.text
     # malformed commands are rejected and counted, nothing stalls
     future = RoundCommand(round_id="x", steps=1, participants=IDS).model_dump_json().replace('"v":1', '"v":9')
     for bad in (b"{not json", b'{"kind": "round.start", "v": 1}', b'{"kind": "reboot", "v": 1}', future):
