@@ -229,10 +229,18 @@ def verify_cmd(
 
 @app.command("targets")
 def targets_cmd() -> None:
-    """List the target presets (TVM target + linker per board)."""
-    from compiler.targets import PRESETS
+    """List the target presets (TVM target + linker per board), and the one `--target native` picks here."""
+    from compiler.errors import TargetError
+    from compiler.targets import PRESETS, native_preset
 
-    typer.echo(f"{'preset':<12} {'arch':<8} {'mcpu':<12} {'linker':<24} description")
-    for p in PRESETS.values():
-        typer.echo(f"{p.name:<12} {p.arch:<8} {p.target.get('mcpu', ''):<12} "
-                   f"{p.cross_compiler or 'host g++':<24} {p.description}")
+    rows = [("preset", "arch", "mcpu", "linker", "description")]
+    rows += [(p.name, p.arch, str(p.target.get("mcpu", "")), p.cross_compiler or "host g++", p.description)
+             for p in PRESETS.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        typer.echo(" ".join(f"{c:<{w}}" for c, w in zip(r[:4], widths, strict=True)) + f" {r[4]}")
+    try:
+        name, why = native_preset()
+    except TargetError:
+        return  # an architecture with no preset: nothing is native here
+    typer.echo(f"\nnative (this machine): {name} ({why})")

@@ -45,10 +45,20 @@ def test_presets_table():
 
 
 def test_cli_targets_lists_every_preset(run_cli):
+    """One row per preset in columns as wide as their longest entry (`x86_64-avx512-vnni` pushed
+    the rest out of line before), then the preset `--target native` picks on this machine."""
+    from compiler.targets import native_preset
+
     res = run_cli("targets")
     assert res.code == 0
-    for name in PRESETS:
-        assert any(line.split()[0] == name for line in res.out.splitlines()[1:]), name
+    table, _, native = res.out.partition("\n\n")
+    lines = table.splitlines()
+    assert [ln.split()[0] for ln in lines] == ["preset", *PRESETS]
+    start = lines[0].index("description")
+    for ln, p in zip(lines[1:], PRESETS.values(), strict=True):
+        assert ln[start:] == p.description and ln[start - 1] == " ", ln
+    name, why = native_preset()
+    assert native.strip() == f"native (this machine): {name} ({why})"
 
 
 @pytest.mark.slow
