@@ -191,10 +191,7 @@ def cpu_flags() -> set[str]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return feature_names(set(line.split(":", 1)[1].split()))
-    return set()
+    return feature_names(set(_cpuinfo_field(text, "flags", "features").split()))
 
 
 def cpu_model() -> str:
@@ -259,10 +256,10 @@ def detect_native(cpuinfo: str, machine: str) -> tuple[str, str]:
     tuning), else aarch64. riscv64: the V extension in ``isa`` -> riscv64-rvv, else riscv64."""
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine.lower())
     if arch == "x86_64":
-        flags = set(_cpuinfo_field(cpuinfo, "flags").split())
+        flags = feature_names(set(_cpuinfo_field(cpuinfo, "flags").split()))  # LLVM's names, as presets'
         avx512 = [f[1:] for f in _AVX512 if f.startswith("+")]
         if all(f in flags for f in avx512):
-            if "avx512_vnni" in flags:
+            if "avx512vnni" in flags:
                 return "x86_64-avx512-vnni", "AVX-512 F/CD/BW/DQ/VL + VNNI"
             return "x86_64-avx512", "AVX-512 F/CD/BW/DQ/VL, no VNNI"
         if {"avx2", "fma"} <= flags:
