@@ -52,8 +52,14 @@ def test_async_members_join_late_and_commit_identical_versions(mosquitto, mqtt_l
 
     # The attacker captures a's genuine signed update on the wire.
     captured: list[bytes] = []
+    got_capture = threading.Event()
+
+    def capture(_topic, payload):
+        captured.append(bytes(payload))
+        got_capture.set()
+
     attacker = mqtt_link_factory(mosquitto, "attacker")
-    attacker.subscribe(topics.async_update(swarm_id, "a"), lambda t, p: captured.append(bytes(p)))
+    attacker.subscribe(topics.async_update(swarm_id, "a"), capture)
 
     # 4 members x 2 updates, K = 2: exactly 4 versions. a and b are online first ...
     procs = {m: _spawn(mosquitto, swarm_id, keys, m, i, 2, 4) for i, m in enumerate(MEMBERS[:2])}
@@ -64,7 +70,8 @@ def test_async_members_join_late_and_commit_identical_versions(mosquitto, mqtt_l
 
     # Attacks while the swarm runs: replay a's captured update, sign an update for a with b's key
     # (b's key is valid, the topic is a's), publish an unsigned one.
-    assert captured
+    # The attacker's copy travels to another client on its own thread: version 1 can exist first.
+    assert got_capture.wait(30), "the attacker never saw a's update"
     attacker.publish(topics.async_update(swarm_id, "a"), captured[0])
     b_key = load_identity(keys / "keys" / "b.key", keys / "keyring.json")
     b = b_key.link(mqtt_link_factory(mosquitto, "b-evil"))
