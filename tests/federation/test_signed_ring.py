@@ -71,9 +71,11 @@ def test_signed_ring_drops_forged_frames_and_aborts(swarm, swarm_id):
     vecs = {m: rng.standard_normal(20_000).astype(np.float32) for m in IDS}
     # Capture genuine signed frames of a first round for a replay later.
     captured: list[bytes] = []
-    attacker.subscribe(topics.allreduce(swarm_id, "a"), lambda t, p: captured.append(bytes(p)))
+    got_capture = threading.Event()
+    attacker.subscribe(topics.allreduce(swarm_id, "a"),
+                       lambda t, p: (captured.append(bytes(p)), got_capture.set()))
     _check(_run(rings, vecs, "r0"), vecs)
-    assert captured
+    assert got_capture.wait(10), "the attacker saw none of a's frames"  # its own delivery thread
 
     evil = np.full(4096, 1e30, dtype=np.float32).tobytes()
     forged = [framing.encode(framing.FrameKind.DATA, framing.Phase.REDUCE_SCATTER, swarm=swarm_id, tag="r1",
