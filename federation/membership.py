@@ -155,6 +155,10 @@ class StatusPublisher:
         self.swarm = topics.validate_id(swarm or link.swarm, "swarm id")
         self._status = status
         self._lock = threading.Lock()
+        # Held from the copy of the status to its PUBLISH being queued: the heartbeat thread's copy
+        # cannot go out after a newer one from update()/stop() (the broker would keep the older
+        # status as the retained one). link.publish never blocks on the broker.
+        self._publish_lock = threading.Lock()
         self._stop = threading.Event()
         self.published = 0
         link.on_connect(self._on_reconnect)
@@ -179,13 +183,14 @@ class StatusPublisher:
 
     def publish(self) -> Publication | None:
         """Publish the current status (fresh ``ts``), retained, QoS 1."""
-        if self._stop.is_set() and self._status.state != NodeState.OFFLINE:
-            return None
-        with self._lock:
-            self._status = self._status.model_copy(update={"ts": time.time()})
-            status = self._status
-        self.published += 1
-        return self.link.publish(topics.status(self.swarm, status.node_id), status, retain=True)
+        with self._publish_lock:
+            if self._stop.is_set() and self._status.state != NodeState.OFFLINE:
+                return None
+            with self._lock:
+                self._status = self._status.model_copy(update={"ts": time.time()})
+                status = self._status
+            self.published += 1
+            return self.link.publish(topics.status(self.swarm, status.node_id), status, retain=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self._status.heartbeat_s):

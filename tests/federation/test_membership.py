@@ -125,3 +125,42 @@ def test_a_halted_node_is_known_but_never_live(mosquitto, mqtt_link_factory, swa
                                                            halt="slot a: below the floor 5"), retain=True)
     assert seen.wait(5)
     assert "h" not in m.live() and m.all()["h"].halt == "slot a: below the floor 5"
+
+
+def test_a_heartbeat_never_republishes_an_older_status_after_a_newer_one():
+    """The heartbeat thread copies the status, then queues its PUBLISH. An update() between the two
+    went out first and the heartbeat's older copy after it, so the broker retained the old state
+    (ONLINE after TRAINING; also ONLINE after stop()'s OFFLINE). Here the heartbeat is held inside
+    its publish while update() runs: update's TRAINING must still be the later message."""
+
+    class Link:
+        swarm = "s"
+
+        def __init__(self) -> None:
+            self.sent: list[NodeState] = []
+            self.heartbeat_inside, self.release = threading.Event(), threading.Event()
+
+        def on_connect(self, hook) -> None:
+            pass
+
+        def publish(self, topic, payload, retain=False):
+            if threading.current_thread().name.startswith("status:") and not self.heartbeat_inside.is_set():
+                self.heartbeat_inside.set()
+                self.release.wait(10)  # the heartbeat's copy (ONLINE) is not queued yet
+            self.sent.append(payload.state)
+
+    link = Link()
+    pub = StatusPublisher(link, NodeStatus(node_id="n1", state=NodeState.ONLINE, heartbeat_s=0.1))
+    try:
+        assert link.heartbeat_inside.wait(30)
+        t = threading.Thread(target=pub.update, kwargs={"state": NodeState.TRAINING})
+        t.start()
+        t.join(0.3)  # before the fix update() published at once, ahead of the heartbeat's copy
+        link.release.set()
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        link.release.set()
+        pub.stop(offline=False)
+    first = link.sent.index(NodeState.TRAINING)
+    assert NodeState.ONLINE not in link.sent[first:], link.sent
