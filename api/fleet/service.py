@@ -117,6 +117,9 @@ class FleetService:
         self.rejected_messages = 0
         # per reason: federation.auth.Reject values, "malformed", "registry_full"
         self.rejected: Counter[str] = Counter()
+        # Statuses and events are rejected on two subscription threads at once: a Counter's first
+        # count of a reason (its __missing__) is not atomic, so the counts are kept under one lock.
+        self._rejected_lock = threading.Lock()
         self._link_factory = link_factory or default_link
         self._link: Link | None = None
         self._stop = threading.Event()
@@ -353,15 +356,18 @@ class FleetService:
                     rb.command.rollback_id)
         self._rollback_changed(rb, now)
 
+    def _count_rejected(self, reason: str) -> None:
+        with self._rejected_lock:
+            self.rejected[reason] += 1
+            self.rejected_messages += 1  # last: whoever sees the total sees every reason counted
+
     def _reject(self, topic: str, why: object, reason: str = "malformed") -> None:
-        self.rejected_messages += 1
-        self.rejected[reason] += 1
+        self._count_rejected(reason)
         log.warning("rejected message on %s: %s", topic[:200], str(why).splitlines()[0][:300])
 
     def _auth_reject(self, topic: str, reason: Reject) -> None:
         # Not logged at warning level: a flood of forgeries must not flood the log too.
-        self.rejected_messages += 1
-        self.rejected[reason.value] += 1
+        self._count_rejected(reason.value)
 
     # -- periodic checks ------------------------------------------------------------------
     def _tick_loop(self) -> None:

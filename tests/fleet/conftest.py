@@ -72,7 +72,11 @@ class Fleet:
     def post(self, path: str, **kw) -> httpx.Response:
         return self.client.post(path, **kw)
 
-    def wait_for(self, pred: Callable[[], object], timeout: float = 5.0, what: str = "condition"):
+    def wait_for(self, pred: Callable[[], object], timeout: float = 30.0, what: str = "condition"):
+        """``pred()``'s first truthy value, polled every 50 ms. The default ceiling is generous: it
+        costs nothing when the condition comes true (the wait returns at once), and on a loaded
+        2-core runner a retained delivery, a 50 ms tick and the HTTP polls all compete for the CPU.
+        A test that means a time bound passes ``timeout`` explicitly."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = pred()

@@ -101,6 +101,13 @@ def test_follower_takes_over_async_aggregation(broker, pg_url, swarm_id, mqtt_li
         assert {c["member"] for c in after["versions"][-1]["contributors"]} == set(members)
         assert np.allclose(v3.params, v2.params + (10 * 0.25 - 30 * 0.25) / 40)
 
+        # The watcher is another client: its copy of version 3 comes on its own delivery thread,
+        # and can arrive after the members' copies (which the waits above are on).
+        def has_v3() -> bool:
+            with lock:
+                return 3 in wire
+
+        wait_for(has_v3, 30, "version 3 at the watcher")
         with lock:
             assert set(wire) == {0, 1, 2, 3}, wire
             assert all(len(shas) == 1 for shas in wire.values()), wire  # no number with other bytes

@@ -180,10 +180,15 @@ def test_schedule_starts_rounds_by_injected_clock_and_waits_when_busy(make_fleet
     rnd = fleet.wait_for(lambda: next(iter(fleet.get("/api/rounds").json()["rounds"]), None),
                          what="the scheduled round")
     assert rnd["trigger"] == "schedule" and rnd["participants"] == ["sa", "sb"] and rnd["steps"] == 3
-    acts = fleet.get("/api/actions").json()["actions"]
-    start = next(a for a in acts if a["action"] == "start_round")
+    # The ticker thread makes the round visible first, then records its start_round action, then
+    # (once start_round returned) moves the schedule's anchor: an HTTP read in between sees the
+    # round without either. Wait for each; what they say is checked exactly.
+    start = fleet.wait_for(lambda: next((a for a in fleet.get("/api/actions").json()["actions"]
+                                         if a["action"] == "start_round"), None), what="start_round recorded")
     assert start["detail"]["trigger"] == "schedule" and start["detail"]["round_id"] == rnd["round_id"]
-    assert fleet.get("/api/auto-rounds").json()["status"]["next_due"] == T0 + 120
+    due = fleet.wait_for(lambda: (d := fleet.get("/api/auto-rounds").json()["status"]["next_due"]) != T0 + 60
+                         and d, what="the schedule's next due time moved on")
+    assert due == T0 + 120
     now[0] = T0 + 120  # due again while the round runs (the sim nodes never answer): it waits
     waited = fleet.wait_for(lambda: next((a for a in fleet.get("/api/actions").json()["actions"]
                                           if a["action"] == "auto_round.deferred"), None), what="deferral")

@@ -15,6 +15,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.mosquitto]
 
 
 def test_auto_rounds_switch_schedule_and_trigger_shown(make_fleet, browser):
+    from playwright.sync_api import expect  # auto-waiting assertions (imported as the browser is)
+
     fleet = make_fleet(auto_check_s=0.05)
     now = [1_800_000_000.0]
     fleet.service.auto.clock = lambda: now[0]
@@ -75,7 +77,10 @@ def test_auto_rounds_switch_schedule_and_trigger_shown(make_fleet, browser):
         assert page.inner_text("#auto-next") == ""
         page.reload()
         page.wait_for_selector("#live.on", timeout=10_000)
-        assert not page.is_checked("#auto-enabled") and page.input_value("#auto-threshold") == "500"
+        # #live turns on at the stream's open, before its snapshot is rendered (the threshold field
+        # is empty until then): wait for the stored policy to show, then check the switch is off.
+        expect(page.locator("#auto-threshold")).to_have_value("500", timeout=10_000)
+        assert not page.is_checked("#auto-enabled")
         assert len(fleet.get("/api/rounds").json()["rounds"]) == 1
         assert errors == []
     finally:

@@ -175,3 +175,44 @@ def test_a_member_claiming_a_huge_version_cannot_impose_its_parameters(fleet):
     cmd = json.loads(cmds.get(timeout=5)[1])
     assert cmd["start_sha256"] == "ab" * 32  # the majority's parameters, not the highest version's
     evil.publish(topics.status(fleet.swarm, "evil"), b"", retain=True).wait_for_publish(5)
+
+
+# --- the counts themselves --------------------------------------------------------------------
+
+def test_rejections_from_both_subscription_threads_are_all_counted(tmp_path, caplog):
+    """Statuses and events are rejected on two subscription threads at once. A Counter's first
+    count of a reason runs Python code (``__missing__``), where the other thread could slip in:
+    both read 0, both wrote 1, one rejection lost (the attack tests compare exact counts). Many
+    distinct reasons make every count a first count; a tiny switch interval makes switches there
+    likely (without the lock this lost a few counts of 40,000 every run)."""
+    import logging
+    import sys
+    import threading
+
+    from api.fleet.service import FleetService
+    from api.fleet.settings import FleetSettings
+    from tests.fleet.fake_link import FakeLink
+
+    service = FleetService(FleetSettings(swarm="count", token="t", broker="mqtt://unused:1",
+                                         db=str(tmp_path / "f.sqlite")), link_factory=lambda s: FakeLink())
+    caplog.set_level(logging.ERROR, logger="fractal.fleet")  # not 40,000 warning lines
+    n = 20_000
+    barrier = threading.Barrier(2)
+
+    def reject() -> None:
+        barrier.wait()
+        for i in range(n):
+            service._reject("t", "bad", reason=f"r{i}")  # noqa: SLF001 - the counting itself
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=reject) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(old)
+        service.history.close()
+    assert service.rejected_messages == 2 * n
+    assert sum(service.rejected.values()) == 2 * n and set(service.rejected.values()) == {2}

@@ -247,7 +247,13 @@ def test_regressed_round_is_rolled_back_then_operator_rolls_back(make_fleet, tmp
     fleet.announce("a", **_status_kw(0))
     fleet.wait_for(lambda: fleet.get(f"/api/rollback/{body['rollback_id']}").json()["state"] == "done",
                    what="operator rollback done")
-    actions = [a["action"] for a in fleet.get("/api/actions").json()["actions"]]
+    # The status thread marks the rollback done under the manager's lock, then records its
+    # rollback.done action (a write after the lock): a read in between sees done without it.
+    def actions_now() -> list[str]:
+        return [a["action"] for a in fleet.get("/api/actions").json()["actions"]]
+
+    actions = fleet.wait_for(lambda: (acts := actions_now()).count("rollback.done") == 2 and acts,
+                             what="the operator rollback's rollback.done action")
     assert actions == ["rollback.done", "rollback", "rollback.done", "rollback", "start_round"]
 
     # A fleet restarted on the same database shows the same history.
