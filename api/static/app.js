@@ -630,8 +630,15 @@ function renderActions() {
       <td>${actionText(a)}</td></tr>`).join("");
 }
 
+// Refreshes overlap (every round, rollback and policy change asks): only the newest request's
+// answer is drawn, so an older, slower answer cannot overwrite a newer list.
+let actionsAsked = 0;
 async function refreshActions() {
-  try { state.actions = (await api("GET", "/api/actions?limit=20")).actions; renderActions(); } catch (e) { /* next event retries */ }
+  const ask = ++actionsAsked;
+  try {
+    const got = (await api("GET", "/api/actions?limit=20")).actions;
+    if (ask === actionsAsked) { state.actions = got; renderActions(); }
+  } catch (e) { /* next event retries */ }
 }
 
 function onRollback(rb) {

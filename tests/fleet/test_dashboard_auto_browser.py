@@ -5,6 +5,8 @@ with its trigger; the switch turns it off again, and a reload shows the stored p
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.fixtures_browser import OUT
@@ -86,3 +88,36 @@ def test_auto_rounds_switch_schedule_and_trigger_shown(make_fleet, browser):
     finally:
         page.close()
         sim.close()
+
+
+def test_an_older_action_list_answer_never_overwrites_a_newer_one(make_fleet, browser):
+    """Two refreshes of the action list in flight (a round event and a policy change ask at once):
+    the answers arrive out of order, and the table keeps the newer request's list."""
+    from playwright.sync_api import expect
+
+    fleet = make_fleet()
+    page = browser.new_page()
+    try:
+        page.goto(f"{fleet.url}/?token={TOKEN}")
+        page.wait_for_selector("#live.on", timeout=10_000)
+        held = []
+        # answered by the test, in the order it picks
+        page.route("**/api/actions?*", lambda route: held.append(route))
+        page.evaluate("() => { window.first = refreshActions(); window.second = refreshActions(); }")
+        deadline = time.monotonic() + 30
+        while len(held) < 2 and time.monotonic() < deadline:
+            page.evaluate("() => new Promise((r) => setTimeout(r, 20))")  # lets the page send them
+        assert len(held) == 2, "the two refreshes never reached the network"
+
+        def answer(route, name):
+            route.fulfill(status=200, content_type="application/json",
+                          json={"actions": [{"ts": 1_800_000_000, "action": name, "detail": {}}]})
+
+        answer(held[1], "newer")
+        page.evaluate("() => window.second")
+        expect(page.locator("#actions tbody tr")).to_have_attribute("data-action", "newer")
+        answer(held[0], "older")
+        page.evaluate("() => window.first")  # the older answer has been read and handled
+        assert page.locator("#actions tbody tr").get_attribute("data-action") == "newer"
+    finally:
+        page.close()
