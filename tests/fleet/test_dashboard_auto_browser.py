@@ -100,6 +100,7 @@ def test_an_older_action_list_answer_never_overwrites_a_newer_one(make_fleet, br
     try:
         page.goto(f"{fleet.url}/?token={TOKEN}")
         page.wait_for_selector("#live.on", timeout=10_000)
+        expect(page.locator("#swarm")).to_have_text(f"swarm {fleet.swarm}")  # the snapshot is drawn
         held = []
         # answered by the test, in the order it picks
         page.route("**/api/actions?*", lambda route: held.append(route))
