@@ -665,6 +665,14 @@ class EdgeNode:
         link = self._link
         if link is None:
             return None
+        if not link.connected:
+            # Between a lost connection and the renewed subscriptions: say nothing. paho sends a
+            # PUBLISH as soon as the new socket exists, before the CONNACK and so before the
+            # re-SUBSCRIBE (clean session: the broker drops our commands until then); a status
+            # sent there told the fleet "online" while a round command would still be lost. The
+            # on_connect hook publishes the status right after the re-SUBSCRIBE (in order on the
+            # connection), and one queued while disconnected would be resent after it, stale.
+            return None
         self._last_status = time.monotonic()
         try:
             return link.publish(topics.status(self.config.swarm, self.node_id), self._status(),
