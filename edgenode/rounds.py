@@ -283,6 +283,10 @@ class RoundRunner:
                                samples=samples, ring=coll, rng=rng, abort=self._abort, on_step=on_step,
                                faults=p.faults, steps=steps)
         except Exception as exc:  # RoundFailed, or e.g. a full disk while persisting: the fleet must hear
+            # Out of the round before the FAILED event: the fleet may start the next round on it, and
+            # start_round waits for a worker that is only finishing up, not for one still in a round.
+            with self._lock:
+                self.round_id = None
             # compression residuals of a void round must not leak into the next
             ring.reset_feedback()
             self.last_error = str(exc)

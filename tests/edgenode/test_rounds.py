@@ -130,6 +130,12 @@ def test_busy_abort_and_malformed_commands(swarm, caplog):
     hub, nodes, events = swarm
     before = {i: n.params_sha256 for i, n in nodes.items()}
     long = RoundCommand(round_id="long", steps=100_000, lr=0.01, participants=IDS, step_timeout_s=20)
+    # What each node says of its round at the moment it tells the fleet the round FAILED: the fleet
+    # may start the next round on that event, so the node must already be out of this one.
+    in_round_at_failed: dict[str, object] = {}
+    for i, n in nodes.items():
+        n.add_event_listener(lambda e, i=i, n=n: in_round_at_failed.setdefault(i, n.info()["round_id"])
+                             if e.kind == EventKind.FAILED and e.round_id == "long" else None)
     for n in nodes.values():
         n.handle_command(long)
     deadline = time.monotonic() + 30
@@ -158,6 +164,7 @@ def test_busy_abort_and_malformed_commands(swarm, caplog):
     for i, n in nodes.items():
         assert any(e.kind == EventKind.FAILED and e.round_id == "long" for e in events[i])
         assert n.params_sha256 == before[i]
+    assert in_round_at_failed == dict.fromkeys(IDS, None)  # a command right after FAILED is not "busy"
 
 
 def test_infer_during_round_sees_committed_params_only(swarm, digits_data):
