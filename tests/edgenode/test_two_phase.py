@@ -129,7 +129,9 @@ def test_abort_frees_a_node_mid_local_steps_within_one_step(swarm):
                        participants=IDS, step_timeout_s=300)
     for n in nodes.values():
         n.handle_command(cmd.model_dump_json())
-    while nodes["n0"].status().state != "training":
+    deadline = time.monotonic() + 30
+    while any(n.status().state != "training" for n in nodes.values()):  # every node, not only n0
+        assert time.monotonic() < deadline, "the round never started everywhere"
         time.sleep(0.01)
     time.sleep(0.3)  # inside the first step's 1000 local updates
     t0 = time.monotonic()
