@@ -155,9 +155,12 @@ def test_canary_rollout_resume_operator_rollback_and_a_failing_image(make_fleet,
         assert img2 is not None and (img2["version"], img2["slot"]) == ("1.0.0", "a")
         assert boards[1].state()["slots"]["b"]["version"] == "2.0.0"  # untouched
 
-        actions = [a["action"] for a in fleet.get("/api/actions").json()["actions"]]
-        assert {"image.rollout", "image.rollout.done", "image.rollback", "image.rollback.done",
-                "image.rollout.failed"} <= set(actions)
+        # the fleet records a roll-out's end after the roll-out shows it (outside its lock, on the
+        # thread that took the status): the failed roll-out above can be seen before its action
+        wanted = {"image.rollout", "image.rollout.done", "image.rollback", "image.rollback.done",
+                  "image.rollout.failed"}
+        fleet.wait_for(lambda: wanted <= {a["action"] for a in fleet.get("/api/actions").json()["actions"]},
+                       30, f"the actions {sorted(wanted)}")
         assert all(b.proc is not None and b.proc.poll() is None for b in boards)  # supervisors still up
     except AssertionError:
         for b in boards:
