@@ -612,6 +612,17 @@ def _console_tail(booted: Booted) -> str:
     return booted.console.read_text(errors="replace")[-4000:]
 
 
+def _console_with(booted: Booted, line: str, timeout: float = 600) -> str:
+    """The console once it holds ``line`` (waited for as long as the machine runs). The board's
+    supervisor logs a health check's outcome after it wrote the boot state the node reports from:
+    the fleet can see a slot good before the console says so."""
+    deadline = time.monotonic() + timeout
+    while line not in (console := booted.console.read_text(errors="replace")):
+        assert booted.proc.poll() is None and time.monotonic() < deadline, f"no {line!r} on the console"
+        time.sleep(1)
+    return console
+
+
 @pytest.mark.parametrize("booted", [OTA_BOARD], indirect=True)
 def test_ota_rollout_reboots_the_board_into_the_new_slot(
     booted: Booted, os_fleet: OsFleet, ota_images: OtaImages, digits_onnx: Path
@@ -648,9 +659,8 @@ def test_ota_rollout_reboots_the_board_into_the_new_slot(
         assert (img["slot"], img["state"], img["previous"], img["update"]["phase"]) == (
             "b", "good", "1.0.0", "done"
         ), img
-        console = booted.console.read_text(errors="replace")
+        console = _console_with(booted, "slot b (version 1.1.0) passed its health check: marked good")
         assert "the node asked for a reboot; rebooting the board" in console
-        assert "slot b (version 1.1.0) passed its health check: marked good" in console
         assert _boots(booted.console) == boots + 1  # one real reboot
         assert booted.proc.poll() is None  # `try` kept the machine: qemu reset it
         assert _infers_like_onnxruntime(booted.url, digits_onnx) <= 1e-4
