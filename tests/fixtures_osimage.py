@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -57,3 +59,17 @@ def image_try(img: Path, console: Path) -> tuple[subprocess.Popen[str], queue.Qu
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []], daemon=True).start()
     return proc, lines
+
+
+def stop_try(proc: subprocess.Popen[str]) -> None:
+    """Stop `image try` on a failure path: SIGTERM, which stops its machine too (qemu runs in a
+    session of its own, so killing `try`'s group would leave it running under emulation and slow
+    every later test), then SIGKILL to the group if `try` does not end within a minute."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

@@ -31,7 +31,7 @@ import pytest
 from compiler.manifest import file_sha256
 from tests.edgenode.test_cli_node import free_port
 from tests.firmware.conftest import CLI, REPO, assert_refused, cli
-from tests.fixtures_osimage import image_try
+from tests.fixtures_osimage import image_try, stop_try
 
 BOOT_TIMEOUT_S = 1500  # OVMF + kernel + the node's imports under TCG on a loaded 2-core machine
 
@@ -131,7 +131,7 @@ def x86_booted(os_builds: Callable[[str], Path]) -> Iterator[Booted]:
     except queue.Empty:
         line = ""
     if not line.startswith("node: "):
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_try(proc)  # its machine too
         pytest.fail(f"`image try` printed {line!r}; console:\n{console.read_text(errors='replace')[-4000:]}")
     m = re.search(r"answered ready ([0-9.]+) s", console.read_text(errors="replace"))
     yield Booted(img, line.split()[1], proc, console, float(m.group(1)) if m else -1.0)

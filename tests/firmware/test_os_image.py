@@ -32,7 +32,7 @@ from federation.broker import free_port
 from tests.firmware.conftest import CLI, REPO, assert_refused, cli
 from tests.fixtures_enrolment import SignedFleet, signed_fleet, start_dynsec_broker, wait_for
 from tests.fixtures_node import DIGITS_BATCH, DIGITS_LR, write_node_toml
-from tests.fixtures_osimage import image_try
+from tests.fixtures_osimage import image_try, stop_try
 
 # build + boot under TCG runs in the fixture setup, which pytest-timeout counts against the first test
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto, pytest.mark.timeout(2400)]
@@ -220,7 +220,7 @@ def booted(
         line = lines.get(timeout=BOOT_TIMEOUT_S)
         assert line.startswith("node: "), f"`image try` printed {line!r}"
     except (AssertionError, queue.Empty) as exc:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_try(proc)  # its machine too
         pytest.fail(f"{board}: {exc!r}; console:\n{console.read_text()[-4000:]}")
     url = line.split()[1]
     b = Booted(board, img, c_artifacts[board], url, proc, console, checks, node_id, row, built_size)
