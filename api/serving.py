@@ -35,7 +35,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> ServerThread:
+    def start(self, timeout: float = 30.0) -> ServerThread:
         """Start serving; returns once uvicorn accepts connections."""
         self.thread.start()
         deadline = time.monotonic() + timeout
