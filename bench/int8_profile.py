@@ -1,7 +1,7 @@
 """Where an int8 build's time goes: every compiled kernel of one call, timed alone, by kind.
 
     TVM_NUM_THREADS=1 python -m bench.int8_profile [--model mobilenet-v1-0.25-vww]
-        [--target x86_64-avx512-vnni] [--calls 300] [--json]
+        [--target x86_64-avx2] [--calls 300] [--json]
 
 The zoo model is quantized and compiled as ``bench.int8`` does (integer kernels, untuned), then
 run ``--calls`` times through ``Artifact.infer`` (the call's median, as ``bench.int8`` times
@@ -104,12 +104,18 @@ def profile(model: str, target: str, calls: int, work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.int8_profile", description=__doc__)
     ap.add_argument("--model", default="mobilenet-v1-0.25-vww")
-    ap.add_argument("--target", default="x86_64-avx512-vnni")
+    ap.add_argument("--target", default="x86_64-avx2")
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.calls < 1:
         print("error: --calls must be at least 1", file=sys.stderr)
+        return 2
+    from compiler import zoo
+
+    if args.model not in zoo.NAMES:
+        print(f"error: unknown zoo model {args.model!r}; choose one of: {', '.join(zoo.NAMES)}",
+              file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="fractal-int8-profile-") as tmp:
         out = profile(args.model, args.target, args.calls, Path(tmp))

@@ -85,3 +85,28 @@ def test_keyword_bench_bad_arguments_fail_in_one_line():
     p = subprocess.run([sys.executable, "-m", "bench.int8_kws", "--per-class", "3"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1
+
+
+def test_int8_profile_accounts_for_every_kernel_of_a_call():
+    p = subprocess.run([sys.executable, "-m", "bench.int8_profile", "--model", "fc-autoencoder",
+                        "--calls", "30", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["model"] == "fc-autoencoder" and out["target"] == "x86_64-avx2" and out["plain_us"] > 0
+    groups = out["groups"]
+    assert groups["int8 conv / matmul"]["calls"] == 10  # its ten Gemm layers, each an integer kernel
+    assert all(g["us"] > 0 for name, g in groups.items() if name != "the rest of infer()"), groups
+    rest = groups["the rest of infer()"]
+    assert rest["calls"] > 0  # the VM's builtins were counted
+    kernels = sum(g["us"] for name, g in groups.items() if name != "the rest of infer()")
+    # the rest is the call minus its kernels (never below zero)
+    assert rest["us"] == pytest.approx(max(0.0, out["plain_us"] - kernels), abs=0.2)
+    assert out["top"]
+    assert all(t["calls"] >= 1 and not t["symbol"].startswith("vm.builtin") for t in out["top"])
+
+
+@pytest.mark.parametrize("args", [["--calls", "0"], ["--model", "no-such-model"]])
+def test_int8_profile_bad_arguments_fail_in_one_line(args):
+    p = subprocess.run([sys.executable, "-m", "bench.int8_profile", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1, p.stderr
