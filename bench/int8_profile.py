@@ -33,9 +33,7 @@ __all__ = ["main", "group_of"]
 
 
 def group_of(symbol: str) -> str:
-    """The group a VM call's symbol falls in (see the module's docstring)."""
-    if symbol.startswith("vm.builtin"):
-        return "vm builtins"
+    """The group a compiled kernel's symbol falls in (see the module's docstring)."""
     if "depthwise" in symbol:
         return "depthwise"
     if symbol.startswith("fractal_int8_") or symbol.startswith("fractal_matmul"):

@@ -154,11 +154,10 @@ class StatusPublisher:
         self.link = link
         self.swarm = topics.validate_id(swarm or link.swarm, "swarm id")
         self._status = status
+        # Guards the status; publish() holds it from its copy to the PUBLISH being queued, so the
+        # heartbeat thread's copy cannot go out after a newer one from update()/stop() (the broker
+        # would keep the older status as the retained one). link.publish never blocks on the broker.
         self._lock = threading.Lock()
-        # Held from the copy of the status to its PUBLISH being queued: the heartbeat thread's copy
-        # cannot go out after a newer one from update()/stop() (the broker would keep the older
-        # status as the retained one). link.publish never blocks on the broker.
-        self._publish_lock = threading.Lock()
         self._stop = threading.Event()
         self.published = 0
         link.on_connect(self._on_reconnect)
@@ -183,12 +182,10 @@ class StatusPublisher:
 
     def publish(self) -> Publication | None:
         """Publish the current status (fresh ``ts``), retained, QoS 1."""
-        with self._publish_lock:
+        with self._lock:
             if self._stop.is_set() and self._status.state != NodeState.OFFLINE:
                 return None
-            with self._lock:
-                self._status = self._status.model_copy(update={"ts": time.time()})
-                status = self._status
+            self._status = status = self._status.model_copy(update={"ts": time.time()})
             self.published += 1
             return self.link.publish(topics.status(self.swarm, status.node_id), status, retain=True)
 
